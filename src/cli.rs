@@ -1,0 +1,342 @@
+//! Command-line interface of the `acpo` binary (flags and dispatch; the work is in the library).
+//!
+//! Every subcommand the project will have is declared here with its real flags, so `--help` is
+//! the manual from day one. A subcommand whose capability has not landed yet says so, names the
+//! issue that brings it, and exits 2: it never pretends to have done something.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::{bail, Context};
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+use acpo::manifest::{self, Experiment};
+
+/// Reproduce "Advantage Clipped Policy Optimization" (ACPO): PPO/GRPO versus PPO-AC/GRPO-AC.
+#[derive(Debug, Parser)]
+#[command(name = "acpo", version, about, long_about = None, propagate_version = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Validate experiment manifests and print one summary line per run.
+    ///
+    /// Exits 0 when every manifest is valid, 2 (naming the file and field) otherwise.
+    Check(CheckArgs),
+    /// Train one run (PPO, PPO-AC, GRPO or GRPO-AC) from its manifest.
+    Train(TrainArgs),
+    /// Sample completions from a model (batched, KV-cached, seeded).
+    Generate(GenerateArgs),
+    /// Score responses against gold answers with the math verifier.
+    Score(ScoreArgs),
+    /// Evaluate a model with Avg@k on the manifest's benchmarks.
+    Eval(EvalArgs),
+    /// Build Table 1, accuracy/entropy curves, r·A tail histograms and speedups from results/.
+    Report(ReportArgs),
+    /// Run whatever is missing for an artifact (train, eval), then regenerate it.
+    Reproduce(ReproduceArgs),
+    /// Pack run directories into a compressed archive with a SHA256SUMS manifest.
+    Archive(ArchiveArgs),
+    /// Check an archive or results directory against its SHA256SUMS (exit 1 on any mismatch).
+    Verify(VerifyArgs),
+    /// Measure speed and memory, writing a report.
+    Bench(BenchArgs),
+    /// Clipped policy mirror descent on tabular MDPs against the paper's bounds (Section 4).
+    Pmd(PmdArgs),
+    /// Model utilities (write a seeded random model in HF layout).
+    #[command(subcommand)]
+    Model(ModelCommand),
+}
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// Manifest files or directories (searched recursively for *.yaml).
+    #[arg(default_value = "experiments")]
+    pub paths: Vec<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct TrainArgs {
+    /// The run's manifest (YAML).
+    pub manifest: PathBuf,
+    /// Results root; the run directory is <out>/<scale>/<name>-<fingerprint>.
+    #[arg(long, default_value = "results")]
+    pub out: PathBuf,
+    /// Continue from the latest complete checkpoint.
+    #[arg(long)]
+    pub resume: bool,
+    /// Stop after this many training steps (the manifest's total is unchanged).
+    #[arg(long)]
+    pub max_steps: Option<usize>,
+    /// Directory with the benchmark and training JSONL files.
+    #[arg(long, default_value = "../shared/data")]
+    pub data_dir: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct GenerateArgs {
+    /// A local model directory in HF layout, or a hub repo id (owner/name).
+    #[arg(long)]
+    pub model: String,
+    /// One prompt text.
+    #[arg(long, conflicts_with = "input", required_unless_present = "input")]
+    pub prompt: Option<String>,
+    /// A JSONL file of prompts ({"prompt": ...} per line).
+    #[arg(long)]
+    pub input: Option<PathBuf>,
+    /// Write completions as JSONL here instead of printing them.
+    #[arg(long)]
+    pub output: Option<PathBuf>,
+    /// Completions per prompt.
+    #[arg(long, default_value_t = 1)]
+    pub n: usize,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 1.0)]
+    pub temperature: f64,
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f64,
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    #[arg(long, default_value_t = 256)]
+    pub max_new_tokens: usize,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Wrap the prompt in the model's chat template.
+    #[arg(long)]
+    pub chat: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ScoreArgs {
+    /// JSONL with at least {"response": ..., "answer": ...} per line.
+    #[arg(long)]
+    pub input: PathBuf,
+    /// Write the scored lines (adding correct, extracted, error) here.
+    #[arg(long)]
+    pub output: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct EvalArgs {
+    /// The manifest whose eval section (benchmarks, k, sampling) to use.
+    pub manifest: PathBuf,
+    /// Evaluate this model instead of the manifest's (a directory in HF layout).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    #[arg(long, default_value = "../shared/data")]
+    pub data_dir: PathBuf,
+    /// Where to write samples.jsonl and summary.json.
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum Artifact {
+    Table1,
+    Accuracy,
+    Entropy,
+    Tails,
+    Speedup,
+    All,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum ScaleArg {
+    Smoke,
+    Mini,
+    Paper,
+}
+
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// Which artifact to build.
+    #[arg(value_enum)]
+    pub artifact: Artifact,
+    #[arg(long, value_enum, default_value_t = ScaleArg::Mini)]
+    pub scale: ScaleArg,
+    /// Results root to read (never written).
+    #[arg(long, default_value = "results")]
+    pub results: PathBuf,
+    /// Where figures go.
+    #[arg(long, default_value = "figures")]
+    pub figures: PathBuf,
+    /// Put the paper's reported Table 1 beside ours (paper, ours, delta).
+    #[arg(long)]
+    pub compare_paper: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct ReproduceArgs {
+    #[arg(value_enum)]
+    pub artifact: Artifact,
+    #[arg(long, value_enum, default_value_t = ScaleArg::Mini)]
+    pub scale: ScaleArg,
+    /// Regenerate from this results directory or archive (verified first) without training.
+    #[arg(long)]
+    pub from: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct ArchiveArgs {
+    /// Run directories to pack.
+    #[arg(required = true)]
+    pub runs: Vec<PathBuf>,
+    /// The archive to write.
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// An archive or a directory holding SHA256SUMS.
+    pub target: PathBuf,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BenchKind {
+    /// Sampling throughput (tokens/s).
+    Generate,
+    /// One RL training step (tokens/s, peak memory).
+    TrainStep,
+    /// Verifier throughput (answers/s).
+    Verifier,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    #[arg(value_enum)]
+    pub kind: BenchKind,
+    /// Where to write the report.
+    #[arg(long, default_value = "results/bench")]
+    pub out: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct PmdArgs {
+    /// Where the figure and the Markdown table go.
+    #[arg(long, default_value = "figures")]
+    pub out: PathBuf,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ModelCommand {
+    /// Write a seeded random model in HF layout (config.json + model.safetensors).
+    Init {
+        /// An HF config.json describing the architecture.
+        #[arg(long)]
+        config: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+    },
+}
+
+/// How a successful invocation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Everything asked for was done and every check passed.
+    Success,
+    /// The command ran, and a check it performs failed (exit 1).
+    #[expect(
+        dead_code,
+        reason = "produced by `verify` once archives land (issue #7)"
+    )]
+    CheckFailed,
+}
+
+impl Outcome {
+    pub fn exit_code(self) -> ExitCode {
+        match self {
+            Outcome::Success => ExitCode::SUCCESS,
+            Outcome::CheckFailed => ExitCode::from(1),
+        }
+    }
+}
+
+pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
+    match cli.command {
+        Command::Check(args) => check(&args),
+        Command::Train(_) => not_built("train", 6, "the RL trainer"),
+        Command::Generate(_) => {
+            not_built("generate", 4, "the trainable Qwen models and the sampler")
+        }
+        Command::Score(_) => not_built("score", 5, "the math answer verifier"),
+        Command::Eval(_) => not_built("eval", 5, "the Avg@k evaluator"),
+        Command::Report(_) => not_built("report", 7, "Table 1, curves and histograms"),
+        Command::Reproduce(_) => not_built("reproduce", 7, "the reproduction front door"),
+        Command::Archive(_) => not_built("archive", 7, "checksummed archives"),
+        Command::Verify(_) => not_built("verify", 7, "archive verification"),
+        Command::Bench(_) => not_built(
+            "bench",
+            4,
+            "the benchmarks of the model, sampler and verifier",
+        ),
+        Command::Pmd(_) => not_built("pmd", 9, "clipped policy mirror descent"),
+        Command::Model(_) => not_built("model init", 4, "the model writer"),
+    }
+}
+
+fn not_built(command: &str, issue: u32, what: &str) -> anyhow::Result<Outcome> {
+    bail!(
+        "`acpo {command}` is not built yet: it arrives with issue #{issue} ({what}). Nothing was run."
+    )
+}
+
+/// `acpo check`: validate every manifest found, print a line per run, fail on the first
+/// invalid file only after reporting all of them.
+fn check(args: &CheckArgs) -> anyhow::Result<Outcome> {
+    let mut files = Vec::new();
+    for path in &args.paths {
+        files
+            .extend(manifest::discover(path).with_context(|| "cannot list manifests".to_string())?);
+    }
+    if files.is_empty() {
+        bail!(
+            "no manifests (*.yaml) found under {}",
+            args.paths
+                .iter()
+                .map(|p| p.display().to_string())
+                .collect::<Vec<_>>()
+                .join(", ")
+        );
+    }
+    let mut errors = Vec::new();
+    let mut names: BTreeMap<String, PathBuf> = BTreeMap::new();
+    for file in &files {
+        match Experiment::load(file) {
+            Ok(experiment) => {
+                if let Some(other) = names.insert(experiment.name.clone(), file.clone()) {
+                    errors.push(format!(
+                        "{}: field `name`: `{}` is already the name of {}",
+                        file.display(),
+                        experiment.name,
+                        other.display()
+                    ));
+                    continue;
+                }
+                println!("ok  {}", experiment.summary());
+            }
+            Err(err) => errors.push(err.to_string()),
+        }
+    }
+    for error in &errors {
+        eprintln!("invalid  {error}");
+    }
+    if errors.is_empty() {
+        println!("{} manifests valid", files.len());
+        Ok(Outcome::Success)
+    } else {
+        bail!(
+            "{} of {} manifests are invalid (see above)",
+            errors.len(),
+            files.len()
+        )
+    }
+}

@@ -1,0 +1,8 @@
+//! acpo: a reproduction harness for *Towards Better Training Signal: Advantage Clipped Policy
+//! Optimization* (ACPO).
+//!
+//! PPO and GRPO clip the importance ratio r = π/π_old; ACPO clips the product r·Â to [−α, α]
+//! (paper eq. 5). This crate holds the experiment manifests ([`manifest`]); the trainer, models, verifier and reports
+//! join as their issues land.
+
+pub mod manifest;

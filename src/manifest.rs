@@ -1,0 +1,1185 @@
+//! Experiment manifests: one YAML file per training run.
+//!
+//! A manifest is the only source of a run's settings (DESIGN.md). It is read in two stages, as
+//! ripgrep and uv do with their flags: [`raw::Manifest`] mirrors the YAML exactly
+//! (`deny_unknown_fields` everywhere, so a typo is an error, never a silently ignored setting),
+//! and [`Experiment::try_from`] validates it once into typed values that the rest of the crate
+//! trusts. Every validation rule lives in this file, and every error names the file, the field
+//! path and the reason.
+//!
+//! Field names follow verl (`clip_ratio_low`, `clip_ratio_c`, `loss_agg_mode`, `lam`,
+//! `norm_adv_by_std_in_grpo`, `cliprange_value`, ...) so the manifests read like the verl
+//! configs the paper ran. The values of the paper's runs come from its appendix table
+//! "RL training hyperparameters" and Section 5 (see `experiments/paper/`).
+//!
+//! The [`Experiment::fingerprint`] is the SHA-256 of the canonical JSON of the *validated*
+//! experiment. It is derived with `serde::Serialize`, so a new field is in the fingerprint
+//! unless someone opts it out explicitly; a test mutates every leaf of the manifests and
+//! checks that the fingerprint changes.
+
+use std::collections::BTreeSet;
+use std::fmt;
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+/// Why a manifest could not be used. Each variant names the file.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error("{path}: cannot read the manifest: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}:{line}: field `{field}`: {message}")]
+    Parse {
+        path: PathBuf,
+        line: u64,
+        field: String,
+        message: String,
+    },
+    #[error("{path}: not a valid manifest: {message}")]
+    Syntax { path: PathBuf, message: String },
+    #[error("{path}: field `{field}`: {reason}")]
+    Invalid {
+        path: PathBuf,
+        field: String,
+        reason: String,
+    },
+}
+
+impl ManifestError {
+    /// The field path at fault, when the error is about one field.
+    pub fn field(&self) -> Option<&str> {
+        match self {
+            ManifestError::Invalid { field, .. } | ManifestError::Parse { field, .. } => {
+                Some(field)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// The YAML as written. Only [`Experiment::try_from`] reads these.
+pub mod raw {
+    use super::*;
+
+    #[derive(Debug, Clone, Deserialize, Serialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Manifest {
+        pub name: String,
+        #[serde(default)]
+        pub description: Option<String>,
+        pub scale: Scale,
+        pub seed: u64,
+        pub device: Device,
+        pub model: Model,
+        pub algorithm: Algorithm,
+        pub data: Data,
+        pub rollout: Rollout,
+        pub actor: Actor,
+        #[serde(default)]
+        pub critic: Option<Critic>,
+        pub trainer: Trainer,
+        pub eval: Eval,
+    }
+
+    #[derive(Debug, Clone, Deserialize, Serialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Model {
+        /// HF hub repository id, e.g. `Qwen/Qwen3-8B`. Exactly one of `repo` and `dir`.
+        #[serde(default)]
+        pub repo: Option<String>,
+        /// Hub revision (branch, tag or commit); required with `repo`.
+        #[serde(default)]
+        pub revision: Option<String>,
+        /// A local directory in HF layout (config.json, *.safetensors, tokenizer.json).
+        #[serde(default)]
+        pub dir: Option<PathBuf>,
+        pub dtype: DType,
+        #[serde(default)]
+        pub gradient_checkpointing: bool,
+    }
+
+    #[derive(Debug, Clone, Deserialize, Serialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Algorithm {
+        pub name: AlgorithmKind,
+        // Ratio clipping: baselines (ppo, grpo) only.
+        #[serde(default)]
+        pub clip_ratio_low: Option<f64>,
+        #[serde(default)]
+        pub clip_ratio_high: Option<f64>,
+        #[serde(default)]
+        pub clip_ratio_c: Option<f64>,
+        // Advantage clipping: -AC variants only.
+        #[serde(default)]
+        pub alpha: Option<f64>,
+        // GAE: PPO types only.
+        #[serde(default)]
+        pub gamma: Option<f64>,
+        #[serde(default)]
+        pub lam: Option<f64>,
+        #[serde(default)]
+        pub whiten_advantages: Option<bool>,
+        // Group normalisation: GRPO types only.
+        #[serde(default)]
+        pub norm_adv_by_std_in_grpo: Option<bool>,
+        pub loss_agg_mode: LossAggMode,
+    }
+
+    #[derive(Debug, Clone, Deserialize, Serialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Data {
+        pub suite: DataSuite,
+        pub prompt_template: PromptTemplate,
+        pub apply_chat_template: bool,
+        pub max_prompt_length: usize,
+        pub max_response_length: usize,
+        pub shuffle: bool,
+    }
+
+    #[derive(Debug, Clone, Deserialize, Serialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Rollout {
+        pub n: usize,
+        pub temperature: f64,
+        pub top_p: f64,
+        /// `null` or absent: no top-k filtering (verl's `top_k: -1`).
+        #[serde(default)]
+        pub top_k: Option<usize>,
+    }
+
+    #[derive(Debug, Clone, Deserialize, Serialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Optim {
+        pub lr: f64,
+        pub lr_schedule: LrSchedule,
+        #[serde(default)]
+        pub warmup_steps: usize,
+        pub grad_clip: f64,
+        pub weight_decay: f64,
+        pub betas: [f64; 2],
+        pub eps: f64,
+    }
+
+    #[derive(Debug, Clone, Deserialize, Serialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Actor {
+        pub optim: Optim,
+        /// Prompts per optimizer step (verl `ppo_mini_batch_size`); × n responses.
+        pub mini_batch_size: usize,
+        /// Responses per forward/backward pass, for memory only; default: the whole mini-batch.
+        #[serde(default)]
+        pub micro_batch_size: Option<usize>,
+        pub epochs: usize,
+        pub entropy_coeff: f64,
+        pub kl_loss_coef: f64,
+        pub use_kl_in_reward: bool,
+    }
+
+    #[derive(Debug, Clone, Deserialize, Serialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Critic {
+        pub optim: Optim,
+        pub cliprange_value: f64,
+    }
+
+    #[derive(Debug, Clone, Deserialize, Serialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Trainer {
+        /// Prompts per training step (verl `data.train_batch_size`).
+        pub batch_size: usize,
+        pub total_steps: usize,
+        pub eval_every: usize,
+        pub checkpoint_every: usize,
+        pub reward: RewardKind,
+    }
+
+    #[derive(Debug, Clone, Deserialize, Serialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct Eval {
+        pub benchmarks: Vec<Benchmark>,
+        /// Samples per problem for Avg@k.
+        pub k: usize,
+        pub temperature: f64,
+        pub top_p: f64,
+        pub max_new_tokens: usize,
+        pub prompt_template: PromptTemplate,
+        pub apply_chat_template: bool,
+        /// Evaluate only the first `limit` problems of each benchmark (smoke tests).
+        #[serde(default)]
+        pub limit: Option<usize>,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Enumerations shared by the raw and validated forms.
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Scale {
+    Smoke,
+    Mini,
+    Paper,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Device {
+    Cpu,
+    Cuda,
+    /// CUDA when this binary was built with it and a GPU is visible, else CPU.
+    Auto,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    F32,
+    Bf16,
+    F16,
+}
+
+/// The four methods of Table 1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize)]
+pub enum AlgorithmKind {
+    #[serde(rename = "ppo")]
+    Ppo,
+    #[serde(rename = "ppo-ac")]
+    PpoAc,
+    #[serde(rename = "grpo")]
+    Grpo,
+    #[serde(rename = "grpo-ac")]
+    GrpoAc,
+}
+
+impl AlgorithmKind {
+    pub const ALL: [AlgorithmKind; 4] = [Self::Ppo, Self::PpoAc, Self::Grpo, Self::GrpoAc];
+
+    /// PPO types learn a critic and use GAE; GRPO types normalise rewards within a prompt group.
+    pub fn is_ppo_type(self) -> bool {
+        matches!(self, Self::Ppo | Self::PpoAc)
+    }
+
+    /// -AC variants clip r·Â to [−α, α] (paper eq. 5) instead of clipping r.
+    pub fn is_advantage_clipped(self) -> bool {
+        matches!(self, Self::PpoAc | Self::GrpoAc)
+    }
+
+    /// The method's name as the paper writes it.
+    pub fn paper_name(self) -> &'static str {
+        match self {
+            Self::Ppo => "PPO",
+            Self::PpoAc => "PPO-AC",
+            Self::Grpo => "GRPO",
+            Self::GrpoAc => "GRPO-AC",
+        }
+    }
+}
+
+impl fmt::Display for AlgorithmKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Ppo => "ppo",
+            Self::PpoAc => "ppo-ac",
+            Self::Grpo => "grpo",
+            Self::GrpoAc => "grpo-ac",
+        })
+    }
+}
+
+/// How per-token losses are reduced to the mini-batch loss (verl's `loss_agg_mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LossAggMode {
+    /// Mean over every valid token of the mini-batch, exact across micro-batches.
+    TokenMean,
+    /// verl's legacy path: the mean of per-micro-batch token means (for verl parity).
+    TokenMeanMicrobatch,
+    SeqMeanTokenSum,
+    SeqMeanTokenMean,
+    SeqMeanTokenSumNorm,
+}
+
+/// Where prompts and benchmarks come from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DataSuite {
+    /// DAPO-Math-17k for training and the four real benchmarks (local JSONL dir or HF hub).
+    Real,
+    /// The seeded synthetic task (mini/smoke scales): a training set and four benchmark twins
+    /// with the same roles and sizes as the real ones.
+    Synthetic,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PromptTemplate {
+    /// DAPO's training prompt: solve, then `Answer: ...` on the last line.
+    Dapo,
+    /// The evaluation prompt: reason step by step, final answer in `\boxed{}`.
+    Boxed,
+    /// The problem text alone.
+    Raw,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LrSchedule {
+    /// Constant after an optional linear warmup (the paper's setting).
+    Constant,
+}
+
+/// The reward for a verified answer. The paper does not say which scale it used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RewardKind {
+    /// 1 correct, 0 otherwise (Math-Verify's score).
+    Binary,
+    /// +1 correct, −1 otherwise (verl's DAPO scorer).
+    Signed,
+}
+
+/// The evaluation benchmarks of Table 1, with the problem counts that weight the
+/// "weighted accuracy" column.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Benchmark {
+    Math500,
+    Minerva,
+    Olympiadbench,
+    AimeLike,
+}
+
+impl Benchmark {
+    pub const ALL: [Benchmark; 4] = [
+        Self::Math500,
+        Self::Minerva,
+        Self::Olympiadbench,
+        Self::AimeLike,
+    ];
+
+    /// Problem count, the weight of the benchmark in the weighted accuracy.
+    pub fn size(self) -> usize {
+        match self {
+            Self::Math500 => 500,
+            Self::Minerva => 272,
+            Self::Olympiadbench => 675,
+            Self::AimeLike => 230,
+        }
+    }
+
+    /// The name used in files and metric keys (`val-core/<name>/acc/mean@k`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Math500 => "math500",
+            Self::Minerva => "minerva",
+            Self::Olympiadbench => "olympiadbench",
+            Self::AimeLike => "aime-like",
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The validated experiment.
+
+/// A validated manifest: every value in range, every cross-field rule checked.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Experiment {
+    pub name: String,
+    pub description: Option<String>,
+    pub scale: Scale,
+    pub seed: u64,
+    pub device: Device,
+    pub model: ModelSpec,
+    pub algorithm: Algorithm,
+    pub data: DataSpec,
+    pub rollout: Sampling,
+    pub actor: ActorSpec,
+    /// Present exactly for PPO types.
+    pub critic: Option<CriticSpec>,
+    pub trainer: TrainerSpec,
+    pub eval: EvalSpec,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub enum ModelSource {
+    Hub { repo: String, revision: String },
+    Dir(PathBuf),
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModelSpec {
+    pub source: ModelSource,
+    pub dtype: DType,
+    pub gradient_checkpointing: bool,
+}
+
+/// What is clipped in the policy loss.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub enum PolicyClip {
+    /// PPO/GRPO: clip r to [1−ε_low, 1+ε_high], with the dual clip c for Â < 0.
+    Ratio {
+        eps_low: f64,
+        eps_high: f64,
+        dual_clip_c: f64,
+    },
+    /// ACPO (paper eq. 5): clip r·Â to [−α, α].
+    Advantage { alpha: f64 },
+}
+
+/// How advantages are estimated.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub enum AdvantageEstimator {
+    /// GAE over the response tokens with a learned critic, then batch whitening (PPO types).
+    Gae { gamma: f64, lam: f64, whiten: bool },
+    /// (s − mean)/(std + ε) within each prompt's group, or s − mean without std (GRPO types).
+    GroupNormalized { norm_by_std: bool },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Algorithm {
+    pub kind: AlgorithmKind,
+    pub clip: PolicyClip,
+    pub advantage: AdvantageEstimator,
+    pub loss_agg_mode: LossAggMode,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct DataSpec {
+    pub suite: DataSuite,
+    pub prompt_template: PromptTemplate,
+    pub apply_chat_template: bool,
+    pub max_prompt_length: usize,
+    pub max_response_length: usize,
+    pub shuffle: bool,
+}
+
+/// Sampling settings, shared by training rollouts and evaluation.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Sampling {
+    /// Responses per prompt.
+    pub n: usize,
+    /// 0 means greedy (evaluation only).
+    pub temperature: f64,
+    pub top_p: f64,
+    pub top_k: Option<usize>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct OptimSpec {
+    pub lr: f64,
+    pub lr_schedule: LrSchedule,
+    pub warmup_steps: usize,
+    pub grad_clip: f64,
+    pub weight_decay: f64,
+    pub betas: [f64; 2],
+    pub eps: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct ActorSpec {
+    pub optim: OptimSpec,
+    pub mini_batch_size: usize,
+    pub micro_batch_size: usize,
+    pub epochs: usize,
+    pub entropy_coeff: f64,
+    pub kl_loss_coef: f64,
+    pub use_kl_in_reward: bool,
+}
+
+impl ActorSpec {
+    /// Optimizer steps per training step: mini-batches × epochs (4 with the paper's sizes).
+    pub fn updates_per_step(&self, batch_size: usize) -> usize {
+        batch_size / self.mini_batch_size * self.epochs
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct CriticSpec {
+    pub optim: OptimSpec,
+    pub cliprange_value: f64,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct TrainerSpec {
+    pub batch_size: usize,
+    pub total_steps: usize,
+    pub eval_every: usize,
+    pub checkpoint_every: usize,
+    pub reward: RewardKind,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct EvalSpec {
+    pub benchmarks: Vec<Benchmark>,
+    pub sampling: Sampling,
+    pub max_new_tokens: usize,
+    pub prompt_template: PromptTemplate,
+    pub apply_chat_template: bool,
+    pub limit: Option<usize>,
+}
+
+impl Experiment {
+    /// Reads and validates one manifest file. The run `name` must equal the file stem, so a
+    /// run is found by its name in one guess.
+    pub fn load(path: &Path) -> Result<Experiment, ManifestError> {
+        let text = std::fs::read_to_string(path).map_err(|source| ManifestError::Io {
+            path: path.to_owned(),
+            source,
+        })?;
+        let experiment = Self::from_yaml(&text, path)?;
+        let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
+        if experiment.name != stem {
+            return Err(ManifestError::Invalid {
+                path: path.to_owned(),
+                field: "name".into(),
+                reason: format!(
+                    "must equal the file name without extension (`{stem}`), got `{}`",
+                    experiment.name
+                ),
+            });
+        }
+        Ok(experiment)
+    }
+
+    /// Parses and validates manifest text; `path` is used in error messages only.
+    pub fn from_yaml(text: &str, path: &Path) -> Result<Experiment, ManifestError> {
+        let raw: raw::Manifest =
+            serde_saphyr::from_str(text).map_err(|e| parse_error(e, text, path))?;
+        Experiment::validate(raw, path)
+    }
+
+    /// The single place where a raw manifest becomes an experiment.
+    pub fn validate(raw: raw::Manifest, path: &Path) -> Result<Experiment, ManifestError> {
+        Validator { path }.experiment(raw)
+    }
+
+    /// SHA-256 (hex) of the canonical JSON of every validated field.
+    pub fn fingerprint(&self) -> String {
+        let canonical =
+            serde_json::to_vec(self).expect("invariant: an Experiment always serialises to JSON");
+        hex(&Sha256::digest(&canonical))
+    }
+
+    /// The first 12 hex digits of the fingerprint, used in run directory names.
+    pub fn short_fingerprint(&self) -> String {
+        self.fingerprint()[..12].to_string()
+    }
+
+    /// Responses per training step: prompts × n.
+    pub fn responses_per_step(&self) -> usize {
+        self.trainer.batch_size * self.rollout.n
+    }
+
+    /// One line for `acpo check`.
+    pub fn summary(&self) -> String {
+        let model = match &self.model.source {
+            ModelSource::Hub { repo, revision } => format!("{repo}@{revision}"),
+            ModelSource::Dir(dir) => dir.display().to_string(),
+        };
+        let clip = match self.algorithm.clip {
+            PolicyClip::Ratio {
+                eps_low, eps_high, ..
+            } => format!("eps={eps_low}/{eps_high}"),
+            PolicyClip::Advantage { alpha } => format!("alpha={alpha}"),
+        };
+        format!(
+            "{name:<36} {scale:<5} {algo:<7} {model:<34} n={n} batch={b}/{mb} lr={lr:e} {clip} steps={steps} avg@{k} fp={fp}",
+            name = self.name,
+            scale = format!("{:?}", self.scale).to_lowercase(),
+            algo = self.algorithm.kind.to_string(),
+            n = self.rollout.n,
+            b = self.trainer.batch_size,
+            mb = self.actor.mini_batch_size,
+            lr = self.actor.optim.lr,
+            steps = self.trainer.total_steps,
+            k = self.eval.sampling.n,
+            fp = self.short_fingerprint(),
+        )
+    }
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// serde-saphyr reports a line and column with a source snippet; a manifest error is one
+/// sentence naming the field, so the snippet is dropped and the field path is recovered from
+/// the line.
+fn parse_error(err: serde_saphyr::Error, text: &str, path: &Path) -> ManifestError {
+    let plain = err.without_snippet().to_string();
+    // "error: line 8 column 1: unknown field ..." -> "unknown field ..."
+    let mut message = plain.trim().trim_start_matches("error:").trim();
+    if message.starts_with("line ") {
+        if let Some((_, rest)) = message.split_once(": ") {
+            message = rest;
+        }
+    }
+    let mut message = message.lines().next().unwrap_or("").trim();
+    if let Some((head, _)) = message.rsplit_once(" at line ") {
+        message = head;
+    }
+    let message = message.to_string();
+    match err.location().filter(|l| l.line() > 0) {
+        Some(location) => ManifestError::Parse {
+            path: path.to_owned(),
+            line: location.line(),
+            field: field_path_at_line(text, location.line() as usize),
+            message,
+        },
+        None => ManifestError::Syntax {
+            path: path.to_owned(),
+            message,
+        },
+    }
+}
+
+/// The dotted key path (`rollout.n`) of a 1-based line of block-style YAML, from indentation.
+fn field_path_at_line(text: &str, line: usize) -> String {
+    let mut stack: Vec<(usize, &str)> = Vec::new();
+    for raw_line in text.lines().take(line) {
+        let content = raw_line.trim_start();
+        if content.is_empty() || content.starts_with('#') {
+            continue;
+        }
+        let indent = raw_line.len() - content.len();
+        let Some((key, _)) = content.split_once(':') else {
+            continue;
+        };
+        let key = key.trim();
+        if key.is_empty()
+            || !key
+                .chars()
+                .all(|c| c.is_ascii_alphanumeric() || "_-".contains(c))
+        {
+            continue;
+        }
+        while stack.last().is_some_and(|(i, _)| *i >= indent) {
+            stack.pop();
+        }
+        stack.push((indent, key));
+    }
+    if stack.is_empty() {
+        return "(top level)".to_string();
+    }
+    stack.iter().map(|(_, k)| *k).collect::<Vec<_>>().join(".")
+}
+
+/// Walks a raw manifest; the first rule broken becomes the error.
+struct Validator<'a> {
+    path: &'a Path,
+}
+
+type Checked<T> = Result<T, ManifestError>;
+
+impl Validator<'_> {
+    fn fail<T>(&self, field: &str, reason: impl Into<String>) -> Checked<T> {
+        Err(ManifestError::Invalid {
+            path: self.path.to_owned(),
+            field: field.to_owned(),
+            reason: reason.into(),
+        })
+    }
+
+    fn positive(&self, field: &str, value: usize) -> Checked<usize> {
+        if value == 0 {
+            return self.fail(field, "must be at least 1, got 0");
+        }
+        Ok(value)
+    }
+
+    fn finite_in(&self, field: &str, value: f64, lo: f64, hi: f64, range: &str) -> Checked<f64> {
+        if !value.is_finite() || value < lo || value > hi {
+            return self.fail(field, format!("must be in {range}, got {value}"));
+        }
+        Ok(value)
+    }
+
+    fn strictly_positive(&self, field: &str, value: f64) -> Checked<f64> {
+        if !value.is_finite() || value <= 0.0 {
+            return self.fail(field, format!("must be a finite number > 0, got {value}"));
+        }
+        Ok(value)
+    }
+
+    fn required<T: Copy>(&self, field: &str, value: Option<T>, why: &str) -> Checked<T> {
+        match value {
+            Some(v) => Ok(v),
+            None => self.fail(field, format!("is required {why}")),
+        }
+    }
+
+    fn forbidden<T>(&self, field: &str, value: &Option<T>, why: &str) -> Checked<()> {
+        if value.is_some() {
+            return self.fail(field, format!("must not be set {why}"));
+        }
+        Ok(())
+    }
+
+    fn experiment(&self, raw: raw::Manifest) -> Checked<Experiment> {
+        let name = self.name(&raw.name)?;
+        if let Some(description) = &raw.description {
+            if description.trim().is_empty() {
+                return self.fail("description", "must not be empty when present");
+            }
+        }
+        let model = self.model(&raw.model)?;
+        let algorithm = self.algorithm(&raw.algorithm)?;
+        let data = self.data(&raw.data)?;
+        let rollout = self.sampling(
+            "rollout",
+            raw.rollout.n,
+            raw.rollout.temperature,
+            raw.rollout.top_p,
+            raw.rollout.top_k,
+            false,
+        )?;
+        if !algorithm.kind.is_ppo_type() && rollout.n < 2 {
+            return self.fail(
+                "rollout.n",
+                format!(
+                    "must be at least 2 for {}: group-normalised advantages need a group, got {}",
+                    algorithm.kind, rollout.n
+                ),
+            );
+        }
+        let trainer = self.trainer(&raw.trainer)?;
+        let actor = self.actor(&raw.actor, &trainer, &rollout)?;
+        let critic = match (algorithm.kind.is_ppo_type(), &raw.critic) {
+            (true, Some(critic)) => Some(self.critic(critic)?),
+            (true, None) => {
+                return self.fail(
+                    "critic",
+                    format!(
+                        "is required for {}: PPO types learn a value function",
+                        algorithm.kind
+                    ),
+                )
+            }
+            (false, Some(_)) => {
+                return self.fail(
+                    "critic",
+                    format!(
+                        "must not be set for {}: GRPO types have no critic",
+                        algorithm.kind
+                    ),
+                )
+            }
+            (false, None) => None,
+        };
+        if actor.optim.warmup_steps > trainer.total_steps {
+            return self.fail(
+                "actor.optim.warmup_steps",
+                format!(
+                    "must not exceed trainer.total_steps ({}), got {}",
+                    trainer.total_steps, actor.optim.warmup_steps
+                ),
+            );
+        }
+        let eval = self.eval(&raw.eval)?;
+        Ok(Experiment {
+            name,
+            description: raw.description,
+            scale: raw.scale,
+            seed: raw.seed,
+            device: raw.device,
+            model,
+            algorithm,
+            data,
+            rollout,
+            actor,
+            critic,
+            trainer,
+            eval,
+        })
+    }
+
+    fn name(&self, name: &str) -> Checked<String> {
+        let ok = !name.is_empty()
+            && name.len() <= 96
+            && name
+                .chars()
+                .all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || "-_.".contains(c))
+            && name
+                .chars()
+                .next()
+                .is_some_and(|c| c.is_ascii_alphanumeric());
+        if !ok {
+            return self.fail(
+                "name",
+                format!(
+                    "must be 1-96 characters of a-z, 0-9, '-', '_', '.', starting with a letter or digit (it names the run directory), got `{name}`"
+                ),
+            );
+        }
+        Ok(name.to_owned())
+    }
+
+    fn model(&self, raw: &raw::Model) -> Checked<ModelSpec> {
+        let source = match (&raw.repo, &raw.dir) {
+            (Some(repo), None) => {
+                let valid_repo = repo.split('/').count() == 2
+                    && repo.split('/').all(|part| {
+                        !part.is_empty()
+                            && part
+                                .chars()
+                                .all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c))
+                    });
+                if !valid_repo {
+                    return self.fail(
+                        "model.repo",
+                        format!("must be a hub id of the form `owner/name`, got `{repo}`"),
+                    );
+                }
+                let Some(revision) = &raw.revision else {
+                    return self.fail(
+                        "model.revision",
+                        "is required with model.repo (a branch, tag or commit to pin the weights)",
+                    );
+                };
+                if revision.trim().is_empty() {
+                    return self.fail("model.revision", "must not be empty");
+                }
+                ModelSource::Hub {
+                    repo: repo.clone(),
+                    revision: revision.clone(),
+                }
+            }
+            (None, Some(dir)) => {
+                self.forbidden(
+                    "model.revision",
+                    &raw.revision,
+                    "with model.dir (only hub models have revisions)",
+                )?;
+                if dir.as_os_str().is_empty() {
+                    return self.fail("model.dir", "must not be empty");
+                }
+                ModelSource::Dir(dir.clone())
+            }
+            (Some(_), Some(_)) => {
+                return self.fail("model", "set exactly one of `repo` and `dir`, not both")
+            }
+            (None, None) => return self.fail("model", "set exactly one of `repo` and `dir`"),
+        };
+        Ok(ModelSpec {
+            source,
+            dtype: raw.dtype,
+            gradient_checkpointing: raw.gradient_checkpointing,
+        })
+    }
+
+    fn algorithm(&self, raw: &raw::Algorithm) -> Checked<Algorithm> {
+        let kind = raw.name;
+        let for_kind = format!("for {kind}");
+        let clip = if kind.is_advantage_clipped() {
+            let not_ratio = format!("for {kind}: -AC variants clip r·A, not the ratio (use alpha)");
+            self.forbidden("algorithm.clip_ratio_low", &raw.clip_ratio_low, &not_ratio)?;
+            self.forbidden(
+                "algorithm.clip_ratio_high",
+                &raw.clip_ratio_high,
+                &not_ratio,
+            )?;
+            self.forbidden("algorithm.clip_ratio_c", &raw.clip_ratio_c, &not_ratio)?;
+            let alpha = self.required("algorithm.alpha", raw.alpha, &for_kind)?;
+            PolicyClip::Advantage {
+                alpha: self.strictly_positive("algorithm.alpha", alpha)?,
+            }
+        } else {
+            self.forbidden(
+                "algorithm.alpha",
+                &raw.alpha,
+                &format!("for {kind}: alpha is the advantage-clipping threshold of the -AC variants only"),
+            )?;
+            let eps_low =
+                self.required("algorithm.clip_ratio_low", raw.clip_ratio_low, &for_kind)?;
+            let eps_high =
+                self.required("algorithm.clip_ratio_high", raw.clip_ratio_high, &for_kind)?;
+            let c = self.required("algorithm.clip_ratio_c", raw.clip_ratio_c, &for_kind)?;
+            let eps_low =
+                self.finite_in("algorithm.clip_ratio_low", eps_low, 0.0, 1.0, "[0, 1]")?;
+            let eps_high = self.finite_in(
+                "algorithm.clip_ratio_high",
+                eps_high,
+                0.0,
+                f64::MAX,
+                "[0, inf)",
+            )?;
+            if eps_low >= 1.0 {
+                return self.fail(
+                    "algorithm.clip_ratio_low",
+                    format!("must be < 1 so the lower ratio bound 1 - eps stays positive, got {eps_low}"),
+                );
+            }
+            if !c.is_finite() || c <= 1.0 {
+                return self.fail(
+                    "algorithm.clip_ratio_c",
+                    format!("the dual-clip constant must be a finite number > 1, got {c}"),
+                );
+            }
+            PolicyClip::Ratio {
+                eps_low,
+                eps_high,
+                dual_clip_c: c,
+            }
+        };
+        let advantage = if kind.is_ppo_type() {
+            let why = format!("for {kind}: it has no group-normalised advantage");
+            self.forbidden(
+                "algorithm.norm_adv_by_std_in_grpo",
+                &raw.norm_adv_by_std_in_grpo,
+                &why,
+            )?;
+            let gamma = self.required("algorithm.gamma", raw.gamma, &for_kind)?;
+            let lam = self.required("algorithm.lam", raw.lam, &for_kind)?;
+            let whiten = self.required(
+                "algorithm.whiten_advantages",
+                raw.whiten_advantages,
+                &for_kind,
+            )?;
+            AdvantageEstimator::Gae {
+                gamma: self.finite_in("algorithm.gamma", gamma, 0.0, 1.0, "[0, 1]")?,
+                lam: self.finite_in("algorithm.lam", lam, 0.0, 1.0, "[0, 1]")?,
+                whiten,
+            }
+        } else {
+            let why = format!("for {kind}: GAE parameters belong to PPO types");
+            self.forbidden("algorithm.gamma", &raw.gamma, &why)?;
+            self.forbidden("algorithm.lam", &raw.lam, &why)?;
+            self.forbidden("algorithm.whiten_advantages", &raw.whiten_advantages, &why)?;
+            AdvantageEstimator::GroupNormalized {
+                norm_by_std: self.required(
+                    "algorithm.norm_adv_by_std_in_grpo",
+                    raw.norm_adv_by_std_in_grpo,
+                    &for_kind,
+                )?,
+            }
+        };
+        Ok(Algorithm {
+            kind,
+            clip,
+            advantage,
+            loss_agg_mode: raw.loss_agg_mode,
+        })
+    }
+
+    fn data(&self, raw: &raw::Data) -> Checked<DataSpec> {
+        Ok(DataSpec {
+            suite: raw.suite,
+            prompt_template: raw.prompt_template,
+            apply_chat_template: raw.apply_chat_template,
+            max_prompt_length: self.positive("data.max_prompt_length", raw.max_prompt_length)?,
+            max_response_length: self
+                .positive("data.max_response_length", raw.max_response_length)?,
+            shuffle: raw.shuffle,
+        })
+    }
+
+    fn sampling(
+        &self,
+        section: &str,
+        n: usize,
+        temperature: f64,
+        top_p: f64,
+        top_k: Option<usize>,
+        greedy_allowed: bool,
+    ) -> Checked<Sampling> {
+        let n_field = if section == "eval" {
+            "eval.k".to_string()
+        } else {
+            format!("{section}.n")
+        };
+        self.positive(&n_field, n)?;
+        let field = format!("{section}.temperature");
+        if !temperature.is_finite() || temperature < 0.0 || (temperature == 0.0 && !greedy_allowed)
+        {
+            let range = if greedy_allowed {
+                "[0, inf) (0 = greedy)"
+            } else {
+                "(0, inf): RL rollouts must sample"
+            };
+            return self.fail(&field, format!("must be in {range}, got {temperature}"));
+        }
+        let field = format!("{section}.top_p");
+        if !top_p.is_finite() || top_p <= 0.0 || top_p > 1.0 {
+            return self.fail(&field, format!("must be in (0, 1], got {top_p}"));
+        }
+        if top_k == Some(0) {
+            return self.fail(
+                &format!("{section}.top_k"),
+                "must be at least 1, or null for no top-k filtering",
+            );
+        }
+        Ok(Sampling {
+            n,
+            temperature,
+            top_p,
+            top_k,
+        })
+    }
+
+    fn optim(&self, section: &str, raw: &raw::Optim) -> Checked<OptimSpec> {
+        let f = |name: &str| format!("{section}.optim.{name}");
+        let lr = self.strictly_positive(&f("lr"), raw.lr)?;
+        if lr >= 1.0 {
+            return self.fail(
+                &f("lr"),
+                format!("must be < 1 (a learning rate of {lr} diverges)"),
+            );
+        }
+        let grad_clip = self.strictly_positive(&f("grad_clip"), raw.grad_clip)?;
+        let weight_decay =
+            self.finite_in(&f("weight_decay"), raw.weight_decay, 0.0, 1.0, "[0, 1]")?;
+        for (i, beta) in raw.betas.iter().enumerate() {
+            if !beta.is_finite() || *beta < 0.0 || *beta >= 1.0 {
+                return self.fail(
+                    &format!("{section}.optim.betas[{i}]"),
+                    format!("must be in [0, 1), got {beta}"),
+                );
+            }
+        }
+        let eps = self.strictly_positive(&f("eps"), raw.eps)?;
+        Ok(OptimSpec {
+            lr,
+            lr_schedule: raw.lr_schedule,
+            warmup_steps: raw.warmup_steps,
+            grad_clip,
+            weight_decay,
+            betas: raw.betas,
+            eps,
+        })
+    }
+
+    fn actor(
+        &self,
+        raw: &raw::Actor,
+        trainer: &TrainerSpec,
+        rollout: &Sampling,
+    ) -> Checked<ActorSpec> {
+        let optim = self.optim("actor", &raw.optim)?;
+        let mini = self.positive("actor.mini_batch_size", raw.mini_batch_size)?;
+        if !trainer.batch_size.is_multiple_of(mini) {
+            return self.fail(
+                "actor.mini_batch_size",
+                format!(
+                    "must divide trainer.batch_size ({}) so every mini-batch is full, got {mini}",
+                    trainer.batch_size
+                ),
+            );
+        }
+        let responses = mini * rollout.n;
+        let micro = raw.micro_batch_size.unwrap_or(responses);
+        self.positive("actor.micro_batch_size", micro)?;
+        if !responses.is_multiple_of(micro) {
+            return self.fail(
+                "actor.micro_batch_size",
+                format!(
+                    "must divide the responses of a mini-batch (mini_batch_size × rollout.n = {responses}), got {micro}"
+                ),
+            );
+        }
+        let epochs = self.positive("actor.epochs", raw.epochs)?;
+        let entropy_coeff = self.finite_in(
+            "actor.entropy_coeff",
+            raw.entropy_coeff,
+            0.0,
+            f64::MAX,
+            "[0, inf)",
+        )?;
+        let kl_loss_coef = self.finite_in(
+            "actor.kl_loss_coef",
+            raw.kl_loss_coef,
+            0.0,
+            f64::MAX,
+            "[0, inf)",
+        )?;
+        Ok(ActorSpec {
+            optim,
+            mini_batch_size: mini,
+            micro_batch_size: micro,
+            epochs,
+            entropy_coeff,
+            kl_loss_coef,
+            use_kl_in_reward: raw.use_kl_in_reward,
+        })
+    }
+
+    fn critic(&self, raw: &raw::Critic) -> Checked<CriticSpec> {
+        Ok(CriticSpec {
+            optim: self.optim("critic", &raw.optim)?,
+            cliprange_value: self
+                .strictly_positive("critic.cliprange_value", raw.cliprange_value)?,
+        })
+    }
+
+    fn trainer(&self, raw: &raw::Trainer) -> Checked<TrainerSpec> {
+        Ok(TrainerSpec {
+            batch_size: self.positive("trainer.batch_size", raw.batch_size)?,
+            total_steps: self.positive("trainer.total_steps", raw.total_steps)?,
+            eval_every: self.positive("trainer.eval_every", raw.eval_every)?,
+            checkpoint_every: self.positive("trainer.checkpoint_every", raw.checkpoint_every)?,
+            reward: raw.reward,
+        })
+    }
+
+    fn eval(&self, raw: &raw::Eval) -> Checked<EvalSpec> {
+        if raw.benchmarks.is_empty() {
+            return self.fail("eval.benchmarks", "must list at least one benchmark");
+        }
+        let mut seen = BTreeSet::new();
+        for b in &raw.benchmarks {
+            if !seen.insert(*b) {
+                return self.fail("eval.benchmarks", format!("lists `{}` twice", b.name()));
+            }
+        }
+        let sampling = self.sampling("eval", raw.k, raw.temperature, raw.top_p, None, true)?;
+        if let Some(limit) = raw.limit {
+            self.positive("eval.limit", limit)?;
+        }
+        Ok(EvalSpec {
+            benchmarks: raw.benchmarks.clone(),
+            sampling,
+            max_new_tokens: self.positive("eval.max_new_tokens", raw.max_new_tokens)?,
+            prompt_template: raw.prompt_template,
+            apply_chat_template: raw.apply_chat_template,
+            limit: raw.limit,
+        })
+    }
+}
+
+/// Every `*.yaml` / `*.yml` file under `path` (or `path` itself), sorted for a stable order.
+pub fn discover(path: &Path) -> Result<Vec<PathBuf>, ManifestError> {
+    let io = |source| ManifestError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let meta = std::fs::metadata(path).map_err(io)?;
+    if meta.is_file() {
+        return Ok(vec![path.to_owned()]);
+    }
+    let mut found = Vec::new();
+    let mut stack = vec![path.to_owned()];
+    while let Some(dir) = stack.pop() {
+        let entries = std::fs::read_dir(&dir).map_err(|source| ManifestError::Io {
+            path: dir.clone(),
+            source,
+        })?;
+        for entry in entries {
+            let entry = entry.map_err(|source| ManifestError::Io {
+                path: dir.clone(),
+                source,
+            })?;
+            let p = entry.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")) {
+                found.push(p);
+            }
+        }
+    }
+    found.sort();
+    Ok(found)
+}

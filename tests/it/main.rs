@@ -1,0 +1,4 @@
+//! The integration tests: one binary (see STYLE.md), one module per area.
+
+mod cli;
+mod manifest;

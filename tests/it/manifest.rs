@@ -1,0 +1,753 @@
+//! Manifests: the paper's values, every validation rule, and the fingerprint.
+
+use std::path::{Path, PathBuf};
+
+use acpo::manifest::{
+    raw, AdvantageEstimator, AlgorithmKind, Benchmark, Experiment, ModelSource, PolicyClip, Scale,
+};
+use serde_json::Value;
+
+fn repo_path(rel: &str) -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join(rel)
+}
+
+fn load(rel: &str) -> Experiment {
+    Experiment::load(&repo_path(rel)).unwrap_or_else(|e| panic!("{rel}: {e}"))
+}
+
+/// The paper's appendix table "RL training hyperparameters" (+ Section 5 for evaluation),
+/// transcribed once: (model, algorithm) -> the values it fixes.
+struct PaperRow {
+    repo: &'static str,
+    algo: AlgorithmKind,
+    batch: usize,
+    n: usize,
+    mini: usize,
+    lr: f64,
+    critic_lr: Option<f64>,
+    steps: usize,
+    clip: PolicyClip,
+    k: usize,
+}
+
+fn paper_table() -> Vec<(&'static str, PaperRow)> {
+    let ppo = PolicyClip::Ratio {
+        eps_low: 0.2,
+        eps_high: 0.2,
+        dual_clip_c: 3.0,
+    };
+    let grpo = PolicyClip::Ratio {
+        eps_low: 0.2,
+        eps_high: 0.28,
+        dual_clip_c: 3.0,
+    };
+    let mut rows = Vec::new();
+    for (key, repo, k) in [
+        ("qwen2.5-math-7b", "Qwen/Qwen2.5-Math-7B", 32),
+        ("qwen3-1.7b", "Qwen/Qwen3-1.7B", 16),
+        ("qwen3-4b", "Qwen/Qwen3-4B", 16),
+        ("qwen3-8b", "Qwen/Qwen3-8B", 16),
+    ] {
+        let q25 = key.starts_with("qwen2.5");
+        // Note b of the table: actor lr 5e-7 for Qwen3-1.7B PPO-type.
+        let ppo_lr = if key == "qwen3-1.7b" { 5e-7 } else { 1e-6 };
+        let (g_batch, g_n, g_mini, g_steps, g_alpha) = if q25 {
+            (512, 8, 128, 200, 3.0)
+        } else {
+            (256, 4, 64, 100, 2.0)
+        };
+        for (algo, row) in [
+            (
+                AlgorithmKind::Ppo,
+                (512, 1, 128, ppo_lr, Some(1e-5), 300, ppo),
+            ),
+            (
+                AlgorithmKind::PpoAc,
+                (
+                    512,
+                    1,
+                    128,
+                    ppo_lr,
+                    Some(1e-5),
+                    300,
+                    PolicyClip::Advantage { alpha: 3.0 },
+                ),
+            ),
+            (
+                AlgorithmKind::Grpo,
+                (g_batch, g_n, g_mini, 1e-6, None, g_steps, grpo),
+            ),
+            (
+                AlgorithmKind::GrpoAc,
+                (
+                    g_batch,
+                    g_n,
+                    g_mini,
+                    1e-6,
+                    None,
+                    g_steps,
+                    PolicyClip::Advantage { alpha: g_alpha },
+                ),
+            ),
+        ] {
+            let (batch, n, mini, lr, critic_lr, steps, clip) = row;
+            rows.push((
+                key,
+                PaperRow {
+                    repo,
+                    algo,
+                    batch,
+                    n,
+                    mini,
+                    lr,
+                    critic_lr,
+                    steps,
+                    clip,
+                    k,
+                },
+            ));
+        }
+    }
+    rows
+}
+
+fn assert_paper_row(e: &Experiment, row: &PaperRow) {
+    let ctx = &e.name;
+    assert_eq!(e.scale, Scale::Paper, "{ctx}");
+    assert_eq!(
+        e.model.source,
+        ModelSource::Hub {
+            repo: row.repo.into(),
+            revision: "main".into()
+        },
+        "{ctx}"
+    );
+    assert_eq!(e.algorithm.kind, row.algo, "{ctx}");
+    assert_eq!(e.algorithm.clip, row.clip, "{ctx}");
+    assert_eq!(e.trainer.batch_size, row.batch, "{ctx}: prompt batch size");
+    assert_eq!(e.rollout.n, row.n, "{ctx}: rollouts per prompt");
+    assert_eq!(e.actor.mini_batch_size, row.mini, "{ctx}: mini-batch");
+    assert_eq!(e.actor.optim.lr, row.lr, "{ctx}: actor lr");
+    assert_eq!(
+        e.critic.map(|c| c.optim.lr),
+        row.critic_lr,
+        "{ctx}: critic lr"
+    );
+    assert_eq!(e.trainer.total_steps, row.steps, "{ctx}: total steps");
+    // "Total optimizer steps" row of the table: 4 per training step everywhere.
+    assert_eq!(
+        e.actor.updates_per_step(e.trainer.batch_size) * e.trainer.total_steps,
+        row.steps * 4,
+        "{ctx}"
+    );
+    assert_eq!(
+        (e.data.max_prompt_length, e.data.max_response_length),
+        (1024, 8196),
+        "{ctx}"
+    );
+    assert_eq!(
+        (e.rollout.temperature, e.rollout.top_p, e.rollout.top_k),
+        (1.0, 1.0, None),
+        "{ctx}"
+    );
+    assert_eq!(e.actor.optim.grad_clip, 1.0, "{ctx}");
+    assert_eq!(
+        (
+            e.actor.entropy_coeff,
+            e.actor.kl_loss_coef,
+            e.actor.use_kl_in_reward
+        ),
+        (0.0, 0.0, false),
+        "{ctx}"
+    );
+    assert_eq!(e.eval.sampling.n, row.k, "{ctx}: Avg@k");
+    assert_eq!(
+        (
+            e.eval.sampling.temperature,
+            e.eval.sampling.top_p,
+            e.eval.max_new_tokens
+        ),
+        (1.0, 1.0, 8196),
+        "{ctx}"
+    );
+    assert_eq!(e.eval.benchmarks, Benchmark::ALL.to_vec(), "{ctx}");
+    match e.algorithm.advantage {
+        AdvantageEstimator::Gae { gamma, lam, whiten } => {
+            assert!(row.algo.is_ppo_type());
+            assert_eq!(
+                (gamma, lam, whiten),
+                (1.0, 1.0, true),
+                "{ctx}: verl defaults"
+            );
+        }
+        AdvantageEstimator::GroupNormalized { norm_by_std } => {
+            assert!(!row.algo.is_ppo_type());
+            assert!(norm_by_std, "{ctx}");
+        }
+    }
+}
+
+#[test]
+fn the_sixteen_paper_manifests_carry_the_appendix_values() {
+    let table = paper_table();
+    assert_eq!(table.len(), 16);
+    for (key, row) in &table {
+        let e = load(&format!("experiments/paper/{key}-{}.yaml", row.algo));
+        assert_paper_row(&e, row);
+    }
+}
+
+#[test]
+fn the_appendix_runs_use_lr_1e6_for_qwen3_1_7b_ppo_types() {
+    for (file, algo) in [
+        ("qwen3-1.7b-ppo-lr1e-6", AlgorithmKind::Ppo),
+        ("qwen3-1.7b-ppo-ac-lr1e-6", AlgorithmKind::PpoAc),
+    ] {
+        let e = load(&format!("experiments/paper/appendix/{file}.yaml"));
+        let (_, base) = paper_table()
+            .into_iter()
+            .find(|(k, r)| *k == "qwen3-1.7b" && r.algo == algo)
+            .expect("row");
+        assert_paper_row(&e, &PaperRow { lr: 1e-6, ..base });
+    }
+}
+
+#[test]
+fn every_manifest_in_experiments_is_valid_with_a_unique_name() {
+    let files = acpo::manifest::discover(&repo_path("experiments")).expect("discover");
+    assert!(files.len() >= 22, "found only {} manifests", files.len());
+    let mut names = std::collections::BTreeSet::new();
+    for f in &files {
+        let e = Experiment::load(f).unwrap_or_else(|e| panic!("{e}"));
+        assert!(
+            names.insert(e.name.clone()),
+            "duplicate run name {}",
+            e.name
+        );
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Validation rules: one bad example each, messages snapshot-tested.
+
+fn base_value(rel: &str) -> Value {
+    let text = std::fs::read_to_string(repo_path(rel)).expect("read");
+    serde_saphyr::from_str::<Value>(&text).expect("YAML parses as a JSON value")
+}
+
+fn validate(value: Value) -> Result<Experiment, acpo::manifest::ManifestError> {
+    let raw: raw::Manifest = serde_json::from_value(value).expect("still the raw shape");
+    Experiment::validate(raw, Path::new("bad.yaml"))
+}
+
+/// Sets (or with `Value::Null` where a field is optional, removes) the value at a dotted path.
+fn set(mut v: Value, path: &str, new: Value) -> Value {
+    let mut cur = &mut v;
+    let parts: Vec<&str> = path.split('.').collect();
+    for p in &parts[..parts.len() - 1] {
+        cur = cur
+            .get_mut(*p)
+            .unwrap_or_else(|| panic!("no {p} in {path}"));
+    }
+    let obj = cur.as_object_mut().expect("object");
+    let last = parts[parts.len() - 1];
+    if new.is_null() {
+        obj.remove(last);
+    } else {
+        obj.insert(last.to_string(), new);
+    }
+    v
+}
+
+#[test]
+fn every_validation_rule_rejects_its_bad_example_with_one_clear_message() {
+    use serde_json::json;
+    let ppo = || base_value("experiments/paper/qwen3-8b-ppo.yaml");
+    let grpo_ac = || base_value("experiments/paper/qwen3-8b-grpo-ac.yaml");
+    let cases: Vec<(&str, Value, &str)> = vec![
+        (
+            "bad run name",
+            set(ppo(), "name", json!("Qwen3 8B")),
+            "name",
+        ),
+        (
+            "empty description",
+            set(ppo(), "description", json!("  ")),
+            "description",
+        ),
+        (
+            "repo and dir",
+            set(ppo(), "model.dir", json!("/models/x")),
+            "model",
+        ),
+        (
+            "neither repo nor dir",
+            set(ppo(), "model.repo", Value::Null),
+            "model",
+        ),
+        (
+            "malformed repo id",
+            set(ppo(), "model.repo", json!("Qwen3-8B")),
+            "model.repo",
+        ),
+        (
+            "repo without revision",
+            set(ppo(), "model.revision", Value::Null),
+            "model.revision",
+        ),
+        (
+            "revision with dir",
+            set(
+                set(ppo(), "model.repo", Value::Null),
+                "model.dir",
+                json!("m"),
+            ),
+            "model.revision",
+        ),
+        (
+            "alpha on a baseline",
+            set(ppo(), "algorithm.alpha", json!(3.0)),
+            "algorithm.alpha",
+        ),
+        (
+            "ratio clip on -AC",
+            set(grpo_ac(), "algorithm.clip_ratio_low", json!(0.2)),
+            "algorithm.clip_ratio_low",
+        ),
+        (
+            "missing alpha",
+            set(grpo_ac(), "algorithm.alpha", Value::Null),
+            "algorithm.alpha",
+        ),
+        (
+            "alpha not positive",
+            set(grpo_ac(), "algorithm.alpha", json!(0.0)),
+            "algorithm.alpha",
+        ),
+        (
+            "eps_low out of range",
+            set(ppo(), "algorithm.clip_ratio_low", json!(1.0)),
+            "algorithm.clip_ratio_low",
+        ),
+        (
+            "eps_high negative",
+            set(ppo(), "algorithm.clip_ratio_high", json!(-0.1)),
+            "algorithm.clip_ratio_high",
+        ),
+        (
+            "missing eps_high",
+            set(ppo(), "algorithm.clip_ratio_high", Value::Null),
+            "algorithm.clip_ratio_high",
+        ),
+        (
+            "dual clip <= 1",
+            set(ppo(), "algorithm.clip_ratio_c", json!(1.0)),
+            "algorithm.clip_ratio_c",
+        ),
+        (
+            "gamma > 1",
+            set(ppo(), "algorithm.gamma", json!(1.5)),
+            "algorithm.gamma",
+        ),
+        (
+            "lam negative",
+            set(ppo(), "algorithm.lam", json!(-0.5)),
+            "algorithm.lam",
+        ),
+        (
+            "GAE on GRPO",
+            set(grpo_ac(), "algorithm.gamma", json!(1.0)),
+            "algorithm.gamma",
+        ),
+        (
+            "group std on PPO",
+            set(ppo(), "algorithm.norm_adv_by_std_in_grpo", json!(true)),
+            "algorithm.norm_adv_by_std_in_grpo",
+        ),
+        (
+            "missing whitening",
+            set(ppo(), "algorithm.whiten_advantages", Value::Null),
+            "algorithm.whiten_advantages",
+        ),
+        (
+            "zero prompt length",
+            set(ppo(), "data.max_prompt_length", json!(0)),
+            "data.max_prompt_length",
+        ),
+        ("zero n", set(ppo(), "rollout.n", json!(0)), "rollout.n"),
+        (
+            "GRPO with one rollout",
+            set(grpo_ac(), "rollout.n", json!(1)),
+            "rollout.n",
+        ),
+        (
+            "greedy rollouts",
+            set(ppo(), "rollout.temperature", json!(0.0)),
+            "rollout.temperature",
+        ),
+        (
+            "top_p > 1",
+            set(ppo(), "rollout.top_p", json!(1.5)),
+            "rollout.top_p",
+        ),
+        (
+            "top_k zero",
+            set(ppo(), "rollout.top_k", json!(0)),
+            "rollout.top_k",
+        ),
+        (
+            "lr zero",
+            set(ppo(), "actor.optim.lr", json!(0.0)),
+            "actor.optim.lr",
+        ),
+        (
+            "lr huge",
+            set(ppo(), "actor.optim.lr", json!(3.0)),
+            "actor.optim.lr",
+        ),
+        (
+            "grad clip zero",
+            set(ppo(), "actor.optim.grad_clip", json!(0.0)),
+            "actor.optim.grad_clip",
+        ),
+        (
+            "weight decay negative",
+            set(ppo(), "actor.optim.weight_decay", json!(-0.01)),
+            "actor.optim.weight_decay",
+        ),
+        (
+            "beta of 1",
+            set(ppo(), "actor.optim.betas", json!([0.9, 1.0])),
+            "actor.optim.betas[1]",
+        ),
+        (
+            "adam eps zero",
+            set(ppo(), "actor.optim.eps", json!(0.0)),
+            "actor.optim.eps",
+        ),
+        (
+            "warmup beyond the run",
+            set(ppo(), "actor.optim.warmup_steps", json!(301)),
+            "actor.optim.warmup_steps",
+        ),
+        (
+            "mini-batch does not divide batch",
+            set(ppo(), "actor.mini_batch_size", json!(100)),
+            "actor.mini_batch_size",
+        ),
+        (
+            "micro-batch does not divide mini-batch",
+            set(ppo(), "actor.micro_batch_size", json!(7)),
+            "actor.micro_batch_size",
+        ),
+        (
+            "zero epochs",
+            set(ppo(), "actor.epochs", json!(0)),
+            "actor.epochs",
+        ),
+        (
+            "negative entropy coefficient",
+            set(ppo(), "actor.entropy_coeff", json!(-1.0)),
+            "actor.entropy_coeff",
+        ),
+        (
+            "negative KL coefficient",
+            set(ppo(), "actor.kl_loss_coef", json!(-1.0)),
+            "actor.kl_loss_coef",
+        ),
+        (
+            "PPO without critic",
+            set(ppo(), "critic", Value::Null),
+            "critic",
+        ),
+        (
+            "GRPO with critic",
+            set(grpo_ac(), "critic", ppo()["critic"].clone()),
+            "critic",
+        ),
+        (
+            "critic lr zero",
+            set(ppo(), "critic.optim.lr", json!(0.0)),
+            "critic.optim.lr",
+        ),
+        (
+            "value clip zero",
+            set(ppo(), "critic.cliprange_value", json!(0.0)),
+            "critic.cliprange_value",
+        ),
+        (
+            "zero batch",
+            set(ppo(), "trainer.batch_size", json!(0)),
+            "trainer.batch_size",
+        ),
+        (
+            "zero steps",
+            set(ppo(), "trainer.total_steps", json!(0)),
+            "trainer.total_steps",
+        ),
+        (
+            "zero eval interval",
+            set(ppo(), "trainer.eval_every", json!(0)),
+            "trainer.eval_every",
+        ),
+        (
+            "zero checkpoint interval",
+            set(ppo(), "trainer.checkpoint_every", json!(0)),
+            "trainer.checkpoint_every",
+        ),
+        (
+            "no benchmarks",
+            set(ppo(), "eval.benchmarks", json!([])),
+            "eval.benchmarks",
+        ),
+        (
+            "benchmark twice",
+            set(ppo(), "eval.benchmarks", json!(["math500", "math500"])),
+            "eval.benchmarks",
+        ),
+        ("zero k", set(ppo(), "eval.k", json!(0)), "eval.k"),
+        (
+            "negative eval temperature",
+            set(ppo(), "eval.temperature", json!(-1.0)),
+            "eval.temperature",
+        ),
+        (
+            "eval top_p zero",
+            set(ppo(), "eval.top_p", json!(0.0)),
+            "eval.top_p",
+        ),
+        (
+            "zero max new tokens",
+            set(ppo(), "eval.max_new_tokens", json!(0)),
+            "eval.max_new_tokens",
+        ),
+        (
+            "zero limit",
+            set(ppo(), "eval.limit", json!(0)),
+            "eval.limit",
+        ),
+    ];
+    let mut report = String::new();
+    for (what, value, field) in cases {
+        let err = validate(value).expect_err(what);
+        assert_eq!(err.field(), Some(field), "{what}: {err}");
+        let msg = err.to_string();
+        assert!(
+            !msg.contains('\n'),
+            "{what}: the message must be one line: {msg}"
+        );
+        report.push_str(&format!("{what}: {msg}\n"));
+    }
+    insta::assert_snapshot!("validation_messages", report);
+}
+
+#[test]
+fn parse_errors_name_the_file_line_and_field() {
+    let text =
+        std::fs::read_to_string(repo_path("experiments/paper/qwen3-8b-ppo.yaml")).expect("read");
+    let cases = [
+        (
+            "unknown top-level field",
+            text.replace("seed: 1 ", "sede: 1 "),
+            "sede",
+        ),
+        (
+            "unknown nested field",
+            text.replace("    lr: 1.0e-5", "    lrr: 1.0e-5"),
+            "critic.optim.lrr",
+        ),
+        (
+            "wrong type",
+            text.replace("  n: 1 ", "  n: one "),
+            "rollout.n",
+        ),
+        (
+            "unknown algorithm",
+            text.replace("name: ppo\n", "name: trpo\n"),
+            "algorithm.name",
+        ),
+    ];
+    let mut report = String::new();
+    for (what, bad, field) in cases {
+        let err = Experiment::from_yaml(&bad, Path::new("experiments/paper/qwen3-8b-ppo.yaml"))
+            .expect_err(what);
+        assert_eq!(err.field(), Some(field), "{what}: {err}");
+        report.push_str(&format!("{what}: {err}\n"));
+    }
+    insta::assert_snapshot!("parse_messages", report);
+}
+
+#[test]
+fn the_run_name_must_match_the_file_name() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let text =
+        std::fs::read_to_string(repo_path("experiments/paper/qwen3-8b-ppo.yaml")).expect("read");
+    let path = dir.path().join("renamed.yaml");
+    std::fs::write(&path, text).expect("write");
+    let err = Experiment::load(&path).expect_err("name differs from the file");
+    assert_eq!(err.field(), Some("name"));
+}
+
+// ---------------------------------------------------------------------------------------------
+// Fingerprint.
+
+/// Candidate replacements for a leaf; at least one must keep the manifest valid.
+fn mutations(path: &str, leaf: &Value) -> Vec<Value> {
+    use serde_json::json;
+    let enum_alternatives: &[(&str, &[&str])] = &[
+        ("scale", &["mini", "smoke"]),
+        ("device", &["cpu", "auto"]),
+        ("model.dtype", &["f32", "f16"]),
+        (
+            "algorithm.loss_agg_mode",
+            &["token-mean-microbatch", "seq-mean-token-mean"],
+        ),
+        ("data.suite", &["synthetic"]),
+        ("data.prompt_template", &["boxed", "raw"]),
+        ("eval.prompt_template", &["dapo", "raw"]),
+        ("trainer.reward", &["signed"]),
+    ];
+    match leaf {
+        Value::Bool(b) => vec![json!(!b)],
+        Value::Number(n) => {
+            let x = n.as_f64().expect("number");
+            let mut out = vec![
+                json!(x * 0.5),
+                json!(x * 2.0),
+                json!(x + 1.0),
+                json!(x * 0.999),
+            ];
+            if n.is_u64() {
+                let u = n.as_u64().expect("u64");
+                out = vec![
+                    json!(u * 2),
+                    json!(u + 1),
+                    json!(u / 2),
+                    json!(u.saturating_sub(1)),
+                ];
+            }
+            out
+        }
+        Value::String(s) => {
+            if let Some((_, alts)) = enum_alternatives.iter().find(|(p, _)| *p == path) {
+                return alts.iter().map(|a| json!(a)).collect();
+            }
+            vec![json!(format!("{s}x")), json!(format!("{s}/x"))]
+        }
+        _ => vec![],
+    }
+}
+
+fn leaves(v: &Value, prefix: String, out: &mut Vec<(String, Value)>) {
+    match v {
+        Value::Object(m) => m.iter().for_each(|(k, x)| {
+            leaves(
+                x,
+                if prefix.is_empty() {
+                    k.clone()
+                } else {
+                    format!("{prefix}.{k}")
+                },
+                out,
+            )
+        }),
+        Value::Array(a) => a
+            .iter()
+            .enumerate()
+            .for_each(|(i, x)| leaves(x, format!("{prefix}.{i}"), out)),
+        other => out.push((prefix, other.clone())),
+    }
+}
+
+fn set_leaf(mut v: Value, path: &str, new: Value) -> Value {
+    let mut cur = &mut v;
+    for p in path.split('.') {
+        cur = match cur {
+            Value::Array(a) => &mut a[p.parse::<usize>().expect("index")],
+            other => other.get_mut(p).expect("key"),
+        };
+    }
+    *cur = new;
+    v
+}
+
+#[test]
+fn changing_any_single_field_changes_the_fingerprint() {
+    // Between them these two manifests set every field the schema has (ratio and advantage
+    // clipping, GAE and group normalisation, the critic, the optional fields).
+    let mut ppo = base_value("experiments/paper/qwen3-8b-ppo.yaml");
+    ppo = set(ppo, "rollout.top_k", serde_json::json!(50));
+    ppo = set(ppo, "eval.limit", serde_json::json!(100));
+    ppo = set(ppo, "description", serde_json::json!("a run"));
+    ppo = set(ppo, "actor.optim.warmup_steps", serde_json::json!(3));
+    let grpo_ac = base_value("experiments/paper/qwen3-8b-grpo-ac.yaml");
+    let mut unchecked = Vec::new();
+    let mut checked = 0;
+    for base in [ppo, grpo_ac] {
+        let fp = validate(base.clone()).expect("base valid").fingerprint();
+        let mut ls = Vec::new();
+        leaves(&base, String::new(), &mut ls);
+        for (path, leaf) in ls {
+            // The algorithm decides which other fields exist, and a benchmark cannot be swapped
+            // without a duplicate: both are covered by the structural checks below.
+            // `lr_schedule` has a single valid value today.
+            if leaf.is_null()
+                || path == "algorithm.name"
+                || path.starts_with("eval.benchmarks.")
+                || path.ends_with("optim.lr_schedule")
+            {
+                continue;
+            }
+            let changed = mutations(&path, &leaf).into_iter().any(|m| {
+                let mutated = set_leaf(base.clone(), &path, m);
+                serde_json::from_value::<raw::Manifest>(mutated.clone()).is_ok()
+                    && validate(mutated).is_ok_and(|e| e.fingerprint() != fp)
+            });
+            if changed {
+                checked += 1;
+            } else {
+                unchecked.push(path);
+            }
+        }
+    }
+    assert!(
+        unchecked.is_empty(),
+        "no valid single-field change altered the fingerprint for: {unchecked:?}"
+    );
+    assert!(checked > 60, "only {checked} leaves were checked");
+    // Dropping a benchmark is the structural change of the list field.
+    let base = base_value("experiments/paper/qwen3-8b-ppo.yaml");
+    let fp = validate(base.clone()).expect("valid").fingerprint();
+    let fewer = set(
+        base,
+        "eval.benchmarks",
+        serde_json::json!(["math500", "minerva", "olympiadbench"]),
+    );
+    assert_ne!(validate(fewer).expect("valid").fingerprint(), fp);
+    // Every committed run, and so every algorithm of a model, has its own fingerprint.
+    let mut seen = std::collections::BTreeSet::new();
+    for f in acpo::manifest::discover(&repo_path("experiments")).expect("discover") {
+        assert!(
+            seen.insert(Experiment::load(&f).expect("valid").fingerprint()),
+            "{} repeats a fingerprint",
+            f.display()
+        );
+    }
+}
+
+#[test]
+fn comments_and_layout_do_not_change_the_fingerprint() {
+    let path = repo_path("experiments/paper/qwen3-4b-grpo.yaml");
+    let text = std::fs::read_to_string(&path).expect("read");
+    let stripped: String = text
+        .lines()
+        .map(|l| l.split(" #").next().unwrap_or("").trim_end())
+        .filter(|l| !l.trim_start().starts_with('#') && !l.is_empty())
+        .collect::<Vec<_>>()
+        .join("\n");
+    let a = Experiment::from_yaml(&text, &path).expect("valid");
+    let b = Experiment::from_yaml(&stripped, &path).expect("valid");
+    assert_eq!(a.fingerprint(), b.fingerprint());
+    assert_eq!(a.fingerprint().len(), 64);
+    assert_eq!(a.short_fingerprint(), a.fingerprint()[..12]);
+}
