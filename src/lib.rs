@@ -2,7 +2,8 @@
 //! Optimization* (ACPO).
 //!
 //! PPO and GRPO clip the importance ratio r = π/π_old; ACPO clips the product r·Â to [−α, α]
-//! (paper eq. 5). This crate holds the experiment manifests ([`manifest`]); the trainer, models, verifier and reports
+//! (paper eq. 5). This crate holds the experiment manifests ([`manifest`]) and the objectives' math ([`algo`]); the trainer, models, verifier and reports
 //! join as their issues land.
 
+pub mod algo;
 pub mod manifest;

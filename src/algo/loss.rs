@@ -1,0 +1,407 @@
+//! Policy and value losses (paper Sections 2–3) and their aggregation.
+//!
+//! Every clipped loss is written as `keep · (unclipped term) + (1 − keep) · detach(clipped value)`
+//! where `keep` is 1 exactly where the clipped objective still has a gradient. The value is the
+//! same as the textbook min/max/clamp form, but the gradient is exact and explicit: autograd of
+//! `min`/`max`/`clamp` splits the gradient at ties, and "exactly zero outside [−α, α]" is the
+//! property ACPO is about.
+
+use candle_core::{DType, Result, Tensor, D};
+
+use super::{check_same_shape, to_rows};
+use crate::manifest::{LossAggMode, PolicyClip};
+
+/// How per-token losses of one micro-batch are reduced so that summing the results over the
+/// micro-batches of a mini-batch gives the mini-batch loss (gradient accumulation is a sum).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Aggregation {
+    pub mode: LossAggMode,
+    /// Valid tokens in the whole mini-batch.
+    pub minibatch_tokens: f64,
+    /// Responses in the whole mini-batch.
+    pub minibatch_seqs: f64,
+    /// Micro-batches the mini-batch is split into (used by `token-mean-microbatch` only).
+    pub micro_batches: usize,
+    /// Fixed token horizon for `seq-mean-token-sum-norm` (the max response length).
+    pub horizon: f64,
+}
+
+impl Aggregation {
+    /// Aggregation for micro-batches of the mini-batch whose mask is `minibatch_mask` `(B, T)`.
+    pub fn new(
+        mode: LossAggMode,
+        minibatch_mask: &Tensor,
+        micro_batches: usize,
+        horizon: usize,
+    ) -> Result<Self> {
+        if micro_batches == 0 || horizon == 0 {
+            candle_core::bail!("aggregation needs micro_batches ≥ 1 and horizon ≥ 1");
+        }
+        Ok(Aggregation {
+            mode,
+            minibatch_tokens: minibatch_mask
+                .sum_all()?
+                .to_dtype(DType::F64)?
+                .to_scalar::<f64>()?,
+            minibatch_seqs: minibatch_mask.dim(0)? as f64,
+            micro_batches,
+            horizon: horizon as f64,
+        })
+    }
+
+    /// Aggregation when the mini-batch is processed in one piece.
+    pub fn whole(mode: LossAggMode, mask: &Tensor, horizon: usize) -> Result<Self> {
+        Self::new(mode, mask, 1, horizon)
+    }
+
+    /// This micro-batch's share of the mini-batch loss; a scalar tensor.
+    ///
+    /// - `token-mean`: Σ loss·mask / (valid tokens of the mini-batch)
+    /// - `token-mean-microbatch`: (Σ loss·mask / valid tokens of this micro-batch) / micro-batches
+    /// - `seq-mean-token-sum`: Σ_seq (Σ_t loss·mask) / mini-batch responses
+    /// - `seq-mean-token-mean`: Σ_seq (Σ_t loss·mask / |seq|) / mini-batch responses
+    /// - `seq-mean-token-sum-norm`: Σ_seq (Σ_t loss·mask / horizon) / mini-batch responses
+    pub fn apply(&self, per_token: &Tensor, mask: &Tensor) -> Result<Tensor> {
+        let masked = (per_token * mask)?;
+        match self.mode {
+            LossAggMode::TokenMean => masked.sum_all()? / self.minibatch_tokens.max(1.0),
+            LossAggMode::TokenMeanMicrobatch => {
+                let tokens = mask.sum_all()?.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+                masked.sum_all()? / (tokens.max(1.0) * self.micro_batches as f64)
+            }
+            LossAggMode::SeqMeanTokenSum => masked.sum_all()? / self.minibatch_seqs.max(1.0),
+            LossAggMode::SeqMeanTokenMean => {
+                // A row with no valid token contributes 0 rather than 0/0.
+                let lengths = mask.sum(D::Minus1)?.clamp(1.0, f64::INFINITY)?;
+                masked.sum(D::Minus1)?.div(&lengths)?.sum_all()? / self.minibatch_seqs.max(1.0)
+            }
+            LossAggMode::SeqMeanTokenSumNorm => {
+                masked.sum_all()? / (self.horizon * self.minibatch_seqs.max(1.0))
+            }
+        }
+    }
+}
+
+/// The policy loss of one (micro-)batch.
+#[derive(Debug, Clone)]
+pub struct PolicyLoss {
+    /// Aggregated loss (scalar) to call `backward` on.
+    pub loss: Tensor,
+    /// `(B, T)` per-token loss before aggregation (0 on padding).
+    pub per_token: Tensor,
+    pub stats: PolicyStats,
+}
+
+/// Token-level statistics of a policy-loss call, as masked means over its valid tokens.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct PolicyStats {
+    /// Valid tokens these means are over (the weight for merging micro-batches).
+    pub tokens: f64,
+    /// Mean of log π_old − log π (after the ±20 clamp), verl's `ppo_kl`.
+    pub ppo_kl: f64,
+    /// Ratio clip: fraction where the clipped term is active (PPO types; 0 for -AC).
+    pub pg_clipfrac: f64,
+    /// Ratio clip: fraction where the dual clip (Â < 0) is active (PPO types; 0 for -AC).
+    pub pg_clipfrac_lower: f64,
+    /// ACPO: fraction with r·Â > α (0 for ratio clipping).
+    pub acpo_clipfrac_upper: f64,
+    /// ACPO: fraction with r·Â < −α (0 for ratio clipping).
+    pub acpo_clipfrac_lower: f64,
+    /// Mean of r·Â over valid tokens.
+    pub ratio_adv_mean: f64,
+    /// Max of |r·Â| over valid tokens.
+    pub ratio_adv_abs_max: f64,
+}
+
+impl PolicyStats {
+    /// Token-weighted combination of micro-batch statistics (max for the abs-max).
+    pub fn merge(&self, other: &PolicyStats) -> PolicyStats {
+        let n = self.tokens + other.tokens;
+        if n == 0.0 {
+            return PolicyStats::default();
+        }
+        let w = |a: f64, b: f64| (a * self.tokens + b * other.tokens) / n;
+        PolicyStats {
+            tokens: n,
+            ppo_kl: w(self.ppo_kl, other.ppo_kl),
+            pg_clipfrac: w(self.pg_clipfrac, other.pg_clipfrac),
+            pg_clipfrac_lower: w(self.pg_clipfrac_lower, other.pg_clipfrac_lower),
+            acpo_clipfrac_upper: w(self.acpo_clipfrac_upper, other.acpo_clipfrac_upper),
+            acpo_clipfrac_lower: w(self.acpo_clipfrac_lower, other.acpo_clipfrac_lower),
+            ratio_adv_mean: w(self.ratio_adv_mean, other.ratio_adv_mean),
+            ratio_adv_abs_max: self.ratio_adv_abs_max.max(other.ratio_adv_abs_max),
+        }
+    }
+
+    /// The statistics under their metric names (verl's where verl has one).
+    pub fn metrics(&self, clip: &PolicyClip) -> Vec<(&'static str, f64)> {
+        let mut out = vec![
+            ("actor/ppo_kl", self.ppo_kl),
+            ("actor/ratio_adv_mean", self.ratio_adv_mean),
+            ("actor/ratio_adv_abs_max", self.ratio_adv_abs_max),
+        ];
+        match clip {
+            PolicyClip::Ratio { .. } => {
+                out.push(("actor/pg_clipfrac", self.pg_clipfrac));
+                out.push(("actor/pg_clipfrac_lower", self.pg_clipfrac_lower));
+            }
+            PolicyClip::Advantage { .. } => {
+                out.push(("actor/acpo_clipfrac_upper", self.acpo_clipfrac_upper));
+                out.push(("actor/acpo_clipfrac_lower", self.acpo_clipfrac_lower));
+                out.push((
+                    "actor/acpo_clipfrac",
+                    self.acpo_clipfrac_upper + self.acpo_clipfrac_lower,
+                ));
+            }
+        }
+        out
+    }
+}
+
+/// Bounds log π − log π_old before exponentiating, as verl does, so r stays finite.
+const LOG_RATIO_BOUND: f64 = 20.0;
+
+/// Policy loss for PPO/GRPO (ratio clipping) or PPO-AC/GRPO-AC (advantage clipping).
+///
+/// `log_prob` carries the gradient; `old_log_prob`, `advantages` are constants. With
+/// r = exp(clamp(log π − log π_old, ±20)):
+/// - Ratio clip (PPO, with dual clip c for Â < 0):
+///   L = max(−Â·r, −Â·clamp(r, 1−ε_low, 1+ε_high)); for Â < 0, L = min(L, −Â·c).
+/// - Advantage clip (ACPO, paper eq. 5): L = −clamp(r·Â, −α, α); no min with the unclipped
+///   term and no ratio bound. ∂L/∂log π = −r·Â where |r·Â| ≤ α and exactly 0 elsewhere.
+pub fn policy_loss(
+    clip: &PolicyClip,
+    log_prob: &Tensor,
+    old_log_prob: &Tensor,
+    advantages: &Tensor,
+    response_mask: &Tensor,
+    agg: &Aggregation,
+) -> Result<PolicyLoss> {
+    check_same_shape(
+        response_mask,
+        &[
+            ("log_prob", log_prob),
+            ("old_log_prob", old_log_prob),
+            ("advantages", advantages),
+        ],
+    )?;
+    let mask = response_mask.to_dtype(DType::F32)?.detach();
+    // Padding may hold anything (even NaN); zero it so it cannot leak through 0·NaN.
+    let log_prob = zero_padding(&log_prob.to_dtype(DType::F32)?, &mask)?;
+    let old_log_prob = zero_padding(&old_log_prob.to_dtype(DType::F32)?.detach(), &mask)?;
+    let adv = zero_padding(&advantages.to_dtype(DType::F32)?.detach(), &mask)?;
+
+    let log_ratio = (&log_prob - &old_log_prob)?.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)?;
+    let ratio = log_ratio.exp()?;
+    // (B, T) constant copies for the masks and clipped values.
+    let ratio_c = ratio.detach();
+    let ratio_adv = (&ratio * &adv)?;
+    let ratio_adv_c = ratio_adv.detach();
+    let unclipped = ratio_adv.neg()?; // −r·Â, carries the gradient
+
+    let (keep, clipped_value, stats) = match *clip {
+        PolicyClip::Ratio {
+            eps_low,
+            eps_high,
+            dual_clip_c,
+        } => {
+            let loss1 = ratio_adv_c.neg()?;
+            let loss2 = (ratio_c.clamp(1.0 - eps_low, 1.0 + eps_high)? * &adv)?.neg()?;
+            let clip1 = loss1.maximum(&loss2)?;
+            let loss3 = (&adv * (-dual_clip_c))?;
+            let negative_cond = adv.lt(0.0)?;
+            let negative = negative_cond.to_dtype(DType::F32)?;
+            let dual_active = (clip1.gt(&loss3)?.to_dtype(DType::F32)? * &negative)?;
+            let ratio_clipped = loss2.gt(&loss1)?.to_dtype(DType::F32)?;
+            // Gradient flows only where the unclipped term is the active one and the dual clip
+            // is not: keep = (loss1 ≥ loss2) ∧ ¬dual.
+            let keep = ((1.0 - &ratio_clipped)? * (1.0 - &dual_active)?)?;
+            let value = negative_cond.where_cond(&clip1.minimum(&loss3)?, &clip1)?;
+            let stats = PolicyStats {
+                pg_clipfrac: masked_mean(&ratio_clipped, &mask)?,
+                pg_clipfrac_lower: masked_mean(&dual_active, &mask)?,
+                ..PolicyStats::default()
+            };
+            (keep, value, stats)
+        }
+        PolicyClip::Advantage { alpha } => {
+            let above = ratio_adv_c.gt(alpha)?.to_dtype(DType::F32)?;
+            let below = ratio_adv_c.lt(-alpha)?.to_dtype(DType::F32)?;
+            let keep = ((1.0 - &above)? - &below)?;
+            let value = ratio_adv_c.clamp(-alpha, alpha)?.neg()?;
+            let stats = PolicyStats {
+                acpo_clipfrac_upper: masked_mean(&above, &mask)?,
+                acpo_clipfrac_lower: masked_mean(&below, &mask)?,
+                ..PolicyStats::default()
+            };
+            (keep, value, stats)
+        }
+    };
+    let per_token = ((&keep * &unclipped)? + ((1.0 - &keep)? * &clipped_value)?)?;
+    let per_token = (per_token * &mask)?;
+    let loss = agg.apply(&per_token, &mask)?;
+
+    let tokens = mask.sum_all()?.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+    let abs_max = (ratio_adv_c.abs()? * &mask)?
+        .flatten_all()?
+        .max(0)?
+        .to_scalar::<f32>()? as f64;
+    let stats = PolicyStats {
+        tokens,
+        ppo_kl: masked_mean(&log_ratio.detach().neg()?, &mask)?,
+        ratio_adv_mean: masked_mean(&ratio_adv_c, &mask)?,
+        ratio_adv_abs_max: abs_max,
+        ..stats
+    };
+    Ok(PolicyLoss {
+        loss,
+        per_token,
+        stats,
+    })
+}
+
+/// The clipped value loss of one (micro-)batch.
+#[derive(Debug, Clone)]
+pub struct ValueLoss {
+    /// 0.5 · agg(max((V − R)², (clamp(V, V_old ± c) − R)²)); scalar.
+    pub loss: Tensor,
+    /// Fraction of valid tokens where the clipped error is the larger (verl's `vf_clipfrac`).
+    pub clipfrac: f64,
+    pub tokens: f64,
+}
+
+/// Value loss for the critic of the PPO types (verl's `compute_value_loss`).
+pub fn value_loss(
+    values: &Tensor,
+    old_values: &Tensor,
+    returns: &Tensor,
+    response_mask: &Tensor,
+    cliprange_value: f64,
+    agg: &Aggregation,
+) -> Result<ValueLoss> {
+    check_same_shape(
+        response_mask,
+        &[
+            ("values", values),
+            ("old_values", old_values),
+            ("returns", returns),
+        ],
+    )?;
+    let mask = response_mask.to_dtype(DType::F32)?.detach();
+    let values = zero_padding(&values.to_dtype(DType::F32)?, &mask)?;
+    let old = zero_padding(&old_values.to_dtype(DType::F32)?.detach(), &mask)?;
+    let ret = zero_padding(&returns.to_dtype(DType::F32)?.detach(), &mask)?;
+
+    let err1 = (&values - &ret)?.sqr()?; // carries the gradient
+    let err1_c = err1.detach();
+    let clipped = values
+        .detach()
+        .maximum(&(&old - cliprange_value)?)?
+        .minimum(&(&old + cliprange_value)?)?;
+    let err2_c = (clipped - &ret)?.sqr()?;
+    // err2 > err1 only when V is outside V_old ± c, where the clipped term has no gradient.
+    let clipped_active = err2_c.gt(&err1_c)?.to_dtype(DType::F32)?;
+    let per_token = (((1.0 - &clipped_active)? * &err1)? + (&clipped_active * &err2_c)?)?;
+    let loss = (agg.apply(&(per_token * &mask)?, &mask)? * 0.5)?;
+    Ok(ValueLoss {
+        loss,
+        clipfrac: masked_mean(&clipped_active, &mask)?,
+        tokens: mask.sum_all()?.to_dtype(DType::F64)?.to_scalar::<f64>()?,
+    })
+}
+
+/// `x` with padding positions replaced by 0 (gradient flows through valid positions only).
+fn zero_padding(x: &Tensor, mask: &Tensor) -> Result<Tensor> {
+    mask.ne(0.0)?.where_cond(x, &x.zeros_like()?)
+}
+
+/// Mean of `x` over valid tokens; 0 when there are none.
+pub fn masked_mean(x: &Tensor, mask: &Tensor) -> Result<f64> {
+    let n = mask.sum_all()?.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+    if n == 0.0 {
+        return Ok(0.0);
+    }
+    let s = (x * mask)?
+        .sum_all()?
+        .to_dtype(DType::F64)?
+        .to_scalar::<f64>()?;
+    Ok(s / n)
+}
+
+/// The gradient coefficients r·Â of a batch and the quantities of Proposition 1.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CoefficientDiagnostics {
+    /// r·Â of every valid token, row-major (for the tail histograms).
+    pub values: Vec<f32>,
+    pub mean: f64,
+    pub abs_max: f64,
+    /// P(|r·Â| ≤ α): the ACPO retention probability.
+    pub retain_acpo: f64,
+    /// P(Â > 0, r ≤ 1+ε_high or Â < 0, r ≥ 1−ε_low): the PPO retention probability.
+    pub retain_ppo: f64,
+    /// E[(r·Â)² · 1_ACPO]: the ACPO gradient second moment with ‖∇log π‖² ≡ 1.
+    pub second_moment_acpo: f64,
+    /// E[(r·Â)² · 1_PPO]: the PPO gradient second moment with ‖∇log π‖² ≡ 1.
+    pub second_moment_ppo: f64,
+}
+
+/// Diagnostics of the gradient coefficients r·Â (paper Section 3, Proposition 1). They do not
+/// depend on which objective is being trained, so both rules are evaluated on the same batch.
+pub fn coefficient_diagnostics(
+    log_prob: &Tensor,
+    old_log_prob: &Tensor,
+    advantages: &Tensor,
+    response_mask: &Tensor,
+    alpha: f64,
+    eps_low: f64,
+    eps_high: f64,
+) -> Result<CoefficientDiagnostics> {
+    check_same_shape(
+        response_mask,
+        &[
+            ("log_prob", log_prob),
+            ("old_log_prob", old_log_prob),
+            ("advantages", advantages),
+        ],
+    )?;
+    let lp = to_rows(log_prob)?;
+    let old = to_rows(old_log_prob)?;
+    let adv = to_rows(advantages)?;
+    let mask = to_rows(response_mask)?;
+    let mut values = Vec::new();
+    let (mut sum, mut abs_max, mut keep_a, mut keep_p, mut m2_a, mut m2_p) =
+        (0.0, 0f64, 0.0, 0.0, 0.0, 0.0);
+    for b in 0..mask.len() {
+        for t in 0..mask[b].len() {
+            if mask[b][t] == 0.0 {
+                continue;
+            }
+            let r = ((lp[b][t] - old[b][t]) as f64)
+                .clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
+                .exp();
+            let a = adv[b][t] as f64;
+            let ra = r * a;
+            values.push(ra as f32);
+            sum += ra;
+            abs_max = abs_max.max(ra.abs());
+            if ra.abs() <= alpha {
+                keep_a += 1.0;
+                m2_a += ra * ra;
+            }
+            if (a > 0.0 && r <= 1.0 + eps_high) || (a < 0.0 && r >= 1.0 - eps_low) {
+                keep_p += 1.0;
+                m2_p += ra * ra;
+            }
+        }
+    }
+    let n = (values.len() as f64).max(1.0);
+    Ok(CoefficientDiagnostics {
+        mean: sum / n,
+        abs_max,
+        retain_acpo: keep_a / n,
+        retain_ppo: keep_p / n,
+        second_moment_acpo: m2_a / n,
+        second_moment_ppo: m2_p / n,
+        values,
+    })
+}

@@ -1,0 +1,59 @@
+//! The objectives' math: the one place it lives (DESIGN.md). The trainer, and any CUDA kernel,
+//! call these functions or are tested against them.
+//!
+//! All tensors are `(B, T)` over response tokens — B responses, T = the padded response length —
+//! with a `response_mask` of 1.0 on valid tokens and 0.0 on padding. Padding never changes any
+//! output: masked entries are ignored on input and written as 0 on output.
+//!
+//! - [`advantage`]: GAE with batch whitening (PPO types) and group-normalised advantages (GRPO
+//!   types), paper Section 2.
+//! - [`loss`]: the PPO ratio-clipped loss, the ACPO advantage-clipped loss (paper eq. 5), the
+//!   clipped value loss, loss aggregation, and the diagnostics behind the paper's r·Â tail
+//!   histograms and Proposition 1.
+//! - [`token`]: per-token log-probabilities and entropy from logits.
+//!
+//! The formulas follow verl (the framework the paper trained with) except where numbered here:
+//! 1. A GRPO group of size 1 gets advantage 0; verl gives it s/(1 + ε).
+//! 2. `token-mean` is an exact mean over every valid token of the *mini-batch*, also when the
+//!    mini-batch is split into micro-batches; verl's legacy path averages micro-batch means,
+//!    offered as `token-mean-microbatch`.
+//! 3. `seq-mean-token-sum-norm` divides by a fixed horizon (the manifest's max response length)
+//!    rather than by the padded width of the batch, so it does not depend on batch composition.
+//! 4. Outputs at padding positions are 0 (verl leaves whatever the recursion produced there).
+
+pub mod advantage;
+pub mod loss;
+pub mod token;
+
+use candle_core::{DType, Result, Tensor};
+
+/// Host copy of a `(B, T)` f32 tensor, row-major.
+pub(crate) fn to_rows(t: &Tensor) -> Result<Vec<Vec<f32>>> {
+    t.to_dtype(DType::F32)?.to_vec2::<f32>()
+}
+
+/// A `(B, T)` f32 tensor from rows, on the device of `like`.
+pub(crate) fn from_rows(rows: &[Vec<f32>], like: &Tensor) -> Result<Tensor> {
+    let b = rows.len();
+    let t = rows.first().map_or(0, Vec::len);
+    let flat: Vec<f32> = rows.iter().flatten().copied().collect();
+    Tensor::from_vec(flat, (b, t), like.device())
+}
+
+/// Checks that every tensor has the `(B, T)` shape of the mask.
+pub(crate) fn check_same_shape(mask: &Tensor, named: &[(&str, &Tensor)]) -> Result<()> {
+    let want = mask.dims();
+    if want.len() != 2 {
+        candle_core::bail!("response_mask must be (B, T), got {:?}", want);
+    }
+    for (name, t) in named {
+        if t.dims() != want {
+            candle_core::bail!(
+                "{name} has shape {:?}, expected (B, T) = {:?}",
+                t.dims(),
+                want
+            );
+        }
+    }
+    Ok(())
+}
