@@ -82,6 +82,9 @@ pub struct GenerateArgs {
     /// A local model directory in HF layout, or a hub repo id (owner/name).
     #[arg(long)]
     pub model: String,
+    /// Hub revision (branch, tag or commit) when --model is a repo id.
+    #[arg(long, default_value = "main")]
+    pub revision: String,
     /// One prompt text.
     #[arg(long, conflicts_with = "input", required_unless_present = "input")]
     pub prompt: Option<String>,
@@ -210,9 +213,15 @@ pub enum BenchKind {
 pub struct BenchArgs {
     #[arg(value_enum)]
     pub kind: BenchKind,
-    /// Where to write the report.
+    /// Where to write the report (<kind>.json and <kind>.md).
     #[arg(long, default_value = "results/bench")]
     pub out: PathBuf,
+    /// Timed repetitions per model (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    pub repeats: usize,
+    /// Only the tiny model (seconds instead of minutes).
+    #[arg(long)]
+    pub tiny_only: bool,
 }
 
 #[derive(Debug, Args)]
@@ -264,23 +273,217 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
     match cli.command {
         Command::Check(args) => check(&args),
         Command::Train(_) => not_built("train", 6, "the RL trainer"),
-        Command::Generate(_) => {
-            not_built("generate", 4, "the trainable Qwen models and the sampler")
-        }
+        Command::Generate(args) => generate(&args),
         Command::Score(_) => not_built("score", 5, "the math answer verifier"),
         Command::Eval(_) => not_built("eval", 5, "the Avg@k evaluator"),
         Command::Report(_) => not_built("report", 7, "Table 1, curves and histograms"),
         Command::Reproduce(_) => not_built("reproduce", 7, "the reproduction front door"),
         Command::Archive(_) => not_built("archive", 7, "checksummed archives"),
         Command::Verify(_) => not_built("verify", 7, "archive verification"),
-        Command::Bench(_) => not_built(
-            "bench",
-            4,
-            "the benchmarks of the model, sampler and verifier",
-        ),
+        Command::Bench(args) => bench(&args),
         Command::Pmd(_) => not_built("pmd", 9, "clipped policy mirror descent"),
-        Command::Model(_) => not_built("model init", 4, "the model writer"),
+        Command::Model(ModelCommand::Init { config, out, seed }) => {
+            let params = acpo::model::init::write_random_model(&config, &out, seed)?;
+            println!(
+                "wrote a random model ({} tensors, {} parameters, seed {seed}) to {}",
+                params.len(),
+                params.count(),
+                out.display()
+            );
+            Ok(Outcome::Success)
+        }
     }
+}
+
+/// `acpo generate`: sample completions and print them (or write JSONL).
+fn generate(args: &GenerateArgs) -> anyhow::Result<Outcome> {
+    use acpo::model::{
+        hub,
+        qwen::Qwen,
+        tokenizer::{Message, Tokenizer},
+        Params, QwenConfig,
+    };
+    use acpo::rollout::{self, SamplingParams, StopCriteria};
+    use std::io::Write;
+
+    if !(args.top_p > 0.0 && args.top_p <= 1.0) {
+        bail!("--top-p must be in (0, 1], got {}", args.top_p);
+    }
+    if args.temperature.is_nan() || args.temperature < 0.0 {
+        bail!(
+            "--temperature must be >= 0 (0 = greedy), got {}",
+            args.temperature
+        );
+    }
+    if args.n == 0 || args.top_k == Some(0) {
+        bail!("--n and --top-k must be at least 1");
+    }
+    let source = if std::path::Path::new(&args.model).exists() {
+        acpo::manifest::ModelSource::Dir(PathBuf::from(&args.model))
+    } else if args.model.matches('/').count() == 1 {
+        acpo::manifest::ModelSource::Hub {
+            repo: args.model.clone(),
+            revision: args.revision.clone(),
+        }
+    } else {
+        bail!(
+            "--model {}: no such directory, and not a hub id (owner/name)",
+            args.model
+        );
+    };
+    let dir = hub::resolve(&source, &hub::HubOptions::from_env())?;
+    let cfg = QwenConfig::load(&dir.join("config.json"))?;
+    let device = candle_core::Device::Cpu;
+    let params = Params::load_dir(&dir, candle_core::DType::F32, &device)?;
+    let model = Qwen::new(&cfg, &params, true)?;
+    let tokenizer = Tokenizer::load(&dir)?;
+
+    let prompts: Vec<String> = match (&args.prompt, &args.input) {
+        (Some(p), _) => vec![p.clone()],
+        (None, Some(path)) => read_prompts(path)?,
+        (None, None) => bail!("give --prompt TEXT or --input FILE"),
+    };
+    let mut encoded = Vec::new();
+    for p in &prompts {
+        let text = if args.chat {
+            tokenizer.apply_chat_template(&[Message::user(p.as_str())], true)?
+        } else {
+            p.clone()
+        };
+        let ids = tokenizer.encode(&text)?;
+        if ids.is_empty() {
+            bail!("a prompt encodes to no tokens");
+        }
+        if let Some(bad) = ids.iter().find(|&&t| t as usize >= cfg.vocab_size) {
+            bail!("token id {bad} is outside the model's vocabulary ({}): tokenizer and model do not match", cfg.vocab_size);
+        }
+        encoded.push(ids);
+    }
+    let mut batch = Vec::new();
+    let mut keys = Vec::new();
+    let mut index = Vec::new();
+    for (pi, ids) in encoded.iter().enumerate() {
+        for si in 0..args.n {
+            batch.push(ids.clone());
+            keys.push([args.seed, 0, pi as u64, si as u64]);
+            index.push((pi, si));
+        }
+    }
+    let mut eos = cfg.eos_token_ids();
+    eos.extend(tokenizer.eos_id());
+    let decode = |ids: &[u32]| tokenizer.decode(ids, false).unwrap_or_default();
+    let stop = StopCriteria {
+        eos_ids: eos,
+        stop_strings: Vec::new(),
+        decode: Some(&decode),
+    };
+    let params = SamplingParams {
+        temperature: args.temperature,
+        top_p: args.top_p,
+        top_k: args.top_k,
+        max_new_tokens: args.max_new_tokens,
+    };
+    let completions = rollout::generate(&model, &batch, &keys, &params, &stop, tokenizer.pad_id())?;
+    let mut lines = Vec::new();
+    for ((pi, si), c) in index.iter().zip(&completions) {
+        let text = tokenizer.decode(&c.tokens, true)?;
+        lines.push(serde_json::json!({
+            "prompt_index": pi, "sample_index": si, "prompt": prompts[*pi],
+            "completion": text, "finish_reason": c.finish, "num_tokens": c.tokens.len(),
+        }));
+        if args.output.is_none() {
+            println!(
+                "--- prompt {pi}, sample {si} ({:?}, {} tokens)\n{text}",
+                c.finish,
+                c.tokens.len()
+            );
+        }
+    }
+    if let Some(out) = &args.output {
+        let mut body = Vec::new();
+        for l in &lines {
+            writeln!(body, "{l}")?;
+        }
+        let tmp = out.with_extension("tmp");
+        std::fs::write(&tmp, body).with_context(|| format!("cannot write {}", tmp.display()))?;
+        std::fs::rename(&tmp, out).with_context(|| format!("cannot write {}", out.display()))?;
+        println!("wrote {} completions to {}", lines.len(), out.display());
+    }
+    Ok(Outcome::Success)
+}
+
+/// `acpo bench`: measure, print and write a report.
+fn bench(args: &BenchArgs) -> anyhow::Result<Outcome> {
+    use acpo::speed;
+    if args.repeats == 0 {
+        bail!("--repeats must be at least 1");
+    }
+    let (name, run): (&str, speed::BenchFn) = match args.kind {
+        BenchKind::Generate => ("generate", speed::bench_generate),
+        BenchKind::TrainStep => ("train-step", speed::bench_train_step),
+        BenchKind::Verifier => return not_built("bench verifier", 5, "the math answer verifier"),
+    };
+    let mut rows = Vec::new();
+    for m in speed::MODELS.iter().take(if args.tiny_only {
+        1
+    } else {
+        speed::MODELS.len()
+    }) {
+        let r = run(m, args.repeats)?;
+        println!(
+            "{:<12} {:>11} params  {:<10} {:>8.1} tokens/s  ({:.3} s for {} tokens)",
+            r.model, r.parameters, r.what, r.tokens_per_second, r.seconds, r.tokens
+        );
+        rows.push(r);
+    }
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("cannot create {}", args.out.display()))?;
+    let json = serde_json::to_string_pretty(&rows)?;
+    for (file, body) in [
+        (format!("{name}.json"), json),
+        (
+            format!("{name}.md"),
+            speed::markdown(&format!("acpo bench {name}"), &rows),
+        ),
+    ] {
+        let path = args.out.join(&file);
+        let tmp = path.with_extension("tmp");
+        std::fs::write(&tmp, body).with_context(|| format!("cannot write {}", tmp.display()))?;
+        std::fs::rename(&tmp, &path).with_context(|| format!("cannot write {}", path.display()))?;
+    }
+    println!("report: {}", args.out.join(format!("{name}.md")).display());
+    Ok(Outcome::Success)
+}
+
+/// Prompts from a JSONL file with a `prompt` (or `problem`) string per line.
+fn read_prompts(path: &std::path::Path) -> anyhow::Result<Vec<String>> {
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut out = Vec::new();
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let v: serde_json::Value = serde_json::from_str(line)
+            .with_context(|| format!("{}:{}: not JSON", path.display(), i + 1))?;
+        let p = v
+            .get("prompt")
+            .or_else(|| v.get("problem"))
+            .and_then(|p| p.as_str())
+            .with_context(|| {
+                format!(
+                    "{}:{}: field `prompt` (a string) is missing",
+                    path.display(),
+                    i + 1
+                )
+            })?;
+        out.push(p.to_string());
+    }
+    if out.is_empty() {
+        bail!("{}: no prompts", path.display());
+    }
+    Ok(out)
 }
 
 fn not_built(command: &str, issue: u32, what: &str) -> anyhow::Result<Outcome> {

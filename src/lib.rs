@@ -7,3 +7,7 @@
 
 pub mod algo;
 pub mod manifest;
+pub mod model;
+pub mod rng;
+pub mod rollout;
+pub mod speed;

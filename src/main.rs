@@ -8,7 +8,32 @@ use clap::Parser;
 
 mod cli;
 
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
+/// `mi_option_purge_delay` in mimalloc v3's `mi_option_e` (libmimalloc-sys 0.1.49, pinned in
+/// Cargo.toml; the crate does not export the constant).
+const MI_OPTION_PURGE_DELAY: libmimalloc_sys::mi_option_t = 15;
+
+/// Never return freed pages to the OS: every step allocates tensors of the same sizes, and
+/// returned pages are zeroed again by the kernel on the next touch. Peak memory is unchanged.
+/// The option is only set if its slot holds a known default (the header says 10 ms; the vendored
+/// v3 build reports 1000 ms), so a renumbered
+/// enum in another mimalloc leaves the allocator at its defaults instead of misconfiguring it.
+fn keep_freed_memory() {
+    // SAFETY: plain getters/setters of mimalloc's global options, called before any threads.
+    unsafe {
+        if matches!(
+            libmimalloc_sys::mi_option_get(MI_OPTION_PURGE_DELAY),
+            10 | 1000
+        ) {
+            libmimalloc_sys::mi_option_set(MI_OPTION_PURGE_DELAY, -1);
+        }
+    }
+}
+
 fn main() -> ExitCode {
+    keep_freed_memory();
     let cli = cli::Cli::parse();
     match cli::run(cli) {
         Ok(outcome) => outcome.exit_code(),

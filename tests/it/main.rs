@@ -2,4 +2,5 @@
 
 mod cli;
 mod manifest;
+mod model;
 mod objectives;

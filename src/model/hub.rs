@@ -1,0 +1,176 @@
+//! Where a model's files come from: a local directory, or a hub repository at a pinned revision,
+//! fetched into (or, offline, read from) the standard Hugging Face cache.
+//!
+//! The cache layout is the one `huggingface_hub` writes (`<cache>/models--owner--name/refs/<rev>`
+//! holding a commit hash, `snapshots/<hash>/<files>`), so a cache filled by Python tools is reused.
+//! `HF_HUB_OFFLINE=1` never touches the network. A revision that is itself a commit hash is
+//! looked up as `snapshots/<hash>` directly.
+
+use std::path::{Path, PathBuf};
+
+use hf_hub::{Cache, Repo, RepoType};
+
+use super::{ModelError, Result};
+use crate::manifest::ModelSource;
+
+/// Files a model directory needs; the weights are found separately (single or sharded).
+const REQUIRED: [&str; 2] = ["config.json", "tokenizer.json"];
+const OPTIONAL: [&str; 2] = ["tokenizer_config.json", "generation_config.json"];
+const INDEX: &str = "model.safetensors.index.json";
+const SINGLE: &str = "model.safetensors";
+
+#[derive(Debug, Clone)]
+pub struct HubOptions {
+    /// The hub cache directory (`HF_HUB_CACHE`, else `HF_HOME/hub`, else ~/.cache/huggingface/hub).
+    pub cache_dir: PathBuf,
+    /// Read only the cache (`HF_HUB_OFFLINE`).
+    pub offline: bool,
+}
+
+impl HubOptions {
+    pub fn from_env() -> HubOptions {
+        let cache_dir = std::env::var_os("HF_HUB_CACHE")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| Cache::from_env().path().clone());
+        let offline = std::env::var("HF_HUB_OFFLINE")
+            .map(|v| matches!(v.to_ascii_lowercase().as_str(), "1" | "true" | "yes" | "on"))
+            .unwrap_or(false);
+        HubOptions { cache_dir, offline }
+    }
+}
+
+/// A directory holding the model's files. `Dir` sources are checked, hub sources resolved
+/// through the cache (downloading what is missing unless offline).
+pub fn resolve(source: &ModelSource, opts: &HubOptions) -> Result<PathBuf> {
+    match source {
+        ModelSource::Dir(dir) => {
+            for f in REQUIRED {
+                if !dir.join(f).exists() {
+                    return Err(ModelError::Weights {
+                        path: dir.join(f),
+                        reason: "not found in the model directory".into(),
+                    });
+                }
+            }
+            Ok(dir.clone())
+        }
+        ModelSource::Hub { repo, revision } => {
+            if opts.offline {
+                from_cache(repo, revision, &opts.cache_dir)
+            } else {
+                download(repo, revision, &opts.cache_dir)
+            }
+        }
+    }
+}
+
+fn hub_error(repo: &str, revision: &str, reason: impl Into<String>) -> ModelError {
+    ModelError::Hub {
+        repo: repo.into(),
+        revision: revision.into(),
+        reason: reason.into(),
+    }
+}
+
+fn from_cache(repo: &str, revision: &str, cache_dir: &Path) -> Result<PathBuf> {
+    let hub_repo = Repo::with_revision(repo.into(), RepoType::Model, revision.into());
+    let snapshot = {
+        let by_ref = Cache::new(cache_dir.to_owned())
+            .repo(hub_repo.clone())
+            .get("config.json");
+        let by_hash = cache_dir
+            .join(hub_repo.folder_name())
+            .join("snapshots")
+            .join(revision)
+            .join("config.json");
+        match by_ref {
+            Some(p) => p,
+            None if by_hash.exists() => by_hash,
+            None => {
+                return Err(hub_error(
+                    repo,
+                    revision,
+                    format!(
+                        "not in the offline cache {} (HF_HUB_OFFLINE is set): download it once online, or point model.dir at a local copy",
+                        cache_dir.display()
+                    ),
+                ))
+            }
+        }
+    };
+    let dir = snapshot
+        .parent()
+        .expect("invariant: a cached file has a parent")
+        .to_owned();
+    check_complete(&dir).map_err(|reason| hub_error(repo, revision, reason))?;
+    Ok(dir)
+}
+
+fn check_complete(dir: &Path) -> std::result::Result<(), String> {
+    for f in REQUIRED {
+        if !dir.join(f).exists() {
+            return Err(format!("cached snapshot {} lacks {f}", dir.display()));
+        }
+    }
+    if !dir.join(INDEX).exists() && !dir.join(SINGLE).exists() {
+        return Err(format!(
+            "cached snapshot {} has no {SINGLE} or {INDEX}",
+            dir.display()
+        ));
+    }
+    Ok(())
+}
+
+fn download(repo: &str, revision: &str, cache_dir: &Path) -> Result<PathBuf> {
+    let api = hf_hub::api::sync::ApiBuilder::from_env()
+        .with_cache_dir(cache_dir.to_owned())
+        .build()
+        .map_err(|e| hub_error(repo, revision, e.to_string()))?;
+    let r = api.repo(Repo::with_revision(
+        repo.into(),
+        RepoType::Model,
+        revision.into(),
+    ));
+    let get = |f: &str| {
+        r.get(f)
+            .map_err(|e| hub_error(repo, revision, format!("{f}: {e}")))
+    };
+    let config = get("config.json")?;
+    for f in REQUIRED.iter().skip(1) {
+        get(f)?;
+    }
+    for f in OPTIONAL {
+        let _ = r.get(f); // absent in some repos
+    }
+    match r.get(INDEX) {
+        Ok(index) => {
+            let text = std::fs::read_to_string(&index).map_err(|source| ModelError::Io {
+                path: index.clone(),
+                source,
+            })?;
+            let v: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| hub_error(repo, revision, format!("{INDEX}: {e}")))?;
+            let mut shards: Vec<String> = v
+                .get("weight_map")
+                .and_then(|m| m.as_object())
+                .map(|m| {
+                    m.values()
+                        .filter_map(|s| s.as_str().map(String::from))
+                        .collect()
+                })
+                .unwrap_or_default();
+            shards.sort();
+            shards.dedup();
+            for s in shards {
+                get(&s)?;
+            }
+        }
+        Err(_) => {
+            get(SINGLE)?;
+        }
+    }
+    Ok(config
+        .parent()
+        .expect("invariant: a cached file has a parent")
+        .to_owned())
+}

@@ -1,0 +1,151 @@
+//! A seeded random model in HF layout (`acpo model init`), and the critic's fresh value head.
+//!
+//! Initialisation follows transformers' `_init_weights` for Qwen: linear and embedding weights
+//! ~ N(0, initializer_range²) (default 0.02), biases 0, RMSNorm weights 1.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use candle_core::{DType, Device, Tensor, Var};
+
+use super::{write_atomic, ModelError, Params, QwenConfig, Result};
+use crate::rng::SplitMix64;
+
+fn normal(
+    rng: &mut SplitMix64,
+    shape: &[usize],
+    std: f64,
+    dtype: DType,
+    device: &Device,
+) -> Result<Tensor> {
+    let n: usize = shape.iter().product();
+    let data: Vec<f32> = (0..n).map(|_| (rng.next_normal() * std) as f32).collect();
+    Ok(Tensor::from_vec(data, shape, device)?.to_dtype(dtype)?)
+}
+
+fn init_std(cfg: &QwenConfig) -> f64 {
+    cfg.raw
+        .get("initializer_range")
+        .and_then(|v| v.as_f64())
+        .unwrap_or(0.02)
+}
+
+/// Random parameters for `cfg`, named as HF names them.
+pub fn random_params(cfg: &QwenConfig, seed: u64, dtype: DType, device: &Device) -> Result<Params> {
+    let mut rng = SplitMix64::from_key(&[seed, 0x1417]);
+    let std = init_std(cfg);
+    let (h, v, hd) = (cfg.hidden_size, cfg.vocab_size, cfg.head_dim());
+    let (nh, nkv, inter) = (
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.intermediate_size,
+    );
+    let mut t: Vec<(String, Tensor)> = Vec::new();
+    let ones = |n: usize| Tensor::ones(n, dtype, device);
+    t.push((
+        "model.embed_tokens.weight".into(),
+        normal(&mut rng, &[v, h], std, dtype, device)?,
+    ));
+    let qwen3 = cfg.model_type == "qwen3";
+    for i in 0..cfg.num_hidden_layers {
+        let p = format!("model.layers.{i}");
+        t.push((format!("{p}.input_layernorm.weight"), ones(h)?));
+        t.push((format!("{p}.post_attention_layernorm.weight"), ones(h)?));
+        for (name, out, inp) in [
+            ("q_proj", nh * hd, h),
+            ("k_proj", nkv * hd, h),
+            ("v_proj", nkv * hd, h),
+            ("o_proj", h, nh * hd),
+        ] {
+            t.push((
+                format!("{p}.self_attn.{name}.weight"),
+                normal(&mut rng, &[out, inp], std, dtype, device)?,
+            ));
+            if name != "o_proj" && cfg.qkv_bias() {
+                t.push((
+                    format!("{p}.self_attn.{name}.bias"),
+                    Tensor::zeros(out, dtype, device)?,
+                ));
+            }
+        }
+        if qwen3 {
+            t.push((format!("{p}.self_attn.q_norm.weight"), ones(hd)?));
+            t.push((format!("{p}.self_attn.k_norm.weight"), ones(hd)?));
+        }
+        for (name, out, inp) in [
+            ("gate_proj", inter, h),
+            ("up_proj", inter, h),
+            ("down_proj", h, inter),
+        ] {
+            t.push((
+                format!("{p}.mlp.{name}.weight"),
+                normal(&mut rng, &[out, inp], std, dtype, device)?,
+            ));
+        }
+    }
+    t.push(("model.norm.weight".into(), ones(h)?));
+    if !cfg.tie_word_embeddings {
+        t.push((
+            "lm_head.weight".into(),
+            normal(&mut rng, &[v, h], std, dtype, device)?,
+        ));
+    }
+    let vars = t
+        .into_iter()
+        .map(|(k, x)| Ok((k, Var::from_tensor(&x)?)))
+        .collect::<Result<BTreeMap<_, _>>>()?;
+    Ok(Params::new(vars))
+}
+
+/// Adds a freshly initialised value head (`score.weight` ~ N(0, std²), `score.bias` = 0) to a
+/// copy of the policy's parameters: verl's critic starts from the actor's weights.
+pub fn add_value_head(policy: &Params, cfg: &QwenConfig, seed: u64) -> Result<Params> {
+    let mut rng = SplitMix64::from_key(&[seed, 0xC1171C]);
+    let mut critic = BTreeMap::new();
+    for (name, var) in policy.vars() {
+        // A copy, not a shared Var: actor and critic train separately.
+        critic.insert(name.clone(), Var::from_tensor(&var.as_tensor().copy()?)?);
+    }
+    let (dtype, device) = {
+        let (_, first) = policy.vars().next().ok_or_else(|| ModelError::Tensor {
+            name: "policy".into(),
+            reason: "has no parameters".into(),
+        })?;
+        (first.dtype(), first.device().clone())
+    };
+    let w = normal(
+        &mut rng,
+        &[1, cfg.hidden_size],
+        init_std(cfg),
+        dtype,
+        &device,
+    )?;
+    critic.insert("score.weight".into(), Var::from_tensor(&w)?);
+    critic.insert(
+        "score.bias".into(),
+        Var::from_tensor(&Tensor::zeros(1, dtype, &device)?)?,
+    );
+    Ok(Params::new(critic))
+}
+
+/// Writes `config.json` + `model.safetensors` for a random model into `out`.
+pub fn write_random_model(config_path: &Path, out: &Path, seed: u64) -> Result<Params> {
+    let cfg = QwenConfig::load(config_path)?;
+    std::fs::create_dir_all(out).map_err(|source| ModelError::Io {
+        path: out.to_owned(),
+        source,
+    })?;
+    let params = random_params(&cfg, seed, DType::F32, &Device::Cpu)?;
+    save_model(&cfg, &params, out)?;
+    Ok(params)
+}
+
+/// Saves a model in HF layout: `config.json` (as loaded) and `model.safetensors`.
+pub fn save_model(cfg: &QwenConfig, params: &Params, out: &Path) -> Result<()> {
+    let text = serde_json::to_string_pretty(&cfg.raw).map_err(|e| ModelError::Config {
+        path: out.join("config.json"),
+        reason: e.to_string(),
+    })?;
+    write_atomic(&out.join("config.json"), text.as_bytes())?;
+    params.save(&out.join("model.safetensors"))
+}

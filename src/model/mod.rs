@@ -1,0 +1,354 @@
+//! Policy and critic models: Qwen2 / Qwen3 decoders that can be *trained*, loaded from and saved
+//! to the Hugging Face layout.
+//!
+//! - [`QwenConfig`]: `config.json` as HF writes it (Qwen2 and Qwen3; `rope_theta` at the top
+//!   level or under transformers v5's `rope_parameters`).
+//! - [`Params`]: the named trainable tensors (`candle_core::Var`), loaded from single or sharded
+//!   safetensors and saved back under the same names, so a trained policy loads in HF tools.
+//! - [`qwen::Qwen`]: the decoder; [`qwen::Critic`]: the same backbone with a scalar value head.
+//! - [`hub`]: resolving a model directory or a pinned hub revision (offline cache honoured).
+//! - [`tokenizer`]: `tokenizer.json` + the Jinja chat template of `tokenizer_config.json`.
+//! - [`init`]: a seeded random model in HF layout (tests and the mini scale).
+
+pub mod hub;
+pub mod init;
+pub mod qwen;
+pub mod tokenizer;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use candle_core::{DType, Device, Tensor, Var};
+use serde::Deserialize;
+
+/// Why a model could not be loaded, built or saved. Variants name the file or tensor.
+#[derive(Debug, thiserror::Error)]
+pub enum ModelError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: invalid model config: {reason}")]
+    Config { path: PathBuf, reason: String },
+    #[error("{path}: {reason}")]
+    Weights { path: PathBuf, reason: String },
+    #[error("tensor `{name}`: {reason}")]
+    Tensor { name: String, reason: String },
+    #[error("{path}: tokenizer: {reason}")]
+    Tokenizer { path: PathBuf, reason: String },
+    #[error("chat template: {0}")]
+    Template(String),
+    #[error("hub {repo}@{revision}: {reason}")]
+    Hub {
+        repo: String,
+        revision: String,
+        reason: String,
+    },
+    #[error(transparent)]
+    Candle(#[from] candle_core::Error),
+}
+
+pub type Result<T> = std::result::Result<T, ModelError>;
+
+/// The architecture family decides the attention details.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// Biases on q/k/v, no q/k norm, head_dim = hidden / heads.
+    Qwen2,
+    /// q/k RMSNorm over head_dim, `head_dim` from the config, biases per `attention_bias`.
+    Qwen3,
+}
+
+/// `config.json` of a Qwen2 / Qwen3 causal LM.
+#[derive(Debug, Clone, Deserialize)]
+pub struct QwenConfig {
+    pub model_type: String,
+    pub vocab_size: usize,
+    pub hidden_size: usize,
+    pub intermediate_size: usize,
+    pub num_hidden_layers: usize,
+    pub num_attention_heads: usize,
+    pub num_key_value_heads: usize,
+    #[serde(default)]
+    pub head_dim: Option<usize>,
+    #[serde(default)]
+    pub rope_theta: Option<f64>,
+    #[serde(default)]
+    pub rope_parameters: Option<serde_json::Value>,
+    #[serde(default)]
+    pub rope_scaling: Option<serde_json::Value>,
+    pub rms_norm_eps: f64,
+    #[serde(default)]
+    pub tie_word_embeddings: bool,
+    #[serde(default)]
+    pub attention_bias: Option<bool>,
+    #[serde(default)]
+    pub hidden_act: Option<String>,
+    #[serde(default)]
+    pub eos_token_id: Option<serde_json::Value>,
+    #[serde(default)]
+    pub max_position_embeddings: Option<usize>,
+    /// The file as read, written back verbatim when the model is saved.
+    #[serde(skip)]
+    pub raw: serde_json::Value,
+}
+
+impl QwenConfig {
+    pub fn load(path: &Path) -> Result<QwenConfig> {
+        let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io {
+            path: path.to_owned(),
+            source,
+        })?;
+        Self::from_json(&text, path)
+    }
+
+    pub fn from_json(text: &str, path: &Path) -> Result<QwenConfig> {
+        let bad = |reason: String| ModelError::Config {
+            path: path.to_owned(),
+            reason,
+        };
+        let raw: serde_json::Value = serde_json::from_str(text).map_err(|e| bad(e.to_string()))?;
+        let mut cfg: QwenConfig =
+            serde_json::from_value(raw.clone()).map_err(|e| bad(e.to_string()))?;
+        cfg.raw = raw;
+        cfg.family().map_err(bad)?;
+        if cfg.num_attention_heads == 0
+            || cfg.num_key_value_heads == 0
+            || !cfg
+                .num_attention_heads
+                .is_multiple_of(cfg.num_key_value_heads)
+        {
+            return Err(bad(format!(
+                "num_attention_heads ({}) must be a positive multiple of num_key_value_heads ({})",
+                cfg.num_attention_heads, cfg.num_key_value_heads
+            )));
+        }
+        if !cfg.head_dim().is_multiple_of(2) {
+            return Err(bad(format!(
+                "head_dim must be even for RoPE, got {}",
+                cfg.head_dim()
+            )));
+        }
+        if let Some(act) = &cfg.hidden_act {
+            if act != "silu" {
+                return Err(bad(format!(
+                    "hidden_act `{act}` is not supported (only silu)"
+                )));
+            }
+        }
+        let scaled = |v: &Option<serde_json::Value>| {
+            v.as_ref().is_some_and(|v| {
+                !v.is_null()
+                    && v.get("rope_type")
+                        .and_then(|t| t.as_str())
+                        .unwrap_or("default")
+                        != "default"
+            })
+        };
+        if scaled(&cfg.rope_scaling) || scaled(&cfg.rope_parameters) {
+            return Err(bad(
+                "RoPE scaling (yarn/dynamic/...) is not supported".into()
+            ));
+        }
+        Ok(cfg)
+    }
+
+    pub fn family(&self) -> std::result::Result<Family, String> {
+        match self.model_type.as_str() {
+            "qwen2" => Ok(Family::Qwen2),
+            "qwen3" => Ok(Family::Qwen3),
+            other => Err(format!(
+                "model_type `{other}` is not supported (qwen2, qwen3)"
+            )),
+        }
+    }
+
+    pub fn head_dim(&self) -> usize {
+        self.head_dim
+            .unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
+    }
+
+    pub fn rope_theta(&self) -> f64 {
+        self.rope_theta
+            .or_else(|| {
+                self.rope_parameters
+                    .as_ref()
+                    .and_then(|p| p.get("rope_theta"))
+                    .and_then(|t| t.as_f64())
+            })
+            .unwrap_or(10_000.0)
+    }
+
+    /// Whether q/k/v projections carry a bias.
+    pub fn qkv_bias(&self) -> bool {
+        match self.family() {
+            Ok(Family::Qwen2) => true,
+            _ => self.attention_bias.unwrap_or(false),
+        }
+    }
+
+    /// End-of-sequence ids declared by the config (an int or a list).
+    pub fn eos_token_ids(&self) -> Vec<u32> {
+        match &self.eos_token_id {
+            Some(serde_json::Value::Number(n)) => {
+                n.as_u64().map(|v| vec![v as u32]).unwrap_or_default()
+            }
+            Some(serde_json::Value::Array(a)) => a
+                .iter()
+                .filter_map(|v| v.as_u64())
+                .map(|v| v as u32)
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+}
+
+/// Named trainable tensors, keyed by their safetensors names.
+#[derive(Debug, Clone)]
+pub struct Params {
+    vars: BTreeMap<String, Var>,
+}
+
+impl Params {
+    pub fn new(vars: BTreeMap<String, Var>) -> Params {
+        Params { vars }
+    }
+
+    /// Loads every `*.safetensors` of a model directory (single file or sharded with
+    /// `model.safetensors.index.json`), converted to `dtype`.
+    pub fn load_dir(dir: &Path, dtype: DType, device: &Device) -> Result<Params> {
+        let index = dir.join("model.safetensors.index.json");
+        let files: Vec<PathBuf> = if index.exists() {
+            let text = std::fs::read_to_string(&index).map_err(|source| ModelError::Io {
+                path: index.clone(),
+                source,
+            })?;
+            let v: serde_json::Value =
+                serde_json::from_str(&text).map_err(|e| ModelError::Weights {
+                    path: index.clone(),
+                    reason: e.to_string(),
+                })?;
+            let map = v
+                .get("weight_map")
+                .and_then(|m| m.as_object())
+                .ok_or_else(|| ModelError::Weights {
+                    path: index.clone(),
+                    reason: "no `weight_map` object".into(),
+                })?;
+            let mut shards: Vec<PathBuf> = map
+                .values()
+                .filter_map(|f| f.as_str())
+                .map(|f| dir.join(f))
+                .collect();
+            shards.sort();
+            shards.dedup();
+            shards
+        } else {
+            vec![dir.join("model.safetensors")]
+        };
+        let mut vars = BTreeMap::new();
+        for file in &files {
+            if !file.exists() {
+                return Err(ModelError::Weights {
+                    path: file.clone(),
+                    reason: "weights file not found".into(),
+                });
+            }
+            let tensors =
+                candle_core::safetensors::load(file, device).map_err(|e| ModelError::Weights {
+                    path: file.clone(),
+                    reason: e.to_string(),
+                })?;
+            for (name, t) in tensors {
+                let t = if t.dtype() == dtype {
+                    t
+                } else {
+                    t.to_dtype(dtype)?
+                };
+                vars.insert(name, Var::from_tensor(&t)?);
+            }
+        }
+        Ok(Params { vars })
+    }
+
+    /// The tensor called `name`, checked against the expected shape.
+    pub fn get(&self, name: &str, shape: &[usize]) -> Result<Tensor> {
+        let var = self.vars.get(name).ok_or_else(|| ModelError::Tensor {
+            name: name.into(),
+            reason: "missing from the checkpoint".into(),
+        })?;
+        if var.dims() != shape {
+            return Err(ModelError::Tensor {
+                name: name.into(),
+                reason: format!("has shape {:?}, the config implies {:?}", var.dims(), shape),
+            });
+        }
+        Ok(var.as_tensor().clone())
+    }
+
+    pub fn contains(&self, name: &str) -> bool {
+        self.vars.contains_key(name)
+    }
+
+    pub fn insert(&mut self, name: String, var: Var) {
+        self.vars.insert(name, var);
+    }
+
+    pub fn vars(&self) -> impl Iterator<Item = (&String, &Var)> {
+        self.vars.iter()
+    }
+
+    pub fn len(&self) -> usize {
+        self.vars.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.vars.is_empty()
+    }
+
+    /// Number of scalar parameters.
+    pub fn count(&self) -> usize {
+        self.vars.values().map(|v| v.elem_count()).sum()
+    }
+
+    /// Writes `model.safetensors` (atomically: temp file + rename).
+    pub fn save(&self, path: &Path) -> Result<()> {
+        let tensors: BTreeMap<String, Tensor> = self
+            .vars
+            .iter()
+            .map(|(k, v)| (k.clone(), v.as_tensor().clone()))
+            .collect();
+        let tmp = path.with_extension("safetensors.tmp");
+        candle_core::safetensors::save(&tensors.into_iter().collect(), &tmp).map_err(|e| {
+            ModelError::Weights {
+                path: tmp.clone(),
+                reason: e.to_string(),
+            }
+        })?;
+        std::fs::rename(&tmp, path).map_err(|source| ModelError::Io {
+            path: path.to_owned(),
+            source,
+        })
+    }
+}
+
+/// Writes `bytes` to `path` atomically (temp file in the same directory, then rename).
+pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    let io = |source| ModelError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    std::fs::write(&tmp, bytes).map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(io)
+}
+
+pub fn parse_dtype(dtype: crate::manifest::DType) -> DType {
+    match dtype {
+        crate::manifest::DType::F32 => DType::F32,
+        crate::manifest::DType::Bf16 => DType::BF16,
+        crate::manifest::DType::F16 => DType::F16,
+    }
+}

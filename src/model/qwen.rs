@@ -1,0 +1,479 @@
+//! Qwen2 / Qwen3 decoder for training and sampling.
+//!
+//! Written for this crate after candle-transformers 0.11.1's `qwen2.rs` / `qwen3.rs` (same
+//! weight names and block structure), with the changes a trainer needs:
+//! 1. Only differentiable ops: RMSNorm, RoPE, softmax and attention are composed of basic tensor
+//!    ops. candle's fused `rms_norm`, `rope`, `softmax_last_dim` have no backward, so a model
+//!    built on them trains only the weights outside them, silently (a test asserts that every
+//!    parameter receives a gradient).
+//! 2. Hidden states for *all* positions; logits and log-probs are computed from them in chunks
+//!    of positions so a `(B, T, V)` tensor with V = 151,936 is never materialised whole.
+//! 3. The KV cache is a value passed in and returned ([`KvCache`]), not state inside the layers,
+//!    so one set of weights serves training and sampling.
+//! 4. Per-sequence positions and a key-padding mask, so left-padded batches give each sequence
+//!    exactly the result it would get alone.
+//!
+//! Sampling should use [`Qwen::detached`]: candle has no no-grad mode, and with var-backed
+//! weights every decode step would extend the autograd graph (and keep the KV cache alive in it).
+
+use candle_core::{DType, Device, Module, Tensor, D};
+use candle_nn::Embedding;
+
+use super::{Family, Params, QwenConfig, Result};
+use crate::algo::token;
+
+/// Large negative bias for masked attention logits. Finite, so a fully masked row (a padding
+/// query) gives a uniform distribution instead of NaN.
+const MASKED: f64 = -1e9;
+
+/// `y = x·Wᵀ + b` over the last dim. Leading dims are flattened into one matrix product:
+/// candle_nn's `Linear` broadcasts W over the batch instead, and the backward of that broadcast
+/// materialises a `(B, out, in)` gradient per layer before summing it.
+#[derive(Debug, Clone)]
+struct Linear {
+    weight: Tensor,
+    bias: Option<Tensor>,
+}
+
+impl Linear {
+    fn new(weight: Tensor, bias: Option<Tensor>) -> Linear {
+        Linear { weight, bias }
+    }
+
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        Ok(matmul_last(x, &self.weight, self.bias.as_ref())?)
+    }
+}
+
+/// `x (..., in) · wᵀ (in, out) [+ b]` as one 2-D product.
+fn matmul_last(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> candle_core::Result<Tensor> {
+    let dims = x.dims().to_vec();
+    let inp = *dims.last().expect("invariant: at least 1-D");
+    let rows = x.elem_count() / inp.max(1);
+    let y = x.reshape((rows, inp))?.matmul(&w.t()?)?;
+    let y = match b {
+        Some(b) => y.broadcast_add(b)?,
+        None => y,
+    };
+    let mut out = dims;
+    *out.last_mut().expect("invariant: at least 1-D") = w.dim(0)?;
+    y.reshape(out)
+}
+
+/// RMSNorm from basic ops: x / sqrt(mean(x²) + ε) · w, computed in f32 like HF.
+#[derive(Debug, Clone)]
+struct RmsNorm {
+    weight: Tensor,
+    eps: f64,
+}
+
+impl RmsNorm {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let dtype = x.dtype();
+        let x32 = x.to_dtype(DType::F32)?;
+        let var = x32.sqr()?.mean_keepdim(D::Minus1)?;
+        let normed = x32.broadcast_div(&(var + self.eps)?.sqrt()?)?;
+        Ok(normed.to_dtype(dtype)?.broadcast_mul(&self.weight)?)
+    }
+}
+
+/// cos/sin of rotary embeddings for given positions, `(B, 1, T, D)` each, in `dtype`.
+fn rope_tables(
+    positions: &Tensor,
+    head_dim: usize,
+    theta: f64,
+    dtype: DType,
+) -> Result<(Tensor, Tensor)> {
+    let half = head_dim / 2;
+    let inv_freq: Vec<f32> = (0..half)
+        .map(|i| 1.0 / (theta.powf((2 * i) as f64 / head_dim as f64)) as f32)
+        .collect();
+    let inv_freq = Tensor::from_vec(inv_freq, (1, 1, half), positions.device())?;
+    let pos = positions.to_dtype(DType::F32)?.unsqueeze(D::Minus1)?; // (B, T, 1)
+    let freqs = pos.broadcast_mul(&inv_freq)?; // (B, T, D/2)
+    let emb = Tensor::cat(&[&freqs, &freqs], D::Minus1)?; // (B, T, D)
+    let cos = emb.cos()?.to_dtype(dtype)?.unsqueeze(1)?;
+    let sin = emb.sin()?.to_dtype(dtype)?.unsqueeze(1)?;
+    Ok((cos, sin))
+}
+
+/// x·cos + rotate_half(x)·sin with rotate_half(x) = [−x₂, x₁]; `x` `(B, H, T, D)`.
+fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let half = x.dim(D::Minus1)? / 2;
+    let x1 = x.narrow(D::Minus1, 0, half)?;
+    let x2 = x.narrow(D::Minus1, half, half)?;
+    let rotated = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
+    Ok((x.broadcast_mul(cos)? + rotated.broadcast_mul(sin)?)?)
+}
+
+/// Softmax over the last dim from basic ops, with a detached max shift.
+fn softmax_last(x: &Tensor) -> Result<Tensor> {
+    let max = x.max_keepdim(D::Minus1)?.detach();
+    let e = x.broadcast_sub(&max)?.exp()?;
+    Ok(e.broadcast_div(&e.sum_keepdim(D::Minus1)?)?)
+}
+
+#[derive(Debug, Clone)]
+struct Attention {
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    q_norm: Option<RmsNorm>,
+    k_norm: Option<RmsNorm>,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+}
+
+impl Attention {
+    /// `x` `(B, T, H)`, `bias` `(B, 1, T, T_past + T)`; returns the output and this layer's
+    /// keys/values `(B, kv_heads, T_past + T, D)`.
+    fn forward(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        bias: &Tensor,
+        past: Option<&(Tensor, Tensor)>,
+    ) -> Result<(Tensor, (Tensor, Tensor))> {
+        let (b, t, _) = x.dims3()?;
+        let split = |y: Tensor, heads: usize| -> Result<Tensor> {
+            Ok(y.reshape((b, t, heads, self.head_dim))?)
+        };
+        let mut q = split(self.q.forward(x)?, self.heads)?;
+        let mut k = split(self.k.forward(x)?, self.kv_heads)?;
+        let v = split(self.v.forward(x)?, self.kv_heads)?;
+        if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
+            q = qn.forward(&q)?;
+            k = kn.forward(&k)?;
+        }
+        let q = apply_rope(&q.transpose(1, 2)?.contiguous()?, cos, sin)?; // (B, H, T, D)
+        let k = apply_rope(&k.transpose(1, 2)?.contiguous()?, cos, sin)?; // (B, KV, T, D)
+        let v = v.transpose(1, 2)?.contiguous()?;
+        let (k, v) = match past {
+            Some((pk, pv)) => (Tensor::cat(&[pk, &k], 2)?, Tensor::cat(&[pv, &v], 2)?),
+            None => (k, v),
+        };
+        let rep = self.heads / self.kv_heads;
+        let expand = |y: &Tensor| -> Result<Tensor> {
+            if rep == 1 {
+                return Ok(y.clone());
+            }
+            let (b, kv, s, d) = y.dims4()?;
+            Ok(y.unsqueeze(2)?
+                .expand((b, kv, rep, s, d))?
+                .reshape((b, kv * rep, s, d))?)
+        };
+        let (ke, ve) = (expand(&k)?, expand(&v)?);
+        let scale = 1.0 / (self.head_dim as f64).sqrt();
+        let scores = (q.matmul(&ke.transpose(2, 3)?.contiguous()?)? * scale)?; // (B, H, T, S)
+        let probs = softmax_last(&scores.broadcast_add(bias)?)?;
+        let out = probs.matmul(&ve)?; // (B, H, T, D)
+        let out = out
+            .transpose(1, 2)?
+            .contiguous()?
+            .reshape((b, t, self.heads * self.head_dim))?;
+        Ok((self.o.forward(&out)?, (k, v)))
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Mlp {
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+impl Mlp {
+    fn forward(&self, x: &Tensor) -> Result<Tensor> {
+        let g = self.gate.forward(x)?.silu()?;
+        self.down.forward(&(g * self.up.forward(x)?)?)
+    }
+}
+
+#[derive(Debug, Clone)]
+struct Block {
+    input_norm: RmsNorm,
+    attn: Attention,
+    post_norm: RmsNorm,
+    mlp: Mlp,
+}
+
+/// Keys and values of every layer for the positions seen so far, `(B, kv_heads, S, D)` each.
+#[derive(Debug, Clone, Default)]
+pub struct KvCache {
+    layers: Vec<(Tensor, Tensor)>,
+}
+
+impl KvCache {
+    /// Positions cached so far.
+    pub fn len(&self) -> usize {
+        self.layers
+            .first()
+            .map_or(0, |(k, _)| k.dim(2).unwrap_or(0))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Keeps the batch rows `rows` (for dropping finished sequences during sampling).
+    pub fn select_rows(&self, rows: &Tensor) -> Result<KvCache> {
+        let layers = self
+            .layers
+            .iter()
+            .map(|(k, v)| Ok((k.index_select(rows, 0)?, v.index_select(rows, 0)?)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(KvCache { layers })
+    }
+}
+
+/// A Qwen2/Qwen3 causal language model.
+#[derive(Debug, Clone)]
+pub struct Qwen {
+    cfg: QwenConfig,
+    embed: Embedding,
+    blocks: Vec<Block>,
+    norm: RmsNorm,
+    /// `(V, H)`; the embedding matrix itself when embeddings are tied.
+    lm_head: Tensor,
+    dtype: DType,
+    device: Device,
+}
+
+impl Qwen {
+    /// Builds the model from named parameters (HF names). `detach` gives a copy for sampling
+    /// that shares storage with the trainable weights but records no autograd graph.
+    pub fn new(cfg: &QwenConfig, params: &Params, detach: bool) -> Result<Qwen> {
+        let family = cfg.family().map_err(|reason| super::ModelError::Config {
+            path: "config.json".into(),
+            reason,
+        })?;
+        let get = |name: &str, shape: &[usize]| -> Result<Tensor> {
+            let t = params.get(name, shape)?;
+            Ok(if detach { t.detach() } else { t })
+        };
+        let (h, v, hd) = (cfg.hidden_size, cfg.vocab_size, cfg.head_dim());
+        let (nh, nkv, inter) = (
+            cfg.num_attention_heads,
+            cfg.num_key_value_heads,
+            cfg.intermediate_size,
+        );
+        let linear = |name: &str, out: usize, inp: usize, bias: bool| -> Result<Linear> {
+            let w = get(&format!("{name}.weight"), &[out, inp])?;
+            let b = if bias {
+                Some(get(&format!("{name}.bias"), &[out])?)
+            } else {
+                None
+            };
+            Ok(Linear::new(w, b))
+        };
+        let norm = |name: &str, n: usize| -> Result<RmsNorm> {
+            Ok(RmsNorm {
+                weight: get(name, &[n])?,
+                eps: cfg.rms_norm_eps,
+            })
+        };
+        let embed_w = get("model.embed_tokens.weight", &[v, h])?;
+        let dtype = embed_w.dtype();
+        let device = embed_w.device().clone();
+        let mut blocks = Vec::with_capacity(cfg.num_hidden_layers);
+        for i in 0..cfg.num_hidden_layers {
+            let p = format!("model.layers.{i}");
+            let qk_norm = family == Family::Qwen3;
+            let bias = cfg.qkv_bias();
+            blocks.push(Block {
+                input_norm: norm(&format!("{p}.input_layernorm.weight"), h)?,
+                attn: Attention {
+                    q: linear(&format!("{p}.self_attn.q_proj"), nh * hd, h, bias)?,
+                    k: linear(&format!("{p}.self_attn.k_proj"), nkv * hd, h, bias)?,
+                    v: linear(&format!("{p}.self_attn.v_proj"), nkv * hd, h, bias)?,
+                    o: linear(&format!("{p}.self_attn.o_proj"), h, nh * hd, false)?,
+                    q_norm: if qk_norm {
+                        Some(norm(&format!("{p}.self_attn.q_norm.weight"), hd)?)
+                    } else {
+                        None
+                    },
+                    k_norm: if qk_norm {
+                        Some(norm(&format!("{p}.self_attn.k_norm.weight"), hd)?)
+                    } else {
+                        None
+                    },
+                    heads: nh,
+                    kv_heads: nkv,
+                    head_dim: hd,
+                },
+                post_norm: norm(&format!("{p}.post_attention_layernorm.weight"), h)?,
+                mlp: Mlp {
+                    gate: linear(&format!("{p}.mlp.gate_proj"), inter, h, false)?,
+                    up: linear(&format!("{p}.mlp.up_proj"), inter, h, false)?,
+                    down: linear(&format!("{p}.mlp.down_proj"), h, inter, false)?,
+                },
+            });
+        }
+        let lm_head = if cfg.tie_word_embeddings && !params.contains("lm_head.weight") {
+            embed_w.clone()
+        } else {
+            get("lm_head.weight", &[v, h])?
+        };
+        Ok(Qwen {
+            cfg: cfg.clone(),
+            embed: Embedding::new(embed_w, h),
+            blocks,
+            norm: norm("model.norm.weight", h)?,
+            lm_head,
+            dtype,
+            device,
+        })
+    }
+
+    pub fn config(&self) -> &QwenConfig {
+        &self.cfg
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// Final hidden states `(B, T, H)` for `ids` `(B, T)` at `positions` `(B, T)` (u32), where
+    /// `key_valid` `(B, S_past + T)` (u8, 1 = a real token) masks padding keys; attention is
+    /// causal in the column index. Returns the extended cache.
+    pub fn forward_hidden(
+        &self,
+        ids: &Tensor,
+        positions: &Tensor,
+        key_valid: &Tensor,
+        cache: Option<&KvCache>,
+    ) -> Result<(Tensor, KvCache)> {
+        let (b, t) = ids.dims2()?;
+        let past = cache.map_or(0, KvCache::len);
+        let bias = attention_bias(key_valid, past, t, self.dtype)?;
+        let (cos, sin) = rope_tables(
+            positions,
+            self.cfg.head_dim(),
+            self.cfg.rope_theta(),
+            self.dtype,
+        )?;
+        let mut x = self.embed.forward(ids)?;
+        let mut layers = Vec::with_capacity(self.blocks.len());
+        for (i, block) in self.blocks.iter().enumerate() {
+            let past_kv = cache.and_then(|c| c.layers.get(i));
+            let (a, kv) =
+                block
+                    .attn
+                    .forward(&block.input_norm.forward(&x)?, &cos, &sin, &bias, past_kv)?;
+            x = (x + a)?;
+            x = (&x + block.mlp.forward(&block.post_norm.forward(&x)?)?)?;
+            layers.push(kv);
+        }
+        debug_assert_eq!(x.dims3()?.0, b);
+        Ok((self.norm.forward(&x)?, KvCache { layers }))
+    }
+
+    /// Logits `(..., V)` from hidden states `(..., H)`, in f32.
+    pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
+        Ok(matmul_last(hidden, &self.lm_head, None)?.to_dtype(DType::F32)?)
+    }
+
+    /// Log-probabilities of `targets` `(B, T)` under softmax(logits / temperature) and, if
+    /// asked, the entropy, both `(B, T)`; computed `chunk` positions at a time.
+    pub fn token_log_probs(
+        &self,
+        hidden: &Tensor,
+        targets: &Tensor,
+        temperature: f64,
+        chunk: usize,
+        with_entropy: bool,
+    ) -> Result<(Tensor, Option<Tensor>)> {
+        let t = hidden.dim(1)?;
+        let chunk = chunk.max(1);
+        let (mut lps, mut ents) = (Vec::new(), Vec::new());
+        let mut start = 0;
+        while start < t {
+            let len = chunk.min(t - start);
+            let logits = self.logits(&hidden.narrow(1, start, len)?)?; // (B, len, V)
+            lps.push(token::log_probs(
+                &logits,
+                &targets.narrow(1, start, len)?,
+                temperature,
+            )?);
+            if with_entropy {
+                ents.push(token::entropy(&logits, temperature)?);
+            }
+            start += len;
+        }
+        let lp = Tensor::cat(&lps, 1)?;
+        let ent = if with_entropy {
+            Some(Tensor::cat(&ents, 1)?)
+        } else {
+            None
+        };
+        Ok((lp, ent))
+    }
+}
+
+/// `(B, 1, T, S_past + T)` additive attention bias: 0 where key j is a real token and
+/// j ≤ S_past + i (causal in the column index), −1e9 elsewhere.
+pub fn attention_bias(key_valid: &Tensor, past: usize, t: usize, dtype: DType) -> Result<Tensor> {
+    let valid = key_valid.to_dtype(DType::U8)?.to_vec2::<u8>()?;
+    let b = valid.len();
+    let s = past + t;
+    let mut data = vec![MASKED as f32; b * t * s];
+    for (bi, row) in valid.iter().enumerate() {
+        if row.len() != s {
+            return Err(candle_core::Error::Msg(format!(
+                "key_valid has {} columns, expected {s}",
+                row.len()
+            ))
+            .into());
+        }
+        for i in 0..t {
+            for j in 0..=(past + i) {
+                if row[j] != 0 {
+                    data[(bi * t + i) * s + j] = 0.0;
+                }
+            }
+        }
+    }
+    Ok(Tensor::from_vec(data, (b, 1, t, s), key_valid.device())?.to_dtype(dtype)?)
+}
+
+/// The critic of the PPO types: the policy's backbone with a scalar value head `score`
+/// (HF's `*ForTokenClassification` with one label, as verl builds it).
+#[derive(Debug, Clone)]
+pub struct Critic {
+    pub backbone: Qwen,
+    head: Linear,
+}
+
+impl Critic {
+    /// `params` must hold the backbone's weights and `score.weight` `(1, H)` + `score.bias` `(1)`
+    /// (see [`super::init::add_value_head`]).
+    pub fn new(cfg: &QwenConfig, params: &Params, detach: bool) -> Result<Critic> {
+        let backbone = Qwen::new(cfg, params, detach)?;
+        let h = cfg.hidden_size;
+        let get = |n: &str, s: &[usize]| -> Result<Tensor> {
+            let t = params.get(n, s)?;
+            Ok(if detach { t.detach() } else { t })
+        };
+        let head = Linear::new(
+            get("score.weight", &[1, h])?,
+            Some(get("score.bias", &[1])?),
+        );
+        Ok(Critic { backbone, head })
+    }
+
+    /// Per-position values `(B, T)` in f32.
+    pub fn values(&self, hidden: &Tensor) -> Result<Tensor> {
+        Ok(self
+            .head
+            .forward(hidden)?
+            .squeeze(D::Minus1)?
+            .to_dtype(DType::F32)?)
+    }
+}

@@ -1,0 +1,275 @@
+//! Batched sampling with a KV cache: rollouts for training and samples for evaluation.
+//!
+//! Prompts are left-padded to a common length; each sequence gets its own positions and a
+//! key-padding mask, so its tokens are exactly what it would get alone. Finished sequences are
+//! dropped from the batch (and from the cache) as soon as they stop.
+//!
+//! Randomness: sample i of prompt p at training step s draws from its own [`SplitMix64`] stream
+//! keyed by (seed, step, p, i), one uniform per generated token, so a completion does not depend
+//! on batch composition, batch order or crate versions.
+//!
+//! The returned log-probabilities are log softmax(logits / T) of the chosen tokens under the
+//! *untruncated* distribution (the policy's, as the trainer recomputes them); top-k / top-p only
+//! decide which token is drawn.
+
+use candle_core::{Tensor, D};
+use serde::Serialize;
+
+use crate::model::qwen::Qwen;
+use crate::model::Result;
+use crate::rng::SplitMix64;
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SamplingParams {
+    /// 0 = greedy.
+    pub temperature: f64,
+    pub top_p: f64,
+    pub top_k: Option<usize>,
+    pub max_new_tokens: usize,
+}
+
+/// Why a completion ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum FinishReason {
+    /// Produced an end-of-sequence token (kept as the last token).
+    Eos,
+    /// The decoded text contains a stop string.
+    Stop,
+    /// Reached `max_new_tokens`.
+    Length,
+}
+
+/// Turns generated token ids into text (for stop strings).
+pub type Decoder<'a> = &'a dyn Fn(&[u32]) -> String;
+
+/// When to stop besides the length limit.
+#[derive(Default)]
+pub struct StopCriteria<'a> {
+    pub eos_ids: Vec<u32>,
+    pub stop_strings: Vec<String>,
+    /// Decodes generated ids to text (needed for stop strings).
+    pub decode: Option<Decoder<'a>>,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Completion {
+    pub tokens: Vec<u32>,
+    /// log π(token) under softmax(logits / T) (T = 1 when greedy); one per token.
+    pub log_probs: Vec<f32>,
+    pub finish: FinishReason,
+}
+
+/// Where sample randomness comes from: (seed, step, prompt index, sample index).
+pub type SampleKey = [u64; 4];
+
+/// Samples one completion per prompt. `prompts[i]` is drawn with the stream `keys[i]`.
+/// `model` should be a [`Qwen::detached`]-style copy (no autograd graph).
+pub fn generate(
+    model: &Qwen,
+    prompts: &[Vec<u32>],
+    keys: &[SampleKey],
+    params: &SamplingParams,
+    stop: &StopCriteria,
+    pad_id: u32,
+) -> Result<Vec<Completion>> {
+    if prompts.len() != keys.len() {
+        return Err(candle_core::Error::Msg(format!(
+            "{} prompts but {} sample keys",
+            prompts.len(),
+            keys.len()
+        ))
+        .into());
+    }
+    if prompts.iter().any(Vec::is_empty) {
+        return Err(candle_core::Error::Msg("cannot sample from an empty prompt".into()).into());
+    }
+    let mut out: Vec<Completion> = prompts
+        .iter()
+        .map(|_| Completion {
+            tokens: Vec::new(),
+            log_probs: Vec::new(),
+            finish: FinishReason::Length,
+        })
+        .collect();
+    if prompts.is_empty() || params.max_new_tokens == 0 {
+        return Ok(out);
+    }
+    let device = model.device().clone();
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    let mut rngs: Vec<SplitMix64> = keys.iter().map(|k| SplitMix64::from_key(k)).collect();
+
+    // Prefill: left-padded prompts.
+    let mut ids = Vec::with_capacity(prompts.len() * longest);
+    let mut positions = Vec::with_capacity(prompts.len() * longest);
+    let mut valid: Vec<Vec<u8>> = Vec::with_capacity(prompts.len());
+    let mut next_pos: Vec<u32> = Vec::with_capacity(prompts.len());
+    for p in prompts {
+        let pad = longest - p.len();
+        ids.extend(std::iter::repeat_n(pad_id, pad).chain(p.iter().copied()));
+        positions.extend((0..longest).map(|j| j.saturating_sub(pad) as u32));
+        valid.push((0..longest).map(|j| u8::from(j >= pad)).collect());
+        next_pos.push(p.len() as u32);
+    }
+    let b = prompts.len();
+    let ids = Tensor::from_vec(ids, (b, longest), &device)?;
+    let pos = Tensor::from_vec(positions, (b, longest), &device)?;
+    let (hidden, mut cache) =
+        model.forward_hidden(&ids, &pos, &mask_tensor(&valid, &device)?, None)?;
+    let mut logits = last_logits(model, &hidden)?;
+    // Row r of the current batch is prompt active[r].
+    let mut active: Vec<usize> = (0..b).collect();
+
+    for step in 0..params.max_new_tokens {
+        let mut keep = Vec::with_capacity(active.len());
+        let mut next_ids = Vec::with_capacity(active.len());
+        for (r, &i) in active.iter().enumerate() {
+            let (token, lp) = sample_token(&logits[r], params, &mut rngs[i]);
+            let c = &mut out[i];
+            c.tokens.push(token);
+            c.log_probs.push(lp);
+            if stop.eos_ids.contains(&token) {
+                c.finish = FinishReason::Eos;
+            } else if hits_stop_string(&c.tokens, stop) {
+                c.finish = FinishReason::Stop;
+            } else if step + 1 < params.max_new_tokens {
+                keep.push(r);
+                next_ids.push(token);
+            }
+        }
+        if keep.is_empty() {
+            break;
+        }
+        if keep.len() < active.len() {
+            let rows = Tensor::from_vec(
+                keep.iter().map(|&r| r as u32).collect::<Vec<_>>(),
+                keep.len(),
+                &device,
+            )?;
+            cache = cache.select_rows(&rows)?;
+            valid = keep.iter().map(|&r| valid[r].clone()).collect();
+            active = keep.iter().map(|&r| active[r]).collect();
+        }
+        for row in &mut valid {
+            row.push(1);
+        }
+        let n = active.len();
+        let ids = Tensor::from_vec(next_ids, (n, 1), &device)?;
+        let pos = Tensor::from_vec(
+            active.iter().map(|&i| next_pos[i]).collect::<Vec<_>>(),
+            (n, 1),
+            &device,
+        )?;
+        for &i in &active {
+            next_pos[i] += 1;
+        }
+        let (hidden, new_cache) =
+            model.forward_hidden(&ids, &pos, &mask_tensor(&valid, &device)?, Some(&cache))?;
+        cache = new_cache;
+        logits = last_logits(model, &hidden)?;
+    }
+    Ok(out)
+}
+
+fn mask_tensor(valid: &[Vec<u8>], device: &candle_core::Device) -> Result<Tensor> {
+    let (b, s) = (valid.len(), valid.first().map_or(0, Vec::len));
+    Ok(Tensor::from_vec(valid.concat(), (b, s), device)?)
+}
+
+/// Host logits `(B, V)` of the last position.
+fn last_logits(model: &Qwen, hidden: &Tensor) -> Result<Vec<Vec<f32>>> {
+    let t = hidden.dim(1)?;
+    let last = hidden.narrow(1, t - 1, 1)?.squeeze(1)?;
+    Ok(model.logits(&last)?.to_vec2::<f32>()?)
+}
+
+fn hits_stop_string(tokens: &[u32], stop: &StopCriteria) -> bool {
+    let Some(decode) = stop.decode else {
+        return false;
+    };
+    if stop.stop_strings.is_empty() {
+        return false;
+    }
+    // Only the tail can contain a new match: decode enough tokens to cover the longest string.
+    let longest = stop.stop_strings.iter().map(String::len).max().unwrap_or(0);
+    let tail = &tokens[tokens.len().saturating_sub(longest + 2)..];
+    let text = decode(tail);
+    stop.stop_strings.iter().any(|s| text.contains(s.as_str()))
+}
+
+/// Draws a token from one row of logits; returns it with its log-probability.
+pub fn sample_token(logits: &[f32], params: &SamplingParams, rng: &mut SplitMix64) -> (u32, f32) {
+    let greedy = params.temperature <= 0.0;
+    let t = if greedy {
+        1.0
+    } else {
+        params.temperature as f32
+    };
+    let z: Vec<f32> = logits.iter().map(|x| x / t).collect();
+    let max = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+    let sum: f64 = z.iter().map(|x| ((x - max) as f64).exp()).sum();
+    let lse = max as f64 + sum.ln();
+    let log_prob = |i: usize| (z[i] as f64 - lse) as f32;
+    if greedy {
+        let (best, _) = z
+            .iter()
+            .enumerate()
+            .fold((0, f32::NEG_INFINITY), |(bi, bv), (i, &v)| {
+                if v > bv {
+                    (i, v)
+                } else {
+                    (bi, bv)
+                }
+            });
+        return (best as u32, log_prob(best));
+    }
+    // Candidate set after top-k and top-p, in descending probability when truncation applies.
+    let full = params.top_k.is_none_or(|k| k >= z.len()) && params.top_p >= 1.0;
+    let u = rng.next_f64();
+    if full {
+        let target = u * sum;
+        let mut acc = 0.0;
+        for (i, x) in z.iter().enumerate() {
+            acc += ((x - max) as f64).exp();
+            if acc > target {
+                return (i as u32, log_prob(i));
+            }
+        }
+        let last = z.len() - 1;
+        return (last as u32, log_prob(last));
+    }
+    let mut order: Vec<usize> = (0..z.len()).collect();
+    if let Some(k) = params.top_k.filter(|&k| k < z.len()) {
+        order.select_nth_unstable_by(k - 1, |&a, &b| z[b].total_cmp(&z[a]));
+        order.truncate(k);
+    }
+    order.sort_by(|&a, &b| z[b].total_cmp(&z[a]).then(a.cmp(&b)));
+    let weights: Vec<f64> = order.iter().map(|&i| ((z[i] - max) as f64).exp()).collect();
+    let mut cut = order.len();
+    if params.top_p < 1.0 {
+        let total: f64 = weights.iter().sum();
+        let mut acc = 0.0;
+        for (j, w) in weights.iter().enumerate() {
+            acc += w / total;
+            if acc >= params.top_p {
+                cut = j + 1;
+                break;
+            }
+        }
+    }
+    let mass: f64 = weights[..cut].iter().sum();
+    let target = u * mass;
+    let mut acc = 0.0;
+    for j in 0..cut {
+        acc += weights[j];
+        if acc > target {
+            return (order[j] as u32, log_prob(order[j]));
+        }
+    }
+    (order[cut - 1] as u32, log_prob(order[cut - 1]))
+}
+
+/// Greedy argmax helper for tests and evaluation at T = 0: the index of the largest logit.
+pub fn argmax(logits: &Tensor) -> Result<Vec<u32>> {
+    Ok(logits.argmax(D::Minus1)?.to_vec1::<u32>()?)
+}

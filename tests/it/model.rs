@@ -1,0 +1,593 @@
+//! src/model and src/rollout against transformers: `tools/ref_model.py` (torch + transformers,
+//! CPU, f32) wrote the tiny checkpoints in tests/fixtures/tiny-qwen{2,3}/ and
+//! tests/fixtures/model_reference.json.
+
+use std::path::{Path, PathBuf};
+
+use acpo::model::hub::{self, HubOptions};
+use acpo::model::qwen::{Critic, Qwen};
+use acpo::model::tokenizer::{Message, Tokenizer};
+use acpo::model::{init, Params, QwenConfig};
+use acpo::rollout::{self, FinishReason, SamplingParams, StopCriteria};
+use candle_core::{DType, Device, Tensor};
+use serde_json::Value;
+
+fn fixtures() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
+}
+
+fn reference() -> Value {
+    let text = std::fs::read_to_string(fixtures().join("model_reference.json")).expect("fixture");
+    serde_json::from_str(&text).expect("json")
+}
+
+fn load(name: &str) -> (QwenConfig, Params) {
+    let dir = fixtures().join(name);
+    let cfg = QwenConfig::load(&dir.join("config.json")).expect("config");
+    let params = Params::load_dir(&dir, DType::F32, &Device::Cpu).expect("weights");
+    (cfg, params)
+}
+
+/// Hidden states for unpadded rows of equal length.
+fn forward_full(model: &Qwen, ids: &[Vec<u32>]) -> Tensor {
+    let (b, t) = (ids.len(), ids[0].len());
+    let dev = Device::Cpu;
+    let x = Tensor::from_vec(ids.concat(), (b, t), &dev).expect("ids");
+    let pos = Tensor::from_vec(
+        (0..b).flat_map(|_| 0..t as u32).collect::<Vec<_>>(),
+        (b, t),
+        &dev,
+    )
+    .expect("pos");
+    let valid = Tensor::ones((b, t), DType::U8, &dev).expect("mask");
+    model
+        .forward_hidden(&x, &pos, &valid, None)
+        .expect("forward")
+        .0
+}
+
+fn ids_of(v: &Value) -> Vec<Vec<u32>> {
+    v.as_array()
+        .expect("rows")
+        .iter()
+        .map(|r| {
+            r.as_array()
+                .expect("row")
+                .iter()
+                .map(|x| x.as_u64().expect("id") as u32)
+                .collect()
+        })
+        .collect()
+}
+
+fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+}
+
+#[test]
+fn logits_match_transformers_for_qwen3_and_sharded_qwen2() {
+    let r = reference();
+    let ids = ids_of(&r["input_ids"]);
+    for name in ["tiny-qwen3", "tiny-qwen2"] {
+        let (cfg, params) = load(name);
+        let model = Qwen::new(&cfg, &params, true).expect("model");
+        let logits = model.logits(&forward_full(&model, &ids)).expect("logits");
+        let got: Vec<f32> = logits.flatten_all().expect("flat").to_vec1().expect("vec");
+        let want: Vec<f32> = r["models"][name]["logits"]
+            .as_array()
+            .expect("b")
+            .iter()
+            .flat_map(|b| b.as_array().expect("t").iter())
+            .flat_map(|t| {
+                t.as_array()
+                    .expect("v")
+                    .iter()
+                    .map(|x| x.as_f64().expect("f") as f32)
+            })
+            .collect();
+        assert_eq!(got.len(), want.len());
+        let d = max_abs_diff(&got, &want);
+        assert!(d < 1e-4, "{name}: max |Δlogit| = {d}");
+    }
+}
+
+#[test]
+fn greedy_sampling_with_the_kv_cache_reproduces_transformers_tokens() {
+    let r = reference();
+    for name in ["tiny-qwen3", "tiny-qwen2"] {
+        let (cfg, params) = load(name);
+        let model = Qwen::new(&cfg, &params, true).expect("model");
+        let prompt: Vec<u32> = ids_of(&Value::Array(vec![
+            r["models"][name]["greedy_prompt"].clone()
+        ]))
+        .remove(0);
+        let want: Vec<u32> =
+            ids_of(&Value::Array(vec![r["models"][name]["greedy"].clone()])).remove(0);
+        let p = SamplingParams {
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: None,
+            max_new_tokens: want.len(),
+        };
+        let out = rollout::generate(
+            &model,
+            &[prompt],
+            &[[0; 4]],
+            &p,
+            &StopCriteria::default(),
+            0,
+        )
+        .expect("generate");
+        assert_eq!(out[0].tokens, want, "{name}: greedy continuation");
+        assert_eq!(out[0].finish, FinishReason::Length);
+    }
+}
+
+#[test]
+fn kv_cache_decoding_equals_full_recomputation() {
+    let (cfg, params) = load("tiny-qwen3");
+    let model = Qwen::new(&cfg, &params, true).expect("model");
+    let seq: Vec<u32> = vec![5, 17, 99, 3, 64, 2, 127, 40, 8, 11];
+    let dev = Device::Cpu;
+    // Prefill 6 tokens, then feed the remaining 4 one at a time through the cache.
+    let (_, mut cache) = {
+        let x = Tensor::new(&seq[..6], &dev)
+            .expect("ids")
+            .unsqueeze(0)
+            .expect("b");
+        let pos = Tensor::arange(0u32, 6, &dev)
+            .expect("pos")
+            .unsqueeze(0)
+            .expect("b");
+        model
+            .forward_hidden(
+                &x,
+                &pos,
+                &Tensor::ones((1, 6), DType::U8, &dev).expect("m"),
+                None,
+            )
+            .expect("prefill")
+    };
+    let full = model
+        .logits(&forward_full(&model, std::slice::from_ref(&seq)))
+        .expect("logits");
+    for (t, &token) in seq.iter().enumerate().skip(6) {
+        let x = Tensor::new(&[[token]], &dev).expect("id");
+        let pos = Tensor::new(&[[t as u32]], &dev).expect("pos");
+        let valid = Tensor::ones((1, t + 1), DType::U8, &dev).expect("m");
+        let (h, c) = model
+            .forward_hidden(&x, &pos, &valid, Some(&cache))
+            .expect("step");
+        cache = c;
+        let step: Vec<f32> = model
+            .logits(&h)
+            .expect("l")
+            .flatten_all()
+            .expect("f")
+            .to_vec1()
+            .expect("v");
+        let want: Vec<f32> = full
+            .narrow(1, t, 1)
+            .expect("n")
+            .flatten_all()
+            .expect("f")
+            .to_vec1()
+            .expect("v");
+        let d = max_abs_diff(&step, &want);
+        assert!(d < 1e-4, "position {t}: cached vs full |Δ| = {d}");
+    }
+    assert_eq!(cache.len(), seq.len());
+}
+
+#[test]
+fn left_padded_batches_give_each_sequence_its_solo_result() {
+    let (cfg, params) = load("tiny-qwen2");
+    let model = Qwen::new(&cfg, &params, true).expect("model");
+    let prompts = vec![vec![5u32, 17, 99], vec![1, 2, 3, 4, 5, 6, 7], vec![42]];
+    let p = SamplingParams {
+        temperature: 1.0,
+        top_p: 1.0,
+        top_k: None,
+        max_new_tokens: 6,
+    };
+    let keys: Vec<[u64; 4]> = (0..3).map(|i| [7, 1, i, 0]).collect();
+    let batched = rollout::generate(&model, &prompts, &keys, &p, &StopCriteria::default(), 0)
+        .expect("batched");
+    for i in 0..3 {
+        let solo = rollout::generate(
+            &model,
+            &prompts[i..=i],
+            &keys[i..=i],
+            &p,
+            &StopCriteria::default(),
+            0,
+        )
+        .expect("solo");
+        assert_eq!(
+            batched[i].tokens, solo[0].tokens,
+            "prompt {i}: tokens depend on batch composition"
+        );
+        assert!(max_abs_diff(&batched[i].log_probs, &solo[0].log_probs) < 1e-5);
+    }
+    // The sampler's log-probs are the policy's: recompute them by a full forward pass.
+    let seq: Vec<u32> = prompts[1]
+        .iter()
+        .chain(&batched[1].tokens)
+        .copied()
+        .collect();
+    let hidden = forward_full(&model, std::slice::from_ref(&seq));
+    let n = prompts[1].len();
+    let targets = Tensor::new(&seq[n..], &Device::Cpu)
+        .expect("t")
+        .unsqueeze(0)
+        .expect("b");
+    let h = hidden.narrow(1, n - 1, seq.len() - n).expect("h");
+    let (lp, _) = model
+        .token_log_probs(&h, &targets, 1.0, 2, false)
+        .expect("lp");
+    let lp: Vec<f32> = lp.flatten_all().expect("f").to_vec1().expect("v");
+    assert!(
+        max_abs_diff(&lp, &batched[1].log_probs) < 1e-4,
+        "{lp:?} vs {:?}",
+        batched[1].log_probs
+    );
+}
+
+#[test]
+fn sampling_is_seeded_per_sample_and_truncation_behaves() {
+    let (cfg, params) = load("tiny-qwen3");
+    let model = Qwen::new(&cfg, &params, true).expect("model");
+    let prompt = vec![vec![3u32, 9, 27]];
+    let run = |key: [u64; 4], p: SamplingParams| {
+        rollout::generate(&model, &prompt, &[key], &p, &StopCriteria::default(), 0)
+            .expect("generate")
+            .remove(0)
+            .tokens
+    };
+    let t1 = SamplingParams {
+        temperature: 1.0,
+        top_p: 1.0,
+        top_k: None,
+        max_new_tokens: 16,
+    };
+    assert_eq!(
+        run([1, 2, 3, 4], t1),
+        run([1, 2, 3, 4], t1),
+        "same key, same sample"
+    );
+    assert_ne!(
+        run([1, 2, 3, 4], t1),
+        run([1, 2, 3, 5], t1),
+        "another sample index, another sample"
+    );
+    let greedy = run(
+        [0; 4],
+        SamplingParams {
+            temperature: 0.0,
+            ..t1
+        },
+    );
+    assert_eq!(
+        run(
+            [9, 9, 9, 9],
+            SamplingParams {
+                top_k: Some(1),
+                ..t1
+            }
+        ),
+        greedy,
+        "top-k 1 is greedy"
+    );
+    assert_eq!(
+        run([9, 9, 9, 8], SamplingParams { top_p: 1e-6, ..t1 }),
+        greedy,
+        "tiny top-p is greedy"
+    );
+}
+
+#[test]
+fn eos_and_stop_strings_end_a_completion() {
+    let (cfg, params) = load("tiny-qwen3");
+    let model = Qwen::new(&cfg, &params, true).expect("model");
+    let p = SamplingParams {
+        temperature: 0.0,
+        top_p: 1.0,
+        top_k: None,
+        max_new_tokens: 12,
+    };
+    let free = rollout::generate(
+        &model,
+        &[vec![3u32, 9]],
+        &[[0; 4]],
+        &p,
+        &StopCriteria::default(),
+        0,
+    )
+    .expect("g");
+    let third = free[0].tokens[2];
+    let stop = StopCriteria {
+        eos_ids: vec![third],
+        ..StopCriteria::default()
+    };
+    let out = rollout::generate(&model, &[vec![3u32, 9]], &[[0; 4]], &p, &stop, 0).expect("g");
+    let first_eos = free[0]
+        .tokens
+        .iter()
+        .position(|t| *t == third)
+        .expect("present");
+    assert_eq!(out[0].tokens, free[0].tokens[..=first_eos].to_vec());
+    assert_eq!(out[0].finish, FinishReason::Eos);
+    // A stop string over a "decoder" that writes token ids as text.
+    let decode = |ids: &[u32]| ids.iter().map(|i| format!("<{i}>")).collect::<String>();
+    let needle = format!("<{}>", free[0].tokens[4]);
+    let stop = StopCriteria {
+        stop_strings: vec![needle],
+        decode: Some(&decode),
+        ..StopCriteria::default()
+    };
+    let out = rollout::generate(&model, &[vec![3u32, 9]], &[[0; 4]], &p, &stop, 0).expect("g");
+    assert_eq!(out[0].finish, FinishReason::Stop);
+    assert!(out[0].tokens.len() <= 5);
+}
+
+#[test]
+fn every_parameter_gets_a_gradient_and_a_few_adamw_steps_lower_the_loss() {
+    use candle_nn::Optimizer;
+    for name in ["tiny-qwen3", "tiny-qwen2"] {
+        let (cfg, params) = load(name);
+        let ids: Vec<Vec<u32>> = vec![
+            vec![5, 17, 99, 3, 64, 2, 127, 40],
+            vec![1, 2, 3, 4, 5, 6, 7, 8],
+        ];
+        let targets = Tensor::new(
+            ids.iter().map(|r| r[1..].to_vec()).collect::<Vec<_>>(),
+            &Device::Cpu,
+        )
+        .expect("t");
+        let nll = || {
+            let model = Qwen::new(&cfg, &params, false).expect("trainable model");
+            let h = forward_full(&model, &ids).narrow(1, 0, 7).expect("h");
+            let (lp, _) = model
+                .token_log_probs(&h, &targets, 1.0, 3, false)
+                .expect("lp");
+            lp.mean_all().expect("mean").neg().expect("neg")
+        };
+        let loss0 = nll();
+        let grads = loss0.backward().expect("backward");
+        let missing: Vec<&String> = params
+            .vars()
+            .filter(|(_, v)| {
+                grads.get(v.as_tensor()).is_none_or(|g| {
+                    g.abs()
+                        .expect("abs")
+                        .sum_all()
+                        .expect("s")
+                        .to_scalar::<f32>()
+                        .expect("s")
+                        == 0.0
+                })
+            })
+            .map(|(n, _)| n)
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "{name}: no gradient reaches {missing:?}"
+        );
+        let vars: Vec<candle_core::Var> = params.vars().map(|(_, v)| v.clone()).collect();
+        let mut opt = candle_nn::AdamW::new(
+            vars,
+            candle_nn::ParamsAdamW {
+                lr: 1e-2,
+                ..Default::default()
+            },
+        )
+        .expect("adamw");
+        let first = loss0.to_scalar::<f32>().expect("s");
+        let mut last = first;
+        for _ in 0..5 {
+            let l = nll();
+            last = l.to_scalar::<f32>().expect("s");
+            opt.backward_step(&l).expect("step");
+        }
+        assert!(
+            last < first * 0.9,
+            "{name}: loss {first} -> {last} did not drop"
+        );
+    }
+}
+
+#[test]
+fn the_critic_starts_from_the_policy_and_its_values_train() {
+    let (cfg, params) = load("tiny-qwen3");
+    let critic_params = init::add_value_head(&params, &cfg, 1).expect("head");
+    assert!(critic_params.contains("score.weight") && critic_params.contains("score.bias"));
+    let critic = Critic::new(&cfg, &critic_params, false).expect("critic");
+    let h = forward_full(&critic.backbone, &[vec![1, 2, 3, 4]]);
+    let values = critic.values(&h).expect("values");
+    assert_eq!(values.dims(), &[1, 4]);
+    let grads = values.sum_all().expect("s").backward().expect("backward");
+    for (name, var) in critic_params.vars() {
+        if name.starts_with("score.") || name.starts_with("model.layers.") {
+            assert!(
+                grads.get(var.as_tensor()).is_some(),
+                "no gradient to {name}"
+            );
+        }
+    }
+    // The critic's backbone is a copy: training it leaves the policy's weights alone.
+    let (_, pv) = params.vars().next().expect("one");
+    let (_, cv) = critic_params.vars().next().expect("one");
+    assert_ne!(pv.as_tensor().id(), cv.as_tensor().id());
+}
+
+#[test]
+fn saved_models_reload_identically() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (cfg, params) = load("tiny-qwen2");
+    init::save_model(&cfg, &params, dir.path()).expect("save");
+    let cfg2 = QwenConfig::load(&dir.path().join("config.json")).expect("config");
+    let params2 = Params::load_dir(dir.path(), DType::F32, &Device::Cpu).expect("reload");
+    let ids = vec![vec![4u32, 8, 15, 16, 23, 42]];
+    let a = Qwen::new(&cfg, &params, true).expect("a");
+    let b = Qwen::new(&cfg2, &params2, true).expect("b");
+    let la: Vec<f32> = a
+        .logits(&forward_full(&a, &ids))
+        .expect("l")
+        .flatten_all()
+        .expect("f")
+        .to_vec1()
+        .expect("v");
+    let lb: Vec<f32> = b
+        .logits(&forward_full(&b, &ids))
+        .expect("l")
+        .flatten_all()
+        .expect("f")
+        .to_vec1()
+        .expect("v");
+    assert_eq!(la, lb);
+}
+
+#[test]
+fn random_models_are_seeded() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let cfg_path = fixtures().join("tiny-qwen3/config.json");
+    let a = init::write_random_model(&cfg_path, &dir.path().join("a"), 5).expect("a");
+    let b = init::write_random_model(&cfg_path, &dir.path().join("b"), 5).expect("b");
+    let c = init::write_random_model(&cfg_path, &dir.path().join("c"), 6).expect("c");
+    let bytes =
+        |d: &str| std::fs::read(dir.path().join(d).join("model.safetensors")).expect("read");
+    assert_eq!(bytes("a"), bytes("b"));
+    assert_ne!(bytes("a"), bytes("c"));
+    assert_eq!(a.count(), b.count());
+    assert!(c.count() > 0);
+    let cfg = QwenConfig::load(&dir.path().join("a/config.json")).expect("config");
+    Qwen::new(
+        &cfg,
+        &Params::load_dir(&dir.path().join("a"), DType::F32, &Device::Cpu).expect("w"),
+        true,
+    )
+    .expect("builds");
+}
+
+#[test]
+fn the_qwen3_tokenizer_round_trips_problems_like_transformers_and_renders_the_chat_template() {
+    let r = reference();
+    let tok = Tokenizer::load(Path::new("../shared/tokenizers/qwen3")).expect("tokenizer");
+    for p in r["tokenizer"]["problems"].as_array().expect("problems") {
+        let text = p["text"].as_str().expect("text");
+        let want: Vec<u32> = p["ids"]
+            .as_array()
+            .expect("ids")
+            .iter()
+            .map(|x| x.as_u64().expect("id") as u32)
+            .collect();
+        let ids = tok.encode(text).expect("encode");
+        assert_eq!(ids, want, "token ids differ from transformers for {text:?}");
+        assert_eq!(tok.decode(&ids, false).expect("decode"), text);
+    }
+    let msgs = [Message::user("What is $1+1$? Put the answer in \\boxed{}.")];
+    assert_eq!(
+        tok.apply_chat_template(&msgs, true).expect("render"),
+        r["tokenizer"]["chat_user"].as_str().expect("s")
+    );
+    assert_eq!(
+        tok.apply_chat_template(&msgs, false).expect("render"),
+        r["tokenizer"]["chat_user_no_gen"].as_str().expect("s")
+    );
+    assert_eq!(
+        tok.eos_id(),
+        tok.token_id(r["tokenizer"]["eos_token"].as_str().expect("eos"))
+    );
+}
+
+#[test]
+fn every_benchmark_problem_round_trips_through_the_qwen3_tokenizer() {
+    let tok = Tokenizer::load(Path::new("../shared/tokenizers/qwen3")).expect("tokenizer");
+    let mut n = 0;
+    for f in ["math500", "minerva_math", "olympiadbench", "aime_like"] {
+        let text = std::fs::read_to_string(format!("../shared/data/{f}.jsonl")).expect("data");
+        for line in text.lines() {
+            let v: Value = serde_json::from_str(line).expect("json");
+            let p = v["problem"].as_str().expect("problem");
+            assert_eq!(
+                tok.decode(&tok.encode(p).expect("encode"), false)
+                    .expect("decode"),
+                p,
+                "{f}"
+            );
+            n += 1;
+        }
+    }
+    assert_eq!(n, 500 + 272 + 675 + 230);
+}
+
+#[test]
+fn hub_models_resolve_from_the_offline_cache_with_a_clear_error_when_absent() {
+    let cache = tempfile::tempdir().expect("tmp");
+    let commit = "0123456789abcdef0123456789abcdef01234567";
+    let repo_dir = cache.path().join("models--acme--tiny");
+    let snap = repo_dir.join("snapshots").join(commit);
+    std::fs::create_dir_all(&snap).expect("mkdir");
+    std::fs::create_dir_all(repo_dir.join("refs")).expect("mkdir");
+    std::fs::write(repo_dir.join("refs/main"), commit).expect("ref");
+    for f in ["config.json", "model.safetensors"] {
+        std::fs::copy(fixtures().join("tiny-qwen3").join(f), snap.join(f)).expect("copy");
+    }
+    std::fs::copy(
+        "../shared/tokenizers/qwen3/tokenizer.json",
+        snap.join("tokenizer.json"),
+    )
+    .expect("copy");
+    let opts = HubOptions {
+        cache_dir: cache.path().to_owned(),
+        offline: true,
+    };
+    for revision in ["main", commit] {
+        let source = acpo::manifest::ModelSource::Hub {
+            repo: "acme/tiny".into(),
+            revision: revision.into(),
+        };
+        let dir = hub::resolve(&source, &opts).expect("resolves offline");
+        assert_eq!(dir, snap);
+        Params::load_dir(&dir, DType::F32, &Device::Cpu).expect("weights load");
+    }
+    let missing = acpo::manifest::ModelSource::Hub {
+        repo: "acme/absent".into(),
+        revision: "main".into(),
+    };
+    let err = hub::resolve(&missing, &opts).expect_err("absent");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("acme/absent@main") && msg.contains("offline cache"),
+        "{msg}"
+    );
+}
+
+#[test]
+fn broken_checkpoints_name_the_tensor_or_file() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (cfg, params) = load("tiny-qwen3");
+    let mut vars: std::collections::BTreeMap<String, candle_core::Var> =
+        params.vars().map(|(k, v)| (k.clone(), v.clone())).collect();
+    vars.remove("model.layers.1.mlp.up_proj.weight");
+    let err = Qwen::new(&cfg, &Params::new(vars), true).expect_err("missing tensor");
+    assert!(
+        err.to_string()
+            .contains("model.layers.1.mlp.up_proj.weight"),
+        "{err}"
+    );
+    let bad_cfg = dir.path().join("config.json");
+    std::fs::write(&bad_cfg, r#"{"model_type": "llama", "vocab_size": 8, "hidden_size": 8, "intermediate_size": 8,
+        "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 2, "rms_norm_eps": 1e-6}"#)
+        .expect("write");
+    let err = QwenConfig::load(&bad_cfg).expect_err("llama");
+    assert!(
+        err.to_string().contains("config.json") && err.to_string().contains("llama"),
+        "{err}"
+    );
+    let err = Params::load_dir(dir.path(), DType::F32, &Device::Cpu).expect_err("no weights");
+    assert!(err.to_string().contains("model.safetensors"), "{err}");
+}

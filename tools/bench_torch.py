@@ -1,0 +1,77 @@
+#!/usr/bin/env python3
+"""PyTorch/transformers counterpart of `acpo bench generate|train-step` (src/speed.rs): the same
+random Qwen3 configurations and shapes, on CPU, f32, median of 3 after a warm-up.
+
+  python3 tools/bench_torch.py            # prints a Markdown table
+Needs torch + transformers (PyPI). Threads: torch's default (all cores), like candle.
+"""
+import statistics
+import time
+
+import torch
+from transformers import Qwen3Config, Qwen3ForCausalLM
+
+BATCH, PROMPT_LEN, NEW_TOKENS, TRAIN_SEQ_LEN, REPEATS = 8, 32, 64, 128, 3
+MODELS = {
+    "tiny": dict(vocab_size=1024, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
+                 num_attention_heads=4, num_key_value_heads=2, head_dim=16),
+    "qwen3-100m": dict(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
+                       num_attention_heads=12, num_key_value_heads=4, head_dim=64),
+}
+
+
+def model_of(kw):
+    cfg = Qwen3Config(**kw, tie_word_embeddings=True, rope_theta=1_000_000.0, rms_norm_eps=1e-6,
+                      max_position_embeddings=4096)
+    torch.manual_seed(0)
+    return Qwen3ForCausalLM(cfg)
+
+
+def median_time(fn):
+    fn()
+    times = []
+    for _ in range(REPEATS):
+        t = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t)
+    return statistics.median(times)
+
+
+rows = []
+for name, kw in MODELS.items():
+    model = model_of(kw).eval()
+    n_params = sum(p.numel() for p in model.parameters())
+    prompts = torch.randint(0, kw["vocab_size"], (BATCH, PROMPT_LEN))
+
+    def gen():
+        with torch.no_grad():
+            model.generate(prompts, attention_mask=torch.ones_like(prompts), do_sample=True, temperature=1.0,
+                           top_p=1.0, top_k=0, max_new_tokens=NEW_TOKENS, min_new_tokens=NEW_TOKENS,
+                           pad_token_id=0, eos_token_id=None)
+
+    s = median_time(gen)
+    rows.append((name, n_params, "generate", BATCH * NEW_TOKENS, s))
+
+    model.train()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-6)
+    ids = torch.randint(0, kw["vocab_size"], (BATCH, TRAIN_SEQ_LEN))
+    adv = torch.randn(BATCH, TRAIN_SEQ_LEN - 1)
+    with torch.no_grad():
+        old = torch.log_softmax(model(ids).logits[:, :-1].float(), -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+
+    def step():
+        logits = model(ids).logits[:, :-1].float()
+        lp = torch.log_softmax(logits, -1).gather(-1, ids[:, 1:, None]).squeeze(-1)
+        ra = torch.exp(lp - old) * adv
+        loss = -torch.clamp(ra, -2.0, 2.0).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+    s = median_time(step)
+    rows.append((name, n_params, "train-step", BATCH * TRAIN_SEQ_LEN, s))
+
+print(f"# PyTorch {torch.__version__} (threads {torch.get_num_threads()})\n")
+print("| model | parameters | what | tokens | seconds (median) | tokens/s |\n|---|---:|---|---:|---:|---:|")
+for name, n, what, tokens, s in rows:
+    print(f"| {name} | {n} | {what} | {tokens} | {s:.4f} | {tokens / s:.1f} |")
