@@ -125,13 +125,20 @@ pub struct ScoreArgs {
 
 #[derive(Debug, Args)]
 pub struct EvalArgs {
-    /// The manifest whose eval section (benchmarks, k, sampling) to use.
+    /// The manifest whose eval section (benchmarks, k, sampling, templates) and model to use.
     pub manifest: PathBuf,
     /// Evaluate this model instead of the manifest's (a directory in HF layout).
     #[arg(long)]
     pub model: Option<PathBuf>,
+    /// Directory with the benchmark JSONL files (checked against their SHA-256).
     #[arg(long, default_value = "../shared/data")]
     pub data_dir: PathBuf,
+    /// Read the benchmarks from the HF hub instead of --data-dir (where a faithful copy exists).
+    #[arg(long)]
+    pub hub_data: bool,
+    /// Training step this evaluation belongs to (recorded in the summary).
+    #[arg(long, default_value_t = 0)]
+    pub step: usize,
     /// Where to write samples.jsonl and summary.json.
     #[arg(long)]
     pub out: PathBuf,
@@ -274,8 +281,8 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
         Command::Check(args) => check(&args),
         Command::Train(_) => not_built("train", 6, "the RL trainer"),
         Command::Generate(args) => generate(&args),
-        Command::Score(_) => not_built("score", 5, "the math answer verifier"),
-        Command::Eval(_) => not_built("eval", 5, "the Avg@k evaluator"),
+        Command::Score(args) => score(&args),
+        Command::Eval(args) => eval(&args),
         Command::Report(_) => not_built("report", 7, "Table 1, curves and histograms"),
         Command::Reproduce(_) => not_built("reproduce", 7, "the reproduction front door"),
         Command::Archive(_) => not_built("archive", 7, "checksummed archives"),
@@ -421,7 +428,7 @@ fn bench(args: &BenchArgs) -> anyhow::Result<Outcome> {
     let (name, run): (&str, speed::BenchFn) = match args.kind {
         BenchKind::Generate => ("generate", speed::bench_generate),
         BenchKind::TrainStep => ("train-step", speed::bench_train_step),
-        BenchKind::Verifier => return not_built("bench verifier", 5, "the math answer verifier"),
+        BenchKind::Verifier => return bench_verifier(args),
     };
     let mut rows = Vec::new();
     for m in speed::MODELS.iter().take(if args.tiny_only {
@@ -452,6 +459,204 @@ fn bench(args: &BenchArgs) -> anyhow::Result<Outcome> {
         std::fs::rename(&tmp, &path).with_context(|| format!("cannot write {}", path.display()))?;
     }
     println!("report: {}", args.out.join(format!("{name}.md")).display());
+    Ok(Outcome::Success)
+}
+
+/// Writes `bytes` to `path` atomically (temp file + rename).
+fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
+    let tmp = path.with_extension("tmp");
+    std::fs::write(&tmp, bytes).with_context(|| format!("cannot write {}", tmp.display()))?;
+    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))
+}
+
+/// `acpo score`: judge responses made anywhere (vLLM, verl dumps) with the verifier.
+fn score(args: &ScoreArgs) -> anyhow::Result<Outcome> {
+    let path = &args.input;
+    let text =
+        std::fs::read_to_string(path).with_context(|| format!("cannot read {}", path.display()))?;
+    let mut out = String::new();
+    let (mut n, mut correct, mut errors) = (0usize, 0usize, 0usize);
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let at = || format!("{}:{}", path.display(), i + 1);
+        let mut v: serde_json::Value =
+            serde_json::from_str(line).with_context(|| format!("{}: not a JSON object", at()))?;
+        let obj = v
+            .as_object_mut()
+            .with_context(|| format!("{}: not a JSON object", at()))?;
+        let field = |name: &str| -> anyhow::Result<String> {
+            match obj.get(name) {
+                Some(serde_json::Value::String(s)) => Ok(s.clone()),
+                Some(serde_json::Value::Number(x)) if name == "answer" => Ok(x.to_string()),
+                _ => bail!("{}: field `{name}` (a string) is missing", at()),
+            }
+        };
+        let (response, answer) = (field("response")?, field("answer")?);
+        let verdict = acpo::verify::verify(&answer, &response);
+        n += 1;
+        correct += usize::from(verdict.correct);
+        obj.insert("correct".into(), verdict.correct.into());
+        obj.insert("extracted".into(), verdict.extracted.clone().into());
+        if let Some(e) = &verdict.error {
+            errors += 1;
+            obj.insert("error".into(), e.clone().into());
+        }
+        out.push_str(&serde_json::to_string(&v)?);
+        out.push('\n');
+    }
+    if n == 0 {
+        bail!("{}: no responses to score", path.display());
+    }
+    let summary = format!(
+        "scored {n} responses: {correct} correct ({:.2} %), {errors} with a verifier error",
+        100.0 * correct as f64 / n as f64
+    );
+    match &args.output {
+        Some(o) => {
+            write_atomic(o, out.as_bytes())?;
+            println!("{summary}; wrote {}", o.display());
+        }
+        None => {
+            print!("{out}");
+            eprintln!("{summary}");
+        }
+    }
+    Ok(Outcome::Success)
+}
+
+/// `acpo eval`: Avg@k of a model on the manifest's benchmarks.
+fn eval(args: &EvalArgs) -> anyhow::Result<Outcome> {
+    use acpo::bench::DataLocation;
+    use acpo::model::{hub, qwen::Qwen, tokenizer::Tokenizer, Params, QwenConfig};
+    let experiment = acpo::manifest::Experiment::load(&args.manifest)?;
+    if experiment.data.suite != acpo::manifest::DataSuite::Real {
+        bail!(
+            "{}: data.suite `synthetic` needs the synthetic task generator, which arrives with issue #8; nothing was run",
+            args.manifest.display()
+        );
+    }
+    let source = match &args.model {
+        Some(dir) => acpo::manifest::ModelSource::Dir(dir.clone()),
+        None => experiment.model.source.clone(),
+    };
+    let dir = hub::resolve(&source, &hub::HubOptions::from_env())?;
+    let cfg = QwenConfig::load(&dir.join("config.json"))?;
+    let device = candle_core::Device::Cpu;
+    let params = Params::load_dir(
+        &dir,
+        acpo::model::parse_dtype(experiment.model.dtype),
+        &device,
+    )?;
+    let model = Qwen::new(&cfg, &params, true)?;
+    let tokenizer = Tokenizer::load(&dir)?;
+    let data = if args.hub_data {
+        DataLocation::Hub(hub::HubOptions::from_env())
+    } else {
+        DataLocation::Dir(args.data_dir.clone())
+    };
+    let (summary, records) = acpo::eval::evaluate(
+        &model,
+        &tokenizer,
+        &experiment.eval,
+        &data,
+        experiment.seed,
+        args.step,
+        |b, done, total| {
+            eprint!("\r{b}: {done}/{total} samples   ");
+        },
+    )?;
+    eprintln!();
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("cannot create {}", args.out.display()))?;
+    let mut lines = String::new();
+    for r in &records {
+        lines.push_str(&serde_json::to_string(r)?);
+        lines.push('\n');
+    }
+    write_atomic(&args.out.join("samples.jsonl"), lines.as_bytes())?;
+    write_atomic(
+        &args.out.join("summary.json"),
+        serde_json::to_string_pretty(&summary)?.as_bytes(),
+    )?;
+    for b in &summary.benchmarks {
+        println!(
+            "{:<14} {:>4} problems  avg@{} {:6.2} %",
+            b.benchmark,
+            b.problems,
+            b.k,
+            100.0 * b.avg_at_k
+        );
+    }
+    println!(
+        "weighted accuracy {:.2} %; wrote {}",
+        100.0 * summary.weighted_accuracy,
+        args.out.display()
+    );
+    Ok(Outcome::Success)
+}
+
+/// `acpo bench verifier`: answers/s on every benchmark gold × {boxed, Answer: line, wrong}.
+fn bench_verifier(args: &BenchArgs) -> anyhow::Result<Outcome> {
+    use acpo::bench::{self, DataLocation};
+    let data = DataLocation::Dir(PathBuf::from("../shared/data"));
+    let mut pairs: Vec<(String, String, bool)> = Vec::new();
+    for b in acpo::manifest::Benchmark::ALL {
+        for p in bench::load(bench::spec(b), &data)? {
+            let g = p.answer;
+            pairs.push((
+                g.clone(),
+                format!("Reasoning.\nSo the answer is \\boxed{{{g}}}."),
+                true,
+            ));
+            pairs.push((g.clone(), format!("Reasoning.\nAnswer: {g}"), true));
+            pairs.push((g.clone(), format!("\\boxed{{{g}+1}}"), false));
+        }
+    }
+    let mut best = f64::INFINITY;
+    let mut verdicts = Vec::new();
+    for _ in 0..args.repeats {
+        let t = std::time::Instant::now();
+        verdicts = pairs
+            .iter()
+            .map(|(g, r, _)| acpo::verify::verify(g, r).correct)
+            .collect();
+        best = best.min(t.elapsed().as_secs_f64());
+    }
+    let expected_ok = verdicts
+        .iter()
+        .zip(&pairs)
+        .filter(|(v, p)| **v == p.2)
+        .count();
+    let rate = pairs.len() as f64 / best;
+    println!(
+        "verifier: {} pairs in {best:.3} s = {rate:.0} answers/s; {expected_ok}/{} as constructed",
+        pairs.len(),
+        pairs.len()
+    );
+    std::fs::create_dir_all(&args.out)
+        .with_context(|| format!("cannot create {}", args.out.display()))?;
+    let mut lines = String::new();
+    for ((g, r, want), got) in pairs.iter().zip(&verdicts) {
+        lines.push_str(
+            &serde_json::json!({"gold": g, "response": r, "constructed": want, "acpo": got})
+                .to_string(),
+        );
+        lines.push('\n');
+    }
+    write_atomic(&args.out.join("verifier_pairs.jsonl"), lines.as_bytes())?;
+    let report = serde_json::json!({"pairs": pairs.len(), "seconds": best, "answers_per_second": rate, "as_constructed": expected_ok});
+    write_atomic(
+        &args.out.join("verifier.json"),
+        serde_json::to_string_pretty(&report)?.as_bytes(),
+    )?;
+    write_atomic(
+        &args.out.join("verifier.md"),
+        format!("# acpo bench verifier\n\n{} pairs (4 benchmarks' golds x boxed / Answer: / wrong), best of {}: {best:.3} s, **{rate:.0} answers/s**; {expected_ok} judged as constructed.\n\nCompare with Math-Verify: `python3 tools/bench_math_verify.py {}`\n", pairs.len(), args.repeats, args.out.join("verifier_pairs.jsonl").display()).as_bytes(),
+    )?;
+    println!("report: {}", args.out.join("verifier.md").display());
     Ok(Outcome::Success)
 }
 

@@ -6,8 +6,11 @@
 //! join as their issues land.
 
 pub mod algo;
+pub mod bench;
+pub mod eval;
 pub mod manifest;
 pub mod model;
 pub mod rng;
 pub mod rollout;
 pub mod speed;
+pub mod verify;

@@ -13,7 +13,7 @@
 //! decide which token is drawn.
 
 use candle_core::{Tensor, D};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 
 use crate::model::qwen::Qwen;
 use crate::model::Result;
@@ -29,7 +29,7 @@ pub struct SamplingParams {
 }
 
 /// Why a completion ended.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
 pub enum FinishReason {
     /// Produced an end-of-sequence token (kept as the last token).

@@ -80,8 +80,6 @@ fn check_reports_a_missing_path_and_duplicate_run_names() {
 fn unbuilt_subcommands_say_so_and_exit_2() {
     for (args, issue) in [
         (vec!["train", "experiments/smoke/smoke-ppo.yaml"], "#6"),
-        (vec!["score", "--input", "x.jsonl"], "#5"),
-        (vec!["bench", "verifier"], "#5"),
         (vec!["reproduce", "table1"], "#7"),
         (vec!["verify", "results.tar.zst"], "#7"),
         (vec!["pmd"], "#9"),

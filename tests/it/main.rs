@@ -1,6 +1,8 @@
 //! The integration tests: one binary (see STYLE.md), one module per area.
 
 mod cli;
+mod eval;
 mod manifest;
 mod model;
 mod objectives;
+mod verify;

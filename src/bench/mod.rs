@@ -1,0 +1,283 @@
+//! Evaluation benchmarks and the training set, one file each with its version and checksum.
+//!
+//! Problems come from a local directory of prepared JSONL files (`--data-dir`, `../shared/data`
+//! here), checked against the SHA-256 recorded in the benchmark's file, or from the HF hub where
+//! a faithful hub copy exists (MATH-500 as JSONL, DAPO-Math-17k as parquet read with polars).
+//! Minerva, the 675-row OlympiadBench and the assembled AIME-like set have no faithful hub copy
+//! (see `../shared/data/README.md`): asking for them from the hub is a clear error.
+
+pub mod aime_like;
+pub mod dapo;
+pub mod math500;
+pub mod minerva;
+pub mod olympiad;
+
+use std::path::{Path, PathBuf};
+
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::manifest::{Benchmark, PromptTemplate};
+use crate::model::hub::HubOptions;
+
+/// One problem with its gold answer.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Problem {
+    pub id: String,
+    pub problem: String,
+    pub answer: String,
+}
+
+/// Where a hub copy lives and how to read it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HubCopy {
+    /// A JSONL file with `id`/`problem`/`answer`-like fields under the given names.
+    Jsonl {
+        repo: &'static str,
+        file: &'static str,
+        id_field: &'static str,
+        problem_field: &'static str,
+        answer_field: &'static str,
+    },
+    /// verl-format parquet (`prompt[0].content` with the DAPO template, `reward_model.ground_truth`).
+    DapoParquet {
+        repo: &'static str,
+        file: &'static str,
+    },
+}
+
+/// A dataset of problems: the evaluation benchmarks and the DAPO training set.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DatasetSpec {
+    pub name: &'static str,
+    /// File name in the data directory.
+    pub file: &'static str,
+    pub rows: usize,
+    /// Version of this loader's view of the data; bump when the file or its reading changes.
+    pub version: &'static str,
+    /// SHA-256 of `file` (as in ../shared/data/SHA256SUMS).
+    pub sha256: &'static str,
+    pub hub: Option<HubCopy>,
+}
+
+/// The dataset behind a benchmark role.
+pub fn spec(b: Benchmark) -> &'static DatasetSpec {
+    match b {
+        Benchmark::Math500 => &math500::SPEC,
+        Benchmark::Minerva => &minerva::SPEC,
+        Benchmark::Olympiadbench => &olympiad::SPEC,
+        Benchmark::AimeLike => &aime_like::SPEC,
+    }
+}
+
+/// Where datasets are read from.
+#[derive(Debug, Clone)]
+pub enum DataLocation {
+    Dir(PathBuf),
+    Hub(HubOptions),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum DataError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: SHA-256 {got} does not match the expected {want} for {name} v{version}: the file changed or is not the prepared copy")]
+    Checksum {
+        path: PathBuf,
+        name: &'static str,
+        version: &'static str,
+        got: String,
+        want: &'static str,
+    },
+    #[error("{path}:{line}: {reason}")]
+    Row {
+        path: PathBuf,
+        line: usize,
+        reason: String,
+    },
+    #[error("{path}: {name} should have {want} rows, found {got}")]
+    Rows {
+        path: PathBuf,
+        name: &'static str,
+        want: usize,
+        got: usize,
+    },
+    #[error("{name}: no faithful copy on the HF hub (see ../shared/data/README.md); give a data directory with {file}")]
+    NoHubCopy {
+        name: &'static str,
+        file: &'static str,
+    },
+    #[error("{0}")]
+    Hub(#[from] crate::model::ModelError),
+    #[error("{path}: parquet: {reason}")]
+    Parquet { path: PathBuf, reason: String },
+}
+
+pub fn sha256_file(path: &Path) -> Result<String, DataError> {
+    let bytes = std::fs::read(path).map_err(|source| DataError::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    Ok(Sha256::digest(&bytes)
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect())
+}
+
+/// Loads a dataset, checking its checksum and row count.
+pub fn load(spec: &DatasetSpec, from: &DataLocation) -> Result<Vec<Problem>, DataError> {
+    match from {
+        DataLocation::Dir(dir) => {
+            let path = dir.join(spec.file);
+            let got = sha256_file(&path)?;
+            if got != spec.sha256 {
+                return Err(DataError::Checksum {
+                    path,
+                    name: spec.name,
+                    version: spec.version,
+                    got,
+                    want: spec.sha256,
+                });
+            }
+            let rows = read_jsonl(&path, "id", "problem", "answer")?;
+            check_rows(spec, &path, rows)
+        }
+        DataLocation::Hub(opts) => match spec.hub {
+            None => Err(DataError::NoHubCopy {
+                name: spec.name,
+                file: spec.file,
+            }),
+            Some(HubCopy::Jsonl {
+                repo,
+                file,
+                id_field,
+                problem_field,
+                answer_field,
+            }) => {
+                let path = hub_file(repo, file, opts)?;
+                let rows = read_jsonl(&path, id_field, problem_field, answer_field)?;
+                check_rows(spec, &path, rows)
+            }
+            Some(HubCopy::DapoParquet { repo, file }) => {
+                // The hub release keeps whitespace variants the prepared copy merged: its
+                // unique count is not the local file's (see dapo.rs); it must not be empty.
+                let path = hub_file(repo, file, opts)?;
+                let rows = dapo::read_parquet(&path)?;
+                if rows.is_empty() {
+                    return Err(DataError::Rows {
+                        path,
+                        name: spec.name,
+                        want: spec.rows,
+                        got: 0,
+                    });
+                }
+                Ok(rows)
+            }
+        },
+    }
+}
+
+fn check_rows(
+    spec: &DatasetSpec,
+    path: &Path,
+    rows: Vec<Problem>,
+) -> Result<Vec<Problem>, DataError> {
+    if rows.len() != spec.rows {
+        return Err(DataError::Rows {
+            path: path.to_owned(),
+            name: spec.name,
+            want: spec.rows,
+            got: rows.len(),
+        });
+    }
+    Ok(rows)
+}
+
+/// A dataset file from the hub cache (downloaded unless offline).
+fn hub_file(repo: &str, file: &str, opts: &HubOptions) -> Result<PathBuf, DataError> {
+    use hf_hub::{Cache, Repo, RepoType};
+    let hub_repo = Repo::with_revision(repo.into(), RepoType::Dataset, "main".into());
+    let err = |reason: String| {
+        DataError::Hub(crate::model::ModelError::Hub {
+            repo: repo.into(),
+            revision: "main".into(),
+            reason,
+        })
+    };
+    if opts.offline {
+        return Cache::new(opts.cache_dir.clone())
+            .repo(hub_repo)
+            .get(file)
+            .ok_or_else(|| {
+                err(format!(
+                    "{file} is not in the offline cache {}",
+                    opts.cache_dir.display()
+                ))
+            });
+    }
+    let api = hf_hub::api::sync::ApiBuilder::from_env()
+        .with_cache_dir(opts.cache_dir.clone())
+        .build()
+        .map_err(|e| err(e.to_string()))?;
+    api.repo(hub_repo)
+        .get(file)
+        .map_err(|e| err(format!("{file}: {e}")))
+}
+
+fn read_jsonl(
+    path: &Path,
+    id: &str,
+    problem: &str,
+    answer: &str,
+) -> Result<Vec<Problem>, DataError> {
+    let text = std::fs::read_to_string(path).map_err(|source| DataError::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    let mut out = Vec::new();
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let row = |reason: String| DataError::Row {
+            path: path.to_owned(),
+            line: i + 1,
+            reason,
+        };
+        let v: serde_json::Value = serde_json::from_str(line).map_err(|e| row(e.to_string()))?;
+        let field = |name: &str| -> Result<String, DataError> {
+            match v.get(name) {
+                Some(serde_json::Value::String(s)) => Ok(s.clone()),
+                Some(serde_json::Value::Number(n)) => Ok(n.to_string()),
+                _ => Err(row(format!("field `{name}` (a string) is missing"))),
+            }
+        };
+        out.push(Problem {
+            id: field(id)?,
+            problem: field(problem)?,
+            answer: field(answer)?,
+        });
+    }
+    Ok(out)
+}
+
+/// DAPO's training prompt (the `source_prompt` of the DAPO release).
+pub const DAPO_TEMPLATE_HEAD: &str = "Solve the following math problem step by step. The last line of your response should be of the form Answer: $Answer (without quotes) where $Answer is the answer to the problem.\n\n";
+pub const DAPO_TEMPLATE_TAIL: &str =
+    "\n\nRemember to put your answer on its own line after \"Answer:\".";
+
+/// The user message for a problem under a template.
+pub fn render_prompt(template: PromptTemplate, problem: &str) -> String {
+    match template {
+        PromptTemplate::Dapo => format!("{DAPO_TEMPLATE_HEAD}{problem}{DAPO_TEMPLATE_TAIL}"),
+        PromptTemplate::Boxed => {
+            format!("{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}.")
+        }
+        PromptTemplate::Raw => problem.to_string(),
+    }
+}

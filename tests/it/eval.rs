@@ -1,0 +1,343 @@
+//! Benchmarks, the Avg@k evaluator, and the `score` / `eval` commands.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use acpo::bench::{self, DataError, DataLocation};
+use acpo::eval::{bench_result, pass_at, summarize};
+use acpo::manifest::Benchmark;
+use acpo::model::hub::HubOptions;
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn acpo(args: &[&str]) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_acpo"))
+        .args(args)
+        .current_dir(repo())
+        .output()
+        .expect("acpo runs")
+}
+
+fn binom(n: usize, k: usize) -> f64 {
+    if k > n {
+        return 0.0;
+    }
+    (0..k).fold(1.0, |acc, i| acc * (n - i) as f64 / (i + 1) as f64)
+}
+
+#[test]
+fn unbiased_pass_at_k_matches_the_binomial_formula() {
+    for n in 1..=16 {
+        for c in 0..=n {
+            for k in 1..=n {
+                let want = 1.0 - binom(n - c, k) / binom(n, k);
+                assert!((pass_at(n, c, k) - want).abs() < 1e-12, "n={n} c={c} k={k}");
+            }
+        }
+    }
+}
+
+#[test]
+fn weighted_accuracy_reproduces_the_papers_weighted_column() {
+    // ../shared/paper/table1.csv: the paper's per-benchmark Avg@k; weighting them by the
+    // problem counts must give its weighted column. Inputs rounded to 0.1 move the weighted
+    // mean by at most 0.05, and the reported value is rounded too: at most 0.1 apart.
+    let table = std::fs::read_to_string("../shared/paper/table1.csv").expect("table1.csv");
+    let mut rows = 0;
+    for line in table.lines().skip(1) {
+        let f: Vec<&str> = line.split(',').collect();
+        let reported: f64 = f[3].parse().expect("weighted");
+        let results: Vec<_> = Benchmark::ALL
+            .iter()
+            .zip(&f[4..8])
+            .map(|(b, acc)| {
+                let acc: f64 = acc.parse::<f64>().expect("acc") / 100.0;
+                let mut r = bench_result(b.name(), &[], &[]);
+                r.problems = b.size();
+                r.avg_at_k = acc;
+                r.k = 16;
+                r
+            })
+            .collect();
+        let s = summarize(0, results);
+        assert!(
+            (100.0 * s.weighted_accuracy - reported).abs() <= 0.1 + 1e-9,
+            "{line}: {}",
+            100.0 * s.weighted_accuracy
+        );
+        assert!(s.metrics.contains_key("val-core/weighted/acc/mean@16"));
+        rows += 1;
+    }
+    assert_eq!(rows, 16);
+}
+
+#[test]
+fn avg_at_k_pass_rates_and_metric_names() {
+    let ids: Vec<String> = ["a", "b", "c"].iter().map(|s| s.to_string()).collect();
+    let correct = vec![
+        vec![true, true, false, false],
+        vec![false; 4],
+        vec![true; 4],
+    ];
+    let r = bench_result("math500", &ids, &correct);
+    assert_eq!(r.k, 4);
+    assert!((r.avg_at_k - 0.5).abs() < 1e-12);
+    assert_eq!(r.pass_rates["a"], 0.5);
+    assert_eq!(r.pass_rates["b"], 0.0);
+    assert!((r.pass_at[&1] - 0.5).abs() < 1e-12 && (r.pass_at[&4] - 2.0 / 3.0).abs() < 1e-12);
+    let s = summarize(7, vec![r]);
+    assert_eq!(s.step, 7);
+    assert!((s.metrics["val-core/math500/acc/mean@4"] - 0.5).abs() < 1e-12);
+    assert!((s.metrics["val-aux/math500/acc/pass@4"] - 2.0 / 3.0).abs() < 1e-12);
+}
+
+#[test]
+fn the_real_benchmarks_load_with_their_checksums_and_a_changed_file_is_refused() {
+    let dir = DataLocation::Dir(PathBuf::from("../shared/data"));
+    for b in Benchmark::ALL {
+        let problems = bench::load(bench::spec(b), &dir).expect("loads");
+        assert_eq!(problems.len(), b.size(), "{}", b.name());
+    }
+    assert_eq!(
+        bench::load(&bench::dapo::SPEC, &dir).expect("dapo").len(),
+        17_290
+    );
+    let tmp = tempfile::tempdir().expect("tmp");
+    let mut text = std::fs::read_to_string("../shared/data/math500.jsonl").expect("read");
+    text = text.replacen("\"answer\": \"", "\"answer\": \"9", 1);
+    std::fs::write(tmp.path().join("math500.jsonl"), text).expect("write");
+    let err = bench::load(
+        bench::spec(Benchmark::Math500),
+        &DataLocation::Dir(tmp.path().to_owned()),
+    )
+    .expect_err("changed");
+    assert!(matches!(err, DataError::Checksum { .. }), "{err}");
+    assert!(err.to_string().contains("math500.jsonl"), "{err}");
+}
+
+/// A fake hub cache: `datasets--owner--name/refs/main` + `snapshots/<hash>/<file>`.
+fn cache_file(cache: &Path, repo: &str, file: &str, bytes: &[u8]) {
+    let commit = "fedcba9876543210fedcba9876543210fedcba98";
+    let root = cache.join(format!("datasets--{}", repo.replace('/', "--")));
+    let path = root.join("snapshots").join(commit).join(file);
+    std::fs::create_dir_all(path.parent().expect("parent")).expect("mkdir");
+    std::fs::create_dir_all(root.join("refs")).expect("mkdir");
+    std::fs::write(root.join("refs/main"), commit).expect("ref");
+    std::fs::write(path, bytes).expect("write");
+}
+
+#[test]
+fn hub_datasets_load_from_the_offline_cache_jsonl_and_parquet() {
+    let cache = tempfile::tempdir().expect("tmp");
+    // MATH-500 on the hub names its id field `unique_id`.
+    let ours = std::fs::read_to_string("../shared/data/math500.jsonl").expect("read");
+    let hub_jsonl: String = ours
+        .lines()
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).expect("json");
+            let id = v["id"].clone();
+            v.as_object_mut()
+                .expect("obj")
+                .insert("unique_id".into(), id);
+            v.as_object_mut().expect("obj").remove("id");
+            v.to_string() + "\n"
+        })
+        .collect();
+    cache_file(
+        cache.path(),
+        "HuggingFaceH4/MATH-500",
+        "test.jsonl",
+        hub_jsonl.as_bytes(),
+    );
+    let parquet = std::fs::read(repo().join("tests/fixtures/hub/dapo-math-17k-tiny.parquet"))
+        .expect("fixture");
+    cache_file(
+        cache.path(),
+        "BytedTsinghua-SIA/DAPO-Math-17k",
+        "data/dapo-math-17k.parquet",
+        &parquet,
+    );
+    let hub = DataLocation::Hub(HubOptions {
+        cache_dir: cache.path().to_owned(),
+        offline: true,
+    });
+
+    let local = bench::load(
+        bench::spec(Benchmark::Math500),
+        &DataLocation::Dir(PathBuf::from("../shared/data")),
+    )
+    .expect("local");
+    assert_eq!(
+        bench::load(bench::spec(Benchmark::Math500), &hub).expect("hub math500"),
+        local
+    );
+
+    let dapo = bench::load(&bench::dapo::SPEC, &hub).expect("hub dapo");
+    let got: Vec<(&str, &str)> = dapo
+        .iter()
+        .map(|p| (p.problem.as_str(), p.answer.as_str()))
+        .collect();
+    assert_eq!(
+        got,
+        vec![
+            ("What is $1+1$?", "2"),
+            (
+                "Compute $\\frac{6}{4}$ in lowest terms as a+b for a/b.",
+                "5"
+            ),
+            ("Find $x$ if $2x=10$.", "5"),
+        ],
+        "template stripped, 3x repetition and the exact duplicate removed"
+    );
+    let err = bench::load(bench::spec(Benchmark::Minerva), &hub).expect_err("no hub copy");
+    assert!(matches!(err, DataError::NoHubCopy { .. }), "{err}");
+    let empty = DataLocation::Hub(HubOptions {
+        cache_dir: tempfile::tempdir().expect("tmp").path().to_owned(),
+        offline: true,
+    });
+    let err = bench::load(bench::spec(Benchmark::Math500), &empty).expect_err("not cached");
+    assert!(err.to_string().contains("offline cache"), "{err}");
+}
+
+#[test]
+fn score_adds_verdicts_keeps_fields_and_refuses_bad_lines_without_writing() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let input = dir.path().join("in.jsonl");
+    std::fs::write(
+        &input,
+        concat!(
+            r#"{"id": 1, "response": "so \\boxed{\\frac{1}{2}}", "answer": "0.5"}"#,
+            "\n",
+            r#"{"id": 2, "response": "Answer: 7", "answer": "8"}"#,
+            "\n",
+            r#"{"id": 3, "response": "no idea", "answer": "3"}"#,
+            "\n",
+        ),
+    )
+    .expect("write");
+    let output = dir.path().join("out.jsonl");
+    let out = acpo(&[
+        "score",
+        "--input",
+        input.to_str().expect("utf8"),
+        "--output",
+        output.to_str().expect("utf8"),
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(String::from_utf8_lossy(&out.stdout).contains("scored 3 responses: 1 correct"));
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(&output)
+        .expect("out")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json"))
+        .collect();
+    assert_eq!(lines[0]["id"], 1);
+    assert_eq!(lines[0]["correct"], true);
+    assert_eq!(lines[0]["extracted"], "\\frac{1}{2}");
+    assert_eq!(lines[1]["correct"], false);
+    assert_eq!(lines[2]["extracted"], serde_json::Value::Null);
+
+    std::fs::write(
+        &input,
+        "{\"response\": \"\\\\boxed{1}\", \"answer\": \"1\"}\n{\"response\": \"x\"}\n",
+    )
+    .expect("write");
+    let bad_out = dir.path().join("bad.jsonl");
+    let out = acpo(&[
+        "score",
+        "--input",
+        input.to_str().expect("utf8"),
+        "--output",
+        bad_out.to_str().expect("utf8"),
+    ]);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("in.jsonl:2") && stderr.contains("answer"),
+        "{stderr}"
+    );
+    assert!(
+        !bad_out.exists(),
+        "nothing is written when the input is bad"
+    );
+}
+
+#[test]
+fn eval_runs_end_to_end_on_a_tiny_model_and_writes_samples_and_summary() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let cfg = dir.path().join("tiny.json");
+    std::fs::write(
+        &cfg,
+        r#"{"model_type": "qwen3", "vocab_size": 151936, "hidden_size": 16, "intermediate_size": 32,
+            "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8,
+            "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": true,
+            "eos_token_id": 151645, "hidden_act": "silu"}"#,
+    )
+    .expect("config");
+    let model = dir.path().join("model");
+    assert!(acpo(&[
+        "model",
+        "init",
+        "--config",
+        cfg.to_str().expect("u"),
+        "--out",
+        model.to_str().expect("u")
+    ])
+    .status
+    .success());
+    for f in ["tokenizer.json", "tokenizer_config.json"] {
+        std::fs::copy(
+            repo().join("../shared/tokenizers/qwen3").join(f),
+            model.join(f),
+        )
+        .expect("copy");
+    }
+    let manifest_text =
+        std::fs::read_to_string(repo().join("experiments/paper/qwen3-8b-grpo.yaml"))
+            .expect("manifest")
+            .replace("name: qwen3-8b-grpo", "name: tiny-eval")
+            .replace("  k: 16 ", "  k: 2 ")
+            .replace("  max_new_tokens: 8196", "  max_new_tokens: 6")
+            .replace(
+                "  prompt_template: boxed         # ours (paper silent)\n",
+                "  prompt_template: boxed\n  limit: 3\n",
+            );
+    let manifest = dir.path().join("tiny-eval.yaml");
+    std::fs::write(&manifest, manifest_text).expect("write");
+    let out_dir = dir.path().join("eval");
+    let out = acpo(&[
+        "eval",
+        manifest.to_str().expect("u"),
+        "--model",
+        model.to_str().expect("u"),
+        "--out",
+        out_dir.to_str().expect("u"),
+        "--step",
+        "5",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let summary: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(out_dir.join("summary.json")).expect("summary"),
+    )
+    .expect("json");
+    assert_eq!(summary["step"], 5);
+    assert_eq!(summary["benchmarks"].as_array().expect("b").len(), 4);
+    let w = summary["weighted_accuracy"].as_f64().expect("w");
+    assert!((0.0..=1.0).contains(&w));
+    assert!(summary["metrics"]["val-core/aime-like/acc/mean@2"].is_number());
+    let samples = std::fs::read_to_string(out_dir.join("samples.jsonl")).expect("samples");
+    assert_eq!(samples.lines().count(), 4 * 3 * 2);
+    let first: serde_json::Value =
+        serde_json::from_str(samples.lines().next().expect("line")).expect("json");
+    assert_eq!(first["benchmark"], "math500");
+    assert!(first["num_tokens"].as_u64().expect("n") <= 6);
+}
