@@ -10,6 +10,7 @@ pub mod bench;
 pub mod eval;
 pub mod manifest;
 pub mod model;
+pub mod optim;
 pub mod rng;
 pub mod rollout;
 pub mod speed;

@@ -5,4 +5,5 @@ mod eval;
 mod manifest;
 mod model;
 mod objectives;
+mod optim;
 mod verify;
