@@ -251,6 +251,9 @@ pub enum ModelCommand {
         out: PathBuf,
         #[arg(long, default_value_t = 0)]
         seed: u64,
+        /// Also write a character-level tokenizer (printable ASCII; vocab_size must be ≥ 98).
+        #[arg(long)]
+        char_tokenizer: bool,
     },
 }
 
@@ -279,7 +282,7 @@ impl Outcome {
 pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
     match cli.command {
         Command::Check(args) => check(&args),
-        Command::Train(_) => not_built("train", 6, "the RL trainer"),
+        Command::Train(args) => train(&args),
         Command::Generate(args) => generate(&args),
         Command::Score(args) => score(&args),
         Command::Eval(args) => eval(&args),
@@ -289,8 +292,27 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
         Command::Verify(_) => not_built("verify", 7, "archive verification"),
         Command::Bench(args) => bench(&args),
         Command::Pmd(_) => not_built("pmd", 9, "clipped policy mirror descent"),
-        Command::Model(ModelCommand::Init { config, out, seed }) => {
+        Command::Model(ModelCommand::Init {
+            config,
+            out,
+            seed,
+            char_tokenizer,
+        }) => {
+            if char_tokenizer {
+                let cfg = acpo::model::QwenConfig::load(&config)?;
+                if cfg.vocab_size < acpo::model::init::CHAR_VOCAB {
+                    bail!(
+                        "{}: vocab_size {} is smaller than the character tokenizer's {}",
+                        config.display(),
+                        cfg.vocab_size,
+                        acpo::model::init::CHAR_VOCAB
+                    );
+                }
+            }
             let params = acpo::model::init::write_random_model(&config, &out, seed)?;
+            if char_tokenizer {
+                acpo::model::init::write_char_tokenizer(&out)?;
+            }
             println!(
                 "wrote a random model ({} tensors, {} parameters, seed {seed}) to {}",
                 params.len(),
@@ -469,6 +491,42 @@ fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
     std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))
 }
 
+/// `acpo train`: one run from its manifest, resumable.
+fn train(args: &TrainArgs) -> anyhow::Result<Outcome> {
+    use acpo::train::{TrainOptions, Trainer};
+    let experiment = acpo::manifest::Experiment::load(&args.manifest)?;
+    let text = std::fs::read_to_string(&args.manifest)
+        .with_context(|| format!("cannot read {}", args.manifest.display()))?;
+    if args.max_steps == Some(0) {
+        bail!("--max-steps must be at least 1");
+    }
+    let opts = TrainOptions {
+        out_root: args.out.clone(),
+        resume: args.resume,
+        max_steps: args.max_steps,
+        data: acpo::bench::DataLocation::Dir(args.data_dir.clone()),
+        hub: acpo::model::hub::HubOptions::from_env(),
+        verbose: true,
+    };
+    let mut trainer = Trainer::new(&experiment, &text, &opts)?;
+    let summary = trainer.run(&opts)?;
+    match summary.resumed_from {
+        Some(s) => println!(
+            "resumed from step {s}; now at step {} of {}; run directory {}",
+            summary.steps_done,
+            experiment.trainer.total_steps,
+            summary.dir.display()
+        ),
+        None => println!(
+            "trained {} of {} steps; run directory {}",
+            summary.steps_done,
+            experiment.trainer.total_steps,
+            summary.dir.display()
+        ),
+    }
+    Ok(Outcome::Success)
+}
+
 /// `acpo score`: judge responses made anywhere (vLLM, verl dumps) with the verifier.
 fn score(args: &ScoreArgs) -> anyhow::Result<Outcome> {
     let path = &args.input;
@@ -532,12 +590,6 @@ fn eval(args: &EvalArgs) -> anyhow::Result<Outcome> {
     use acpo::bench::DataLocation;
     use acpo::model::{hub, qwen::Qwen, tokenizer::Tokenizer, Params, QwenConfig};
     let experiment = acpo::manifest::Experiment::load(&args.manifest)?;
-    if experiment.data.suite != acpo::manifest::DataSuite::Real {
-        bail!(
-            "{}: data.suite `synthetic` needs the synthetic task generator, which arrives with issue #8; nothing was run",
-            args.manifest.display()
-        );
-    }
     let source = match &args.model {
         Some(dir) => acpo::manifest::ModelSource::Dir(dir.clone()),
         None => experiment.model.source.clone(),
@@ -560,9 +612,8 @@ fn eval(args: &EvalArgs) -> anyhow::Result<Outcome> {
     let (summary, records) = acpo::eval::evaluate(
         &model,
         &tokenizer,
-        &experiment.eval,
+        &experiment,
         &data,
-        experiment.seed,
         args.step,
         |b, done, total| {
             eprint!("\r{b}: {done}/{total} samples   ");

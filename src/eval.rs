@@ -15,7 +15,7 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::bench::{self, DataLocation, Problem};
-use crate::manifest::EvalSpec;
+use crate::manifest::{DataSuite, Experiment};
 use crate::model::qwen::Qwen;
 use crate::model::tokenizer::{Message, Tokenizer};
 use crate::rollout::{self, SamplingParams, StopCriteria};
@@ -136,16 +136,17 @@ pub fn summarize(step: usize, benchmarks: Vec<BenchResult>) -> EvalSummary {
 /// Sequences per sampler call: bounds KV-cache memory, does not change results.
 const GENERATE_BATCH: usize = 64;
 
-/// Evaluates `model` on the manifest's benchmarks. Returns the summary and every sample.
+/// Evaluates `model` on the benchmarks of `exp`'s eval section (from its data suite, with its
+/// seed). Returns the summary and every sample.
 pub fn evaluate(
     model: &Qwen,
     tokenizer: &Tokenizer,
-    spec: &EvalSpec,
+    exp: &Experiment,
     data: &DataLocation,
-    seed: u64,
     step: usize,
     mut progress: impl FnMut(&str, usize, usize),
 ) -> Result<(EvalSummary, Vec<SampleRecord>), EvalError> {
+    let (spec, suite, seed) = (&exp.eval, exp.data.suite, exp.seed);
     let params = SamplingParams {
         temperature: spec.sampling.temperature,
         top_p: spec.sampling.top_p,
@@ -157,7 +158,10 @@ pub fn evaluate(
     let mut results = Vec::new();
     let mut records = Vec::new();
     for (bi, b) in spec.benchmarks.iter().enumerate() {
-        let mut problems: Vec<Problem> = bench::load(bench::spec(*b), data)?;
+        let mut problems: Vec<Problem> = match suite {
+            DataSuite::Real => bench::load(bench::spec(*b), data)?,
+            DataSuite::Synthetic => bench::synthetic::benchmark(seed, *b),
+        };
         if let Some(limit) = spec.limit {
             problems.truncate(limit);
         }

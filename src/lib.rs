@@ -14,4 +14,5 @@ pub mod optim;
 pub mod rng;
 pub mod rollout;
 pub mod speed;
+pub mod train;
 pub mod verify;

@@ -11,6 +11,7 @@ pub mod dapo;
 pub mod math500;
 pub mod minerva;
 pub mod olympiad;
+pub mod synthetic;
 
 use std::path::{Path, PathBuf};
 

@@ -149,3 +149,45 @@ pub fn save_model(cfg: &QwenConfig, params: &Params, out: &Path) -> Result<()> {
     write_atomic(&out.join("config.json"), text.as_bytes())?;
     params.save(&out.join("model.safetensors"))
 }
+
+/// Special tokens of the character-level tokenizer, then printable ASCII.
+pub const CHAR_SPECIALS: [&str; 3] = ["<pad>", "</s>", "<unk>"];
+
+/// Vocabulary size of [`write_char_tokenizer`]'s tokenizer (3 specials + 95 printable ASCII).
+pub const CHAR_VOCAB: usize = 98;
+
+/// Writes a character-level `tokenizer.json` (BPE with no merges over printable ASCII, so each
+/// character is one token) and a `tokenizer_config.json` naming `</s>` as EOS and `<pad>` as
+/// padding. Smoke models use it: with a tiny vocabulary a random policy already produces digits,
+/// so rewards and advantages are not all zero.
+pub fn write_char_tokenizer(out: &Path) -> Result<()> {
+    let mut vocab = serde_json::Map::new();
+    for (i, t) in CHAR_SPECIALS.iter().enumerate() {
+        vocab.insert(t.to_string(), i.into());
+    }
+    for (k, c) in (32u8..=126).enumerate() {
+        vocab.insert((c as char).to_string(), (CHAR_SPECIALS.len() + k).into());
+    }
+    let added: Vec<serde_json::Value> = CHAR_SPECIALS
+        .iter()
+        .enumerate()
+        .map(|(i, t)| {
+            serde_json::json!({"id": i, "content": t, "single_word": false, "lstrip": false, "rstrip": false,
+                               "normalized": false, "special": true})
+        })
+        .collect();
+    let tok = serde_json::json!({
+        "version": "1.0", "truncation": null, "padding": null, "added_tokens": added,
+        "normalizer": null, "pre_tokenizer": null, "post_processor": null,
+        "decoder": {"type": "Fuse"},
+        "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>", "continuing_subword_prefix": null,
+                  "end_of_word_suffix": null, "fuse_unk": true, "byte_fallback": false, "ignore_merges": false,
+                  "vocab": vocab, "merges": []}
+    });
+    let cfg = serde_json::json!({"eos_token": "</s>", "pad_token": "<pad>", "unk_token": "<unk>"});
+    let json = |v: &serde_json::Value| {
+        serde_json::to_string_pretty(v).expect("invariant: JSON values serialise")
+    };
+    write_atomic(&out.join("tokenizer.json"), json(&tok).as_bytes())?;
+    write_atomic(&out.join("tokenizer_config.json"), json(&cfg).as_bytes())
+}

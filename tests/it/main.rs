@@ -6,4 +6,5 @@ mod manifest;
 mod model;
 mod objectives;
 mod optim;
+mod train;
 mod verify;

@@ -1,0 +1,299 @@
+//! The RL trainer at smoke scale: a tiny random Qwen3 with a character tokenizer on the
+//! synthetic task, through the same code path as every scale.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use acpo::bench::DataLocation;
+use acpo::manifest::Experiment;
+use acpo::model::hub::HubOptions;
+use acpo::train::{latest_checkpoint, TrainError, TrainOptions, Trainer};
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// A temp dir with `models/smoke-qwen3-tiny` (as the smoke manifests expect).
+fn workspace() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().expect("tmp");
+    let model = dir.path().join("models/smoke-qwen3-tiny");
+    acpo::model::init::write_random_model(
+        &repo().join("experiments/smoke/tiny-qwen3.json"),
+        &model,
+        0,
+    )
+    .expect("model");
+    acpo::model::init::write_char_tokenizer(&model).expect("tokenizer");
+    dir
+}
+
+/// The smoke manifest `name`, edited by `(from, to)` replacements, with the model dir made absolute.
+fn manifest(ws: &Path, name: &str, edits: &[(&str, &str)]) -> (Experiment, String) {
+    let mut text = std::fs::read_to_string(repo().join(format!("experiments/smoke/{name}.yaml")))
+        .expect("manifest");
+    text = text.replace(
+        "dir: models/smoke-qwen3-tiny",
+        &format!("dir: {}", ws.join("models/smoke-qwen3-tiny").display()),
+    );
+    for (from, to) in edits {
+        assert!(text.contains(from), "{name}: no `{from}` to edit");
+        text = text.replace(from, to);
+    }
+    let exp =
+        Experiment::from_yaml(&text, Path::new(&format!("{name}.yaml"))).expect("valid manifest");
+    (exp, text)
+}
+
+fn options(out: &Path, resume: bool, max_steps: Option<usize>) -> TrainOptions {
+    TrainOptions {
+        out_root: out.to_owned(),
+        resume,
+        max_steps,
+        data: DataLocation::Dir(PathBuf::from("../shared/data")),
+        hub: HubOptions {
+            cache_dir: out.join("hub"),
+            offline: true,
+        },
+        verbose: false,
+    }
+}
+
+fn train(exp: &Experiment, text: &str, opts: &TrainOptions) -> Result<PathBuf, TrainError> {
+    let mut t = Trainer::new(exp, text, opts)?;
+    Ok(t.run(opts)?.dir)
+}
+
+fn metrics(dir: &Path) -> Vec<BTreeMap<String, f64>> {
+    std::fs::read_to_string(dir.join("metrics.jsonl"))
+        .expect("metrics")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json"))
+        .collect()
+}
+
+#[test]
+fn all_four_algorithms_train_evaluate_and_checkpoint() {
+    let ws = workspace();
+    for (name, key) in [
+        ("smoke-ppo", "actor/pg_clipfrac"),
+        ("smoke-ppo-ac", "actor/acpo_clipfrac"),
+        ("smoke-grpo", "actor/pg_clipfrac"),
+        ("smoke-grpo-ac", "actor/acpo_clipfrac"),
+    ] {
+        let (exp, text) = manifest(ws.path(), name, &[]);
+        let dir = train(
+            &exp,
+            &text,
+            &options(&ws.path().join("results"), false, None),
+        )
+        .expect("trains");
+        let m = metrics(&dir);
+        assert_eq!(m.len(), 3, "{name}: one metrics line per step");
+        for line in &m {
+            for k in [
+                key,
+                "actor/entropy",
+                "actor/grad_norm",
+                "actor/ppo_kl",
+                "reward/acc/mean",
+                "response_length/mean",
+            ] {
+                assert!(
+                    line.get(k).is_some_and(|v| v.is_finite()),
+                    "{name}: metric {k} missing"
+                );
+            }
+            assert_eq!(
+                line.contains_key("critic/vf_loss"),
+                name.starts_with("smoke-ppo"),
+                "{name}: critic metrics"
+            );
+        }
+        let evals = std::fs::read_to_string(dir.join("eval.jsonl")).expect("eval");
+        let steps: Vec<u64> = evals
+            .lines()
+            .map(|l| {
+                serde_json::from_str::<serde_json::Value>(l).expect("j")["step"]
+                    .as_u64()
+                    .expect("s")
+            })
+            .collect();
+        assert_eq!(
+            steps,
+            vec![0, 2, 3],
+            "{name}: eval at step 0, every 2 steps and at the end"
+        );
+        assert_eq!(latest_checkpoint(&dir).expect("ls").map(|c| c.0), Some(3));
+        assert!(dir
+            .join("checkpoints/step_000003/policy/model.safetensors")
+            .exists());
+        assert_eq!(
+            dir.join("checkpoints/step_000003/critic").exists(),
+            name.starts_with("smoke-ppo")
+        );
+    }
+}
+
+fn without_timing(m: Vec<BTreeMap<String, f64>>) -> Vec<BTreeMap<String, f64>> {
+    m.into_iter()
+        .map(|l| {
+            l.into_iter()
+                .filter(|(k, _)| !k.starts_with("timing") && !k.starts_with("perf"))
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn resume_is_bit_identical_to_an_uninterrupted_run() {
+    let edits = [
+        ("total_steps: 3", "total_steps: 6"),
+        ("eval_every: 2", "eval_every: 3"),
+        ("checkpoint_every: 2", "checkpoint_every: 3"),
+    ];
+    for name in ["smoke-ppo-ac", "smoke-grpo"] {
+        let ws = workspace();
+        let (exp, text) = manifest(ws.path(), name, &edits);
+        let straight =
+            train(&exp, &text, &options(&ws.path().join("a"), false, None)).expect("6 steps");
+        let first =
+            train(&exp, &text, &options(&ws.path().join("b"), false, Some(3))).expect("3 steps");
+        assert_eq!(latest_checkpoint(&first).expect("ls").map(|c| c.0), Some(3));
+        let err =
+            train(&exp, &text, &options(&ws.path().join("b"), false, None)).expect_err("exists");
+        assert!(err.to_string().contains("--resume"), "{err}");
+        let resumed =
+            train(&exp, &text, &options(&ws.path().join("b"), true, None)).expect("resume 3 more");
+        let bytes =
+            |d: &Path, f: &str| std::fs::read(d.join("checkpoints/step_000006").join(f)).expect(f);
+        for f in [
+            "policy/model.safetensors",
+            "actor_optim.safetensors",
+            "state.json",
+        ] {
+            assert_eq!(
+                bytes(&straight, f),
+                bytes(&resumed, f),
+                "{name}: {f} differs after resume"
+            );
+        }
+        if name == "smoke-ppo-ac" {
+            for f in ["critic/model.safetensors", "critic_optim.safetensors"] {
+                assert_eq!(
+                    bytes(&straight, f),
+                    bytes(&resumed, f),
+                    "{name}: {f} differs after resume"
+                );
+            }
+        }
+        assert_eq!(
+            without_timing(metrics(&straight)),
+            without_timing(metrics(&resumed)),
+            "{name}: metrics differ"
+        );
+        let evals = |d: &Path| std::fs::read_to_string(d.join("eval.jsonl")).expect("eval");
+        assert_eq!(evals(&straight), evals(&resumed));
+    }
+}
+
+#[test]
+fn acpo_clips_with_a_small_alpha_and_never_with_a_huge_one() {
+    let ws = workspace();
+    let small = manifest(ws.path(), "smoke-ppo-ac", &[("alpha: 3.0", "alpha: 0.001")]);
+    let huge = manifest(ws.path(), "smoke-ppo-ac", &[("alpha: 3.0", "alpha: 1.0e9")]);
+    let frac = |(exp, text): &(Experiment, String)| -> f64 {
+        let dir = train(exp, text, &options(&ws.path().join("r"), false, Some(2))).expect("train");
+        metrics(&dir).iter().map(|m| m["actor/acpo_clipfrac"]).sum()
+    };
+    assert!(
+        frac(&small) > 0.5,
+        "with α = 0.001 almost every whitened-GAE token is clipped"
+    );
+    assert_eq!(frac(&huge), 0.0);
+}
+
+#[test]
+fn ppo_clips_the_ratio_once_mini_batches_are_off_policy() {
+    // Two epochs at a high learning rate: the second pass sees a moved policy (r ≠ 1).
+    let ws = workspace();
+    let edits = [("epochs: 1", "epochs: 2"), ("    lr: 1.0e-3\n    lr_schedule: constant\n    grad_clip: 1.0\n    weight_decay: 0.01\n    betas: [0.9, 0.999]\n    eps: 1.0e-8\n  mini_batch_size", "    lr: 5.0e-2\n    lr_schedule: constant\n    grad_clip: 1.0\n    weight_decay: 0.01\n    betas: [0.9, 0.999]\n    eps: 1.0e-8\n  mini_batch_size"), ("clip_ratio_low: 0.2", "clip_ratio_low: 0.01"), ("clip_ratio_high: 0.2", "clip_ratio_high: 0.01")];
+    let (exp, text) = manifest(ws.path(), "smoke-ppo", &edits);
+    let dir = train(&exp, &text, &options(&ws.path().join("r"), false, Some(2))).expect("train");
+    let m = metrics(&dir);
+    assert!(m.iter().any(|l| l["actor/pg_clipfrac"] > 0.0), "{m:?}");
+    assert!(m.iter().any(|l| l["actor/ppo_kl"].abs() > 0.0));
+}
+
+#[test]
+fn half_written_checkpoints_are_never_loaded() {
+    let ws = workspace();
+    let edits = [
+        ("total_steps: 3", "total_steps: 5"),
+        ("checkpoint_every: 2", "checkpoint_every: 1"),
+    ];
+    let (exp, text) = manifest(ws.path(), "smoke-grpo-ac", &edits);
+    let dir = train(&exp, &text, &options(&ws.path().join("r"), false, Some(2))).expect("2 steps");
+    // A crash mid-checkpoint leaves a .tmp directory; a directory without state.json is incomplete.
+    std::fs::create_dir_all(dir.join("checkpoints/step_000003.tmp/policy")).expect("mkdir");
+    std::fs::write(
+        dir.join("checkpoints/step_000003.tmp/policy/model.safetensors"),
+        b"garbage",
+    )
+    .expect("w");
+    std::fs::create_dir_all(dir.join("checkpoints/step_000004")).expect("mkdir");
+    assert_eq!(latest_checkpoint(&dir).expect("ls").map(|c| c.0), Some(2));
+    let dir = train(&exp, &text, &options(&ws.path().join("r"), true, None))
+        .expect("resumes from step 2");
+    assert_eq!(metrics(&dir).len(), 5);
+    assert_eq!(latest_checkpoint(&dir).expect("ls").map(|c| c.0), Some(5));
+    assert!(
+        !dir.join("checkpoints/step_000003.tmp").exists(),
+        "the stale temp checkpoint was replaced"
+    );
+}
+
+#[test]
+fn a_nan_stops_the_run_naming_the_step_and_keeps_the_last_checkpoint() {
+    let ws = workspace();
+    let (exp, text) = manifest(
+        ws.path(),
+        "smoke-grpo",
+        &[("total_steps: 3", "total_steps: 4")],
+    );
+    let out = ws.path().join("r");
+    let dir = train(&exp, &text, &options(&out, false, Some(2))).expect("2 good steps");
+    let ckpt =
+        std::fs::read(dir.join("checkpoints/step_000002/policy/model.safetensors")).expect("ckpt");
+    // Poison the model the run resumes from: NaN in one weight of the checkpoint's policy.
+    let path = dir.join("checkpoints/step_000002/policy");
+    let params =
+        acpo::model::Params::load_dir(&path, candle_core::DType::F32, &candle_core::Device::Cpu)
+            .expect("load");
+    let (name, var) = params
+        .vars()
+        .find(|(n, _)| n.contains("mlp.up_proj"))
+        .expect("a weight");
+    let nan = candle_core::Tensor::full(f32::NAN, var.shape(), var.device()).expect("nan");
+    var.set(&nan).expect("set");
+    let _ = name;
+    let cfg = acpo::model::QwenConfig::load(&path.join("config.json")).expect("cfg");
+    acpo::model::init::save_model(&cfg, &params, &path).expect("save");
+    let poisoned = std::fs::read(path.join("model.safetensors")).expect("read");
+    let err = train(&exp, &text, &options(&out, true, None)).expect_err("NaN");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("step 3") && msg.contains("not applied"),
+        "{msg}"
+    );
+    assert_eq!(
+        metrics(&dir).len(),
+        2,
+        "no metrics line for the failed step"
+    );
+    assert_eq!(
+        std::fs::read(path.join("model.safetensors")).expect("read"),
+        poisoned,
+        "the last checkpoint is untouched"
+    );
+    assert_ne!(ckpt, poisoned);
+}
