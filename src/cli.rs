@@ -506,10 +506,9 @@ fn train(args: &TrainArgs) -> anyhow::Result<Outcome> {
         max_steps: args.max_steps,
         data: acpo::bench::DataLocation::Dir(args.data_dir.clone()),
         hub: acpo::model::hub::HubOptions::from_env(),
-        verbose: true,
     };
     let mut trainer = Trainer::new(&experiment, &text, &opts)?;
-    let summary = trainer.run(&opts)?;
+    let summary = trainer.run(&opts, &mut progress_display())?;
     match summary.resumed_from {
         Some(s) => println!(
             "resumed from step {s}; now at step {} of {}; run directory {}",
@@ -525,6 +524,59 @@ fn train(args: &TrainArgs) -> anyhow::Result<Outcome> {
         ),
     }
     Ok(Outcome::Success)
+}
+
+/// Progress of a training run: an indicatif bar with ETA on a terminal, one line per event
+/// otherwise (logs, CI).
+fn progress_display() -> impl FnMut(acpo::train::Event<'_>) {
+    use acpo::train::{step_line, Event};
+    use std::io::IsTerminal;
+    let tty = std::io::stderr().is_terminal();
+    let mut bar: Option<indicatif::ProgressBar> = None;
+    move |event| match event {
+        Event::Start { step, total } => {
+            if tty {
+                let b = indicatif::ProgressBar::new(total as u64);
+                if let Ok(style) = indicatif::ProgressStyle::with_template(
+                    "{bar:30} step {pos}/{len}  {elapsed} < {eta}  {msg}",
+                ) {
+                    b.set_style(style);
+                }
+                b.set_position(step as u64);
+                bar = Some(b);
+            } else {
+                eprintln!("training from step {step} of {total}");
+            }
+        }
+        Event::Step {
+            step,
+            total,
+            metrics,
+        } => match &bar {
+            Some(b) => {
+                b.set_position(step as u64);
+                b.set_message(format!(
+                    "acc {:.3}  entropy {:.3}",
+                    metrics.get("reward/acc/mean").copied().unwrap_or(f64::NAN),
+                    metrics.get("actor/entropy").copied().unwrap_or(f64::NAN)
+                ));
+            }
+            None => eprintln!("{}", step_line(step, total, metrics)),
+        },
+        Event::Eval {
+            step,
+            weighted_accuracy,
+        } => {
+            let line = format!(
+                "eval at step {step}: weighted accuracy {:.2} %",
+                100.0 * weighted_accuracy
+            );
+            match &bar {
+                Some(b) => b.println(line),
+                None => eprintln!("{line}"),
+            }
+        }
+    }
 }
 
 /// `acpo score`: judge responses made anywhere (vLLM, verl dumps) with the verifier.

@@ -196,6 +196,10 @@ pub mod raw {
         pub eval_every: usize,
         pub checkpoint_every: usize,
         pub reward: RewardKind,
+        /// Record r·Â histograms by prompt difficulty every this many steps (0 = never).
+        pub tails_every: usize,
+        /// PPO types (n = 1): extra samples per prompt that estimate its pass rate at tail steps.
+        pub difficulty_probe_k: usize,
     }
 
     #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -511,6 +515,9 @@ pub struct TrainerSpec {
     pub eval_every: usize,
     pub checkpoint_every: usize,
     pub reward: RewardKind,
+    /// 0 = no tail histograms.
+    pub tails_every: usize,
+    pub difficulty_probe_k: usize,
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -1122,6 +1129,8 @@ impl Validator<'_> {
             eval_every: self.positive("trainer.eval_every", raw.eval_every)?,
             checkpoint_every: self.positive("trainer.checkpoint_every", raw.checkpoint_every)?,
             reward: raw.reward,
+            tails_every: raw.tails_every,
+            difficulty_probe_k: raw.difficulty_probe_k,
         })
     }
 

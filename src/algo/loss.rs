@@ -161,6 +161,13 @@ impl PolicyStats {
 /// Bounds log π − log π_old before exponentiating, as verl does, so r stays finite.
 const LOG_RATIO_BOUND: f64 = 20.0;
 
+/// log r = clamp(log π − log π_old, ±20) and r = exp(log r), as verl computes them; `(B, T)`.
+pub fn importance_ratio(log_prob: &Tensor, old_log_prob: &Tensor) -> Result<(Tensor, Tensor)> {
+    let log_ratio = (log_prob - old_log_prob)?.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)?;
+    let ratio = log_ratio.exp()?;
+    Ok((log_ratio, ratio))
+}
+
 /// Policy loss for PPO/GRPO (ratio clipping) or PPO-AC/GRPO-AC (advantage clipping).
 ///
 /// `log_prob` carries the gradient; `old_log_prob`, `advantages` are constants. With
@@ -191,8 +198,7 @@ pub fn policy_loss(
     let old_log_prob = zero_padding(&old_log_prob.to_dtype(DType::F32)?.detach(), &mask)?;
     let adv = zero_padding(&advantages.to_dtype(DType::F32)?.detach(), &mask)?;
 
-    let log_ratio = (&log_prob - &old_log_prob)?.clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)?;
-    let ratio = log_ratio.exp()?;
+    let (log_ratio, ratio) = importance_ratio(&log_prob, &old_log_prob)?;
     // (B, T) constant copies for the masks and clipped values.
     let ratio_c = ratio.detach();
     let ratio_adv = (&ratio * &adv)?;

@@ -16,8 +16,12 @@
 //! `eval.jsonl`, `checkpoints/step_NNNNNN/`; every file is written atomically and a checkpoint
 //! directory appears only when complete (written as `.tmp`, then renamed).
 
+pub mod tails;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
+
+use tails::{Difficulty, Tails};
 
 use candle_core::{DType, Device, Tensor};
 use serde::{Deserialize, Serialize};
@@ -74,8 +78,25 @@ pub struct TrainOptions {
     pub max_steps: Option<usize>,
     pub data: DataLocation,
     pub hub: HubOptions,
-    /// Print one line per step.
-    pub verbose: bool,
+}
+
+/// What the run reports while it goes (for a progress display).
+#[derive(Debug)]
+pub enum Event<'a> {
+    /// Training starts (or resumes) at `step` of `total`.
+    Start {
+        step: usize,
+        total: usize,
+    },
+    Step {
+        step: usize,
+        total: usize,
+        metrics: &'a BTreeMap<String, f64>,
+    },
+    Eval {
+        step: usize,
+        weighted_accuracy: f64,
+    },
 }
 
 /// Where in the data the next batch starts.
@@ -217,6 +238,9 @@ impl Layout {
     }
 }
 
+/// Sample-index offset of the difficulty probe's random streams (never a rollout's index).
+const PROBE_STREAM: u64 = 1 << 40;
+
 /// Log-prob chunk over positions: bounds the (B, chunk, V) logits.
 const LOGIT_CHUNK: usize = 64;
 
@@ -315,7 +339,11 @@ impl Trainer {
     }
 
     /// Runs (or resumes) training; returns when the manifest's steps or `max_steps` are done.
-    pub fn run(&mut self, opts: &TrainOptions) -> Result<TrainSummary> {
+    pub fn run(
+        &mut self,
+        opts: &TrainOptions,
+        on_event: &mut dyn FnMut(Event<'_>),
+    ) -> Result<TrainSummary> {
         let fp = self.exp.fingerprint();
         let mut cursor = DataCursor { epoch: 0, index: 0 };
         let mut step = 0usize;
@@ -354,31 +382,50 @@ impl Trainer {
         }
         let total = self.exp.trainer.total_steps;
         let stop_at = opts.max_steps.map_or(total, |m| (step + m).min(total));
+        on_event(Event::Start { step, total });
         if step == 0 && resumed_from.is_none() {
-            eval_lines.push(self.evaluate(0, opts)?);
+            let (line, weighted) = self.evaluate(0, opts)?;
+            eval_lines.push(line);
             write_atomic(
                 &self.dir.join("eval.jsonl"),
                 join_lines(&eval_lines).as_bytes(),
             )?;
+            on_event(Event::Eval {
+                step: 0,
+                weighted_accuracy: weighted,
+            });
         }
         while step < stop_at {
             step += 1;
-            let metrics = self.train_step(step, &mut cursor)?;
+            let (metrics, tails) = self.train_step(step, &mut cursor)?;
             metrics_lines
                 .push(serde_json::to_string(&metrics).map_err(|e| TrainError::Run(e.to_string()))?);
             write_atomic(
                 &self.dir.join("metrics.jsonl"),
                 join_lines(&metrics_lines).as_bytes(),
             )?;
-            if opts.verbose {
-                eprintln!("{}", step_line(step, total, &metrics));
+            if let Some(t) = tails {
+                let dir = self.dir.join("tails");
+                io(&dir, std::fs::create_dir_all(&dir))?;
+                let json = serde_json::to_string(&t).map_err(|e| TrainError::Run(e.to_string()))?;
+                write_atomic(&dir.join(format!("step_{step:06}.json")), json.as_bytes())?;
             }
+            on_event(Event::Step {
+                step,
+                total,
+                metrics: &metrics,
+            });
             if step.is_multiple_of(self.exp.trainer.eval_every) || step == total {
-                eval_lines.push(self.evaluate(step, opts)?);
+                let (line, weighted) = self.evaluate(step, opts)?;
+                eval_lines.push(line);
                 write_atomic(
                     &self.dir.join("eval.jsonl"),
                     join_lines(&eval_lines).as_bytes(),
                 )?;
+                on_event(Event::Eval {
+                    step,
+                    weighted_accuracy: weighted,
+                });
             }
             if step.is_multiple_of(self.exp.trainer.checkpoint_every) || step == stop_at {
                 self.checkpoint(step, cursor, &fp)?;
@@ -391,7 +438,7 @@ impl Trainer {
         })
     }
 
-    fn evaluate(&self, step: usize, opts: &TrainOptions) -> Result<String> {
+    fn evaluate(&self, step: usize, opts: &TrainOptions) -> Result<(String, f64)> {
         let model = Qwen::new(&self.cfg, &self.policy, true)?;
         let (summary, _) = crate::eval::evaluate(
             &model,
@@ -401,7 +448,8 @@ impl Trainer {
             step,
             |_, _, _| {},
         )?;
-        serde_json::to_string(&summary).map_err(|e| TrainError::Run(e.to_string()))
+        let line = serde_json::to_string(&summary).map_err(|e| TrainError::Run(e.to_string()))?;
+        Ok((line, summary.weighted_accuracy))
     }
 
     fn checkpoint(&self, step: usize, cursor: DataCursor, fp: &str) -> Result<()> {
@@ -438,12 +486,12 @@ impl Trainer {
         io(&final_dir, std::fs::rename(&tmp, &final_dir))
     }
 
-    /// One RL step; returns its metrics (verl names).
+    /// One RL step; returns its metrics (verl names) and, at tail steps, the r·Â histograms.
     pub fn train_step(
         &mut self,
         step: usize,
         cursor: &mut DataCursor,
-    ) -> Result<BTreeMap<String, f64>> {
+    ) -> Result<(BTreeMap<String, f64>, Option<Tails>)> {
         let t0 = std::time::Instant::now();
         let exp = self.exp.clone();
         let n = exp.rollout.n;
@@ -503,6 +551,64 @@ impl Trainer {
             });
         }
         let group: Vec<usize> = (0..completions.len()).map(|k| k / n).collect();
+
+        // Prompt pass rates for the r·Â tails: from the group (GRPO types), or a probe of k
+        // extra samples per prompt (PPO types, n = 1), on their own random streams.
+        let tails_due = exp.trainer.tails_every > 0 && step.is_multiple_of(exp.trainer.tails_every);
+        let pass_rates: Option<Vec<f64>> = if !tails_due {
+            None
+        } else if n >= 2 {
+            Some(
+                correct
+                    .chunks(n)
+                    .map(|g| g.iter().filter(|c| **c).count() as f64 / n as f64)
+                    .collect(),
+            )
+        } else if exp.trainer.difficulty_probe_k > 0 {
+            let k = exp.trainer.difficulty_probe_k;
+            let probe: Vec<Vec<u32>> = prompts
+                .iter()
+                .flat_map(|p| std::iter::repeat_n(p.clone(), k))
+                .collect();
+            let probe_keys: Vec<[u64; 4]> = indices
+                .iter()
+                .flat_map(|&p| {
+                    (0..k as u64).map(move |s| [exp.seed, step as u64, p as u64, PROBE_STREAM + s])
+                })
+                .collect();
+            let outs = rollout::generate(
+                &sampler,
+                &probe,
+                &probe_keys,
+                &params,
+                &stop,
+                self.tokenizer.pad_id(),
+            )?;
+            let mut rates = Vec::with_capacity(indices.len());
+            for (pi, chunk) in outs.chunks(k).enumerate() {
+                let mut ok = 0;
+                for c in chunk {
+                    let text = self.tokenizer.decode(&c.tokens, true)?;
+                    ok += usize::from(
+                        crate::verify::verify(&self.problems[indices[pi]].answer, &text).correct,
+                    );
+                }
+                rates.push(ok as f64 / k as f64);
+            }
+            Some(rates)
+        } else {
+            None
+        };
+        let mut tails = pass_rates.as_ref().map(|rates| {
+            let mut t = Tails {
+                step,
+                ..Tails::default()
+            };
+            for r in rates {
+                t.prompts[Difficulty::of(*r) as usize] += 1;
+            }
+            t
+        });
 
         // Old log-probs (policy) and values (critic), recomputed as verl does.
         let prompt_refs: Vec<&Vec<u32>> = batch.iter().collect();
@@ -572,7 +678,7 @@ impl Trainer {
         let (mut vf_loss, mut vf_clip, mut vf_tokens) = (0.0, 0.0, 0.0);
         let (mut grad_norms, mut critic_norms) = (Vec::new(), Vec::new());
         let mut updates = 0usize;
-        for _epoch in 0..exp.actor.epochs {
+        for epoch in 0..exp.actor.epochs {
             for mb_start in (0..total_rows).step_by(mini_rows) {
                 let mb_len = mini_rows.min(total_rows - mb_start);
                 let mb_mask = all.mask.narrow(0, mb_start, mb_len)?;
@@ -605,6 +711,20 @@ impl Trainer {
                         &part.mask,
                         &agg,
                     )?;
+                    if let (0, Some(rates), Some(t)) = (epoch, &pass_rates, &mut tails) {
+                        // r·Â of each token at the moment its gradient is taken.
+                        let (_, r) =
+                            loss::importance_ratio(&lp.detach(), &old_lp.narrow(0, ms, len)?)?;
+                        let ra = (r * advantages.narrow(0, ms, len)?)?.to_vec2::<f32>()?;
+                        let mask = part.mask.to_vec2::<f32>()?;
+                        for (i, (row, m)) in ra.iter().zip(&mask).enumerate() {
+                            let bucket = t.bucket(Difficulty::of(rates[(ms + i) / n]));
+                            row.iter()
+                                .zip(m)
+                                .filter(|(_, k)| **k != 0.0)
+                                .for_each(|(x, _)| bucket.add(*x as f64));
+                        }
+                    }
                     let ent = ent.expect("invariant: entropy was requested");
                     let ent_detached = ent.detach();
                     entropy_sum += (&ent_detached * &part.mask)?
@@ -748,7 +868,7 @@ impl Trainer {
                 });
             }
         }
-        Ok(m)
+        Ok((m, tails))
     }
 }
 
@@ -780,7 +900,8 @@ fn explained_variance(values: &Tensor, returns: &Tensor, mask: &Tensor) -> Resul
     Ok(if vr > 0.0 { 1.0 - var(&diff) / vr } else { 0.0 })
 }
 
-fn step_line(step: usize, total: usize, m: &BTreeMap<String, f64>) -> String {
+/// One line describing a step, for logs and progress displays.
+pub fn step_line(step: usize, total: usize, m: &BTreeMap<String, f64>) -> String {
     let g = |k: &str| m.get(k).copied().unwrap_or(f64::NAN);
     format!(
         "step {step}/{total}  acc {:.3}  len {:.1}  pg_loss {:+.4}  entropy {:.3}  grad_norm {:.3}  {:.1}s",

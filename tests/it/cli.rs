@@ -253,19 +253,47 @@ fn bench_writes_a_report() {
 fn train_from_the_command_line_refuses_to_overwrite_and_resumes() {
     let dir = tempfile::tempdir().expect("tempdir");
     let cfg = repo().join("experiments/smoke/tiny-qwen3.json");
-    let out = acpo(&["model", "init", "--config", cfg.to_str().expect("u"), "--out", "models/smoke-qwen3-tiny", "--char-tokenizer"], dir.path());
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = acpo(
+        &[
+            "model",
+            "init",
+            "--config",
+            cfg.to_str().expect("u"),
+            "--out",
+            "models/smoke-qwen3-tiny",
+            "--char-tokenizer",
+        ],
+        dir.path(),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let manifest = repo().join("experiments/smoke/smoke-grpo-ac.yaml");
     let m = manifest.to_str().expect("u");
-    let out = acpo(&["train", m, "--out", "results", "--max-steps", "1"], dir.path());
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = acpo(
+        &["train", m, "--out", "results", "--max-steps", "1"],
+        dir.path(),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(String::from_utf8_lossy(&out.stdout).contains("trained 1 of 3 steps"));
     let out = acpo(&["train", m, "--out", "results"], dir.path());
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("--resume"));
     let out = acpo(&["train", m, "--out", "results", "--resume"], dir.path());
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
-    assert!(String::from_utf8_lossy(&out.stdout).contains("resumed from step 1; now at step 3 of 3"));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("resumed from step 1; now at step 3 of 3")
+    );
     let bad = acpo(&["train", "no-such.yaml"], dir.path());
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("no-such.yaml"));

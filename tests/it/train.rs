@@ -54,13 +54,12 @@ fn options(out: &Path, resume: bool, max_steps: Option<usize>) -> TrainOptions {
             cache_dir: out.join("hub"),
             offline: true,
         },
-        verbose: false,
     }
 }
 
 fn train(exp: &Experiment, text: &str, opts: &TrainOptions) -> Result<PathBuf, TrainError> {
     let mut t = Trainer::new(exp, text, opts)?;
-    Ok(t.run(opts)?.dir)
+    Ok(t.run(opts, &mut |_| {})?.dir)
 }
 
 fn metrics(dir: &Path) -> Vec<BTreeMap<String, f64>> {
@@ -193,6 +192,12 @@ fn resume_is_bit_identical_to_an_uninterrupted_run() {
         );
         let evals = |d: &Path| std::fs::read_to_string(d.join("eval.jsonl")).expect("eval");
         assert_eq!(evals(&straight), evals(&resumed));
+        let tails = |d: &Path| std::fs::read(d.join("tails/step_000006.json")).expect("tails");
+        assert_eq!(
+            tails(&straight),
+            tails(&resumed),
+            "{name}: tails differ after resume"
+        );
     }
 }
 
@@ -296,4 +301,25 @@ fn a_nan_stops_the_run_naming_the_step_and_keeps_the_last_checkpoint() {
         "the last checkpoint is untouched"
     );
     assert_ne!(ckpt, poisoned);
+}
+
+#[test]
+fn difficulty_buckets_follow_the_papers_boundaries_and_histograms_count_exactly() {
+    use acpo::train::tails::{Difficulty, Histogram};
+    assert_eq!(Difficulty::of(1.0), Difficulty::Easy);
+    assert_eq!(Difficulty::of(0.7), Difficulty::Easy);
+    assert_eq!(Difficulty::of(0.69), Difficulty::Medium);
+    assert_eq!(Difficulty::of(0.3), Difficulty::Medium);
+    assert_eq!(Difficulty::of(0.29), Difficulty::Hard);
+    assert_eq!(Difficulty::of(0.0), Difficulty::Hard);
+    let mut h = Histogram::default();
+    for x in [-25.0, -20.0, -0.05, 0.0, 0.05, 19.99, 20.0, f64::NAN] {
+        h.add(x);
+    }
+    assert_eq!((h.count, h.underflow, h.overflow), (7, 1, 1));
+    assert_eq!(h.counts[0], 1); // -20.0
+    assert_eq!(h.counts[199], 1); // -0.05
+    assert_eq!(h.counts[200], 2); // 0.0 and 0.05
+    assert_eq!(h.counts[399], 1); // 19.99
+    assert_eq!((h.min, h.max), (-25.0, 20.0));
 }
