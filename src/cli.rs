@@ -263,10 +263,6 @@ pub enum Outcome {
     /// Everything asked for was done and every check passed.
     Success,
     /// The command ran, and a check it performs failed (exit 1).
-    #[expect(
-        dead_code,
-        reason = "produced by `verify` once archives land (issue #7)"
-    )]
     CheckFailed,
 }
 
@@ -286,10 +282,27 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
         Command::Generate(args) => generate(&args),
         Command::Score(args) => score(&args),
         Command::Eval(args) => eval(&args),
-        Command::Report(_) => not_built("report", 7, "Table 1, curves and histograms"),
+        Command::Report(args) => report(&args),
         Command::Reproduce(_) => not_built("reproduce", 7, "the reproduction front door"),
-        Command::Archive(_) => not_built("archive", 7, "checksummed archives"),
-        Command::Verify(_) => not_built("verify", 7, "archive verification"),
+        Command::Archive(args) => {
+            let files = acpo::archive::archive(&args.runs, &args.out)?;
+            println!(
+                "wrote {} ({} files, SHA256SUMS inside; {}.sha256 beside it)",
+                args.out.display(),
+                files,
+                args.out.display()
+            );
+            Ok(Outcome::Success)
+        }
+        Command::Verify(args) => {
+            let report = acpo::archive::verify(&args.target)?;
+            println!("{}: {}", args.target.display(), report.describe());
+            Ok(if report.ok() {
+                Outcome::Success
+            } else {
+                Outcome::CheckFailed
+            })
+        }
         Command::Bench(args) => bench(&args),
         Command::Pmd(_) => not_built("pmd", 9, "clipped policy mirror descent"),
         Command::Model(ModelCommand::Init {
@@ -577,6 +590,63 @@ fn progress_display() -> impl FnMut(acpo::train::Event<'_>) {
             }
         }
     }
+}
+
+/// `acpo report`: Table 1 and the step speedups from `results/<scale>/` (figures: not yet).
+fn report(args: &ReportArgs) -> anyhow::Result<Outcome> {
+    use acpo::report;
+    let scale = match args.scale {
+        ScaleArg::Smoke => "smoke",
+        ScaleArg::Mini => "mini",
+        ScaleArg::Paper => "paper",
+    };
+    let root = args.results.join(scale);
+    let (table, speedup) = match args.artifact {
+        Artifact::Table1 => (true, false),
+        Artifact::Speedup => (false, true),
+        Artifact::Accuracy | Artifact::Entropy | Artifact::Tails | Artifact::All => {
+            return not_built(
+                "report accuracy|entropy|tails|all",
+                7,
+                "the figures (plotters)",
+            )
+        }
+    };
+    let runs = report::load_results(&root)?;
+    if runs.is_empty() {
+        bail!(
+            "{}: no run directories with eval.jsonl (train first: acpo train MANIFEST)",
+            root.display()
+        );
+    }
+    if table {
+        let groups = report::table1(&runs);
+        write_atomic(
+            &root.join("table1.md"),
+            report::markdown(&groups).as_bytes(),
+        )?;
+        write_atomic(&root.join("table1.tex"), report::latex(&groups).as_bytes())?;
+        write_atomic(&root.join("table1.csv"), report::csv(&groups).as_bytes())?;
+        print!("{}", report::markdown(&groups));
+        if args.compare_paper {
+            let paper_path = PathBuf::from("../shared/paper/table1.csv");
+            let paper = std::fs::read_to_string(&paper_path)
+                .with_context(|| format!("cannot read {}", paper_path.display()))?;
+            write_atomic(
+                &root.join("table1_vs_paper.md"),
+                report::compare_paper(&groups, &paper).as_bytes(),
+            )?;
+        }
+        println!("wrote {}/table1.{{md,tex,csv}}", root.display());
+    }
+    if speedup {
+        let all = report::speedups(&runs);
+        let md = report::speedup_markdown(&all);
+        write_atomic(&root.join("speedup.md"), md.as_bytes())?;
+        print!("{md}");
+        println!("wrote {}", root.join("speedup.md").display());
+    }
+    Ok(Outcome::Success)
 }
 
 /// `acpo score`: judge responses made anywhere (vLLM, verl dumps) with the verifier.

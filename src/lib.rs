@@ -6,11 +6,13 @@
 //! join as their issues land.
 
 pub mod algo;
+pub mod archive;
 pub mod bench;
 pub mod eval;
 pub mod manifest;
 pub mod model;
 pub mod optim;
+pub mod report;
 pub mod rng;
 pub mod rollout;
 pub mod speed;

@@ -79,9 +79,8 @@ fn check_reports_a_missing_path_and_duplicate_run_names() {
 #[test]
 fn unbuilt_subcommands_say_so_and_exit_2() {
     for (args, issue) in [
-        (vec!["report", "table1"], "#7"),
+        (vec!["report", "accuracy"], "#7"),
         (vec!["reproduce", "table1"], "#7"),
-        (vec!["verify", "results.tar.zst"], "#7"),
         (vec!["pmd"], "#9"),
     ] {
         let out = acpo(&args, repo());

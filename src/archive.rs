@@ -1,0 +1,329 @@
+//! Checksummed archives of run directories (`acpo archive`) and their verification
+//! (`acpo verify`).
+//!
+//! A run directory carries `SHA256SUMS` (sha256sum format, every file but itself, sorted). An
+//! archive is a `.tar.gz` of run directories plus a top-level `SHA256SUMS` covering every file
+//! in it, written atomically, with a `<archive>.sha256` beside it. Verification recomputes every
+//! hash and reports each file that differs, is missing or is extra; an unreadable archive is a
+//! failed check too. Unpacking refuses paths that would leave the target directory.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use sha2::{Digest, Sha256};
+
+pub const SUMS: &str = "SHA256SUMS";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ArchiveError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {reason}")]
+    Invalid { path: PathBuf, reason: String },
+}
+
+type Result<T> = std::result::Result<T, ArchiveError>;
+
+fn io<T>(path: &Path, r: std::io::Result<T>) -> Result<T> {
+    r.map_err(|source| ArchiveError::Io {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// SHA-256 of a file, hex.
+pub fn sha256_file(path: &Path) -> Result<String> {
+    use std::io::Read;
+    let mut f = io(path, std::fs::File::open(path))?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = io(path, f.read(&mut buf))?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+}
+
+/// Every file under `root` (relative, `/`-separated, sorted), except `SHA256SUMS` files at the
+/// top level when `skip_top_sums`.
+fn files(root: &Path) -> Result<Vec<String>> {
+    let mut out = Vec::new();
+    let mut stack = vec![root.to_owned()];
+    while let Some(dir) = stack.pop() {
+        for entry in io(&dir, std::fs::read_dir(&dir))? {
+            let entry = io(&dir, entry)?;
+            let path = entry.path();
+            let kind = io(&path, entry.file_type())?;
+            if kind.is_dir() {
+                stack.push(path);
+            } else if kind.is_file() {
+                let rel = path
+                    .strip_prefix(root)
+                    .expect("invariant: walked from root");
+                out.push(
+                    rel.components()
+                        .map(|c| c.as_os_str().to_string_lossy().to_string())
+                        .collect::<Vec<_>>()
+                        .join("/"),
+                );
+            }
+        }
+    }
+    out.retain(|f| f != SUMS);
+    out.sort();
+    Ok(out)
+}
+
+/// Hashes of every file under `root` but the top-level SHA256SUMS.
+pub fn hashes(root: &Path) -> Result<BTreeMap<String, String>> {
+    files(root)?
+        .into_iter()
+        .map(|f| Ok((f.clone(), sha256_file(&root.join(&f))?)))
+        .collect()
+}
+
+fn render(sums: &BTreeMap<String, String>) -> String {
+    sums.iter().map(|(f, h)| format!("{h}  {f}\n")).collect()
+}
+
+fn parse(path: &Path, text: &str) -> Result<BTreeMap<String, String>> {
+    let mut out = BTreeMap::new();
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let (h, f) = line.split_once("  ").ok_or_else(|| ArchiveError::Invalid {
+            path: path.to_owned(),
+            reason: format!("line {}: not `<sha256>  <file>`", i + 1),
+        })?;
+        out.insert(f.to_string(), h.to_string());
+    }
+    Ok(out)
+}
+
+/// Writes `root/SHA256SUMS` over every other file under `root` (atomically).
+pub fn write_sums(root: &Path) -> Result<BTreeMap<String, String>> {
+    let sums = hashes(root)?;
+    let tmp = root.join(format!("{SUMS}.tmp"));
+    io(&tmp, std::fs::write(&tmp, render(&sums)))?;
+    io(root, std::fs::rename(&tmp, root.join(SUMS)))?;
+    Ok(sums)
+}
+
+/// What a verification found.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Report {
+    pub checked: usize,
+    pub differ: Vec<String>,
+    pub missing: Vec<String>,
+    pub extra: Vec<String>,
+    /// Why the target could not be read at all (corrupt archive, no SHA256SUMS).
+    pub unreadable: Option<String>,
+}
+
+impl Report {
+    pub fn ok(&self) -> bool {
+        self.differ.is_empty()
+            && self.missing.is_empty()
+            && self.extra.is_empty()
+            && self.unreadable.is_none()
+    }
+
+    /// One line per problem, or a one-line success.
+    pub fn describe(&self) -> String {
+        if let Some(u) = &self.unreadable {
+            return format!("FAILED: {u}");
+        }
+        if self.ok() {
+            return format!("OK: {} files match SHA256SUMS", self.checked);
+        }
+        let mut s = format!(
+            "FAILED: {} differ, {} missing, {} extra (of {} listed)",
+            self.differ.len(),
+            self.missing.len(),
+            self.extra.len(),
+            self.checked
+        );
+        for (what, list) in [
+            ("differs", &self.differ),
+            ("missing", &self.missing),
+            ("extra", &self.extra),
+        ] {
+            for f in list {
+                s.push_str(&format!("\n  {what}: {f}"));
+            }
+        }
+        s
+    }
+}
+
+/// Checks a directory against its top-level SHA256SUMS.
+pub fn verify_dir(root: &Path) -> Result<Report> {
+    let sums_path = root.join(SUMS);
+    if !sums_path.exists() {
+        return Ok(Report {
+            unreadable: Some(format!("{} has no {SUMS}", root.display())),
+            ..Report::default()
+        });
+    }
+    let listed = parse(
+        &sums_path,
+        &io(&sums_path, std::fs::read_to_string(&sums_path))?,
+    )?;
+    let present = files(root)?;
+    let mut report = Report {
+        checked: listed.len(),
+        ..Report::default()
+    };
+    for (f, want) in &listed {
+        let path = root.join(f);
+        if !path.is_file() {
+            report.missing.push(f.clone());
+        } else if &sha256_file(&path)? != want {
+            report.differ.push(f.clone());
+        }
+    }
+    report.extra = present
+        .into_iter()
+        .filter(|f| !listed.contains_key(f))
+        .collect();
+    Ok(report)
+}
+
+/// Packs `runs` (each with a fresh SHA256SUMS) into `out` (.tar.gz) with a top-level SHA256SUMS.
+pub fn archive(runs: &[PathBuf], out: &Path) -> Result<usize> {
+    let staging = tempdir_near(out)?;
+    let mut names = std::collections::BTreeSet::new();
+    for run in runs {
+        if !run.is_dir() {
+            return Err(ArchiveError::Invalid {
+                path: run.clone(),
+                reason: "not a run directory".into(),
+            });
+        }
+        let name = run
+            .file_name()
+            .map(|n| n.to_string_lossy().to_string())
+            .unwrap_or_default();
+        if !names.insert(name.clone()) {
+            return Err(ArchiveError::Invalid {
+                path: run.clone(),
+                reason: format!("two runs are named `{name}`"),
+            });
+        }
+        write_sums(run)?;
+        copy_tree(run, &staging.join(&name))?;
+    }
+    let sums = write_sums(&staging)?;
+    let tmp = out.with_extension("tmp");
+    {
+        let file = io(&tmp, std::fs::File::create(&tmp))?;
+        let gz = flate2::write::GzEncoder::new(file, flate2::Compression::default());
+        let mut tar = tar::Builder::new(gz);
+        tar.mode(tar::HeaderMode::Deterministic);
+        let mut entries = files(&staging)?;
+        entries.push(SUMS.to_string());
+        for f in &entries {
+            io(&tmp, tar.append_path_with_name(staging.join(f), f))?;
+        }
+        let gz = io(&tmp, tar.into_inner())?;
+        io(&tmp, gz.finish())?;
+    }
+    io(out, std::fs::rename(&tmp, out))?;
+    let digest = sha256_file(out)?;
+    let side = PathBuf::from(format!("{}.sha256", out.display()));
+    let file_name = out
+        .file_name()
+        .map(|n| n.to_string_lossy().to_string())
+        .unwrap_or_default();
+    io(
+        &side,
+        std::fs::write(&side, format!("{digest}  {file_name}\n")),
+    )?;
+    io(&staging, std::fs::remove_dir_all(&staging))?;
+    Ok(sums.len())
+}
+
+/// Unpacks an archive into `dest` (refusing paths outside it).
+pub fn unpack(archive: &Path, dest: &Path) -> std::result::Result<(), String> {
+    let file = std::fs::File::open(archive).map_err(|e| format!("{}: {e}", archive.display()))?;
+    let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(file));
+    for entry in tar
+        .entries()
+        .map_err(|e| format!("{}: not a readable .tar.gz: {e}", archive.display()))?
+    {
+        let mut entry =
+            entry.map_err(|e| format!("{}: corrupt archive: {e}", archive.display()))?;
+        let ok = entry
+            .unpack_in(dest)
+            .map_err(|e| format!("{}: corrupt archive: {e}", archive.display()))?;
+        if !ok {
+            return Err(format!(
+                "{}: an entry points outside the archive",
+                archive.display()
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Checks an archive (unpacked to a temporary directory) or a directory.
+pub fn verify(target: &Path) -> Result<Report> {
+    if target.is_dir() {
+        return verify_dir(target);
+    }
+    if !target.exists() {
+        return Err(ArchiveError::Invalid {
+            path: target.to_owned(),
+            reason: "no such archive or directory".into(),
+        });
+    }
+    let scratch = tempdir_near(&std::env::temp_dir().join("acpo-verify"))?;
+    let report = match unpack(target, &scratch) {
+        Ok(()) => verify_dir(&scratch)?,
+        Err(reason) => Report {
+            unreadable: Some(reason),
+            ..Report::default()
+        },
+    };
+    let _ = std::fs::remove_dir_all(&scratch);
+    Ok(report)
+}
+
+fn tempdir_near(path: &Path) -> Result<PathBuf> {
+    let parent = path
+        .parent()
+        .filter(|p| !p.as_os_str().is_empty())
+        .unwrap_or(Path::new("."));
+    io(parent, std::fs::create_dir_all(parent))?;
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map(|d| d.as_nanos())
+        .unwrap_or(0);
+    let dir = parent.join(format!(".acpo-staging-{}-{stamp}", std::process::id()));
+    io(&dir, std::fs::create_dir_all(&dir))?;
+    Ok(dir)
+}
+
+fn copy_tree(from: &Path, to: &Path) -> Result<()> {
+    for f in files(from)?.into_iter().chain([SUMS.to_string()]) {
+        let src = from.join(&f);
+        if !src.exists() {
+            continue;
+        }
+        let dst = to.join(&f);
+        if let Some(p) = dst.parent() {
+            io(p, std::fs::create_dir_all(p))?;
+        }
+        io(&dst, std::fs::copy(&src, &dst))?;
+    }
+    Ok(())
+}

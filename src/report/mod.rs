@@ -1,0 +1,401 @@
+//! The paper's artifacts from `results/` only (DESIGN.md: the report never trains or evaluates).
+//!
+//! - Table 1: for each run the eval step with the best weighted accuracy and its per-benchmark
+//!   Avg@k; rows grouped by model in the paper's order (PPO, PPO-AC, GRPO, GRPO-AC); in each
+//!   matched pair the better value of every column in bold (both on a tie, as the paper does).
+//!   Markdown, LaTeX (booktabs) and CSV; optionally beside the paper's reported values.
+//! - Step speedup (Section 5.3): the first step at which the -AC run reaches the baseline's best
+//!   weighted accuracy, against the baseline's own step; averaged per family (the paper reports
+//!   6.25× over PPO and 1.7× over GRPO). Computed, never typed.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use crate::eval::EvalSummary;
+use crate::manifest::{AlgorithmKind, Benchmark, Experiment, ModelSource};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReportError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}: {reason}")]
+    Invalid { path: PathBuf, reason: String },
+    #[error(transparent)]
+    Manifest(#[from] crate::manifest::ManifestError),
+}
+
+type Result<T> = std::result::Result<T, ReportError>;
+
+/// One run's results as the report reads them.
+#[derive(Debug, Clone)]
+pub struct RunResult {
+    pub dir: PathBuf,
+    pub model: String,
+    pub algorithm: AlgorithmKind,
+    pub evals: Vec<EvalSummary>,
+}
+
+impl RunResult {
+    /// The evaluation with the best weighted accuracy (the earliest on ties).
+    pub fn best(&self) -> Option<&EvalSummary> {
+        self.evals
+            .iter()
+            .fold(None, |best: Option<&EvalSummary>, e| match best {
+                Some(b) if b.weighted_accuracy >= e.weighted_accuracy => Some(b),
+                _ => Some(e),
+            })
+    }
+}
+
+/// The model label of a run: the hub repo's name, or the model directory's name.
+fn model_label(exp: &Experiment) -> String {
+    match &exp.model.source {
+        ModelSource::Hub { repo, .. } => repo.rsplit('/').next().unwrap_or(repo).to_string(),
+        ModelSource::Dir(d) => d.file_name().map_or_else(
+            || d.display().to_string(),
+            |n| n.to_string_lossy().to_string(),
+        ),
+    }
+}
+
+/// Every run directory under `root` (a `results/<scale>` directory) that has evaluations.
+pub fn load_results(root: &Path) -> Result<Vec<RunResult>> {
+    let io = |path: &Path, e| ReportError::Io {
+        path: path.to_owned(),
+        source: e,
+    };
+    let mut out = Vec::new();
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(root)
+        .map_err(|e| io(root, e))?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_dir())
+        .collect();
+    dirs.sort();
+    for dir in dirs {
+        let (manifest, evals) = (dir.join("manifest.yaml"), dir.join("eval.jsonl"));
+        if !manifest.exists() || !evals.exists() {
+            continue;
+        }
+        let text = std::fs::read_to_string(&manifest).map_err(|e| io(&manifest, e))?;
+        let exp = Experiment::from_yaml(&text, &manifest)?;
+        let mut summaries = Vec::new();
+        for (i, line) in std::fs::read_to_string(&evals)
+            .map_err(|e| io(&evals, e))?
+            .lines()
+            .enumerate()
+        {
+            let s: EvalSummary = serde_json::from_str(line).map_err(|e| ReportError::Invalid {
+                path: evals.clone(),
+                reason: format!("line {}: {e}", i + 1),
+            })?;
+            summaries.push(s);
+        }
+        out.push(RunResult {
+            dir,
+            model: model_label(&exp),
+            algorithm: exp.algorithm.kind,
+            evals: summaries,
+        });
+    }
+    Ok(out)
+}
+
+/// Models in the paper's order, others after, alphabetically.
+fn model_order(models: impl Iterator<Item = String>) -> Vec<String> {
+    const PAPER: [&str; 4] = ["Qwen2.5-Math-7B", "Qwen3-1.7B", "Qwen3-4B", "Qwen3-8B"];
+    let mut ms: Vec<String> = models
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    ms.sort_by_key(|m| {
+        (
+            PAPER.iter().position(|p| p == m).unwrap_or(PAPER.len()),
+            m.clone(),
+        )
+    });
+    ms
+}
+
+/// One row of Table 1 (values in percent).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Row {
+    pub method: AlgorithmKind,
+    pub step: usize,
+    /// weighted, MATH500, Minerva, OlympiadBench, AIME-like
+    pub values: [Option<f64>; 5],
+    pub bold: [bool; 5],
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Group {
+    pub model: String,
+    pub k: usize,
+    pub rows: Vec<Row>,
+}
+
+/// Builds Table 1 from run results.
+pub fn table1(runs: &[RunResult]) -> Vec<Group> {
+    let mut groups = Vec::new();
+    for model in model_order(runs.iter().map(|r| r.model.clone())) {
+        let mut rows = Vec::new();
+        let mut k = 0;
+        for method in AlgorithmKind::ALL {
+            let Some(best) = runs
+                .iter()
+                .filter(|r| r.model == model && r.algorithm == method)
+                .find_map(RunResult::best)
+            else {
+                continue;
+            };
+            let mut values = [None; 5];
+            values[0] = Some(100.0 * best.weighted_accuracy);
+            for (i, b) in Benchmark::ALL.iter().enumerate() {
+                if let Some(r) = best.benchmarks.iter().find(|r| r.benchmark == b.name()) {
+                    values[i + 1] = Some(100.0 * r.avg_at_k);
+                    k = r.k;
+                }
+            }
+            rows.push(Row {
+                method,
+                step: best.step,
+                values,
+                bold: [false; 5],
+            });
+        }
+        // Bold the better of each matched pair, column by column (both on a tie).
+        for (base, ac) in [
+            (AlgorithmKind::Ppo, AlgorithmKind::PpoAc),
+            (AlgorithmKind::Grpo, AlgorithmKind::GrpoAc),
+        ] {
+            let (Some(bi), Some(ai)) = (
+                rows.iter().position(|r| r.method == base),
+                rows.iter().position(|r| r.method == ac),
+            ) else {
+                continue;
+            };
+            for c in 0..5 {
+                if let (Some(x), Some(y)) = (rows[bi].values[c], rows[ai].values[c]) {
+                    let (x, y) = (round1(x), round1(y));
+                    rows[bi].bold[c] = x >= y;
+                    rows[ai].bold[c] = y >= x;
+                }
+            }
+        }
+        groups.push(Group { model, k, rows });
+    }
+    groups
+}
+
+/// Values are compared as printed (one decimal), so bold never contradicts the table.
+fn round1(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
+}
+
+const HEADER: [&str; 6] = [
+    "Method",
+    "Weighted Acc.",
+    "MATH500",
+    "MINERVA",
+    "OLYMPIAD",
+    "AIME-like",
+];
+
+fn cell(v: Option<f64>, bold: bool, md: bool) -> String {
+    match v {
+        None => "–".into(),
+        Some(x) if bold && md => format!("**{x:.1}**"),
+        Some(x) if bold => format!("\\textbf{{{x:.1}}}"),
+        Some(x) => format!("{x:.1}"),
+    }
+}
+
+pub fn markdown(groups: &[Group]) -> String {
+    let mut s = format!(
+        "| {} | best step |\n|---|---:|---:|---:|---:|---:|---:|\n",
+        HEADER.join(" | ")
+    );
+    for g in groups {
+        s.push_str(&format!("| **{}** (avg@{}) | | | | | | |\n", g.model, g.k));
+        for r in &g.rows {
+            let cells: Vec<String> = (0..5).map(|c| cell(r.values[c], r.bold[c], true)).collect();
+            s.push_str(&format!(
+                "| {} | {} | {} |\n",
+                r.method.paper_name(),
+                cells.join(" | "),
+                r.step
+            ));
+        }
+    }
+    s
+}
+
+pub fn latex(groups: &[Group]) -> String {
+    let mut s = String::from("\\begin{tabular}{lrrrrr}\n\\toprule\n");
+    s.push_str(&format!("{} \\\\\n\\midrule\n", HEADER.join(" & ")));
+    for (i, g) in groups.iter().enumerate() {
+        if i > 0 {
+            s.push_str("\\midrule\n");
+        }
+        s.push_str(&format!(
+            "\\multicolumn{{6}}{{l}}{{\\textbf{{{}}} (avg@{})}} \\\\\n",
+            g.model, g.k
+        ));
+        for r in &g.rows {
+            let cells: Vec<String> = (0..5)
+                .map(|c| cell(r.values[c], r.bold[c], false))
+                .collect();
+            s.push_str(&format!(
+                "{} & {} \\\\\n",
+                r.method.paper_name(),
+                cells.join(" & ")
+            ));
+        }
+    }
+    s.push_str("\\bottomrule\n\\end{tabular}\n");
+    s
+}
+
+/// CSV in the layout of ../shared/paper/table1.csv (plus the best step).
+pub fn csv(groups: &[Group]) -> String {
+    let mut s = String::from(
+        "model,avg_k,method,weighted_acc,math500,minerva,olympiad,aime_like,best_step\n",
+    );
+    for g in groups {
+        for r in &g.rows {
+            let v: Vec<String> = r
+                .values
+                .iter()
+                .map(|x| x.map_or(String::new(), |x| format!("{x:.1}")))
+                .collect();
+            s.push_str(&format!(
+                "{},{},{},{},{}\n",
+                g.model,
+                g.k,
+                r.method.paper_name(),
+                v.join(","),
+                r.step
+            ));
+        }
+    }
+    s
+}
+
+/// Ours beside the paper's reported values (paper | ours | Δ) for the weighted column and each
+/// benchmark, for the models and methods present in both.
+pub fn compare_paper(groups: &[Group], paper_csv: &str) -> String {
+    let mut paper: BTreeMap<(String, String), Vec<f64>> = BTreeMap::new();
+    for line in paper_csv.lines().skip(1) {
+        let f: Vec<&str> = line.split(',').collect();
+        if f.len() >= 8 {
+            paper.insert(
+                (f[0].to_string(), f[2].to_string()),
+                f[3..8].iter().filter_map(|x| x.parse().ok()).collect(),
+            );
+        }
+    }
+    let mut s = String::from(
+        "| model | method | column | paper | ours | Δ |\n|---|---|---|---:|---:|---:|\n",
+    );
+    for g in groups {
+        for r in &g.rows {
+            let Some(p) = paper.get(&(g.model.clone(), r.method.paper_name().to_string())) else {
+                continue;
+            };
+            for (c, name) in HEADER[1..].iter().enumerate() {
+                if let (Some(ours), Some(theirs)) = (r.values[c], p.get(c)) {
+                    s.push_str(&format!(
+                        "| {} | {} | {name} | {theirs:.1} | {ours:.1} | {:+.1} |\n",
+                        g.model,
+                        r.method.paper_name(),
+                        ours - theirs
+                    ));
+                }
+            }
+        }
+    }
+    s
+}
+
+/// Steps for an -AC run to reach its baseline's best weighted accuracy.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Speedup {
+    pub model: String,
+    pub baseline: AlgorithmKind,
+    pub baseline_best: f64,
+    pub baseline_step: usize,
+    /// First step where the -AC run is at least as good; None if it never is.
+    pub ac_step: Option<usize>,
+    /// baseline_step / ac_step; None when undefined (never reached, or reached at step 0).
+    pub speedup: Option<f64>,
+}
+
+pub fn speedups(runs: &[RunResult]) -> Vec<Speedup> {
+    let mut out = Vec::new();
+    for model in model_order(runs.iter().map(|r| r.model.clone())) {
+        for (base, ac) in [
+            (AlgorithmKind::Ppo, AlgorithmKind::PpoAc),
+            (AlgorithmKind::Grpo, AlgorithmKind::GrpoAc),
+        ] {
+            let find =
+                |m: AlgorithmKind| runs.iter().find(|r| r.model == model && r.algorithm == m);
+            let (Some(b), Some(a)) = (find(base), find(ac)) else {
+                continue;
+            };
+            let Some(best) = b.best() else { continue };
+            let mut evals: Vec<&EvalSummary> = a.evals.iter().collect();
+            evals.sort_by_key(|e| e.step);
+            let ac_step = evals
+                .iter()
+                .find(|e| e.weighted_accuracy >= best.weighted_accuracy)
+                .map(|e| e.step);
+            let speedup = match ac_step {
+                Some(s) if s > 0 && best.step > 0 => Some(best.step as f64 / s as f64),
+                _ => None,
+            };
+            out.push(Speedup {
+                model: model.clone(),
+                baseline: base,
+                baseline_best: best.weighted_accuracy,
+                baseline_step: best.step,
+                ac_step,
+                speedup,
+            });
+        }
+    }
+    out
+}
+
+/// Mean speedup per baseline family over the models where it is defined.
+pub fn mean_speedup(all: &[Speedup], baseline: AlgorithmKind) -> Option<f64> {
+    let v: Vec<f64> = all
+        .iter()
+        .filter(|s| s.baseline == baseline)
+        .filter_map(|s| s.speedup)
+        .collect();
+    (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+}
+
+pub fn speedup_markdown(all: &[Speedup]) -> String {
+    let mut s = String::from("| model | vs | baseline best (weighted) | at step | -AC reaches it at step | speedup |\n|---|---|---:|---:|---:|---:|\n");
+    for x in all {
+        s.push_str(&format!(
+            "| {} | {} | {:.1} | {} | {} | {} |\n",
+            x.model,
+            x.baseline.paper_name(),
+            100.0 * x.baseline_best,
+            x.baseline_step,
+            x.ac_step.map_or("never".into(), |v| v.to_string()),
+            x.speedup.map_or("n/a".into(), |v| format!("{v:.2}×"))
+        ));
+    }
+    for base in [AlgorithmKind::Ppo, AlgorithmKind::Grpo] {
+        let m = mean_speedup(all, base).map_or("n/a".into(), |v| format!("{v:.2}×"));
+        s.push_str(&format!("\nMean speedup over {}: {m}", base.paper_name()));
+    }
+    s.push('\n');
+    s
+}

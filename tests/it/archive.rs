@@ -1,0 +1,149 @@
+//! Checksummed archives: round trip, and every kind of tampering is reported with exit 1.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+fn acpo(args: &[&str], cwd: &Path) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_acpo"))
+        .args(args)
+        .current_dir(cwd)
+        .output()
+        .expect("acpo runs")
+}
+
+/// A small fake run directory (clearly not a real result).
+fn fake_run(root: &Path, name: &str) -> PathBuf {
+    let run = root.join(name);
+    std::fs::create_dir_all(run.join("checkpoints/step_000001")).expect("mkdir");
+    std::fs::write(run.join("manifest.yaml"), "name: fake\n").expect("w");
+    std::fs::write(run.join("metrics.jsonl"), "{\"training/global_step\":1}\n").expect("w");
+    std::fs::write(run.join("checkpoints/step_000001/state.json"), "{}").expect("w");
+    run
+}
+
+/// Re-packs a directory as .tar.gz (as a tamperer would).
+fn repack(dir: &Path, out: &Path) {
+    let file = std::fs::File::create(out).expect("create");
+    let mut tar = tar::Builder::new(flate2::write::GzEncoder::new(
+        file,
+        flate2::Compression::fast(),
+    ));
+    tar.append_dir_all(".", dir).expect("append");
+    tar.into_inner().expect("tar").finish().expect("gz");
+}
+
+#[test]
+fn archives_verify_and_every_tampering_is_reported_with_exit_1() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let (a, b) = (fake_run(tmp.path(), "run-a"), fake_run(tmp.path(), "run-b"));
+    let archive = tmp.path().join("runs.tar.gz");
+    let out = acpo(
+        &[
+            "archive",
+            a.to_str().expect("u"),
+            b.to_str().expect("u"),
+            "--out",
+            archive.to_str().expect("u"),
+        ],
+        tmp.path(),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(PathBuf::from(format!("{}.sha256", archive.display())).exists());
+    assert!(
+        a.join("SHA256SUMS").exists(),
+        "each run directory gets its own SHA256SUMS"
+    );
+    let ok = acpo(&["verify", archive.to_str().expect("u")], tmp.path());
+    assert_eq!(
+        ok.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&ok.stdout)
+    );
+    assert!(
+        String::from_utf8_lossy(&ok.stdout).contains("OK: 8 files"),
+        "{}",
+        String::from_utf8_lossy(&ok.stdout)
+    );
+    assert_eq!(
+        acpo(&["verify", a.to_str().expect("u")], tmp.path())
+            .status
+            .code(),
+        Some(0),
+        "a run directory verifies too"
+    );
+
+    let unpacked = tmp.path().join("unpacked");
+    std::fs::create_dir(&unpacked).expect("mkdir");
+    acpo::archive::unpack(&archive, &unpacked).expect("unpack");
+    let tampered = |name: &str, change: &dyn Fn(&Path)| -> String {
+        let copy = tmp.path().join(name);
+        let status = Command::new("cp")
+            .args([
+                "-r",
+                unpacked.to_str().expect("u"),
+                copy.to_str().expect("u"),
+            ])
+            .status()
+            .expect("cp");
+        assert!(status.success());
+        change(&copy);
+        let packed = tmp.path().join(format!("{name}.tar.gz"));
+        repack(&copy, &packed);
+        let out = acpo(&["verify", packed.to_str().expect("u")], tmp.path());
+        assert_eq!(
+            out.status.code(),
+            Some(1),
+            "{name}: tampering must fail the check"
+        );
+        let dir_out = acpo(&["verify", copy.to_str().expect("u")], tmp.path());
+        assert_eq!(dir_out.status.code(), Some(1), "{name}: as a directory too");
+        String::from_utf8_lossy(&out.stdout).to_string()
+    };
+    let one_byte = tampered("byte", &|d| {
+        let f = d.join("run-a/metrics.jsonl");
+        let mut bytes = std::fs::read(&f).expect("read");
+        bytes[3] ^= 1;
+        std::fs::write(&f, bytes).expect("write");
+    });
+    assert!(
+        one_byte.contains("differs: run-a/metrics.jsonl"),
+        "{one_byte}"
+    );
+    let deleted = tampered("deleted", &|d| {
+        std::fs::remove_file(d.join("run-b/manifest.yaml")).expect("rm")
+    });
+    assert!(
+        deleted.contains("missing: run-b/manifest.yaml"),
+        "{deleted}"
+    );
+    let added = tampered("added", &|d| {
+        std::fs::write(d.join("run-a/extra.txt"), "x").expect("w")
+    });
+    assert!(added.contains("extra: run-a/extra.txt"), "{added}");
+
+    // A corrupt archive is a failed check, not a crash.
+    let mut bytes = std::fs::read(&archive).expect("read");
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0xFF;
+    let corrupt = tmp.path().join("corrupt.tar.gz");
+    std::fs::write(&corrupt, bytes).expect("write");
+    let out = acpo(&["verify", corrupt.to_str().expect("u")], tmp.path());
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    // A missing target is an input error.
+    assert_eq!(
+        acpo(&["verify", "no-such.tar.gz"], tmp.path())
+            .status
+            .code(),
+        Some(2)
+    );
+}

@@ -1,0 +1,208 @@
+//! Table 1 and speedups from a synthetic results tree written by this test (clearly fake
+//! numbers; never shipped as results).
+
+use std::path::Path;
+
+use acpo::eval::{bench_result, summarize};
+use acpo::manifest::{AlgorithmKind, Benchmark};
+use acpo::report;
+
+/// Writes a fake run: the paper manifest of (model, algo) and eval lines of
+/// (step, [math500, minerva, olympiad, aime-like] accuracies).
+fn fake_run(root: &Path, model: &str, algo: &str, evals: &[(usize, [f64; 4])]) {
+    let name = format!("{model}-{algo}");
+    let dir = root.join(format!("{name}-000000000000"));
+    std::fs::create_dir_all(&dir).expect("mkdir");
+    let manifest = std::fs::read_to_string(
+        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("experiments/paper/{name}.yaml")),
+    )
+    .expect("manifest");
+    std::fs::write(dir.join("manifest.yaml"), manifest).expect("w");
+    let lines: String = evals
+        .iter()
+        .map(|(step, accs)| {
+            let results = Benchmark::ALL
+                .iter()
+                .zip(accs)
+                .map(|(b, a)| {
+                    let mut r = bench_result(b.name(), &[], &[]);
+                    r.problems = b.size();
+                    r.k = 16;
+                    r.avg_at_k = *a;
+                    r
+                })
+                .collect();
+            serde_json::to_string(&summarize(*step, results)).expect("json") + "\n"
+        })
+        .collect();
+    std::fs::write(dir.join("eval.jsonl"), lines).expect("w");
+}
+
+fn tree() -> tempfile::TempDir {
+    let t = tempfile::tempdir().expect("tmp");
+    let r = t.path();
+    // Qwen3-8B: PPO peaks at step 20; PPO-AC passes that at step 10 -> 2x.
+    fake_run(
+        r,
+        "qwen3-8b",
+        "ppo",
+        &[
+            (0, [0.5, 0.2, 0.3, 0.1]),
+            (10, [0.6, 0.3, 0.4, 0.2]),
+            (20, [0.7, 0.3, 0.5, 0.2]),
+            (30, [0.6, 0.3, 0.4, 0.2]),
+        ],
+    );
+    fake_run(
+        r,
+        "qwen3-8b",
+        "ppo-ac",
+        &[
+            (0, [0.5, 0.2, 0.3, 0.1]),
+            (10, [0.75, 0.3, 0.5, 0.2]),
+            (20, [0.8, 0.35, 0.55, 0.25]),
+        ],
+    );
+    // GRPO ties GRPO-AC on MATH500 (both bold) and GRPO-AC never reaches GRPO's best weighted.
+    fake_run(
+        r,
+        "qwen3-8b",
+        "grpo",
+        &[(0, [0.5, 0.2, 0.3, 0.1]), (10, [0.8, 0.4, 0.6, 0.3])],
+    );
+    fake_run(
+        r,
+        "qwen3-8b",
+        "grpo-ac",
+        &[(0, [0.5, 0.2, 0.3, 0.1]), (10, [0.8, 0.38, 0.58, 0.3])],
+    );
+    fake_run(
+        r,
+        "qwen2.5-math-7b",
+        "grpo",
+        &[(0, [0.4, 0.1, 0.2, 0.05]), (5, [0.5, 0.2, 0.3, 0.1])],
+    );
+    t
+}
+
+#[test]
+fn best_steps_weighted_accuracy_bold_pairs_and_paper_order() {
+    let t = tree();
+    let runs = report::load_results(t.path()).expect("load");
+    assert_eq!(runs.len(), 5);
+    let groups = report::table1(&runs);
+    assert_eq!(
+        groups.iter().map(|g| g.model.as_str()).collect::<Vec<_>>(),
+        ["Qwen2.5-Math-7B", "Qwen3-8B"],
+        "paper order"
+    );
+    let g = &groups[1];
+    assert_eq!(
+        g.rows.iter().map(|r| r.method).collect::<Vec<_>>(),
+        AlgorithmKind::ALL.to_vec()
+    );
+    let ppo = &g.rows[0];
+    assert_eq!(ppo.step, 20, "the best weighted accuracy is at step 20");
+    let w = (500.0 * 0.7 + 272.0 * 0.3 + 675.0 * 0.5 + 230.0 * 0.2) / 1677.0 * 100.0;
+    assert!((ppo.values[0].expect("w") - w).abs() < 1e-9);
+    assert_eq!(
+        g.rows[1].bold,
+        [true, true, true, true, true],
+        "PPO-AC wins every column"
+    );
+    assert_eq!(ppo.bold, [false; 5]);
+    let (grpo, grpo_ac) = (&g.rows[2], &g.rows[3]);
+    assert!(grpo.bold[1] && grpo_ac.bold[1], "a tie bolds both");
+    assert!(grpo.bold[0] && !grpo_ac.bold[0]);
+
+    let md = report::markdown(&groups);
+    let tex = report::latex(&groups);
+    let csv = report::csv(&groups);
+    insta::assert_snapshot!("table1_md", md);
+    insta::assert_snapshot!("table1_tex", tex);
+    insta::assert_snapshot!("table1_csv", csv);
+    let paper = std::fs::read_to_string("../shared/paper/table1.csv").expect("paper");
+    let cmp = report::compare_paper(&groups, &paper);
+    assert!(
+        cmp.contains("| Qwen3-8B | PPO | Weighted Acc. | 67.3 |"),
+        "{cmp}"
+    );
+}
+
+#[test]
+fn step_speedups_are_computed_from_the_curves() {
+    let t = tree();
+    let runs = report::load_results(t.path()).expect("load");
+    let s = report::speedups(&runs);
+    let ppo = s
+        .iter()
+        .find(|x| x.model == "Qwen3-8B" && x.baseline == AlgorithmKind::Ppo)
+        .expect("pair");
+    assert_eq!((ppo.baseline_step, ppo.ac_step), (20, Some(10)));
+    assert_eq!(ppo.speedup, Some(2.0));
+    let grpo = s
+        .iter()
+        .find(|x| x.model == "Qwen3-8B" && x.baseline == AlgorithmKind::Grpo)
+        .expect("pair");
+    assert_eq!(
+        (grpo.ac_step, grpo.speedup),
+        (None, None),
+        "never reached: no speedup is invented"
+    );
+    assert_eq!(report::mean_speedup(&s, AlgorithmKind::Ppo), Some(2.0));
+    assert_eq!(report::mean_speedup(&s, AlgorithmKind::Grpo), None);
+    assert!(report::speedup_markdown(&s).contains("Mean speedup over PPO: 2.00×"));
+}
+
+#[test]
+fn report_from_the_command_line_writes_table1_files() {
+    let t = tree();
+    let results = t.path().join("results");
+    std::fs::create_dir(&results).expect("mkdir");
+    std::fs::rename(
+        t.path().join("qwen3-8b-ppo-000000000000"),
+        results.join("x"),
+    )
+    .expect("mv");
+    let paper = results.join("paper");
+    std::fs::create_dir(&paper).expect("mkdir");
+    std::fs::rename(results.join("x"), paper.join("qwen3-8b-ppo-000000000000")).expect("mv");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_acpo"))
+        .args([
+            "report",
+            "table1",
+            "--scale",
+            "paper",
+            "--results",
+            results.to_str().expect("u"),
+            "--compare-paper",
+        ])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .expect("runs");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for f in [
+        "table1.md",
+        "table1.tex",
+        "table1.csv",
+        "table1_vs_paper.md",
+    ] {
+        assert!(paper.join(f).exists(), "{f}");
+    }
+    let empty = tempfile::tempdir().expect("tmp");
+    std::fs::create_dir(empty.path().join("mini")).expect("mkdir");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_acpo"))
+        .args([
+            "report",
+            "table1",
+            "--results",
+            empty.path().to_str().expect("u"),
+        ])
+        .output()
+        .expect("runs");
+    assert_eq!(out.status.code(), Some(2));
+}
