@@ -188,6 +188,15 @@ pub struct ReproduceArgs {
     /// Regenerate from this results directory or archive (verified first) without training.
     #[arg(long)]
     pub from: Option<PathBuf>,
+    /// Where the manifests are (experiments/<scale>/ is used).
+    #[arg(long, default_value = "experiments")]
+    pub experiments: PathBuf,
+    /// Results root (results/<scale>/ is written).
+    #[arg(long, default_value = "results")]
+    pub results: PathBuf,
+    /// Directory with the benchmark and training JSONL files (real-data scales).
+    #[arg(long, default_value = "../shared/data")]
+    pub data_dir: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -283,7 +292,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
         Command::Score(args) => score(&args),
         Command::Eval(args) => eval(&args),
         Command::Report(args) => report(&args),
-        Command::Reproduce(_) => not_built("reproduce", 7, "the reproduction front door"),
+        Command::Reproduce(args) => reproduce(&args),
         Command::Archive(args) => {
             let files = acpo::archive::archive(&args.runs, &args.out)?;
             println!(
@@ -594,13 +603,13 @@ fn progress_display() -> impl FnMut(acpo::train::Event<'_>) {
 
 /// `acpo report`: Table 1 and the step speedups from `results/<scale>/` (figures: not yet).
 fn report(args: &ReportArgs) -> anyhow::Result<Outcome> {
+    report_at(args, &args.results.join(scale_name(args.scale)))
+}
+
+/// The report over the run directories in `root`.
+fn report_at(args: &ReportArgs, root: &std::path::Path) -> anyhow::Result<Outcome> {
     use acpo::report;
-    let scale = match args.scale {
-        ScaleArg::Smoke => "smoke",
-        ScaleArg::Mini => "mini",
-        ScaleArg::Paper => "paper",
-    };
-    let root = args.results.join(scale);
+    let root = root.to_path_buf();
     let (table, speedup) = match args.artifact {
         Artifact::Table1 => (true, false),
         Artifact::Speedup => (false, true),
@@ -647,6 +656,114 @@ fn report(args: &ReportArgs) -> anyhow::Result<Outcome> {
         println!("wrote {}", root.join("speedup.md").display());
     }
     Ok(Outcome::Success)
+}
+
+fn scale_name(s: ScaleArg) -> &'static str {
+    match s {
+        ScaleArg::Smoke => "smoke",
+        ScaleArg::Mini => "mini",
+        ScaleArg::Paper => "paper",
+    }
+}
+
+/// `acpo reproduce`: train what is missing at a scale (finished runs are reused, unfinished
+/// ones resumed), then build the artifact; or, with --from, verify and rebuild from results.
+fn reproduce(args: &ReproduceArgs) -> anyhow::Result<Outcome> {
+    use acpo::train::{latest_checkpoint, run_dir, TrainOptions, Trainer};
+    if matches!(
+        args.artifact,
+        Artifact::Accuracy | Artifact::Entropy | Artifact::Tails | Artifact::All
+    ) {
+        return not_built(
+            "reproduce accuracy|entropy|tails|all",
+            7,
+            "the figures (plotters)",
+        );
+    }
+    let scale = scale_name(args.scale);
+    let results_root = match &args.from {
+        Some(from) => {
+            let report = acpo::archive::verify(from)?;
+            println!("{}: {}", from.display(), report.describe());
+            if !report.ok() {
+                return Ok(Outcome::CheckFailed);
+            }
+            // An archive holds run directories at its top; unpack it next to the results.
+            let root = if from.is_dir() {
+                from.clone()
+            } else {
+                let dest = args.results.join(format!(
+                    "from-{}",
+                    from.file_stem()
+                        .map_or("archive".into(), |s| s.to_string_lossy().to_string())
+                ));
+                std::fs::create_dir_all(&dest)
+                    .with_context(|| format!("cannot create {}", dest.display()))?;
+                acpo::archive::unpack(from, &dest).map_err(anyhow::Error::msg)?;
+                dest
+            };
+            root
+        }
+        None => {
+            let manifests = acpo::manifest::discover(&args.experiments.join(scale))?;
+            if manifests.is_empty() {
+                bail!(
+                    "{}: no manifests for scale {scale}",
+                    args.experiments.join(scale).display()
+                );
+            }
+            let opts = |resume| TrainOptions {
+                out_root: args.results.clone(),
+                resume,
+                max_steps: None,
+                data: acpo::bench::DataLocation::Dir(args.data_dir.clone()),
+                hub: acpo::model::hub::HubOptions::from_env(),
+            };
+            for (i, path) in manifests.iter().enumerate() {
+                let exp = acpo::manifest::Experiment::load(path)?;
+                let dir = run_dir(&exp, &args.results);
+                let done = latest_checkpoint(&dir)?.map(|c| c.0);
+                if done == Some(exp.trainer.total_steps) {
+                    println!(
+                        "[{}/{}] {}: finished earlier, reused",
+                        i + 1,
+                        manifests.len(),
+                        exp.name
+                    );
+                    continue;
+                }
+                println!(
+                    "[{}/{}] {}: {}",
+                    i + 1,
+                    manifests.len(),
+                    exp.name,
+                    if done.is_some() {
+                        "resuming"
+                    } else {
+                        "training"
+                    }
+                );
+                let text = std::fs::read_to_string(path)
+                    .with_context(|| format!("cannot read {}", path.display()))?;
+                let o = opts(done.is_some());
+                let mut trainer = Trainer::new(&exp, &text, &o)?;
+                trainer.run(&o, &mut progress_display())?;
+            }
+            args.results.join(scale)
+        }
+    };
+    let report_args = ReportArgs {
+        artifact: args.artifact,
+        scale: args.scale,
+        results: results_root.parent().map(PathBuf::from).unwrap_or_default(),
+        figures: PathBuf::from("figures"),
+        compare_paper: args.scale == ScaleArg::Paper,
+    };
+    // The report reads <results>/<scale>; --from points at the scale root itself.
+    if args.from.is_some() {
+        return report_at(&report_args, &results_root);
+    }
+    report(&report_args)
 }
 
 /// `acpo score`: judge responses made anywhere (vLLM, verl dumps) with the verifier.

@@ -101,6 +101,20 @@ pub mod raw {
         pub dtype: DType,
         #[serde(default)]
         pub gradient_checkpointing: bool,
+        /// With `dir`: create the directory as a seeded random model when it does not exist.
+        #[serde(default)]
+        pub init: Option<ModelInit>,
+    }
+
+    #[derive(Debug, Clone, Deserialize, Serialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct ModelInit {
+        /// An HF config.json for the architecture.
+        pub config: PathBuf,
+        pub seed: u64,
+        /// Also write the character-level tokenizer.
+        #[serde(default)]
+        pub char_tokenizer: bool,
     }
 
     #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -420,6 +434,16 @@ pub struct ModelSpec {
     pub source: ModelSource,
     pub dtype: DType,
     pub gradient_checkpointing: bool,
+    /// How to create a missing `dir` (smoke and mini scales).
+    pub init: Option<ModelInitSpec>,
+}
+
+/// A seeded random model written by `acpo model init` when the model directory is missing.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModelInitSpec {
+    pub config: PathBuf,
+    pub seed: u64,
+    pub char_tokenizer: bool,
 }
 
 /// What is clipped in the policy loss.
@@ -872,10 +896,30 @@ impl Validator<'_> {
             }
             (None, None) => return self.fail("model", "set exactly one of `repo` and `dir`"),
         };
+        let init = match (&raw.init, &source) {
+            (None, _) => None,
+            (Some(i), ModelSource::Dir(_)) => {
+                if i.config.as_os_str().is_empty() {
+                    return self.fail("model.init.config", "must not be empty");
+                }
+                Some(ModelInitSpec {
+                    config: i.config.clone(),
+                    seed: i.seed,
+                    char_tokenizer: i.char_tokenizer,
+                })
+            }
+            (Some(_), ModelSource::Hub { .. }) => {
+                return self.fail(
+                    "model.init",
+                    "is only for model.dir (a hub model is downloaded, not created)",
+                )
+            }
+        };
         Ok(ModelSpec {
             source,
             dtype: raw.dtype,
             gradient_checkpointing: raw.gradient_checkpointing,
+            init,
         })
     }
 

@@ -272,6 +272,7 @@ impl Trainer {
     /// Builds the trainer for `exp`, writing (or, with `resume`, reopening) its run directory.
     pub fn new(exp: &Experiment, manifest_text: &str, opts: &TrainOptions) -> Result<Trainer> {
         let device = Device::Cpu;
+        ensure_model(exp)?;
         let model_dir = hub::resolve(&exp.model.source, &opts.hub)?;
         let cfg = QwenConfig::load(&model_dir.join("config.json"))?;
         let tokenizer = Tokenizer::load(&model_dir)?;
@@ -870,6 +871,21 @@ impl Trainer {
         }
         Ok((m, tails))
     }
+}
+
+/// Creates a missing model directory from the manifest's `model.init` (smoke and mini scales).
+pub fn ensure_model(exp: &Experiment) -> Result<()> {
+    if let (crate::manifest::ModelSource::Dir(dir), Some(init)) =
+        (&exp.model.source, &exp.model.init)
+    {
+        if !dir.join("config.json").exists() {
+            init::write_random_model(&init.config, dir, init.seed)?;
+            if init.char_tokenizer {
+                init::write_char_tokenizer(dir)?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// 1 − Var(R − V)/Var(R) over valid tokens (verl's `critic/vf_explained_var`).

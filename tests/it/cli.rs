@@ -80,7 +80,7 @@ fn check_reports_a_missing_path_and_duplicate_run_names() {
 fn unbuilt_subcommands_say_so_and_exit_2() {
     for (args, issue) in [
         (vec!["report", "accuracy"], "#7"),
-        (vec!["reproduce", "table1"], "#7"),
+        (vec!["reproduce", "tails"], "#7"),
         (vec!["pmd"], "#9"),
     ] {
         let out = acpo(&args, repo());
@@ -296,4 +296,97 @@ fn train_from_the_command_line_refuses_to_overwrite_and_resumes() {
     let bad = acpo(&["train", "no-such.yaml"], dir.path());
     assert_eq!(bad.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&bad.stderr).contains("no-such.yaml"));
+}
+
+#[test]
+fn reproduce_table1_at_smoke_scale_end_to_end_then_from_a_verified_archive() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let status = Command::new("cp")
+        .args([
+            "-r",
+            repo().join("experiments").to_str().expect("u"),
+            dir.path().to_str().expect("u"),
+        ])
+        .status()
+        .expect("cp");
+    assert!(status.success());
+    let out = acpo(&["reproduce", "table1", "--scale", "smoke"], dir.path());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table =
+        std::fs::read_to_string(dir.path().join("results/smoke/table1.md")).expect("table1.md");
+    for method in ["| PPO |", "| PPO-AC |", "| GRPO |", "| GRPO-AC |"] {
+        assert!(
+            table
+                .replace("**", "")
+                .contains(method.trim_end_matches(" |")),
+            "{method} missing:\n{table}"
+        );
+    }
+    assert!(
+        dir.path()
+            .join("models/smoke-qwen3-tiny/config.json")
+            .exists(),
+        "model.init created the smoke model"
+    );
+    let again = acpo(&["reproduce", "speedup", "--scale", "smoke"], dir.path());
+    assert!(again.status.success());
+    assert_eq!(
+        String::from_utf8_lossy(&again.stdout)
+            .matches("finished earlier, reused")
+            .count(),
+        4
+    );
+
+    let runs: Vec<String> = std::fs::read_dir(dir.path().join("results/smoke"))
+        .expect("ls")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_dir())
+        .map(|p| p.to_string_lossy().to_string())
+        .collect();
+    assert_eq!(runs.len(), 4);
+    let mut args = vec!["archive"];
+    args.extend(runs.iter().map(String::as_str));
+    args.extend(["--out", "smoke.tar.gz"]);
+    assert!(acpo(&args, dir.path()).status.success());
+    let from = acpo(
+        &[
+            "reproduce",
+            "table1",
+            "--scale",
+            "smoke",
+            "--from",
+            "smoke.tar.gz",
+        ],
+        dir.path(),
+    );
+    assert!(
+        from.status.success(),
+        "{}",
+        String::from_utf8_lossy(&from.stderr)
+    );
+    assert!(String::from_utf8_lossy(&from.stdout).contains("OK:"));
+    let mut bytes = std::fs::read(dir.path().join("smoke.tar.gz")).expect("read");
+    let n = bytes.len();
+    bytes[n / 2] ^= 0x55;
+    std::fs::write(dir.path().join("bad.tar.gz"), bytes).expect("write");
+    let bad = acpo(
+        &[
+            "reproduce",
+            "table1",
+            "--scale",
+            "smoke",
+            "--from",
+            "bad.tar.gz",
+        ],
+        dir.path(),
+    );
+    assert_eq!(
+        bad.status.code(),
+        Some(1),
+        "a corrupt archive is a failed check"
+    );
 }
