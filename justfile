@@ -23,13 +23,13 @@ ci:
 check path="experiments":
     cargo run --release -- check {{path}}
 
-# Reproduce an artifact of the paper: table1 or speedup (figures to come). The default scale
-# is smoke until the mini scale lands (issue #8).
+# Reproduce an artifact of the paper: table1, speedup, accuracy, entropy, tails or all. The
+# default scale is smoke until the mini scale lands (issue #8).
 [group('reproduce')]
 reproduce artifact="table1" scale="smoke":
     cargo run --release -- reproduce {{artifact}} --scale {{scale}}
 
-# Draw one figure from existing results: accuracy, entropy or tails.
+# Draw one figure from existing results (no training): accuracy, entropy or tails.
 [group('reproduce')]
 figure kind scale="smoke":
     cargo run --release -- report {{kind}} --scale {{scale}}

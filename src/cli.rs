@@ -197,6 +197,9 @@ pub struct ReproduceArgs {
     /// Directory with the benchmark and training JSONL files (real-data scales).
     #[arg(long, default_value = "../shared/data")]
     pub data_dir: PathBuf,
+    /// Where figures go (figures/<scale>/).
+    #[arg(long, default_value = "figures")]
+    pub figures: PathBuf,
 }
 
 #[derive(Debug, Args)]
@@ -610,17 +613,9 @@ fn report(args: &ReportArgs) -> anyhow::Result<Outcome> {
 fn report_at(args: &ReportArgs, root: &std::path::Path) -> anyhow::Result<Outcome> {
     use acpo::report;
     let root = root.to_path_buf();
-    let (table, speedup) = match args.artifact {
-        Artifact::Table1 => (true, false),
-        Artifact::Speedup => (false, true),
-        Artifact::Accuracy | Artifact::Entropy | Artifact::Tails | Artifact::All => {
-            return not_built(
-                "report accuracy|entropy|tails|all",
-                7,
-                "the figures (plotters)",
-            )
-        }
-    };
+    let a = args.artifact;
+    let all = a == Artifact::All;
+    let (table, speedup) = (all || a == Artifact::Table1, all || a == Artifact::Speedup);
     let runs = report::load_results(&root)?;
     if runs.is_empty() {
         bail!(
@@ -649,11 +644,35 @@ fn report_at(args: &ReportArgs, root: &std::path::Path) -> anyhow::Result<Outcom
         println!("wrote {}/table1.{{md,tex,csv}}", root.display());
     }
     if speedup {
-        let all = report::speedups(&runs);
-        let md = report::speedup_markdown(&all);
+        let pairs = report::speedups(&runs);
+        let md = report::speedup_markdown(&pairs);
         write_atomic(&root.join("speedup.md"), md.as_bytes())?;
         print!("{md}");
         println!("wrote {}", root.join("speedup.md").display());
+    }
+    let scale = root
+        .file_name()
+        .map_or("results".into(), |n| n.to_string_lossy().to_string());
+    let figures = args.figures.join(scale);
+    let mut written = Vec::new();
+    if all || a == Artifact::Accuracy {
+        written.extend(report::figures::accuracy(&runs, &figures)?);
+    }
+    if all || a == Artifact::Entropy {
+        written.extend(report::figures::entropy(&runs, &figures)?);
+    }
+    if all || a == Artifact::Tails {
+        let t = report::figures::tails(&runs, &figures)?;
+        if t.is_empty() && a == Artifact::Tails {
+            bail!(
+                "{}: no run has tails/ (set trainer.tails_every > 0)",
+                root.display()
+            );
+        }
+        written.extend(t);
+    }
+    for f in &written {
+        println!("wrote {}", f.display());
     }
     Ok(Outcome::Success)
 }
@@ -670,16 +689,6 @@ fn scale_name(s: ScaleArg) -> &'static str {
 /// ones resumed), then build the artifact; or, with --from, verify and rebuild from results.
 fn reproduce(args: &ReproduceArgs) -> anyhow::Result<Outcome> {
     use acpo::train::{latest_checkpoint, run_dir, TrainOptions, Trainer};
-    if matches!(
-        args.artifact,
-        Artifact::Accuracy | Artifact::Entropy | Artifact::Tails | Artifact::All
-    ) {
-        return not_built(
-            "reproduce accuracy|entropy|tails|all",
-            7,
-            "the figures (plotters)",
-        );
-    }
     let scale = scale_name(args.scale);
     let results_root = match &args.from {
         Some(from) => {
@@ -756,7 +765,7 @@ fn reproduce(args: &ReproduceArgs) -> anyhow::Result<Outcome> {
         artifact: args.artifact,
         scale: args.scale,
         results: results_root.parent().map(PathBuf::from).unwrap_or_default(),
-        figures: PathBuf::from("figures"),
+        figures: args.figures.clone(),
         compare_paper: args.scale == ScaleArg::Paper,
     };
     // The report reads <results>/<scale>; --from points at the scale root itself.

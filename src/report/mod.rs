@@ -8,6 +8,8 @@
 //!   weighted accuracy, against the baseline's own step; averaged per family (the paper reports
 //!   6.25× over PPO and 1.7× over GRPO). Computed, never typed.
 
+pub mod figures;
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -102,6 +104,27 @@ pub fn load_results(root: &Path) -> Result<Vec<RunResult>> {
         });
     }
     Ok(out)
+}
+
+/// The metrics lines of a run (`metrics.jsonl`), empty if it has none yet.
+pub fn load_metrics(dir: &Path) -> Result<Vec<BTreeMap<String, f64>>> {
+    let path = dir.join("metrics.jsonl");
+    if !path.exists() {
+        return Ok(Vec::new());
+    }
+    let text = std::fs::read_to_string(&path).map_err(|source| ReportError::Io {
+        path: path.clone(),
+        source,
+    })?;
+    text.lines()
+        .enumerate()
+        .map(|(i, l)| {
+            serde_json::from_str(l).map_err(|e| ReportError::Invalid {
+                path: path.clone(),
+                reason: format!("line {}: {e}", i + 1),
+            })
+        })
+        .collect()
 }
 
 /// Models in the paper's order, others after, alphabetically.

@@ -42,8 +42,9 @@ pub struct Histogram {
     pub count: u64,
     pub sum: f64,
     pub sum_sq: f64,
-    pub min: f64,
-    pub max: f64,
+    /// None while empty (JSON has no infinities).
+    pub min: Option<f64>,
+    pub max: Option<f64>,
 }
 
 impl Default for Histogram {
@@ -57,13 +58,44 @@ impl Default for Histogram {
             count: 0,
             sum: 0.0,
             sum_sq: 0.0,
-            min: f64::INFINITY,
-            max: f64::NEG_INFINITY,
+            min: None,
+            max: None,
         }
     }
 }
 
 impl Histogram {
+    /// Adds another histogram's counts (same bins).
+    pub fn merge(&mut self, other: &Histogram) {
+        for (a, b) in self.counts.iter_mut().zip(&other.counts) {
+            *a += b;
+        }
+        self.underflow += other.underflow;
+        self.overflow += other.overflow;
+        self.count += other.count;
+        self.sum += other.sum;
+        self.sum_sq += other.sum_sq;
+        self.min = min_opt(self.min, other.min, f64::min);
+        self.max = min_opt(self.max, other.max, f64::max);
+    }
+
+    /// (bin centre, density) for the non-empty bins: count / (total · bin width).
+    pub fn density(&self) -> Vec<(f64, f64)> {
+        let width = (self.hi - self.lo) / self.counts.len() as f64;
+        let total = self.count.max(1) as f64;
+        self.counts
+            .iter()
+            .enumerate()
+            .filter(|(_, c)| **c > 0)
+            .map(|(i, c)| {
+                (
+                    self.lo + (i as f64 + 0.5) * width,
+                    *c as f64 / (total * width),
+                )
+            })
+            .collect()
+    }
+
     pub fn add(&mut self, x: f64) {
         if !x.is_finite() {
             return;
@@ -71,8 +103,8 @@ impl Histogram {
         self.count += 1;
         self.sum += x;
         self.sum_sq += x * x;
-        self.min = self.min.min(x);
-        self.max = self.max.max(x);
+        self.min = Some(self.min.map_or(x, |m| m.min(x)));
+        self.max = Some(self.max.map_or(x, |m| m.max(x)));
         if x < self.lo {
             self.underflow += 1;
         } else if x >= self.hi {
@@ -81,6 +113,14 @@ impl Histogram {
             let i = ((x - self.lo) / (self.hi - self.lo) * BINS as f64) as usize;
             self.counts[i.min(BINS - 1)] += 1;
         }
+    }
+}
+
+fn min_opt(a: Option<f64>, b: Option<f64>, pick: fn(f64, f64) -> f64) -> Option<f64> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(pick(x, y)),
+        (x, None) => x,
+        (None, y) => y,
     }
 }
 

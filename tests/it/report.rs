@@ -36,6 +36,35 @@ fn fake_run(root: &Path, model: &str, algo: &str, evals: &[(usize, [f64; 4])]) {
         })
         .collect();
     std::fs::write(dir.join("eval.jsonl"), lines).expect("w");
+    // Metrics (entropy) and tails (r·Â histograms) for the figures.
+    let metrics: String = (1..=30)
+        .map(|s| {
+            format!(
+                "{{\"training/global_step\":{s},\"actor/entropy\":{}}}\n",
+                1.0 / (1.0 + s as f64 * if algo.ends_with("-ac") { 0.01 } else { 0.1 })
+            )
+        })
+        .collect();
+    std::fs::write(dir.join("metrics.jsonl"), metrics).expect("w");
+    std::fs::create_dir_all(dir.join("tails")).expect("mkdir");
+    let mut t = acpo::train::tails::Tails {
+        step: 10,
+        ..Default::default()
+    };
+    let mut rng = acpo::rng::SplitMix64::new(algo.len() as u64);
+    for i in 0..5000 {
+        let x = rng.next_normal() * if algo.ends_with("-ac") { 0.5 } else { 2.0 };
+        match i % 3 {
+            0 => t.easy.add(x - 1.0),
+            1 => t.medium.add(x * 0.5),
+            _ => t.hard.add(x + 1.0),
+        }
+    }
+    std::fs::write(
+        dir.join("tails/step_000010.json"),
+        serde_json::to_string(&t).expect("json"),
+    )
+    .expect("w");
 }
 
 fn tree() -> tempfile::TempDir {
@@ -205,4 +234,65 @@ fn report_from_the_command_line_writes_table1_files() {
         .output()
         .expect("runs");
     assert_eq!(out.status.code(), Some(2));
+}
+
+/// Every figure is written as PNG and SVG, with the expected size and real content.
+#[test]
+fn figures_are_produced_and_not_blank() {
+    use acpo::report::figures;
+    let t = tree();
+    let runs = report::load_results(t.path()).expect("load");
+    let out = t.path().join("figures");
+    let mut files = figures::accuracy(&runs, &out).expect("accuracy");
+    files.extend(figures::entropy(&runs, &out).expect("entropy"));
+    files.extend(figures::tails(&runs, &out).expect("tails"));
+    let names: Vec<String> = files
+        .iter()
+        .map(|f| f.file_name().expect("name").to_string_lossy().to_string())
+        .collect();
+    for want in [
+        "accuracy.png",
+        "accuracy.svg",
+        "accuracy_qwen3-8b.png",
+        "entropy.png",
+        "tails_qwen3-8b.png",
+        "tails_qwen3-8b.svg",
+    ] {
+        assert!(
+            names.iter().any(|n| n == want),
+            "{want} missing from {names:?}"
+        );
+    }
+    for f in files
+        .iter()
+        .filter(|f| f.extension().is_some_and(|e| e == "png"))
+    {
+        let img = image::open(f).expect("a PNG").to_luma8();
+        let (w, h) = img.dimensions();
+        assert!(w >= 560 && h >= 420, "{}: {w}x{h}", f.display());
+        let px: Vec<f64> = img.pixels().map(|p| p.0[0] as f64).collect();
+        let mean = px.iter().sum::<f64>() / px.len() as f64;
+        let var = px.iter().map(|x| (x - mean).powi(2)).sum::<f64>() / px.len() as f64;
+        assert!(
+            var > 100.0,
+            "{}: nearly blank (pixel variance {var:.1})",
+            f.display()
+        );
+        let dark = px.iter().filter(|x| **x < 128.0).count();
+        assert!(dark > 500, "{}: no lines or text drawn", f.display());
+    }
+    let svg = std::fs::read_to_string(out.join("accuracy.svg")).expect("svg");
+    assert!(
+        svg.contains("<svg") && svg.contains("PPO-AC") && svg.contains("weighted accuracy (%)")
+    );
+    // One colour per method, everywhere: GRPO-AC's red appears in both kinds of figure.
+    for f in ["accuracy.svg", "tails_qwen3-8b.svg"] {
+        assert!(
+            std::fs::read_to_string(out.join(f))
+                .expect("svg")
+                .to_uppercase()
+                .contains("#D62728"),
+            "{f}"
+        );
+    }
 }

@@ -321,5 +321,5 @@ fn difficulty_buckets_follow_the_papers_boundaries_and_histograms_count_exactly(
     assert_eq!(h.counts[199], 1); // -0.05
     assert_eq!(h.counts[200], 2); // 0.0 and 0.05
     assert_eq!(h.counts[399], 1); // 19.99
-    assert_eq!((h.min, h.max), (-25.0, 20.0));
+    assert_eq!((h.min, h.max), (Some(-25.0), Some(20.0)));
 }
