@@ -323,3 +323,10 @@ fn difficulty_buckets_follow_the_papers_boundaries_and_histograms_count_exactly(
     assert_eq!(h.counts[399], 1); // 19.99
     assert_eq!((h.min, h.max), (Some(-25.0), Some(20.0)));
 }
+
+#[test]
+fn utc_timestamps_are_correct() {
+    assert_eq!(acpo::train::utc(0), "1970-01-01T00:00:00Z");
+    assert_eq!(acpo::train::utc(951_782_400), "2000-02-29T00:00:00Z");
+    assert_eq!(acpo::train::utc(1_795_328_656), "2026-11-22T06:24:16Z");
+}
