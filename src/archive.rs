@@ -112,9 +112,8 @@ fn parse(path: &Path, text: &str) -> Result<BTreeMap<String, String>> {
 /// Writes `root/SHA256SUMS` over every other file under `root` (atomically).
 pub fn write_sums(root: &Path) -> Result<BTreeMap<String, String>> {
     let sums = hashes(root)?;
-    let tmp = root.join(format!("{SUMS}.tmp"));
-    io(&tmp, std::fs::write(&tmp, render(&sums)))?;
-    io(root, std::fs::rename(&tmp, root.join(SUMS)))?;
+    let path = root.join(SUMS);
+    io(&path, crate::atomic::write(&path, render(&sums).as_bytes()))?;
     Ok(sums)
 }
 
@@ -223,7 +222,7 @@ pub fn archive(runs: &[PathBuf], out: &Path) -> Result<usize> {
         copy_tree(run, &staging.join(&name))?;
     }
     let sums = write_sums(&staging)?;
-    let tmp = out.with_extension("tmp");
+    let tmp = crate::atomic::temp_path(out);
     {
         let file = io(&tmp, std::fs::File::create(&tmp))?;
         let gz = flate2::write::GzEncoder::new(file, flate2::Compression::default());

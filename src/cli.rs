@@ -458,9 +458,7 @@ fn generate(args: &GenerateArgs) -> anyhow::Result<Outcome> {
         for l in &lines {
             writeln!(body, "{l}")?;
         }
-        let tmp = out.with_extension("tmp");
-        std::fs::write(&tmp, body).with_context(|| format!("cannot write {}", tmp.display()))?;
-        std::fs::rename(&tmp, out).with_context(|| format!("cannot write {}", out.display()))?;
+        write_atomic(out, &body)?;
         println!("wrote {} completions to {}", lines.len(), out.display());
     }
     Ok(Outcome::Success)
@@ -500,10 +498,7 @@ fn bench(args: &BenchArgs) -> anyhow::Result<Outcome> {
             speed::markdown(&format!("acpo bench {name}"), &rows),
         ),
     ] {
-        let path = args.out.join(&file);
-        let tmp = path.with_extension("tmp");
-        std::fs::write(&tmp, body).with_context(|| format!("cannot write {}", tmp.display()))?;
-        std::fs::rename(&tmp, &path).with_context(|| format!("cannot write {}", path.display()))?;
+        write_atomic(&args.out.join(&file), body.as_bytes())?;
     }
     println!("report: {}", args.out.join(format!("{name}.md")).display());
     Ok(Outcome::Success)
@@ -511,9 +506,7 @@ fn bench(args: &BenchArgs) -> anyhow::Result<Outcome> {
 
 /// Writes `bytes` to `path` atomically (temp file + rename).
 fn write_atomic(path: &std::path::Path, bytes: &[u8]) -> anyhow::Result<()> {
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, bytes).with_context(|| format!("cannot write {}", tmp.display()))?;
-    std::fs::rename(&tmp, path).with_context(|| format!("cannot write {}", path.display()))
+    acpo::atomic::write(path, bytes).with_context(|| format!("cannot write {}", path.display()))
 }
 
 /// `acpo train`: one run from its manifest, resumable.

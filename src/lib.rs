@@ -7,6 +7,7 @@
 
 pub mod algo;
 pub mod archive;
+pub mod atomic;
 pub mod bench;
 pub mod eval;
 pub mod manifest;

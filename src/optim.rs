@@ -177,14 +177,9 @@ impl AdamW {
             &candle_core::Device::Cpu,
         )?;
         tensors.insert("__steps".into(), steps);
-        let tmp = path.with_extension("tmp");
-        candle_core::safetensors::save(&tensors, &tmp).map_err(|e| ModelError::Weights {
-            path: tmp.clone(),
-            reason: e.to_string(),
-        })?;
-        std::fs::rename(&tmp, path).map_err(|source| ModelError::Io {
+        crate::atomic::save_safetensors(&tensors, path).map_err(|reason| ModelError::Weights {
             path: path.to_owned(),
-            source,
+            reason,
         })
     }
 

@@ -315,34 +315,24 @@ impl Params {
 
     /// Writes `model.safetensors` (atomically: temp file + rename).
     pub fn save(&self, path: &Path) -> Result<()> {
-        let tensors: BTreeMap<String, Tensor> = self
+        let tensors = self
             .vars
             .iter()
             .map(|(k, v)| (k.clone(), v.as_tensor().clone()))
             .collect();
-        let tmp = path.with_extension("safetensors.tmp");
-        candle_core::safetensors::save(&tensors.into_iter().collect(), &tmp).map_err(|e| {
-            ModelError::Weights {
-                path: tmp.clone(),
-                reason: e.to_string(),
-            }
-        })?;
-        std::fs::rename(&tmp, path).map_err(|source| ModelError::Io {
+        crate::atomic::save_safetensors(&tensors, path).map_err(|reason| ModelError::Weights {
             path: path.to_owned(),
-            source,
+            reason,
         })
     }
 }
 
-/// Writes `bytes` to `path` atomically (temp file in the same directory, then rename).
+/// Writes `bytes` to `path` atomically, as a model error.
 pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = path.with_extension("tmp");
-    let io = |source| ModelError::Io {
+    crate::atomic::write(path, bytes).map_err(|source| ModelError::Io {
         path: path.to_owned(),
         source,
-    };
-    std::fs::write(&tmp, bytes).map_err(io)?;
-    std::fs::rename(&tmp, path).map_err(io)
+    })
 }
 
 pub fn parse_dtype(dtype: crate::manifest::DType) -> DType {

@@ -130,9 +130,7 @@ fn io<T>(path: &Path, r: std::io::Result<T>) -> Result<T> {
 }
 
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = path.with_extension("tmp");
-    io(&tmp, std::fs::write(&tmp, bytes))?;
-    io(path, std::fs::rename(&tmp, path))
+    io(path, crate::atomic::write(path, bytes))
 }
 
 /// The order of the training problems in `epoch` (Fisher–Yates on the (seed, epoch) stream).

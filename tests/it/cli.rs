@@ -134,42 +134,7 @@ fn usage_errors_exit_2_and_help_lists_every_subcommand() {
 #[test]
 fn model_init_then_generate_samples_with_the_real_tokenizer_and_chat_template() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let cfg = dir.path().join("tiny.json");
-    // Qwen3's full vocabulary, so the real tokenizer's ids fit; everything else tiny.
-    std::fs::write(
-        &cfg,
-        r#"{"model_type": "qwen3", "vocab_size": 151936, "hidden_size": 16, "intermediate_size": 32,
-            "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8,
-            "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": true,
-            "eos_token_id": 151645, "hidden_act": "silu"}"#,
-    )
-    .expect("config");
-    let model = dir.path().join("model");
-    let out = acpo(
-        &[
-            "model",
-            "init",
-            "--config",
-            cfg.to_str().expect("utf8"),
-            "--out",
-            model.to_str().expect("utf8"),
-            "--seed",
-            "4",
-        ],
-        repo(),
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    for f in ["tokenizer.json", "tokenizer_config.json"] {
-        std::fs::copy(
-            repo().join("../shared/tokenizers/qwen3").join(f),
-            model.join(f),
-        )
-        .expect("copy tokenizer");
-    }
+    let model = super::tiny_full_vocab_model(dir.path());
     let jsonl = dir.path().join("out.jsonl");
     let args = [
         "generate",

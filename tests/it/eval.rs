@@ -270,33 +270,7 @@ fn score_adds_verdicts_keeps_fields_and_refuses_bad_lines_without_writing() {
 #[test]
 fn eval_runs_end_to_end_on_a_tiny_model_and_writes_samples_and_summary() {
     let dir = tempfile::tempdir().expect("tmp");
-    let cfg = dir.path().join("tiny.json");
-    std::fs::write(
-        &cfg,
-        r#"{"model_type": "qwen3", "vocab_size": 151936, "hidden_size": 16, "intermediate_size": 32,
-            "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 8,
-            "rope_theta": 1000000.0, "rms_norm_eps": 1e-6, "tie_word_embeddings": true,
-            "eos_token_id": 151645, "hidden_act": "silu"}"#,
-    )
-    .expect("config");
-    let model = dir.path().join("model");
-    assert!(acpo(&[
-        "model",
-        "init",
-        "--config",
-        cfg.to_str().expect("u"),
-        "--out",
-        model.to_str().expect("u")
-    ])
-    .status
-    .success());
-    for f in ["tokenizer.json", "tokenizer_config.json"] {
-        std::fs::copy(
-            repo().join("../shared/tokenizers/qwen3").join(f),
-            model.join(f),
-        )
-        .expect("copy");
-    }
+    let model = super::tiny_full_vocab_model(dir.path());
     let manifest_text =
         std::fs::read_to_string(repo().join("experiments/paper/qwen3-8b-grpo.yaml"))
             .expect("manifest")

@@ -1,0 +1,31 @@
+//! Atomic file writes (DESIGN.md: every file a run writes is complete or absent): write a
+//! temporary file beside the target, then rename it over the target.
+
+use std::path::{Path, PathBuf};
+
+/// The temporary path used while writing `path`.
+pub fn temp_path(path: &Path) -> PathBuf {
+    let mut name = path
+        .file_name()
+        .map(|n| n.to_os_string())
+        .unwrap_or_default();
+    name.push(".tmp");
+    path.with_file_name(name)
+}
+
+/// Writes `bytes` to `path` atomically.
+pub fn write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    let tmp = temp_path(path);
+    std::fs::write(&tmp, bytes)?;
+    std::fs::rename(&tmp, path)
+}
+
+/// Saves tensors as safetensors to `path` atomically.
+pub fn save_safetensors(
+    tensors: &std::collections::HashMap<String, candle_core::Tensor>,
+    path: &Path,
+) -> Result<(), String> {
+    let tmp = temp_path(path);
+    candle_core::safetensors::save(tensors, &tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
+    std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
+}
