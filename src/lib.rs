@@ -2,8 +2,10 @@
 //! Optimization* (ACPO).
 //!
 //! PPO and GRPO clip the importance ratio r = π/π_old; ACPO clips the product r·Â to [−α, α]
-//! (paper eq. 5). This crate holds the experiment manifests ([`manifest`]) and the objectives' math ([`algo`]); the trainer, models, verifier and reports
-//! join as their issues land.
+//! (paper eq. 5). The data flow (DESIGN.md): [`manifest`] → [`train`] (which uses [`model`],
+//! [`rollout`], [`verify`], [`algo`], [`optim`], [`eval`] and [`bench`]) → `results/` →
+//! [`report`] → [`archive`]. [`algo`] is the one home of the objectives' math and [`verify`]
+//! the one judge of answers.
 
 pub mod algo;
 pub mod archive;

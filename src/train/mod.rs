@@ -269,7 +269,13 @@ pub struct TrainSummary {
 impl Trainer {
     /// Builds the trainer for `exp`, writing (or, with `resume`, reopening) its run directory.
     pub fn new(exp: &Experiment, manifest_text: &str, opts: &TrainOptions) -> Result<Trainer> {
-        let device = Device::Cpu;
+        let device = resolve_device(exp.device)?;
+        if exp.actor.kl_loss_coef != 0.0 || exp.actor.use_kl_in_reward {
+            return Err(TrainError::Run(format!(
+                "{}: actor.kl_loss_coef / actor.use_kl_in_reward need a reference policy, which the trainer does not keep (the paper uses neither: set 0 / false)",
+                exp.name
+            )));
+        }
         ensure_model(exp)?;
         let model_dir = hub::resolve(&exp.model.source, &opts.hub)?;
         let cfg = QwenConfig::load(&model_dir.join("config.json"))?;
@@ -1004,6 +1010,29 @@ fn provenance(exp: &Experiment) -> Provenance {
         finished_unix: None,
         finished_utc: None,
         steps_done: 0,
+    }
+}
+
+/// The device a manifest asks for. `cuda` needs a binary built with the `cuda` feature and a
+/// visible GPU; `auto` falls back to the CPU.
+pub fn resolve_device(d: crate::manifest::Device) -> Result<Device> {
+    use crate::manifest::Device as D;
+    match d {
+        D::Cpu => Ok(Device::Cpu),
+        D::Cuda => {
+            if cfg!(feature = "cuda") {
+                Device::new_cuda(0).map_err(|e| TrainError::Run(format!("device cuda: {e}")))
+            } else {
+                Err(TrainError::Run(
+                    "device: cuda, but this binary was built without CUDA (cargo build --release --features cuda, see ../shared/CUDA.md); use device: cpu or auto".into(),
+                ))
+            }
+        }
+        D::Auto => Ok(if cfg!(feature = "cuda") {
+            Device::new_cuda(0).unwrap_or(Device::Cpu)
+        } else {
+            Device::Cpu
+        }),
     }
 }
 

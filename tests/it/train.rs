@@ -330,3 +330,23 @@ fn utc_timestamps_are_correct() {
     assert_eq!(acpo::train::utc(951_782_400), "2000-02-29T00:00:00Z");
     assert_eq!(acpo::train::utc(1_795_328_656), "2026-11-22T06:24:16Z");
 }
+
+#[test]
+fn settings_the_trainer_cannot_honour_are_refused_not_ignored() {
+    let ws = workspace();
+    let out = ws.path().join("r");
+    let (exp, text) = manifest(
+        ws.path(),
+        "smoke-grpo",
+        &[("kl_loss_coef: 0.0", "kl_loss_coef: 0.1")],
+    );
+    let err =
+        train(&exp, &text, &options(&out, false, None)).expect_err("KL needs a reference policy");
+    assert!(err.to_string().contains("kl_loss_coef"), "{err}");
+    if !cfg!(feature = "cuda") {
+        let (exp, text) = manifest(ws.path(), "smoke-grpo", &[("device: cpu", "device: cuda")]);
+        let err =
+            train(&exp, &text, &options(&out, false, None)).expect_err("no CUDA in this build");
+        assert!(err.to_string().contains("without CUDA"), "{err}");
+    }
+}
