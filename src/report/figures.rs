@@ -216,6 +216,22 @@ pub fn write_figure(
     Ok(vec![png, svg])
 }
 
+/// One line per method of `model`, its points taken from the run by `points`.
+fn method_series(
+    runs: &[RunResult],
+    model: &str,
+    points: impl Fn(&RunResult) -> Vec<(f64, f64)>,
+) -> Vec<Series> {
+    runs_of(runs, model)
+        .into_iter()
+        .map(|r| Series {
+            label: r.algorithm.paper_name().into(),
+            color: method_color(r.algorithm),
+            points: points(r),
+        })
+        .collect()
+}
+
 fn runs_of<'a>(runs: &'a [RunResult], model: &str) -> Vec<&'a RunResult> {
     let mut v: Vec<&RunResult> = runs.iter().filter(|r| r.model == model).collect();
     v.sort_by_key(|r| AlgorithmKind::ALL.iter().position(|m| *m == r.algorithm));
@@ -232,18 +248,12 @@ pub fn accuracy(runs: &[RunResult], out: &Path) -> Result<Vec<PathBuf>> {
             x_desc: "training step".into(),
             y_desc: "weighted accuracy (%)".into(),
             log_y: false,
-            series: runs_of(runs, m)
-                .into_iter()
-                .map(|r| Series {
-                    label: r.algorithm.paper_name().into(),
-                    color: method_color(r.algorithm),
-                    points: r
-                        .evals
-                        .iter()
-                        .map(|e| (e.step as f64, 100.0 * e.weighted_accuracy))
-                        .collect(),
-                })
-                .collect(),
+            series: method_series(runs, m, |r| {
+                r.evals
+                    .iter()
+                    .map(|e| (e.step as f64, 100.0 * e.weighted_accuracy))
+                    .collect()
+            }),
         })
         .collect();
     let mut files = write_figure(
@@ -260,23 +270,17 @@ pub fn accuracy(runs: &[RunResult], out: &Path) -> Result<Vec<PathBuf>> {
                 x_desc: "training step".into(),
                 y_desc: "Avg@k (%)".into(),
                 log_y: false,
-                series: runs_of(runs, m)
-                    .into_iter()
-                    .map(|r| Series {
-                        label: r.algorithm.paper_name().into(),
-                        color: method_color(r.algorithm),
-                        points: r
-                            .evals
-                            .iter()
-                            .filter_map(|e| {
-                                e.benchmarks
-                                    .iter()
-                                    .find(|x| x.benchmark == b.name())
-                                    .map(|x| (e.step as f64, 100.0 * x.avg_at_k))
-                            })
-                            .collect(),
-                    })
-                    .collect(),
+                series: method_series(runs, m, |r| {
+                    r.evals
+                        .iter()
+                        .filter_map(|e| {
+                            e.benchmarks
+                                .iter()
+                                .find(|x| x.benchmark == b.name())
+                                .map(|x| (e.step as f64, 100.0 * x.avg_at_k))
+                        })
+                        .collect()
+                }),
             })
             .collect();
         files.extend(write_figure(

@@ -769,15 +769,12 @@ impl Trainer {
                     stats = stats.merge(&out.stats);
                     grads.accumulate(Gradients::from_store(&self.policy, &total.backward()?)?)?;
                 }
-                let report = self.actor_opt.step(&grads)?;
-                if !report.applied {
-                    return Err(TrainError::NonFinite {
-                        step,
-                        metric: "actor/grad_norm",
-                        value: report.grad_norm,
-                    });
-                }
-                grad_norms.push(report.grad_norm);
+                grad_norms.push(apply_update(
+                    &mut self.actor_opt,
+                    &grads,
+                    step,
+                    "actor/grad_norm",
+                )?);
                 updates += 1;
 
                 if let (Some(cp), Some(opt), Some(returns), Some(old_v)) =
@@ -803,15 +800,7 @@ impl Trainer {
                         vf_tokens += out.tokens;
                         cgrads.accumulate(Gradients::from_store(cp, &out.loss.backward()?)?)?;
                     }
-                    let report = opt.step(&cgrads)?;
-                    if !report.applied {
-                        return Err(TrainError::NonFinite {
-                            step,
-                            metric: "critic/grad_norm",
-                            value: report.grad_norm,
-                        });
-                    }
-                    critic_norms.push(report.grad_norm);
+                    critic_norms.push(apply_update(opt, &cgrads, step, "critic/grad_norm")?);
                 }
             }
         }
@@ -1049,6 +1038,24 @@ pub fn ensure_model(exp: &Experiment) -> Result<()> {
         }
     }
     Ok(())
+}
+
+/// One optimizer step; a non-finite gradient norm stops the run (nothing was applied).
+fn apply_update(
+    opt: &mut AdamW,
+    grads: &Gradients,
+    step: usize,
+    metric: &'static str,
+) -> Result<f64> {
+    let report = opt.step(grads)?;
+    if !report.applied {
+        return Err(TrainError::NonFinite {
+            step,
+            metric,
+            value: report.grad_norm,
+        });
+    }
+    Ok(report.grad_norm)
 }
 
 /// 1 − Var(R − V)/Var(R) over valid tokens (verl's `critic/vf_explained_var`).
