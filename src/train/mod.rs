@@ -129,6 +129,10 @@ fn io<T>(path: &Path, r: std::io::Result<T>) -> Result<T> {
     })
 }
 
+fn to_json<T: Serialize>(value: &T) -> Result<String> {
+    serde_json::to_string(value).map_err(|e| TrainError::Run(e.to_string()))
+}
+
 fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     io(path, crate::atomic::write(path, bytes))
 }
@@ -406,22 +410,12 @@ impl Trainer {
         write_prov(&prov)?;
         on_event(Event::Start { step, total });
         if step == 0 && resumed_from.is_none() {
-            let (line, weighted) = self.evaluate(0, opts)?;
-            eval_lines.push(line);
-            write_atomic(
-                &self.dir.join("eval.jsonl"),
-                join_lines(&eval_lines).as_bytes(),
-            )?;
-            on_event(Event::Eval {
-                step: 0,
-                weighted_accuracy: weighted,
-            });
+            self.evaluate(0, opts, &mut eval_lines, on_event)?;
         }
         while step < stop_at {
             step += 1;
             let (metrics, tails) = self.train_step(step, &mut cursor)?;
-            metrics_lines
-                .push(serde_json::to_string(&metrics).map_err(|e| TrainError::Run(e.to_string()))?);
+            metrics_lines.push(to_json(&metrics)?);
             write_atomic(
                 &self.dir.join("metrics.jsonl"),
                 join_lines(&metrics_lines).as_bytes(),
@@ -429,7 +423,7 @@ impl Trainer {
             if let Some(t) = tails {
                 let dir = self.dir.join("tails");
                 io(&dir, std::fs::create_dir_all(&dir))?;
-                let json = serde_json::to_string(&t).map_err(|e| TrainError::Run(e.to_string()))?;
+                let json = to_json(&t)?;
                 write_atomic(&dir.join(format!("step_{step:06}.json")), json.as_bytes())?;
             }
             on_event(Event::Step {
@@ -438,16 +432,7 @@ impl Trainer {
                 metrics: &metrics,
             });
             if step.is_multiple_of(self.exp.trainer.eval_every) || step == total {
-                let (line, weighted) = self.evaluate(step, opts)?;
-                eval_lines.push(line);
-                write_atomic(
-                    &self.dir.join("eval.jsonl"),
-                    join_lines(&eval_lines).as_bytes(),
-                )?;
-                on_event(Event::Eval {
-                    step,
-                    weighted_accuracy: weighted,
-                });
+                self.evaluate(step, opts, &mut eval_lines, on_event)?;
             }
             if step.is_multiple_of(self.exp.trainer.checkpoint_every) || step == stop_at {
                 self.checkpoint(step, cursor, &fp)?;
@@ -467,7 +452,15 @@ impl Trainer {
         })
     }
 
-    fn evaluate(&self, step: usize, opts: &TrainOptions) -> Result<(String, f64)> {
+    /// Evaluates the current policy, appends the summary to `eval.jsonl` (rewritten
+    /// atomically) and reports it.
+    fn evaluate(
+        &self,
+        step: usize,
+        opts: &TrainOptions,
+        eval_lines: &mut Vec<String>,
+        on_event: &mut dyn FnMut(Event<'_>),
+    ) -> Result<()> {
         let model = Qwen::new(&self.cfg, &self.policy, true)?;
         let (summary, _) = crate::eval::evaluate(
             &model,
@@ -477,8 +470,16 @@ impl Trainer {
             step,
             |_, _, _| {},
         )?;
-        let line = serde_json::to_string(&summary).map_err(|e| TrainError::Run(e.to_string()))?;
-        Ok((line, summary.weighted_accuracy))
+        eval_lines.push(to_json(&summary)?);
+        write_atomic(
+            &self.dir.join("eval.jsonl"),
+            join_lines(eval_lines).as_bytes(),
+        )?;
+        on_event(Event::Eval {
+            step,
+            weighted_accuracy: summary.weighted_accuracy,
+        });
+        Ok(())
     }
 
     fn checkpoint(&self, step: usize, cursor: DataCursor, fp: &str) -> Result<()> {
