@@ -23,16 +23,21 @@ ci:
 check path="experiments":
     cargo run --release -- check {{path}}
 
-# Reproduce an artifact of the paper: table1, speedup, accuracy, entropy, tails or all. The
-# default scale is smoke until the mini scale lands (issue #8).
+# Reproduce an artifact of the paper: table1, speedup, accuracy, entropy, tails or all, at a
+# scale: mini (CPU, about 20 min on 2 cores), smoke (seconds) or paper (CUDA).
 [group('reproduce')]
-reproduce artifact="table1" scale="smoke":
+reproduce artifact="table1" scale="mini":
     cargo run --release -- reproduce {{artifact}} --scale {{scale}}
 
 # Draw one figure from existing results (no training): accuracy, entropy or tails.
 [group('reproduce')]
-figure kind scale="smoke":
+figure kind scale="mini":
     cargo run --release -- report {{kind}} --scale {{scale}}
+
+# The theory check: clipped policy mirror descent against Theorems 1-2, and Proposition 1.
+[group('reproduce')]
+pmd out="figures":
+    cargo run --release -- pmd --out {{out}}
 
 # Check an archive or results directory against its SHA256SUMS.
 [group('reproduce')]

@@ -200,6 +200,11 @@ pub struct ReproduceArgs {
     /// Where figures go (figures/<scale>/).
     #[arg(long, default_value = "figures")]
     pub figures: PathBuf,
+    /// Runs trained at once, each on one CPU thread (at mini sizes a second candle thread
+    /// slows a run down, a second run side by side doubles throughput). Default: the number
+    /// of CPUs when every run is on the CPU, else 1.
+    #[arg(long)]
+    pub jobs: Option<usize>,
 }
 
 #[derive(Debug, Args)]
@@ -248,8 +253,15 @@ pub struct PmdArgs {
     /// Where the figure and the Markdown table go.
     #[arg(long, default_value = "figures")]
     pub out: PathBuf,
+    /// First random MDP's seed (the others follow).
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Random MDPs in the grid.
+    #[arg(long, default_value_t = 5)]
+    pub mdps: u64,
+    /// PMD iterations per run.
+    #[arg(long, default_value_t = 100)]
+    pub iterations: usize,
 }
 
 #[derive(Debug, Subcommand)]
@@ -266,6 +278,10 @@ pub enum ModelCommand {
         /// Also write a character-level tokenizer (printable ASCII; vocab_size must be ≥ 98).
         #[arg(long)]
         char_tokenizer: bool,
+        /// Also train and write a byte-level BPE tokenizer on the synthetic task's corpus, up to
+        /// the config's vocab_size (≥ 258).
+        #[arg(long, conflicts_with = "char_tokenizer")]
+        bpe_tokenizer: bool,
     },
 }
 
@@ -316,12 +332,13 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             })
         }
         Command::Bench(args) => bench(&args),
-        Command::Pmd(_) => not_built("pmd", 9, "clipped policy mirror descent"),
+        Command::Pmd(args) => pmd(&args),
         Command::Model(ModelCommand::Init {
             config,
             out,
             seed,
             char_tokenizer,
+            bpe_tokenizer,
         }) => {
             if char_tokenizer {
                 let cfg = acpo::model::QwenConfig::load(&config)?;
@@ -337,6 +354,15 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             let params = acpo::model::init::write_random_model(&config, &out, seed)?;
             if char_tokenizer {
                 acpo::model::init::write_char_tokenizer(&out)?;
+            }
+            if bpe_tokenizer {
+                let cfg = acpo::model::QwenConfig::load(&config)?;
+                let size = acpo::model::init::write_bpe_tokenizer(
+                    &out,
+                    &acpo::bench::synthetic::tokenizer_corpus(),
+                    cfg.vocab_size,
+                )?;
+                println!("trained a BPE tokenizer with {size} tokens");
             }
             println!(
                 "wrote a random model ({} tensors, {} parameters, seed {seed}) to {}",
@@ -525,8 +551,10 @@ fn train(args: &TrainArgs) -> anyhow::Result<Outcome> {
         data: acpo::bench::DataLocation::Dir(args.data_dir.clone()),
         hub: acpo::model::hub::HubOptions::from_env(),
     };
+    let mut display = progress_display(None);
+    acpo::train::ensure_model(&experiment, &mut display)?;
     let mut trainer = Trainer::new(&experiment, &text, &opts)?;
-    let summary = trainer.run(&opts, &mut progress_display())?;
+    let summary = trainer.run(&opts, &mut display)?;
     match summary.resumed_from {
         Some(s) => println!(
             "resumed from step {s}; now at step {} of {}; run directory {}",
@@ -546,10 +574,12 @@ fn train(args: &TrainArgs) -> anyhow::Result<Outcome> {
 
 /// Progress of a training run: an indicatif bar with ETA on a terminal, one line per event
 /// otherwise (logs, CI).
-fn progress_display() -> impl FnMut(acpo::train::Event<'_>) {
+fn progress_display(prefix: Option<String>) -> impl FnMut(acpo::train::Event<'_>) {
     use acpo::train::{step_line, Event};
     use std::io::IsTerminal;
-    let tty = std::io::stderr().is_terminal();
+    // Runs side by side print prefixed lines (bars would overwrite each other).
+    let tty = prefix.is_none() && std::io::stderr().is_terminal();
+    let p = prefix.map_or(String::new(), |p| format!("[{p}] "));
     let mut bar: Option<indicatif::ProgressBar> = None;
     move |event| match event {
         Event::Start { step, total } => {
@@ -563,7 +593,7 @@ fn progress_display() -> impl FnMut(acpo::train::Event<'_>) {
                 b.set_position(step as u64);
                 bar = Some(b);
             } else {
-                eprintln!("training from step {step} of {total}");
+                eprintln!("{p}training from step {step} of {total}");
             }
         }
         Event::Step {
@@ -579,7 +609,7 @@ fn progress_display() -> impl FnMut(acpo::train::Event<'_>) {
                     metrics.get("actor/entropy").copied().unwrap_or(f64::NAN)
                 ));
             }
-            None => eprintln!("{}", step_line(step, total, metrics)),
+            None => eprintln!("{p}{}", step_line(step, total, metrics)),
         },
         Event::Eval {
             step,
@@ -591,10 +621,65 @@ fn progress_display() -> impl FnMut(acpo::train::Event<'_>) {
             );
             match &bar {
                 Some(b) => b.println(line),
-                None => eprintln!("{line}"),
+                None => eprintln!("{p}{line}"),
+            }
+        }
+        Event::WarmStart { step, total, loss } => {
+            if tty {
+                let b = bar.get_or_insert_with(|| {
+                    let b = indicatif::ProgressBar::new(total as u64);
+                    if let Ok(style) = indicatif::ProgressStyle::with_template(
+                        "{bar:30} warm start {pos}/{len}  {elapsed} < {eta}  {msg}",
+                    ) {
+                        b.set_style(style);
+                    }
+                    b
+                });
+                b.set_position(step as u64);
+                b.set_message(format!("loss {loss:.3}"));
+                if step == total {
+                    b.finish_and_clear();
+                    bar = None;
+                }
+            } else if step == 1 || step.is_multiple_of(50) || step == total {
+                eprintln!("{p}warm start {step}/{total}: loss {loss:.4}");
             }
         }
     }
+}
+
+/// `acpo pmd`: clipped policy mirror descent against Theorems 1-2, and Proposition 1.
+fn pmd(args: &PmdArgs) -> anyhow::Result<Outcome> {
+    let cfg = acpo::pmd::Config {
+        seed: args.seed,
+        mdps: args.mdps,
+        iterations: args.iterations,
+        ..Default::default()
+    };
+    if cfg.mdps == 0 || cfg.iterations == 0 {
+        bail!("--mdps and --iterations must be at least 1");
+    }
+    let report = acpo::pmd::report(&cfg, &args.out)?;
+    let held = report.rows.iter().filter(|r| r.holds && r.monotone).count();
+    println!(
+        "{} of {} runs stay under their theorem bound with monotone F_N; Proposition 1 holds for {} of {} clip ranges",
+        held,
+        report.rows.len(),
+        report
+            .prop1
+            .iter()
+            .filter(|p| p.second_moment_acpo <= p.second_moment_ppo)
+            .count(),
+        report.prop1.len()
+    );
+    for f in &report.files {
+        println!("wrote {}", f.display());
+    }
+    Ok(if report.all_hold() {
+        Outcome::Success
+    } else {
+        Outcome::CheckFailed
+    })
 }
 
 /// `acpo report`: Table 1 and the step speedups from `results/<scale>/` (figures: not yet).
@@ -681,7 +766,6 @@ fn scale_name(s: ScaleArg) -> &'static str {
 /// `acpo reproduce`: train what is missing at a scale (finished runs are reused, unfinished
 /// ones resumed), then build the artifact; or, with --from, verify and rebuild from results.
 fn reproduce(args: &ReproduceArgs) -> anyhow::Result<Outcome> {
-    use acpo::train::{latest_checkpoint, run_dir, TrainOptions, Trainer};
     let scale = scale_name(args.scale);
     let results_root = match &args.from {
         Some(from) => {
@@ -714,43 +798,7 @@ fn reproduce(args: &ReproduceArgs) -> anyhow::Result<Outcome> {
                     args.experiments.join(scale).display()
                 );
             }
-            let opts = |resume| TrainOptions {
-                out_root: args.results.clone(),
-                resume,
-                max_steps: None,
-                data: acpo::bench::DataLocation::Dir(args.data_dir.clone()),
-                hub: acpo::model::hub::HubOptions::from_env(),
-            };
-            for (i, path) in manifests.iter().enumerate() {
-                let exp = acpo::manifest::Experiment::load(path)?;
-                let dir = run_dir(&exp, &args.results);
-                let done = latest_checkpoint(&dir)?.map(|c| c.0);
-                if done == Some(exp.trainer.total_steps) {
-                    println!(
-                        "[{}/{}] {}: finished earlier, reused",
-                        i + 1,
-                        manifests.len(),
-                        exp.name
-                    );
-                    continue;
-                }
-                println!(
-                    "[{}/{}] {}: {}",
-                    i + 1,
-                    manifests.len(),
-                    exp.name,
-                    if done.is_some() {
-                        "resuming"
-                    } else {
-                        "training"
-                    }
-                );
-                let text = std::fs::read_to_string(path)
-                    .with_context(|| format!("cannot read {}", path.display()))?;
-                let o = opts(done.is_some());
-                let mut trainer = Trainer::new(&exp, &text, &o)?;
-                trainer.run(&o, &mut progress_display())?;
-            }
+            train_all(args, &manifests)?;
             args.results.join(scale)
         }
     };
@@ -766,6 +814,148 @@ fn reproduce(args: &ReproduceArgs) -> anyhow::Result<Outcome> {
         return report_at(&report_args, &results_root);
     }
     report(&report_args)
+}
+
+/// Trains every run of `manifests` that is not finished: first the distinct created models
+/// (warm starts), then the runs, `--jobs` at a time. Finished runs are reused, unfinished ones
+/// resumed; the first error stops the queue (running jobs finish their run) and is returned.
+fn train_all(args: &ReproduceArgs, manifests: &[PathBuf]) -> anyhow::Result<()> {
+    use acpo::train::{latest_checkpoint, run_dir, TrainOptions, Trainer};
+    use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+    use std::sync::Mutex;
+    let mut exps = Vec::new();
+    for path in manifests {
+        let text = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read {}", path.display()))?;
+        exps.push((acpo::manifest::Experiment::load(path)?, text));
+    }
+    let all_cpu = exps
+        .iter()
+        .all(|(e, _)| e.device == acpo::manifest::Device::Cpu);
+    let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let jobs = match args.jobs {
+        Some(0) => bail!("--jobs must be at least 1"),
+        Some(j) => j,
+        None if all_cpu => cpus,
+        None => 1,
+    };
+    if jobs > 1 && std::env::var_os("CANDLE_NUM_THREADS").is_none() {
+        // Read by candle when its CPU thread pool starts (not yet: nothing ran a kernel).
+        std::env::set_var("CANDLE_NUM_THREADS", "1");
+        std::env::set_var("RAYON_NUM_THREADS", "1");
+    }
+    let started = std::time::Instant::now();
+    let total = exps.len();
+    let pending: Vec<usize> = (0..total)
+        .filter(|&i| {
+            let (exp, _) = &exps[i];
+            let done = latest_checkpoint(&run_dir(exp, &args.results))
+                .ok()
+                .flatten()
+                .map(|c| c.0);
+            if done == Some(exp.trainer.total_steps) {
+                println!("[{}/{total}] {}: finished earlier, reused", i + 1, exp.name);
+                false
+            } else {
+                true
+            }
+        })
+        .collect();
+    // Phase 1: each created model once (several runs share one), in parallel.
+    let mut models: Vec<usize> = Vec::new();
+    for &i in &pending {
+        let src = &exps[i].0.model;
+        if src.init.is_some() && !models.iter().any(|&j| exps[j].0.model.source == src.source) {
+            models.push(i);
+        }
+    }
+    let failed = AtomicBool::new(false);
+    let first_error: Mutex<Option<anyhow::Error>> = Mutex::new(None);
+    let queue = |work: &[usize], f: &(dyn Fn(usize) -> anyhow::Result<()> + Sync)| {
+        let next = AtomicUsize::new(0);
+        std::thread::scope(|scope| {
+            for _ in 0..jobs.min(work.len()) {
+                scope.spawn(|| loop {
+                    if failed.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    let k = next.fetch_add(1, Ordering::SeqCst);
+                    let Some(&i) = work.get(k) else { return };
+                    if let Err(e) = f(i) {
+                        failed.store(true, Ordering::SeqCst);
+                        first_error.lock().expect("lock").get_or_insert(e);
+                        return;
+                    }
+                });
+            }
+        });
+    };
+    let parallel = jobs > 1;
+    queue(&models, &|i| {
+        let (exp, _) = &exps[i];
+        let mut display = progress_display(parallel.then(|| exp.name.clone()));
+        acpo::train::ensure_model(exp, &mut display)?;
+        Ok(())
+    });
+    if let Some(e) = first_error.lock().expect("lock").take() {
+        return Err(e);
+    }
+    if !models.is_empty() {
+        println!(
+            "models ready ({} created or checked) after {:.1} min",
+            models.len(),
+            started.elapsed().as_secs_f64() / 60.0
+        );
+    }
+    // Phase 2: the runs.
+    let finished = AtomicUsize::new(0);
+    let runs_started = std::time::Instant::now();
+    queue(&pending, &|i| {
+        let (exp, text) = &exps[i];
+        let dir = run_dir(exp, &args.results);
+        let done = latest_checkpoint(&dir)?.map(|c| c.0);
+        println!(
+            "[{}/{total}] {}: {}",
+            i + 1,
+            exp.name,
+            if done.is_some() {
+                "resuming"
+            } else {
+                "training"
+            }
+        );
+        let o = TrainOptions {
+            out_root: args.results.clone(),
+            resume: done.is_some(),
+            max_steps: None,
+            data: acpo::bench::DataLocation::Dir(args.data_dir.clone()),
+            hub: acpo::model::hub::HubOptions::from_env(),
+        };
+        let mut display = progress_display(parallel.then(|| exp.name.clone()));
+        let mut trainer = Trainer::new(exp, text, &o)?;
+        trainer.run(&o, &mut display)?;
+        let n = finished.fetch_add(1, Ordering::SeqCst) + 1;
+        let elapsed = runs_started.elapsed().as_secs_f64();
+        println!(
+            "[{}/{total}] {} done; {n} of {} runs in {:.1} min, about {:.1} min to go",
+            i + 1,
+            exp.name,
+            pending.len(),
+            elapsed / 60.0,
+            elapsed / n as f64 * (pending.len() - n) as f64 / 60.0
+        );
+        Ok(())
+    });
+    if let Some(e) = first_error.lock().expect("lock").take() {
+        return Err(e);
+    }
+    println!(
+        "trained {} runs ({} jobs) in {:.1} min",
+        pending.len(),
+        jobs,
+        started.elapsed().as_secs_f64() / 60.0
+    );
+    Ok(())
 }
 
 /// `acpo score`: judge responses made anywhere (vLLM, verl dumps) with the verifier.
@@ -981,12 +1171,6 @@ fn read_prompts(path: &std::path::Path) -> anyhow::Result<Vec<String>> {
         bail!("{}: no prompts", path.display());
     }
     Ok(out)
-}
-
-fn not_built(command: &str, issue: u32, what: &str) -> anyhow::Result<Outcome> {
-    bail!(
-        "`acpo {command}` is not built yet: it arrives with issue #{issue} ({what}). Nothing was run."
-    )
 }
 
 /// `acpo check`: validate every manifest found, print a line per run, fail on the first

@@ -160,7 +160,7 @@ pub fn evaluate(
     for (bi, b) in spec.benchmarks.iter().enumerate() {
         let mut problems: Vec<Problem> = match suite {
             DataSuite::Real => bench::load(bench::spec(*b), data)?,
-            DataSuite::Synthetic => bench::synthetic::benchmark(seed, *b),
+            DataSuite::Synthetic => bench::synthetic::benchmark(*b),
         };
         if let Some(limit) = spec.limit {
             problems.truncate(limit);

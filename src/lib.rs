@@ -15,6 +15,7 @@ pub mod eval;
 pub mod manifest;
 pub mod model;
 pub mod optim;
+pub mod pmd;
 pub mod report;
 pub mod rng;
 pub mod rollout;

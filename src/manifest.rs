@@ -112,9 +112,25 @@ pub mod raw {
         /// An HF config.json for the architecture.
         pub config: PathBuf,
         pub seed: u64,
-        /// Also write the character-level tokenizer.
+        /// Also write a tokenizer: `char` (fixed, 98 symbols) or `bpe` (trained on the
+        /// synthetic task's corpus, up to the config's vocab_size).
         #[serde(default)]
-        pub char_tokenizer: bool,
+        pub tokenizer: Option<InitTokenizer>,
+        /// A supervised fine-tune on the synthetic task's worked solutions before RL.
+        #[serde(default)]
+        pub warm_start: Option<WarmStart>,
+    }
+
+    #[derive(Debug, Clone, Deserialize, Serialize)]
+    #[serde(deny_unknown_fields)]
+    pub struct WarmStart {
+        pub steps: usize,
+        pub batch_size: usize,
+        pub lr: f64,
+        #[serde(default)]
+        pub warmup_steps: usize,
+        /// Longest solution (tokens) learned; longer ones are skipped.
+        pub max_response_length: usize,
     }
 
     #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -340,6 +356,9 @@ pub enum PromptTemplate {
     Dapo,
     /// The evaluation prompt: reason step by step, final answer in `\boxed{}`.
     Boxed,
+    /// DAPO's instruction in one short line (`Answer: ...` last), for tiny-context models of
+    /// the mini scale: the full DAPO template would be most of their sequence.
+    Answer,
     /// The problem text alone.
     Raw,
 }
@@ -438,12 +457,35 @@ pub struct ModelSpec {
     pub init: Option<ModelInitSpec>,
 }
 
-/// A seeded random model written by `acpo model init` when the model directory is missing.
+/// A seeded random model written by `acpo model init` when the model directory is missing,
+/// optionally with a tokenizer and a supervised warm start (smoke and mini scales).
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ModelInitSpec {
     pub config: PathBuf,
     pub seed: u64,
-    pub char_tokenizer: bool,
+    pub tokenizer: Option<InitTokenizer>,
+    pub warm_start: Option<WarmStartSpec>,
+}
+
+/// The tokenizer written with a created model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum InitTokenizer {
+    /// One token per printable ASCII character (smoke: a random policy already writes digits).
+    Char,
+    /// Byte-level BPE trained on the synthetic task's corpus, digits split one per token.
+    Bpe,
+}
+
+/// Supervised fine-tune on worked solutions of the synthetic training set (issue #8): each
+/// model starts RL with partial accuracy, the regime where RL has signal.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WarmStartSpec {
+    pub steps: usize,
+    pub batch_size: usize,
+    pub lr: f64,
+    pub warmup_steps: usize,
+    pub max_response_length: usize,
 }
 
 /// What is clipped in the policy loss.
@@ -634,7 +676,7 @@ impl Experiment {
     }
 }
 
-fn hex(bytes: &[u8]) -> String {
+pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
@@ -902,10 +944,40 @@ impl Validator<'_> {
                 if i.config.as_os_str().is_empty() {
                     return self.fail("model.init.config", "must not be empty");
                 }
+                let warm_start = match &i.warm_start {
+                    None => None,
+                    Some(w) => {
+                        let f = |k: &str| format!("model.init.warm_start.{k}");
+                        if i.tokenizer.is_none() {
+                            return self.fail(
+                                "model.init.warm_start",
+                                "needs model.init.tokenizer (the solutions are tokenized with it)",
+                            );
+                        }
+                        if w.warmup_steps > w.steps {
+                            return self.fail(
+                                &f("warmup_steps"),
+                                format!(
+                                    "must be at most steps ({}), got {}",
+                                    w.steps, w.warmup_steps
+                                ),
+                            );
+                        }
+                        Some(WarmStartSpec {
+                            steps: self.positive(&f("steps"), w.steps)?,
+                            batch_size: self.positive(&f("batch_size"), w.batch_size)?,
+                            lr: self.strictly_positive(&f("lr"), w.lr)?,
+                            warmup_steps: w.warmup_steps,
+                            max_response_length: self
+                                .positive(&f("max_response_length"), w.max_response_length)?,
+                        })
+                    }
+                };
                 Some(ModelInitSpec {
                     config: i.config.clone(),
                     seed: i.seed,
-                    char_tokenizer: i.char_tokenizer,
+                    tokenizer: i.tokenizer,
+                    warm_start,
                 })
             }
             (Some(_), ModelSource::Hub { .. }) => {

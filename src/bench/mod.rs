@@ -279,6 +279,7 @@ pub fn render_prompt(template: PromptTemplate, problem: &str) -> String {
         PromptTemplate::Boxed => {
             format!("{problem}\nPlease reason step by step, and put your final answer within \\boxed{{}}.")
         }
+        PromptTemplate::Answer => format!("{problem}\nPut the final answer after \"Answer:\"."),
         PromptTemplate::Raw => problem.to_string(),
     }
 }

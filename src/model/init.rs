@@ -191,3 +191,72 @@ pub fn write_char_tokenizer(out: &Path) -> Result<()> {
     write_atomic(&out.join("tokenizer.json"), json(&tok).as_bytes())?;
     write_atomic(&out.join("tokenizer_config.json"), json(&cfg).as_bytes())
 }
+
+/// Special tokens of the BPE tokenizer: EOS first (id 0), then padding (id 1).
+pub const BPE_SPECIALS: [&str; 2] = ["<|endoftext|>", "<|pad|>"];
+
+/// Trains a byte-level BPE tokenizer on `corpus` (at most `vocab_size` tokens, the 256 bytes
+/// and [`BPE_SPECIALS`] included) and writes `tokenizer.json` + `tokenizer_config.json`.
+/// Digits are split one per token before BPE, as in Qwen's pre-tokenizer: arithmetic is then
+/// learned digit by digit. Training is deterministic (same corpus, same file).
+pub fn write_bpe_tokenizer(out: &Path, corpus: &[String], vocab_size: usize) -> Result<usize> {
+    use tokenizers::models::bpe::{BpeTrainerBuilder, BPE};
+    use tokenizers::pre_tokenizers::byte_level::ByteLevel;
+    use tokenizers::pre_tokenizers::digits::Digits;
+    use tokenizers::pre_tokenizers::sequence::Sequence;
+    use tokenizers::{
+        AddedToken, DecoderWrapper, NormalizerWrapper, PostProcessorWrapper, PreTokenizerWrapper,
+        TokenizerBuilder, TokenizerImpl,
+    };
+    let err = |e: tokenizers::Error| ModelError::Tokenizer {
+        path: out.join("tokenizer.json"),
+        reason: format!("training the BPE tokenizer: {e}"),
+    };
+    let min = 256 + BPE_SPECIALS.len();
+    if vocab_size < min {
+        return Err(ModelError::Tokenizer {
+            path: out.join("tokenizer.json"),
+            reason: format!(
+                "a byte-level BPE needs vocab_size >= {min}, the config has {vocab_size}"
+            ),
+        });
+    }
+    let mut trainer = BpeTrainerBuilder::new()
+        .vocab_size(vocab_size)
+        .min_frequency(2)
+        .show_progress(false)
+        .special_tokens(
+            BPE_SPECIALS
+                .iter()
+                .map(|t| AddedToken::from(*t, true))
+                .collect(),
+        )
+        .initial_alphabet(ByteLevel::alphabet().into_iter().collect())
+        .build();
+    let pre = Sequence::new(vec![
+        PreTokenizerWrapper::Digits(Digits::new(true)),
+        PreTokenizerWrapper::ByteLevel(ByteLevel::new(false, true, true)),
+    ]);
+    let mut tok: TokenizerImpl<
+        BPE,
+        NormalizerWrapper,
+        PreTokenizerWrapper,
+        PostProcessorWrapper,
+        DecoderWrapper,
+    > = TokenizerBuilder::new()
+        .with_model(BPE::default())
+        .with_normalizer(None)
+        .with_pre_tokenizer(Some(PreTokenizerWrapper::Sequence(pre)))
+        .with_post_processor(None)
+        .with_decoder(Some(DecoderWrapper::ByteLevel(ByteLevel::default())))
+        .build()
+        .map_err(err)?;
+    tok.train(&mut trainer, corpus.iter()).map_err(err)?;
+    let size = tok.get_vocab_size(true);
+    let json = tok.to_string(true).map_err(err)?;
+    write_atomic(&out.join("tokenizer.json"), json.as_bytes())?;
+    let cfg = serde_json::json!({"eos_token": BPE_SPECIALS[0], "pad_token": BPE_SPECIALS[1]});
+    let text = serde_json::to_string_pretty(&cfg).expect("invariant: JSON values serialise");
+    write_atomic(&out.join("tokenizer_config.json"), text.as_bytes())?;
+    Ok(size)
+}

@@ -136,6 +136,14 @@ fn draw_panels<DB: DrawingBackend>(
                     .y_desc(p.y_desc.as_str())
                     .label_style(("sans-serif", 14))
                     .axis_desc_style(("sans-serif", 15))
+                    .y_label_formatter(&|y: &f64| {
+                        // Log axes span decades: 1e-6, not 0.0000009999999.
+                        if p.log_y && (*y < 1e-2 || *y >= 1e4) {
+                            format!("{y:.0e}")
+                        } else {
+                            format!("{}", (*y * 1e4).round() / 1e4)
+                        }
+                    })
                     .draw()
                     .map_err(|e| e.to_string())?;
                 for s in &p.series {

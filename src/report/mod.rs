@@ -129,7 +129,17 @@ pub fn load_metrics(dir: &Path) -> Result<Vec<BTreeMap<String, f64>>> {
 
 /// Models in the paper's order, others after, alphabetically.
 fn model_order(models: impl Iterator<Item = String>) -> Vec<String> {
-    const PAPER: [&str; 4] = ["Qwen2.5-Math-7B", "Qwen3-1.7B", "Qwen3-4B", "Qwen3-8B"];
+    // The paper's rows, then the mini scale's stand-ins smallest first.
+    const PAPER: [&str; 8] = [
+        "Qwen2.5-Math-7B",
+        "Qwen3-1.7B",
+        "Qwen3-4B",
+        "Qwen3-8B",
+        "qwen3-mini-xs",
+        "qwen3-mini-s",
+        "qwen3-mini-m",
+        "qwen3-mini-l",
+    ];
     let mut ms: Vec<String> = models
         .collect::<std::collections::BTreeSet<_>>()
         .into_iter()

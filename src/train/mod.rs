@@ -17,6 +17,7 @@
 //! directory appears only when complete (written as `.tmp`, then renamed).
 
 pub mod tails;
+pub mod warm_start;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -96,6 +97,12 @@ pub enum Event<'a> {
     Eval {
         step: usize,
         weighted_accuracy: f64,
+    },
+    /// The model's warm start (before any run step) finished `step` of `total`.
+    WarmStart {
+        step: usize,
+        total: usize,
+        loss: f64,
     },
 }
 
@@ -280,7 +287,7 @@ impl Trainer {
                 exp.name
             )));
         }
-        ensure_model(exp)?;
+        ensure_model(exp, |_| {})?;
         let model_dir = hub::resolve(&exp.model.source, &opts.hub)?;
         let cfg = QwenConfig::load(&model_dir.join("config.json"))?;
         let tokenizer = Tokenizer::load(&model_dir)?;
@@ -297,7 +304,7 @@ impl Trainer {
         };
         let problems = match exp.data.suite {
             DataSuite::Real => bench::load(&bench::dapo::SPEC, &opts.data)?,
-            DataSuite::Synthetic => bench::synthetic::train(exp.seed),
+            DataSuite::Synthetic => bench::synthetic::train(),
         };
         let mut eos = cfg.eos_token_ids();
         eos.extend(tokenizer.eos_id());
@@ -983,7 +990,11 @@ fn provenance(exp: &Experiment) -> Provenance {
         DataSuite::Synthetic => {
             data.insert(
                 "synthetic task".into(),
-                format!("v{} seed {}", bench::synthetic::VERSION, exp.seed),
+                format!(
+                    "v{} data seed {}",
+                    bench::synthetic::VERSION,
+                    bench::synthetic::DATA_SEED
+                ),
             );
         }
     }
@@ -1026,17 +1037,137 @@ pub fn resolve_device(d: crate::manifest::Device) -> Result<Device> {
     }
 }
 
-/// Creates a missing model directory from the manifest's `model.init` (smoke and mini scales).
-pub fn ensure_model(exp: &Experiment) -> Result<()> {
-    if let (crate::manifest::ModelSource::Dir(dir), Some(init)) =
-        (&exp.model.source, &exp.model.init)
-    {
-        if !dir.join("config.json").exists() {
-            init::write_random_model(&init.config, dir, init.seed)?;
-            if init.char_tokenizer {
-                init::write_char_tokenizer(dir)?;
-            }
+/// What created a model directory (`init.json` beside the weights): the fingerprint of its
+/// `model.init` and, with a warm start, what the fine-tune did.
+#[derive(Debug, Serialize, serde::Deserialize)]
+pub struct InitRecord {
+    pub fingerprint: String,
+    pub init: serde_json::Value,
+    pub parameters: usize,
+    pub tokenizer_vocab: Option<usize>,
+    pub warm_start: Option<serde_json::Value>,
+    pub created_utc: String,
+}
+
+/// SHA-256 over what determines a created model: the config file's JSON, seed, tokenizer,
+/// warm start and the synthetic task's version. Paths do not count.
+pub fn init_fingerprint(init: &crate::manifest::ModelInitSpec) -> Result<String> {
+    let text = io(&init.config, std::fs::read_to_string(&init.config))?;
+    let config: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| TrainError::Run(format!("{}: not JSON: {e}", init.config.display())))?;
+    let key = serde_json::json!({
+        "config": config, "seed": init.seed, "tokenizer": init.tokenizer,
+        "warm_start": init.warm_start, "synthetic": bench::synthetic::VERSION,
+    });
+    Ok(crate::manifest::hex(
+        &<sha2::Sha256 as sha2::Digest>::digest(to_json(&key)?.as_bytes()),
+    ))
+}
+
+/// Creates a missing model directory from the manifest's `model.init` (smoke and mini scales):
+/// random weights, a tokenizer, then the warm start. It is built under a temporary name and
+/// renamed when complete, so an interrupted build is never mistaken for a model. An existing
+/// directory is reused only if its `init.json` has this manifest's fingerprint and its files
+/// match their SHA256SUMS: a cache keyed by fingerprint, checked on every use.
+pub fn ensure_model(exp: &Experiment, mut on_event: impl FnMut(Event<'_>)) -> Result<()> {
+    let (dir, init) = match (&exp.model.source, &exp.model.init) {
+        (crate::manifest::ModelSource::Dir(dir), Some(init)) => (dir, init),
+        _ => return Ok(()),
+    };
+    let fp = init_fingerprint(init)?;
+    if dir.exists() {
+        return check_created_model(dir, &fp);
+    }
+    let name = dir
+        .file_name()
+        .map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned());
+    let tmp = dir.with_file_name(format!("{name}.partial"));
+    if tmp.exists() {
+        io(&tmp, std::fs::remove_dir_all(&tmp))?;
+    }
+    let params = init::write_random_model(&init.config, &tmp, init.seed)?;
+    let cfg = QwenConfig::load(&tmp.join("config.json"))?;
+    let tokenizer_vocab = match init.tokenizer {
+        None => None,
+        Some(crate::manifest::InitTokenizer::Char) => {
+            init::write_char_tokenizer(&tmp)?;
+            Some(init::CHAR_VOCAB)
         }
+        Some(crate::manifest::InitTokenizer::Bpe) => Some(init::write_bpe_tokenizer(
+            &tmp,
+            &bench::synthetic::tokenizer_corpus(),
+            cfg.vocab_size,
+        )?),
+    };
+    if let Some(v) = tokenizer_vocab {
+        if v > cfg.vocab_size {
+            return Err(TrainError::Run(format!(
+                "{}: vocab_size {} is smaller than the tokenizer's {v}",
+                init.config.display(),
+                cfg.vocab_size
+            )));
+        }
+    }
+    let warm = match &init.warm_start {
+        None => None,
+        Some(spec) => {
+            let device = resolve_device(exp.device)?;
+            let tokenizer = Tokenizer::load(&tmp)?;
+            let dtype = crate::model::parse_dtype(exp.model.dtype);
+            let params = Params::load_dir(&tmp, dtype, &device)?;
+            let report = warm_start::warm_start(
+                &cfg,
+                &params,
+                &tokenizer,
+                spec,
+                init.seed,
+                &device,
+                |step, total, loss| on_event(Event::WarmStart { step, total, loss }),
+            )?;
+            init::save_model(&cfg, &params, &tmp)?;
+            Some(serde_json::to_value(&report).map_err(|e| TrainError::Run(e.to_string()))?)
+        }
+    };
+    let record = InitRecord {
+        fingerprint: fp,
+        init: serde_json::to_value(init).map_err(|e| TrainError::Run(e.to_string()))?,
+        parameters: params.count(),
+        tokenizer_vocab,
+        warm_start: warm,
+        created_utc: utc(now_unix()),
+    };
+    write_atomic(&tmp.join("init.json"), to_json(&record)?.as_bytes())?;
+    crate::archive::write_sums(&tmp).map_err(|e| TrainError::Run(e.to_string()))?;
+    io(dir, std::fs::rename(&tmp, dir))
+}
+
+fn check_created_model(dir: &Path, fp: &str) -> Result<()> {
+    let path = dir.join("init.json");
+    let record: InitRecord = match std::fs::read_to_string(&path) {
+        Ok(text) => serde_json::from_str(&text)
+            .map_err(|e| TrainError::Run(format!("{}: {e}", path.display())))?,
+        Err(_) => {
+            return Err(TrainError::Run(format!(
+                "{} exists but was not created by model.init (no init.json): remove it to create it, or drop model.init to use it as it is",
+                dir.display()
+            )))
+        }
+    };
+    if record.fingerprint != fp {
+        return Err(TrainError::Run(format!(
+            "{} was created by a different model.init (fingerprint {}, this manifest's is {}): remove it to create it anew, or point model.dir elsewhere",
+            dir.display(),
+            &record.fingerprint[..12.min(record.fingerprint.len())],
+            &fp[..12]
+        )));
+    }
+    let report = crate::archive::verify_dir(dir).map_err(|e| TrainError::Run(e.to_string()))?;
+    if !report.ok() {
+        return Err(TrainError::Run(format!(
+            "{}: files do not match its SHA256SUMS ({}): remove it to create it anew",
+            dir.display(),
+            report.describe()
+        )));
     }
     Ok(())
 }

@@ -15,6 +15,20 @@ fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// Copies `experiments/` into `dir`: manifests name their model config relative to the
+/// working directory, as a user running from the repository root has it.
+fn copy_experiments(dir: &Path) {
+    let status = Command::new("cp")
+        .args([
+            "-r",
+            repo().join("experiments").to_str().expect("u"),
+            dir.to_str().expect("u"),
+        ])
+        .status()
+        .expect("cp");
+    assert!(status.success());
+}
+
 #[test]
 fn check_accepts_every_committed_manifest() {
     let out = acpo(&["check", "experiments"], repo());
@@ -77,16 +91,29 @@ fn check_reports_a_missing_path_and_duplicate_run_names() {
 }
 
 #[test]
-fn unbuilt_subcommands_say_so_and_exit_2() {
-    let out = acpo(&["pmd"], repo());
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(out.status.code(), Some(2));
-    assert!(
-        stderr.contains("is not built yet")
-            && stderr.contains("#9")
-            && stderr.contains("Nothing was run"),
-        "{stderr}"
+fn pmd_writes_its_table_and_figure_and_passes_its_own_checks() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = acpo(
+        &["pmd", "--out", "figs", "--mdps", "2", "--iterations", "40"],
+        dir.path(),
     );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for f in ["pmd.md", "pmd.json", "pmd.png", "pmd.svg"] {
+        let meta = std::fs::metadata(dir.path().join("figs").join(f)).expect(f);
+        assert!(meta.len() > 500, "{f} is nearly empty");
+    }
+    let md = std::fs::read_to_string(dir.path().join("figs/pmd.md")).expect("md");
+    assert!(md.contains("| (iv) |") && md.contains("Proposition 1") && !md.contains("**NO**"));
+    let bad = acpo(&["pmd", "--out", "figs", "--mdps", "0"], dir.path());
+    assert_eq!(bad.status.code(), Some(2));
+}
+
+#[test]
+fn a_scale_without_manifests_is_an_input_error() {
     // A scale without manifests is an input error naming the directory, not a silent success.
     let out = acpo(
         &[
@@ -224,24 +251,8 @@ fn bench_writes_a_report() {
 #[test]
 fn train_from_the_command_line_refuses_to_overwrite_and_resumes() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let cfg = repo().join("experiments/smoke/tiny-qwen3.json");
-    let out = acpo(
-        &[
-            "model",
-            "init",
-            "--config",
-            cfg.to_str().expect("u"),
-            "--out",
-            "models/smoke-qwen3-tiny",
-            "--char-tokenizer",
-        ],
-        dir.path(),
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    // The manifest's model.init (paths relative to the working directory) creates the model.
+    copy_experiments(dir.path());
     let manifest = repo().join("experiments/smoke/smoke-grpo-ac.yaml");
     let m = manifest.to_str().expect("u");
     let out = acpo(
@@ -274,15 +285,7 @@ fn train_from_the_command_line_refuses_to_overwrite_and_resumes() {
 #[test]
 fn reproduce_table1_at_smoke_scale_end_to_end_then_from_a_verified_archive() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let status = Command::new("cp")
-        .args([
-            "-r",
-            repo().join("experiments").to_str().expect("u"),
-            dir.path().to_str().expect("u"),
-        ])
-        .status()
-        .expect("cp");
-    assert!(status.success());
+    copy_experiments(dir.path());
     let out = acpo(&["reproduce", "table1", "--scale", "smoke"], dir.path());
     assert!(
         out.status.success(),

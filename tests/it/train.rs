@@ -13,17 +13,12 @@ fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// A temp dir with `models/smoke-qwen3-tiny` (as the smoke manifests expect).
+/// A temp dir with `models/smoke-qwen3-tiny` (as the smoke manifests expect), created by the
+/// manifests' own `model.init` (random weights, char tokenizer, a few warm-start steps).
 fn workspace() -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tmp");
-    let model = dir.path().join("models/smoke-qwen3-tiny");
-    acpo::model::init::write_random_model(
-        &repo().join("experiments/smoke/tiny-qwen3.json"),
-        &model,
-        0,
-    )
-    .expect("model");
-    acpo::model::init::write_char_tokenizer(&model).expect("tokenizer");
+    let (exp, _) = manifest(dir.path(), "smoke-grpo", &[]);
+    acpo::train::ensure_model(&exp, |_| {}).expect("model");
     dir
 }
 

@@ -1,0 +1,273 @@
+//! The mini scale (issue #8): the synthetic task, its BPE tokenizer, the warm start and its
+//! fingerprint-keyed cache, and the 16 mini manifests against the paper's ratios.
+
+use std::collections::HashSet;
+use std::path::Path;
+
+use acpo::bench::synthetic;
+use acpo::manifest::{AlgorithmKind, Benchmark, Experiment, PolicyClip, PromptTemplate};
+
+fn repo() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+const BENCHMARKS: [Benchmark; 4] = [
+    Benchmark::Math500,
+    Benchmark::Minerva,
+    Benchmark::Olympiadbench,
+    Benchmark::AimeLike,
+];
+
+#[test]
+fn synthetic_splits_have_the_paper_sizes_are_disjoint_and_their_solutions_verify() {
+    let train = synthetic::train_items();
+    assert_eq!(train.len(), synthetic::TRAIN_SIZE);
+    let train_texts: HashSet<&str> = train.iter().map(|i| i.problem.problem.as_str()).collect();
+    assert_eq!(
+        train_texts.len(),
+        train.len(),
+        "training problems are unique"
+    );
+    let mut mean_levels = Vec::new();
+    for b in BENCHMARKS {
+        let items = synthetic::benchmark_items(b);
+        assert_eq!(items.len(), b.size(), "{b:?}");
+        for i in &items {
+            assert!(
+                !train_texts.contains(i.problem.problem.as_str()),
+                "{b:?}: {} is also a training problem",
+                i.problem.problem
+            );
+            assert!(synthetic::levels(b).contains(&i.level));
+        }
+        mean_levels.push(items.iter().map(|i| i.level as f64).sum::<f64>() / items.len() as f64);
+    }
+    assert!(
+        mean_levels.windows(2).all(|w| w[0] < w[1]),
+        "benchmarks get harder in the paper's order: {mean_levels:?}"
+    );
+    // Every worked solution is judged correct in both answer styles, and a wrong one is not.
+    for i in train.iter().step_by(97) {
+        for t in [PromptTemplate::Answer, PromptTemplate::Boxed] {
+            let sol = i.solution(t);
+            assert!(
+                acpo::verify::verify(&i.problem.answer, &sol).correct,
+                "{sol}"
+            );
+        }
+        let wrong: i64 = i.problem.answer.parse::<i64>().expect("integer") + 1;
+        assert!(
+            !acpo::verify::verify(&wrong.to_string(), &i.solution(PromptTemplate::Answer)).correct
+        );
+        // The steps compute the answer: the last step ends in it.
+        assert!(i
+            .steps
+            .last()
+            .expect("steps")
+            .ends_with(&format!("= {}", i.problem.answer)));
+    }
+    // Fixed data: the same problems on every call.
+    assert_eq!(
+        synthetic::benchmark(Benchmark::AimeLike)[..5],
+        synthetic::benchmark(Benchmark::AimeLike)[..5]
+    );
+}
+
+#[test]
+fn the_bpe_tokenizer_is_deterministic_splits_digits_and_round_trips() {
+    let corpus = synthetic::tokenizer_corpus();
+    let (a, b) = (
+        tempfile::tempdir().expect("a"),
+        tempfile::tempdir().expect("b"),
+    );
+    let size = acpo::model::init::write_bpe_tokenizer(a.path(), &corpus, 512).expect("train");
+    acpo::model::init::write_bpe_tokenizer(b.path(), &corpus, 512).expect("train again");
+    assert!(size > 258 && size <= 512, "{size}");
+    let read = |d: &Path| std::fs::read(d.join("tokenizer.json")).expect("json");
+    assert_eq!(
+        read(a.path()),
+        read(b.path()),
+        "same corpus, same tokenizer"
+    );
+    let tok = acpo::model::tokenizer::Tokenizer::load(a.path()).expect("load");
+    assert_eq!(tok.eos_id(), Some(0));
+    assert_eq!(tok.pad_id(), 1);
+    let ids = tok.encode("12345").expect("encode");
+    assert_eq!(ids.len(), 5, "one token per digit");
+    for text in corpus
+        .iter()
+        .step_by(1001)
+        .chain(["Wörter ∑ \u{1F600}".to_string()].iter())
+    {
+        let ids = tok.encode(text).expect("encode");
+        assert_eq!(&tok.decode(&ids, false).expect("decode"), text);
+    }
+    // The template words became tokens: a training prompt is short.
+    let prompt = acpo::bench::render_prompt(PromptTemplate::Answer, "What is $12 + 34$?");
+    assert!(tok.encode(&prompt).expect("encode").len() < 30);
+    assert!(acpo::model::init::write_bpe_tokenizer(a.path(), &corpus, 100).is_err());
+}
+
+/// The smoke manifest with its model directory moved into `ws`, edited by `(from, to)`.
+fn smoke(ws: &Path, edits: &[(&str, &str)]) -> Experiment {
+    let mut text =
+        std::fs::read_to_string(repo().join("experiments/smoke/smoke-grpo.yaml")).expect("read");
+    text = text.replace(
+        "dir: models/smoke-qwen3-tiny",
+        &format!("dir: {}", ws.join("model").display()),
+    );
+    for (from, to) in edits {
+        assert!(text.contains(from));
+        text = text.replace(from, to);
+    }
+    Experiment::from_yaml(&text, Path::new("smoke-grpo.yaml")).expect("valid")
+}
+
+#[test]
+fn created_models_are_cached_by_fingerprint_and_checked_on_every_use() {
+    let ws = tempfile::tempdir().expect("tmp");
+    let exp = smoke(
+        ws.path(),
+        &[
+            ("steps: 3", "steps: 40"),
+            ("batch_size: 4", "batch_size: 8"),
+        ],
+    );
+    let mut events = 0;
+    acpo::train::ensure_model(&exp, |e| {
+        if matches!(e, acpo::train::Event::WarmStart { .. }) {
+            events += 1;
+        }
+    })
+    .expect("create");
+    assert_eq!(events, 40, "one event per warm-start step");
+    let dir = ws.path().join("model");
+    let record: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("init.json")).expect("init.json"))
+            .expect("json");
+    let ws_report = &record["warm_start"];
+    let (first, last) = (
+        ws_report["first_loss"].as_f64().expect("first"),
+        ws_report["last_loss"].as_f64().expect("last"),
+    );
+    assert!(
+        last < first - 0.5,
+        "the warm start learns: {first} -> {last}"
+    );
+    assert!(dir.join("SHA256SUMS").exists());
+    assert!(!ws.path().join("model.partial").exists());
+
+    // Reused as it is: nothing is rewritten.
+    let weights = std::fs::read(dir.join("model.safetensors")).expect("weights");
+    acpo::train::ensure_model(&exp, |_| panic!("no warm start on reuse")).expect("reuse");
+    assert_eq!(
+        std::fs::read(dir.join("model.safetensors")).expect("again"),
+        weights
+    );
+
+    // Another model.init for the same directory is refused, naming it.
+    let other = smoke(
+        ws.path(),
+        &[
+            ("steps: 3", "steps: 41"),
+            ("batch_size: 4", "batch_size: 8"),
+        ],
+    );
+    let err = acpo::train::ensure_model(&other, |_| {}).expect_err("different init");
+    assert!(err.to_string().contains("different model.init"), "{err}");
+
+    // A changed file is caught by the checksums.
+    let mut bytes = weights.clone();
+    let last = bytes.len() - 1;
+    bytes[last] ^= 1;
+    std::fs::write(dir.join("model.safetensors"), bytes).expect("tamper");
+    let err = acpo::train::ensure_model(&exp, |_| {}).expect_err("tampered");
+    assert!(err.to_string().contains("SHA256SUMS"), "{err}");
+}
+
+#[test]
+fn a_warm_start_that_fits_no_solution_is_an_error_not_a_hang() {
+    let ws = tempfile::tempdir().expect("tmp");
+    let exp = smoke(
+        ws.path(),
+        &[("max_response_length: 64", "max_response_length: 2")],
+    );
+    let err = acpo::train::ensure_model(&exp, |_| {}).expect_err("nothing fits");
+    assert!(err.to_string().contains("max_response_length"), "{err}");
+    assert!(
+        !ws.path().join("model").exists(),
+        "no half-made model is left as the model"
+    );
+}
+
+#[test]
+fn the_16_mini_manifests_mirror_the_paper_design() {
+    let paths = acpo::manifest::discover(&repo().join("experiments/mini")).expect("discover");
+    assert_eq!(paths.len(), 16);
+    let exps: Vec<Experiment> = paths
+        .iter()
+        .map(|p| Experiment::load(p).expect("valid"))
+        .collect();
+    let models: HashSet<String> = exps
+        .iter()
+        .map(|e| format!("{:?}", e.model.source))
+        .collect();
+    assert_eq!(models.len(), 4);
+    for e in &exps {
+        let kind = e.algorithm.kind;
+        let ppo_type = matches!(kind, AlgorithmKind::Ppo | AlgorithmKind::PpoAc);
+        assert_eq!(e.rollout.n, if ppo_type { 1 } else { 4 }, "{}", e.name);
+        assert_eq!(e.critic.is_some(), ppo_type, "{}", e.name);
+        assert_eq!(
+            e.trainer.batch_size / e.actor.mini_batch_size,
+            4,
+            "{}: 4 mini-batches per step",
+            e.name
+        );
+        match (kind, e.algorithm.clip) {
+            (AlgorithmKind::PpoAc, PolicyClip::Advantage { alpha }) => assert_eq!(alpha, 3.0),
+            (AlgorithmKind::GrpoAc, PolicyClip::Advantage { alpha }) => assert_eq!(alpha, 2.0),
+            (
+                AlgorithmKind::Ppo,
+                PolicyClip::Ratio {
+                    eps_low, eps_high, ..
+                },
+            ) => {
+                assert_eq!((eps_low, eps_high), (0.2, 0.2))
+            }
+            (
+                AlgorithmKind::Grpo,
+                PolicyClip::Ratio {
+                    eps_low, eps_high, ..
+                },
+            ) => {
+                assert_eq!((eps_low, eps_high), (0.2, 0.28))
+            }
+            other => panic!("{}: unexpected {other:?}", e.name),
+        }
+        assert_eq!(
+            e.actor.optim.lr_schedule,
+            acpo::manifest::LrSchedule::Constant
+        );
+        let init = e.model.init.as_ref().expect("mini models are created");
+        assert!(init.warm_start.is_some(), "{}: warm start", e.name);
+        assert_eq!(e.eval.benchmarks.len(), 4);
+    }
+    // A matched pair differs only in the algorithm (and its name).
+    let canon = |e: &Experiment| {
+        let mut v = serde_json::to_value(e).expect("json");
+        v["name"] = serde_json::Value::Null;
+        v["algorithm"] = serde_json::Value::Null;
+        v
+    };
+    for base in exps
+        .iter()
+        .filter(|e| matches!(e.algorithm.kind, AlgorithmKind::Ppo | AlgorithmKind::Grpo))
+    {
+        let ac = exps
+            .iter()
+            .find(|e| e.name == format!("{}-ac", base.name))
+            .expect("its -AC twin");
+        assert_eq!(canon(base), canon(ac), "{} vs {}", base.name, ac.name);
+    }
+}
