@@ -15,7 +15,7 @@ SIZES = {  # stand-ins for the paper's four models, smallest to largest
     "m": "Qwen2.5-Math-7B",
     "l": "Qwen3-8B",
 }
-WARM = dict(steps=800, batch_size=32, lr=5.0e-3, warmup_steps=20, max_response_length=48)
+WARM = dict(steps=1600, batch_size=32, lr=5.0e-3, warmup_steps=20, max_response_length=48)
 PPO = dict(batch=32, mini=8, steps=32, lr=2.0e-4, critic_lr=2.0e-3)
 GRPO = dict(batch=16, mini=4, steps=16, lr=2.0e-4)
 EVAL = dict(k=1, every_ppo=8, every_grpo=4)
