@@ -48,7 +48,7 @@ pub fn sha256_file(path: &Path) -> Result<String> {
         }
         h.update(&buf[..n]);
     }
-    Ok(h.finalize().iter().map(|b| format!("{b:02x}")).collect())
+    Ok(crate::manifest::hex(&h.finalize()))
 }
 
 /// Every file under `root` (relative, `/`-separated, sorted), except `SHA256SUMS` files at the

@@ -340,29 +340,23 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             char_tokenizer,
             bpe_tokenizer,
         }) => {
-            if char_tokenizer {
-                let cfg = acpo::model::QwenConfig::load(&config)?;
-                if cfg.vocab_size < acpo::model::init::CHAR_VOCAB {
-                    bail!(
-                        "{}: vocab_size {} is smaller than the character tokenizer's {}",
-                        config.display(),
-                        cfg.vocab_size,
-                        acpo::model::init::CHAR_VOCAB
-                    );
-                }
+            use acpo::manifest::InitTokenizer;
+            use acpo::model::init;
+            let tokenizer = match (char_tokenizer, bpe_tokenizer) {
+                (true, _) => Some(InitTokenizer::Char),
+                (_, true) => Some(InitTokenizer::Bpe),
+                _ => None,
+            };
+            let vocab_size = acpo::model::QwenConfig::load(&config)?.vocab_size;
+            // Refuse a tokenizer the model cannot hold before writing anything.
+            if let Some(kind) = tokenizer {
+                init::check_tokenizer_fits(kind, vocab_size, &config)?;
             }
-            let params = acpo::model::init::write_random_model(&config, &out, seed)?;
-            if char_tokenizer {
-                acpo::model::init::write_char_tokenizer(&out)?;
-            }
-            if bpe_tokenizer {
-                let cfg = acpo::model::QwenConfig::load(&config)?;
-                let size = acpo::model::init::write_bpe_tokenizer(
-                    &out,
-                    &acpo::bench::synthetic::tokenizer_corpus(),
-                    cfg.vocab_size,
-                )?;
-                println!("trained a BPE tokenizer with {size} tokens");
+            let params = init::write_random_model(&config, &out, seed)?;
+            if let Some(kind) = tokenizer {
+                let size = init::write_tokenizer(kind, &out, vocab_size, &config)?;
+                let name = format!("{kind:?}").to_lowercase();
+                println!("wrote a {name} tokenizer with {size} tokens");
             }
             println!(
                 "wrote a random model ({} tensors, {} parameters, seed {seed}) to {}",
@@ -846,24 +840,19 @@ fn train_all(args: &ReproduceArgs, manifests: &[PathBuf]) -> anyhow::Result<()> 
     }
     let started = std::time::Instant::now();
     let total = exps.len();
-    let pending: Vec<usize> = (0..total)
-        .filter(|&i| {
-            let (exp, _) = &exps[i];
-            let done = latest_checkpoint(&run_dir(exp, &args.results))
-                .ok()
-                .flatten()
-                .map(|c| c.0);
-            if done == Some(exp.trainer.total_steps) {
-                println!("[{}/{total}] {}: finished earlier, reused", i + 1, exp.name);
-                false
-            } else {
-                true
-            }
-        })
-        .collect();
+    // Unfinished runs with the step of their last checkpoint (None: not started).
+    let mut pending: Vec<(usize, Option<usize>)> = Vec::new();
+    for (i, (exp, _)) in exps.iter().enumerate() {
+        let done = latest_checkpoint(&run_dir(exp, &args.results))?.map(|c| c.0);
+        if done == Some(exp.trainer.total_steps) {
+            println!("[{}/{total}] {}: finished earlier, reused", i + 1, exp.name);
+        } else {
+            pending.push((i, done));
+        }
+    }
     // Phase 1: each created model once (several runs share one), in parallel.
     let mut models: Vec<usize> = Vec::new();
-    for &i in &pending {
+    for &(i, _) in &pending {
         let src = &exps[i].0.model;
         if src.init.is_some() && !models.iter().any(|&j| exps[j].0.model.source == src.source) {
             models.push(i);
@@ -871,17 +860,20 @@ fn train_all(args: &ReproduceArgs, manifests: &[PathBuf]) -> anyhow::Result<()> 
     }
     let failed = AtomicBool::new(false);
     let first_error: Mutex<Option<anyhow::Error>> = Mutex::new(None);
-    let queue = |work: &[usize], f: &(dyn Fn(usize) -> anyhow::Result<()> + Sync)| {
+    // Runs f(0), …, f(n − 1) on `jobs` threads, each taking the next index when free.
+    let queue = |n: usize, f: &(dyn Fn(usize) -> anyhow::Result<()> + Sync)| {
         let next = AtomicUsize::new(0);
         std::thread::scope(|scope| {
-            for _ in 0..jobs.min(work.len()) {
+            for _ in 0..jobs.min(n) {
                 scope.spawn(|| loop {
                     if failed.load(Ordering::SeqCst) {
                         return;
                     }
                     let k = next.fetch_add(1, Ordering::SeqCst);
-                    let Some(&i) = work.get(k) else { return };
-                    if let Err(e) = f(i) {
+                    if k >= n {
+                        return;
+                    }
+                    if let Err(e) = f(k) {
                         failed.store(true, Ordering::SeqCst);
                         first_error.lock().expect("lock").get_or_insert(e);
                         return;
@@ -891,8 +883,8 @@ fn train_all(args: &ReproduceArgs, manifests: &[PathBuf]) -> anyhow::Result<()> 
         });
     };
     let parallel = jobs > 1;
-    queue(&models, &|i| {
-        let (exp, _) = &exps[i];
+    queue(models.len(), &|k| {
+        let (exp, _) = &exps[models[k]];
         let mut display = progress_display(parallel.then(|| exp.name.clone()));
         acpo::train::ensure_model(exp, &mut display)?;
         Ok(())
@@ -910,10 +902,9 @@ fn train_all(args: &ReproduceArgs, manifests: &[PathBuf]) -> anyhow::Result<()> 
     // Phase 2: the runs.
     let finished = AtomicUsize::new(0);
     let runs_started = std::time::Instant::now();
-    queue(&pending, &|i| {
+    queue(pending.len(), &|k| {
+        let (i, done) = pending[k];
         let (exp, text) = &exps[i];
-        let dir = run_dir(exp, &args.results);
-        let done = latest_checkpoint(&dir)?.map(|c| c.0);
         println!(
             "[{}/{total}] {}: {}",
             i + 1,

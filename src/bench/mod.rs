@@ -16,7 +16,6 @@ pub mod synthetic;
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use crate::manifest::{Benchmark, PromptTemplate};
 use crate::model::hub::HubOptions;
@@ -116,17 +115,9 @@ pub enum DataError {
     Hub(#[from] crate::model::ModelError),
     #[error("{path}: parquet: {reason}")]
     Parquet { path: PathBuf, reason: String },
-}
-
-pub fn sha256_file(path: &Path) -> Result<String, DataError> {
-    let bytes = std::fs::read(path).map_err(|source| DataError::Io {
-        path: path.to_owned(),
-        source,
-    })?;
-    Ok(Sha256::digest(&bytes)
-        .iter()
-        .map(|b| format!("{b:02x}"))
-        .collect())
+    /// Reading a file to check its SHA-256.
+    #[error(transparent)]
+    Digest(#[from] crate::archive::ArchiveError),
 }
 
 /// Loads a dataset, checking its checksum and row count.
@@ -134,7 +125,7 @@ pub fn load(spec: &DatasetSpec, from: &DataLocation) -> Result<Vec<Problem>, Dat
     match from {
         DataLocation::Dir(dir) => {
             let path = dir.join(spec.file);
-            let got = sha256_file(&path)?;
+            let got = crate::archive::sha256_file(&path)?;
             if got != spec.sha256 {
                 return Err(DataError::Checksum {
                     path,

@@ -9,6 +9,7 @@ use std::path::Path;
 use candle_core::{DType, Device, Tensor, Var};
 
 use super::{write_atomic, ModelError, Params, QwenConfig, Result};
+use crate::manifest::InitTokenizer;
 use crate::rng::SplitMix64;
 
 fn normal(
@@ -192,8 +193,50 @@ pub fn write_char_tokenizer(out: &Path) -> Result<()> {
     write_atomic(&out.join("tokenizer_config.json"), json(&cfg).as_bytes())
 }
 
+/// Fails, writing nothing, when a model with `vocab_size` embedding rows (from the config at
+/// `config`) cannot hold a tokenizer of `kind`.
+pub fn check_tokenizer_fits(kind: InitTokenizer, vocab_size: usize, config: &Path) -> Result<()> {
+    let (need, what) = match kind {
+        InitTokenizer::Char => (CHAR_VOCAB, "the character tokenizer's"),
+        InitTokenizer::Bpe => (BPE_MIN_VOCAB, "a byte-level BPE's minimum"),
+    };
+    if vocab_size < need {
+        return Err(ModelError::Config {
+            path: config.to_owned(),
+            reason: format!("vocab_size {vocab_size} is smaller than {what} {need}"),
+        });
+    }
+    Ok(())
+}
+
+/// Writes the tokenizer of `kind` for a model with `vocab_size` embedding rows into `out`
+/// (`char`, or `bpe` trained on the synthetic task's corpus); returns its size, which is at
+/// most `vocab_size`.
+pub fn write_tokenizer(
+    kind: InitTokenizer,
+    out: &Path,
+    vocab_size: usize,
+    config: &Path,
+) -> Result<usize> {
+    check_tokenizer_fits(kind, vocab_size, config)?;
+    match kind {
+        InitTokenizer::Char => {
+            write_char_tokenizer(out)?;
+            Ok(CHAR_VOCAB)
+        }
+        InitTokenizer::Bpe => write_bpe_tokenizer(
+            out,
+            &crate::bench::synthetic::tokenizer_corpus(),
+            vocab_size,
+        ),
+    }
+}
+
 /// Special tokens of the BPE tokenizer: EOS first (id 0), then padding (id 1).
 pub const BPE_SPECIALS: [&str; 2] = ["<|endoftext|>", "<|pad|>"];
+
+/// The 256 bytes and the specials: the smallest byte-level BPE vocabulary.
+pub const BPE_MIN_VOCAB: usize = 256 + BPE_SPECIALS.len();
 
 /// Trains a byte-level BPE tokenizer on `corpus` (at most `vocab_size` tokens, the 256 bytes
 /// and [`BPE_SPECIALS`] included) and writes `tokenizer.json` + `tokenizer_config.json`.
@@ -212,7 +255,7 @@ pub fn write_bpe_tokenizer(out: &Path, corpus: &[String], vocab_size: usize) -> 
         path: out.join("tokenizer.json"),
         reason: format!("training the BPE tokenizer: {e}"),
     };
-    let min = 256 + BPE_SPECIALS.len();
+    let min = BPE_MIN_VOCAB;
     if vocab_size < min {
         return Err(ModelError::Tokenizer {
             path: out.join("tokenizer.json"),

@@ -163,16 +163,14 @@ pub fn run(m: &Mdp, setting: Setting, n: usize) -> Trace {
         for s in 0..ns {
             trace.max_value_increase = trace.max_value_increase.max(next_values.v[s] - values.v[s]);
         }
-        // θ_k = max{1, max_s r_{k+1}(s)/r_k(s)} with r = 1/λ.
-        trace.theta.push(
-            (0..ns)
-                .map(|s| lambda[s] / next_lambda[s])
-                .fold(1.0, f64::max),
-        );
+        // θ_k = max{1, max_s r_{k+1}(s)/r_k(s)} with r = 1/λ (Lemma "variation"); it is also
+        // the adaptive rule's factor: η_{k+1} = η_k · max{1, max_s λ_k(s)/λ_{k+1}(s)}.
+        let theta = (0..ns)
+            .map(|s| lambda[s] / next_lambda[s])
+            .fold(1.0, f64::max);
+        trace.theta.push(theta);
         if setting.rule == StepRule::Adaptive {
-            eta *= (0..ns)
-                .map(|s| lambda[s] / next_lambda[s])
-                .fold(1.0, f64::max);
+            eta *= theta;
         }
         pi = next;
         values = next_values;

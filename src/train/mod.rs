@@ -1089,25 +1089,13 @@ pub fn ensure_model(exp: &Experiment, mut on_event: impl FnMut(Event<'_>)) -> Re
     let cfg = QwenConfig::load(&tmp.join("config.json"))?;
     let tokenizer_vocab = match init.tokenizer {
         None => None,
-        Some(crate::manifest::InitTokenizer::Char) => {
-            init::write_char_tokenizer(&tmp)?;
-            Some(init::CHAR_VOCAB)
-        }
-        Some(crate::manifest::InitTokenizer::Bpe) => Some(init::write_bpe_tokenizer(
+        Some(kind) => Some(init::write_tokenizer(
+            kind,
             &tmp,
-            &bench::synthetic::tokenizer_corpus(),
             cfg.vocab_size,
+            &init.config,
         )?),
     };
-    if let Some(v) = tokenizer_vocab {
-        if v > cfg.vocab_size {
-            return Err(TrainError::Run(format!(
-                "{}: vocab_size {} is smaller than the tokenizer's {v}",
-                init.config.display(),
-                cfg.vocab_size
-            )));
-        }
-    }
     let warm = match &init.warm_start {
         None => None,
         Some(spec) => {
