@@ -12,6 +12,7 @@ pub mod archive;
 pub mod atomic;
 pub mod bench;
 pub mod eval;
+pub mod fused;
 pub mod manifest;
 pub mod model;
 pub mod optim;

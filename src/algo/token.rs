@@ -32,7 +32,20 @@ fn scaled(logits: &Tensor, temperature: f64) -> Result<Tensor> {
 /// log softmax(logits / T)[token]; `logits` `(..., V)`, `tokens` `(...)` (u32) → `(...)`.
 pub fn log_probs(logits: &Tensor, tokens: &Tensor, temperature: f64) -> Result<Tensor> {
     let z = scaled(logits, temperature)?;
-    let lse = log_sum_exp(&z)?; // (..., 1)
+    if crate::fused::applies(&z) {
+        // One pass forward and one backward instead of eight ops each (same math, below).
+        return crate::fused::token_log_probs(&z, tokens);
+    }
+    log_probs_composed_scaled(&z, tokens)
+}
+
+/// [`log_probs`] from basic ops: the reference the fused CPU kernel is tested against.
+pub fn log_probs_composed(logits: &Tensor, tokens: &Tensor, temperature: f64) -> Result<Tensor> {
+    log_probs_composed_scaled(&scaled(logits, temperature)?, tokens)
+}
+
+fn log_probs_composed_scaled(z: &Tensor, tokens: &Tensor) -> Result<Tensor> {
+    let lse = log_sum_exp(z)?; // (..., 1)
     let chosen = z.gather(
         &tokens
             .to_dtype(DType::U32)?

@@ -50,7 +50,12 @@ fn matmul_last(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> candle_core::Resul
     let dims = x.dims().to_vec();
     let inp = *dims.last().expect("invariant: at least 1-D");
     let rows = x.elem_count() / inp.max(1);
-    let y = x.reshape((rows, inp))?.matmul(&w.t()?)?;
+    let x2 = x.reshape((rows, inp))?;
+    // Decoding multiplies a few rows by every weight matrix: stream W instead of packing it.
+    let y = match crate::fused::linear_small_m(&x2, w)? {
+        Some(y) => y,
+        None => x2.matmul(&w.t()?)?,
+    };
     let y = match b {
         Some(b) => y.broadcast_add(b)?,
         None => y,
@@ -60,7 +65,8 @@ fn matmul_last(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> candle_core::Resul
     y.reshape(out)
 }
 
-/// RMSNorm from basic ops: x / sqrt(mean(x²) + ε) · w, computed in f32 like HF.
+/// RMSNorm: x / sqrt(mean(x²) + ε) · w, computed in f32 like HF (fused on CPU f32, with its
+/// backward; from basic ops elsewhere).
 #[derive(Debug, Clone)]
 struct RmsNorm {
     weight: Tensor,
@@ -69,11 +75,7 @@ struct RmsNorm {
 
 impl RmsNorm {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let dtype = x.dtype();
-        let x32 = x.to_dtype(DType::F32)?;
-        let var = x32.sqr()?.mean_keepdim(D::Minus1)?;
-        let normed = x32.broadcast_div(&(var + self.eps)?.sqrt()?)?;
-        Ok(normed.to_dtype(dtype)?.broadcast_mul(&self.weight)?)
+        Ok(crate::fused::rms_norm(x, &self.weight, self.eps)?)
     }
 }
 
@@ -104,13 +106,6 @@ fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     let x2 = x.narrow(D::Minus1, half, half)?;
     let rotated = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
     Ok((x.broadcast_mul(cos)? + rotated.broadcast_mul(sin)?)?)
-}
-
-/// Softmax over the last dim from basic ops, with a detached max shift.
-fn softmax_last(x: &Tensor) -> Result<Tensor> {
-    let max = x.max_keepdim(D::Minus1)?.detach();
-    let e = x.broadcast_sub(&max)?.exp()?;
-    Ok(e.broadcast_div(&e.sum_keepdim(D::Minus1)?)?)
 }
 
 #[derive(Debug, Clone)]
@@ -155,22 +150,19 @@ impl Attention {
             Some((pk, pv)) => (Tensor::cat(&[pk, &k], 2)?, Tensor::cat(&[pv, &v], 2)?),
             None => (k, v),
         };
+        // Grouped-query attention without repeating K/V: query head h uses KV head h / rep, so
+        // the rep query heads of one KV head are stacked as rows of one product with it.
         let rep = self.heads / self.kv_heads;
-        let expand = |y: &Tensor| -> Result<Tensor> {
-            if rep == 1 {
-                return Ok(y.clone());
-            }
-            let (b, kv, s, d) = y.dims4()?;
-            Ok(y.unsqueeze(2)?
-                .expand((b, kv, rep, s, d))?
-                .reshape((b, kv * rep, s, d))?)
-        };
-        let (ke, ve) = (expand(&k)?, expand(&v)?);
+        let s = k.dim(2)?;
         let scale = 1.0 / (self.head_dim as f64).sqrt();
-        let scores = (q.matmul(&ke.transpose(2, 3)?.contiguous()?)? * scale)?; // (B, H, T, S)
-        let probs = softmax_last(&scores.broadcast_add(bias)?)?;
-        let out = probs.matmul(&ve)?; // (B, H, T, D)
+        let qg = q.reshape((b, self.kv_heads, rep * t, self.head_dim))?;
+        let scores = (qg.matmul(&k.t()?)? * scale)?; // (B, KV, rep·T, S)
+        let scores = scores.reshape((b, self.kv_heads, rep, t, s))?;
+        let probs = crate::fused::softmax_last(&scores.broadcast_add(&bias.unsqueeze(2)?)?)?;
+        let probs = probs.reshape((b, self.kv_heads, rep * t, s))?;
+        let out = probs.matmul(&v)?; // (B, KV, rep·T, D) = (B, H, T, D)
         let out = out
+            .reshape((b, self.heads, t, self.head_dim))?
             .transpose(1, 2)?
             .contiguous()?
             .reshape((b, t, self.heads * self.head_dim))?;

@@ -3,6 +3,7 @@
 mod archive;
 mod cli;
 mod eval;
+mod fused;
 mod manifest;
 mod mini;
 mod model;

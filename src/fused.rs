@@ -1,0 +1,525 @@
+//! Fused CPU kernels, each with its backward, for the hot spots of a training step and of
+//! sampling on CPU (f32).
+//!
+//! The model is built from basic candle ops so that every weight gets a gradient (candle's own
+//! fused `softmax_last_dim` / `rms_norm` have no backward). Composed ops cost one pass over
+//! memory and one allocation each, forward and backward: RMSNorm is 6 passes, the attention
+//! softmax 5, the token log-probability 8, and their backward passes more. The ops here do the
+//! same math in one pass and define `bwd` explicitly, so the autograd graph stays complete.
+//!
+//! - [`softmax_last`]: softmax over the last dim; backward `dx = y ⊙ (dy − Σ dy·y)`.
+//! - [`rms_norm`]: `x / sqrt(mean(x²) + ε) · w`; backward for `x` and `w`.
+//! - [`token_log_probs`]: `log softmax(z)[t]` per row; backward `dz = g · (onehot(t) − softmax(z))`.
+//! - [`linear_small_m`]: `x · Wᵀ` for a handful of rows (sampling decodes 1 token per sequence):
+//!   a general GEMM packs W for every call, which costs more than the product at these shapes;
+//!   this kernel streams W once, row by row.
+//!
+//! Every op has a composed reference path (other devices, other dtypes) and the tests in
+//! `tests/it/fused.rs` compare values and gradients of the two.
+
+use candle_core::{
+    CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, D,
+};
+use rayon::prelude::*;
+
+/// Rows of work below which an op runs on the calling thread: a task hand-off costs more than
+/// the work (measured on the tiny model, where most tensors are a few thousand floats).
+const PAR_MIN_ELEMS: usize = 1 << 16;
+
+/// Whether the fused CPU path applies to `t`.
+pub fn applies(t: &Tensor) -> bool {
+    t.device().is_cpu() && t.dtype() == DType::F32
+}
+
+fn slice_f32<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> Result<&'a [f32]> {
+    let data = s.as_slice::<f32>()?;
+    match l.contiguous_offsets() {
+        Some((a, b)) => Ok(&data[a..b]),
+        None => candle_core::bail!("{what}: input must be contiguous"),
+    }
+}
+
+/// Runs `f` on each `row_len`-long row pair of `out` (and row index), in parallel when large.
+fn for_rows<F>(out: &mut [f32], row_len: usize, f: F)
+where
+    F: Fn(usize, &mut [f32]) + Sync + Send,
+{
+    if out.len() >= PAR_MIN_ELEMS && row_len > 0 {
+        out.par_chunks_mut(row_len)
+            .enumerate()
+            .for_each(|(i, r)| f(i, r));
+    } else {
+        for (i, r) in out.chunks_mut(row_len.max(1)).enumerate() {
+            f(i, r);
+        }
+    }
+}
+
+fn row_max(x: &[f32]) -> f32 {
+    x.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Softmax over the last dim.
+
+struct Softmax;
+
+impl CustomOp1 for Softmax {
+    fn name(&self) -> &'static str {
+        "acpo-softmax-last"
+    }
+
+    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
+        let x = slice_f32(s, l, self.name())?;
+        let n = l.dims().last().copied().unwrap_or(1);
+        let mut y = vec![0f32; x.len()];
+        for_rows(&mut y, n, |i, out| {
+            let row = &x[i * n..(i + 1) * n];
+            let m = row_max(row);
+            let mut sum = 0f32;
+            for (o, &v) in out.iter_mut().zip(row) {
+                *o = (v - m).exp();
+                sum += *o;
+            }
+            let inv = 1.0 / sum;
+            out.iter_mut().for_each(|o| *o *= inv);
+        });
+        Ok((CpuStorage::F32(y), l.shape().clone()))
+    }
+
+    fn bwd(&self, _x: &Tensor, y: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
+        // dx = y ⊙ (dy − Σ_j dy_j y_j)
+        let dot = (dy * y)?.sum_keepdim(D::Minus1)?;
+        Ok(Some((dy.broadcast_sub(&dot)? * y)?))
+    }
+}
+
+/// Softmax over the last dim of `x`; fused on CPU f32, composed from basic ops elsewhere.
+pub fn softmax_last(x: &Tensor) -> Result<Tensor> {
+    if applies(x) {
+        return x.contiguous()?.apply_op1(Softmax);
+    }
+    softmax_last_composed(x)
+}
+
+/// The reference: softmax from basic ops, with a detached max shift.
+pub fn softmax_last_composed(x: &Tensor) -> Result<Tensor> {
+    let max = x.max_keepdim(D::Minus1)?.detach();
+    let e = x.broadcast_sub(&max)?.exp()?;
+    e.broadcast_div(&e.sum_keepdim(D::Minus1)?)
+}
+
+// ---------------------------------------------------------------------------------------------
+// RMSNorm.
+
+struct RmsNorm {
+    eps: f32,
+}
+
+fn inv_rms(row: &[f32], eps: f32) -> f32 {
+    let ss: f32 = row.iter().map(|v| v * v).sum();
+    1.0 / (ss / row.len() as f32 + eps).sqrt()
+}
+
+impl CustomOp2 for RmsNorm {
+    fn name(&self) -> &'static str {
+        "acpo-rms-norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let x = slice_f32(s1, l1, self.name())?;
+        let w = slice_f32(s2, l2, self.name())?;
+        let n = w.len();
+        let mut y = vec![0f32; x.len()];
+        for_rows(&mut y, n, |i, out| {
+            let row = &x[i * n..(i + 1) * n];
+            let r = inv_rms(row, self.eps);
+            for ((o, &v), &g) in out.iter_mut().zip(row).zip(w) {
+                *o = v * r * g;
+            }
+        });
+        Ok((CpuStorage::F32(y), l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _y: &Tensor,
+        dy: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let n = w.elem_count();
+        let rows = x.elem_count() / n.max(1);
+        // One pass computes dx (rows 0..rows) and dw (last row) together.
+        let both = x.contiguous()?.apply_op3_no_bwd(
+            &w.contiguous()?,
+            &dy.contiguous()?,
+            &RmsNormBwd { eps: self.eps },
+        )?;
+        let dx = both.narrow(0, 0, rows)?.reshape(x.shape())?;
+        let dw = both.narrow(0, rows, 1)?.reshape(w.shape())?;
+        Ok((Some(dx), Some(dw)))
+    }
+}
+
+/// Backward of RMSNorm: with r = 1/rms(x) and g = dy ⊙ w,
+/// dx = r·g − x · r³ · mean(g ⊙ x), dw = Σ_rows dy ⊙ x · r. Output `(rows + 1, n)`.
+struct RmsNormBwd {
+    eps: f32,
+}
+
+impl CustomOp3 for RmsNormBwd {
+    fn name(&self) -> &'static str {
+        "acpo-rms-norm-bwd"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let x = slice_f32(s1, l1, self.name())?;
+        let w = slice_f32(s2, l2, self.name())?;
+        let dy = slice_f32(s3, l3, self.name())?;
+        let n = w.len();
+        let rows = x.len() / n.max(1);
+        let mut out = vec![0f32; (rows + 1) * n];
+        let (dx, dw) = out.split_at_mut(rows * n);
+        for_rows(dx, n, |i, o| {
+            let (xr, dyr) = (&x[i * n..(i + 1) * n], &dy[i * n..(i + 1) * n]);
+            let r = inv_rms(xr, self.eps);
+            let gx: f32 = xr.iter().zip(dyr).zip(w).map(|((a, b), c)| a * b * c).sum();
+            let c = r * r * r * gx / n as f32;
+            for (j, oj) in o.iter_mut().enumerate() {
+                *oj = r * dyr[j] * w[j] - xr[j] * c;
+            }
+        });
+        // dw accumulates over rows: serial over rows, vectorisable over the row.
+        for i in 0..rows {
+            let (xr, dyr) = (&x[i * n..(i + 1) * n], &dy[i * n..(i + 1) * n]);
+            let r = inv_rms(xr, self.eps);
+            for ((d, a), b) in dw.iter_mut().zip(xr).zip(dyr) {
+                *d += a * b * r;
+            }
+        }
+        Ok((CpuStorage::F32(out), Shape::from((rows + 1, n))))
+    }
+}
+
+/// RMSNorm over the last dim, `x / sqrt(mean(x²) + ε) · w`; fused on CPU f32.
+pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
+    if applies(x) && applies(w) {
+        return x
+            .contiguous()?
+            .apply_op2(&w.contiguous()?, RmsNorm { eps: eps as f32 });
+    }
+    rms_norm_composed(x, w, eps)
+}
+
+/// The reference: RMSNorm from basic ops, in f32 like HF.
+pub fn rms_norm_composed(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
+    let dtype = x.dtype();
+    let x32 = x.to_dtype(DType::F32)?;
+    let var = x32.sqr()?.mean_keepdim(D::Minus1)?;
+    let normed = x32.broadcast_div(&(var + eps)?.sqrt()?)?;
+    normed.to_dtype(dtype)?.broadcast_mul(w)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Token log-probabilities.
+
+/// log softmax(z)[t] per row; `z` `(N, V)` f32, `t` `(N)` u32.
+struct TokenLogProbs;
+
+fn log_sum_exp(row: &[f32]) -> f32 {
+    let m = row_max(row);
+    let s: f32 = row.iter().map(|&v| (v - m).exp()).sum();
+    m + s.ln()
+}
+
+fn targets_u32<'a>(s: &'a CpuStorage, l: &Layout, v: usize, what: &str) -> Result<&'a [u32]> {
+    let data = s.as_slice::<u32>()?;
+    let t = match l.contiguous_offsets() {
+        Some((a, b)) => &data[a..b],
+        None => candle_core::bail!("{what}: targets must be contiguous"),
+    };
+    if let Some(bad) = t.iter().find(|&&t| t as usize >= v) {
+        candle_core::bail!("{what}: target token {bad} outside the vocabulary of {v}");
+    }
+    Ok(t)
+}
+
+impl CustomOp2 for TokenLogProbs {
+    fn name(&self) -> &'static str {
+        "acpo-token-log-probs"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let z = slice_f32(s1, l1, self.name())?;
+        let v = l1.dims().last().copied().unwrap_or(1);
+        let t = targets_u32(s2, l2, v, self.name())?;
+        let lp: Vec<f32> = if z.len() >= PAR_MIN_ELEMS {
+            t.par_iter()
+                .enumerate()
+                .map(|(i, &ti)| {
+                    let row = &z[i * v..(i + 1) * v];
+                    row[ti as usize] - log_sum_exp(row)
+                })
+                .collect()
+        } else {
+            t.iter()
+                .enumerate()
+                .map(|(i, &ti)| {
+                    let row = &z[i * v..(i + 1) * v];
+                    row[ti as usize] - log_sum_exp(row)
+                })
+                .collect()
+        };
+        Ok((CpuStorage::F32(lp), Shape::from(t.len())))
+    }
+
+    fn bwd(
+        &self,
+        z: &Tensor,
+        t: &Tensor,
+        _lp: &Tensor,
+        g: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let dz = z.apply_op3_no_bwd(t, &g.contiguous()?, &TokenLogProbsBwd)?;
+        Ok((Some(dz), None))
+    }
+}
+
+/// dz = g · (onehot(t) − softmax(z)), the softmax recomputed row by row (never stored).
+struct TokenLogProbsBwd;
+
+impl CustomOp3 for TokenLogProbsBwd {
+    fn name(&self) -> &'static str {
+        "acpo-token-log-probs-bwd"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let z = slice_f32(s1, l1, self.name())?;
+        let v = l1.dims().last().copied().unwrap_or(1);
+        let t = targets_u32(s2, l2, v, self.name())?;
+        let g = slice_f32(s3, l3, self.name())?;
+        let mut dz = vec![0f32; z.len()];
+        for_rows(&mut dz, v, |i, o| {
+            let row = &z[i * v..(i + 1) * v];
+            let gi = g[i];
+            if gi == 0.0 {
+                return;
+            }
+            let lse = log_sum_exp(row);
+            for (oj, &zj) in o.iter_mut().zip(row) {
+                *oj = -gi * (zj - lse).exp();
+            }
+            o[t[i] as usize] += gi;
+        });
+        Ok((CpuStorage::F32(dz), l1.shape().clone()))
+    }
+}
+
+/// log softmax(z)[t] over the last dim: `z` `(..., V)` f32, `t` `(...)` u32 → `(...)`.
+/// Callers check [`applies`] first; the composed reference lives in `algo::token`.
+pub fn token_log_probs(z: &Tensor, t: &Tensor) -> Result<Tensor> {
+    let dims = t.dims().to_vec();
+    let v = z.dim(D::Minus1)?;
+    let z2 = z.contiguous()?.reshape(((), v))?;
+    let t1 = t.to_dtype(DType::U32)?.contiguous()?.flatten_all()?;
+    z2.apply_op2(&t1, TokenLogProbs)?.reshape(dims)
+}
+
+// ---------------------------------------------------------------------------------------------
+// x · Wᵀ for a few rows.
+
+/// Largest row count routed to [`linear_small_m`]: beyond it GEMM's packing pays for itself.
+pub const SMALL_M: usize = 16;
+
+/// `x (m, k) · wᵀ` with `w (n, k)`, both contiguous f32, m ≤ [`SMALL_M`].
+struct LinearSmallM;
+
+impl CustomOp2 for LinearSmallM {
+    fn name(&self) -> &'static str {
+        "acpo-linear-small-m"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let x = slice_f32(s1, l1, self.name())?;
+        let w = slice_f32(s2, l2, self.name())?;
+        let (m, k) = l1.shape().dims2()?;
+        let (n, k2) = l2.shape().dims2()?;
+        if k != k2 {
+            candle_core::bail!("{}: x has {k} columns, w {k2}", self.name());
+        }
+        // Output transposed, (n, m): a contiguous block of output rows per task.
+        let mut yt = vec![0f32; n * m];
+        let block = 16usize;
+        let work = |j0: usize, out: &mut [f32]| {
+            for (dj, o) in out.chunks_mut(m).enumerate() {
+                let j = j0 + dj;
+                dot_rows(x, m, &w[j * k..(j + 1) * k], o);
+            }
+        };
+        if n * k >= 1 << 18 {
+            yt.par_chunks_mut(block * m)
+                .enumerate()
+                .for_each(|(b, out)| work(b * block, out));
+        } else {
+            work(0, &mut yt);
+        }
+        let mut y = vec![0f32; m * n];
+        for j in 0..n {
+            for r in 0..m {
+                y[r * n + j] = yt[j * m + r];
+            }
+        }
+        Ok((CpuStorage::F32(y), Shape::from((m, n))))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _y: &Tensor,
+        g: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        // y = x·wᵀ: dx = g·w, dw = gᵀ·x.
+        Ok((Some(g.matmul(w)?), Some(g.t()?.matmul(x)?)))
+    }
+}
+
+/// `out[r] = x[r] · w_row` for the `m` rows of `x` (each `w_row.len()` long).
+fn dot_rows(x: &[f32], m: usize, w_row: &[f32], out: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: the features this function is compiled for were just detected.
+            unsafe { dot_rows_avx2(x, m, w_row, out) };
+            return;
+        }
+    }
+    dot_rows_portable(x, m, w_row, out);
+}
+
+fn dot_rows_portable(x: &[f32], m: usize, w_row: &[f32], out: &mut [f32]) {
+    let k = w_row.len();
+    for (r, o) in out.iter_mut().enumerate().take(m) {
+        let xr = &x[r * k..(r + 1) * k];
+        // Eight independent partial sums, as the SIMD path keeps them.
+        let mut acc = [0f32; 8];
+        let mut chunks = xr.chunks_exact(8).zip(w_row.chunks_exact(8));
+        for (a, b) in &mut chunks {
+            for l in 0..8 {
+                acc[l] += a[l] * b[l];
+            }
+        }
+        let tail: f32 = xr[k / 8 * 8..]
+            .iter()
+            .zip(&w_row[k / 8 * 8..])
+            .map(|(a, b)| a * b)
+            .sum();
+        *o = acc.iter().sum::<f32>() + tail;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn dot_rows_avx2(x: &[f32], m: usize, w_row: &[f32], out: &mut [f32]) {
+    use std::arch::x86_64::*;
+    let k = w_row.len();
+    let full = k / 8 * 8;
+    let hsum = |v: __m256| -> f32 {
+        let lo = _mm256_castps256_ps128(v);
+        let hi = _mm256_extractf128_ps(v, 1);
+        let s = _mm_add_ps(lo, hi);
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
+        _mm_cvtss_f32(s)
+    };
+    let wp = w_row.as_ptr();
+    // Four rows at a time: one load of w feeds four FMAs.
+    let mut r = 0;
+    while r + 4 <= m {
+        let xp = [
+            x.as_ptr().add(r * k),
+            x.as_ptr().add((r + 1) * k),
+            x.as_ptr().add((r + 2) * k),
+            x.as_ptr().add((r + 3) * k),
+        ];
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let mut i = 0;
+        while i < full {
+            let wv = _mm256_loadu_ps(wp.add(i));
+            for q in 0..4 {
+                acc[q] = _mm256_fmadd_ps(_mm256_loadu_ps(xp[q].add(i)), wv, acc[q]);
+            }
+            i += 8;
+        }
+        for q in 0..4 {
+            let mut s = hsum(acc[q]);
+            for j in full..k {
+                s += *xp[q].add(j) * *wp.add(j);
+            }
+            out[r + q] = s;
+        }
+        r += 4;
+    }
+    while r < m {
+        let xp = x.as_ptr().add(r * k);
+        let mut acc = _mm256_setzero_ps();
+        let mut i = 0;
+        while i < full {
+            acc = _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(i)), _mm256_loadu_ps(wp.add(i)), acc);
+            i += 8;
+        }
+        let mut s = hsum(acc);
+        for j in full..k {
+            s += *xp.add(j) * *wp.add(j);
+        }
+        out[r] = s;
+        r += 1;
+    }
+}
+
+/// `x (m, k) · wᵀ` for `w (n, k)` when `m ≤ SMALL_M` on CPU f32; `None` when it does not apply.
+pub fn linear_small_m(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
+    let (m, _) = x.dims2()?;
+    if m == 0 || m > SMALL_M || !applies(x) || !applies(w) {
+        return Ok(None);
+    }
+    Ok(Some(
+        x.contiguous()?.apply_op2(&w.contiguous()?, LinearSmallM)?,
+    ))
+}

@@ -1,0 +1,161 @@
+//! The fused CPU kernels (src/fused.rs) against the same math composed from candle's basic ops:
+//! values and gradients, on shapes that hit both the serial and the row-parallel paths and
+//! widths that are not multiples of the SIMD lane count.
+
+use acpo::algo::token;
+use acpo::fused;
+use candle_core::{DType, Device, Tensor, Var};
+
+fn randn(seed: u64, shape: &[usize], scale: f32) -> Tensor {
+    let mut rng = acpo::rng::SplitMix64::new(seed);
+    let n: usize = shape.iter().product();
+    let v: Vec<f32> = (0..n).map(|_| rng.next_normal() as f32 * scale).collect();
+    Tensor::from_vec(v, shape, &Device::Cpu).unwrap()
+}
+
+fn max_rel_diff(a: &Tensor, b: &Tensor) -> f32 {
+    let a = a.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let b = b.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    assert_eq!(a.len(), b.len());
+    let scale = b.iter().fold(1e-6f32, |m, x| m.max(x.abs()));
+    a.iter()
+        .zip(&b)
+        .map(|(x, y)| (x - y).abs() / scale)
+        .fold(0.0, f32::max)
+}
+
+/// Value and gradients (w.r.t. `inputs`) of Σ f(inputs) ⊙ probe, for a fixed random probe.
+fn value_and_grads(inputs: &[Tensor], f: &dyn Fn(&[Tensor]) -> Tensor) -> (Tensor, Vec<Tensor>) {
+    let vars: Vec<Var> = inputs
+        .iter()
+        .map(|t| Var::from_tensor(t).unwrap())
+        .collect();
+    let ts: Vec<Tensor> = vars.iter().map(|v| v.as_tensor().clone()).collect();
+    let y = f(&ts);
+    let probe = randn(99, y.dims(), 1.0);
+    let loss = (&y * &probe).unwrap().sum_all().unwrap();
+    let g = loss.backward().unwrap();
+    let grads = ts
+        .iter()
+        .map(|t| g.get(t).expect("every input gets a gradient").clone())
+        .collect();
+    (y, grads)
+}
+
+fn assert_same(
+    what: &str,
+    inputs: &[Tensor],
+    fused_f: &dyn Fn(&[Tensor]) -> Tensor,
+    composed_f: &dyn Fn(&[Tensor]) -> Tensor,
+    tol: f32,
+) {
+    let (y1, g1) = value_and_grads(inputs, fused_f);
+    let (y2, g2) = value_and_grads(inputs, composed_f);
+    let d = max_rel_diff(&y1, &y2);
+    assert!(d < tol, "{what}: values differ by {d}");
+    for (i, (a, b)) in g1.iter().zip(&g2).enumerate() {
+        let d = max_rel_diff(a, b);
+        assert!(d < tol, "{what}: gradient of input {i} differs by {d}");
+    }
+}
+
+#[test]
+fn fused_softmax_matches_the_composed_one_with_gradients() {
+    // (2, 3, 5, 37): serial; (4, 8, 64, 300): 614k elements, row-parallel.
+    for (seed, shape) in [(1u64, vec![2, 3, 5, 37]), (2, vec![4, 8, 64, 300])] {
+        let x = randn(seed, &shape, 3.0);
+        // A masked column, as the attention bias makes them.
+        let mask = Tensor::from_vec(
+            (0..shape[3])
+                .map(|j| if j % 7 == 3 { -1e9f32 } else { 0.0 })
+                .collect::<Vec<_>>(),
+            shape[3],
+            &Device::Cpu,
+        )
+        .unwrap();
+        let x = x.broadcast_add(&mask).unwrap();
+        assert_same(
+            "softmax",
+            &[x],
+            &|t| fused::softmax_last(&t[0]).unwrap(),
+            &|t| fused::softmax_last_composed(&t[0]).unwrap(),
+            1e-5,
+        );
+    }
+}
+
+#[test]
+fn fused_rms_norm_matches_the_composed_one_with_gradients_for_x_and_w() {
+    for (seed, shape) in [(3u64, vec![2, 5, 19]), (4, vec![8, 128, 96])] {
+        let n = *shape.last().unwrap();
+        let x = randn(seed, &shape, 2.0);
+        let w = (randn(seed + 10, &[n], 0.3) + 1.0).unwrap();
+        assert_same(
+            "rms_norm",
+            &[x, w],
+            &|t| fused::rms_norm(&t[0], &t[1], 1e-6).unwrap(),
+            &|t| fused::rms_norm_composed(&t[0], &t[1], 1e-6).unwrap(),
+            1e-5,
+        );
+    }
+}
+
+#[test]
+fn fused_token_log_probs_match_the_composed_ones_with_gradients() {
+    for (seed, (b, t, v)) in [(5u64, (2, 3, 11)), (6, (4, 40, 1031))] {
+        let z = randn(seed, &[b, t, v], 4.0);
+        let mut rng = acpo::rng::SplitMix64::new(seed);
+        let tok: Vec<u32> = (0..b * t)
+            .map(|_| (rng.next_u64() % v as u64) as u32)
+            .collect();
+        let tok = Tensor::from_vec(tok, (b, t), &Device::Cpu).unwrap();
+        for temperature in [1.0, 0.7] {
+            assert_same(
+                "token log-probs",
+                std::slice::from_ref(&z),
+                &|x| token::log_probs(&x[0], &tok, temperature).unwrap(),
+                &|x| token::log_probs_composed(&x[0], &tok, temperature).unwrap(),
+                1e-5,
+            );
+        }
+    }
+    // A token outside the vocabulary is an error, not a read out of bounds.
+    let z = randn(7, &[1, 2, 5], 1.0);
+    let bad = Tensor::from_vec(vec![1u32, 5], (1, 2), &Device::Cpu).unwrap();
+    let err = token::log_probs(&z, &bad, 1.0).unwrap_err().to_string();
+    assert!(err.contains("outside the vocabulary"), "{err}");
+}
+
+#[test]
+fn small_row_products_match_gemm_with_gradients() {
+    // k = 77 and 768 (a tail after the 8-wide lanes and none); m from 1 to 16 (the 4-row
+    // blocks and the leftover rows); n = 600 × 768 crosses the parallel threshold.
+    for (m, k, n) in [
+        (1, 77, 5),
+        (3, 77, 33),
+        (4, 768, 600),
+        (9, 768, 600),
+        (16, 64, 40),
+    ] {
+        let x = randn(m as u64, &[m, k], 1.0);
+        let w = randn(100 + n as u64, &[n, k], 0.1);
+        assert_same(
+            &format!("linear m={m} k={k} n={n}"),
+            &[x, w],
+            &|t| {
+                fused::linear_small_m(&t[0], &t[1])
+                    .unwrap()
+                    .expect("applies to small m on CPU f32")
+            },
+            &|t| t[0].matmul(&t[1].t().unwrap()).unwrap(),
+            1e-5,
+        );
+    }
+    // Large m and other dtypes go to the general product.
+    let x = randn(1, &[17, 8], 1.0);
+    let w = randn(2, &[4, 8], 1.0);
+    assert!(fused::linear_small_m(&x, &w).unwrap().is_none());
+    let x64 = x.narrow(0, 0, 2).unwrap().to_dtype(DType::F64).unwrap();
+    let w64 = w.to_dtype(DType::F64).unwrap();
+    assert!(fused::linear_small_m(&x64, &w64).unwrap().is_none());
+}
