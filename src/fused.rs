@@ -56,7 +56,114 @@ where
 }
 
 fn row_max(x: &[f32]) -> f32 {
-    x.iter().copied().fold(f32::NEG_INFINITY, f32::max)
+    // Eight lanes with a compare-select, which compiles to packed max instructions
+    // (`f32::max` does not vectorise: it must order NaN against numbers).
+    let mut lanes = [f32::NEG_INFINITY; 8];
+    let mut chunks = x.chunks_exact(8);
+    for c in &mut chunks {
+        for l in 0..8 {
+            lanes[l] = if c[l] > lanes[l] { c[l] } else { lanes[l] };
+        }
+    }
+    chunks
+        .remainder()
+        .iter()
+        .chain(&lanes)
+        .copied()
+        .fold(f32::NEG_INFINITY, f32::max)
+}
+
+/// `out[i] = scale · exp(row[i] − shift)`; returns Σ exp(row[i] − shift). `out` may be
+/// empty (only the sum is wanted). The exponential of the softmax rows is most of their cost,
+/// and libm's `expf` is scalar: on AVX2 a vectorised Cephes polynomial (relative error ~1e-7)
+/// does eight at a time.
+fn exp_shifted(row: &[f32], shift: f32, scale: f32, out: &mut [f32]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+        {
+            // SAFETY: features detected; the kernel stays inside `row` and `out`.
+            return unsafe { exp_shifted_avx2(row, shift, scale, out) };
+        }
+    }
+    let mut sum = 0f32;
+    for (i, &v) in row.iter().enumerate() {
+        let e = (v - shift).exp();
+        sum += e;
+        if let Some(o) = out.get_mut(i) {
+            *o = scale * e;
+        }
+    }
+    sum
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn exp_shifted_avx2(row: &[f32], shift: f32, scale: f32, out: &mut [f32]) -> f32 {
+    use std::arch::x86_64::*;
+    let n = row.len();
+    let write = out.len() >= n;
+    let full = n / 8 * 8;
+    let (vshift, vscale) = (_mm256_set1_ps(shift), _mm256_set1_ps(scale));
+    let mut acc = _mm256_setzero_ps();
+    let mut i = 0;
+    while i < full {
+        let e = exp256(_mm256_sub_ps(_mm256_loadu_ps(row.as_ptr().add(i)), vshift));
+        acc = _mm256_add_ps(acc, e);
+        if write {
+            _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_mul_ps(e, vscale));
+        }
+        i += 8;
+    }
+    let mut lanes = [0f32; 8];
+    _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
+    let mut sum: f32 = lanes.iter().sum();
+    for j in full..n {
+        let e = (row[j] - shift).exp();
+        sum += e;
+        if write {
+            out[j] = scale * e;
+        }
+    }
+    sum
+}
+
+/// exp of eight lanes: x = k·ln2 + r, exp(r) by Cephes' degree-6 polynomial, times 2^k.
+/// Inputs below −87.3 give ~1e-38 instead of 0 (masked attention logits), which no sum notices.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn exp256(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
+    use std::arch::x86_64::*;
+    let x = _mm256_min_ps(
+        _mm256_max_ps(x, _mm256_set1_ps(-87.3)),
+        _mm256_set1_ps(88.3),
+    );
+    let k = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
+        x,
+        _mm256_set1_ps(std::f32::consts::LOG2_E),
+    ));
+    let r = _mm256_fnmadd_ps(k, _mm256_set1_ps(0.693_359_4), x);
+    let r = _mm256_fnmadd_ps(k, _mm256_set1_ps(-2.121_944_4e-4), r);
+    let mut p = _mm256_set1_ps(1.987_569_1e-4);
+    for c in [
+        1.398_199_9e-3,
+        8.333_452e-3,
+        4.166_579_6e-2,
+        0.166_666_65,
+        0.5,
+    ] {
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
+    }
+    let p = _mm256_fmadd_ps(
+        p,
+        _mm256_mul_ps(r, r),
+        _mm256_add_ps(r, _mm256_set1_ps(1.0)),
+    );
+    let pow2 = _mm256_slli_epi32::<23>(_mm256_add_epi32(
+        _mm256_cvtps_epi32(k),
+        _mm256_set1_epi32(127),
+    ));
+    _mm256_mul_ps(p, _mm256_castsi256_ps(pow2))
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -76,11 +183,7 @@ impl CustomOp1 for Softmax {
         for_rows(&mut y, n, |i, out| {
             let row = &x[i * n..(i + 1) * n];
             let m = row_max(row);
-            let mut sum = 0f32;
-            for (o, &v) in out.iter_mut().zip(row) {
-                *o = (v - m).exp();
-                sum += *o;
-            }
+            let sum = exp_shifted(row, m, 1.0, out);
             let inv = 1.0 / sum;
             out.iter_mut().for_each(|o| *o *= inv);
         });
@@ -243,7 +346,7 @@ struct TokenLogProbs;
 
 fn log_sum_exp(row: &[f32]) -> f32 {
     let m = row_max(row);
-    let s: f32 = row.iter().map(|&v| (v - m).exp()).sum();
+    let s = exp_shifted(row, m, 1.0, &mut []);
     m + s.ln()
 }
 
@@ -335,9 +438,7 @@ impl CustomOp3 for TokenLogProbsBwd {
                 return;
             }
             let lse = log_sum_exp(row);
-            for (oj, &zj) in o.iter_mut().zip(row) {
-                *oj = -gi * (zj - lse).exp();
-            }
+            exp_shifted(row, lse, -gi, o);
             o[t[i] as usize] += gi;
         });
         Ok((CpuStorage::F32(dz), l1.shape().clone()))
@@ -386,10 +487,8 @@ impl CustomOp2 for LinearSmallM {
         let mut yt = vec![0f32; n * m];
         let block = 16usize;
         let work = |j0: usize, out: &mut [f32]| {
-            for (dj, o) in out.chunks_mut(m).enumerate() {
-                let j = j0 + dj;
-                dot_rows(x, m, &w[j * k..(j + 1) * k], o);
-            }
+            let nb = out.len() / m;
+            dot_rows(x, m, &w[j0 * k..(j0 + nb) * k], out);
         };
         if n * k >= 1 << 18 {
             yt.par_chunks_mut(block * m)
@@ -419,46 +518,52 @@ impl CustomOp2 for LinearSmallM {
     }
 }
 
-/// `out[r] = x[r] · w_row` for the `m` rows of `x` (each `w_row.len()` long).
-fn dot_rows(x: &[f32], m: usize, w_row: &[f32], out: &mut [f32]) {
+/// `out[j·m + r] = x[r] · w[j]` for the `m` rows of `x` and each row `j` of the block `w`
+/// (rows of length `k`, the width of `x`).
+fn dot_rows(x: &[f32], m: usize, w: &[f32], out: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
         {
-            // SAFETY: the features this function is compiled for were just detected.
-            unsafe { dot_rows_avx2(x, m, w_row, out) };
+            // SAFETY: the features this function is compiled for were just detected, and
+            // `dot_rows_avx2` reads only inside `x` (m·k), `w` (nb·k) and writes `out` (nb·m).
+            unsafe { dot_rows_avx2(x, m, w, out) };
             return;
         }
     }
-    dot_rows_portable(x, m, w_row, out);
+    dot_rows_portable(x, m, w, out);
 }
 
-fn dot_rows_portable(x: &[f32], m: usize, w_row: &[f32], out: &mut [f32]) {
-    let k = w_row.len();
-    for (r, o) in out.iter_mut().enumerate().take(m) {
-        let xr = &x[r * k..(r + 1) * k];
-        // Eight independent partial sums, as the SIMD path keeps them.
-        let mut acc = [0f32; 8];
-        let mut chunks = xr.chunks_exact(8).zip(w_row.chunks_exact(8));
-        for (a, b) in &mut chunks {
-            for l in 0..8 {
-                acc[l] += a[l] * b[l];
+fn dot_rows_portable(x: &[f32], m: usize, w: &[f32], out: &mut [f32]) {
+    let k = x.len() / m;
+    for (w_row, o) in w.chunks_exact(k).zip(out.chunks_exact_mut(m)) {
+        for (r, oj) in o.iter_mut().enumerate() {
+            let xr = &x[r * k..(r + 1) * k];
+            // Eight independent partial sums, as the SIMD path keeps them.
+            let mut acc = [0f32; 8];
+            for (a, b) in xr.chunks_exact(8).zip(w_row.chunks_exact(8)) {
+                for l in 0..8 {
+                    acc[l] += a[l] * b[l];
+                }
             }
+            let tail: f32 = xr[k / 8 * 8..]
+                .iter()
+                .zip(&w_row[k / 8 * 8..])
+                .map(|(a, b)| a * b)
+                .sum();
+            *oj = acc.iter().sum::<f32>() + tail;
         }
-        let tail: f32 = xr[k / 8 * 8..]
-            .iter()
-            .zip(&w_row[k / 8 * 8..])
-            .map(|(a, b)| a * b)
-            .sum();
-        *o = acc.iter().sum::<f32>() + tail;
     }
 }
 
+/// The AVX2 kernel: tiles of 4 rows of `x` × 2 rows of `w`, eight accumulators in flight
+/// (FMA latency 4 × 2 ports), six loads per eight FMAs; leftovers one row at a time.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn dot_rows_avx2(x: &[f32], m: usize, w_row: &[f32], out: &mut [f32]) {
+unsafe fn dot_rows_avx2(x: &[f32], m: usize, w: &[f32], out: &mut [f32]) {
     use std::arch::x86_64::*;
-    let k = w_row.len();
+    let k = x.len() / m;
+    let nb = w.len() / k;
     let full = k / 8 * 8;
     let hsum = |v: __m256| -> f32 {
         let lo = _mm256_castps256_ps128(v);
@@ -468,48 +573,70 @@ unsafe fn dot_rows_avx2(x: &[f32], m: usize, w_row: &[f32], out: &mut [f32]) {
         let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
         _mm_cvtss_f32(s)
     };
-    let wp = w_row.as_ptr();
-    // Four rows at a time: one load of w feeds four FMAs.
-    let mut r = 0;
-    while r + 4 <= m {
-        let xp = [
-            x.as_ptr().add(r * k),
-            x.as_ptr().add((r + 1) * k),
-            x.as_ptr().add((r + 2) * k),
-            x.as_ptr().add((r + 3) * k),
-        ];
-        let mut acc = [_mm256_setzero_ps(); 4];
-        let mut i = 0;
-        while i < full {
-            let wv = _mm256_loadu_ps(wp.add(i));
+    let tail = |xr: *const f32, wr: *const f32| -> f32 {
+        let mut s = 0.0;
+        for i in full..k {
+            s += *xr.add(i) * *wr.add(i);
+        }
+        s
+    };
+    let xp = x.as_ptr();
+    let mut j = 0;
+    while j < nb {
+        let pair = j + 1 < nb;
+        let wa = w.as_ptr().add(j * k);
+        let wb = if pair { wa.add(k) } else { wa };
+        let mut r = 0;
+        while r + 4 <= m {
+            let xr = [
+                xp.add(r * k),
+                xp.add((r + 1) * k),
+                xp.add((r + 2) * k),
+                xp.add((r + 3) * k),
+            ];
+            let mut aa = [_mm256_setzero_ps(); 4];
+            let mut ab = [_mm256_setzero_ps(); 4];
+            let mut i = 0;
+            while i < full {
+                if r == 0 && j + 2 < nb {
+                    // The weights come from DRAM once: fetch the next pair while on this one.
+                    _mm_prefetch::<_MM_HINT_T0>(wa.add(2 * k + i) as *const i8);
+                    _mm_prefetch::<_MM_HINT_T0>(wa.add(3 * k + i) as *const i8);
+                }
+                let va = _mm256_loadu_ps(wa.add(i));
+                let vb = _mm256_loadu_ps(wb.add(i));
+                for q in 0..4 {
+                    let xv = _mm256_loadu_ps(xr[q].add(i));
+                    aa[q] = _mm256_fmadd_ps(xv, va, aa[q]);
+                    ab[q] = _mm256_fmadd_ps(xv, vb, ab[q]);
+                }
+                i += 8;
+            }
             for q in 0..4 {
-                acc[q] = _mm256_fmadd_ps(_mm256_loadu_ps(xp[q].add(i)), wv, acc[q]);
+                out[j * m + r + q] = hsum(aa[q]) + tail(xr[q], wa);
+                if pair {
+                    out[(j + 1) * m + r + q] = hsum(ab[q]) + tail(xr[q], wb);
+                }
             }
-            i += 8;
+            r += 4;
         }
-        for q in 0..4 {
-            let mut s = hsum(acc[q]);
-            for j in full..k {
-                s += *xp[q].add(j) * *wp.add(j);
+        while r < m {
+            let xr = xp.add(r * k);
+            let (mut aa, mut ab) = (_mm256_setzero_ps(), _mm256_setzero_ps());
+            let mut i = 0;
+            while i < full {
+                let xv = _mm256_loadu_ps(xr.add(i));
+                aa = _mm256_fmadd_ps(xv, _mm256_loadu_ps(wa.add(i)), aa);
+                ab = _mm256_fmadd_ps(xv, _mm256_loadu_ps(wb.add(i)), ab);
+                i += 8;
             }
-            out[r + q] = s;
+            out[j * m + r] = hsum(aa) + tail(xr, wa);
+            if pair {
+                out[(j + 1) * m + r] = hsum(ab) + tail(xr, wb);
+            }
+            r += 1;
         }
-        r += 4;
-    }
-    while r < m {
-        let xp = x.as_ptr().add(r * k);
-        let mut acc = _mm256_setzero_ps();
-        let mut i = 0;
-        while i < full {
-            acc = _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(i)), _mm256_loadu_ps(wp.add(i)), acc);
-            i += 8;
-        }
-        let mut s = hsum(acc);
-        for j in full..k {
-            s += *xp.add(j) * *wp.add(j);
-        }
-        out[r] = s;
-        r += 1;
+        j += 2;
     }
 }
 
