@@ -6,8 +6,13 @@
 //! memory and one allocation each, forward and backward: RMSNorm is 6 passes, the attention
 //! softmax 5, the token log-probability 8, and their backward passes more. The ops here do the
 //! same math in one pass and define `bwd` explicitly, so the autograd graph stays complete.
+//! Backward passes that need several outputs (RMSNorm: dx and dw) return them stacked in one
+//! tensor that is then split, since a custom op has one output.
 //!
-//! - [`softmax_last`]: softmax over the last dim; backward `dx = y ⊙ (dy − Σ dy·y)`.
+//! - [`attention_probs`]: softmax(scores·scale + mask) over the last dim; backward
+//!   `dx = scale · y ⊙ (dy − Σ dy·y)`.
+//! - [`rope`]: the rotary embedding; backward is the inverse rotation.
+//! - [`swiglu`]: silu(gate) ⊙ up; backward for both.
 //! - [`rms_norm`]: `x / sqrt(mean(x²) + ε) · w`; backward for `x` and `w`.
 //! - [`token_log_probs`]: `log softmax(z)[t]` per row; backward `dz = g · (onehot(t) − softmax(z))`.
 //! - [`linear_small_m`]: `x · Wᵀ` for a handful of rows (sampling decodes 1 token per sequence):
@@ -17,9 +22,7 @@
 //! Every op has a composed reference path (other devices, other dtypes) and the tests in
 //! `tests/it/fused.rs` compare values and gradients of the two.
 
-use candle_core::{
-    CpuStorage, CustomOp1, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, D,
-};
+use candle_core::{CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
 use rayon::prelude::*;
 
 /// Rows of work below which an op runs on the calling thread: a task hand-off costs more than
@@ -78,20 +81,39 @@ fn row_max(x: &[f32]) -> f32 {
 /// and libm's `expf` is scalar: on AVX2 a vectorised Cephes polynomial (relative error ~1e-7)
 /// does eight at a time.
 fn exp_shifted(row: &[f32], shift: f32, scale: f32, out: &mut [f32]) -> f32 {
+    let dst = if out.len() >= row.len() {
+        out.as_mut_ptr()
+    } else {
+        std::ptr::null_mut()
+    };
+    // SAFETY: `row` is read for row.len() elements and `dst`, when not null, is a distinct
+    // buffer at least as long.
+    unsafe { exp_kernel(row.as_ptr(), dst, row.len(), shift, scale) }
+}
+
+/// [`exp_shifted`] in place: `buf[i] = exp(buf[i] − shift)`; returns the sum.
+fn exp_shifted_in_place(buf: &mut [f32], shift: f32) -> f32 {
+    let p = buf.as_mut_ptr();
+    // SAFETY: each element is read before it is written, through one pointer.
+    unsafe { exp_kernel(p, p, buf.len(), shift, 1.0) }
+}
+
+/// `dst[i] = scale · exp(src[i] − shift)` for i < n (`dst` null: sum only); returns the sum.
+/// `dst` may equal `src`.
+unsafe fn exp_kernel(src: *const f32, dst: *mut f32, n: usize, shift: f32, scale: f32) -> f32 {
     #[cfg(target_arch = "x86_64")]
     {
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
         {
-            // SAFETY: features detected; the kernel stays inside `row` and `out`.
-            return unsafe { exp_shifted_avx2(row, shift, scale, out) };
+            return exp_kernel_avx2(src, dst, n, shift, scale);
         }
     }
     let mut sum = 0f32;
-    for (i, &v) in row.iter().enumerate() {
-        let e = (v - shift).exp();
+    for i in 0..n {
+        let e = (*src.add(i) - shift).exp();
         sum += e;
-        if let Some(o) = out.get_mut(i) {
-            *o = scale * e;
+        if !dst.is_null() {
+            *dst.add(i) = scale * e;
         }
     }
     sum
@@ -99,19 +121,17 @@ fn exp_shifted(row: &[f32], shift: f32, scale: f32, out: &mut [f32]) -> f32 {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn exp_shifted_avx2(row: &[f32], shift: f32, scale: f32, out: &mut [f32]) -> f32 {
+unsafe fn exp_kernel_avx2(src: *const f32, dst: *mut f32, n: usize, shift: f32, scale: f32) -> f32 {
     use std::arch::x86_64::*;
-    let n = row.len();
-    let write = out.len() >= n;
     let full = n / 8 * 8;
     let (vshift, vscale) = (_mm256_set1_ps(shift), _mm256_set1_ps(scale));
     let mut acc = _mm256_setzero_ps();
     let mut i = 0;
     while i < full {
-        let e = exp256(_mm256_sub_ps(_mm256_loadu_ps(row.as_ptr().add(i)), vshift));
+        let e = exp256(_mm256_sub_ps(_mm256_loadu_ps(src.add(i)), vshift));
         acc = _mm256_add_ps(acc, e);
-        if write {
-            _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_mul_ps(e, vscale));
+        if !dst.is_null() {
+            _mm256_storeu_ps(dst.add(i), _mm256_mul_ps(e, vscale));
         }
         i += 8;
     }
@@ -119,10 +139,10 @@ unsafe fn exp_shifted_avx2(row: &[f32], shift: f32, scale: f32, out: &mut [f32])
     _mm256_storeu_ps(lanes.as_mut_ptr(), acc);
     let mut sum: f32 = lanes.iter().sum();
     for j in full..n {
-        let e = (row[j] - shift).exp();
+        let e = (*src.add(j) - shift).exp();
         sum += e;
-        if write {
-            out[j] = scale * e;
+        if !dst.is_null() {
+            *dst.add(j) = scale * e;
         }
     }
     sum
@@ -169,47 +189,290 @@ unsafe fn exp256(x: std::arch::x86_64::__m256) -> std::arch::x86_64::__m256 {
 // ---------------------------------------------------------------------------------------------
 // Softmax over the last dim.
 
-struct Softmax;
-
-impl CustomOp1 for Softmax {
-    fn name(&self) -> &'static str {
-        "acpo-softmax-last"
-    }
-
-    fn cpu_fwd(&self, s: &CpuStorage, l: &Layout) -> Result<(CpuStorage, Shape)> {
-        let x = slice_f32(s, l, self.name())?;
-        let n = l.dims().last().copied().unwrap_or(1);
-        let mut y = vec![0f32; x.len()];
-        for_rows(&mut y, n, |i, out| {
-            let row = &x[i * n..(i + 1) * n];
-            let m = row_max(row);
-            let sum = exp_shifted(row, m, 1.0, out);
-            let inv = 1.0 / sum;
-            out.iter_mut().for_each(|o| *o *= inv);
-        });
-        Ok((CpuStorage::F32(y), l.shape().clone()))
-    }
-
-    fn bwd(&self, _x: &Tensor, y: &Tensor, dy: &Tensor) -> Result<Option<Tensor>> {
-        // dx = y ⊙ (dy − Σ_j dy_j y_j)
-        let dot = (dy * y)?.sum_keepdim(D::Minus1)?;
-        Ok(Some((dy.broadcast_sub(&dot)? * y)?))
-    }
-}
-
-/// Softmax over the last dim of `x`; fused on CPU f32, composed from basic ops elsewhere.
-pub fn softmax_last(x: &Tensor) -> Result<Tensor> {
-    if applies(x) {
-        return x.contiguous()?.apply_op1(Softmax);
-    }
-    softmax_last_composed(x)
-}
-
 /// The reference: softmax from basic ops, with a detached max shift.
 pub fn softmax_last_composed(x: &Tensor) -> Result<Tensor> {
     let max = x.max_keepdim(D::Minus1)?.detach();
     let e = x.broadcast_sub(&max)?.exp()?;
     e.broadcast_div(&e.sum_keepdim(D::Minus1)?)
+}
+
+/// softmax(x·scale + bias) over the last dim, with `x` `(B, …, T, S)` and `bias` `(B, T, S)`
+/// broadcast over the middle dims: the attention probabilities in one pass. The bias (padding
+/// and causal mask) is a constant: it gets no gradient.
+struct ScaledMaskedSoftmax {
+    scale: f32,
+}
+
+impl CustomOp2 for ScaledMaskedSoftmax {
+    fn name(&self) -> &'static str {
+        "acpo-attention-softmax"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let x = slice_f32(s1, l1, self.name())?;
+        let bias = slice_f32(s2, l2, self.name())?;
+        let (b, t, n) = l2.shape().dims3()?;
+        let rows = x.len() / n.max(1);
+        if l1.dims().first() != Some(&b) || l1.dims().last() != Some(&n) || rows % (b * t) != 0 {
+            candle_core::bail!(
+                "{}: scores {:?} do not match the bias {:?}",
+                self.name(),
+                l1.dims(),
+                l2.dims()
+            );
+        }
+        let per_b = rows / b;
+        let mut y = vec![0f32; x.len()];
+        for_rows(&mut y, n, |i, out| {
+            let (bi, ti) = (i / per_b, i % t);
+            let brow = &bias[(bi * t + ti) * n..(bi * t + ti + 1) * n];
+            for ((o, &v), &c) in out.iter_mut().zip(&x[i * n..(i + 1) * n]).zip(brow) {
+                *o = v * self.scale + c;
+            }
+            let m = row_max(out);
+            let sum = exp_shifted_in_place(out, m);
+            let inv = 1.0 / sum;
+            out.iter_mut().for_each(|o| *o *= inv);
+        });
+        Ok((CpuStorage::F32(y), l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        _x: &Tensor,
+        _bias: &Tensor,
+        y: &Tensor,
+        dy: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let dot = (dy * y)?.sum_keepdim(D::Minus1)?;
+        Ok((
+            Some(((dy.broadcast_sub(&dot)? * y)? * self.scale as f64)?),
+            None,
+        ))
+    }
+}
+
+/// Attention probabilities softmax(scores·scale + bias): `scores` `(B, KV, rep, T, S)`, `bias`
+/// `(B, 1, T, S)` (0 or −1e9). Fused on CPU f32.
+pub fn attention_probs(scores: &Tensor, bias: &Tensor, scale: f64) -> Result<Tensor> {
+    if applies(scores) && applies(bias) {
+        let (b, _, t, s) = bias.dims4()?;
+        let bias = bias.contiguous()?.reshape((b, t, s))?;
+        return scores.contiguous()?.apply_op2(
+            &bias,
+            ScaledMaskedSoftmax {
+                scale: scale as f32,
+            },
+        );
+    }
+    attention_probs_composed(scores, bias, scale)
+}
+
+/// The reference: scale, add the mask, softmax, from basic ops.
+pub fn attention_probs_composed(scores: &Tensor, bias: &Tensor, scale: f64) -> Result<Tensor> {
+    softmax_last_composed(&(scores * scale)?.broadcast_add(&bias.unsqueeze(2)?)?)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Rotary position embedding.
+
+/// x·cos + rotate_half(x)·sin over `x` `(B, H, T, D)` with `cos`, `sin` `(B, 1, T, D)` whose two
+/// halves are equal (HF's `cat(freqs, freqs)`): per pair (x₁, x₂) of the two halves,
+/// (x₁c − x₂s, x₂c + x₁s). The backward is the inverse rotation: the same op with −sin.
+struct Rope;
+
+impl CustomOp3 for Rope {
+    fn name(&self) -> &'static str {
+        "acpo-rope"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let x = slice_f32(s1, l1, self.name())?;
+        let cos = slice_f32(s2, l2, self.name())?;
+        let sin = slice_f32(s3, l3, self.name())?;
+        let (b, h, t, d) = l1.shape().dims4()?;
+        if l2.dims() != [b, 1, t, d] || l3.dims() != l2.dims() || d % 2 != 0 {
+            candle_core::bail!(
+                "{}: x {:?}, cos {:?}, sin {:?}",
+                self.name(),
+                l1.dims(),
+                l2.dims(),
+                l3.dims()
+            );
+        }
+        let half = d / 2;
+        let mut y = vec![0f32; x.len()];
+        for_rows(&mut y, d, |i, out| {
+            let (bi, ti) = (i / (h * t), i % t);
+            let xr = &x[i * d..(i + 1) * d];
+            let c = &cos[(bi * t + ti) * d..(bi * t + ti) * d + half];
+            let s = &sin[(bi * t + ti) * d..(bi * t + ti) * d + half];
+            let (o1, o2) = out.split_at_mut(half);
+            let (x1, x2) = xr.split_at(half);
+            for j in 0..half {
+                o1[j] = x1[j] * c[j] - x2[j] * s[j];
+                o2[j] = x2[j] * c[j] + x1[j] * s[j];
+            }
+        });
+        Ok((CpuStorage::F32(y), l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        _x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        _y: &Tensor,
+        dy: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        let dx = dy.contiguous()?.apply_op3_no_bwd(cos, &sin.neg()?, &Rope)?;
+        Ok((Some(dx), None, None))
+    }
+}
+
+/// Rotary embedding of `x` `(B, H, T, D)` by `cos`, `sin` `(B, 1, T, D)` (positions' tables, no
+/// gradient); fused on CPU f32.
+pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    if applies(x) && applies(cos) && applies(sin) {
+        return x
+            .contiguous()?
+            .apply_op3(&cos.contiguous()?, &sin.contiguous()?, Rope);
+    }
+    rope_composed(x, cos, sin)
+}
+
+/// The reference: x·cos + rotate_half(x)·sin with rotate_half(x) = [−x₂, x₁], basic ops.
+pub fn rope_composed(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    let half = x.dim(D::Minus1)? / 2;
+    let x1 = x.narrow(D::Minus1, 0, half)?;
+    let x2 = x.narrow(D::Minus1, half, half)?;
+    let rotated = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
+    x.broadcast_mul(cos)? + rotated.broadcast_mul(sin)?
+}
+
+// ---------------------------------------------------------------------------------------------
+// SwiGLU.
+
+fn sigmoid(v: f32) -> f32 {
+    1.0 / (1.0 + (-v).exp())
+}
+
+/// silu(g) ⊙ u, the MLP's gate: one pass instead of silu, then a product.
+struct SwiGlu;
+
+impl CustomOp2 for SwiGlu {
+    fn name(&self) -> &'static str {
+        "acpo-swiglu"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let g = slice_f32(s1, l1, self.name())?;
+        let u = slice_f32(s2, l2, self.name())?;
+        if l1.dims() != l2.dims() {
+            candle_core::bail!("{}: gate {:?}, up {:?}", self.name(), l1.dims(), l2.dims());
+        }
+        let n = l1.dims().last().copied().unwrap_or(1);
+        let mut y = vec![0f32; g.len()];
+        for_rows(&mut y, n, |i, out| {
+            let (gr, ur) = (&g[i * n..(i + 1) * n], &u[i * n..(i + 1) * n]);
+            for ((o, &a), &b) in out.iter_mut().zip(gr).zip(ur) {
+                *o = a * sigmoid(a) * b;
+            }
+        });
+        Ok((CpuStorage::F32(y), l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        g: &Tensor,
+        u: &Tensor,
+        _y: &Tensor,
+        dy: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let both = g.apply_op3_no_bwd(u, &dy.contiguous()?, &SwiGluBwd)?;
+        let dg = both.get(0)?.reshape(g.shape())?;
+        let du = both.get(1)?.reshape(u.shape())?;
+        Ok((Some(dg), Some(du)))
+    }
+}
+
+/// With σ = sigmoid(g): dg = dy·u·σ·(1 + g·(1 − σ)), du = dy·g·σ. Output `(2, N)`.
+struct SwiGluBwd;
+
+impl CustomOp3 for SwiGluBwd {
+    fn name(&self) -> &'static str {
+        "acpo-swiglu-bwd"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let g = slice_f32(s1, l1, self.name())?;
+        let u = slice_f32(s2, l2, self.name())?;
+        let dy = slice_f32(s3, l3, self.name())?;
+        let len = g.len();
+        let n = l1.dims().last().copied().unwrap_or(1);
+        let mut out = vec![0f32; 2 * len];
+        let (dg, du) = out.split_at_mut(len);
+        let work = |i: usize, dgr: &mut [f32], dur: &mut [f32]| {
+            for j in 0..dgr.len() {
+                let k = i * n + j;
+                let sg = sigmoid(g[k]);
+                dgr[j] = dy[k] * u[k] * sg * (1.0 + g[k] * (1.0 - sg));
+                dur[j] = dy[k] * g[k] * sg;
+            }
+        };
+        if len >= PAR_MIN_ELEMS {
+            dg.par_chunks_mut(n)
+                .zip(du.par_chunks_mut(n))
+                .enumerate()
+                .for_each(|(i, (a, b))| work(i, a, b));
+        } else {
+            for (i, (a, b)) in dg.chunks_mut(n).zip(du.chunks_mut(n)).enumerate() {
+                work(i, a, b);
+            }
+        }
+        Ok((CpuStorage::F32(out), Shape::from((2, len))))
+    }
+}
+
+/// silu(gate) ⊙ up; fused on CPU f32.
+pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    if applies(gate) && applies(up) {
+        return gate.contiguous()?.apply_op2(&up.contiguous()?, SwiGlu);
+    }
+    swiglu_composed(gate, up)
+}
+
+/// The reference: candle's silu, then the product.
+pub fn swiglu_composed(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    gate.silu()? * up
 }
 
 // ---------------------------------------------------------------------------------------------

@@ -101,11 +101,7 @@ fn rope_tables(
 
 /// x·cos + rotate_half(x)·sin with rotate_half(x) = [−x₂, x₁]; `x` `(B, H, T, D)`.
 fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-    let half = x.dim(D::Minus1)? / 2;
-    let x1 = x.narrow(D::Minus1, 0, half)?;
-    let x2 = x.narrow(D::Minus1, half, half)?;
-    let rotated = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
-    Ok((x.broadcast_mul(cos)? + rotated.broadcast_mul(sin)?)?)
+    Ok(crate::fused::rope(x, cos, sin)?)
 }
 
 #[derive(Debug, Clone)]
@@ -156,9 +152,9 @@ impl Attention {
         let s = k.dim(2)?;
         let scale = 1.0 / (self.head_dim as f64).sqrt();
         let qg = q.reshape((b, self.kv_heads, rep * t, self.head_dim))?;
-        let scores = (qg.matmul(&k.t()?)? * scale)?; // (B, KV, rep·T, S)
+        let scores = qg.matmul(&k.t()?)?; // (B, KV, rep·T, S)
         let scores = scores.reshape((b, self.kv_heads, rep, t, s))?;
-        let probs = crate::fused::softmax_last(&scores.broadcast_add(&bias.unsqueeze(2)?)?)?;
+        let probs = crate::fused::attention_probs(&scores, bias, scale)?;
         let probs = probs.reshape((b, self.kv_heads, rep * t, s))?;
         let out = probs.matmul(&v)?; // (B, KV, rep·T, D) = (B, H, T, D)
         let out = out
@@ -179,8 +175,8 @@ struct Mlp {
 
 impl Mlp {
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        let g = self.gate.forward(x)?.silu()?;
-        self.down.forward(&(g * self.up.forward(x)?)?)
+        let h = crate::fused::swiglu(&self.gate.forward(x)?, &self.up.forward(x)?)?;
+        self.down.forward(&h)
     }
 }
 

@@ -60,25 +60,45 @@ fn assert_same(
 }
 
 #[test]
-fn fused_softmax_matches_the_composed_one_with_gradients() {
-    // (2, 3, 5, 37): serial; (4, 8, 64, 300): 614k elements, row-parallel.
-    for (seed, shape) in [(1u64, vec![2, 3, 5, 37]), (2, vec![4, 8, 64, 300])] {
-        let x = randn(seed, &shape, 3.0);
-        // A masked column, as the attention bias makes them.
-        let mask = Tensor::from_vec(
-            (0..shape[3])
-                .map(|j| if j % 7 == 3 { -1e9f32 } else { 0.0 })
-                .collect::<Vec<_>>(),
-            shape[3],
-            &Device::Cpu,
-        )
-        .unwrap();
-        let x = x.broadcast_add(&mask).unwrap();
+fn fused_attention_probabilities_match_the_composed_ones_with_gradients() {
+    // Scores (B, KV, rep, T, S) and a (B, 1, T, S) causal + padding mask: (2, 1, 3, 5, 37)
+    // runs serially; (4, 2, 4, 64, 300) (614k elements) row-parallel.
+    for (seed, [b, kv, rep, t, s]) in [(1u64, [2, 1, 3, 5, 37]), (2, [4, 2, 4, 64, 300])] {
+        let scores = randn(seed, &[b, kv, rep, t, s], 3.0);
+        let valid: Vec<u8> = (0..b * s).map(|i| u8::from(i % 11 != 4)).collect();
+        let valid = Tensor::from_vec(valid, (b, s), &Device::Cpu).unwrap();
+        let bias = acpo::model::qwen::attention_bias(&valid, s - t, t, DType::F32).unwrap();
         assert_same(
-            "softmax",
+            "attention softmax",
+            &[scores],
+            &|x| fused::attention_probs(&x[0], &bias, 0.125).unwrap(),
+            &|x| fused::attention_probs_composed(&x[0], &bias, 0.125).unwrap(),
+            1e-5,
+        );
+    }
+}
+
+#[test]
+fn fused_rope_and_swiglu_match_the_composed_ones_with_gradients() {
+    for (seed, [b, h, t, d]) in [(11u64, [2, 3, 5, 8]), (12, [8, 12, 64, 64])] {
+        let x = randn(seed, &[b, h, t, d], 1.0);
+        let angles = randn(seed + 1, &[b, 1, t, d / 2], 2.0);
+        let emb = Tensor::cat(&[&angles, &angles], 3).unwrap();
+        let (cos, sin) = (emb.cos().unwrap(), emb.sin().unwrap());
+        assert_same(
+            "rope",
             &[x],
-            &|t| fused::softmax_last(&t[0]).unwrap(),
-            &|t| fused::softmax_last_composed(&t[0]).unwrap(),
+            &|x| fused::rope(&x[0], &cos, &sin).unwrap(),
+            &|x| fused::rope_composed(&x[0], &cos, &sin).unwrap(),
+            1e-5,
+        );
+        let g = randn(seed + 2, &[b, t, 3 * d], 3.0);
+        let u = randn(seed + 3, &[b, t, 3 * d], 1.0);
+        assert_same(
+            "swiglu",
+            &[g, u],
+            &|x| fused::swiglu(&x[0], &x[1]).unwrap(),
+            &|x| fused::swiglu_composed(&x[0], &x[1]).unwrap(),
             1e-5,
         );
     }
