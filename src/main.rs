@@ -32,7 +32,19 @@ fn keep_freed_memory() {
     }
 }
 
+/// Rust ignores SIGPIPE, so printing into a closed pipe (`acpo bench ... | head -1`) panics.
+/// With the default action the process ends silently instead, as Unix tools do; result files
+/// are written atomically, so none is left half-written.
+fn default_sigpipe() {
+    #[cfg(unix)]
+    // SAFETY: sets a signal disposition to its default, before any other thread exists.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
 fn main() -> ExitCode {
+    default_sigpipe();
     keep_freed_memory();
     let cli = cli::Cli::parse();
     match cli::run(cli) {

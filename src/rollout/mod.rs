@@ -207,7 +207,9 @@ pub fn sample_token(logits: &[f32], params: &SamplingParams, rng: &mut SplitMix6
     };
     let z: Vec<f32> = logits.iter().map(|x| x / t).collect();
     let max = z.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-    let sum: f64 = z.iter().map(|x| ((x - max) as f64).exp()).sum();
+    // Unnormalised weights, computed once (the draw below walks the same values in order).
+    let weights: Vec<f64> = z.iter().map(|x| ((x - max) as f64).exp()).collect();
+    let sum: f64 = weights.iter().sum();
     let lse = max as f64 + sum.ln();
     let log_prob = |i: usize| (z[i] as f64 - lse) as f32;
     if greedy {
@@ -229,8 +231,8 @@ pub fn sample_token(logits: &[f32], params: &SamplingParams, rng: &mut SplitMix6
     if full {
         let target = u * sum;
         let mut acc = 0.0;
-        for (i, x) in z.iter().enumerate() {
-            acc += ((x - max) as f64).exp();
+        for (i, w) in weights.iter().enumerate() {
+            acc += w;
             if acc > target {
                 return (i as u32, log_prob(i));
             }
@@ -244,7 +246,7 @@ pub fn sample_token(logits: &[f32], params: &SamplingParams, rng: &mut SplitMix6
         order.truncate(k);
     }
     order.sort_by(|&a, &b| z[b].total_cmp(&z[a]).then(a.cmp(&b)));
-    let weights: Vec<f64> = order.iter().map(|&i| ((z[i] - max) as f64).exp()).collect();
+    let weights: Vec<f64> = order.iter().map(|&i| weights[i]).collect();
     let mut cut = order.len();
     if params.top_p < 1.0 {
         let total: f64 = weights.iter().sum();
