@@ -861,10 +861,10 @@ unsafe fn dot_rows_avx2(x: &[f32], m: usize, w: &[f32], out: &mut [f32]) {
             let mut ab = [_mm256_setzero_ps(); 4];
             let mut i = 0;
             while i < full {
-                if r == 0 && j + 2 < nb {
+                if r == 0 && j + 4 < nb {
                     // The weights come from DRAM once: fetch the next pair while on this one.
-                    _mm_prefetch::<_MM_HINT_T0>(wa.add(2 * k + i) as *const i8);
-                    _mm_prefetch::<_MM_HINT_T0>(wa.add(3 * k + i) as *const i8);
+                    _mm_prefetch::<_MM_HINT_NTA>(wa.add(4 * k + i) as *const i8);
+                    _mm_prefetch::<_MM_HINT_NTA>(wa.add(5 * k + i) as *const i8);
                 }
                 let va = _mm256_loadu_ps(wa.add(i));
                 let vb = _mm256_loadu_ps(wb.add(i));

@@ -2,10 +2,13 @@
 """PyTorch/transformers counterpart of `acpo bench generate|train-step` (src/speed.rs): the same
 random Qwen3 configurations and shapes, on CPU, f32, median of 3 after a warm-up.
 
-  python3 tools/bench_torch.py            # prints a Markdown table
+  python3 tools/bench_torch.py                 # prints a Markdown table
+  python3 tools/bench_torch.py --json out.json # also writes the rows as JSON (bench_compare.py)
 Needs torch + transformers (PyPI). Threads: torch's default (all cores), like candle.
 """
+import json
 import statistics
+import sys
 import time
 
 import torch
@@ -71,6 +74,10 @@ for name, kw in MODELS.items():
     s = median_time(step)
     rows.append((name, n_params, "train-step", BATCH * TRAIN_SEQ_LEN, s))
 
+if "--json" in sys.argv:
+    with open(sys.argv[sys.argv.index("--json") + 1], "w") as f:
+        json.dump([dict(model=name, parameters=n, what=what, tokens=tokens, seconds=s,
+                        tokens_per_second=tokens / s) for name, n, what, tokens, s in rows], f, indent=1)
 print(f"# PyTorch {torch.__version__} (threads {torch.get_num_threads()})\n")
 print("| model | parameters | what | tokens | seconds (median) | tokens/s |\n|---|---:|---|---:|---:|---:|")
 for name, n, what, tokens, s in rows:
