@@ -25,8 +25,8 @@
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
 use rayon::prelude::*;
 
-/// Rows of work below which an op runs on the calling thread: a task hand-off costs more than
-/// the work (measured on the tiny model, where most tensors are a few thousand floats).
+/// Output elements below which an op runs on the calling thread, where handing rows to the
+/// pool costs more than the work; the same threshold as candle's own element-wise ops.
 const PAR_MIN_ELEMS: usize = 1 << 16;
 
 /// Whether the fused CPU path applies to `t`.
@@ -42,12 +42,19 @@ fn slice_f32<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> Result<&'a [f32]>
     }
 }
 
-/// Runs `f` on each `row_len`-long row pair of `out` (and row index), in parallel when large.
+/// Whether `len` output elements are worth splitting over the pool. A pool of one thread (as
+/// `reproduce --jobs N` sets it, with runs side by side on their own threads) would only
+/// serialise the runs behind its single worker: then the calling thread does the work.
+fn parallel(len: usize) -> bool {
+    len >= PAR_MIN_ELEMS && rayon::current_num_threads() > 1
+}
+
+/// Runs `f(row index, row)` on each `row_len`-long row of `out`, in parallel when large.
 fn for_rows<F>(out: &mut [f32], row_len: usize, f: F)
 where
     F: Fn(usize, &mut [f32]) + Sync + Send,
 {
-    if out.len() >= PAR_MIN_ELEMS && row_len > 0 {
+    if parallel(out.len()) && row_len > 0 {
         out.par_chunks_mut(row_len)
             .enumerate()
             .for_each(|(i, r)| f(i, r));
@@ -448,7 +455,7 @@ impl CustomOp3 for SwiGluBwd {
                 dur[j] = dy[k] * g[k] * sg;
             }
         };
-        if len >= PAR_MIN_ELEMS {
+        if parallel(len) {
             dg.par_chunks_mut(n)
                 .zip(du.par_chunks_mut(n))
                 .enumerate()
@@ -640,7 +647,7 @@ impl CustomOp2 for TokenLogProbs {
         let z = slice_f32(s1, l1, self.name())?;
         let v = l1.dims().last().copied().unwrap_or(1);
         let t = targets_u32(s2, l2, v, self.name())?;
-        let lp: Vec<f32> = if z.len() >= PAR_MIN_ELEMS {
+        let lp: Vec<f32> = if parallel(z.len()) {
             t.par_iter()
                 .enumerate()
                 .map(|(i, &ti)| {
@@ -753,7 +760,7 @@ impl CustomOp2 for LinearSmallM {
             let nb = out.len() / m;
             dot_rows(x, m, &w[j0 * k..(j0 + nb) * k], out);
         };
-        if n * k >= 1 << 18 {
+        if n * k >= 1 << 18 && rayon::current_num_threads() > 1 {
             yt.par_chunks_mut(block * m)
                 .enumerate()
                 .for_each(|(b, out)| work(b * block, out));

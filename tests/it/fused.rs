@@ -179,3 +179,28 @@ fn small_row_products_match_gemm_with_gradients() {
     let w64 = w.to_dtype(DType::F64).unwrap();
     assert!(fused::linear_small_m(&x64, &w64).unwrap().is_none());
 }
+
+#[test]
+fn in_a_one_thread_pool_the_kernels_give_bit_identical_results() {
+    // `reproduce --jobs N` runs side by side with a pool of one thread, where the kernels take
+    // their serial path; row by row, it must give bit-identical values to the parallel one.
+    let scores = randn(21, &[4, 2, 4, 64, 300], 3.0);
+    let valid = Tensor::ones((4, 300), DType::U8, &Device::Cpu).unwrap();
+    let bias = acpo::model::qwen::attention_bias(&valid, 236, 64, DType::F32).unwrap();
+    let x = randn(22, &[8, 2048], 1.0);
+    let w = randn(23, &[600, 2048], 0.1);
+    let run = || {
+        (
+            fused::attention_probs(&scores, &bias, 0.125).unwrap(),
+            fused::linear_small_m(&x, &w).unwrap().unwrap(),
+        )
+    };
+    let (p_default, y_default) = run();
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    let (p_one, y_one) = pool.install(run);
+    assert_eq!(max_rel_diff(&p_one, &p_default), 0.0);
+    assert_eq!(max_rel_diff(&y_one, &y_default), 0.0);
+}
