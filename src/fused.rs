@@ -568,9 +568,14 @@ impl CustomOp3 for RmsNormBwd {
         let rows = x.len() / n.max(1);
         let mut out = vec![0f32; (rows + 1) * n];
         let (dx, dw) = out.split_at_mut(rows * n);
+        // 1/rms per row, once: both dx and dw need it.
+        let rs: Vec<f32> = x
+            .chunks_exact(n.max(1))
+            .map(|xr| inv_rms(xr, self.eps))
+            .collect();
         for_rows(dx, n, |i, o| {
             let (xr, dyr) = (&x[i * n..(i + 1) * n], &dy[i * n..(i + 1) * n]);
-            let r = inv_rms(xr, self.eps);
+            let r = rs[i];
             let gx: f32 = xr.iter().zip(dyr).zip(w).map(|((a, b), c)| a * b * c).sum();
             let c = r * r * r * gx / n as f32;
             for (j, oj) in o.iter_mut().enumerate() {
@@ -578,9 +583,8 @@ impl CustomOp3 for RmsNormBwd {
             }
         });
         // dw accumulates over rows: serial over rows, vectorisable over the row.
-        for i in 0..rows {
+        for (i, &r) in rs.iter().enumerate() {
             let (xr, dyr) = (&x[i * n..(i + 1) * n], &dy[i * n..(i + 1) * n]);
-            let r = inv_rms(xr, self.eps);
             for ((d, a), b) in dw.iter_mut().zip(xr).zip(dyr) {
                 *d += a * b * r;
             }
@@ -647,22 +651,14 @@ impl CustomOp2 for TokenLogProbs {
         let z = slice_f32(s1, l1, self.name())?;
         let v = l1.dims().last().copied().unwrap_or(1);
         let t = targets_u32(s2, l2, v, self.name())?;
+        let row_lp = |(i, &ti): (usize, &u32)| {
+            let row = &z[i * v..(i + 1) * v];
+            row[ti as usize] - log_sum_exp(row)
+        };
         let lp: Vec<f32> = if parallel(z.len()) {
-            t.par_iter()
-                .enumerate()
-                .map(|(i, &ti)| {
-                    let row = &z[i * v..(i + 1) * v];
-                    row[ti as usize] - log_sum_exp(row)
-                })
-                .collect()
+            t.par_iter().enumerate().map(row_lp).collect()
         } else {
-            t.iter()
-                .enumerate()
-                .map(|(i, &ti)| {
-                    let row = &z[i * v..(i + 1) * v];
-                    row[ti as usize] - log_sum_exp(row)
-                })
-                .collect()
+            t.iter().enumerate().map(row_lp).collect()
         };
         Ok((CpuStorage::F32(lp), Shape::from(t.len())))
     }

@@ -99,11 +99,6 @@ fn rope_tables(
     Ok((cos, sin))
 }
 
-/// x·cos + rotate_half(x)·sin with rotate_half(x) = [−x₂, x₁]; `x` `(B, H, T, D)`.
-fn apply_rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-    Ok(crate::fused::rope(x, cos, sin)?)
-}
-
 #[derive(Debug, Clone)]
 struct Attention {
     q: Linear,
@@ -139,8 +134,8 @@ impl Attention {
             q = qn.forward(&q)?;
             k = kn.forward(&k)?;
         }
-        let q = apply_rope(&q.transpose(1, 2)?.contiguous()?, cos, sin)?; // (B, H, T, D)
-        let k = apply_rope(&k.transpose(1, 2)?.contiguous()?, cos, sin)?; // (B, KV, T, D)
+        let q = crate::fused::rope(&q.transpose(1, 2)?.contiguous()?, cos, sin)?; // (B, H, T, D)
+        let k = crate::fused::rope(&k.transpose(1, 2)?.contiguous()?, cos, sin)?; // (B, KV, T, D)
         let v = v.transpose(1, 2)?.contiguous()?;
         let (k, v) = match past {
             Some((pk, pv)) => (Tensor::cat(&[pk, &k], 2)?, Tensor::cat(&[pv, &v], 2)?),
