@@ -833,8 +833,8 @@ fn train_all(args: &ReproduceArgs, manifests: &[PathBuf]) -> anyhow::Result<()> 
         None if all_cpu => cpus,
         None => 1,
     };
-    if jobs > 1 && std::env::var_os("CANDLE_NUM_THREADS").is_none() {
-        // Read by candle when its CPU thread pool starts (not yet: nothing ran a kernel).
+    if jobs > 1 && std::env::var_os("RAYON_NUM_THREADS").is_none() {
+        // Read by rayon and candle when their pools start (not yet: nothing ran a kernel).
         std::env::set_var("CANDLE_NUM_THREADS", "1");
         std::env::set_var("RAYON_NUM_THREADS", "1");
     }

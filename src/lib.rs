@@ -16,6 +16,7 @@ pub mod fused;
 pub mod manifest;
 pub mod model;
 pub mod optim;
+pub mod parallel;
 pub mod pmd;
 pub mod report;
 pub mod rng;

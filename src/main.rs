@@ -43,8 +43,21 @@ fn default_sigpipe() {
     }
 }
 
+/// candle splits large elementwise ops over a thread pool of its own, whose workers spin for
+/// ~25,000 iterations after every op. Beside rayon's pool (gemm, src/fused.rs, and the
+/// micro-batches of src/parallel.rs) the spinning worker held one of 2 cores for 70 % of a tiny
+/// model's training step (perf). With one thread that pool is empty and its ops run where they
+/// are called. An explicit `CANDLE_NUM_THREADS` is left as it is.
+fn single_elementwise_pool() {
+    if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
+        // Before any other thread exists, and before candle first reads it.
+        std::env::set_var("CANDLE_NUM_THREADS", "1");
+    }
+}
+
 fn main() -> ExitCode {
     default_sigpipe();
+    single_elementwise_pool();
     keep_freed_memory();
     let cli = cli::Cli::parse();
     match cli::run(cli) {

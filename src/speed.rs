@@ -10,9 +10,10 @@ use candle_core::{DType, Device, Tensor};
 use serde::Serialize;
 
 use crate::algo::loss::{self, Aggregation};
-use crate::manifest::{LossAggMode, PolicyClip};
+use crate::manifest::{LossAggMode, LrSchedule, OptimSpec, PolicyClip};
 use crate::model::qwen::Qwen;
 use crate::model::{init, QwenConfig, Result};
+use crate::optim::{AdamW, Gradients};
 use crate::rollout::{self, SamplingParams, StopCriteria};
 
 /// A benchmarked model size.
@@ -130,10 +131,15 @@ pub fn bench_generate(m: &BenchModel, repeats: usize) -> Result<Measurement> {
     })
 }
 
-/// One policy-gradient step: forward over BATCH × TRAIN_SEQ_LEN tokens, log-probs, the ACPO
-/// loss, backward, and an AdamW update; median of `repeats` after a warm-up.
+/// Rows per micro-batch in the train-step benchmark: the batch of 8 is two micro-batches, run
+/// side by side as the trainer runs them (`crate::parallel`), their gradients summed.
+pub const TRAIN_MICRO_BATCH: usize = 4;
+
+/// One policy-gradient step as the trainer takes it: per micro-batch a forward over its rows ×
+/// TRAIN_SEQ_LEN tokens, log-probs, the ACPO loss (token-mean over the whole batch) and backward,
+/// micro-batches side by side on the CPU; then the summed gradients' norm clipped to 1 and an
+/// AdamW update ([`crate::optim::AdamW`]). Median of `repeats` after a warm-up.
 pub fn bench_train_step(m: &BenchModel, repeats: usize) -> Result<Measurement> {
-    use candle_nn::Optimizer;
     let cfg = m.config()?;
     let params = init::random_params(&cfg, 0, DType::F32, &Device::Cpu)?;
     let dev = Device::Cpu;
@@ -151,26 +157,44 @@ pub fn bench_train_step(m: &BenchModel, repeats: usize) -> Result<Measurement> {
     let adv: Vec<f32> = (0..b * (t - 1)).map(|_| rng.next_normal() as f32).collect();
     let adv = Tensor::from_vec(adv, (b, t - 1), &dev)?;
     let mask = Tensor::ones((b, t - 1), DType::F32, &dev)?;
-    let vars: Vec<candle_core::Var> = params.vars().map(|(_, v)| v.clone()).collect();
-    let mut opt = candle_nn::AdamW::new(
-        vars,
-        candle_nn::ParamsAdamW {
-            lr: 1e-6,
-            ..Default::default()
-        },
-    )?;
-    let agg = Aggregation::whole(LossAggMode::TokenMean, &mask, t)?;
+    let spec = OptimSpec {
+        lr: 1e-6,
+        lr_schedule: LrSchedule::Constant,
+        warmup_steps: 0,
+        grad_clip: 1.0,
+        weight_decay: 0.01,
+        betas: [0.9, 0.999],
+        eps: 1e-8,
+    };
+    let mut opt = AdamW::new(&params, &spec)?;
+    let starts: Vec<usize> = (0..b).step_by(TRAIN_MICRO_BATCH).collect();
+    let agg = Aggregation::new(LossAggMode::TokenMean, &mask, starts.len(), t)?;
     let clip = PolicyClip::Advantage { alpha: 2.0 };
-    let mut old: Option<Tensor> = None;
+    let old = {
+        let model = Qwen::new(&cfg, &params, true)?;
+        let (hidden, _) = model.forward_hidden(&ids, &pos, &valid, None)?;
+        let h = hidden.narrow(1, 0, t - 1)?;
+        model.token_log_probs(&h, &targets, 1.0, 64, false)?.0
+    };
     let mut step = || -> Result<f64> {
         let start = Instant::now();
         let model = Qwen::new(&cfg, &params, false)?;
-        let (hidden, _) = model.forward_hidden(&ids, &pos, &valid, None)?;
-        let h = hidden.narrow(1, 0, t - 1)?;
-        let (lp, _) = model.token_log_probs(&h, &targets, 1.0, 64, false)?;
-        let old_lp = old.get_or_insert_with(|| lp.detach()).clone();
-        let out = loss::policy_loss(&clip, &lp, &old_lp, &adv, &mask, &agg)?;
-        opt.backward_step(&out.loss)?;
+        let outs = crate::parallel::map(starts.len(), true, |i| -> Result<Gradients> {
+            let (s, len) = (starts[i], TRAIN_MICRO_BATCH.min(b - starts[i]));
+            let rows = |x: &Tensor| x.narrow(0, s, len);
+            let (hidden, _) =
+                model.forward_hidden(&rows(&ids)?, &rows(&pos)?, &rows(&valid)?, None)?;
+            let h = hidden.narrow(1, 0, t - 1)?;
+            let (lp, _) = model.token_log_probs(&h, &rows(&targets)?, 1.0, 64, false)?;
+            let out =
+                loss::policy_loss(&clip, &lp, &rows(&old)?, &rows(&adv)?, &rows(&mask)?, &agg)?;
+            Gradients::from_store(&params, &out.loss.backward()?)
+        });
+        let mut grads = Gradients::default();
+        for g in outs {
+            grads.accumulate(g?)?;
+        }
+        opt.step(&grads)?;
         Ok(start.elapsed().as_secs_f64())
     };
     step()?;

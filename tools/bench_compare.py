@@ -3,7 +3,7 @@
 in alternation so that a noisy machine (a shared VM) slows both sides alike.
 
   python3 tools/bench_compare.py --acpo target/release/acpo --python /path/to/venv/bin/python \\
-      [--rounds 3] [--out results/bench]
+      [--rounds 3] [--out results/bench] [--tiny-only]
 
 Each round runs `acpo bench train-step`, `acpo bench generate` and tools/bench_torch.py once;
 the table gives the median over rounds of each side's tokens/s (each itself a median of 3) and
@@ -25,19 +25,21 @@ ap.add_argument("--acpo", default="target/release/acpo")
 ap.add_argument("--python", default=sys.executable, help="a Python with torch + transformers")
 ap.add_argument("--rounds", type=int, default=3)
 ap.add_argument("--out", default="results/bench")
+ap.add_argument("--tiny-only", action="store_true", help="only the tiny model (seconds per round)")
 args = ap.parse_args()
 here = os.path.dirname(os.path.abspath(__file__))
 
+tiny = ["--tiny-only"] if args.tiny_only else []
 rounds = []
 with tempfile.TemporaryDirectory() as tmp:
     for r in range(args.rounds):
         got = {"acpo": {}, "torch": {}}
         for kind in ["train-step", "generate"]:
-            subprocess.run([args.acpo, "bench", kind, "--out", tmp], check=True, stdout=subprocess.DEVNULL)
+            subprocess.run([args.acpo, "bench", kind, "--out", tmp] + tiny, check=True, stdout=subprocess.DEVNULL)
             for row in json.load(open(os.path.join(tmp, f"{kind}.json"))):
                 got["acpo"][f"{row['model']} {row['what']}"] = row["tokens_per_second"]
         tj = os.path.join(tmp, "torch.json")
-        subprocess.run([args.python, os.path.join(here, "bench_torch.py"), "--json", tj], check=True,
+        subprocess.run([args.python, os.path.join(here, "bench_torch.py"), "--json", tj] + tiny, check=True,
                        stdout=subprocess.DEVNULL)
         for row in json.load(open(tj)):
             got["torch"][f"{row['model']} {row['what']}"] = row["tokens_per_second"]

@@ -4,6 +4,7 @@ random Qwen3 configurations and shapes, on CPU, f32, median of 3 after a warm-up
 
   python3 tools/bench_torch.py                 # prints a Markdown table
   python3 tools/bench_torch.py --json out.json # also writes the rows as JSON (bench_compare.py)
+  python3 tools/bench_torch.py --tiny-only     # only the tiny model (seconds instead of minutes)
 Needs torch + transformers (PyPI). Threads: torch's default (all cores), like candle.
 """
 import json
@@ -14,7 +15,8 @@ import time
 import torch
 from transformers import Qwen3Config, Qwen3ForCausalLM
 
-BATCH, PROMPT_LEN, NEW_TOKENS, TRAIN_SEQ_LEN, REPEATS = 8, 32, 64, 128, 3
+BATCH, PROMPT_LEN, NEW_TOKENS, TRAIN_SEQ_LEN = 8, 32, 64, 128
+REPEATS = int(sys.argv[sys.argv.index("--repeats") + 1]) if "--repeats" in sys.argv else 3
 MODELS = {
     "tiny": dict(vocab_size=1024, hidden_size=64, intermediate_size=192, num_hidden_layers=2,
                  num_attention_heads=4, num_key_value_heads=2, head_dim=16),
@@ -40,6 +42,8 @@ def median_time(fn):
     return statistics.median(times)
 
 
+if "--tiny-only" in sys.argv:
+    MODELS = {"tiny": MODELS["tiny"]}
 rows = []
 for name, kw in MODELS.items():
     model = model_of(kw).eval()
@@ -69,6 +73,7 @@ for name, kw in MODELS.items():
         loss = -torch.clamp(ra, -2.0, 2.0).mean()
         opt.zero_grad()
         loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)  # as the trainer (verl) does
         opt.step()
 
     s = median_time(step)

@@ -13,8 +13,12 @@
 //! 4. Per-sequence positions and a key-padding mask, so left-padded batches give each sequence
 //!    exactly the result it would get alone.
 //!
-//! Sampling should use [`Qwen::detached`]: candle has no no-grad mode, and with var-backed
-//! weights every decode step would extend the autograd graph (and keep the KV cache alive in it).
+//! Sampling should use a detached model (`Qwen::new(.., detach = true)`): candle has no no-grad
+//! mode, and with var-backed weights every decode step would extend the autograd graph (and keep
+//! the KV cache alive in it). A detached model on the CPU also keeps a decode-layout copy of each
+//! matrix it has decoded with ([`crate::fused::pack_pairs`]).
+
+use std::sync::{Arc, OnceLock};
 
 use candle_core::{DType, Device, Module, Tensor, D};
 use candle_nn::Embedding;
@@ -33,26 +37,69 @@ const MASKED: f64 = -1e9;
 struct Linear {
     weight: Tensor,
     bias: Option<Tensor>,
+    /// Detached models only: the weight in the decode kernel's layout, made on first use.
+    decode: Option<DecodeCopy>,
 }
 
 impl Linear {
-    fn new(weight: Tensor, bias: Option<Tensor>) -> Linear {
-        Linear { weight, bias }
+    fn new(weight: Tensor, bias: Option<Tensor>, detached: bool) -> Linear {
+        Linear {
+            weight,
+            bias,
+            decode: detached.then(DecodeCopy::default),
+        }
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(matmul_last(x, &self.weight, self.bias.as_ref())?)
+        Ok(matmul_last(
+            x,
+            &self.weight,
+            self.bias.as_ref(),
+            self.decode.as_ref(),
+        )?)
+    }
+}
+
+/// A pair-packed copy of a detached weight ([`crate::fused::pack_pairs`]), made the first time
+/// a decode step (a few rows) multiplies by it and shared by the model's clones: +1× the
+/// weights' memory for a sampling model, none for a model that never decodes. `None` inside
+/// when the kernel does not apply (not CPU f32).
+#[derive(Debug, Clone, Default)]
+struct DecodeCopy(Arc<OnceLock<Option<Tensor>>>);
+
+impl DecodeCopy {
+    fn get(&self, w: &Tensor) -> candle_core::Result<Option<&Tensor>> {
+        if let Some(p) = self.0.get() {
+            return Ok(p.as_ref());
+        }
+        let packed = crate::fused::pack_pairs(w)?;
+        Ok(self.0.get_or_init(|| packed).as_ref())
     }
 }
 
 /// `x (..., in) · wᵀ (in, out) [+ b]` as one 2-D product.
-fn matmul_last(x: &Tensor, w: &Tensor, b: Option<&Tensor>) -> candle_core::Result<Tensor> {
+fn matmul_last(
+    x: &Tensor,
+    w: &Tensor,
+    b: Option<&Tensor>,
+    decode: Option<&DecodeCopy>,
+) -> candle_core::Result<Tensor> {
     let dims = x.dims().to_vec();
     let inp = *dims.last().expect("invariant: at least 1-D");
     let rows = x.elem_count() / inp.max(1);
     let x2 = x.reshape((rows, inp))?;
-    // Decoding multiplies a few rows by every weight matrix: stream W instead of packing it.
-    let y = match crate::fused::linear_small_m(&x2, w)? {
+    // Decoding multiplies a few rows by every weight matrix: stream W instead of packing it,
+    // from the decode copy when there is one.
+    let small = rows <= crate::fused::SMALL_M;
+    let packed = match decode {
+        Some(d) if small => d.get(w)?,
+        _ => None,
+    };
+    let y = match packed {
+        Some(p) => crate::fused::linear_small_m_packed(&x2, p)?,
+        None => crate::fused::linear_small_m(&x2, w)?,
+    };
+    let y = match y {
         Some(y) => y,
         None => x2.matmul(&w.t()?)?,
     };
@@ -221,6 +268,7 @@ pub struct Qwen {
     norm: RmsNorm,
     /// `(V, H)`; the embedding matrix itself when embeddings are tied.
     lm_head: Tensor,
+    lm_head_decode: Option<DecodeCopy>,
     dtype: DType,
     device: Device,
 }
@@ -250,7 +298,7 @@ impl Qwen {
             } else {
                 None
             };
-            Ok(Linear::new(w, b))
+            Ok(Linear::new(w, b, detach))
         };
         let norm = |name: &str, n: usize| -> Result<RmsNorm> {
             Ok(RmsNorm {
@@ -306,6 +354,7 @@ impl Qwen {
             blocks,
             norm: norm("model.norm.weight", h)?,
             lm_head,
+            lm_head_decode: detach.then(DecodeCopy::default),
             dtype,
             device,
         })
@@ -360,7 +409,8 @@ impl Qwen {
 
     /// Logits `(..., V)` from hidden states `(..., H)`, in f32.
     pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
-        Ok(matmul_last(hidden, &self.lm_head, None)?.to_dtype(DType::F32)?)
+        let decode = self.lm_head_decode.as_ref();
+        Ok(matmul_last(hidden, &self.lm_head, None, decode)?.to_dtype(DType::F32)?)
     }
 
     /// Log-probabilities of `targets` `(B, T)` under softmax(logits / temperature) and, if
@@ -447,6 +497,7 @@ impl Critic {
         let head = Linear::new(
             get("score.weight", &[1, h])?,
             Some(get("score.bias", &[1])?),
+            false,
         );
         Ok(Critic { backbone, head })
     }

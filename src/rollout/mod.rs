@@ -41,7 +41,7 @@ pub enum FinishReason {
 }
 
 /// Turns generated token ids into text (for stop strings).
-pub type Decoder<'a> = &'a dyn Fn(&[u32]) -> String;
+pub type Decoder<'a> = &'a (dyn Fn(&[u32]) -> String + Sync);
 
 /// When to stop besides the length limit.
 #[derive(Default)]
@@ -64,8 +64,40 @@ pub struct Completion {
 pub type SampleKey = [u64; 4];
 
 /// Samples one completion per prompt. `prompts[i]` is drawn with the stream `keys[i]`.
-/// `model` should be a [`Qwen::detached`]-style copy (no autograd graph).
+/// `model` should be detached (`Qwen::new(.., true)`: no autograd graph).
+///
+/// On the CPU the batch is cut into as many contiguous groups as there are worker threads, and
+/// the groups are sampled side by side ([`crate::parallel`]): a completion does not depend on
+/// the batch it is sampled in, and a decode step's few hundred small ops run faster on one
+/// thread each than split over all of them (Qwen3-100M, 8 × 64 tokens on 2 cores: 172–198
+/// tokens/s against 150–181 for one batch whose products are split over the pool).
 pub fn generate(
+    model: &Qwen,
+    prompts: &[Vec<u32>],
+    keys: &[SampleKey],
+    params: &SamplingParams,
+    stop: &StopCriteria,
+    pad_id: u32,
+) -> Result<Vec<Completion>> {
+    let side_by_side = model.device().is_cpu();
+    let groups = crate::parallel::workers().min(prompts.len()).max(1);
+    if !side_by_side || groups < 2 || prompts.len() != keys.len() {
+        return generate_group(model, prompts, keys, params, stop, pad_id);
+    }
+    let size = prompts.len().div_ceil(groups);
+    let parts = crate::parallel::map(prompts.len().div_ceil(size), true, |g| {
+        let r = g * size..(g * size + size).min(prompts.len());
+        generate_group(model, &prompts[r.clone()], &keys[r], params, stop, pad_id)
+    });
+    let mut out = Vec::with_capacity(prompts.len());
+    for part in parts {
+        out.extend(part?);
+    }
+    Ok(out)
+}
+
+/// [`generate`] for one group, as one batch.
+fn generate_group(
     model: &Qwen,
     prompts: &[Vec<u32>],
     keys: &[SampleKey],

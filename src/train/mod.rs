@@ -35,6 +35,7 @@ use crate::model::qwen::{Critic, Qwen};
 use crate::model::tokenizer::Tokenizer;
 use crate::model::{init, Params, QwenConfig};
 use crate::optim::{AdamW, Gradients};
+use crate::parallel;
 use crate::rng::SplitMix64;
 use crate::rollout::{self, SamplingParams, StopCriteria};
 
@@ -246,6 +247,19 @@ impl Layout {
         Ok(hidden.narrow(1, self.prompt_len - 1, r)?)
     }
 }
+
+/// What one policy micro-batch hands back to be folded, in order, into the mini-batch.
+struct MicroOut {
+    grads: Gradients,
+    pg_loss: f64,
+    stats: loss::PolicyStats,
+    entropy_sum: f64,
+    /// r·Â and the response mask, row by row, when this step records the tails.
+    ratio_adv: Option<RowsAndMask>,
+}
+
+/// `(B, R)` values and the response mask as rows.
+type RowsAndMask = (Vec<Vec<f32>>, Vec<Vec<f32>>);
 
 /// Sample-index offset of the difficulty probe's random streams (never a rollout's index).
 const PROBE_STREAM: u64 = 1 << 40;
@@ -658,30 +672,35 @@ impl Trainer {
         )?;
         let micro = exp.actor.micro_batch_size;
         let total_rows = completions.len();
-        let mut old_lp = Vec::new();
-        let mut old_values = Vec::new();
         let critic_model = match &self.critic {
             Some(c) => Some(Critic::new(&self.cfg, c, true)?),
             None => None,
         };
-        for start in (0..total_rows).step_by(micro) {
-            let len = micro.min(total_rows - start);
-            let part = all.rows(start, len)?;
+        // Micro-batches side by side on the CPU (crate::parallel), folded in order.
+        let side_by_side = self.device.is_cpu();
+        let starts: Vec<usize> = (0..total_rows).step_by(micro).collect();
+        let olds = parallel::map(starts.len(), side_by_side, |i| -> Result<_> {
+            let start = starts[i];
+            let part = all.rows(start, micro.min(total_rows - start))?;
             let h = part.response_hidden(&sampler)?;
-            old_lp.push(
-                sampler
-                    .token_log_probs(
-                        &h,
-                        &part.targets,
-                        exp.rollout.temperature,
-                        LOGIT_CHUNK,
-                        false,
-                    )?
-                    .0,
-            );
-            if let Some(c) = &critic_model {
-                old_values.push(c.values(&part.response_hidden(&c.backbone)?)?);
-            }
+            let (lp, _) = sampler.token_log_probs(
+                &h,
+                &part.targets,
+                exp.rollout.temperature,
+                LOGIT_CHUNK,
+                false,
+            )?;
+            let values = match &critic_model {
+                Some(c) => Some(c.values(&part.response_hidden(&c.backbone)?)?),
+                None => None,
+            };
+            Ok((lp, values))
+        });
+        let (mut old_lp, mut old_values) = (Vec::new(), Vec::new());
+        for r in olds {
+            let (lp, values) = r?;
+            old_lp.push(lp);
+            old_values.extend(values);
         }
         let old_lp = Tensor::cat(&old_lp, 0)?;
         let old_values = if old_values.is_empty() {
@@ -726,35 +745,56 @@ impl Trainer {
                     micro_count,
                     horizon,
                 )?;
-                let mut grads = Gradients::default();
                 let policy = Qwen::new(&self.cfg, &self.policy, false)?;
-                for ms in (mb_start..mb_start + mb_len).step_by(micro) {
+                let starts: Vec<usize> = (mb_start..mb_start + mb_len).step_by(micro).collect();
+                let record_tails = epoch == 0 && pass_rates.is_some() && tails.is_some();
+                let outs = parallel::map(starts.len(), side_by_side, |i| -> Result<MicroOut> {
+                    let ms = starts[i];
                     let len = micro.min(mb_start + mb_len - ms);
                     let part = all.rows(ms, len)?;
                     let h = part.response_hidden(&policy)?;
-                    let with_entropy = true;
                     let (lp, ent) = policy.token_log_probs(
                         &h,
                         &part.targets,
                         exp.rollout.temperature,
                         LOGIT_CHUNK,
-                        with_entropy,
+                        true,
                     )?;
-                    let out = loss::policy_loss(
-                        &exp.algorithm.clip,
-                        &lp,
-                        &old_lp.narrow(0, ms, len)?,
-                        &advantages.narrow(0, ms, len)?,
-                        &part.mask,
-                        &agg,
-                    )?;
-                    if let (0, Some(rates), Some(t)) = (epoch, &pass_rates, &mut tails) {
-                        // r·Â of each token at the moment its gradient is taken.
-                        let (_, r) =
-                            loss::importance_ratio(&lp.detach(), &old_lp.narrow(0, ms, len)?)?;
-                        let ra = (r * advantages.narrow(0, ms, len)?)?.to_vec2::<f32>()?;
-                        let mask = part.mask.to_vec2::<f32>()?;
-                        for (i, (row, m)) in ra.iter().zip(&mask).enumerate() {
+                    let old = old_lp.narrow(0, ms, len)?;
+                    let adv = advantages.narrow(0, ms, len)?;
+                    let out =
+                        loss::policy_loss(&exp.algorithm.clip, &lp, &old, &adv, &part.mask, &agg)?;
+                    // r·Â of each token at the moment its gradient is taken.
+                    let ratio_adv = if record_tails {
+                        let (_, r) = loss::importance_ratio(&lp.detach(), &old)?;
+                        Some(((r * &adv)?.to_vec2::<f32>()?, part.mask.to_vec2::<f32>()?))
+                    } else {
+                        None
+                    };
+                    let ent = ent.expect("invariant: entropy was requested");
+                    let entropy_sum = (&ent.detach() * &part.mask)?
+                        .sum_all()?
+                        .to_scalar::<f32>()? as f64;
+                    let mut total = out.loss.clone();
+                    if exp.actor.entropy_coeff > 0.0 {
+                        total =
+                            (total - (agg.apply(&ent, &part.mask)? * exp.actor.entropy_coeff)?)?;
+                    }
+                    Ok(MicroOut {
+                        grads: Gradients::from_store(&self.policy, &total.backward()?)?,
+                        pg_loss: out.loss.to_scalar::<f32>()? as f64,
+                        stats: out.stats,
+                        entropy_sum,
+                        ratio_adv,
+                    })
+                });
+                let mut grads = Gradients::default();
+                for (out, &ms) in outs.into_iter().zip(&starts) {
+                    let out = out?;
+                    if let (Some((ra, mask)), Some(rates), Some(t)) =
+                        (&out.ratio_adv, &pass_rates, &mut tails)
+                    {
+                        for (i, (row, m)) in ra.iter().zip(mask).enumerate() {
                             let bucket = t.bucket(Difficulty::of(rates[(ms + i) / n]));
                             row.iter()
                                 .zip(m)
@@ -762,20 +802,11 @@ impl Trainer {
                                 .for_each(|(x, _)| bucket.add(*x as f64));
                         }
                     }
-                    let ent = ent.expect("invariant: entropy was requested");
-                    let ent_detached = ent.detach();
-                    entropy_sum += (&ent_detached * &part.mask)?
-                        .sum_all()?
-                        .to_scalar::<f32>()? as f64;
+                    entropy_sum += out.entropy_sum;
                     entropy_tokens += out.stats.tokens;
-                    let mut total = out.loss.clone();
-                    if exp.actor.entropy_coeff > 0.0 {
-                        total =
-                            (total - (agg.apply(&ent, &part.mask)? * exp.actor.entropy_coeff)?)?;
-                    }
-                    pg_loss += out.loss.to_scalar::<f32>()? as f64;
+                    pg_loss += out.pg_loss;
                     stats = stats.merge(&out.stats);
-                    grads.accumulate(Gradients::from_store(&self.policy, &total.backward()?)?)?;
+                    grads.accumulate(out.grads)?;
                 }
                 grad_norms.push(apply_update(
                     &mut self.actor_opt,
@@ -790,8 +821,9 @@ impl Trainer {
                 {
                     let cliprange = exp.critic.as_ref().map_or(0.5, |c| c.cliprange_value);
                     let critic = Critic::new(&self.cfg, cp, false)?;
-                    let mut cgrads = Gradients::default();
-                    for ms in (mb_start..mb_start + mb_len).step_by(micro) {
+                    let starts: Vec<usize> = (mb_start..mb_start + mb_len).step_by(micro).collect();
+                    let outs = parallel::map(starts.len(), side_by_side, |i| -> Result<_> {
+                        let ms = starts[i];
                         let len = micro.min(mb_start + mb_len - ms);
                         let part = all.rows(ms, len)?;
                         let values = critic.values(&part.response_hidden(&critic.backbone)?)?;
@@ -803,10 +835,17 @@ impl Trainer {
                             cliprange,
                             &agg,
                         )?;
-                        vf_loss += out.loss.to_scalar::<f32>()? as f64;
-                        vf_clip += out.clipfrac * out.tokens;
-                        vf_tokens += out.tokens;
-                        cgrads.accumulate(Gradients::from_store(cp, &out.loss.backward()?)?)?;
+                        let grads = Gradients::from_store(cp, &out.loss.backward()?)?;
+                        let loss = out.loss.to_scalar::<f32>()? as f64;
+                        Ok((grads, loss, out.clipfrac, out.tokens))
+                    });
+                    let mut cgrads = Gradients::default();
+                    for out in outs {
+                        let (grads, loss, clipfrac, tokens) = out?;
+                        vf_loss += loss;
+                        vf_clip += clipfrac * tokens;
+                        vf_tokens += tokens;
+                        cgrads.accumulate(grads)?;
                     }
                     critic_norms.push(apply_update(opt, &cgrads, step, "critic/grad_norm")?);
                 }

@@ -204,3 +204,65 @@ fn in_a_one_thread_pool_the_kernels_give_bit_identical_results() {
     assert_eq!(max_rel_diff(&p_one, &p_default), 0.0);
     assert_eq!(max_rel_diff(&y_one, &y_default), 0.0);
 }
+
+#[test]
+fn pair_packed_weights_give_the_plain_kernels_numbers_bit_for_bit() {
+    // Odd n (a last unpaired row), k with and without a tail, m over the 4-row tiles and the
+    // leftover rows, and n·k past the parallel threshold.
+    for (m, k, n) in [
+        (1, 77, 5),
+        (3, 77, 33),
+        (4, 768, 601),
+        (7, 768, 600),
+        (16, 64, 41),
+        (2, 5, 3),
+    ] {
+        let x = randn(m as u64, &[m, k], 1.0);
+        let w = randn(200 + n as u64, &[n, k], 0.1);
+        let packed = fused::pack_pairs(&w).unwrap().expect("CPU f32");
+        assert_eq!(packed.dims(), w.dims());
+        assert!(
+            max_rel_diff(&packed, &w) > 0.0 || n < 2 || k < 8,
+            "layout changed"
+        );
+        let plain = fused::linear_small_m(&x, &w).unwrap().unwrap();
+        let fast = fused::linear_small_m_packed(&x, &packed).unwrap().unwrap();
+        assert_eq!(max_rel_diff(&fast, &plain), 0.0, "packed m={m} k={k} n={n}");
+    }
+    // Not CPU f32: no packed copy; and a packed product cannot be differentiated.
+    let w64 = randn(1, &[4, 8], 1.0).to_dtype(DType::F64).unwrap();
+    assert!(fused::pack_pairs(&w64).unwrap().is_none());
+    let w = Var::from_tensor(&randn(2, &[4, 8], 1.0)).unwrap();
+    let packed = fused::pack_pairs(w.as_tensor()).unwrap().unwrap();
+    let x = Var::from_tensor(&randn(3, &[2, 8], 1.0)).unwrap();
+    let y = fused::linear_small_m_packed(x.as_tensor(), &packed)
+        .unwrap()
+        .unwrap();
+    let err = y.sum_all().unwrap().backward().expect_err("no backward");
+    assert!(err.to_string().contains("no backward"), "{err}");
+}
+
+#[test]
+fn micro_batches_side_by_side_come_back_in_order_with_the_serial_numbers() {
+    // Each item runs a product big enough for the kernels' parallel path when alone.
+    let w = randn(31, &[600, 768], 0.1);
+    let f = |i: usize| {
+        let x = randn(40 + i as u64, &[8, 768], 1.0);
+        let y = fused::linear_small_m(&x, &w).unwrap().unwrap();
+        (i, y.flatten_all().unwrap().to_vec1::<f32>().unwrap())
+    };
+    let serial = acpo::parallel::map(5, false, f);
+    let side = acpo::parallel::map(5, true, f);
+    assert_eq!(
+        serial.iter().map(|r| r.0).collect::<Vec<_>>(),
+        [0, 1, 2, 3, 4]
+    );
+    assert_eq!(serial, side);
+    // Also from a pool of two threads, whatever this machine has.
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(2)
+        .build()
+        .unwrap();
+    assert_eq!(pool.install(|| acpo::parallel::map(5, true, f)), serial);
+    assert!(acpo::parallel::map(0, true, f).is_empty());
+}

@@ -183,6 +183,42 @@ fn kv_cache_decoding_equals_full_recomputation() {
 }
 
 #[test]
+fn sampling_in_groups_side_by_side_gives_the_one_batch_completions() {
+    // On the CPU, `generate` cuts the batch into one group per worker thread; with one
+    // worker it is one batch. The completions must not depend on which.
+    let (cfg, params) = load("tiny-qwen3");
+    let model = Qwen::new(&cfg, &params, true).expect("model");
+    let prompts: Vec<Vec<u32>> = (0..5u32)
+        .map(|i| (0..(3 + 2 * i)).map(|j| (7 * i + 3 * j) % 200).collect())
+        .collect();
+    let keys: Vec<[u64; 4]> = (0..5).map(|i| [3, 2, i, 0]).collect();
+    let p = SamplingParams {
+        temperature: 1.0,
+        top_p: 0.9,
+        top_k: None,
+        max_new_tokens: 8,
+    };
+    let run = |threads: usize| {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .expect("pool")
+            .install(|| {
+                rollout::generate(&model, &prompts, &keys, &p, &StopCriteria::default(), 0)
+                    .expect("generate")
+            })
+    };
+    let one = run(1);
+    for threads in [2, 3] {
+        let grouped = run(threads);
+        for (i, (a, b)) in one.iter().zip(&grouped).enumerate() {
+            assert_eq!(a.tokens, b.tokens, "prompt {i}, {threads} groups");
+            assert!(max_abs_diff(&a.log_probs, &b.log_probs) < 1e-5);
+        }
+    }
+}
+
+#[test]
 fn left_padded_batches_give_each_sequence_its_solo_result() {
     let (cfg, params) = load("tiny-qwen2");
     let model = Qwen::new(&cfg, &params, true).expect("model");
