@@ -219,33 +219,40 @@ fn model_init_then_generate_samples_with_the_real_tokenizer_and_chat_template() 
 
 #[test]
 fn bench_writes_a_report() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let out = acpo(
-        &[
-            "bench",
-            "generate",
-            "--tiny-only",
-            "--repeats",
-            "1",
-            "--out",
-            dir.path().to_str().expect("utf8"),
-        ],
-        repo(),
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let rows: Vec<serde_json::Value> = serde_json::from_str(
-        &std::fs::read_to_string(dir.path().join("generate.json")).expect("json"),
-    )
-    .expect("rows");
-    assert_eq!(rows[0]["model"], "tiny");
-    assert!(rows[0]["tokens_per_second"].as_f64().expect("tps") > 0.0);
-    assert!(std::fs::read_to_string(dir.path().join("generate.md"))
-        .expect("md")
-        .contains("| tiny |"));
+    // Both throughput benchmarks, on the tiny model; train-step runs the trainer's micro-batches
+    // side by side, its summed gradients and the AdamW update.
+    for kind in ["generate", "train-step"] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = acpo(
+            &[
+                "bench",
+                kind,
+                "--tiny-only",
+                "--repeats",
+                "1",
+                "--out",
+                dir.path().to_str().expect("utf8"),
+            ],
+            repo(),
+        );
+        assert!(
+            out.status.success(),
+            "{kind}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let rows: Vec<serde_json::Value> = serde_json::from_str(
+            &std::fs::read_to_string(dir.path().join(format!("{kind}.json"))).expect("json"),
+        )
+        .expect("rows");
+        assert_eq!(rows[0]["model"], "tiny");
+        assert_eq!(rows[0]["what"], kind);
+        assert!(rows[0]["tokens_per_second"].as_f64().expect("tps") > 0.0);
+        assert!(
+            std::fs::read_to_string(dir.path().join(format!("{kind}.md")))
+                .expect("md")
+                .contains("| tiny |")
+        );
+    }
 }
 
 #[test]
