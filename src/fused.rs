@@ -42,11 +42,16 @@ fn slice_f32<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> Result<&'a [f32]>
     }
 }
 
-/// Whether `len` output elements are worth splitting over the pool. A pool of one thread (as
-/// `reproduce --jobs N` sets it, with runs side by side on their own threads) would only
-/// serialise the runs behind its single worker: then the calling thread does the work.
+/// Whether `len` output elements are worth splitting over the pool.
 fn parallel(len: usize) -> bool {
-    len >= PAR_MIN_ELEMS && rayon::current_num_threads() > 1
+    worth_splitting(len, PAR_MIN_ELEMS)
+}
+
+/// Whether `work` units, at least `min`, are worth splitting over the pool. A pool of one
+/// thread (as `reproduce --jobs N` and [`crate::parallel::map`] give each piece of work) would
+/// only serialise behind its single worker: then the calling thread does the work.
+fn worth_splitting(work: usize, min: usize) -> bool {
+    work >= min && crate::parallel::workers() > 1
 }
 
 /// Runs `f(row index, row)` on each `row_len`-long row of `out`, in parallel when large.
@@ -766,7 +771,7 @@ impl CustomOp2 for LinearSmallM {
             let nb = out.len() / m;
             dot_rows(x, m, &w[j0 * k..(j0 + nb) * k], out, packed);
         };
-        if n * k >= 1 << 18 && rayon::current_num_threads() > 1 {
+        if worth_splitting(n * k, 1 << 18) {
             yt.par_chunks_mut(block * m)
                 .enumerate()
                 .for_each(|(b, out)| work(b * block, out));

@@ -68,12 +68,21 @@ impl Linear {
 struct DecodeCopy(Arc<OnceLock<Option<Tensor>>>);
 
 impl DecodeCopy {
+    /// Packs inside the lock, so sampling groups decoding side by side wait for one copy
+    /// instead of each making its own. A failed pack is returned to the caller that tried it;
+    /// later calls then use the plain weight (the same numbers).
     fn get(&self, w: &Tensor) -> candle_core::Result<Option<&Tensor>> {
-        if let Some(p) = self.0.get() {
-            return Ok(p.as_ref());
+        let mut failed = None;
+        let packed = self.0.get_or_init(|| {
+            crate::fused::pack_pairs(w).unwrap_or_else(|e| {
+                failed = Some(e);
+                None
+            })
+        });
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(packed.as_ref()),
         }
-        let packed = crate::fused::pack_pairs(w)?;
-        Ok(self.0.get_or_init(|| packed).as_ref())
     }
 }
 
@@ -266,9 +275,8 @@ pub struct Qwen {
     embed: Embedding,
     blocks: Vec<Block>,
     norm: RmsNorm,
-    /// `(V, H)`; the embedding matrix itself when embeddings are tied.
-    lm_head: Tensor,
-    lm_head_decode: Option<DecodeCopy>,
+    /// `(V, H)`, no bias; the embedding matrix itself when embeddings are tied.
+    lm_head: Linear,
     dtype: DType,
     device: Device,
 }
@@ -353,8 +361,7 @@ impl Qwen {
             embed: Embedding::new(embed_w, h),
             blocks,
             norm: norm("model.norm.weight", h)?,
-            lm_head,
-            lm_head_decode: detach.then(DecodeCopy::default),
+            lm_head: Linear::new(lm_head, None, detach),
             dtype,
             device,
         })
@@ -409,8 +416,7 @@ impl Qwen {
 
     /// Logits `(..., V)` from hidden states `(..., H)`, in f32.
     pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
-        let decode = self.lm_head_decode.as_ref();
-        Ok(matmul_last(hidden, &self.lm_head, None, decode)?.to_dtype(DType::F32)?)
+        Ok(self.lm_head.forward(hidden)?.to_dtype(DType::F32)?)
     }
 
     /// Log-probabilities of `targets` `(B, T)` under softmax(logits / temperature) and, if
