@@ -24,7 +24,7 @@ check path="experiments":
     cargo run --release -- check {{path}}
 
 # Reproduce an artifact of the paper: table1, speedup, accuracy, entropy, tails or all, at a
-# scale: mini (CPU, about 13 min on 2 cores), smoke (seconds) or paper (CUDA).
+# scale: mini (CPU, about 12 min on 2 cores), smoke (seconds) or paper (CUDA).
 [group('reproduce')]
 reproduce artifact="table1" scale="mini":
     cargo run --release -- reproduce {{artifact}} --scale {{scale}}

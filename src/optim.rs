@@ -142,19 +142,25 @@ impl AdamW {
         let [b1, b2] = self.spec.betas;
         let t = (self.t + 1) as i32;
         let (bc1, bc2) = (1.0 - b1.powi(t), 1.0 - b2.powi(t));
+        let h = Hyper {
+            scale,
+            b1,
+            b2,
+            lr,
+            weight_decay: self.spec.weight_decay,
+            bc1,
+            bc2,
+            eps: self.spec.eps,
+        };
         for i in 0..self.vars.len() {
-            let var = &self.vars[i];
-            let g = match grads.get(&self.names[i]) {
-                Some(g) => (g * scale)?,
-                None => Tensor::zeros(var.shape(), DType::F32, var.device())?,
+            let g = grads.get(&self.names[i]);
+            let (m, v) = (&self.m[i], &self.v[i]);
+            let (p, m, v) = match fused_update(&self.vars[i], g, m, v, &h)? {
+                Some(new) => new,
+                None => composed_update(&self.vars[i], g, m, v, &h)?,
             };
-            self.m[i] = ((&self.m[i] * b1)? + (&g * (1.0 - b1))?)?;
-            self.v[i] = ((&self.v[i] * b2)? + (g.sqr()? * (1.0 - b2))?)?;
-            let p = var.as_tensor().to_dtype(DType::F32)?;
-            let p = (p * (1.0 - lr * self.spec.weight_decay))?;
-            let denom = ((self.v[i].sqrt()? / bc2.sqrt())? + self.spec.eps)?;
-            let p = (p - ((&self.m[i] / denom)? * (lr / bc1))?)?;
-            var.set(&p.to_dtype(var.dtype())?)?;
+            self.vars[i].set(&p)?;
+            (self.m[i], self.v[i]) = (m, v);
         }
         self.t += 1;
         Ok(StepReport {
@@ -222,5 +228,221 @@ impl AdamW {
             .to_vec1::<u32>()?;
         self.t = ((steps[0] as u64) << 32) | steps[1] as u64;
         Ok(())
+    }
+}
+
+/// One update's scalars: the clipping scale, AdamW's hyperparameters, the learning rate and
+/// the bias corrections 1 − β₁ᵗ, 1 − β₂ᵗ.
+struct Hyper {
+    scale: f64,
+    b1: f64,
+    b2: f64,
+    lr: f64,
+    weight_decay: f64,
+    bc1: f64,
+    bc2: f64,
+    eps: f64,
+}
+
+/// A parameter's update from tensor ops (any device and dtype): new (p, m, v), p in its dtype.
+fn composed_update(
+    var: &Var,
+    g: Option<&Tensor>,
+    m: &Tensor,
+    v: &Tensor,
+    h: &Hyper,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let g = match g {
+        Some(g) => (g * h.scale)?,
+        None => Tensor::zeros(var.shape(), DType::F32, var.device())?,
+    };
+    let m = ((m * h.b1)? + (&g * (1.0 - h.b1))?)?;
+    let v = ((v * h.b2)? + (g.sqr()? * (1.0 - h.b2))?)?;
+    let p = var.as_tensor().to_dtype(DType::F32)?;
+    let p = (p * (1.0 - h.lr * h.weight_decay))?;
+    let denom = ((v.sqrt()? / h.bc2.sqrt())? + h.eps)?;
+    let p = (p - ((&m / denom)? * (h.lr / h.bc1))?)?;
+    Ok((p.to_dtype(var.dtype())?, m, v))
+}
+
+/// A parameter's AdamW update in one pass over (p, g, m, v), for f32 CPU tensors; `None` when
+/// they are not (the caller composes the update from tensor ops). The composed update is about
+/// fifteen passes over each parameter, each allocating a new tensor. This is the same
+/// arithmetic, operation for operation (candle's `x * c` is `x · c + 0` in f32, `x / c` is
+/// `x · (1/c) + 0`, `x + c` is `x · 1 + c`), so the numbers are bit for bit those of the
+/// composed path (tested).
+fn fused_update(
+    var: &Var,
+    g: Option<&Tensor>,
+    m: &Tensor,
+    v: &Tensor,
+    h: &Hyper,
+) -> Result<Option<(Tensor, Tensor, Tensor)>> {
+    let p = var.as_tensor();
+    let all = [Some(p), g, Some(m), Some(v)];
+    let fits = |t: &Tensor| {
+        crate::fused::applies(t) && t.is_contiguous() && t.elem_count() == p.elem_count()
+    };
+    if !all.iter().flatten().all(|t| fits(t)) {
+        return Ok(None);
+    }
+    // What candle's affine maps multiply by and add, as f32.
+    let scale = h.scale as f32;
+    let (b1, one_minus_b1) = (h.b1 as f32, (1.0 - h.b1) as f32);
+    let (b2, one_minus_b2) = (h.b2 as f32, (1.0 - h.b2) as f32);
+    let decay = (1.0 - h.lr * h.weight_decay) as f32;
+    let inv_sqrt_bc2 = (1.0 / h.bc2.sqrt()) as f32;
+    let eps = h.eps as f32;
+    let step = (h.lr / h.bc1) as f32;
+    let n = p.elem_count();
+    let (mut p_new, mut m_new, mut v_new) = (vec![0f32; n], vec![0f32; n], vec![0f32; n]);
+    {
+        let (p_s, p_l) = p.storage_and_layout();
+        let (m_s, m_l) = m.storage_and_layout();
+        let (v_s, v_l) = v.storage_and_layout();
+        let g_sl = g.map(|g| g.storage_and_layout());
+        let p_x = cpu_f32(&p_s, p_l)?;
+        let m_x = cpu_f32(&m_s, m_l)?;
+        let v_x = cpu_f32(&v_s, v_l)?;
+        let g_x = match &g_sl {
+            Some((s, l)) => Some(cpu_f32(s, l)?),
+            None => None,
+        };
+        // One element: (p, m, v) from the clipped gradient `gs`.
+        let elem = |gs: f32, p: f32, m: f32, v: f32| -> (f32, f32, f32) {
+            let m1 = (m * b1 + 0.0) + (gs * one_minus_b1 + 0.0);
+            let v1 = (v * b2 + 0.0) + ((gs * gs) * one_minus_b2 + 0.0);
+            let denom = (v1.sqrt() * inv_sqrt_bc2 + 0.0) * 1.0 + eps;
+            ((p * decay + 0.0) - ((m1 / denom) * step + 0.0), m1, v1)
+        };
+        // Equal-length slices and a branch-free body, so the loop compiles to vector code.
+        let update = |start: usize, pn: &mut [f32], mn: &mut [f32], vn: &mut [f32]| {
+            let len = pn.len();
+            let (mn, vn) = (&mut mn[..len], &mut vn[..len]);
+            let p = &p_x[start..start + len];
+            let m = &m_x[start..start + len];
+            let v = &v_x[start..start + len];
+            match g_x {
+                Some(g) => {
+                    let g = &g[start..start + len];
+                    for j in 0..len {
+                        (pn[j], mn[j], vn[j]) = elem(g[j] * scale + 0.0, p[j], m[j], v[j]);
+                    }
+                }
+                // A missing gradient is a zero tensor: 0 · scale + 0 = 0.
+                None => {
+                    for j in 0..len {
+                        (pn[j], mn[j], vn[j]) = elem(0.0, p[j], m[j], v[j]);
+                    }
+                }
+            }
+        };
+        const CHUNK: usize = 1 << 16;
+        if n >= 2 * CHUNK && rayon::current_num_threads() > 1 {
+            use rayon::prelude::*;
+            p_new
+                .par_chunks_mut(CHUNK)
+                .zip(m_new.par_chunks_mut(CHUNK))
+                .zip(v_new.par_chunks_mut(CHUNK))
+                .enumerate()
+                .for_each(|(b, ((pn, mn), vn))| update(b * CHUNK, pn, mn, vn));
+        } else {
+            update(0, &mut p_new, &mut m_new, &mut v_new);
+        }
+    }
+    let shape = p.shape();
+    let dev = p.device();
+    Ok(Some((
+        Tensor::from_vec(p_new, shape, dev)?,
+        Tensor::from_vec(m_new, shape, dev)?,
+        Tensor::from_vec(v_new, shape, dev)?,
+    )))
+}
+
+/// The f32 elements of a contiguous CPU tensor's storage.
+fn cpu_f32<'a>(s: &'a candle_core::Storage, l: &candle_core::Layout) -> Result<&'a [f32]> {
+    let candle_core::Storage::Cpu(cpu) = s else {
+        return Err(candle_core::Error::Msg("fused AdamW: not a CPU tensor".into()).into());
+    };
+    let data = cpu.as_slice::<f32>()?;
+    match l.contiguous_offsets() {
+        Some((a, b)) => Ok(&data[a..b]),
+        None => Err(candle_core::Error::Msg("fused AdamW: not contiguous".into()).into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use candle_core::Device;
+
+    fn randn(seed: u64, n: usize, std: f32) -> Tensor {
+        let mut rng = crate::rng::SplitMix64::new(seed);
+        let x: Vec<f32> = (0..n)
+            .map(|_| (rng.next_f64() as f32 - 0.5) * 2.0 * std)
+            .collect();
+        Tensor::from_vec(x, n, &Device::Cpu).unwrap()
+    }
+
+    #[test]
+    fn the_one_pass_update_is_the_composed_one_bit_for_bit() {
+        // Sizes below and above the parallel split; a missing gradient; zero moments (the first
+        // step) and negative zeros in the gradient; clipping and no clipping, with decay.
+        for (n, seed) in [(7usize, 1u64), (1000, 2), (300_001, 3)] {
+            let var = Var::from_tensor(&randn(seed, n, 1.0)).unwrap();
+            let m = randn(seed + 10, n, 0.01);
+            let v = randn(seed + 20, n, 0.01).abs().unwrap();
+            let mut g = randn(seed + 30, n, 0.5).to_vec1::<f32>().unwrap();
+            g[0] = -0.0;
+            g[n / 2] = 0.0;
+            let g = Tensor::from_vec(g, n, &Device::Cpu).unwrap();
+            let zeros = Tensor::zeros(n, DType::F32, &Device::Cpu).unwrap();
+            for (scale, t, grad, (m, v)) in [
+                (1.0, 1, Some(&g), (&zeros, &zeros)),
+                (0.37, 5, Some(&g), (&m, &v)),
+                (1.0, 3, None, (&m, &v)),
+            ] {
+                let h = Hyper {
+                    scale,
+                    b1: 0.9,
+                    b2: 0.999,
+                    lr: 1e-3,
+                    weight_decay: 0.01,
+                    bc1: 1.0 - 0.9f64.powi(t),
+                    bc2: 1.0 - 0.999f64.powi(t),
+                    eps: 1e-8,
+                };
+                let fused = fused_update(&var, grad, m, v, &h)
+                    .unwrap()
+                    .expect("CPU f32");
+                let composed = composed_update(&var, grad, m, v, &h).unwrap();
+                for (a, b) in [
+                    (&fused.0, &composed.0),
+                    (&fused.1, &composed.1),
+                    (&fused.2, &composed.2),
+                ] {
+                    let a = a.to_vec1::<f32>().unwrap();
+                    let b = b.to_vec1::<f32>().unwrap();
+                    assert!(
+                        a.iter().zip(&b).all(|(x, y)| x.to_bits() == y.to_bits()),
+                        "n={n} t={t} scale={scale}"
+                    );
+                }
+            }
+        }
+        // Not f32: the composed path.
+        let var = Var::from_tensor(&randn(9, 4, 1.0).to_dtype(DType::F64).unwrap()).unwrap();
+        let z = Tensor::zeros(4, DType::F32, &Device::Cpu).unwrap();
+        let h = Hyper {
+            scale: 1.0,
+            b1: 0.9,
+            b2: 0.999,
+            lr: 1e-3,
+            weight_decay: 0.0,
+            bc1: 0.1,
+            bc2: 0.001,
+            eps: 1e-8,
+        };
+        assert!(fused_update(&var, None, &z, &z, &h).unwrap().is_none());
     }
 }

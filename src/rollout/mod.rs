@@ -69,8 +69,9 @@ pub type SampleKey = [u64; 4];
 /// On the CPU the batch is cut into as many contiguous groups as there are worker threads, and
 /// the groups are sampled side by side ([`crate::parallel`]): a completion does not depend on
 /// the batch it is sampled in, and a decode step's few hundred small ops run faster on one
-/// thread each than split over all of them (Qwen3-100M, 8 × 64 tokens on 2 cores: 172–198
-/// tokens/s against 150–181 for one batch whose products are split over the pool).
+/// thread each than split over all of them (Qwen3-100M, 8 × 64 tokens on 2 cores: 255–266
+/// tokens/s against 218–236 for one batch whose products are split over the pool, measured
+/// after the decode kernel's prefetch; 172–198 against 150–181 before it).
 pub fn generate(
     model: &Qwen,
     prompts: &[Vec<u32>],

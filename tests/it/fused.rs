@@ -243,6 +243,47 @@ fn pair_packed_weights_give_the_plain_kernels_numbers_bit_for_bit() {
 }
 
 #[test]
+fn a_rows_small_product_does_not_depend_on_the_rows_beside_it() {
+    // The small-row kernel takes rows in tiles of 8 (where AVX-512VL gives it the registers),
+    // then of 4, then one at a time, and walks the width in blocks; a row must get the same
+    // bits in any of them, or sampling would depend on the batch a prompt lands in. k = 600
+    // is not a multiple of the block width and has a tail; n = 1201 ends on an unpaired row.
+    let (k, n) = (600, 1201);
+    let x = randn(50, &[16, k], 1.0);
+    let w = randn(51, &[n, k], 0.1);
+    let packed = fused::pack_pairs(&w).unwrap().unwrap();
+    let all = fused::linear_small_m(&x, &w).unwrap().unwrap();
+    assert_eq!(
+        max_rel_diff(
+            &fused::linear_small_m_packed(&x, &packed).unwrap().unwrap(),
+            &all
+        ),
+        0.0
+    );
+    for (start, m) in [
+        (0, 1),
+        (5, 1),
+        (0, 4),
+        (3, 8),
+        (8, 8),
+        (1, 12),
+        (2, 13),
+        (0, 16),
+    ] {
+        let rows = x.narrow(0, start, m).unwrap();
+        for y in [
+            fused::linear_small_m(&rows, &w).unwrap().unwrap(),
+            fused::linear_small_m_packed(&rows, &packed)
+                .unwrap()
+                .unwrap(),
+        ] {
+            let want = all.narrow(0, start, m).unwrap();
+            assert_eq!(max_rel_diff(&y, &want), 0.0, "rows {start}..{}", start + m);
+        }
+    }
+}
+
+#[test]
 fn micro_batches_side_by_side_come_back_in_order_with_the_serial_numbers() {
     // Each item runs a product big enough for the kernels' parallel path when alone.
     let w = randn(31, &[600, 768], 0.1);
