@@ -34,7 +34,7 @@ pub fn applies(t: &Tensor) -> bool {
     t.device().is_cpu() && t.dtype() == DType::F32
 }
 
-fn slice_f32<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> Result<&'a [f32]> {
+pub(crate) fn slice_f32<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> Result<&'a [f32]> {
     let data = s.as_slice::<f32>()?;
     match l.contiguous_offsets() {
         Some((a, b)) => Ok(&data[a..b]),
@@ -50,7 +50,7 @@ fn parallel(len: usize) -> bool {
 /// Whether `work` units, at least `min`, are worth splitting over the pool. A pool of one
 /// thread (as `reproduce --jobs N` and [`crate::parallel::map`] give each piece of work) would
 /// only serialise behind its single worker: then the calling thread does the work.
-fn worth_splitting(work: usize, min: usize) -> bool {
+pub(crate) fn worth_splitting(work: usize, min: usize) -> bool {
     work >= min && crate::parallel::workers() > 1
 }
 
@@ -1125,25 +1125,22 @@ unsafe fn tile_block<const R: usize, const PACKED: bool>(
 
 /// `x (m, k) · wᵀ` for `w (n, k)` when `m ≤ SMALL_M` on CPU f32; `None` when it does not apply.
 pub fn linear_small_m(x: &Tensor, w: &Tensor) -> Result<Option<Tensor>> {
-    let (m, _) = x.dims2()?;
-    if m == 0 || m > SMALL_M || !applies(x) || !applies(w) {
-        return Ok(None);
-    }
-    Ok(Some(x.contiguous()?.apply_op2(
-        &w.contiguous()?,
-        LinearSmallM { packed: false },
-    )?))
+    small_m_product(x, w, false)
 }
 
 /// [`linear_small_m`] with `packed` from [`pack_pairs`]: the same numbers, bit for bit, read
 /// faster; no backward (for detached, sampling models).
 pub fn linear_small_m_packed(x: &Tensor, packed: &Tensor) -> Result<Option<Tensor>> {
+    small_m_product(x, packed, true)
+}
+
+fn small_m_product(x: &Tensor, w: &Tensor, packed: bool) -> Result<Option<Tensor>> {
     let (m, _) = x.dims2()?;
-    if m == 0 || m > SMALL_M || !applies(x) || !applies(packed) {
+    if m == 0 || m > SMALL_M || !applies(x) || !applies(w) {
         return Ok(None);
     }
     Ok(Some(
         x.contiguous()?
-            .apply_op2(packed, LinearSmallM { packed: true })?,
+            .apply_op2(&w.contiguous()?, LinearSmallM { packed })?,
     ))
 }

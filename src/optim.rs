@@ -338,7 +338,7 @@ fn fused_update(
             }
         };
         const CHUNK: usize = 1 << 16;
-        if n >= 2 * CHUNK && rayon::current_num_threads() > 1 {
+        if crate::fused::worth_splitting(n, 2 * CHUNK) {
             use rayon::prelude::*;
             p_new
                 .par_chunks_mut(CHUNK)
@@ -364,11 +364,7 @@ fn cpu_f32<'a>(s: &'a candle_core::Storage, l: &candle_core::Layout) -> Result<&
     let candle_core::Storage::Cpu(cpu) = s else {
         return Err(candle_core::Error::Msg("fused AdamW: not a CPU tensor".into()).into());
     };
-    let data = cpu.as_slice::<f32>()?;
-    match l.contiguous_offsets() {
-        Some((a, b)) => Ok(&data[a..b]),
-        None => Err(candle_core::Error::Msg("fused AdamW: not contiguous".into()).into()),
-    }
+    Ok(crate::fused::slice_f32(cpu, l, "fused AdamW")?)
 }
 
 #[cfg(test)]

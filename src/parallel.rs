@@ -94,3 +94,21 @@ where
         })
         .collect()
 }
+
+/// [`map`] over the micro-batches of `rows`: `f(start, len)` for consecutive pieces of `micro`
+/// rows (the last may be shorter), results in row order.
+pub fn map_micro_batches<R, F>(
+    rows: std::ops::Range<usize>,
+    micro: usize,
+    side_by_side: bool,
+    f: F,
+) -> Vec<R>
+where
+    R: Send,
+    F: Fn(usize, usize) -> R + Sync,
+{
+    let starts: Vec<usize> = rows.clone().step_by(micro).collect();
+    map(starts.len(), side_by_side, |i| {
+        f(starts[i], micro.min(rows.end - starts[i]))
+    })
+}

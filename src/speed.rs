@@ -167,8 +167,12 @@ pub fn bench_train_step(m: &BenchModel, repeats: usize) -> Result<Measurement> {
         eps: 1e-8,
     };
     let mut opt = AdamW::new(&params, &spec)?;
-    let starts: Vec<usize> = (0..b).step_by(TRAIN_MICRO_BATCH).collect();
-    let agg = Aggregation::new(LossAggMode::TokenMean, &mask, starts.len(), t)?;
+    let agg = Aggregation::new(
+        LossAggMode::TokenMean,
+        &mask,
+        b.div_ceil(TRAIN_MICRO_BATCH),
+        t,
+    )?;
     let clip = PolicyClip::Advantage { alpha: 2.0 };
     let old = {
         let model = Qwen::new(&cfg, &params, true)?;
@@ -179,17 +183,21 @@ pub fn bench_train_step(m: &BenchModel, repeats: usize) -> Result<Measurement> {
     let mut step = || -> Result<f64> {
         let start = Instant::now();
         let model = Qwen::new(&cfg, &params, false)?;
-        let outs = crate::parallel::map(starts.len(), true, |i| -> Result<Gradients> {
-            let (s, len) = (starts[i], TRAIN_MICRO_BATCH.min(b - starts[i]));
-            let rows = |x: &Tensor| x.narrow(0, s, len);
-            let (hidden, _) =
-                model.forward_hidden(&rows(&ids)?, &rows(&pos)?, &rows(&valid)?, None)?;
-            let h = hidden.narrow(1, 0, t - 1)?;
-            let (lp, _) = model.token_log_probs(&h, &rows(&targets)?, 1.0, 64, false)?;
-            let out =
-                loss::policy_loss(&clip, &lp, &rows(&old)?, &rows(&adv)?, &rows(&mask)?, &agg)?;
-            Gradients::from_store(&params, &out.loss.backward()?)
-        });
+        let outs = crate::parallel::map_micro_batches(
+            0..b,
+            TRAIN_MICRO_BATCH,
+            true,
+            |s, len| -> Result<Gradients> {
+                let rows = |x: &Tensor| x.narrow(0, s, len);
+                let (hidden, _) =
+                    model.forward_hidden(&rows(&ids)?, &rows(&pos)?, &rows(&valid)?, None)?;
+                let h = hidden.narrow(1, 0, t - 1)?;
+                let (lp, _) = model.token_log_probs(&h, &rows(&targets)?, 1.0, 64, false)?;
+                let out =
+                    loss::policy_loss(&clip, &lp, &rows(&old)?, &rows(&adv)?, &rows(&mask)?, &agg)?;
+                Gradients::from_store(&params, &out.loss.backward()?)
+            },
+        );
         let mut grads = Gradients::default();
         for g in outs {
             grads.accumulate(g?)?;

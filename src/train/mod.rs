@@ -678,24 +678,27 @@ impl Trainer {
         };
         // Micro-batches side by side on the CPU (crate::parallel), folded in order.
         let side_by_side = self.device.is_cpu();
-        let starts: Vec<usize> = (0..total_rows).step_by(micro).collect();
-        let olds = parallel::map(starts.len(), side_by_side, |i| -> Result<_> {
-            let start = starts[i];
-            let part = all.rows(start, micro.min(total_rows - start))?;
-            let h = part.response_hidden(&sampler)?;
-            let (lp, _) = sampler.token_log_probs(
-                &h,
-                &part.targets,
-                exp.rollout.temperature,
-                LOGIT_CHUNK,
-                false,
-            )?;
-            let values = match &critic_model {
-                Some(c) => Some(c.values(&part.response_hidden(&c.backbone)?)?),
-                None => None,
-            };
-            Ok((lp, values))
-        });
+        let olds = parallel::map_micro_batches(
+            0..total_rows,
+            micro,
+            side_by_side,
+            |start, len| -> Result<_> {
+                let part = all.rows(start, len)?;
+                let h = part.response_hidden(&sampler)?;
+                let (lp, _) = sampler.token_log_probs(
+                    &h,
+                    &part.targets,
+                    exp.rollout.temperature,
+                    LOGIT_CHUNK,
+                    false,
+                )?;
+                let values = match &critic_model {
+                    Some(c) => Some(c.values(&part.response_hidden(&c.backbone)?)?),
+                    None => None,
+                };
+                Ok((lp, values))
+            },
+        );
         let (mut old_lp, mut old_values) = (Vec::new(), Vec::new());
         for r in olds {
             let (lp, values) = r?;
@@ -746,51 +749,60 @@ impl Trainer {
                     horizon,
                 )?;
                 let policy = Qwen::new(&self.cfg, &self.policy, false)?;
-                let starts: Vec<usize> = (mb_start..mb_start + mb_len).step_by(micro).collect();
+                let rows = mb_start..mb_start + mb_len;
                 let record_tails = epoch == 0 && pass_rates.is_some() && tails.is_some();
-                let outs = parallel::map(starts.len(), side_by_side, |i| -> Result<MicroOut> {
-                    let ms = starts[i];
-                    let len = micro.min(mb_start + mb_len - ms);
-                    let part = all.rows(ms, len)?;
-                    let h = part.response_hidden(&policy)?;
-                    let (lp, ent) = policy.token_log_probs(
-                        &h,
-                        &part.targets,
-                        exp.rollout.temperature,
-                        LOGIT_CHUNK,
-                        true,
-                    )?;
-                    let old = old_lp.narrow(0, ms, len)?;
-                    let adv = advantages.narrow(0, ms, len)?;
-                    let out =
-                        loss::policy_loss(&exp.algorithm.clip, &lp, &old, &adv, &part.mask, &agg)?;
-                    // r·Â of each token at the moment its gradient is taken.
-                    let ratio_adv = if record_tails {
-                        let (_, r) = loss::importance_ratio(&lp.detach(), &old)?;
-                        Some(((r * &adv)?.to_vec2::<f32>()?, part.mask.to_vec2::<f32>()?))
-                    } else {
-                        None
-                    };
-                    let ent = ent.expect("invariant: entropy was requested");
-                    let entropy_sum = (&ent.detach() * &part.mask)?
-                        .sum_all()?
-                        .to_scalar::<f32>()? as f64;
-                    let mut total = out.loss.clone();
-                    if exp.actor.entropy_coeff > 0.0 {
-                        total =
-                            (total - (agg.apply(&ent, &part.mask)? * exp.actor.entropy_coeff)?)?;
-                    }
-                    Ok(MicroOut {
-                        grads: Gradients::from_store(&self.policy, &total.backward()?)?,
-                        pg_loss: out.loss.to_scalar::<f32>()? as f64,
-                        stats: out.stats,
-                        entropy_sum,
-                        ratio_adv,
-                    })
-                });
+                let outs = parallel::map_micro_batches(
+                    rows,
+                    micro,
+                    side_by_side,
+                    |ms, len| -> Result<MicroOut> {
+                        let part = all.rows(ms, len)?;
+                        let h = part.response_hidden(&policy)?;
+                        let (lp, ent) = policy.token_log_probs(
+                            &h,
+                            &part.targets,
+                            exp.rollout.temperature,
+                            LOGIT_CHUNK,
+                            true,
+                        )?;
+                        let old = old_lp.narrow(0, ms, len)?;
+                        let adv = advantages.narrow(0, ms, len)?;
+                        let out = loss::policy_loss(
+                            &exp.algorithm.clip,
+                            &lp,
+                            &old,
+                            &adv,
+                            &part.mask,
+                            &agg,
+                        )?;
+                        // r·Â of each token at the moment its gradient is taken.
+                        let ratio_adv = if record_tails {
+                            let (_, r) = loss::importance_ratio(&lp.detach(), &old)?;
+                            Some(((r * &adv)?.to_vec2::<f32>()?, part.mask.to_vec2::<f32>()?))
+                        } else {
+                            None
+                        };
+                        let ent = ent.expect("invariant: entropy was requested");
+                        let entropy_sum = (&ent.detach() * &part.mask)?
+                            .sum_all()?
+                            .to_scalar::<f32>()? as f64;
+                        let mut total = out.loss.clone();
+                        if exp.actor.entropy_coeff > 0.0 {
+                            total = (total
+                                - (agg.apply(&ent, &part.mask)? * exp.actor.entropy_coeff)?)?;
+                        }
+                        Ok(MicroOut {
+                            grads: Gradients::from_store(&self.policy, &total.backward()?)?,
+                            pg_loss: out.loss.to_scalar::<f32>()? as f64,
+                            stats: out.stats,
+                            entropy_sum,
+                            ratio_adv,
+                        })
+                    },
+                );
                 let mut grads = Gradients::default();
-                for (out, &ms) in outs.into_iter().zip(&starts) {
-                    let out = out?;
+                for (i, out) in outs.into_iter().enumerate() {
+                    let (ms, out) = (mb_start + i * micro, out?);
                     if let (Some((ra, mask)), Some(rates), Some(t)) =
                         (&out.ratio_adv, &pass_rates, &mut tails)
                     {
@@ -821,24 +833,27 @@ impl Trainer {
                 {
                     let cliprange = exp.critic.as_ref().map_or(0.5, |c| c.cliprange_value);
                     let critic = Critic::new(&self.cfg, cp, false)?;
-                    let starts: Vec<usize> = (mb_start..mb_start + mb_len).step_by(micro).collect();
-                    let outs = parallel::map(starts.len(), side_by_side, |i| -> Result<_> {
-                        let ms = starts[i];
-                        let len = micro.min(mb_start + mb_len - ms);
-                        let part = all.rows(ms, len)?;
-                        let values = critic.values(&part.response_hidden(&critic.backbone)?)?;
-                        let out = loss::value_loss(
-                            &values,
-                            &old_v.narrow(0, ms, len)?,
-                            &returns.narrow(0, ms, len)?,
-                            &part.mask,
-                            cliprange,
-                            &agg,
-                        )?;
-                        let grads = Gradients::from_store(cp, &out.loss.backward()?)?;
-                        let loss = out.loss.to_scalar::<f32>()? as f64;
-                        Ok((grads, loss, out.clipfrac, out.tokens))
-                    });
+                    let rows = mb_start..mb_start + mb_len;
+                    let outs = parallel::map_micro_batches(
+                        rows,
+                        micro,
+                        side_by_side,
+                        |ms, len| -> Result<_> {
+                            let part = all.rows(ms, len)?;
+                            let values = critic.values(&part.response_hidden(&critic.backbone)?)?;
+                            let out = loss::value_loss(
+                                &values,
+                                &old_v.narrow(0, ms, len)?,
+                                &returns.narrow(0, ms, len)?,
+                                &part.mask,
+                                cliprange,
+                                &agg,
+                            )?;
+                            let grads = Gradients::from_store(cp, &out.loss.backward()?)?;
+                            let loss = out.loss.to_scalar::<f32>()? as f64;
+                            Ok((grads, loss, out.clipfrac, out.tokens))
+                        },
+                    );
                     let mut cgrads = Gradients::default();
                     for out in outs {
                         let (grads, loss, clipfrac, tokens) = out?;
