@@ -24,7 +24,7 @@ check path="experiments":
     cargo run --release -- check {{path}}
 
 # Reproduce an artifact of the paper: table1, speedup, accuracy, entropy, tails or all, at a
-# scale: mini (CPU, about 12 min on 2 cores), smoke (seconds) or paper (CUDA).
+# scale: mini (CPU, minutes), smoke (seconds) or paper (CUDA).
 [group('reproduce')]
 reproduce artifact="table1" scale="mini":
     cargo run --release -- reproduce {{artifact}} --scale {{scale}}
@@ -41,5 +41,11 @@ pmd out="figures":
 
 # Check an archive or results directory against its SHA256SUMS.
 [group('reproduce')]
-verify archive:
+verify archive="results/mini.tar.gz":
     cargo run --release -- verify {{archive}}
+
+# Rebuild the tables and figures from the shipped mini archive (verified first), no training,
+# and refresh the generated blocks of REPRODUCE.md.
+[group('reproduce')]
+from-archive archive="results/mini.tar.gz":
+    cargo run --release -- reproduce all --scale mini --from {{archive}} --doc REPRODUCE.md

@@ -24,6 +24,8 @@ pub enum ArchiveError {
     },
     #[error("{path}: {reason}")]
     Invalid { path: PathBuf, reason: String },
+    #[error("{path}: {reason}")]
+    Unreadable { path: PathBuf, reason: String },
 }
 
 type Result<T> = std::result::Result<T, ArchiveError>;
@@ -197,8 +199,16 @@ pub fn verify_dir(root: &Path) -> Result<Report> {
     Ok(report)
 }
 
+/// What an archive holds of each run.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Contents {
+    /// The runs' `checkpoints/` (weights and optimizer state: most of a run's bytes). Without
+    /// them an archive still rebuilds every table and figure.
+    pub checkpoints: bool,
+}
+
 /// Packs `runs` (each with a fresh SHA256SUMS) into `out` (.tar.gz) with a top-level SHA256SUMS.
-pub fn archive(runs: &[PathBuf], out: &Path) -> Result<usize> {
+pub fn archive(runs: &[PathBuf], out: &Path, contents: Contents) -> Result<usize> {
     let staging = tempdir_near(out)?;
     let mut names = std::collections::BTreeSet::new();
     for run in runs {
@@ -219,7 +229,16 @@ pub fn archive(runs: &[PathBuf], out: &Path) -> Result<usize> {
             });
         }
         write_sums(run)?;
-        copy_tree(run, &staging.join(&name))?;
+        if contents.checkpoints {
+            copy_tree(run, &staging.join(&name))?;
+        } else {
+            // The run's own sums are made again over what is packed.
+            let skip = crate::run::RunDir::at(run).checkpoints();
+            copy_files(run, &staging.join(&name), |f| {
+                !run.join(f).starts_with(&skip)
+            })?;
+            write_sums(&staging.join(&name))?;
+        }
     }
     let sums = write_sums(&staging)?;
     let tmp = crate::atomic::temp_path(out);
@@ -252,23 +271,23 @@ pub fn archive(runs: &[PathBuf], out: &Path) -> Result<usize> {
 }
 
 /// Unpacks an archive into `dest` (refusing paths outside it).
-pub fn unpack(archive: &Path, dest: &Path) -> std::result::Result<(), String> {
-    let file = std::fs::File::open(archive).map_err(|e| format!("{}: {e}", archive.display()))?;
+pub fn unpack(archive: &Path, dest: &Path) -> Result<()> {
+    let unreadable = |reason: String| ArchiveError::Unreadable {
+        path: archive.to_owned(),
+        reason,
+    };
+    let file = io(archive, std::fs::File::open(archive))?;
     let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(file));
-    for entry in tar
+    let entries = tar
         .entries()
-        .map_err(|e| format!("{}: not a readable .tar.gz: {e}", archive.display()))?
-    {
-        let mut entry =
-            entry.map_err(|e| format!("{}: corrupt archive: {e}", archive.display()))?;
-        let ok = entry
+        .map_err(|e| unreadable(format!("not a readable .tar.gz: {e}")))?;
+    for entry in entries {
+        let mut entry = entry.map_err(|e| unreadable(format!("corrupt archive: {e}")))?;
+        let inside = entry
             .unpack_in(dest)
-            .map_err(|e| format!("{}: corrupt archive: {e}", archive.display()))?;
-        if !ok {
-            return Err(format!(
-                "{}: an entry points outside the archive",
-                archive.display()
-            ));
+            .map_err(|e| unreadable(format!("corrupt archive: {e}")))?;
+        if !inside {
+            return Err(unreadable("an entry points outside the archive".into()));
         }
     }
     Ok(())
@@ -288,10 +307,14 @@ pub fn verify(target: &Path) -> Result<Report> {
     let scratch = tempdir_near(&std::env::temp_dir().join("acpo-verify"))?;
     let report = match unpack(target, &scratch) {
         Ok(()) => verify_dir(&scratch)?,
-        Err(reason) => Report {
-            unreadable: Some(reason),
+        Err(ArchiveError::Unreadable { reason, .. }) => Report {
+            unreadable: Some(format!("{}: {reason}", target.display())),
             ..Report::default()
         },
+        Err(e) => {
+            let _ = std::fs::remove_dir_all(&scratch);
+            return Err(e);
+        }
     };
     let _ = std::fs::remove_dir_all(&scratch);
     Ok(report)
@@ -313,7 +336,16 @@ fn tempdir_near(path: &Path) -> Result<PathBuf> {
 }
 
 fn copy_tree(from: &Path, to: &Path) -> Result<()> {
-    for f in files(from)?.into_iter().chain([SUMS.to_string()]) {
+    copy_files(from, to, |_| true)
+}
+
+/// Copies the files of `from` (and its SHA256SUMS) that `keep` accepts.
+fn copy_files(from: &Path, to: &Path, keep: impl Fn(&str) -> bool) -> Result<()> {
+    for f in files(from)?
+        .into_iter()
+        .chain([SUMS.to_string()])
+        .filter(|f| keep(f))
+    {
         let src = from.join(&f);
         if !src.exists() {
             continue;

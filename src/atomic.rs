@@ -24,8 +24,9 @@ pub fn write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
 pub fn save_safetensors(
     tensors: &std::collections::HashMap<String, candle_core::Tensor>,
     path: &Path,
-) -> Result<(), String> {
+) -> candle_core::Result<()> {
     let tmp = temp_path(path);
-    candle_core::safetensors::save(tensors, &tmp).map_err(|e| format!("{}: {e}", tmp.display()))?;
-    std::fs::rename(&tmp, path).map_err(|e| format!("{}: {e}", path.display()))
+    candle_core::safetensors::save(tensors, &tmp)?;
+    std::fs::rename(&tmp, path)?;
+    Ok(())
 }

@@ -1,5 +1,5 @@
 //! Avg@k evaluation (paper Section 5): k samples per problem at the manifest's temperature and
-//! top-p, each judged by [`crate::verify::verify`].
+//! top-p, each judged by [`crate::reward::judge`] (the verifier).
 //!
 //! - Avg@k of a benchmark = mean over problems of the fraction of its k samples that are correct
 //!   (the paper's "Pass@1 averaged over k samples").
@@ -14,12 +14,13 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
-use crate::bench::{self, DataLocation, Problem};
+use crate::data::{self, DataLocation, Problem};
 use crate::manifest::{DataSuite, Experiment};
+use crate::model::load::eos_ids;
 use crate::model::qwen::Qwen;
 use crate::model::tokenizer::{Message, Tokenizer};
-use crate::rollout::{self, SamplingParams, StopCriteria};
-use crate::verify;
+use crate::reward::{self, Judged};
+use crate::rollout::{self, SampleRequest, SamplingParams};
 
 /// One judged sample.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -147,20 +148,20 @@ pub fn evaluate(
     mut progress: impl FnMut(&str, usize, usize),
 ) -> Result<(EvalSummary, Vec<SampleRecord>), EvalError> {
     let (spec, suite, seed) = (&exp.eval, exp.data.suite, exp.seed);
-    let params = SamplingParams {
+    let request = SampleRequest::new(SamplingParams {
         temperature: spec.sampling.temperature,
         top_p: spec.sampling.top_p,
         top_k: spec.sampling.top_k,
         max_new_tokens: spec.max_new_tokens,
-    };
-    let mut eos = model.config().eos_token_ids();
-    eos.extend(tokenizer.eos_id());
+    })
+    .eos(eos_ids(model.config(), tokenizer))
+    .pad(tokenizer.pad_id());
     let mut results = Vec::new();
     let mut records = Vec::new();
     for (bi, b) in spec.benchmarks.iter().enumerate() {
         let mut problems: Vec<Problem> = match suite {
-            DataSuite::Real => bench::load(bench::spec(*b), data)?,
-            DataSuite::Synthetic => bench::synthetic::benchmark(*b),
+            DataSuite::Real => data::load(data::spec(*b), data)?,
+            DataSuite::Synthetic => data::synthetic::benchmark(*b),
         };
         if let Some(limit) = spec.limit {
             problems.truncate(limit);
@@ -188,16 +189,12 @@ pub fn evaluate(
                 .iter()
                 .map(|(p, s)| [seed, EVAL_STREAM ^ (bi as u64), *p as u64, *s as u64])
                 .collect();
-            let decode = |ids: &[u32]| tokenizer.decode(ids, false).unwrap_or_default();
-            let stop = StopCriteria {
-                eos_ids: eos.clone(),
-                stop_strings: Vec::new(),
-                decode: Some(&decode),
-            };
-            let outs = rollout::generate(model, &batch, &keys, &params, &stop, tokenizer.pad_id())?;
+            let outs = rollout::generate(model, &batch, &keys, &request)?;
             for ((p, s), out) in chunk.iter().zip(outs) {
-                let response = tokenizer.decode(&out.tokens, true)?;
-                let v = verify::verify(&problems[*p].answer, &response);
+                let Judged {
+                    response,
+                    verdict: v,
+                } = reward::judge(tokenizer, &out.tokens, &problems[*p].answer)?;
                 correct[*p][*s] = v.correct;
                 records.push(SampleRecord {
                     benchmark: b.name().to_string(),
@@ -223,6 +220,58 @@ pub fn evaluate(
     Ok((summarize(step, results), records))
 }
 
+/// `acpo eval`: loads the manifest's model (or `model`), evaluates it, and writes every sample
+/// (`samples.jsonl`) and the summary (`summary.json`) into `out`.
+pub fn evaluate_into(
+    exp: &Experiment,
+    model: Option<crate::manifest::ModelSource>,
+    hub: &crate::hub::HubOptions,
+    data: &DataLocation,
+    step: usize,
+    out: &std::path::Path,
+    progress: impl FnMut(&str, usize, usize),
+) -> Result<EvalSummary, EvalError> {
+    let source = model.unwrap_or_else(|| exp.model.source.clone());
+    let loaded = crate::model::load::load(&source, hub, exp.device, exp.model.dtype)?;
+    let policy = Qwen::new(&loaded.cfg, &loaded.params, true)?;
+    let (summary, records) = evaluate(&policy, &loaded.tokenizer, exp, data, step, progress)?;
+    let write = |name: &str, body: String| {
+        let path = out.join(name);
+        std::fs::create_dir_all(out)
+            .and_then(|()| crate::atomic::write(&path, body.as_bytes()))
+            .map_err(|source| EvalError::Io { path, source })
+    };
+    let lines = records
+        .iter()
+        .map(|r| format!("{}\n", serde_json::to_string(r).expect("invariant: JSON")))
+        .collect();
+    write("samples.jsonl", lines)?;
+    write(
+        "summary.json",
+        serde_json::to_string_pretty(&summary).expect("invariant: JSON"),
+    )?;
+    Ok(summary)
+}
+
+impl EvalSummary {
+    /// A line per benchmark and the weighted accuracy, for the user.
+    pub fn describe(&self) -> String {
+        let mut s = String::new();
+        for b in &self.benchmarks {
+            let (name, n, k) = (&b.benchmark, b.problems, b.k);
+            s.push_str(&format!(
+                "{name:<14} {n:>4} problems  avg@{k} {:6.2} %\n",
+                100.0 * b.avg_at_k
+            ));
+        }
+        s.push_str(&format!(
+            "weighted accuracy {:.2} %\n",
+            100.0 * self.weighted_accuracy
+        ));
+        s
+    }
+}
+
 /// Evaluation streams never collide with training rollouts (whose second key is the step).
 const EVAL_STREAM: u64 = 0xE7A1_0000_0000_0000;
 
@@ -233,7 +282,7 @@ pub fn encode_prompt(
     chat: bool,
     problem: &str,
 ) -> crate::model::Result<Vec<u32>> {
-    let user = bench::render_prompt(template, problem);
+    let user = data::render_prompt(template, problem);
     let text = if chat {
         tokenizer.apply_chat_template(&[Message::user(user)], true)?
     } else {
@@ -246,7 +295,19 @@ pub fn encode_prompt(
 #[derive(Debug, thiserror::Error)]
 pub enum EvalError {
     #[error(transparent)]
-    Data(#[from] crate::bench::DataError),
+    Data(#[from] crate::data::DataError),
     #[error(transparent)]
     Model(#[from] crate::model::ModelError),
+    #[error("{}: {source}", path.display())]
+    Io {
+        path: std::path::PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl From<candle_core::Error> for EvalError {
+    fn from(e: candle_core::Error) -> Self {
+        EvalError::Model(e.into())
+    }
 }

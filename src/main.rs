@@ -8,6 +8,32 @@ use clap::Parser;
 
 mod cli;
 
+/// How a successful invocation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Outcome {
+    /// Everything asked for was done and every check passed.
+    Success,
+    /// The command ran, and a check it performs failed (exit 1).
+    CheckFailed,
+}
+
+impl Outcome {
+    pub fn exit_code(self) -> ExitCode {
+        match self {
+            Outcome::Success => ExitCode::SUCCESS,
+            Outcome::CheckFailed => ExitCode::from(1),
+        }
+    }
+
+    pub fn of(ok: bool) -> Outcome {
+        if ok {
+            Outcome::Success
+        } else {
+            Outcome::CheckFailed
+        }
+    }
+}
+
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -44,10 +70,10 @@ fn default_sigpipe() {
 }
 
 /// candle splits large elementwise ops over a thread pool of its own, whose workers spin for
-/// ~25,000 iterations after every op. Beside rayon's pool (gemm, src/fused.rs, and the
-/// micro-batches of src/parallel.rs) the spinning worker held one of 2 cores for 70 % of a tiny
-/// model's training step (perf). With one thread that pool is empty and its ops run where they
-/// are called. An explicit `CANDLE_NUM_THREADS` is left as it is.
+/// ~25,000 iterations after every op. Beside rayon's pool (gemm, src/fused/, and the
+/// micro-batches of src/parallel.rs) the spinning worker held a core for most of a tiny model's
+/// training step (docs/PERFORMANCE.md, "Threads"). With one thread that pool is empty and its ops
+/// run where they are called. An explicit `CANDLE_NUM_THREADS` is left as it is.
 fn single_elementwise_pool() {
     if std::env::var_os("CANDLE_NUM_THREADS").is_none() {
         // Before any other thread exists, and before candle first reads it.

@@ -252,7 +252,7 @@ pub mod raw {
 // ---------------------------------------------------------------------------------------------
 // Enumerations shared by the raw and validated forms.
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Scale {
     Smoke,
@@ -260,7 +260,18 @@ pub enum Scale {
     Paper,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+impl Scale {
+    /// The name of the scale's folders (`experiments/<name>`, `results/<name>`).
+    pub fn name(self) -> &'static str {
+        match self {
+            Scale::Smoke => "smoke",
+            Scale::Mini => "mini",
+            Scale::Paper => "paper",
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum Device {
     Cpu,
@@ -269,7 +280,7 @@ pub enum Device {
     Auto,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
 #[serde(rename_all = "lowercase")]
 pub enum DType {
     F32,
@@ -1273,6 +1284,46 @@ impl Validator<'_> {
             limit: raw.limit,
         })
     }
+}
+
+/// What `acpo check` found: a summary line per valid manifest, an error per invalid one.
+#[derive(Debug, Clone, Default)]
+pub struct CheckReport {
+    pub files: usize,
+    pub valid: Vec<String>,
+    pub errors: Vec<String>,
+}
+
+/// Validates every manifest under `paths` (files, or directories searched for `*.yaml`);
+/// run names must be unique across them. Every file is checked, whatever the others say.
+pub fn check_all(paths: &[PathBuf]) -> Result<CheckReport, ManifestError> {
+    let mut files = Vec::new();
+    for path in paths {
+        files.extend(discover(path)?);
+    }
+    let mut report = CheckReport {
+        files: files.len(),
+        ..CheckReport::default()
+    };
+    let mut names: std::collections::BTreeMap<String, PathBuf> = Default::default();
+    for file in &files {
+        match Experiment::load(file) {
+            Ok(experiment) => {
+                if let Some(other) = names.insert(experiment.name.clone(), file.clone()) {
+                    report.errors.push(format!(
+                        "{}: field `name`: `{}` is already the name of {}",
+                        file.display(),
+                        experiment.name,
+                        other.display()
+                    ));
+                    continue;
+                }
+                report.valid.push(experiment.summary());
+            }
+            Err(err) => report.errors.push(err.to_string()),
+        }
+    }
+    Ok(report)
 }
 
 /// Every `*.yaml` / `*.yml` file under `path` (or `path` itself), sorted for a stable order.

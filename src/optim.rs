@@ -183,9 +183,9 @@ impl AdamW {
             &candle_core::Device::Cpu,
         )?;
         tensors.insert("__steps".into(), steps);
-        crate::atomic::save_safetensors(&tensors, path).map_err(|reason| ModelError::Weights {
+        crate::atomic::save_safetensors(&tensors, path).map_err(|source| ModelError::Save {
             path: path.to_owned(),
-            reason,
+            source,
         })
     }
 

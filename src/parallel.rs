@@ -6,7 +6,7 @@
 //! train-step`). Micro-batches are independent until their gradients are summed, so [`map`]
 //! runs them side by side instead, each on its own share of the cores: with `W` worker threads
 //! and `k = min(W, n)` micro-batches in flight, each runs inside a private rayon pool of `W / k`
-//! threads. The ops inside see that pool (gemm's and [`crate::fused`]'s splits go to it, and a
+//! threads. The ops inside see that pool (gemm's and the fused kernels' splits go to it, and a
 //! one-thread pool runs them on the calling thread), so nothing queues behind a shared pool.
 //!
 //! Results come back in micro-batch order, so a caller that folds them in that order (the

@@ -8,7 +8,7 @@
 
 use candle_core::{DType, Result, Tensor, D};
 
-use super::{check_same_shape, to_rows};
+use super::check_same_shape;
 use crate::manifest::{LossAggMode, PolicyClip};
 
 /// How per-token losses of one micro-batch are reduced so that summing the results over the
@@ -132,34 +132,10 @@ impl PolicyStats {
             ratio_adv_abs_max: self.ratio_adv_abs_max.max(other.ratio_adv_abs_max),
         }
     }
-
-    /// The statistics under their metric names (verl's where verl has one).
-    pub fn metrics(&self, clip: &PolicyClip) -> Vec<(&'static str, f64)> {
-        let mut out = vec![
-            ("actor/ppo_kl", self.ppo_kl),
-            ("actor/ratio_adv_mean", self.ratio_adv_mean),
-            ("actor/ratio_adv_abs_max", self.ratio_adv_abs_max),
-        ];
-        match clip {
-            PolicyClip::Ratio { .. } => {
-                out.push(("actor/pg_clipfrac", self.pg_clipfrac));
-                out.push(("actor/pg_clipfrac_lower", self.pg_clipfrac_lower));
-            }
-            PolicyClip::Advantage { .. } => {
-                out.push(("actor/acpo_clipfrac_upper", self.acpo_clipfrac_upper));
-                out.push(("actor/acpo_clipfrac_lower", self.acpo_clipfrac_lower));
-                out.push((
-                    "actor/acpo_clipfrac",
-                    self.acpo_clipfrac_upper + self.acpo_clipfrac_lower,
-                ));
-            }
-        }
-        out
-    }
 }
 
 /// Bounds log π − log π_old before exponentiating, as verl does, so r stays finite.
-const LOG_RATIO_BOUND: f64 = 20.0;
+pub(crate) const LOG_RATIO_BOUND: f64 = 20.0;
 
 /// log r = clamp(log π − log π_old, ±20) and r = exp(log r), as verl computes them; `(B, T)`.
 pub fn importance_ratio(log_prob: &Tensor, old_log_prob: &Tensor) -> Result<(Tensor, Tensor)> {
@@ -205,43 +181,17 @@ pub fn policy_loss(
     let ratio_adv_c = ratio_adv.detach();
     let unclipped = ratio_adv.neg()?; // −r·Â, carries the gradient
 
-    let (keep, clipped_value, stats) = match *clip {
+    let Clipped {
+        keep,
+        value: clipped_value,
+        stats,
+    } = match *clip {
         PolicyClip::Ratio {
             eps_low,
             eps_high,
             dual_clip_c,
-        } => {
-            let loss1 = ratio_adv_c.neg()?;
-            let loss2 = (ratio_c.clamp(1.0 - eps_low, 1.0 + eps_high)? * &adv)?.neg()?;
-            let clip1 = loss1.maximum(&loss2)?;
-            let loss3 = (&adv * (-dual_clip_c))?;
-            let negative_cond = adv.lt(0.0)?;
-            let negative = negative_cond.to_dtype(DType::F32)?;
-            let dual_active = (clip1.gt(&loss3)?.to_dtype(DType::F32)? * &negative)?;
-            let ratio_clipped = loss2.gt(&loss1)?.to_dtype(DType::F32)?;
-            // Gradient flows only where the unclipped term is the active one and the dual clip
-            // is not: keep = (loss1 ≥ loss2) ∧ ¬dual.
-            let keep = ((1.0 - &ratio_clipped)? * (1.0 - &dual_active)?)?;
-            let value = negative_cond.where_cond(&clip1.minimum(&loss3)?, &clip1)?;
-            let stats = PolicyStats {
-                pg_clipfrac: masked_mean(&ratio_clipped, &mask)?,
-                pg_clipfrac_lower: masked_mean(&dual_active, &mask)?,
-                ..PolicyStats::default()
-            };
-            (keep, value, stats)
-        }
-        PolicyClip::Advantage { alpha } => {
-            let above = ratio_adv_c.gt(alpha)?.to_dtype(DType::F32)?;
-            let below = ratio_adv_c.lt(-alpha)?.to_dtype(DType::F32)?;
-            let keep = ((1.0 - &above)? - &below)?;
-            let value = ratio_adv_c.clamp(-alpha, alpha)?.neg()?;
-            let stats = PolicyStats {
-                acpo_clipfrac_upper: masked_mean(&above, &mask)?,
-                acpo_clipfrac_lower: masked_mean(&below, &mask)?,
-                ..PolicyStats::default()
-            };
-            (keep, value, stats)
-        }
+        } => ppo_clip(&ratio_c, &adv, &mask, eps_low, eps_high, dual_clip_c)?,
+        PolicyClip::Advantage { alpha } => acpo_clip(&ratio_adv_c, &mask, alpha)?,
     };
     let per_token = ((&keep * &unclipped)? + ((1.0 - &keep)? * &clipped_value)?)?;
     let per_token = (per_token * &mask)?;
@@ -264,6 +214,64 @@ pub fn policy_loss(
         per_token,
         stats,
     })
+}
+
+/// Where a clip rule keeps the gradient, and the loss value where it does not.
+#[derive(Debug, Clone)]
+pub struct Clipped {
+    /// 1 where the unclipped term −r·Â is the active one (its gradient flows), else 0; `(B, T)`.
+    pub keep: Tensor,
+    /// The (constant) loss value where `keep` is 0.
+    pub value: Tensor,
+    /// The rule's clip fractions (the other fields are filled by [`policy_loss`]).
+    pub stats: PolicyStats,
+}
+
+/// PPO's ratio clip with dual clip (verl's `vanilla` loss): per token
+/// L = max(−Â·r, −Â·clamp(r, 1−ε_low, 1+ε_high)), and for Â < 0, L = min(L, −Â·c).
+/// `ratio` and `adv` are constants here; the gradient flows where −Â·r is the active term.
+pub fn ppo_clip(
+    ratio: &Tensor,
+    adv: &Tensor,
+    mask: &Tensor,
+    eps_low: f64,
+    eps_high: f64,
+    dual_clip_c: f64,
+) -> Result<Clipped> {
+    let loss1 = (ratio * adv)?.neg()?;
+    let loss2 = (ratio.clamp(1.0 - eps_low, 1.0 + eps_high)? * adv)?.neg()?;
+    let clip1 = loss1.maximum(&loss2)?;
+    let loss3 = (adv * (-dual_clip_c))?;
+    let negative_cond = adv.lt(0.0)?;
+    let negative = negative_cond.to_dtype(DType::F32)?;
+    let dual_active = (clip1.gt(&loss3)?.to_dtype(DType::F32)? * &negative)?;
+    let ratio_clipped = loss2.gt(&loss1)?.to_dtype(DType::F32)?;
+    // Gradient flows only where the unclipped term is the active one and the dual clip
+    // is not: keep = (loss1 ≥ loss2) ∧ ¬dual.
+    let keep = ((1.0 - &ratio_clipped)? * (1.0 - &dual_active)?)?;
+    let value = negative_cond.where_cond(&clip1.minimum(&loss3)?, &clip1)?;
+    let stats = PolicyStats {
+        pg_clipfrac: masked_mean(&ratio_clipped, mask)?,
+        pg_clipfrac_lower: masked_mean(&dual_active, mask)?,
+        ..PolicyStats::default()
+    };
+    Ok(Clipped { keep, value, stats })
+}
+
+/// ACPO's advantage clip (paper eq. 5): L = −clamp(r·Â, −α, α) per token, no ratio bound and
+/// no min with the unclipped term, so ∂L/∂log π = −r·Â where |r·Â| ≤ α and exactly 0
+/// elsewhere. `ratio_adv` (r·Â) is a constant here.
+pub fn acpo_clip(ratio_adv: &Tensor, mask: &Tensor, alpha: f64) -> Result<Clipped> {
+    let above = ratio_adv.gt(alpha)?.to_dtype(DType::F32)?;
+    let below = ratio_adv.lt(-alpha)?.to_dtype(DType::F32)?;
+    let keep = ((1.0 - &above)? - &below)?;
+    let value = ratio_adv.clamp(-alpha, alpha)?.neg()?;
+    let stats = PolicyStats {
+        acpo_clipfrac_upper: masked_mean(&above, mask)?,
+        acpo_clipfrac_lower: masked_mean(&below, mask)?,
+        ..PolicyStats::default()
+    };
+    Ok(Clipped { keep, value, stats })
 }
 
 /// The clipped value loss of one (micro-)batch.
@@ -332,82 +340,4 @@ pub fn masked_mean(x: &Tensor, mask: &Tensor) -> Result<f64> {
         .to_dtype(DType::F64)?
         .to_scalar::<f64>()?;
     Ok(s / n)
-}
-
-/// The gradient coefficients r·Â of a batch and the quantities of Proposition 1.
-#[derive(Debug, Clone, PartialEq)]
-pub struct CoefficientDiagnostics {
-    /// r·Â of every valid token, row-major (for the tail histograms).
-    pub values: Vec<f32>,
-    pub mean: f64,
-    pub abs_max: f64,
-    /// P(|r·Â| ≤ α): the ACPO retention probability.
-    pub retain_acpo: f64,
-    /// P(Â > 0, r ≤ 1+ε_high or Â < 0, r ≥ 1−ε_low): the PPO retention probability.
-    pub retain_ppo: f64,
-    /// E[(r·Â)² · 1_ACPO]: the ACPO gradient second moment with ‖∇log π‖² ≡ 1.
-    pub second_moment_acpo: f64,
-    /// E[(r·Â)² · 1_PPO]: the PPO gradient second moment with ‖∇log π‖² ≡ 1.
-    pub second_moment_ppo: f64,
-}
-
-/// Diagnostics of the gradient coefficients r·Â (paper Section 3, Proposition 1). They do not
-/// depend on which objective is being trained, so both rules are evaluated on the same batch.
-pub fn coefficient_diagnostics(
-    log_prob: &Tensor,
-    old_log_prob: &Tensor,
-    advantages: &Tensor,
-    response_mask: &Tensor,
-    alpha: f64,
-    eps_low: f64,
-    eps_high: f64,
-) -> Result<CoefficientDiagnostics> {
-    check_same_shape(
-        response_mask,
-        &[
-            ("log_prob", log_prob),
-            ("old_log_prob", old_log_prob),
-            ("advantages", advantages),
-        ],
-    )?;
-    let lp = to_rows(log_prob)?;
-    let old = to_rows(old_log_prob)?;
-    let adv = to_rows(advantages)?;
-    let mask = to_rows(response_mask)?;
-    let mut values = Vec::new();
-    let (mut sum, mut abs_max, mut keep_a, mut keep_p, mut m2_a, mut m2_p) =
-        (0.0, 0f64, 0.0, 0.0, 0.0, 0.0);
-    for b in 0..mask.len() {
-        for t in 0..mask[b].len() {
-            if mask[b][t] == 0.0 {
-                continue;
-            }
-            let r = ((lp[b][t] - old[b][t]) as f64)
-                .clamp(-LOG_RATIO_BOUND, LOG_RATIO_BOUND)
-                .exp();
-            let a = adv[b][t] as f64;
-            let ra = r * a;
-            values.push(ra as f32);
-            sum += ra;
-            abs_max = abs_max.max(ra.abs());
-            if ra.abs() <= alpha {
-                keep_a += 1.0;
-                m2_a += ra * ra;
-            }
-            if (a > 0.0 && r <= 1.0 + eps_high) || (a < 0.0 && r >= 1.0 - eps_low) {
-                keep_p += 1.0;
-                m2_p += ra * ra;
-            }
-        }
-    }
-    let n = (values.len() as f64).max(1.0);
-    Ok(CoefficientDiagnostics {
-        mean: sum / n,
-        abs_max,
-        retain_acpo: keep_a / n,
-        retain_ppo: keep_p / n,
-        second_moment_acpo: m2_a / n,
-        second_moment_ppo: m2_p / n,
-        values,
-    })
 }

@@ -7,9 +7,11 @@
 //!
 //! - [`advantage`]: GAE with batch whitening (PPO types) and group-normalised advantages (GRPO
 //!   types), paper Section 2.
-//! - [`loss`]: the PPO ratio-clipped loss, the ACPO advantage-clipped loss (paper eq. 5), the
-//!   clipped value loss, loss aggregation, and the diagnostics behind the paper's r·Â tail
-//!   histograms and Proposition 1.
+//! - [`loss`]: the policy loss with its two clip rules as named functions — PPO's ratio clip
+//!   ([`loss::ppo_clip`]) and ACPO's advantage clip ([`loss::acpo_clip`], paper eq. 5) — the
+//!   clipped value loss, and loss aggregation.
+//! - [`prop1`]: Proposition 1 — which tokens each rule retains, retention probabilities and
+//!   gradient second moments of r·Â (the trainer's diagnostics and `acpo pmd` share it).
 //! - [`token`]: per-token log-probabilities and entropy from logits.
 //!
 //! The formulas follow verl (the framework the paper trained with) except where numbered here:
@@ -23,6 +25,7 @@
 
 pub mod advantage;
 pub mod loss;
+pub mod prop1;
 pub mod token;
 
 use candle_core::{DType, Result, Tensor};

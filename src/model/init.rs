@@ -224,11 +224,9 @@ pub fn write_tokenizer(
             write_char_tokenizer(out)?;
             Ok(CHAR_VOCAB)
         }
-        InitTokenizer::Bpe => write_bpe_tokenizer(
-            out,
-            &crate::bench::synthetic::tokenizer_corpus(),
-            vocab_size,
-        ),
+        InitTokenizer::Bpe => {
+            write_bpe_tokenizer(out, &crate::data::synthetic::tokenizer_corpus(), vocab_size)
+        }
     }
 }
 
@@ -302,4 +300,58 @@ pub fn write_bpe_tokenizer(out: &Path, corpus: &[String], vocab_size: usize) -> 
     let text = serde_json::to_string_pretty(&cfg).expect("invariant: JSON values serialise");
     write_atomic(&out.join("tokenizer_config.json"), text.as_bytes())?;
     Ok(size)
+}
+
+/// `acpo model init`: a seeded random model in HF layout at `out`, with a tokenizer of `kind`
+/// if asked (refused before anything is written when the model's vocabulary cannot hold it).
+pub fn create(
+    config: &Path,
+    out: &Path,
+    seed: u64,
+    tokenizer: Option<InitTokenizer>,
+) -> Result<Created> {
+    let vocab_size = QwenConfig::load(config)?.vocab_size;
+    if let Some(kind) = tokenizer {
+        check_tokenizer_fits(kind, vocab_size, config)?;
+    }
+    let params = write_random_model(config, out, seed)?;
+    let tokenizer = match tokenizer {
+        Some(kind) => Some((kind, write_tokenizer(kind, out, vocab_size, config)?)),
+        None => None,
+    };
+    Ok(Created {
+        dir: out.to_owned(),
+        tensors: params.len(),
+        parameters: params.count(),
+        seed,
+        tokenizer,
+    })
+}
+
+/// What `acpo model init` wrote.
+#[derive(Debug, Clone)]
+pub struct Created {
+    pub dir: std::path::PathBuf,
+    pub tensors: usize,
+    pub parameters: usize,
+    pub seed: u64,
+    /// The tokenizer written beside the weights, and its size.
+    pub tokenizer: Option<(InitTokenizer, usize)>,
+}
+
+impl std::fmt::Display for Created {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if let Some((kind, size)) = self.tokenizer {
+            let name = format!("{kind:?}").to_lowercase();
+            writeln!(f, "wrote a {name} tokenizer with {size} tokens")?;
+        }
+        write!(
+            f,
+            "wrote a random model ({} tensors, {} parameters, seed {}) to {}",
+            self.tensors,
+            self.parameters,
+            self.seed,
+            self.dir.display()
+        )
+    }
 }

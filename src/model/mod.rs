@@ -6,12 +6,12 @@
 //! - [`Params`]: the named trainable tensors (`candle_core::Var`), loaded from single or sharded
 //!   safetensors and saved back under the same names, so a trained policy loads in HF tools.
 //! - [`qwen::Qwen`]: the decoder; [`qwen::Critic`]: the same backbone with a scalar value head.
-//! - [`hub`]: resolving a model directory or a pinned hub revision (offline cache honoured).
 //! - [`tokenizer`]: `tokenizer.json` + the Jinja chat template of `tokenizer_config.json`.
 //! - [`init`]: a seeded random model in HF layout (tests and the mini scale).
+//! - [`load`]: the one loader (files, device, dtype, tokenizer) every command uses.
 
-pub mod hub;
 pub mod init;
+pub mod load;
 pub mod qwen;
 pub mod tokenizer;
 
@@ -34,18 +34,22 @@ pub enum ModelError {
     Config { path: PathBuf, reason: String },
     #[error("{path}: {reason}")]
     Weights { path: PathBuf, reason: String },
+    #[error("{}: cannot save: {source}", path.display())]
+    Save {
+        path: PathBuf,
+        #[source]
+        source: candle_core::Error,
+    },
     #[error("tensor `{name}`: {reason}")]
     Tensor { name: String, reason: String },
     #[error("{path}: tokenizer: {reason}")]
     Tokenizer { path: PathBuf, reason: String },
     #[error("chat template: {0}")]
     Template(String),
-    #[error("hub {repo}@{revision}: {reason}")]
-    Hub {
-        repo: String,
-        revision: String,
-        reason: String,
-    },
+    #[error(transparent)]
+    Hub(#[from] crate::hub::HubError),
+    #[error("device {asked}: {reason}")]
+    Device { asked: &'static str, reason: String },
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
 }
@@ -320,9 +324,9 @@ impl Params {
             .iter()
             .map(|(k, v)| (k.clone(), v.as_tensor().clone()))
             .collect();
-        crate::atomic::save_safetensors(&tensors, path).map_err(|reason| ModelError::Weights {
+        crate::atomic::save_safetensors(&tensors, path).map_err(|source| ModelError::Save {
             path: path.to_owned(),
-            reason,
+            source,
         })
     }
 }
@@ -335,7 +339,32 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
     })
 }
 
-pub fn parse_dtype(dtype: crate::manifest::DType) -> DType {
+/// The device a manifest asks for. `cuda` needs a binary built with the `cuda` feature and a
+/// visible GPU; `auto` takes CUDA when both allow it, else the CPU.
+pub fn device(asked: crate::manifest::Device) -> Result<Device> {
+    use crate::manifest::Device as D;
+    match asked {
+        D::Cpu => Ok(Device::Cpu),
+        D::Cuda if cfg!(feature = "cuda") => {
+            Device::new_cuda(0).map_err(|e| ModelError::Device {
+                asked: "cuda",
+                reason: e.to_string(),
+            })
+        }
+        D::Cuda => Err(ModelError::Device {
+            asked: "cuda",
+            reason: "this binary was built without CUDA (cargo build --release --features cuda); use device: cpu or auto".into(),
+        }),
+        D::Auto => Ok(if cfg!(feature = "cuda") {
+            Device::new_cuda(0).unwrap_or(Device::Cpu)
+        } else {
+            Device::Cpu
+        }),
+    }
+}
+
+/// The compute dtype of a manifest's `model.dtype`.
+pub fn dtype(dtype: crate::manifest::DType) -> DType {
     match dtype {
         crate::manifest::DType::F32 => DType::F32,
         crate::manifest::DType::Bf16 => DType::BF16,

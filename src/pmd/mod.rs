@@ -24,8 +24,23 @@ use std::path::{Path, PathBuf};
 use mdp::{Mdp, Policy};
 use serde::Serialize;
 
-use crate::report::figures::{write_figure, Panel, Series};
-use crate::report::ReportError;
+use crate::algo::prop1::{acpo_retains, ppo_retains};
+use crate::plot::{write_figure, Panel, PlotError, Series};
+
+/// Why the theory check's outputs could not be written.
+#[derive(Debug, thiserror::Error)]
+pub enum PmdError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Plot(#[from] PlotError),
+    #[error("pmd.json: {0}")]
+    Json(#[from] serde_json::Error),
+}
 use crate::rng::SplitMix64;
 
 /// Step-size rule of Algorithm 1.
@@ -333,13 +348,7 @@ pub fn proposition1(seed: u64, samples: usize, eps: f64) -> Prop1 {
         let g2 = rng.next_normal().exp();
         rows.push((r, a, g2));
     }
-    let ppo_keep = |r: f64, a: f64| {
-        if a >= 0.0 {
-            r <= 1.0 + eps
-        } else {
-            r >= 1.0 - eps
-        }
-    };
+    let ppo_keep = |r: f64, a: f64| ppo_retains(r, a, eps, eps);
     let kept = rows.iter().filter(|(r, a, _)| ppo_keep(*r, *a)).count();
     let mut mags: Vec<f64> = rows.iter().map(|(r, a, _)| (r * a).abs()).collect();
     mags.sort_by(f64::total_cmp);
@@ -347,7 +356,7 @@ pub fn proposition1(seed: u64, samples: usize, eps: f64) -> Prop1 {
     let (mut acpo, mut ppo) = (0f64, 0f64);
     for (r, a, g2) in &rows {
         let m = (r * a) * (r * a) * g2;
-        if (r * a).abs() <= alpha {
+        if acpo_retains(r * a, alpha) {
             acpo += m;
         }
         if ppo_keep(*r, *a) {
@@ -438,6 +447,21 @@ impl Report {
                 .iter()
                 .all(|p| p.second_moment_acpo <= p.second_moment_ppo)
     }
+
+    /// One line: how many runs stay under their bound, and Proposition 1's count.
+    pub fn summary(&self) -> String {
+        let held = self.rows.iter().filter(|r| r.holds && r.monotone).count();
+        let prop1 = self
+            .prop1
+            .iter()
+            .filter(|p| p.second_moment_acpo <= p.second_moment_ppo)
+            .count();
+        format!(
+            "{held} of {} runs stay under their theorem bound with monotone F_N; Proposition 1 holds for {prop1} of {} clip ranges",
+            self.rows.len(),
+            self.prop1.len()
+        )
+    }
 }
 
 fn fmt_alpha(a: f64) -> String {
@@ -449,7 +473,7 @@ fn fmt_alpha(a: f64) -> String {
 }
 
 /// Runs the whole check and writes `pmd.md`, `pmd.json` and the figure `pmd.png`/`.svg` to `out`.
-pub fn report(cfg: &Config, out: &Path) -> Result<Report, ReportError> {
+pub fn report(cfg: &Config, out: &Path) -> Result<Report, PmdError> {
     let mut rows = Vec::new();
     let mut panels: Vec<Panel> = Vec::new();
     let colors = [
@@ -516,7 +540,7 @@ pub fn report(cfg: &Config, out: &Path) -> Result<Report, ReportError> {
         .iter()
         .map(|&eps| proposition1(cfg.seed, 200_000, eps))
         .collect();
-    std::fs::create_dir_all(out).map_err(|source| ReportError::Io {
+    std::fs::create_dir_all(out).map_err(|source| PmdError::Io {
         path: out.to_owned(),
         source,
     })?;
@@ -527,9 +551,9 @@ pub fn report(cfg: &Config, out: &Path) -> Result<Report, ReportError> {
         2,
     )?;
     let md = markdown(cfg, &rows, &prop1);
-    let write = |name: &str, bytes: &[u8]| -> Result<PathBuf, ReportError> {
+    let write = |name: &str, bytes: &[u8]| -> Result<PathBuf, PmdError> {
         let path = out.join(name);
-        crate::atomic::write(&path, bytes).map_err(|source| ReportError::Io {
+        crate::atomic::write(&path, bytes).map_err(|source| PmdError::Io {
             path: path.clone(),
             source,
         })?;
@@ -539,10 +563,7 @@ pub fn report(cfg: &Config, out: &Path) -> Result<Report, ReportError> {
     let json = serde_json::json!({ "config": {
         "seed": cfg.seed, "mdps": cfg.mdps, "states": cfg.states, "actions": cfg.actions,
         "gamma": cfg.gamma, "iterations": cfg.iterations }, "rows": rows, "proposition1": prop1 });
-    let text = serde_json::to_string_pretty(&json).map_err(|e| ReportError::Invalid {
-        path: out.join("pmd.json"),
-        reason: e.to_string(),
-    })?;
+    let text = serde_json::to_string_pretty(&json)?;
     files.push(write("pmd.json", text.as_bytes())?);
     Ok(Report { rows, prop1, files })
 }

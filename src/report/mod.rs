@@ -10,11 +10,15 @@
 
 pub mod figures;
 
+/// The paper's reported Table 1 (`paper/table1.csv`; its source is in `paper/README.md`).
+pub const PAPER_TABLE1: &str = include_str!("../../paper/table1.csv");
+
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::eval::EvalSummary;
 use crate::manifest::{AlgorithmKind, Benchmark, Experiment, ModelSource};
+use crate::run::RunDir;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
@@ -28,6 +32,8 @@ pub enum ReportError {
     Invalid { path: PathBuf, reason: String },
     #[error(transparent)]
     Manifest(#[from] crate::manifest::ManifestError),
+    #[error(transparent)]
+    Plot(#[from] crate::plot::PlotError),
 }
 
 type Result<T> = std::result::Result<T, ReportError>;
@@ -78,7 +84,8 @@ pub fn load_results(root: &Path) -> Result<Vec<RunResult>> {
         .collect();
     dirs.sort();
     for dir in dirs {
-        let (manifest, evals) = (dir.join("manifest.yaml"), dir.join("eval.jsonl"));
+        let run = RunDir::at(&dir);
+        let (manifest, evals) = (run.manifest(), run.eval());
         if !manifest.exists() || !evals.exists() {
             continue;
         }
@@ -108,7 +115,7 @@ pub fn load_results(root: &Path) -> Result<Vec<RunResult>> {
 
 /// The metrics lines of a run (`metrics.jsonl`), empty if it has none yet.
 pub fn load_metrics(dir: &Path) -> Result<Vec<BTreeMap<String, f64>>> {
-    let path = dir.join("metrics.jsonl");
+    let path = RunDir::at(dir).metrics();
     if !path.exists() {
         return Ok(Vec::new());
     }
@@ -292,7 +299,7 @@ pub fn latex(groups: &[Group]) -> String {
     s
 }
 
-/// CSV in the layout of ../shared/paper/table1.csv (plus the best step).
+/// CSV in the layout of [`PAPER_TABLE1`] (plus the best step).
 pub fn csv(groups: &[Group]) -> String {
     let mut s = String::from(
         "model,avg_k,method,weighted_acc,math500,minerva,olympiad,aime_like,best_step\n",
@@ -431,4 +438,126 @@ pub fn speedup_markdown(all: &[Speedup]) -> String {
     }
     s.push('\n');
     s
+}
+
+/// What `acpo report` and `acpo reproduce` build.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Artifact {
+    Table1,
+    Accuracy,
+    Entropy,
+    Tails,
+    Speedup,
+    All,
+}
+
+impl Artifact {
+    fn wants(self, a: Artifact) -> bool {
+        self == Artifact::All || self == a
+    }
+}
+
+/// Writes `artifact` from the run directories in `root` (a `results/<scale>` directory): the
+/// tables into `root`, the figures into `figures/<name of root>/`; with `compare_paper`, also
+/// `table1_vs_paper.md`. Returns the Markdown printed for the user and the files written.
+pub fn write(
+    artifact: Artifact,
+    root: &Path,
+    figures: &Path,
+    compare_paper_too: bool,
+) -> Result<(String, Vec<PathBuf>)> {
+    let runs = load_results(root)?;
+    if runs.is_empty() {
+        return Err(ReportError::Invalid {
+            path: root.to_owned(),
+            reason: "no run directories with eval.jsonl (train first: acpo train MANIFEST)".into(),
+        });
+    }
+    let mut shown = String::new();
+    let mut written = Vec::new();
+    let mut put = |name: &str, body: &str| -> Result<()> {
+        let path = root.join(name);
+        crate::atomic::write(&path, body.as_bytes()).map_err(|source| ReportError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        written.push(path);
+        Ok(())
+    };
+    if artifact.wants(Artifact::Table1) {
+        let groups = table1(&runs);
+        put("table1.md", &markdown(&groups))?;
+        put("table1.tex", &latex(&groups))?;
+        put("table1.csv", &csv(&groups))?;
+        if compare_paper_too {
+            put("table1_vs_paper.md", &compare_paper(&groups, PAPER_TABLE1))?;
+        }
+        shown.push_str(&markdown(&groups));
+    }
+    if artifact.wants(Artifact::Speedup) {
+        let md = speedup_markdown(&speedups(&runs));
+        put("speedup.md", &md)?;
+        shown.push_str(&md);
+    }
+    let scale = root
+        .file_name()
+        .map_or("results".into(), |n| n.to_string_lossy().to_string());
+    let figures = figures.join(scale);
+    if artifact.wants(Artifact::Accuracy) {
+        written.extend(figures::accuracy(&runs, &figures)?);
+    }
+    if artifact.wants(Artifact::Entropy) {
+        written.extend(figures::entropy(&runs, &figures)?);
+    }
+    if artifact.wants(Artifact::Tails) {
+        let t = figures::tails(&runs, &figures)?;
+        if t.is_empty() && artifact == Artifact::Tails {
+            return Err(ReportError::Invalid {
+                path: root.to_owned(),
+                reason: "no run has tails/ (set trainer.tails_every > 0)".into(),
+            });
+        }
+        written.extend(t);
+    }
+    Ok((shown, written))
+}
+
+/// Fills each block `<!-- begin: NAME -->` … `<!-- end: NAME -->` of a Markdown document with
+/// the generated file `root/NAME` (e.g. `table1.md`), so docs quote generated files instead of
+/// hand-typed numbers. Returns the new text and the number of blocks filled; a block naming a
+/// file `root` does not have is an error.
+pub fn splice(doc: &str, root: &Path) -> Result<(String, usize)> {
+    let mut out = String::with_capacity(doc.len());
+    let mut rest = doc;
+    let mut filled = 0;
+    while let Some(i) = rest.find("<!-- begin: ") {
+        let after = &rest[i + "<!-- begin: ".len()..];
+        let name_end = after.find(" -->").ok_or_else(|| ReportError::Invalid {
+            path: root.to_owned(),
+            reason: "a `<!-- begin: NAME` marker is not closed by ` -->`".into(),
+        })?;
+        let name = &after[..name_end];
+        let end_marker = format!("<!-- end: {name} -->");
+        let body_start = i + "<!-- begin: ".len() + name_end + " -->".len();
+        let j = rest[body_start..]
+            .find(&end_marker)
+            .ok_or_else(|| ReportError::Invalid {
+                path: root.to_owned(),
+                reason: format!("no `{end_marker}` after `<!-- begin: {name} -->`"),
+            })?;
+        let path = root.join(name);
+        let body = std::fs::read_to_string(&path).map_err(|source| ReportError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        out.push_str(&rest[..body_start]);
+        out.push('\n');
+        out.push_str(body.trim_end());
+        out.push('\n');
+        out.push_str(&end_marker);
+        rest = &rest[body_start + j + end_marker.len()..];
+        filled += 1;
+    }
+    out.push_str(rest);
+    Ok((out, filled))
 }

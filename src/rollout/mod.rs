@@ -52,6 +52,45 @@ pub struct StopCriteria<'a> {
     pub decode: Option<Decoder<'a>>,
 }
 
+/// Everything a sampler call needs besides its prompts and random keys: how to sample, when to
+/// stop and which token pads. Training, the probe, evaluation, `acpo generate` and the
+/// benchmarks all describe their sampling with it.
+pub struct SampleRequest<'a> {
+    pub params: SamplingParams,
+    pub stop: StopCriteria<'a>,
+    pub pad_id: u32,
+}
+
+impl<'a> SampleRequest<'a> {
+    /// Sampling with `params`, stopping at the length limit only, padding with token 0.
+    pub fn new(params: SamplingParams) -> SampleRequest<'a> {
+        SampleRequest {
+            params,
+            stop: StopCriteria::default(),
+            pad_id: 0,
+        }
+    }
+
+    /// Also stop at any of these end-of-sequence tokens.
+    pub fn eos(mut self, eos_ids: Vec<u32>) -> SampleRequest<'a> {
+        self.stop.eos_ids = eos_ids;
+        self
+    }
+
+    /// Left-pad prompts with this token.
+    pub fn pad(mut self, pad_id: u32) -> SampleRequest<'a> {
+        self.pad_id = pad_id;
+        self
+    }
+
+    /// Also stop when the decoded text contains one of `strings`.
+    pub fn stop_strings(mut self, strings: Vec<String>, decode: Decoder<'a>) -> SampleRequest<'a> {
+        self.stop.stop_strings = strings;
+        self.stop.decode = Some(decode);
+        self
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Completion {
     pub tokens: Vec<u32>,
@@ -69,26 +108,22 @@ pub type SampleKey = [u64; 4];
 /// On the CPU the batch is cut into as many contiguous groups as there are worker threads, and
 /// the groups are sampled side by side ([`crate::parallel`]): a completion does not depend on
 /// the batch it is sampled in, and a decode step's few hundred small ops run faster on one
-/// thread each than split over all of them (Qwen3-100M, 8 × 64 tokens on 2 cores: 255–266
-/// tokens/s against 218–236 for one batch whose products are split over the pool, measured
-/// after the decode kernel's prefetch; 172–198 against 150–181 before it).
+/// thread each than split over all of them (docs/PERFORMANCE.md, "Threads").
 pub fn generate(
     model: &Qwen,
     prompts: &[Vec<u32>],
     keys: &[SampleKey],
-    params: &SamplingParams,
-    stop: &StopCriteria,
-    pad_id: u32,
+    request: &SampleRequest,
 ) -> Result<Vec<Completion>> {
     let side_by_side = model.device().is_cpu();
     let groups = crate::parallel::workers().min(prompts.len()).max(1);
     if !side_by_side || groups < 2 || prompts.len() != keys.len() {
-        return generate_group(model, prompts, keys, params, stop, pad_id);
+        return generate_group(model, prompts, keys, request);
     }
     let size = prompts.len().div_ceil(groups);
     let parts = crate::parallel::map(prompts.len().div_ceil(size), true, |g| {
         let r = g * size..(g * size + size).min(prompts.len());
-        generate_group(model, &prompts[r.clone()], &keys[r], params, stop, pad_id)
+        generate_group(model, &prompts[r.clone()], &keys[r], request)
     });
     let mut out = Vec::with_capacity(prompts.len());
     for part in parts {
@@ -102,10 +137,9 @@ fn generate_group(
     model: &Qwen,
     prompts: &[Vec<u32>],
     keys: &[SampleKey],
-    params: &SamplingParams,
-    stop: &StopCriteria,
-    pad_id: u32,
+    request: &SampleRequest,
 ) -> Result<Vec<Completion>> {
+    let (params, stop, pad_id) = (&request.params, &request.stop, request.pad_id);
     if prompts.len() != keys.len() {
         return Err(candle_core::Error::Msg(format!(
             "{} prompts but {} sample keys",

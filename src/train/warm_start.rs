@@ -12,8 +12,9 @@ use std::time::Instant;
 use candle_core::{DType, Device};
 use serde::Serialize;
 
-use super::{epoch_order, layout, Result, TrainError, LOGIT_CHUNK};
-use crate::bench::synthetic;
+use super::batch::{epoch_order, layout, LOGIT_CHUNK};
+use super::{Result, TrainError};
+use crate::data::synthetic;
 use crate::manifest::{LrSchedule, OptimSpec, PromptTemplate, WarmStartSpec};
 use crate::model::qwen::Qwen;
 use crate::model::tokenizer::Tokenizer;
@@ -50,9 +51,7 @@ pub fn warm_start(
 ) -> Result<WarmStartReport> {
     let started = Instant::now();
     let items = synthetic::train_items();
-    let eos = tokenizer
-        .eos_id()
-        .ok_or_else(|| TrainError::Run("warm start: the tokenizer names no EOS token".into()))?;
+    let eos = tokenizer.eos_id().ok_or(TrainError::NoEos)?;
     let optim = OptimSpec {
         lr: spec.lr,
         lr_schedule: LrSchedule::Constant,
@@ -87,10 +86,9 @@ pub fn warm_start(
             if response.len() > spec.max_response_length {
                 skipped_in_row += 1;
                 if skipped_in_row > items.len() {
-                    return Err(TrainError::Run(format!(
-                        "model.init.warm_start.max_response_length: no worked solution fits in {} tokens",
-                        spec.max_response_length
-                    )));
+                    return Err(TrainError::NoSolutionFits {
+                        max_response_length: spec.max_response_length,
+                    });
                 }
                 continue;
             }
@@ -115,7 +113,7 @@ pub fn warm_start(
         let nll = ((lp * &batch.mask)?.sum_all()?.neg()? / n)?;
         let loss = nll.to_dtype(DType::F64)?.to_scalar::<f64>()?;
         let grads = Gradients::from_store(params, &nll.backward()?)?;
-        super::apply_update(&mut opt, &grads, step + 1, "warm_start/grad_norm")?;
+        super::update::apply_update(&mut opt, &grads, step + 1, "warm_start/grad_norm")?;
         if !loss.is_finite() {
             return Err(TrainError::NonFinite {
                 step: step + 1,

@@ -139,6 +139,12 @@ enum Tok {
     Env(String, String),
 }
 
+/// Splits LaTeX / plain math into tokens.
+///
+/// Length: this is a lexer — one loop with one arm per kind of lexeme (numbers, identifiers,
+/// `\commands` with their argument forms, `\text{}`, environments, relations, operators). The
+/// arms share the cursor and the output; cut into functions they would only pass both around,
+/// and the whole grammar would no longer be readable in one place.
 fn tokenize(s: &str) -> Result<Vec<Tok>, ParseError> {
     let chars: Vec<char> = s.chars().collect();
     let mut out = Vec::new();

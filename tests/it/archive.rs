@@ -147,3 +147,141 @@ fn archives_verify_and_every_tampering_is_reported_with_exit_1() {
         Some(2)
     );
 }
+
+#[test]
+fn an_archive_without_checkpoints_verifies_and_holds_no_checkpoint_file() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let run = fake_run(tmp.path(), "run-a");
+    let archive = tmp.path().join("light.tar.gz");
+    let out = acpo(
+        &[
+            "archive",
+            run.to_str().expect("u"),
+            "--out",
+            archive.to_str().expect("u"),
+            "--no-checkpoints",
+        ],
+        tmp.path(),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ok = acpo(&["verify", archive.to_str().expect("u")], tmp.path());
+    assert_eq!(
+        ok.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&ok.stdout)
+    );
+    let unpacked = tmp.path().join("unpacked");
+    std::fs::create_dir_all(&unpacked).expect("mkdir");
+    acpo::archive::unpack(&archive, &unpacked).expect("unpack");
+    assert!(unpacked.join("run-a/metrics.jsonl").exists());
+    assert!(
+        !unpacked.join("run-a/checkpoints").exists(),
+        "checkpoints left out"
+    );
+    let sums = std::fs::read_to_string(unpacked.join("run-a/SHA256SUMS")).expect("run sums");
+    assert!(
+        !sums.contains("checkpoints/"),
+        "the run's sums list what is packed: {sums}"
+    );
+    // The run directory itself keeps its checkpoint.
+    assert!(run.join("checkpoints/step_000001/state.json").exists());
+}
+
+/// The archive shipped in the repository (REPRODUCE.md, tiers 1–2): it verifies, rebuilds
+/// Table 1-mini and the speedups, and those are exactly the blocks REPRODUCE.md quotes, whose
+/// SHA-256 line matches the file.
+#[test]
+fn shipped_archive_verifies_and_rebuilds_the_tables_quoted_in_reproduce() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let shipped = repo.join("results/mini.tar.gz");
+    let ok = acpo(&["verify", shipped.to_str().expect("u")], repo);
+    assert_eq!(
+        ok.status.code(),
+        Some(0),
+        "{}",
+        String::from_utf8_lossy(&ok.stdout)
+    );
+
+    let sha = acpo::archive::sha256_file(&shipped).expect("hash");
+    let sidecar =
+        std::fs::read_to_string(repo.join("results/mini.tar.gz.sha256")).expect("sidecar");
+    assert_eq!(sidecar, format!("{sha}  mini.tar.gz\n"));
+    let guide = std::fs::read_to_string(repo.join("REPRODUCE.md")).expect("REPRODUCE.md");
+    assert!(
+        guide.contains(&sha),
+        "REPRODUCE.md quotes the archive's SHA-256 {sha}"
+    );
+
+    let tmp = tempfile::tempdir().expect("tmp");
+    let out = acpo(
+        &[
+            "reproduce",
+            "all",
+            "--scale",
+            "mini",
+            "--from",
+            shipped.to_str().expect("u"),
+            "--results",
+            tmp.path().join("results").to_str().expect("u"),
+            "--figures",
+            tmp.path().join("figures").to_str().expect("u"),
+        ],
+        tmp.path(),
+    );
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let root = tmp.path().join("results/from-mini");
+    assert_eq!(
+        std::fs::read_dir(&root)
+            .expect("unpacked")
+            .filter(|e| e.as_ref().is_ok_and(|e| e.path().is_dir()))
+            .count(),
+        16,
+        "the 16 mini runs"
+    );
+    assert!(tmp.path().join("figures/from-mini/accuracy.png").exists());
+    let (filled, blocks) = acpo::report::splice(&guide, &root).expect("splice");
+    assert_eq!(blocks, 2, "table1.md and speedup.md are quoted");
+    assert_eq!(
+        filled, guide,
+        "REPRODUCE.md's generated blocks differ from what the archive gives: run `acpo reproduce all --scale mini --from results/mini.tar.gz --doc REPRODUCE.md`"
+    );
+}
+
+#[test]
+fn reproduce_from_an_archive_unpacks_into_an_emptied_directory() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let run = fake_run(tmp.path(), "run-a");
+    let archive = tmp.path().join("runs.tar.gz");
+    let contents = acpo::archive::Contents { checkpoints: true };
+    acpo::archive::archive(&[run], &archive, contents).expect("archive");
+    let results = tmp.path().join("results");
+    let stale = results.join("from-runs/run-stale");
+    std::fs::create_dir_all(&stale).expect("mkdir");
+    std::fs::write(stale.join("eval.jsonl"), "{}\n").expect("w");
+
+    let found = acpo::reproduce::from_archive(&archive, &results).expect("from");
+    assert!(found.verification.ok(), "{}", found.verification.describe());
+    let root = found.root.expect("verified");
+    assert_eq!(root, results.join("from-runs"));
+    assert!(root.join("run-a/metrics.jsonl").exists());
+    assert!(!stale.exists(), "a run of an earlier archive of that name is not mixed in");
+
+    // A tampered archive is reported and nothing is unpacked.
+    let bytes = std::fs::read(&archive).expect("read");
+    let bad = tmp.path().join("bad.tar.gz");
+    std::fs::write(&bad, &bytes[..bytes.len() / 2]).expect("w");
+    let found = acpo::reproduce::from_archive(&bad, &results).expect("from");
+    assert!(!found.verification.ok());
+    assert!(found.root.is_none());
+    assert!(!results.join("from-bad").exists());
+}

@@ -161,7 +161,12 @@ fn usage_errors_exit_2_and_help_lists_every_subcommand() {
 #[test]
 fn model_init_then_generate_samples_with_the_real_tokenizer_and_chat_template() {
     let dir = tempfile::tempdir().expect("tempdir");
-    let model = super::tiny_full_vocab_model(dir.path());
+    let Some(model) = super::tiny_full_vocab_model(
+        dir.path(),
+        "model_init_then_generate_samples_with_the_real_tokenizer_and_chat_template",
+    ) else {
+        return;
+    };
     let jsonl = dir.path().join("out.jsonl");
     let args = [
         "generate",

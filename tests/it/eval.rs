@@ -3,10 +3,10 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-use acpo::bench::{self, DataError, DataLocation};
+use acpo::data::{self, DataError, DataLocation};
 use acpo::eval::{bench_result, pass_at, summarize};
+use acpo::hub::HubOptions;
 use acpo::manifest::Benchmark;
-use acpo::model::hub::HubOptions;
 
 fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -41,10 +41,10 @@ fn unbiased_pass_at_k_matches_the_binomial_formula() {
 
 #[test]
 fn weighted_accuracy_reproduces_the_papers_weighted_column() {
-    // ../shared/paper/table1.csv: the paper's per-benchmark Avg@k; weighting them by the
-    // problem counts must give its weighted column. Inputs rounded to 0.1 move the weighted
-    // mean by at most 0.05, and the reported value is rounded too: at most 0.1 apart.
-    let table = std::fs::read_to_string("../shared/paper/table1.csv").expect("table1.csv");
+    // The paper's per-benchmark Avg@k (paper/table1.csv); weighting them by the problem
+    // counts must give its weighted column. Inputs rounded to 0.1 move the weighted mean by at
+    // most 0.05, and the reported value is rounded too: at most 0.1 apart.
+    let table = acpo::report::PAPER_TABLE1;
     let mut rows = 0;
     for line in table.lines().skip(1) {
         let f: Vec<&str> = line.split(',').collect();
@@ -95,21 +95,26 @@ fn avg_at_k_pass_rates_and_metric_names() {
 
 #[test]
 fn the_real_benchmarks_load_with_their_checksums_and_a_changed_file_is_refused() {
-    let dir = DataLocation::Dir(PathBuf::from("../shared/data"));
+    let Some(data_dir) = super::real_data(
+        "the_real_benchmarks_load_with_their_checksums_and_a_changed_file_is_refused",
+    ) else {
+        return;
+    };
+    let dir = DataLocation::Dir(data_dir.clone());
     for b in Benchmark::ALL {
-        let problems = bench::load(bench::spec(b), &dir).expect("loads");
+        let problems = data::load(data::spec(b), &dir).expect("loads");
         assert_eq!(problems.len(), b.size(), "{}", b.name());
     }
     assert_eq!(
-        bench::load(&bench::dapo::SPEC, &dir).expect("dapo").len(),
+        data::load(&data::dapo::SPEC, &dir).expect("dapo").len(),
         17_290
     );
     let tmp = tempfile::tempdir().expect("tmp");
-    let mut text = std::fs::read_to_string("../shared/data/math500.jsonl").expect("read");
+    let mut text = std::fs::read_to_string(data_dir.join("math500.jsonl")).expect("read");
     text = text.replacen("\"answer\": \"", "\"answer\": \"9", 1);
     std::fs::write(tmp.path().join("math500.jsonl"), text).expect("write");
-    let err = bench::load(
-        bench::spec(Benchmark::Math500),
+    let err = data::load(
+        data::spec(Benchmark::Math500),
         &DataLocation::Dir(tmp.path().to_owned()),
     )
     .expect_err("changed");
@@ -130,9 +135,14 @@ fn cache_file(cache: &Path, repo: &str, file: &str, bytes: &[u8]) {
 
 #[test]
 fn hub_datasets_load_from_the_offline_cache_jsonl_and_parquet() {
+    let Some(data_dir) =
+        super::real_data("hub_datasets_load_from_the_offline_cache_jsonl_and_parquet")
+    else {
+        return;
+    };
     let cache = tempfile::tempdir().expect("tmp");
     // MATH-500 on the hub names its id field `unique_id`.
-    let ours = std::fs::read_to_string("../shared/data/math500.jsonl").expect("read");
+    let ours = std::fs::read_to_string(data_dir.join("math500.jsonl")).expect("read");
     let hub_jsonl: String = ours
         .lines()
         .map(|l| {
@@ -164,17 +174,17 @@ fn hub_datasets_load_from_the_offline_cache_jsonl_and_parquet() {
         offline: true,
     });
 
-    let local = bench::load(
-        bench::spec(Benchmark::Math500),
-        &DataLocation::Dir(PathBuf::from("../shared/data")),
+    let local = data::load(
+        data::spec(Benchmark::Math500),
+        &DataLocation::Dir(data_dir.clone()),
     )
     .expect("local");
     assert_eq!(
-        bench::load(bench::spec(Benchmark::Math500), &hub).expect("hub math500"),
+        data::load(data::spec(Benchmark::Math500), &hub).expect("hub math500"),
         local
     );
 
-    let dapo = bench::load(&bench::dapo::SPEC, &hub).expect("hub dapo");
+    let dapo = data::load(&data::dapo::SPEC, &hub).expect("hub dapo");
     let got: Vec<(&str, &str)> = dapo
         .iter()
         .map(|p| (p.problem.as_str(), p.answer.as_str()))
@@ -191,14 +201,30 @@ fn hub_datasets_load_from_the_offline_cache_jsonl_and_parquet() {
         ],
         "template stripped, 3x repetition and the exact duplicate removed"
     );
-    let err = bench::load(bench::spec(Benchmark::Minerva), &hub).expect_err("no hub copy");
+    let err = data::load(data::spec(Benchmark::Minerva), &hub).expect_err("no hub copy");
     assert!(matches!(err, DataError::NoHubCopy { .. }), "{err}");
     let empty = DataLocation::Hub(HubOptions {
         cache_dir: tempfile::tempdir().expect("tmp").path().to_owned(),
         offline: true,
     });
-    let err = bench::load(bench::spec(Benchmark::Math500), &empty).expect_err("not cached");
+    let err = data::load(data::spec(Benchmark::Math500), &empty).expect_err("not cached");
     assert!(err.to_string().contains("offline cache"), "{err}");
+}
+
+#[test]
+fn a_dataset_missing_from_the_data_dir_without_a_hub_copy_names_the_file_to_put_there() {
+    let empty = tempfile::tempdir().expect("tmp");
+    let err = data::load(
+        data::spec(Benchmark::Minerva),
+        &DataLocation::Dir(empty.path().to_owned()),
+    )
+    .expect_err("missing");
+    assert!(matches!(err, DataError::Missing { .. }), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("minerva_math.jsonl") && msg.contains("ACPO_DATA_DIR"),
+        "{msg}"
+    );
 }
 
 #[test]
@@ -270,7 +296,12 @@ fn score_adds_verdicts_keeps_fields_and_refuses_bad_lines_without_writing() {
 #[test]
 fn eval_runs_end_to_end_on_a_tiny_model_and_writes_samples_and_summary() {
     let dir = tempfile::tempdir().expect("tmp");
-    let model = super::tiny_full_vocab_model(dir.path());
+    let Some(model) = super::tiny_full_vocab_model(
+        dir.path(),
+        "eval_runs_end_to_end_on_a_tiny_model_and_writes_samples_and_summary",
+    ) else {
+        return;
+    };
     let manifest_text =
         std::fs::read_to_string(repo().join("experiments/paper/qwen3-8b-grpo.yaml"))
             .expect("manifest")

@@ -14,11 +14,55 @@ mod report;
 mod train;
 mod verify;
 
+use std::path::{Path, PathBuf};
+
+/// The prepared benchmark and training JSONL files (the repository does not ship them), found
+/// the way the product finds them: `ACPO_DATA_DIR`, else the default data directory. None —
+/// after one line naming the test and what is missing — when they are not there; CI points
+/// `ACPO_DATA_DIR` at the shared copy.
+pub fn real_data(test: &str) -> Option<PathBuf> {
+    let dir = acpo::data::default_dir();
+    if dir.join("math500.jsonl").exists() {
+        return Some(dir);
+    }
+    eprintln!(
+        "skipped {test}: the prepared datasets are not in {} (set ACPO_DATA_DIR to a directory with math500.jsonl, ...)",
+        dir.display()
+    );
+    None
+}
+
+/// The real Qwen3 tokenizer (`tokenizer.json` + `tokenizer_config.json`): `ACPO_QWEN3_TOKENIZER`,
+/// else a Qwen/Qwen3-0.6B snapshot in the HF hub cache. None — after one line naming the test
+/// and what is missing — when neither has it; CI points `ACPO_QWEN3_TOKENIZER` at the shared copy.
+pub fn qwen3_tokenizer(test: &str) -> Option<PathBuf> {
+    let has =
+        |d: &Path| d.join("tokenizer.json").exists() && d.join("tokenizer_config.json").exists();
+    if let Some(dir) = std::env::var_os("ACPO_QWEN3_TOKENIZER").map(PathBuf::from) {
+        if has(&dir) {
+            return Some(dir);
+        }
+    }
+    let hub = acpo::hub::HubOptions::from_env();
+    let cached = hf_hub::Cache::new(hub.cache_dir)
+        .repo(hf_hub::Repo::model("Qwen/Qwen3-0.6B".into()))
+        .get("tokenizer.json")
+        .and_then(|f| f.parent().map(Path::to_owned))
+        .filter(|d| has(d));
+    if cached.is_none() {
+        eprintln!(
+            "skipped {test}: the real Qwen3 tokenizer was not found (set ACPO_QWEN3_TOKENIZER to a directory with tokenizer.json and tokenizer_config.json, or cache Qwen/Qwen3-0.6B)"
+        );
+    }
+    cached
+}
+
 /// A random Qwen3 with the full Qwen3 vocabulary (so the real tokenizer's ids fit) and
 /// everything else tiny, written by `acpo model init` into `dir/model` with the real
-/// tokenizer copied beside it. Returns the model directory.
-pub fn tiny_full_vocab_model(dir: &std::path::Path) -> std::path::PathBuf {
-    let repo = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+/// tokenizer copied beside it. Returns the model directory; None (announced) without the
+/// real tokenizer.
+pub fn tiny_full_vocab_model(dir: &Path, test: &str) -> Option<PathBuf> {
+    let tokenizer = qwen3_tokenizer(test)?;
     let cfg = dir.join("tiny.json");
     std::fs::write(
         &cfg,
@@ -48,11 +92,7 @@ pub fn tiny_full_vocab_model(dir: &std::path::Path) -> std::path::PathBuf {
         String::from_utf8_lossy(&out.stderr)
     );
     for f in ["tokenizer.json", "tokenizer_config.json"] {
-        std::fs::copy(
-            repo.join("../shared/tokenizers/qwen3").join(f),
-            model.join(f),
-        )
-        .expect("copy tokenizer");
+        std::fs::copy(tokenizer.join(f), model.join(f)).expect("copy tokenizer");
     }
-    model
+    Some(model)
 }

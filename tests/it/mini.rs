@@ -4,7 +4,7 @@
 use std::collections::HashSet;
 use std::path::Path;
 
-use acpo::bench::synthetic;
+use acpo::data::synthetic;
 use acpo::manifest::{AlgorithmKind, Benchmark, Experiment, PolicyClip, PromptTemplate};
 
 fn repo() -> &'static Path {
@@ -103,7 +103,7 @@ fn the_bpe_tokenizer_is_deterministic_splits_digits_and_round_trips() {
         assert_eq!(&tok.decode(&ids, false).expect("decode"), text);
     }
     // The template words became tokens: a training prompt is short.
-    let prompt = acpo::bench::render_prompt(PromptTemplate::Answer, "What is $12 + 34$?");
+    let prompt = acpo::data::render_prompt(PromptTemplate::Answer, "What is $12 + 34$?");
     assert!(tok.encode(&prompt).expect("encode").len() < 30);
     assert!(acpo::model::init::write_bpe_tokenizer(a.path(), &corpus, 100).is_err());
 }

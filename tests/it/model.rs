@@ -4,11 +4,11 @@
 
 use std::path::{Path, PathBuf};
 
-use acpo::model::hub::{self, HubOptions};
+use acpo::hub::{self, HubOptions};
 use acpo::model::qwen::{Critic, Qwen};
 use acpo::model::tokenizer::{Message, Tokenizer};
 use acpo::model::{init, Params, QwenConfig};
-use acpo::rollout::{self, FinishReason, SamplingParams, StopCriteria};
+use acpo::rollout::{self, FinishReason, SampleRequest, SamplingParams};
 use candle_core::{DType, Device, Tensor};
 use serde_json::Value;
 
@@ -112,15 +112,8 @@ fn greedy_sampling_with_the_kv_cache_reproduces_transformers_tokens() {
             top_k: None,
             max_new_tokens: want.len(),
         };
-        let out = rollout::generate(
-            &model,
-            &[prompt],
-            &[[0; 4]],
-            &p,
-            &StopCriteria::default(),
-            0,
-        )
-        .expect("generate");
+        let out = rollout::generate(&model, &[prompt], &[[0; 4]], &SampleRequest::new(p))
+            .expect("generate");
         assert_eq!(out[0].tokens, want, "{name}: greedy continuation");
         assert_eq!(out[0].finish, FinishReason::Length);
     }
@@ -204,7 +197,7 @@ fn sampling_in_groups_side_by_side_gives_the_one_batch_completions() {
             .build()
             .expect("pool")
             .install(|| {
-                rollout::generate(&model, &prompts, &keys, &p, &StopCriteria::default(), 0)
+                rollout::generate(&model, &prompts, &keys, &SampleRequest::new(p))
                     .expect("generate")
             })
     };
@@ -230,16 +223,14 @@ fn left_padded_batches_give_each_sequence_its_solo_result() {
         max_new_tokens: 6,
     };
     let keys: Vec<[u64; 4]> = (0..3).map(|i| [7, 1, i, 0]).collect();
-    let batched = rollout::generate(&model, &prompts, &keys, &p, &StopCriteria::default(), 0)
-        .expect("batched");
+    let batched =
+        rollout::generate(&model, &prompts, &keys, &SampleRequest::new(p)).expect("batched");
     for i in 0..3 {
         let solo = rollout::generate(
             &model,
             &prompts[i..=i],
             &keys[i..=i],
-            &p,
-            &StopCriteria::default(),
-            0,
+            &SampleRequest::new(p),
         )
         .expect("solo");
         assert_eq!(
@@ -278,7 +269,7 @@ fn sampling_is_seeded_per_sample_and_truncation_behaves() {
     let model = Qwen::new(&cfg, &params, true).expect("model");
     let prompt = vec![vec![3u32, 9, 27]];
     let run = |key: [u64; 4], p: SamplingParams| {
-        rollout::generate(&model, &prompt, &[key], &p, &StopCriteria::default(), 0)
+        rollout::generate(&model, &prompt, &[key], &SampleRequest::new(p))
             .expect("generate")
             .remove(0)
             .tokens
@@ -334,21 +325,11 @@ fn eos_and_stop_strings_end_a_completion() {
         top_k: None,
         max_new_tokens: 12,
     };
-    let free = rollout::generate(
-        &model,
-        &[vec![3u32, 9]],
-        &[[0; 4]],
-        &p,
-        &StopCriteria::default(),
-        0,
-    )
-    .expect("g");
+    let free =
+        rollout::generate(&model, &[vec![3u32, 9]], &[[0; 4]], &SampleRequest::new(p)).expect("g");
     let third = free[0].tokens[2];
-    let stop = StopCriteria {
-        eos_ids: vec![third],
-        ..StopCriteria::default()
-    };
-    let out = rollout::generate(&model, &[vec![3u32, 9]], &[[0; 4]], &p, &stop, 0).expect("g");
+    let stop = SampleRequest::new(p).eos(vec![third]);
+    let out = rollout::generate(&model, &[vec![3u32, 9]], &[[0; 4]], &stop).expect("g");
     let first_eos = free[0]
         .tokens
         .iter()
@@ -359,12 +340,8 @@ fn eos_and_stop_strings_end_a_completion() {
     // A stop string over a "decoder" that writes token ids as text.
     let decode = |ids: &[u32]| ids.iter().map(|i| format!("<{i}>")).collect::<String>();
     let needle = format!("<{}>", free[0].tokens[4]);
-    let stop = StopCriteria {
-        stop_strings: vec![needle],
-        decode: Some(&decode),
-        ..StopCriteria::default()
-    };
-    let out = rollout::generate(&model, &[vec![3u32, 9]], &[[0; 4]], &p, &stop, 0).expect("g");
+    let stop = SampleRequest::new(p).stop_strings(vec![needle], &decode);
+    let out = rollout::generate(&model, &[vec![3u32, 9]], &[[0; 4]], &stop).expect("g");
     assert_eq!(out[0].finish, FinishReason::Stop);
     assert!(out[0].tokens.len() <= 5);
 }
@@ -510,8 +487,13 @@ fn random_models_are_seeded() {
 
 #[test]
 fn the_qwen3_tokenizer_round_trips_problems_like_transformers_and_renders_the_chat_template() {
+    let Some(dir) = super::qwen3_tokenizer(
+        "the_qwen3_tokenizer_round_trips_problems_like_transformers_and_renders_the_chat_template",
+    ) else {
+        return;
+    };
     let r = reference();
-    let tok = Tokenizer::load(Path::new("../shared/tokenizers/qwen3")).expect("tokenizer");
+    let tok = Tokenizer::load(&dir).expect("tokenizer");
     for p in r["tokenizer"]["problems"].as_array().expect("problems") {
         let text = p["text"].as_str().expect("text");
         let want: Vec<u32> = p["ids"]
@@ -541,10 +523,14 @@ fn the_qwen3_tokenizer_round_trips_problems_like_transformers_and_renders_the_ch
 
 #[test]
 fn every_benchmark_problem_round_trips_through_the_qwen3_tokenizer() {
-    let tok = Tokenizer::load(Path::new("../shared/tokenizers/qwen3")).expect("tokenizer");
+    let test = "every_benchmark_problem_round_trips_through_the_qwen3_tokenizer";
+    let (Some(tok_dir), Some(data)) = (super::qwen3_tokenizer(test), super::real_data(test)) else {
+        return;
+    };
+    let tok = Tokenizer::load(&tok_dir).expect("tokenizer");
     let mut n = 0;
     for f in ["math500", "minerva_math", "olympiadbench", "aime_like"] {
-        let text = std::fs::read_to_string(format!("../shared/data/{f}.jsonl")).expect("data");
+        let text = std::fs::read_to_string(data.join(format!("{f}.jsonl"))).expect("data");
         for line in text.lines() {
             let v: Value = serde_json::from_str(line).expect("json");
             let p = v["problem"].as_str().expect("problem");
@@ -572,11 +558,7 @@ fn hub_models_resolve_from_the_offline_cache_with_a_clear_error_when_absent() {
     for f in ["config.json", "model.safetensors"] {
         std::fs::copy(fixtures().join("tiny-qwen3").join(f), snap.join(f)).expect("copy");
     }
-    std::fs::copy(
-        "../shared/tokenizers/qwen3/tokenizer.json",
-        snap.join("tokenizer.json"),
-    )
-    .expect("copy");
+    acpo::model::init::write_char_tokenizer(&snap).expect("a tokenizer.json");
     let opts = HubOptions {
         cache_dir: cache.path().to_owned(),
         offline: true,

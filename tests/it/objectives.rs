@@ -731,9 +731,16 @@ fn coefficient_diagnostics_match_the_reference() {
     let f = fixture();
     let bt = batch(&f);
     let d = &f["diagnostics"];
-    let got =
-        loss::coefficient_diagnostics(&bt.log_prob, &bt.old, &bt.adv, &bt.mask, 2.0, 0.2, 0.28)
-            .expect("diagnostics");
+    let got = acpo::algo::prop1::coefficient_diagnostics(
+        &bt.log_prob,
+        &bt.old,
+        &bt.adv,
+        &bt.mask,
+        2.0,
+        0.2,
+        0.28,
+    )
+    .expect("diagnostics");
     let want_values: Vec<f32> = d["values"]
         .as_array()
         .expect("values")

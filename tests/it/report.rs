@@ -47,7 +47,7 @@ fn fake_run(root: &Path, model: &str, algo: &str, evals: &[(usize, [f64; 4])]) {
         .collect();
     std::fs::write(dir.join("metrics.jsonl"), metrics).expect("w");
     std::fs::create_dir_all(dir.join("tails")).expect("mkdir");
-    let mut t = acpo::train::tails::Tails {
+    let mut t = acpo::run::tails::Tails {
         step: 10,
         ..Default::default()
     };
@@ -150,8 +150,7 @@ fn best_steps_weighted_accuracy_bold_pairs_and_paper_order() {
     insta::assert_snapshot!("table1_md", md);
     insta::assert_snapshot!("table1_tex", tex);
     insta::assert_snapshot!("table1_csv", csv);
-    let paper = std::fs::read_to_string("../shared/paper/table1.csv").expect("paper");
-    let cmp = report::compare_paper(&groups, &paper);
+    let cmp = report::compare_paper(&groups, report::PAPER_TABLE1);
     assert!(
         cmp.contains("| Qwen3-8B | PPO | Weighted Acc. | 67.3 |"),
         "{cmp}"

@@ -4,10 +4,10 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use acpo::bench::DataLocation;
+use acpo::data::DataLocation;
+use acpo::hub::HubOptions;
 use acpo::manifest::Experiment;
-use acpo::model::hub::HubOptions;
-use acpo::train::{latest_checkpoint, TrainError, TrainOptions, Trainer};
+use acpo::train::{TrainError, TrainOptions, Trainer};
 
 fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -44,7 +44,8 @@ fn options(out: &Path, resume: bool, max_steps: Option<usize>) -> TrainOptions {
         out_root: out.to_owned(),
         resume,
         max_steps,
-        data: DataLocation::Dir(PathBuf::from("../shared/data")),
+        // The smoke runs train on the synthetic task: no data directory is read.
+        data: DataLocation::Dir(out.join("no-data-needed")),
         hub: HubOptions {
             cache_dir: out.join("hub"),
             offline: true,
@@ -117,7 +118,13 @@ fn all_four_algorithms_train_evaluate_and_checkpoint() {
             vec![0, 2, 3],
             "{name}: eval at step 0, every 2 steps and at the end"
         );
-        assert_eq!(latest_checkpoint(&dir).expect("ls").map(|c| c.0), Some(3));
+        assert_eq!(
+            acpo::run::RunDir::at(&dir)
+                .latest_checkpoint()
+                .expect("ls")
+                .map(|c| c.0),
+            Some(3)
+        );
         assert!(dir
             .join("checkpoints/step_000003/policy/model.safetensors")
             .exists());
@@ -152,7 +159,13 @@ fn resume_is_bit_identical_to_an_uninterrupted_run() {
             train(&exp, &text, &options(&ws.path().join("a"), false, None)).expect("6 steps");
         let first =
             train(&exp, &text, &options(&ws.path().join("b"), false, Some(3))).expect("3 steps");
-        assert_eq!(latest_checkpoint(&first).expect("ls").map(|c| c.0), Some(3));
+        assert_eq!(
+            acpo::run::RunDir::at(&first)
+                .latest_checkpoint()
+                .expect("ls")
+                .map(|c| c.0),
+            Some(3)
+        );
         let err =
             train(&exp, &text, &options(&ws.path().join("b"), false, None)).expect_err("exists");
         assert!(err.to_string().contains("--resume"), "{err}");
@@ -241,11 +254,23 @@ fn half_written_checkpoints_are_never_loaded() {
     )
     .expect("w");
     std::fs::create_dir_all(dir.join("checkpoints/step_000004")).expect("mkdir");
-    assert_eq!(latest_checkpoint(&dir).expect("ls").map(|c| c.0), Some(2));
+    assert_eq!(
+        acpo::run::RunDir::at(&dir)
+            .latest_checkpoint()
+            .expect("ls")
+            .map(|c| c.0),
+        Some(2)
+    );
     let dir = train(&exp, &text, &options(&ws.path().join("r"), true, None))
         .expect("resumes from step 2");
     assert_eq!(metrics(&dir).len(), 5);
-    assert_eq!(latest_checkpoint(&dir).expect("ls").map(|c| c.0), Some(5));
+    assert_eq!(
+        acpo::run::RunDir::at(&dir)
+            .latest_checkpoint()
+            .expect("ls")
+            .map(|c| c.0),
+        Some(5)
+    );
     assert!(
         !dir.join("checkpoints/step_000003.tmp").exists(),
         "the stale temp checkpoint was replaced"
@@ -300,7 +325,7 @@ fn a_nan_stops_the_run_naming_the_step_and_keeps_the_last_checkpoint() {
 
 #[test]
 fn difficulty_buckets_follow_the_papers_boundaries_and_histograms_count_exactly() {
-    use acpo::train::tails::{Difficulty, Histogram};
+    use acpo::run::tails::{Difficulty, Histogram};
     assert_eq!(Difficulty::of(1.0), Difficulty::Easy);
     assert_eq!(Difficulty::of(0.7), Difficulty::Easy);
     assert_eq!(Difficulty::of(0.69), Difficulty::Medium);
@@ -321,9 +346,15 @@ fn difficulty_buckets_follow_the_papers_boundaries_and_histograms_count_exactly(
 
 #[test]
 fn utc_timestamps_are_correct() {
-    assert_eq!(acpo::train::utc(0), "1970-01-01T00:00:00Z");
-    assert_eq!(acpo::train::utc(951_782_400), "2000-02-29T00:00:00Z");
-    assert_eq!(acpo::train::utc(1_795_328_656), "2026-11-22T06:24:16Z");
+    assert_eq!(acpo::run::provenance::utc(0), "1970-01-01T00:00:00Z");
+    assert_eq!(
+        acpo::run::provenance::utc(951_782_400),
+        "2000-02-29T00:00:00Z"
+    );
+    assert_eq!(
+        acpo::run::provenance::utc(1_795_328_656),
+        "2026-11-22T06:24:16Z"
+    );
 }
 
 #[test]

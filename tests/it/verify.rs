@@ -6,12 +6,17 @@ use std::collections::BTreeMap;
 use acpo::verify::verify;
 use serde_json::Value;
 
-fn shared(rel: &str) -> String {
-    std::fs::read_to_string(format!("../shared/{rel}"))
-        .unwrap_or_else(|e| panic!("../shared/{rel}: {e}"))
+/// A file of the data directory (`ACPO_DATA_DIR`), or None (announced) when it is not there.
+fn data_file(test: &str, rel: &str) -> Option<String> {
+    let dir = super::real_data(test)?;
+    Some(
+        std::fs::read_to_string(dir.join(rel))
+            .unwrap_or_else(|e| panic!("{}: {e}", dir.join(rel).display())),
+    )
 }
 
-/// Cases of ../shared/data/verifier/math_verify_cases.jsonl (0-based line) where we disagree
+/// Cases of `verifier/math_verify_cases.jsonl` in the data directory (0-based line; 268 cases
+/// from Math-Verify's own test suite, Apache-2.0) where we disagree
 /// with Math-Verify, each with the reason. Any change to this set fails the test, so an
 /// improvement is recorded here and a regression is caught.
 const KNOWN_DISAGREEMENTS: [(usize, &str); 13] = [
@@ -62,7 +67,12 @@ const KNOWN_DISAGREEMENTS: [(usize, &str); 13] = [
 
 #[test]
 fn agrees_with_math_verify_on_its_own_test_cases() {
-    let text = shared("data/verifier/math_verify_cases.jsonl");
+    let Some(text) = data_file(
+        "agrees_with_math_verify_on_its_own_test_cases",
+        "verifier/math_verify_cases.jsonl",
+    ) else {
+        return;
+    };
     let mut disagreements = Vec::new();
     let mut n = 0;
     for (i, line) in text.lines().enumerate() {
@@ -108,7 +118,12 @@ fn every_gold_verifies_against_itself_and_rejects_a_perturbed_answer() {
         "aime_like",
         "dapo_math_17k",
     ] {
-        let text = shared(&format!("data/{file}.jsonl"));
+        let Some(text) = data_file(
+            "every_gold_verifies_against_itself_and_rejects_a_perturbed_answer",
+            &format!("{file}.jsonl"),
+        ) else {
+            return;
+        };
         for line in text.lines() {
             let v: Value = serde_json::from_str(line).expect("json");
             let (id, gold) = (

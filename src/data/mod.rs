@@ -1,10 +1,11 @@
 //! Evaluation benchmarks and the training set, one file each with its version and checksum.
 //!
-//! Problems come from a local directory of prepared JSONL files (`--data-dir`, `../shared/data`
-//! here), checked against the SHA-256 recorded in the benchmark's file, or from the HF hub where
-//! a faithful hub copy exists (MATH-500 as JSONL, DAPO-Math-17k as parquet read with polars).
-//! Minerva, the 675-row OlympiadBench and the assembled AIME-like set have no faithful hub copy
-//! (see `../shared/data/README.md`): asking for them from the hub is a clear error.
+//! Problems come from a data directory of prepared JSONL files ([`default_dir`]: `--data-dir`,
+//! else `ACPO_DATA_DIR`, else `~/.cache/acpo/data`), checked against the SHA-256 recorded in the
+//! benchmark's file. A file missing there is read from the HF hub where a faithful hub copy
+//! exists (MATH-500 as JSONL, DAPO-Math-17k as parquet read with polars), through the hub cache.
+//! Minerva, the 675-row OlympiadBench and the assembled AIME-like set have no faithful hub copy:
+//! for them the error names the file to put in the data directory.
 
 pub mod aime_like;
 pub mod dapo;
@@ -17,8 +18,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
+use crate::hub::HubOptions;
 use crate::manifest::{Benchmark, PromptTemplate};
-use crate::model::hub::HubOptions;
 
 /// One problem with its gold answer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -55,7 +56,7 @@ pub struct DatasetSpec {
     pub rows: usize,
     /// Version of this loader's view of the data; bump when the file or its reading changes.
     pub version: &'static str,
-    /// SHA-256 of `file` (as in ../shared/data/SHA256SUMS).
+    /// SHA-256 of `file` (the prepared copy's).
     pub sha256: &'static str,
     pub hub: Option<HubCopy>,
 }
@@ -106,13 +107,19 @@ pub enum DataError {
         want: usize,
         got: usize,
     },
-    #[error("{name}: no faithful copy on the HF hub (see ../shared/data/README.md); give a data directory with {file}")]
+    #[error("{name}: no faithful copy on the HF hub; give a data directory with {file} (--data-dir or ACPO_DATA_DIR)")]
     NoHubCopy {
         name: &'static str,
         file: &'static str,
     },
-    #[error("{0}")]
-    Hub(#[from] crate::model::ModelError),
+    #[error("{}: {name} is not in the data directory and has no faithful copy on the HF hub: put the prepared {file} there (--data-dir or ACPO_DATA_DIR)", dir.display())]
+    Missing {
+        dir: PathBuf,
+        name: &'static str,
+        file: &'static str,
+    },
+    #[error(transparent)]
+    Hub(#[from] crate::hub::HubError),
     #[error("{path}: parquet: {reason}")]
     Parquet { path: PathBuf, reason: String },
     /// Reading a file to check its SHA-256.
@@ -120,9 +127,32 @@ pub enum DataError {
     Digest(#[from] crate::archive::ArchiveError),
 }
 
-/// Loads a dataset, checking its checksum and row count.
+/// The data directory when none is given: `ACPO_DATA_DIR`, else `acpo/data` in the user's cache
+/// (`XDG_CACHE_HOME`, else `~/.cache`).
+pub fn default_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("ACPO_DATA_DIR").filter(|d| !d.is_empty()) {
+        return PathBuf::from(dir);
+    }
+    let cache = std::env::var_os("XDG_CACHE_HOME")
+        .filter(|d| !d.is_empty())
+        .map(PathBuf::from)
+        .or_else(|| std::env::var_os("HOME").map(|h| PathBuf::from(h).join(".cache")))
+        .unwrap_or_else(|| PathBuf::from(".cache"));
+    cache.join("acpo").join("data")
+}
+
+/// Loads a dataset, checking its checksum and row count. A file missing from the data
+/// directory is read from its hub copy (downloaded unless `HF_HUB_OFFLINE`), where one exists.
 pub fn load(spec: &DatasetSpec, from: &DataLocation) -> Result<Vec<Problem>, DataError> {
     match from {
+        DataLocation::Dir(dir) if !dir.join(spec.file).exists() => match spec.hub {
+            Some(_) => load(spec, &DataLocation::Hub(HubOptions::from_env())),
+            None => Err(DataError::Missing {
+                dir: dir.clone(),
+                name: spec.name,
+                file: spec.file,
+            }),
+        },
         DataLocation::Dir(dir) => {
             let path = dir.join(spec.file);
             let got = crate::archive::sha256_file(&path)?;
@@ -150,14 +180,14 @@ pub fn load(spec: &DatasetSpec, from: &DataLocation) -> Result<Vec<Problem>, Dat
                 problem_field,
                 answer_field,
             }) => {
-                let path = hub_file(repo, file, opts)?;
+                let path = crate::hub::dataset_file(repo, file, opts)?;
                 let rows = read_jsonl(&path, id_field, problem_field, answer_field)?;
                 check_rows(spec, &path, rows)
             }
             Some(HubCopy::DapoParquet { repo, file }) => {
                 // The hub release keeps whitespace variants the prepared copy merged: its
                 // unique count is not the local file's (see dapo.rs); it must not be empty.
-                let path = hub_file(repo, file, opts)?;
+                let path = crate::hub::dataset_file(repo, file, opts)?;
                 let rows = dapo::read_parquet(&path)?;
                 if rows.is_empty() {
                     return Err(DataError::Rows {
@@ -187,37 +217,6 @@ fn check_rows(
         });
     }
     Ok(rows)
-}
-
-/// A dataset file from the hub cache (downloaded unless offline).
-fn hub_file(repo: &str, file: &str, opts: &HubOptions) -> Result<PathBuf, DataError> {
-    use hf_hub::{Cache, Repo, RepoType};
-    let hub_repo = Repo::with_revision(repo.into(), RepoType::Dataset, "main".into());
-    let err = |reason: String| {
-        DataError::Hub(crate::model::ModelError::Hub {
-            repo: repo.into(),
-            revision: "main".into(),
-            reason,
-        })
-    };
-    if opts.offline {
-        return Cache::new(opts.cache_dir.clone())
-            .repo(hub_repo)
-            .get(file)
-            .ok_or_else(|| {
-                err(format!(
-                    "{file} is not in the offline cache {}",
-                    opts.cache_dir.display()
-                ))
-            });
-    }
-    let api = hf_hub::api::sync::ApiBuilder::from_env()
-        .with_cache_dir(opts.cache_dir.clone())
-        .build()
-        .map_err(|e| err(e.to_string()))?;
-    api.repo(hub_repo)
-        .get(file)
-        .map_err(|e| err(format!("{file}: {e}")))
 }
 
 fn read_jsonl(

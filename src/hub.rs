@@ -1,5 +1,5 @@
-//! Where a model's files come from: a local directory, or a hub repository at a pinned revision,
-//! fetched into (or, offline, read from) the standard Hugging Face cache.
+//! The Hugging Face hub: a model's files (a local directory, or a hub repository at a pinned
+//! revision) and dataset files, fetched into (or, offline, read from) the standard HF cache.
 //!
 //! The cache layout is the one `huggingface_hub` writes (`<cache>/models--owner--name/refs/<rev>`
 //! holding a commit hash, `snapshots/<hash>/<files>`), so a cache filled by Python tools is reused.
@@ -10,8 +10,28 @@ use std::path::{Path, PathBuf};
 
 use hf_hub::{Cache, Repo, RepoType};
 
-use super::{ModelError, Result};
 use crate::manifest::ModelSource;
+
+/// Why a hub repository (or a local model directory standing in for one) cannot be used.
+#[derive(Debug, thiserror::Error)]
+pub enum HubError {
+    #[error("hub {repo}@{revision}: {reason}")]
+    Hub {
+        repo: String,
+        revision: String,
+        reason: String,
+    },
+    #[error("{path}: not found in the model directory")]
+    Missing { path: PathBuf },
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+pub type Result<T> = std::result::Result<T, HubError>;
 
 /// Files a model directory needs; the weights are found separately (single or sharded).
 const REQUIRED: [&str; 2] = ["config.json", "tokenizer.json"];
@@ -46,10 +66,7 @@ pub fn resolve(source: &ModelSource, opts: &HubOptions) -> Result<PathBuf> {
         ModelSource::Dir(dir) => {
             for f in REQUIRED {
                 if !dir.join(f).exists() {
-                    return Err(ModelError::Weights {
-                        path: dir.join(f),
-                        reason: "not found in the model directory".into(),
-                    });
+                    return Err(HubError::Missing { path: dir.join(f) });
                 }
             }
             Ok(dir.clone())
@@ -64,8 +81,8 @@ pub fn resolve(source: &ModelSource, opts: &HubOptions) -> Result<PathBuf> {
     }
 }
 
-fn hub_error(repo: &str, revision: &str, reason: impl Into<String>) -> ModelError {
-    ModelError::Hub {
+fn hub_error(repo: &str, revision: &str, reason: impl Into<String>) -> HubError {
+    HubError::Hub {
         repo: repo.into(),
         revision: revision.into(),
         reason: reason.into(),
@@ -144,7 +161,7 @@ fn download(repo: &str, revision: &str, cache_dir: &Path) -> Result<PathBuf> {
     }
     match r.get(INDEX) {
         Ok(index) => {
-            let text = std::fs::read_to_string(&index).map_err(|source| ModelError::Io {
+            let text = std::fs::read_to_string(&index).map_err(|source| HubError::Io {
                 path: index.clone(),
                 source,
             })?;
@@ -173,4 +190,31 @@ fn download(repo: &str, revision: &str, cache_dir: &Path) -> Result<PathBuf> {
         .parent()
         .expect("invariant: a cached file has a parent")
         .to_owned())
+}
+
+/// A dataset file from the hub cache (downloaded unless offline).
+pub fn dataset_file(repo: &str, file: &str, opts: &HubOptions) -> Result<PathBuf> {
+    let hub_repo = Repo::with_revision(repo.into(), RepoType::Dataset, "main".into());
+    if opts.offline {
+        return Cache::new(opts.cache_dir.clone())
+            .repo(hub_repo)
+            .get(file)
+            .ok_or_else(|| {
+                hub_error(
+                    repo,
+                    "main",
+                    format!(
+                        "{file} is not in the offline cache {}",
+                        opts.cache_dir.display()
+                    ),
+                )
+            });
+    }
+    let api = hf_hub::api::sync::ApiBuilder::from_env()
+        .with_cache_dir(opts.cache_dir.clone())
+        .build()
+        .map_err(|e| hub_error(repo, "main", e.to_string()))?;
+    api.repo(hub_repo)
+        .get(file)
+        .map_err(|e| hub_error(repo, "main", format!("{file}: {e}")))
 }

@@ -9,12 +9,94 @@ use std::time::Instant;
 use candle_core::{DType, Device, Tensor};
 use serde::Serialize;
 
-use crate::algo::loss::{self, Aggregation};
+pub mod verifier;
+
+use std::path::{Path, PathBuf};
+
 use crate::manifest::{LossAggMode, LrSchedule, OptimSpec, PolicyClip};
 use crate::model::qwen::Qwen;
-use crate::model::{init, QwenConfig, Result};
-use crate::optim::{AdamW, Gradients};
-use crate::rollout::{self, SamplingParams, StopCriteria};
+use crate::model::{init, ModelError, QwenConfig};
+use crate::optim::AdamW;
+use crate::rollout::{self, SampleRequest, SamplingParams};
+use crate::train::batch::Layout;
+use crate::train::step::old_log_probs;
+use crate::train::update::{self, UpdatePlan};
+
+/// Why a benchmark could not run or write its report.
+#[derive(Debug, thiserror::Error)]
+pub enum PerfError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error(transparent)]
+    Train(#[from] crate::train::TrainError),
+    #[error(transparent)]
+    Data(#[from] crate::data::DataError),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("--repeats must be at least 1")]
+    NoRepeats,
+}
+
+impl From<candle_core::Error> for PerfError {
+    fn from(e: candle_core::Error) -> Self {
+        PerfError::Model(e.into())
+    }
+}
+
+pub type Result<T> = std::result::Result<T, PerfError>;
+
+/// What `acpo bench` measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchKind {
+    /// Sampling throughput (tokens/s).
+    Generate,
+    /// One RL training step (tokens/s).
+    TrainStep,
+    /// Verifier throughput (answers/s).
+    Verifier,
+}
+
+/// Writes `bytes` under `dir` atomically; returns the path.
+pub(crate) fn write_report(dir: &Path, name: &str, bytes: &[u8]) -> Result<PathBuf> {
+    let path = dir.join(name);
+    std::fs::create_dir_all(dir)
+        .and_then(|()| crate::atomic::write(&path, bytes))
+        .map_err(|source| PerfError::Io {
+            path: path.clone(),
+            source,
+        })?;
+    Ok(path)
+}
+
+/// Measures the speed benchmark `kind` on the model sizes (the tiny one only if asked), prints
+/// a line per model and writes `<kind>.json` and `<kind>.md` under `out`. Returns the report.
+pub fn speed(kind: BenchKind, out: &Path, repeats: usize, tiny_only: bool) -> Result<PathBuf> {
+    if repeats == 0 {
+        return Err(PerfError::NoRepeats);
+    }
+    let (name, run): (&str, BenchFn) = match kind {
+        BenchKind::Generate => ("generate", bench_generate),
+        BenchKind::TrainStep => ("train-step", bench_train_step),
+        BenchKind::Verifier => unreachable!("the verifier benchmark is verifier::bench"),
+    };
+    let mut rows = Vec::new();
+    for m in MODELS.iter().take(if tiny_only { 1 } else { MODELS.len() }) {
+        let r = run(m, repeats)?;
+        println!(
+            "{:<12} {:>11} params  {:<10} {:>8.1} tokens/s  ({:.3} s for {} tokens)",
+            r.model, r.parameters, r.what, r.tokens_per_second, r.seconds, r.tokens
+        );
+        rows.push(r);
+    }
+    let json = serde_json::to_string_pretty(&rows).expect("invariant: measurements are JSON");
+    write_report(out, &format!("{name}.json"), json.as_bytes())?;
+    let md = markdown(&format!("acpo bench {name}"), &rows);
+    write_report(out, &format!("{name}.md"), md.as_bytes())
+}
 
 /// A benchmarked model size.
 #[derive(Debug, Clone, Copy, Serialize)]
@@ -68,7 +150,10 @@ impl BenchModel {
             "head_dim": self.head_dim, "rope_theta": 1_000_000.0, "rms_norm_eps": 1e-6,
             "tie_word_embeddings": true, "max_position_embeddings": 4096, "hidden_act": "silu",
         });
-        QwenConfig::from_json(&json.to_string(), std::path::Path::new("<bench>"))
+        Ok(QwenConfig::from_json(
+            &json.to_string(),
+            std::path::Path::new("<bench>"),
+        )?)
     }
 }
 
@@ -113,7 +198,7 @@ pub fn bench_generate(m: &BenchModel, repeats: usize) -> Result<Measurement> {
     };
     let run = || -> Result<f64> {
         let t = Instant::now();
-        let out = rollout::generate(&model, &prompts, &keys, &p, &StopCriteria::default(), 0)?;
+        let out = rollout::generate(&model, &prompts, &keys, &SampleRequest::new(p))?;
         debug_assert!(out.iter().all(|c| c.tokens.len() == NEW_TOKENS));
         Ok(t.elapsed().as_secs_f64())
     };
@@ -138,25 +223,33 @@ pub const TRAIN_MICRO_BATCH: usize = 4;
 /// One policy-gradient step as the trainer takes it: per micro-batch a forward over its rows ×
 /// TRAIN_SEQ_LEN tokens, log-probs, the ACPO loss (token-mean over the whole batch) and backward,
 /// micro-batches side by side on the CPU; then the summed gradients' norm clipped to 1 and an
-/// AdamW update ([`crate::optim::AdamW`]). Median of `repeats` after a warm-up.
+/// One policy-gradient training step exactly as the trainer takes it: the trainer's own actor
+/// update ([`crate::train::update::actor`]) on BATCH sequences of TRAIN_SEQ_LEN tokens (one
+/// prompt token, the rest response) with the GRPO-AC loss (α = 2, token-mean), micro-batches
+/// of TRAIN_MICRO_BATCH side by side on the CPU, the entropy computed as training does, then
+/// one global-norm clip (1.0) and AdamW step. Median of `repeats` after a warm-up.
 pub fn bench_train_step(m: &BenchModel, repeats: usize) -> Result<Measurement> {
     let cfg = m.config()?;
-    let params = init::random_params(&cfg, 0, DType::F32, &Device::Cpu)?;
     let dev = Device::Cpu;
+    let params = init::random_params(&cfg, 0, DType::F32, &dev)?;
     let mut rng = crate::rng::SplitMix64::new(12);
     let (b, t) = (BATCH, TRAIN_SEQ_LEN);
     let ids: Vec<u32> = (0..b * t)
         .map(|_| (rng.next_u64() % m.vocab_size as u64) as u32)
         .collect();
     let ids = Tensor::from_vec(ids, (b, t), &dev)?;
-    let pos = Tensor::arange(0u32, t as u32, &dev)?
-        .unsqueeze(0)?
-        .repeat((b, 1))?;
-    let valid = Tensor::ones((b, t), DType::U8, &dev)?;
-    let targets = ids.narrow(1, 1, t - 1)?;
+    let layout = Layout {
+        positions: Tensor::arange(0u32, t as u32, &dev)?
+            .unsqueeze(0)?
+            .repeat((b, 1))?,
+        valid: Tensor::ones((b, t), DType::U8, &dev)?,
+        targets: ids.narrow(1, 1, t - 1)?,
+        mask: Tensor::ones((b, t - 1), DType::F32, &dev)?,
+        ids,
+        prompt_len: 1,
+    };
     let adv: Vec<f32> = (0..b * (t - 1)).map(|_| rng.next_normal() as f32).collect();
     let adv = Tensor::from_vec(adv, (b, t - 1), &dev)?;
-    let mask = Tensor::ones((b, t - 1), DType::F32, &dev)?;
     let spec = OptimSpec {
         lr: 1e-6,
         lr_schedule: LrSchedule::Constant,
@@ -167,42 +260,23 @@ pub fn bench_train_step(m: &BenchModel, repeats: usize) -> Result<Measurement> {
         eps: 1e-8,
     };
     let mut opt = AdamW::new(&params, &spec)?;
-    let agg = Aggregation::new(
-        LossAggMode::TokenMean,
-        &mask,
-        b.div_ceil(TRAIN_MICRO_BATCH),
-        t,
-    )?;
     let clip = PolicyClip::Advantage { alpha: 2.0 };
-    let old = {
-        let model = Qwen::new(&cfg, &params, true)?;
-        let (hidden, _) = model.forward_hidden(&ids, &pos, &valid, None)?;
-        let h = hidden.narrow(1, 0, t - 1)?;
-        model.token_log_probs(&h, &targets, 1.0, 64, false)?.0
+    let plan = UpdatePlan {
+        mini_rows: b,
+        micro: TRAIN_MICRO_BATCH,
+        epochs: 1,
+        agg_mode: LossAggMode::TokenMean,
+        horizon: t,
+        clip,
+        temperature: 1.0,
+        entropy_coeff: 0.0,
+        side_by_side: true,
     };
+    let sampler = Qwen::new(&cfg, &params, true)?;
+    let (old, _) = old_log_probs(&sampler, None, &layout, &plan)?;
     let mut step = || -> Result<f64> {
         let start = Instant::now();
-        let model = Qwen::new(&cfg, &params, false)?;
-        let outs = crate::parallel::map_micro_batches(
-            0..b,
-            TRAIN_MICRO_BATCH,
-            true,
-            |s, len| -> Result<Gradients> {
-                let rows = |x: &Tensor| x.narrow(0, s, len);
-                let (hidden, _) =
-                    model.forward_hidden(&rows(&ids)?, &rows(&pos)?, &rows(&valid)?, None)?;
-                let h = hidden.narrow(1, 0, t - 1)?;
-                let (lp, _) = model.token_log_probs(&h, &rows(&targets)?, 1.0, 64, false)?;
-                let out =
-                    loss::policy_loss(&clip, &lp, &rows(&old)?, &rows(&adv)?, &rows(&mask)?, &agg)?;
-                Gradients::from_store(&params, &out.loss.backward()?)
-            },
-        );
-        let mut grads = Gradients::default();
-        for g in outs {
-            grads.accumulate(g?)?;
-        }
-        opt.step(&grads)?;
+        update::actor(&cfg, &params, &mut opt, &layout, &old, &adv, &plan, 1, None)?;
         Ok(start.elapsed().as_secs_f64())
     };
     step()?;

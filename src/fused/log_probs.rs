@@ -1,0 +1,110 @@
+//! Token log-probabilities, log softmax(z)[t] per row, fused with their backward
+//! dz = g · (onehot(t) − softmax(z)).
+
+use super::*;
+
+/// log softmax(z)[t] per row; `z` `(N, V)` f32, `t` `(N)` u32.
+struct TokenLogProbs;
+
+fn log_sum_exp(row: &[f32]) -> f32 {
+    let m = row_max(row);
+    let s = exp_shifted(row, m, 1.0, &mut []);
+    m + s.ln()
+}
+
+fn targets_u32<'a>(s: &'a CpuStorage, l: &Layout, v: usize, what: &str) -> Result<&'a [u32]> {
+    let data = s.as_slice::<u32>()?;
+    let t = match l.contiguous_offsets() {
+        Some((a, b)) => &data[a..b],
+        None => candle_core::bail!("{what}: targets must be contiguous"),
+    };
+    if let Some(bad) = t.iter().find(|&&t| t as usize >= v) {
+        candle_core::bail!("{what}: target token {bad} outside the vocabulary of {v}");
+    }
+    Ok(t)
+}
+
+impl CustomOp2 for TokenLogProbs {
+    fn name(&self) -> &'static str {
+        "acpo-token-log-probs"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let z = slice_f32(s1, l1, self.name())?;
+        let v = l1.dims().last().copied().unwrap_or(1);
+        let t = targets_u32(s2, l2, v, self.name())?;
+        let row_lp = |(i, &ti): (usize, &u32)| {
+            let row = &z[i * v..(i + 1) * v];
+            row[ti as usize] - log_sum_exp(row)
+        };
+        let lp: Vec<f32> = if parallel(z.len()) {
+            t.par_iter().enumerate().map(row_lp).collect()
+        } else {
+            t.iter().enumerate().map(row_lp).collect()
+        };
+        Ok((CpuStorage::F32(lp), Shape::from(t.len())))
+    }
+
+    fn bwd(
+        &self,
+        z: &Tensor,
+        t: &Tensor,
+        _lp: &Tensor,
+        g: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let dz = z.apply_op3_no_bwd(t, &g.contiguous()?, &TokenLogProbsBwd)?;
+        Ok((Some(dz), None))
+    }
+}
+
+/// dz = g · (onehot(t) − softmax(z)), the softmax recomputed row by row (never stored).
+struct TokenLogProbsBwd;
+
+impl CustomOp3 for TokenLogProbsBwd {
+    fn name(&self) -> &'static str {
+        "acpo-token-log-probs-bwd"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let z = slice_f32(s1, l1, self.name())?;
+        let v = l1.dims().last().copied().unwrap_or(1);
+        let t = targets_u32(s2, l2, v, self.name())?;
+        let g = slice_f32(s3, l3, self.name())?;
+        let mut dz = vec![0f32; z.len()];
+        for_rows(&mut dz, v, |i, o| {
+            let row = &z[i * v..(i + 1) * v];
+            let gi = g[i];
+            if gi == 0.0 {
+                return;
+            }
+            let lse = log_sum_exp(row);
+            exp_shifted(row, lse, -gi, o);
+            o[t[i] as usize] += gi;
+        });
+        Ok((CpuStorage::F32(dz), l1.shape().clone()))
+    }
+}
+
+/// log softmax(z)[t] over the last dim: `z` `(..., V)` f32, `t` `(...)` u32 → `(...)`.
+/// Callers check [`applies`] first; the composed reference lives in `algo::token`.
+pub fn token_log_probs(z: &Tensor, t: &Tensor) -> Result<Tensor> {
+    let dims = t.dims().to_vec();
+    let v = z.dim(D::Minus1)?;
+    let z2 = z.contiguous()?.reshape(((), v))?;
+    let t1 = t.to_dtype(DType::U32)?.contiguous()?.flatten_all()?;
+    z2.apply_op2(&t1, TokenLogProbs)?.reshape(dims)
+}

@@ -1,0 +1,131 @@
+//! RMSNorm, x / sqrt(mean(x²) + ε) · w, fused with its backward for x and w, beside the
+//! composed reference.
+
+use super::*;
+
+struct RmsNorm {
+    eps: f32,
+}
+
+fn inv_rms(row: &[f32], eps: f32) -> f32 {
+    let ss: f32 = row.iter().map(|v| v * v).sum();
+    1.0 / (ss / row.len() as f32 + eps).sqrt()
+}
+
+impl CustomOp2 for RmsNorm {
+    fn name(&self) -> &'static str {
+        "acpo-rms-norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let x = slice_f32(s1, l1, self.name())?;
+        let w = slice_f32(s2, l2, self.name())?;
+        let n = w.len();
+        let mut y = vec![0f32; x.len()];
+        for_rows(&mut y, n, |i, out| {
+            let row = &x[i * n..(i + 1) * n];
+            let r = inv_rms(row, self.eps);
+            for ((o, &v), &g) in out.iter_mut().zip(row).zip(w) {
+                *o = v * r * g;
+            }
+        });
+        Ok((CpuStorage::F32(y), l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        x: &Tensor,
+        w: &Tensor,
+        _y: &Tensor,
+        dy: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let n = w.elem_count();
+        let rows = x.elem_count() / n.max(1);
+        // One pass computes dx (rows 0..rows) and dw (last row) together.
+        let both = x.contiguous()?.apply_op3_no_bwd(
+            &w.contiguous()?,
+            &dy.contiguous()?,
+            &RmsNormBwd { eps: self.eps },
+        )?;
+        let dx = both.narrow(0, 0, rows)?.reshape(x.shape())?;
+        let dw = both.narrow(0, rows, 1)?.reshape(w.shape())?;
+        Ok((Some(dx), Some(dw)))
+    }
+}
+
+/// Backward of RMSNorm: with r = 1/rms(x) and g = dy ⊙ w,
+/// dx = r·g − x · r³ · mean(g ⊙ x), dw = Σ_rows dy ⊙ x · r. Output `(rows + 1, n)`.
+struct RmsNormBwd {
+    eps: f32,
+}
+
+impl CustomOp3 for RmsNormBwd {
+    fn name(&self) -> &'static str {
+        "acpo-rms-norm-bwd"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let x = slice_f32(s1, l1, self.name())?;
+        let w = slice_f32(s2, l2, self.name())?;
+        let dy = slice_f32(s3, l3, self.name())?;
+        let n = w.len();
+        let rows = x.len() / n.max(1);
+        let mut out = vec![0f32; (rows + 1) * n];
+        let (dx, dw) = out.split_at_mut(rows * n);
+        // 1/rms per row, once: both dx and dw need it.
+        let rs: Vec<f32> = x
+            .chunks_exact(n.max(1))
+            .map(|xr| inv_rms(xr, self.eps))
+            .collect();
+        for_rows(dx, n, |i, o| {
+            let (xr, dyr) = (&x[i * n..(i + 1) * n], &dy[i * n..(i + 1) * n]);
+            let r = rs[i];
+            let gx: f32 = xr.iter().zip(dyr).zip(w).map(|((a, b), c)| a * b * c).sum();
+            let c = r * r * r * gx / n as f32;
+            for (j, oj) in o.iter_mut().enumerate() {
+                *oj = r * dyr[j] * w[j] - xr[j] * c;
+            }
+        });
+        // dw accumulates over rows: serial over rows, vectorisable over the row.
+        for (i, &r) in rs.iter().enumerate() {
+            let (xr, dyr) = (&x[i * n..(i + 1) * n], &dy[i * n..(i + 1) * n]);
+            for ((d, a), b) in dw.iter_mut().zip(xr).zip(dyr) {
+                *d += a * b * r;
+            }
+        }
+        Ok((CpuStorage::F32(out), Shape::from((rows + 1, n))))
+    }
+}
+
+/// RMSNorm over the last dim, `x / sqrt(mean(x²) + ε) · w`; fused on CPU f32.
+pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
+    if applies(x) && applies(w) {
+        return x
+            .contiguous()?
+            .apply_op2(&w.contiguous()?, RmsNorm { eps: eps as f32 });
+    }
+    rms_norm_composed(x, w, eps)
+}
+
+/// The reference: RMSNorm from basic ops, in f32 like HF.
+pub fn rms_norm_composed(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
+    let dtype = x.dtype();
+    let x32 = x.to_dtype(DType::F32)?;
+    let var = x32.sqr()?.mean_keepdim(D::Minus1)?;
+    let normed = x32.broadcast_div(&(var + eps)?.sqrt()?)?;
+    normed.to_dtype(dtype)?.broadcast_mul(w)
+}

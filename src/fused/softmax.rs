@@ -1,0 +1,94 @@
+//! The attention softmax: softmax(scores·scale + mask) over the last dim, fused with its backward,
+//! beside the composed reference.
+
+use super::*;
+
+/// The reference: softmax from basic ops, with a detached max shift.
+pub fn softmax_last_composed(x: &Tensor) -> Result<Tensor> {
+    let max = x.max_keepdim(D::Minus1)?.detach();
+    let e = x.broadcast_sub(&max)?.exp()?;
+    e.broadcast_div(&e.sum_keepdim(D::Minus1)?)
+}
+
+/// softmax(x·scale + bias) over the last dim, with `x` `(B, …, T, S)` and `bias` `(B, T, S)`
+/// broadcast over the middle dims: the attention probabilities in one pass. The bias (padding
+/// and causal mask) is a constant: it gets no gradient.
+struct ScaledMaskedSoftmax {
+    scale: f32,
+}
+
+impl CustomOp2 for ScaledMaskedSoftmax {
+    fn name(&self) -> &'static str {
+        "acpo-attention-softmax"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let x = slice_f32(s1, l1, self.name())?;
+        let bias = slice_f32(s2, l2, self.name())?;
+        let (b, t, n) = l2.shape().dims3()?;
+        let rows = x.len() / n.max(1);
+        if l1.dims().first() != Some(&b) || l1.dims().last() != Some(&n) || rows % (b * t) != 0 {
+            candle_core::bail!(
+                "{}: scores {:?} do not match the bias {:?}",
+                self.name(),
+                l1.dims(),
+                l2.dims()
+            );
+        }
+        let per_b = rows / b;
+        let mut y = vec![0f32; x.len()];
+        for_rows(&mut y, n, |i, out| {
+            let (bi, ti) = (i / per_b, i % t);
+            let brow = &bias[(bi * t + ti) * n..(bi * t + ti + 1) * n];
+            for ((o, &v), &c) in out.iter_mut().zip(&x[i * n..(i + 1) * n]).zip(brow) {
+                *o = v * self.scale + c;
+            }
+            let m = row_max(out);
+            let sum = exp_shifted_in_place(out, m);
+            let inv = 1.0 / sum;
+            out.iter_mut().for_each(|o| *o *= inv);
+        });
+        Ok((CpuStorage::F32(y), l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        _x: &Tensor,
+        _bias: &Tensor,
+        y: &Tensor,
+        dy: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let dot = (dy * y)?.sum_keepdim(D::Minus1)?;
+        Ok((
+            Some(((dy.broadcast_sub(&dot)? * y)? * self.scale as f64)?),
+            None,
+        ))
+    }
+}
+
+/// Attention probabilities softmax(scores·scale + bias): `scores` `(B, KV, rep, T, S)`, `bias`
+/// `(B, 1, T, S)` (0 or −1e9). Fused on CPU f32.
+pub fn attention_probs(scores: &Tensor, bias: &Tensor, scale: f64) -> Result<Tensor> {
+    if applies(scores) && applies(bias) {
+        let (b, _, t, s) = bias.dims4()?;
+        let bias = bias.contiguous()?.reshape((b, t, s))?;
+        return scores.contiguous()?.apply_op2(
+            &bias,
+            ScaledMaskedSoftmax {
+                scale: scale as f32,
+            },
+        );
+    }
+    attention_probs_composed(scores, bias, scale)
+}
+
+/// The reference: scale, add the mask, softmax, from basic ops.
+pub fn attention_probs_composed(scores: &Tensor, bias: &Tensor, scale: f64) -> Result<Tensor> {
+    softmax_last_composed(&(scores * scale)?.broadcast_add(&bias.unsqueeze(2)?)?)
+}

@@ -1,0 +1,112 @@
+//! SwiGLU, silu(gate) ⊙ up, fused with its backward for both inputs, beside the composed
+//! reference.
+
+use super::*;
+
+fn sigmoid(v: f32) -> f32 {
+    1.0 / (1.0 + (-v).exp())
+}
+
+/// silu(g) ⊙ u, the MLP's gate: one pass instead of silu, then a product.
+struct SwiGlu;
+
+impl CustomOp2 for SwiGlu {
+    fn name(&self) -> &'static str {
+        "acpo-swiglu"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let g = slice_f32(s1, l1, self.name())?;
+        let u = slice_f32(s2, l2, self.name())?;
+        if l1.dims() != l2.dims() {
+            candle_core::bail!("{}: gate {:?}, up {:?}", self.name(), l1.dims(), l2.dims());
+        }
+        let n = l1.dims().last().copied().unwrap_or(1);
+        let mut y = vec![0f32; g.len()];
+        for_rows(&mut y, n, |i, out| {
+            let (gr, ur) = (&g[i * n..(i + 1) * n], &u[i * n..(i + 1) * n]);
+            for ((o, &a), &b) in out.iter_mut().zip(gr).zip(ur) {
+                *o = a * sigmoid(a) * b;
+            }
+        });
+        Ok((CpuStorage::F32(y), l1.shape().clone()))
+    }
+
+    fn bwd(
+        &self,
+        g: &Tensor,
+        u: &Tensor,
+        _y: &Tensor,
+        dy: &Tensor,
+    ) -> Result<(Option<Tensor>, Option<Tensor>)> {
+        let both = g.apply_op3_no_bwd(u, &dy.contiguous()?, &SwiGluBwd)?;
+        let dg = both.get(0)?.reshape(g.shape())?;
+        let du = both.get(1)?.reshape(u.shape())?;
+        Ok((Some(dg), Some(du)))
+    }
+}
+
+/// With σ = sigmoid(g): dg = dy·u·σ·(1 + g·(1 − σ)), du = dy·g·σ. Output `(2, N)`.
+struct SwiGluBwd;
+
+impl CustomOp3 for SwiGluBwd {
+    fn name(&self) -> &'static str {
+        "acpo-swiglu-bwd"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+        s3: &CpuStorage,
+        l3: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let g = slice_f32(s1, l1, self.name())?;
+        let u = slice_f32(s2, l2, self.name())?;
+        let dy = slice_f32(s3, l3, self.name())?;
+        let len = g.len();
+        let n = l1.dims().last().copied().unwrap_or(1);
+        let mut out = vec![0f32; 2 * len];
+        let (dg, du) = out.split_at_mut(len);
+        let work = |i: usize, dgr: &mut [f32], dur: &mut [f32]| {
+            for j in 0..dgr.len() {
+                let k = i * n + j;
+                let sg = sigmoid(g[k]);
+                dgr[j] = dy[k] * u[k] * sg * (1.0 + g[k] * (1.0 - sg));
+                dur[j] = dy[k] * g[k] * sg;
+            }
+        };
+        if parallel(len) {
+            dg.par_chunks_mut(n)
+                .zip(du.par_chunks_mut(n))
+                .enumerate()
+                .for_each(|(i, (a, b))| work(i, a, b));
+        } else {
+            for (i, (a, b)) in dg.chunks_mut(n).zip(du.chunks_mut(n)).enumerate() {
+                work(i, a, b);
+            }
+        }
+        Ok((CpuStorage::F32(out), Shape::from((2, len))))
+    }
+}
+
+/// silu(gate) ⊙ up; fused on CPU f32.
+pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    if applies(gate) && applies(up) {
+        return gate.contiguous()?.apply_op2(&up.contiguous()?, SwiGlu);
+    }
+    swiglu_composed(gate, up)
+}
+
+/// The reference: candle's silu, then the product.
+pub fn swiglu_composed(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    gate.silu()? * up
+}

@@ -1,0 +1,235 @@
+//! `acpo generate`: completions of prompts from a model (a directory or a hub revision),
+//! batched, KV-cached and seeded: sample s of prompt p draws from the stream (seed, 0, p, s).
+
+use std::path::{Path, PathBuf};
+
+use crate::hub::HubOptions;
+use crate::manifest::{self, ModelSource};
+use crate::model::load::{self, LoadedModel};
+use crate::model::qwen::Qwen;
+use crate::model::tokenizer::Message;
+use crate::model::ModelError;
+use crate::rollout::{self, FinishReason, SampleKey, SampleRequest, SamplingParams};
+
+#[derive(Debug, thiserror::Error)]
+pub enum GenerateError {
+    #[error(transparent)]
+    Model(#[from] ModelError),
+    #[error("{0}")]
+    Flag(String),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}:{line}: {reason}")]
+    Line {
+        path: PathBuf,
+        line: usize,
+        reason: String,
+    },
+}
+
+impl From<candle_core::Error> for GenerateError {
+    fn from(e: candle_core::Error) -> Self {
+        GenerateError::Model(e.into())
+    }
+}
+
+type Result<T> = std::result::Result<T, GenerateError>;
+
+/// What to generate.
+#[derive(Debug, Clone)]
+pub struct GenerateOptions {
+    /// A local directory in HF layout, or a hub repo id (owner/name).
+    pub model: String,
+    pub revision: String,
+    pub prompts: Vec<String>,
+    /// Completions per prompt.
+    pub n: usize,
+    pub params: SamplingParams,
+    pub seed: u64,
+    /// Wrap each prompt in the model's chat template.
+    pub chat: bool,
+    pub device: manifest::Device,
+    pub dtype: manifest::DType,
+}
+
+/// One completion.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct Generated {
+    pub prompt_index: usize,
+    pub sample_index: usize,
+    pub prompt: String,
+    pub completion: String,
+    pub finish_reason: FinishReason,
+    pub num_tokens: usize,
+}
+
+impl GenerateOptions {
+    /// Refuses settings the sampler cannot honour, naming the flag.
+    pub fn check(&self) -> Result<()> {
+        let p = &self.params;
+        if !(p.top_p > 0.0 && p.top_p <= 1.0) {
+            return Err(GenerateError::Flag(format!(
+                "--top-p must be in (0, 1], got {}",
+                p.top_p
+            )));
+        }
+        if p.temperature.is_nan() || p.temperature < 0.0 {
+            return Err(GenerateError::Flag(format!(
+                "--temperature must be >= 0 (0 = greedy), got {}",
+                p.temperature
+            )));
+        }
+        if self.n == 0 || p.top_k == Some(0) {
+            return Err(GenerateError::Flag(
+                "--n and --top-k must be at least 1".into(),
+            ));
+        }
+        if self.prompts.is_empty() {
+            return Err(GenerateError::Flag(
+                "give --prompt TEXT or --input FILE".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    fn source(&self) -> Result<ModelSource> {
+        if Path::new(&self.model).exists() {
+            Ok(ModelSource::Dir(PathBuf::from(&self.model)))
+        } else if self.model.matches('/').count() == 1 {
+            Ok(ModelSource::Hub {
+                repo: self.model.clone(),
+                revision: self.revision.clone(),
+            })
+        } else {
+            Err(GenerateError::Flag(format!(
+                "--model {}: no such directory, and not a hub id (owner/name)",
+                self.model
+            )))
+        }
+    }
+}
+
+/// Samples `n` completions of every prompt.
+pub fn generate(opts: &GenerateOptions) -> Result<Vec<Generated>> {
+    opts.check()?;
+    let loaded = load::load(
+        &opts.source()?,
+        &HubOptions::from_env(),
+        opts.device,
+        opts.dtype,
+    )?;
+    let model = Qwen::new(&loaded.cfg, &loaded.params, true)?;
+    let encoded = opts
+        .prompts
+        .iter()
+        .map(|p| encode(&loaded, p, opts.chat))
+        .collect::<Result<Vec<_>>>()?;
+    let (mut batch, mut keys, mut index) = (Vec::new(), Vec::<SampleKey>::new(), Vec::new());
+    for (pi, ids) in encoded.iter().enumerate() {
+        for si in 0..opts.n {
+            batch.push(ids.clone());
+            keys.push([opts.seed, 0, pi as u64, si as u64]);
+            index.push((pi, si));
+        }
+    }
+    let request = SampleRequest::new(opts.params)
+        .eos(loaded.eos_ids())
+        .pad(loaded.tokenizer.pad_id());
+    let completions = rollout::generate(&model, &batch, &keys, &request)?;
+    let mut out = Vec::with_capacity(completions.len());
+    for ((pi, si), c) in index.into_iter().zip(completions) {
+        out.push(Generated {
+            prompt_index: pi,
+            sample_index: si,
+            prompt: opts.prompts[pi].clone(),
+            completion: loaded.tokenizer.decode(&c.tokens, true)?,
+            finish_reason: c.finish,
+            num_tokens: c.tokens.len(),
+        });
+    }
+    Ok(out)
+}
+
+/// A prompt's token ids, checked against the model's vocabulary.
+fn encode(loaded: &LoadedModel, prompt: &str, chat: bool) -> Result<Vec<u32>> {
+    let text = if chat {
+        loaded
+            .tokenizer
+            .apply_chat_template(&[Message::user(prompt)], true)?
+    } else {
+        prompt.to_string()
+    };
+    let ids = loaded.tokenizer.encode(&text)?;
+    if ids.is_empty() {
+        return Err(GenerateError::Flag("a prompt encodes to no tokens".into()));
+    }
+    let vocab = loaded.cfg.vocab_size;
+    if let Some(bad) = ids.iter().find(|&&t| t as usize >= vocab) {
+        return Err(GenerateError::Flag(format!(
+            "token id {bad} is outside the model's vocabulary ({vocab}): tokenizer and model do not match"
+        )));
+    }
+    Ok(ids)
+}
+
+/// Prompts from a JSONL file with a `prompt` (or `problem`) string per line.
+pub fn read_prompts(path: &Path) -> Result<Vec<String>> {
+    let text = std::fs::read_to_string(path).map_err(|source| GenerateError::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    let mut out = Vec::new();
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let bad = |reason: &str| GenerateError::Line {
+            path: path.to_owned(),
+            line: i + 1,
+            reason: reason.into(),
+        };
+        let v: serde_json::Value = serde_json::from_str(line).map_err(|_| bad("not JSON"))?;
+        let p = v
+            .get("prompt")
+            .or_else(|| v.get("problem"))
+            .and_then(|p| p.as_str())
+            .ok_or_else(|| bad("field `prompt` (a string) is missing"))?;
+        out.push(p.to_string());
+    }
+    if out.is_empty() {
+        return Err(GenerateError::Line {
+            path: path.to_owned(),
+            line: 0,
+            reason: "no prompts".into(),
+        });
+    }
+    Ok(out)
+}
+
+impl std::fmt::Display for Generated {
+    /// A header line, then the completion.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "--- prompt {}, sample {} ({:?}, {} tokens)\n{}",
+            self.prompt_index,
+            self.sample_index,
+            self.finish_reason,
+            self.num_tokens,
+            self.completion
+        )
+    }
+}
+
+/// The completions as JSONL, one object per line.
+pub fn jsonl(lines: &[Generated]) -> String {
+    lines
+        .iter()
+        .map(|l| format!("{}\n", serde_json::to_string(l).expect("invariant: JSON")))
+        .collect()
+}

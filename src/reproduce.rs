@@ -1,0 +1,329 @@
+//! `acpo reproduce`: bring a scale's results up to date, then build the artifact.
+//!
+//! The plan ([`plan`]) is a value: which runs are finished (reused), which resume from their
+//! last checkpoint, which start fresh, and which created models (warm starts) are made first —
+//! once per distinct model, since several runs share one. [`train_all`] carries it out with
+//! `jobs` runs side by side; [`from_archive`] instead verifies an archive and unpacks it, so the
+//! artifacts are rebuilt from published results without training.
+
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Instant;
+
+use crate::archive::{self, ArchiveError};
+use crate::data::DataLocation;
+use crate::hub::HubOptions;
+use crate::manifest::{Device, Experiment, ManifestError};
+use crate::run::RunDir;
+use crate::train::{self, TrainError, TrainOptions, Trainer};
+
+#[derive(Debug, thiserror::Error)]
+pub enum ReproduceError {
+    #[error(transparent)]
+    Manifest(#[from] ManifestError),
+    #[error(transparent)]
+    Train(#[from] TrainError),
+    #[error(transparent)]
+    Archive(#[from] ArchiveError),
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{}: no manifests for this scale", dir.display())]
+    NoManifests { dir: PathBuf },
+    #[error("--jobs must be at least 1")]
+    NoJobs,
+}
+
+type Result<T> = std::result::Result<T, ReproduceError>;
+
+fn io<T>(path: &Path, r: std::io::Result<T>) -> Result<T> {
+    r.map_err(|source| ReproduceError::Io {
+        path: path.to_owned(),
+        source,
+    })
+}
+
+/// What is to be done for a scale's runs (indices into its manifests).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Plan {
+    /// Finished earlier with this manifest: reused as they are.
+    pub reused: Vec<usize>,
+    /// Runs whose created model is made (or checked) before any run trains, one per model.
+    pub models: Vec<usize>,
+    /// Runs to train: with the step of their last checkpoint (resumed), or None (fresh).
+    pub runs: Vec<(usize, Option<usize>)>,
+}
+
+/// The plan for `exps` given the step of each run's last complete checkpoint.
+pub fn plan(exps: &[Experiment], checkpoints: &[Option<usize>]) -> Plan {
+    let mut p = Plan::default();
+    for (i, (exp, done)) in exps.iter().zip(checkpoints).enumerate() {
+        if *done == Some(exp.trainer.total_steps) {
+            p.reused.push(i);
+        } else {
+            p.runs.push((i, *done));
+        }
+    }
+    for &(i, _) in &p.runs {
+        let model = &exps[i].model;
+        let seen = p
+            .models
+            .iter()
+            .any(|&j| exps[j].model.source == model.source);
+        if model.init.is_some() && !seen {
+            p.models.push(i);
+        }
+    }
+    p
+}
+
+/// Runs trained at once: the flag, else one per CPU when every run is on the CPU (at mini sizes
+/// a second run side by side doubles throughput), else one.
+pub fn jobs(asked: Option<usize>, exps: &[Experiment]) -> Result<usize> {
+    let all_cpu = exps.iter().all(|e| e.device == Device::Cpu);
+    match asked {
+        Some(0) => Err(ReproduceError::NoJobs),
+        Some(j) => Ok(j),
+        None if all_cpu => Ok(std::thread::available_parallelism().map_or(1, |n| n.get())),
+        None => Ok(1),
+    }
+}
+
+/// Trains every run of `manifests` that is not finished under `results`, following [`plan`]:
+/// first the distinct created models, then the runs, `jobs` at a time. The first error stops
+/// the queue (running jobs finish their run) and is returned.
+pub fn train_all(
+    manifests: &[PathBuf],
+    results: &Path,
+    data: &DataLocation,
+    asked_jobs: Option<usize>,
+) -> Result<()> {
+    let mut exps = Vec::new();
+    for path in manifests {
+        let exp = Experiment::load(path)?;
+        exps.push((exp, io(path, std::fs::read_to_string(path))?));
+    }
+    let only: Vec<Experiment> = exps.iter().map(|(e, _)| e.clone()).collect();
+    let jobs = jobs(asked_jobs, &only)?;
+    if jobs > 1 && std::env::var_os("RAYON_NUM_THREADS").is_none() {
+        // Read by rayon and candle when their pools start (not yet: nothing ran a kernel).
+        std::env::set_var("CANDLE_NUM_THREADS", "1");
+        std::env::set_var("RAYON_NUM_THREADS", "1");
+    }
+    let started = Instant::now();
+    let mut checkpoints = Vec::new();
+    for exp in &only {
+        let run = RunDir::of(exp, results);
+        checkpoints.push(io(run.path(), run.latest_checkpoint())?.map(|c| c.0));
+    }
+    let plan = plan(&only, &checkpoints);
+    let total = exps.len();
+    for &i in &plan.reused {
+        println!(
+            "[{}/{total}] {}: finished earlier, reused",
+            i + 1,
+            only[i].name
+        );
+    }
+    let queue = Queue::new(jobs);
+    let parallel = jobs > 1;
+    queue.run(plan.models.len(), &|k| {
+        let exp = &only[plan.models[k]];
+        train::ensure_model(
+            exp,
+            crate::progress::display(parallel.then(|| exp.name.clone())),
+        )?;
+        Ok(())
+    })?;
+    if !plan.models.is_empty() {
+        println!(
+            "models ready ({} created or checked) after {:.1} min",
+            plan.models.len(),
+            started.elapsed().as_secs_f64() / 60.0
+        );
+    }
+    let finished = AtomicUsize::new(0);
+    let runs_started = Instant::now();
+    queue.run(plan.runs.len(), &|k| {
+        let (i, done) = plan.runs[k];
+        let (exp, text) = &exps[i];
+        let what = if done.is_some() {
+            "resuming"
+        } else {
+            "training"
+        };
+        println!("[{}/{total}] {}: {what}", i + 1, exp.name);
+        let opts = TrainOptions {
+            out_root: results.to_owned(),
+            resume: done.is_some(),
+            max_steps: None,
+            data: data.clone(),
+            hub: HubOptions::from_env(),
+        };
+        let mut display = crate::progress::display(parallel.then(|| exp.name.clone()));
+        Trainer::new(exp, text, &opts)?.run(&opts, &mut display)?;
+        let n = finished.fetch_add(1, Ordering::SeqCst) + 1;
+        let elapsed = runs_started.elapsed().as_secs_f64();
+        println!(
+            "[{}/{total}] {} done; {n} of {} runs in {:.1} min, about {:.1} min to go",
+            i + 1,
+            exp.name,
+            plan.runs.len(),
+            elapsed / 60.0,
+            elapsed / n as f64 * (plan.runs.len() - n) as f64 / 60.0
+        );
+        Ok(())
+    })?;
+    println!(
+        "trained {} runs ({jobs} jobs) in {:.1} min",
+        plan.runs.len(),
+        started.elapsed().as_secs_f64() / 60.0
+    );
+    Ok(())
+}
+
+/// `jobs` worker threads that take the next index when free; the first error stops them.
+struct Queue {
+    jobs: usize,
+}
+
+impl Queue {
+    fn new(jobs: usize) -> Queue {
+        Queue { jobs }
+    }
+
+    /// Runs f(0), …, f(n − 1); returns the first error.
+    fn run(&self, n: usize, f: &(dyn Fn(usize) -> Result<()> + Sync)) -> Result<()> {
+        let next = AtomicUsize::new(0);
+        let failed = AtomicBool::new(false);
+        let first_error: Mutex<Option<ReproduceError>> = Mutex::new(None);
+        std::thread::scope(|scope| {
+            for _ in 0..self.jobs.min(n) {
+                scope.spawn(|| loop {
+                    if failed.load(Ordering::SeqCst) {
+                        return;
+                    }
+                    let k = next.fetch_add(1, Ordering::SeqCst);
+                    if k >= n {
+                        return;
+                    }
+                    if let Err(e) = f(k) {
+                        failed.store(true, Ordering::SeqCst);
+                        first_error.lock().expect("lock").get_or_insert(e);
+                        return;
+                    }
+                });
+            }
+        });
+        match first_error.into_inner().expect("lock") {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+/// A verified archive (or results directory) ready to report from.
+#[derive(Debug)]
+pub struct FromArchive {
+    pub verification: archive::Report,
+    /// The directory holding the run directories; None when verification failed.
+    pub root: Option<PathBuf>,
+}
+
+/// Verifies `from`; an archive is then unpacked into `<results>/from-<stem>/` (emptied first,
+/// so no run of an earlier archive of that name is mixed in).
+pub fn from_archive(from: &Path, results: &Path) -> Result<FromArchive> {
+    let verification = archive::verify(from)?;
+    if !verification.ok() {
+        return Ok(FromArchive {
+            verification,
+            root: None,
+        });
+    }
+    if from.is_dir() {
+        return Ok(FromArchive {
+            verification,
+            root: Some(from.to_owned()),
+        });
+    }
+    let stem = from
+        .file_name()
+        .map_or("archive".into(), |s| s.to_string_lossy().to_string());
+    let stem = stem
+        .strip_suffix(".tar.gz")
+        .or_else(|| stem.strip_suffix(".tgz"))
+        .unwrap_or(&stem)
+        .to_string();
+    let dest = results.join(format!("from-{stem}"));
+    if dest.exists() {
+        io(&dest, std::fs::remove_dir_all(&dest))?;
+    }
+    io(&dest, std::fs::create_dir_all(&dest))?;
+    archive::unpack(from, &dest)?;
+    Ok(FromArchive {
+        verification,
+        root: Some(dest),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::manifest::ModelSource;
+
+    /// The four smoke runs: they share one created model.
+    fn smoke() -> Vec<Experiment> {
+        let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments/smoke");
+        ["smoke-ppo", "smoke-ppo-ac", "smoke-grpo", "smoke-grpo-ac"]
+            .iter()
+            .map(|n| Experiment::load(&dir.join(format!("{n}.yaml"))).expect("smoke manifest"))
+            .collect()
+    }
+
+    #[test]
+    fn a_fresh_scale_trains_every_run_after_making_its_shared_model_once() {
+        let exps = smoke();
+        let p = plan(&exps, &[None; 4]);
+        assert_eq!(p.reused, Vec::<usize>::new());
+        assert_eq!(p.models, vec![0]);
+        assert_eq!(p.runs, vec![(0, None), (1, None), (2, None), (3, None)]);
+    }
+
+    #[test]
+    fn finished_runs_are_reused_and_unfinished_ones_resume_from_their_checkpoint() {
+        let exps = smoke();
+        let total = exps[1].trainer.total_steps;
+        let p = plan(&exps, &[None, Some(total), Some(1), Some(total)]);
+        assert_eq!(p.reused, vec![1, 3]);
+        assert_eq!(p.runs, vec![(0, None), (2, Some(1))]);
+        // The model is made before the first run that still trains.
+        assert_eq!(p.models, vec![0]);
+    }
+
+    #[test]
+    fn a_model_is_made_once_per_distinct_source_and_never_for_a_given_one() {
+        let mut exps = smoke();
+        exps[2].model.source = ModelSource::Dir("models/other".into());
+        exps[3].model.init = None;
+        exps[3].model.source = ModelSource::Dir("models/given".into());
+        let p = plan(&exps, &[None; 4]);
+        assert_eq!(p.models, vec![0, 2]);
+        let all_done: Vec<Option<usize>> =
+            exps.iter().map(|e| Some(e.trainer.total_steps)).collect();
+        assert_eq!(plan(&exps, &all_done).models, Vec::<usize>::new());
+    }
+
+    #[test]
+    fn jobs_default_to_the_cpus_for_cpu_runs_and_refuse_zero() {
+        let mut exps = smoke();
+        assert!(jobs(None, &exps).expect("jobs") >= 1);
+        assert_eq!(jobs(Some(3), &exps).expect("jobs"), 3);
+        assert!(matches!(jobs(Some(0), &exps), Err(ReproduceError::NoJobs)));
+        exps[0].device = Device::Auto;
+        assert_eq!(jobs(None, &exps).expect("jobs"), 1);
+    }
+}

@@ -1,0 +1,128 @@
+//! The reward (paper Section 5, DESIGN.md: the verifier is the only judge): a response's tokens
+//! are decoded, judged by [`crate::verify::verify`] against the gold answer, and scored 1 / 0
+//! (`binary`, Math-Verify's score) or ±1 (`signed`, verl's DAPO scorer). Training rollouts, the
+//! difficulty probe, the evaluator and `acpo score` all judge through this module.
+
+use std::path::{Path, PathBuf};
+
+use crate::manifest::RewardKind;
+use crate::model::tokenizer::Tokenizer;
+use crate::verify::{self, Verdict};
+
+/// A decoded response and its verdict.
+#[derive(Debug, Clone)]
+pub struct Judged {
+    pub response: String,
+    pub verdict: Verdict,
+}
+
+/// Decodes `tokens` (special tokens dropped) and judges the text against `gold`.
+pub fn judge(tokenizer: &Tokenizer, tokens: &[u32], gold: &str) -> crate::model::Result<Judged> {
+    let response = tokenizer.decode(tokens, true)?;
+    let verdict = verify::verify(gold, &response);
+    Ok(Judged { response, verdict })
+}
+
+/// The scalar reward of a verdict.
+pub fn score(kind: RewardKind, correct: bool) -> f32 {
+    match (kind, correct) {
+        (RewardKind::Binary, true) | (RewardKind::Signed, true) => 1.0,
+        (RewardKind::Binary, false) => 0.0,
+        (RewardKind::Signed, false) => -1.0,
+    }
+}
+
+/// Why a file of responses could not be scored.
+#[derive(Debug, thiserror::Error)]
+pub enum ScoreError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{path}:{line}: {reason}")]
+    Line {
+        path: PathBuf,
+        line: usize,
+        reason: String,
+    },
+    #[error("{path}: no responses to score")]
+    Empty { path: PathBuf },
+}
+
+/// A JSONL file of responses, each line with `correct`, `extracted` (and `error`) added.
+#[derive(Debug, Clone)]
+pub struct ScoredFile {
+    pub lines: String,
+    pub responses: usize,
+    pub correct: usize,
+    pub errors: usize,
+}
+
+impl ScoredFile {
+    /// One line for the user.
+    pub fn summary(&self) -> String {
+        format!(
+            "scored {} responses: {} correct ({:.2} %), {} with a verifier error",
+            self.responses,
+            self.correct,
+            100.0 * self.correct as f64 / self.responses.max(1) as f64,
+            self.errors
+        )
+    }
+}
+
+/// Judges responses made anywhere (vLLM, verl dumps): JSONL with a `response` and an `answer`
+/// string per line (a numeric answer is taken as written).
+pub fn score_file(path: &Path) -> Result<ScoredFile, ScoreError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ScoreError::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    let mut out = ScoredFile {
+        lines: String::new(),
+        responses: 0,
+        correct: 0,
+        errors: 0,
+    };
+    for (i, line) in text
+        .lines()
+        .enumerate()
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let bad = |reason: String| ScoreError::Line {
+            path: path.to_owned(),
+            line: i + 1,
+            reason,
+        };
+        let mut v: serde_json::Value =
+            serde_json::from_str(line).map_err(|_| bad("not a JSON object".into()))?;
+        let obj = v
+            .as_object_mut()
+            .ok_or_else(|| bad("not a JSON object".into()))?;
+        let field = |name: &str| match obj.get(name) {
+            Some(serde_json::Value::String(s)) => Ok(s.clone()),
+            Some(serde_json::Value::Number(x)) if name == "answer" => Ok(x.to_string()),
+            _ => Err(bad(format!("field `{name}` (a string) is missing"))),
+        };
+        let (response, answer) = (field("response")?, field("answer")?);
+        let verdict = verify::verify(&answer, &response);
+        out.responses += 1;
+        out.correct += usize::from(verdict.correct);
+        obj.insert("correct".into(), verdict.correct.into());
+        obj.insert("extracted".into(), verdict.extracted.clone().into());
+        if let Some(e) = &verdict.error {
+            out.errors += 1;
+            obj.insert("error".into(), e.clone().into());
+        }
+        out.lines.push_str(&v.to_string());
+        out.lines.push('\n');
+    }
+    if out.responses == 0 {
+        return Err(ScoreError::Empty {
+            path: path.to_owned(),
+        });
+    }
+    Ok(out)
+}

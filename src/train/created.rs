@@ -1,0 +1,138 @@
+//! Created models (smoke and mini scales): a model directory made from the manifest's
+//! `model.init` (random weights, a tokenizer, the warm start), cached by fingerprint.
+
+use std::path::Path;
+
+use serde::Serialize;
+
+use super::{io, warm_start, write_atomic, Event, Result, TrainError};
+use crate::data;
+use crate::manifest::Experiment;
+use crate::model::tokenizer::Tokenizer;
+use crate::model::{self, init, Params, QwenConfig};
+use crate::run::provenance::{now_unix, utc};
+
+/// What created a model directory (`init.json` beside the weights): the fingerprint of its
+/// `model.init` and, with a warm start, what the fine-tune did.
+#[derive(Debug, Serialize, serde::Deserialize)]
+pub struct InitRecord {
+    pub fingerprint: String,
+    pub init: serde_json::Value,
+    pub parameters: usize,
+    pub tokenizer_vocab: Option<usize>,
+    pub warm_start: Option<serde_json::Value>,
+    pub created_utc: String,
+}
+
+/// SHA-256 over what determines a created model: the config file's JSON, seed, tokenizer,
+/// warm start and the synthetic task's version. Paths do not count.
+pub fn init_fingerprint(init: &crate::manifest::ModelInitSpec) -> Result<String> {
+    let text = io(&init.config, std::fs::read_to_string(&init.config))?;
+    let config: serde_json::Value =
+        serde_json::from_str(&text).map_err(|source| TrainError::Json {
+            path: init.config.clone(),
+            source,
+        })?;
+    let key = serde_json::json!({
+        "config": config, "seed": init.seed, "tokenizer": init.tokenizer,
+        "warm_start": init.warm_start, "synthetic": data::synthetic::VERSION,
+    });
+    Ok(crate::manifest::hex(
+        &<sha2::Sha256 as sha2::Digest>::digest(key.to_string().as_bytes()),
+    ))
+}
+
+/// Creates a missing model directory from the manifest's `model.init` (smoke and mini scales):
+/// random weights, a tokenizer, then the warm start. It is built under a temporary name and
+/// renamed when complete, so an interrupted build is never mistaken for a model. An existing
+/// directory is reused only if its `init.json` has this manifest's fingerprint and its files
+/// match their SHA256SUMS: a cache keyed by fingerprint, checked on every use.
+pub fn ensure_model(exp: &Experiment, mut on_event: impl FnMut(Event<'_>)) -> Result<()> {
+    let (dir, init) = match (&exp.model.source, &exp.model.init) {
+        (crate::manifest::ModelSource::Dir(dir), Some(init)) => (dir, init),
+        _ => return Ok(()),
+    };
+    let fp = init_fingerprint(init)?;
+    if dir.exists() {
+        return check_created_model(dir, &fp);
+    }
+    let name = dir
+        .file_name()
+        .map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned());
+    let tmp = dir.with_file_name(format!("{name}.partial"));
+    if tmp.exists() {
+        io(&tmp, std::fs::remove_dir_all(&tmp))?;
+    }
+    let params = init::write_random_model(&init.config, &tmp, init.seed)?;
+    let cfg = QwenConfig::load(&tmp.join("config.json"))?;
+    let tokenizer_vocab = match init.tokenizer {
+        None => None,
+        Some(kind) => Some(init::write_tokenizer(
+            kind,
+            &tmp,
+            cfg.vocab_size,
+            &init.config,
+        )?),
+    };
+    let warm = match &init.warm_start {
+        None => None,
+        Some(spec) => {
+            let device = model::device(exp.device)?;
+            let tokenizer = Tokenizer::load(&tmp)?;
+            let params = Params::load_dir(&tmp, model::dtype(exp.model.dtype), &device)?;
+            let report = warm_start::warm_start(
+                &cfg,
+                &params,
+                &tokenizer,
+                spec,
+                init.seed,
+                &device,
+                |step, total, loss| on_event(Event::WarmStart { step, total, loss }),
+            )?;
+            init::save_model(&cfg, &params, &tmp)?;
+            Some(serde_json::to_value(&report).expect("invariant: a warm-start report is JSON"))
+        }
+    };
+    let record = InitRecord {
+        fingerprint: fp,
+        init: serde_json::to_value(init).expect("invariant: a model.init is JSON"),
+        parameters: params.count(),
+        tokenizer_vocab,
+        warm_start: warm,
+        created_utc: utc(now_unix()),
+    };
+    let json = serde_json::to_string(&record).expect("invariant: an init record is JSON");
+    write_atomic(&tmp.join("init.json"), json.as_bytes())?;
+    crate::archive::write_sums(&tmp)?;
+    io(dir, std::fs::rename(&tmp, dir))
+}
+
+fn check_created_model(dir: &Path, fp: &str) -> Result<()> {
+    let path = dir.join("init.json");
+    let record: InitRecord = match std::fs::read_to_string(&path) {
+        Ok(text) => serde_json::from_str(&text).map_err(|source| TrainError::Json {
+            path: path.clone(),
+            source,
+        })?,
+        Err(_) => {
+            return Err(TrainError::NotCreated {
+                dir: dir.to_owned(),
+            })
+        }
+    };
+    if record.fingerprint != fp {
+        return Err(TrainError::OtherInit {
+            dir: dir.to_owned(),
+            found: record.fingerprint[..12.min(record.fingerprint.len())].to_string(),
+            want: fp[..12].to_string(),
+        });
+    }
+    let report = crate::archive::verify_dir(dir)?;
+    if !report.ok() {
+        return Err(TrainError::ModelChanged {
+            dir: dir.to_owned(),
+            report: report.describe(),
+        });
+    }
+    Ok(())
+}

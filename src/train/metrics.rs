@@ -1,0 +1,247 @@
+//! A step's metrics as a typed value, and the one place they get verl's names
+//! (`actor/pg_clipfrac`, `critic/vf_loss`, ...; ours where verl has none, e.g.
+//! `actor/acpo_clipfrac`), so runs compare with verl's directly.
+
+use std::collections::BTreeMap;
+use std::time::Instant;
+
+use candle_core::{DType, Tensor};
+
+use super::step::Rewards;
+use super::update::{ActorOutcome, CriticOutcome};
+use super::{Result, TrainError};
+use crate::algo::loss::PolicyStats;
+use crate::manifest::{Experiment, PolicyClip};
+use crate::rollout::{Completion, FinishReason};
+use crate::run::metric;
+
+/// Wall-clock seconds of a step's phases (never part of a result's numbers).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Timings {
+    pub gen: f64,
+    pub old_log_prob_and_adv: f64,
+    pub update: f64,
+    pub step: f64,
+}
+
+impl Timings {
+    /// The phases of a step that started at `t0`, sampled until `t_rollout` and prepared the
+    /// update until `t_prep`, updated until now.
+    pub fn since(t0: Instant, t_rollout: f64, t_prep: f64) -> Timings {
+        let t_update = t0.elapsed().as_secs_f64();
+        Timings {
+            gen: t_rollout,
+            old_log_prob_and_adv: t_prep - t_rollout,
+            update: t_update - t_prep,
+            step: t0.elapsed().as_secs_f64(),
+        }
+    }
+}
+
+/// The critic's part of a step's metrics (PPO types).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CriticMetrics {
+    pub vf_loss: f64,
+    pub vf_clipfrac: f64,
+    pub grad_norm: f64,
+    /// 1 − Var(R − V)/Var(R) over valid tokens.
+    pub explained_var: f64,
+}
+
+/// What one step reports.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepMetrics {
+    pub step: usize,
+    pub score_mean: f64,
+    pub acc_mean: f64,
+    pub response_length_mean: f64,
+    pub response_length_max: f64,
+    /// Share of responses cut at the length limit.
+    pub response_length_clip_ratio: f64,
+    /// Mean over the step's mini-batches.
+    pub pg_loss: f64,
+    pub policy: PolicyStats,
+    /// Which clip trained: names the clip fractions reported.
+    pub clip: PolicyClip,
+    pub entropy: f64,
+    pub grad_norm: f64,
+    pub lr: f64,
+    pub critic: Option<CriticMetrics>,
+    pub timings: Timings,
+    pub tokens_per_s: f64,
+}
+
+fn mean(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        0.0
+    } else {
+        v.iter().sum::<f64>() / v.len() as f64
+    }
+}
+
+impl StepMetrics {
+    /// The metrics of a step from what its phases returned.
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn new(
+        step: usize,
+        exp: &Experiment,
+        completions: &[Completion],
+        rewards: &Rewards,
+        actor: &ActorOutcome,
+        critic: Option<(CriticOutcome, &Tensor, &Tensor)>,
+        mask: &Tensor,
+        timings: Timings,
+    ) -> Result<StepMetrics> {
+        let updates = actor.updates().max(1) as f64;
+        let lengths: Vec<f64> = completions.iter().map(|c| c.tokens.len() as f64).collect();
+        let flag = |b: bool| f64::from(u8::from(b));
+        let critic = match critic {
+            None => None,
+            Some((c, returns, old_values)) => Some(CriticMetrics {
+                vf_loss: c.vf_loss / updates,
+                vf_clipfrac: c.vf_clipped_tokens / c.vf_tokens.max(1.0),
+                grad_norm: mean(&c.grad_norms),
+                explained_var: explained_variance(old_values, returns, mask)?,
+            }),
+        };
+        Ok(StepMetrics {
+            step,
+            score_mean: mean(&rewards.scores.iter().map(|&s| s as f64).collect::<Vec<_>>()),
+            acc_mean: mean(&rewards.correct.iter().map(|&c| flag(c)).collect::<Vec<_>>()),
+            response_length_mean: mean(&lengths),
+            response_length_max: lengths.iter().copied().fold(0.0, f64::max),
+            response_length_clip_ratio: mean(
+                &completions
+                    .iter()
+                    .map(|c| flag(c.finish == FinishReason::Length))
+                    .collect::<Vec<_>>(),
+            ),
+            pg_loss: actor.pg_loss / updates,
+            policy: actor.stats,
+            clip: exp.algorithm.clip,
+            entropy: actor.entropy_sum / actor.entropy_tokens.max(1.0),
+            grad_norm: mean(&actor.grad_norms),
+            lr: exp.actor.optim.lr,
+            critic,
+            timings,
+            tokens_per_s: lengths.iter().sum::<f64>() / timings.step.max(1e-9),
+        })
+    }
+
+    /// Every metric under its name.
+    pub fn named(&self) -> Vec<(&'static str, f64)> {
+        let p = &self.policy;
+        let mut out = vec![
+            (metric::STEP, self.step as f64),
+            ("critic/score/mean", self.score_mean),
+            (metric::ACC, self.acc_mean),
+            (metric::RESPONSE_LENGTH, self.response_length_mean),
+            ("response_length/max", self.response_length_max),
+            (
+                "response_length/clip_ratio",
+                self.response_length_clip_ratio,
+            ),
+            (metric::PG_LOSS, self.pg_loss),
+            ("actor/ppo_kl", p.ppo_kl),
+            ("actor/ratio_adv_mean", p.ratio_adv_mean),
+            ("actor/ratio_adv_abs_max", p.ratio_adv_abs_max),
+        ];
+        match self.clip {
+            PolicyClip::Ratio { .. } => {
+                out.push(("actor/pg_clipfrac", p.pg_clipfrac));
+                out.push(("actor/pg_clipfrac_lower", p.pg_clipfrac_lower));
+            }
+            PolicyClip::Advantage { .. } => {
+                out.push(("actor/acpo_clipfrac_upper", p.acpo_clipfrac_upper));
+                out.push(("actor/acpo_clipfrac_lower", p.acpo_clipfrac_lower));
+                out.push((
+                    "actor/acpo_clipfrac",
+                    p.acpo_clipfrac_upper + p.acpo_clipfrac_lower,
+                ));
+            }
+        }
+        out.extend([
+            (metric::ENTROPY, self.entropy),
+            (metric::ACTOR_GRAD_NORM, self.grad_norm),
+            ("actor/lr", self.lr),
+        ]);
+        if let Some(c) = &self.critic {
+            out.extend([
+                ("critic/vf_loss", c.vf_loss),
+                ("critic/vf_clipfrac", c.vf_clipfrac),
+                (metric::CRITIC_GRAD_NORM, c.grad_norm),
+                ("critic/vf_explained_var", c.explained_var),
+            ]);
+        }
+        let t = &self.timings;
+        out.extend([
+            ("timing_s/gen", t.gen),
+            ("timing_s/old_log_prob_and_adv", t.old_log_prob_and_adv),
+            ("timing_s/update", t.update),
+            (metric::STEP_SECONDS, t.step),
+            ("perf/tokens_per_s", self.tokens_per_s),
+        ]);
+        out
+    }
+
+    /// The metrics line of `metrics.jsonl`.
+    pub fn to_verl(&self) -> BTreeMap<String, f64> {
+        self.named()
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v))
+            .collect()
+    }
+
+    /// A non-finite metric (timings aside) stops the run before anything of the step is written.
+    pub fn check_finite(&self) -> Result<()> {
+        match self
+            .named()
+            .into_iter()
+            .find(|(k, v)| !v.is_finite() && !k.starts_with("timing"))
+        {
+            Some((metric, value)) => Err(TrainError::NonFinite {
+                step: self.step,
+                metric,
+                value,
+            }),
+            None => Ok(()),
+        }
+    }
+}
+
+/// 1 − Var(R − V)/Var(R) over valid tokens (verl's `critic/vf_explained_var`).
+fn explained_variance(values: &Tensor, returns: &Tensor, mask: &Tensor) -> Result<f64> {
+    let flat = |t: &Tensor| -> Result<Vec<f32>> {
+        Ok(t.to_dtype(DType::F32)?.flatten_all()?.to_vec1::<f32>()?)
+    };
+    let (v, r, m) = (flat(values)?, flat(returns)?, flat(mask)?);
+    let pairs: Vec<(f64, f64)> = v
+        .iter()
+        .zip(&r)
+        .zip(&m)
+        .filter(|(_, k)| **k != 0.0)
+        .map(|((a, b), _)| (*a as f64, *b as f64))
+        .collect();
+    let var = |xs: &[f64]| {
+        let mu = xs.iter().sum::<f64>() / xs.len().max(1) as f64;
+        xs.iter().map(|x| (x - mu).powi(2)).sum::<f64>() / xs.len().max(1) as f64
+    };
+    let rs: Vec<f64> = pairs.iter().map(|p| p.1).collect();
+    let diff: Vec<f64> = pairs.iter().map(|p| p.1 - p.0).collect();
+    let vr = var(&rs);
+    Ok(if vr > 0.0 { 1.0 - var(&diff) / vr } else { 0.0 })
+}
+
+/// One line describing a step, for logs and progress displays.
+pub fn step_line(step: usize, total: usize, m: &BTreeMap<String, f64>) -> String {
+    let g = |k: &str| m.get(k).copied().unwrap_or(f64::NAN);
+    format!(
+        "step {step}/{total}  acc {:.3}  len {:.1}  pg_loss {:+.4}  entropy {:.3}  grad_norm {:.3}  {:.1}s",
+        g(metric::ACC),
+        g(metric::RESPONSE_LENGTH),
+        g(metric::PG_LOSS),
+        g(metric::ENTROPY),
+        g(metric::ACTOR_GRAD_NORM),
+        g(metric::STEP_SECONDS)
+    )
+}

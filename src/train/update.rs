@@ -1,0 +1,267 @@
+//! The updates of one step: `epochs` passes over mini-batches of `mini_batch_size` prompts × n
+//! responses; each mini-batch is split into micro-batches (side by side on the CPU,
+//! [`crate::parallel`]) whose gradients add up to the mini-batch's exactly
+//! ([`loss::Aggregation`]), then one global-norm clip and AdamW step. The actor minimises the
+//! policy loss ([`loss::policy_loss`]: PPO's ratio clip or ACPO's advantage clip, paper eq. 5)
+//! minus the entropy bonus; the critic the clipped value loss. The two sets of parameters are
+//! independent, so the critic's passes run after the actor's. `acpo bench train-step` times
+//! [`actor`] itself.
+
+use candle_core::Tensor;
+
+use super::batch::{Layout, LOGIT_CHUNK};
+use super::probe::TailRecorder;
+use super::{Result, TrainError};
+use crate::algo::loss::{self, Aggregation, PolicyStats};
+use crate::manifest::{LossAggMode, PolicyClip};
+use crate::model::qwen::{Critic, Qwen};
+use crate::model::{Params, QwenConfig};
+use crate::optim::{AdamW, Gradients};
+use crate::parallel;
+use crate::run::metric;
+
+/// How the mini-batches of a step are cut and what the actor's loss is.
+#[derive(Debug, Clone, Copy)]
+pub struct UpdatePlan {
+    /// Rows (responses) per mini-batch: `mini_batch_size × n`.
+    pub mini_rows: usize,
+    /// Rows per micro-batch.
+    pub micro: usize,
+    pub epochs: usize,
+    pub agg_mode: LossAggMode,
+    /// The response-length horizon of the `seq-mean-token-sum-norm` aggregation.
+    pub horizon: usize,
+    pub clip: PolicyClip,
+    /// The sampling temperature the log-probs are taken at.
+    pub temperature: f64,
+    pub entropy_coeff: f64,
+    /// Micro-batches side by side (the CPU); one after another on a GPU.
+    pub side_by_side: bool,
+}
+
+impl UpdatePlan {
+    /// Each mini-batch's rows and its loss aggregation, in update order (all epochs).
+    fn mini_batches(&self, layout: &Layout) -> Result<Vec<(std::ops::Range<usize>, Aggregation)>> {
+        let total = layout.targets.dim(0)?;
+        let mut out = Vec::new();
+        for _ in 0..self.epochs {
+            for start in (0..total).step_by(self.mini_rows) {
+                let len = self.mini_rows.min(total - start);
+                let agg = Aggregation::new(
+                    self.agg_mode,
+                    &layout.mask.narrow(0, start, len)?,
+                    len.div_ceil(self.micro),
+                    self.horizon,
+                )?;
+                out.push((start..start + len, agg));
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// The actor's totals over a step's mini-batches.
+#[derive(Debug, Clone, Default)]
+pub struct ActorOutcome {
+    /// Sum of the mini-batches' policy losses.
+    pub pg_loss: f64,
+    pub stats: PolicyStats,
+    pub entropy_sum: f64,
+    pub entropy_tokens: f64,
+    /// Gradient norm before clipping, per mini-batch.
+    pub grad_norms: Vec<f64>,
+}
+
+impl ActorOutcome {
+    pub fn updates(&self) -> usize {
+        self.grad_norms.len()
+    }
+}
+
+/// What one policy micro-batch hands back to be folded, in order, into the mini-batch.
+struct MicroOut {
+    grads: Gradients,
+    pg_loss: f64,
+    stats: loss::PolicyStats,
+    entropy_sum: f64,
+    /// r·Â and the response mask, row by row, when this step records the tails.
+    ratio_adv: Option<RowsAndMask>,
+}
+
+/// `(B, R)` values and the response mask as rows.
+pub(super) type RowsAndMask = (Vec<Vec<f32>>, Vec<Vec<f32>>);
+
+/// The actor's update of one step: every mini-batch of every epoch, each one AdamW step.
+/// With a recorder, the first epoch's r·Â (at the moment each token's gradient is taken) is
+/// added to the step's tail histograms.
+#[allow(clippy::too_many_arguments)]
+pub fn actor(
+    cfg: &QwenConfig,
+    policy: &Params,
+    opt: &mut AdamW,
+    layout: &Layout,
+    old_log_probs: &Tensor,
+    advantages: &Tensor,
+    plan: &UpdatePlan,
+    step: usize,
+    mut tails: Option<&mut TailRecorder>,
+) -> Result<ActorOutcome> {
+    let mut out = ActorOutcome::default();
+    let per_epoch = layout.targets.dim(0)?.div_ceil(plan.mini_rows);
+    for (i, (rows, agg)) in plan.mini_batches(layout)?.into_iter().enumerate() {
+        let record = i < per_epoch && tails.is_some();
+        let model = Qwen::new(cfg, policy, false)?;
+        let start = rows.start;
+        let micro_outs =
+            parallel::map_micro_batches(rows, plan.micro, plan.side_by_side, |ms, len| {
+                policy_micro_batch(
+                    &model,
+                    policy,
+                    layout.rows(ms, len)?,
+                    old_log_probs.narrow(0, ms, len)?,
+                    advantages.narrow(0, ms, len)?,
+                    &agg,
+                    plan,
+                    record,
+                )
+            });
+        let mut grads = Gradients::default();
+        for (k, micro) in micro_outs.into_iter().enumerate() {
+            let micro = micro?;
+            if let (Some((ra, mask)), Some(t)) = (&micro.ratio_adv, tails.as_deref_mut()) {
+                t.record(start + k * plan.micro, ra, mask);
+            }
+            out.entropy_sum += micro.entropy_sum;
+            out.entropy_tokens += micro.stats.tokens;
+            out.pg_loss += micro.pg_loss;
+            out.stats = out.stats.merge(&micro.stats);
+            grads.accumulate(micro.grads)?;
+        }
+        out.grad_norms
+            .push(apply_update(opt, &grads, step, metric::ACTOR_GRAD_NORM)?);
+    }
+    Ok(out)
+}
+
+/// Policy loss − entropy bonus of one micro-batch, and its gradients.
+#[allow(clippy::too_many_arguments)]
+fn policy_micro_batch(
+    model: &Qwen,
+    policy: &Params,
+    part: Layout,
+    old: Tensor,
+    adv: Tensor,
+    agg: &Aggregation,
+    plan: &UpdatePlan,
+    record_tails: bool,
+) -> Result<MicroOut> {
+    let h = part.response_hidden(model)?;
+    let (lp, ent) =
+        model.token_log_probs(&h, &part.targets, plan.temperature, LOGIT_CHUNK, true)?;
+    let out = loss::policy_loss(&plan.clip, &lp, &old, &adv, &part.mask, agg)?;
+    // r·Â of each token at the moment its gradient is taken.
+    let ratio_adv = if record_tails {
+        let (_, r) = loss::importance_ratio(&lp.detach(), &old)?;
+        Some(((r * &adv)?.to_vec2::<f32>()?, part.mask.to_vec2::<f32>()?))
+    } else {
+        None
+    };
+    let ent = ent.expect("invariant: entropy was requested");
+    let entropy_sum = (&ent.detach() * &part.mask)?
+        .sum_all()?
+        .to_scalar::<f32>()? as f64;
+    let mut total = out.loss.clone();
+    if plan.entropy_coeff > 0.0 {
+        total = (total - (agg.apply(&ent, &part.mask)? * plan.entropy_coeff)?)?;
+    }
+    Ok(MicroOut {
+        grads: Gradients::from_store(policy, &total.backward()?)?,
+        pg_loss: out.loss.to_scalar::<f32>()? as f64,
+        stats: out.stats,
+        entropy_sum,
+        ratio_adv,
+    })
+}
+
+/// The critic's totals over a step's mini-batches.
+#[derive(Debug, Clone, Default)]
+pub struct CriticOutcome {
+    /// Sum of the mini-batches' value losses.
+    pub vf_loss: f64,
+    /// Σ clip fraction × tokens, and the tokens.
+    pub vf_clipped_tokens: f64,
+    pub vf_tokens: f64,
+    pub grad_norms: Vec<f64>,
+}
+
+/// The critic's update of one step, mini-batch by mini-batch as the actor's.
+#[allow(clippy::too_many_arguments)]
+pub fn critic(
+    cfg: &QwenConfig,
+    params: &Params,
+    opt: &mut AdamW,
+    layout: &Layout,
+    old_values: &Tensor,
+    returns: &Tensor,
+    cliprange: f64,
+    plan: &UpdatePlan,
+    step: usize,
+) -> Result<CriticOutcome> {
+    let mut out = CriticOutcome::default();
+    for (rows, agg) in plan.mini_batches(layout)? {
+        let critic = Critic::new(cfg, params, false)?;
+        let micro_outs = parallel::map_micro_batches(
+            rows,
+            plan.micro,
+            plan.side_by_side,
+            |ms, len| -> Result<_> {
+                let part = layout.rows(ms, len)?;
+                let values = critic.values(&part.response_hidden(&critic.backbone)?)?;
+                let v = loss::value_loss(
+                    &values,
+                    &old_values.narrow(0, ms, len)?,
+                    &returns.narrow(0, ms, len)?,
+                    &part.mask,
+                    cliprange,
+                    &agg,
+                )?;
+                let grads = Gradients::from_store(params, &v.loss.backward()?)?;
+                Ok((
+                    grads,
+                    v.loss.to_scalar::<f32>()? as f64,
+                    v.clipfrac,
+                    v.tokens,
+                ))
+            },
+        );
+        let mut grads = Gradients::default();
+        for micro in micro_outs {
+            let (g, loss, clipfrac, tokens) = micro?;
+            out.vf_loss += loss;
+            out.vf_clipped_tokens += clipfrac * tokens;
+            out.vf_tokens += tokens;
+            grads.accumulate(g)?;
+        }
+        out.grad_norms
+            .push(apply_update(opt, &grads, step, metric::CRITIC_GRAD_NORM)?);
+    }
+    Ok(out)
+}
+
+/// One optimizer step; a non-finite gradient norm stops the run (nothing was applied).
+pub(super) fn apply_update(
+    opt: &mut AdamW,
+    grads: &Gradients,
+    step: usize,
+    metric: &'static str,
+) -> Result<f64> {
+    let report = opt.step(grads)?;
+    if !report.applied {
+        return Err(TrainError::NonFinite {
+            step,
+            metric,
+            value: report.grad_norm,
+        });
+    }
+    Ok(report.grad_norm)
+}
