@@ -10,8 +10,6 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use sha2::{Digest, Sha256};
-
 pub const SUMS: &str = "SHA256SUMS";
 
 #[derive(Debug, thiserror::Error)]
@@ -38,19 +36,8 @@ fn io<T>(path: &Path, r: std::io::Result<T>) -> Result<T> {
 }
 
 /// SHA-256 of a file, hex.
-pub fn sha256_file(path: &Path) -> Result<String> {
-    use std::io::Read;
-    let mut f = io(path, std::fs::File::open(path))?;
-    let mut h = Sha256::new();
-    let mut buf = vec![0u8; 1 << 16];
-    loop {
-        let n = io(path, f.read(&mut buf))?;
-        if n == 0 {
-            break;
-        }
-        h.update(&buf[..n]);
-    }
-    Ok(crate::manifest::hex(&h.finalize()))
+fn sha256_file(path: &Path) -> Result<String> {
+    io(path, crate::checksum::sha256_file(path))
 }
 
 /// Every file under `root` (relative, `/`-separated, sorted), except `SHA256SUMS` files at the
@@ -264,7 +251,7 @@ pub fn archive(runs: &[PathBuf], out: &Path, contents: Contents) -> Result<usize
         .unwrap_or_default();
     io(
         &side,
-        std::fs::write(&side, format!("{digest}  {file_name}\n")),
+        crate::atomic::write(&side, format!("{digest}  {file_name}\n").as_bytes()),
     )?;
     io(&staging, std::fs::remove_dir_all(&staging))?;
     Ok(sums.len())

@@ -7,7 +7,7 @@ use anyhow::{bail, Context};
 use clap::{Args, Parser, Subcommand};
 
 use acpo::data::DataLocation;
-use acpo::manifest::{DType, Device, Experiment, Scale};
+use acpo::manifest::{Device, Experiment, Scale};
 use acpo::perf::BenchKind;
 use acpo::report::Artifact;
 
@@ -80,42 +80,11 @@ pub struct TrainArgs {
 
 #[derive(Debug, Args)]
 pub struct GenerateArgs {
-    /// A local model directory in HF layout, or a hub repo id (owner/name).
-    #[arg(long)]
-    pub model: String,
-    /// Hub revision (branch, tag or commit) when --model is a repo id.
-    #[arg(long, default_value = "main")]
-    pub revision: String,
-    /// One prompt text.
-    #[arg(long, conflicts_with = "input", required_unless_present = "input")]
-    pub prompt: Option<String>,
-    /// A JSONL file of prompts ({"prompt": ...} per line).
-    #[arg(long)]
-    pub input: Option<PathBuf>,
+    #[command(flatten)]
+    pub options: acpo::generate::GenerateOptions,
     /// Write completions as JSONL here instead of printing them.
     #[arg(long)]
     pub output: Option<PathBuf>,
-    /// Completions per prompt.
-    #[arg(long, default_value_t = 1)]
-    pub n: usize,
-    /// Sampling temperature; 0 is greedy.
-    #[arg(long, default_value_t = 1.0)]
-    pub temperature: f64,
-    #[arg(long, default_value_t = 1.0)]
-    pub top_p: f64,
-    #[arg(long)]
-    pub top_k: Option<usize>,
-    #[arg(long, default_value_t = 256)]
-    pub max_new_tokens: usize,
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
-    /// Wrap the prompt in the model's chat template.
-    #[arg(long)]
-    pub chat: bool,
-    #[arg(long, value_enum, default_value_t = Device::Cpu)]
-    pub device: Device,
-    #[arg(long, value_enum, default_value_t = DType::F32)]
-    pub dtype: DType,
 }
 
 #[derive(Debug, Args)]
@@ -142,6 +111,9 @@ pub struct EvalArgs {
     /// Read the benchmarks from the HF hub instead of --data-dir (where a faithful copy exists).
     #[arg(long)]
     pub hub_data: bool,
+    /// Run on this device instead of the manifest's.
+    #[arg(long, value_enum)]
+    pub device: Option<Device>,
     /// Training step this evaluation belongs to (recorded in the summary).
     #[arg(long, default_value_t = 0)]
     pub step: usize,
@@ -376,28 +348,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
 
 /// `acpo generate`: sample completions and print them (or write JSONL).
 fn generate(args: &GenerateArgs) -> anyhow::Result<Outcome> {
-    let prompts = match (&args.prompt, &args.input) {
-        (Some(p), _) => vec![p.clone()],
-        (None, Some(path)) => acpo::generate::read_prompts(path)?,
-        (None, None) => bail!("give --prompt TEXT or --input FILE"),
-    };
-    let opts = acpo::generate::GenerateOptions {
-        model: args.model.clone(),
-        revision: args.revision.clone(),
-        prompts,
-        n: args.n,
-        params: acpo::rollout::SamplingParams {
-            temperature: args.temperature,
-            top_p: args.top_p,
-            top_k: args.top_k,
-            max_new_tokens: args.max_new_tokens,
-        },
-        seed: args.seed,
-        chat: args.chat,
-        device: args.device,
-        dtype: args.dtype,
-    };
-    let lines = acpo::generate::generate(&opts)?;
+    let lines = acpo::generate::generate(&args.options)?;
     match &args.output {
         Some(out) => {
             write_atomic(out, acpo::generate::jsonl(&lines).as_bytes())?;
@@ -433,7 +384,8 @@ fn train(args: &TrainArgs) -> anyhow::Result<Outcome> {
 
 /// `acpo eval`: Avg@k of a model on the manifest's benchmarks.
 fn eval(args: &EvalArgs) -> anyhow::Result<Outcome> {
-    let exp = Experiment::load(&args.manifest)?;
+    let mut exp = Experiment::load(&args.manifest)?;
+    exp.device = args.device.unwrap_or(exp.device);
     let hub = acpo::hub::HubOptions::from_env();
     let data = match args.hub_data {
         true => DataLocation::Hub(hub.clone()),

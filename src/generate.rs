@@ -39,20 +39,41 @@ impl From<candle_core::Error> for GenerateError {
 
 type Result<T> = std::result::Result<T, GenerateError>;
 
-/// What to generate.
-#[derive(Debug, Clone)]
+/// What to generate (the flags of `acpo generate`).
+#[derive(Debug, Clone, clap::Args)]
 pub struct GenerateOptions {
-    /// A local directory in HF layout, or a hub repo id (owner/name).
+    /// A local model directory in HF layout, or a hub repo id (owner/name).
+    #[arg(long)]
     pub model: String,
+    /// Hub revision (branch, tag or commit) when --model is a repo id.
+    #[arg(long, default_value = "main")]
     pub revision: String,
-    pub prompts: Vec<String>,
+    /// One prompt text.
+    #[arg(long, conflicts_with = "input", required_unless_present = "input")]
+    pub prompt: Option<String>,
+    /// A JSONL file of prompts ({"prompt": ...} per line).
+    #[arg(long)]
+    pub input: Option<PathBuf>,
     /// Completions per prompt.
+    #[arg(long, default_value_t = 1)]
     pub n: usize,
-    pub params: SamplingParams,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 1.0)]
+    pub temperature: f64,
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f64,
+    #[arg(long)]
+    pub top_k: Option<usize>,
+    #[arg(long, default_value_t = 256)]
+    pub max_new_tokens: usize,
+    #[arg(long, default_value_t = 0)]
     pub seed: u64,
     /// Wrap each prompt in the model's chat template.
+    #[arg(long)]
     pub chat: bool,
+    #[arg(long, value_enum, default_value_t = manifest::Device::Cpu)]
     pub device: manifest::Device,
+    #[arg(long, value_enum, default_value_t = manifest::DType::F32)]
     pub dtype: manifest::DType,
 }
 
@@ -68,9 +89,29 @@ pub struct Generated {
 }
 
 impl GenerateOptions {
+    fn params(&self) -> SamplingParams {
+        SamplingParams {
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            max_new_tokens: self.max_new_tokens,
+        }
+    }
+
+    /// The prompts: `--prompt`, or the lines of `--input`.
+    pub fn prompts(&self) -> Result<Vec<String>> {
+        match (&self.prompt, &self.input) {
+            (Some(p), _) => Ok(vec![p.clone()]),
+            (None, Some(path)) => read_prompts(path),
+            (None, None) => Err(GenerateError::Flag(
+                "give --prompt TEXT or --input FILE".into(),
+            )),
+        }
+    }
+
     /// Refuses settings the sampler cannot honour, naming the flag.
     pub fn check(&self) -> Result<()> {
-        let p = &self.params;
+        let p = &self.params();
         if !(p.top_p > 0.0 && p.top_p <= 1.0) {
             return Err(GenerateError::Flag(format!(
                 "--top-p must be in (0, 1], got {}",
@@ -86,11 +127,6 @@ impl GenerateOptions {
         if self.n == 0 || p.top_k == Some(0) {
             return Err(GenerateError::Flag(
                 "--n and --top-k must be at least 1".into(),
-            ));
-        }
-        if self.prompts.is_empty() {
-            return Err(GenerateError::Flag(
-                "give --prompt TEXT or --input FILE".into(),
             ));
         }
         Ok(())
@@ -116,6 +152,7 @@ impl GenerateOptions {
 /// Samples `n` completions of every prompt.
 pub fn generate(opts: &GenerateOptions) -> Result<Vec<Generated>> {
     opts.check()?;
+    let prompts = opts.prompts()?;
     let loaded = load::load(
         &opts.source()?,
         &HubOptions::from_env(),
@@ -123,8 +160,7 @@ pub fn generate(opts: &GenerateOptions) -> Result<Vec<Generated>> {
         opts.dtype,
     )?;
     let model = Qwen::new(&loaded.cfg, &loaded.params, true)?;
-    let encoded = opts
-        .prompts
+    let encoded = prompts
         .iter()
         .map(|p| encode(&loaded, p, opts.chat))
         .collect::<Result<Vec<_>>>()?;
@@ -136,7 +172,7 @@ pub fn generate(opts: &GenerateOptions) -> Result<Vec<Generated>> {
             index.push((pi, si));
         }
     }
-    let request = SampleRequest::new(opts.params)
+    let request = SampleRequest::new(opts.params())
         .eos(loaded.eos_ids())
         .pad(loaded.tokenizer.pad_id());
     let completions = rollout::generate(&model, &batch, &keys, &request)?;
@@ -145,7 +181,7 @@ pub fn generate(opts: &GenerateOptions) -> Result<Vec<Generated>> {
         out.push(Generated {
             prompt_index: pi,
             sample_index: si,
-            prompt: opts.prompts[pi].clone(),
+            prompt: prompts[pi].clone(),
             completion: loaded.tokenizer.decode(&c.tokens, true)?,
             finish_reason: c.finish,
             num_tokens: c.tokens.len(),

@@ -15,6 +15,7 @@
 pub mod algo;
 pub mod archive;
 pub mod atomic;
+pub mod checksum;
 pub mod data;
 pub mod eval;
 pub mod fused;

@@ -185,7 +185,7 @@ impl AdamW {
         tensors.insert("__steps".into(), steps);
         crate::atomic::save_safetensors(&tensors, path).map_err(|source| ModelError::Save {
             path: path.to_owned(),
-            source,
+            source: Box::new(source),
         })
     }
 

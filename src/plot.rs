@@ -204,19 +204,31 @@ pub fn write_figure(
     };
     // Text is measured with the font in both backends.
     ensure_font().map_err(|e| fail(&png, e))?;
+    // Each file is drawn under a temporary name (keeping its extension, which picks the
+    // encoder) and renamed over the old one when complete: a kill never leaves half a figure.
+    let (png_tmp, svg_tmp) = (
+        stem.with_extension("partial.png"),
+        stem.with_extension("partial.svg"),
+    );
     draw_panels(
-        &SVGBackend::new(&svg, size).into_drawing_area(),
+        &SVGBackend::new(&svg_tmp, size).into_drawing_area(),
         title,
         panels,
         cols,
     )
     .map_err(|e| fail(&svg, e))?;
     draw_panels(
-        &BitMapBackend::new(&png, size).into_drawing_area(),
+        &BitMapBackend::new(&png_tmp, size).into_drawing_area(),
         title,
         panels,
         cols,
     )
     .map_err(|e| fail(&png, e))?;
+    for (tmp, path) in [(&svg_tmp, &svg), (&png_tmp, &png)] {
+        std::fs::rename(tmp, path).map_err(|source| PlotError::Io {
+            path: path.clone(),
+            source,
+        })?;
+    }
     Ok(vec![png, svg])
 }

@@ -22,8 +22,9 @@ use crate::train::{self, TrainError, TrainOptions, Trainer};
 pub enum ReproduceError {
     #[error(transparent)]
     Manifest(#[from] ManifestError),
+    /// Boxed: a training error is large, and this one travels through the job queue.
     #[error(transparent)]
-    Train(#[from] TrainError),
+    Train(Box<TrainError>),
     #[error(transparent)]
     Archive(#[from] ArchiveError),
     #[error("{path}: {source}")]
@@ -39,6 +40,12 @@ pub enum ReproduceError {
 }
 
 type Result<T> = std::result::Result<T, ReproduceError>;
+
+impl From<TrainError> for ReproduceError {
+    fn from(e: TrainError) -> Self {
+        ReproduceError::Train(Box::new(e))
+    }
+}
 
 fn io<T>(path: &Path, r: std::io::Result<T>) -> Result<T> {
     r.map_err(|source| ReproduceError::Io {

@@ -122,9 +122,6 @@ pub enum DataError {
     Hub(#[from] crate::hub::HubError),
     #[error("{path}: parquet: {reason}")]
     Parquet { path: PathBuf, reason: String },
-    /// Reading a file to check its SHA-256.
-    #[error(transparent)]
-    Digest(#[from] crate::archive::ArchiveError),
 }
 
 /// The data directory when none is given: `ACPO_DATA_DIR`, else `acpo/data` in the user's cache
@@ -155,7 +152,10 @@ pub fn load(spec: &DatasetSpec, from: &DataLocation) -> Result<Vec<Problem>, Dat
         },
         DataLocation::Dir(dir) => {
             let path = dir.join(spec.file);
-            let got = crate::archive::sha256_file(&path)?;
+            let got = crate::checksum::sha256_file(&path).map_err(|source| DataError::Io {
+                path: path.clone(),
+                source,
+            })?;
             if got != spec.sha256 {
                 return Err(DataError::Checksum {
                     path,

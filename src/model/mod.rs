@@ -38,7 +38,7 @@ pub enum ModelError {
     Save {
         path: PathBuf,
         #[source]
-        source: candle_core::Error,
+        source: Box<candle_core::Error>,
     },
     #[error("tensor `{name}`: {reason}")]
     Tensor { name: String, reason: String },
@@ -326,7 +326,7 @@ impl Params {
             .collect();
         crate::atomic::save_safetensors(&tensors, path).map_err(|source| ModelError::Save {
             path: path.to_owned(),
-            source,
+            source: Box::new(source),
         })
     }
 }

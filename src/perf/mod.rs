@@ -27,8 +27,9 @@ use crate::train::update::{self, UpdatePlan};
 pub enum PerfError {
     #[error(transparent)]
     Model(#[from] ModelError),
+    /// Boxed: a training error is large.
     #[error(transparent)]
-    Train(#[from] crate::train::TrainError),
+    Train(Box<crate::train::TrainError>),
     #[error(transparent)]
     Data(#[from] crate::data::DataError),
     #[error("{path}: {source}")]
@@ -39,6 +40,12 @@ pub enum PerfError {
     },
     #[error("--repeats must be at least 1")]
     NoRepeats,
+}
+
+impl From<crate::train::TrainError> for PerfError {
+    fn from(e: crate::train::TrainError) -> Self {
+        PerfError::Train(Box::new(e))
+    }
 }
 
 impl From<candle_core::Error> for PerfError {

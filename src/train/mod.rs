@@ -292,30 +292,31 @@ impl Trainer {
         let mut resumed_from = None;
         let mut metrics_lines = io(&self.run.metrics(), run::read_lines(&self.run.metrics()))?;
         let mut eval_lines = io(&self.run.eval(), run::read_lines(&self.run.eval()))?;
-        if opts.resume {
-            if let Some((_, ckpt)) = io(self.run.path(), self.run.latest_checkpoint())? {
-                let models = Models {
-                    cfg: &self.cfg,
-                    policy: &self.policy,
-                    critic: self.critic.as_ref(),
-                };
-                state = checkpoint::restore(
-                    &ckpt,
-                    &fp,
-                    models,
-                    &mut self.actor_opt,
-                    self.critic_opt.as_mut(),
-                )?;
-                resumed_from = Some(state.step);
-                // Lines written after the checkpoint are recomputed, bit-identically.
-                let step = state.step;
-                metrics_lines.retain(|l| run::line_step(l).is_some_and(|s| s <= step));
-                eval_lines.retain(|l| run::line_step(l).is_some_and(|s| s <= step));
-            }
-        } else {
-            metrics_lines.clear();
-            eval_lines.clear();
+        let checkpoint = match opts.resume {
+            true => io(self.run.path(), self.run.latest_checkpoint())?,
+            false => None,
+        };
+        if let Some((_, ckpt)) = checkpoint {
+            let models = Models {
+                cfg: &self.cfg,
+                policy: &self.policy,
+                critic: self.critic.as_ref(),
+            };
+            state = checkpoint::restore(
+                &ckpt,
+                &fp,
+                models,
+                &mut self.actor_opt,
+                self.critic_opt.as_mut(),
+            )?;
+            resumed_from = Some(state.step);
         }
+        // What was written after the starting point (the checkpoint, or nothing: a run that
+        // died before its first checkpoint starts afresh) is recomputed, bit-identically.
+        let step = state.step;
+        metrics_lines.retain(|l| run::line_step(l).is_some_and(|s| s <= step) && step > 0);
+        eval_lines.retain(|l| run::line_step(l).is_some_and(|s| s <= step) && step > 0);
+        self.drop_tails_after(step)?;
         let total = self.exp.trainer.total_steps;
         let stop_at = opts
             .max_steps
@@ -373,6 +374,25 @@ impl Trainer {
             steps_done: state.step,
             resumed_from,
         })
+    }
+
+    /// Removes the tail histograms of steps after `step` (left by a run that went further).
+    fn drop_tails_after(&self, step: usize) -> Result<()> {
+        let dir = self.run.tails_dir();
+        if !dir.exists() {
+            return Ok(());
+        }
+        for entry in io(&dir, std::fs::read_dir(&dir))? {
+            let path = io(&dir, entry)?.path();
+            let later = path
+                .file_stem()
+                .and_then(|s| s.to_str()?.strip_prefix("step_")?.parse::<usize>().ok())
+                .is_some_and(|s| s > step);
+            if later {
+                io(&path, std::fs::remove_file(&path))?;
+            }
+        }
+        Ok(())
     }
 
     /// The run's provenance from `step`; a resumed run keeps the time it first started.

@@ -207,7 +207,7 @@ fn shipped_archive_verifies_and_rebuilds_the_tables_quoted_in_reproduce() {
         String::from_utf8_lossy(&ok.stdout)
     );
 
-    let sha = acpo::archive::sha256_file(&shipped).expect("hash");
+    let sha = acpo::checksum::sha256_file(&shipped).expect("hash");
     let sidecar =
         std::fs::read_to_string(repo.join("results/mini.tar.gz.sha256")).expect("sidecar");
     assert_eq!(sidecar, format!("{sha}  mini.tar.gz\n"));
@@ -274,7 +274,10 @@ fn reproduce_from_an_archive_unpacks_into_an_emptied_directory() {
     let root = found.root.expect("verified");
     assert_eq!(root, results.join("from-runs"));
     assert!(root.join("run-a/metrics.jsonl").exists());
-    assert!(!stale.exists(), "a run of an earlier archive of that name is not mixed in");
+    assert!(
+        !stale.exists(),
+        "a run of an earlier archive of that name is not mixed in"
+    );
 
     // A tampered archive is reported and nothing is unpacked.
     let bytes = std::fs::read(&archive).expect("read");

@@ -1,6 +1,6 @@
 //! Benchmarks, the Avg@k evaluator, and the `score` / `eval` commands.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use acpo::data::{self, DataError, DataLocation};
@@ -315,7 +315,7 @@ fn eval_runs_end_to_end_on_a_tiny_model_and_writes_samples_and_summary() {
     let manifest = dir.path().join("tiny-eval.yaml");
     std::fs::write(&manifest, manifest_text).expect("write");
     let out_dir = dir.path().join("eval");
-    let out = acpo(&[
+    let args = [
         "eval",
         manifest.to_str().expect("u"),
         "--model",
@@ -324,7 +324,19 @@ fn eval_runs_end_to_end_on_a_tiny_model_and_writes_samples_and_summary() {
         out_dir.to_str().expect("u"),
         "--step",
         "5",
-    ]);
+    ];
+    if !cfg!(feature = "cuda") {
+        // The paper manifest asks for CUDA: a CPU-only binary says so, and writes nothing.
+        let refused = acpo(&args);
+        assert_eq!(refused.status.code(), Some(2));
+        let err = String::from_utf8_lossy(&refused.stderr);
+        assert!(
+            err.contains("device cuda") && err.contains("without CUDA"),
+            "{err}"
+        );
+        assert!(!out_dir.exists());
+    }
+    let out = acpo(&[&args[..], &["--device", "cpu"]].concat());
     assert!(
         out.status.success(),
         "{}",

@@ -4,6 +4,7 @@ mod archive;
 mod cli;
 mod eval;
 mod fused;
+mod layout;
 mod manifest;
 mod mini;
 mod model;

@@ -376,3 +376,33 @@ fn settings_the_trainer_cannot_honour_are_refused_not_ignored() {
         assert!(err.to_string().contains("without CUDA"), "{err}");
     }
 }
+
+/// A run that died before its first checkpoint leaves metrics and eval lines but nothing to
+/// resume from: `--resume` (as the error message advises) starts it afresh instead of
+/// appending to the old lines (issue #17, item 3), and drops tails of steps it will redo.
+#[test]
+fn resume_without_a_checkpoint_starts_afresh_without_duplicated_lines() {
+    let ws = workspace();
+    let (exp, text) = manifest(ws.path(), "smoke-grpo", &[]);
+    let straight = train(&exp, &text, &options(&ws.path().join("a"), false, None)).expect("run");
+    let died = train(&exp, &text, &options(&ws.path().join("b"), false, None)).expect("run");
+    std::fs::remove_dir_all(died.join("checkpoints")).expect("no checkpoint survived");
+    let stale_tails = died.join("tails/step_000099.json");
+    std::fs::create_dir_all(stale_tails.parent().expect("dir")).expect("mkdir");
+    std::fs::write(&stale_tails, "{}").expect("w");
+
+    let resumed = train(&exp, &text, &options(&ws.path().join("b"), true, None)).expect("resume");
+    assert_eq!(resumed, died);
+    let steps: Vec<f64> = metrics(&resumed)
+        .iter()
+        .map(|m| m["training/global_step"])
+        .collect();
+    assert_eq!(steps, vec![1.0, 2.0, 3.0], "one metrics line per step");
+    assert_eq!(
+        without_timing(metrics(&straight)),
+        without_timing(metrics(&resumed))
+    );
+    let evals = |d: &Path| std::fs::read_to_string(d.join("eval.jsonl")).expect("eval");
+    assert_eq!(evals(&straight), evals(&resumed), "one evaluation per eval step");
+    assert!(!stale_tails.exists(), "tails of steps after the start are dropped");
+}

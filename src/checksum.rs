@@ -1,0 +1,22 @@
+//! SHA-256 of files, hex: the one digest of the project (prepared datasets, created models,
+//! run directories and archives).
+
+use std::io::Read;
+use std::path::Path;
+
+use sha2::{Digest, Sha256};
+
+/// SHA-256 of a file's bytes, as lowercase hex.
+pub fn sha256_file(path: &Path) -> std::io::Result<String> {
+    let mut f = std::fs::File::open(path)?;
+    let mut h = Sha256::new();
+    let mut buf = vec![0u8; 1 << 16];
+    loop {
+        let n = f.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        h.update(&buf[..n]);
+    }
+    Ok(crate::manifest::hex(&h.finalize()))
+}
