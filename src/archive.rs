@@ -40,34 +40,45 @@ fn sha256_file(path: &Path) -> Result<String> {
     io(path, crate::checksum::sha256_file(path))
 }
 
-/// Every file under `root` (relative, `/`-separated, sorted), except `SHA256SUMS` files at the
-/// top level when `skip_top_sums`.
+/// Every regular file under `root` (relative, `/`-separated, sorted) but the top-level
+/// SHA256SUMS.
 fn files(root: &Path) -> Result<Vec<String>> {
-    let mut out = Vec::new();
+    Ok(entries(root)?.0)
+}
+
+/// The regular files under `root` (as [`files`]) and every other entry that is not a
+/// directory — symbolic links, devices, FIFOs — which no run directory holds.
+fn entries(root: &Path) -> Result<(Vec<String>, Vec<String>)> {
+    let (mut out, mut others) = (Vec::new(), Vec::new());
     let mut stack = vec![root.to_owned()];
     while let Some(dir) = stack.pop() {
         for entry in io(&dir, std::fs::read_dir(&dir))? {
             let entry = io(&dir, entry)?;
             let path = entry.path();
+            // file_type does not follow symbolic links: a link is reported, never entered.
             let kind = io(&path, entry.file_type())?;
             if kind.is_dir() {
                 stack.push(path);
-            } else if kind.is_file() {
-                let rel = path
-                    .strip_prefix(root)
-                    .expect("invariant: walked from root");
-                out.push(
-                    rel.components()
-                        .map(|c| c.as_os_str().to_string_lossy().to_string())
-                        .collect::<Vec<_>>()
-                        .join("/"),
-                );
+                continue;
+            }
+            let rel = path
+                .strip_prefix(root)
+                .expect("invariant: walked from root")
+                .components()
+                .map(|c| c.as_os_str().to_string_lossy().to_string())
+                .collect::<Vec<_>>()
+                .join("/");
+            if kind.is_file() {
+                out.push(rel);
+            } else {
+                others.push(rel);
             }
         }
     }
     out.retain(|f| f != SUMS);
     out.sort();
-    Ok(out)
+    others.sort();
+    Ok((out, others))
 }
 
 /// Hashes of every file under `root` but the top-level SHA256SUMS.
@@ -82,18 +93,33 @@ fn render(sums: &BTreeMap<String, String>) -> String {
     sums.iter().map(|(f, h)| format!("{h}  {f}\n")).collect()
 }
 
-fn parse(path: &Path, text: &str) -> Result<BTreeMap<String, String>> {
+/// The entries of a SHA256SUMS file; the reason it is malformed otherwise. A listed name must be
+/// a relative path inside the directory (no `..`, no absolute path, `/`-separated), so that
+/// verification never reads a file outside what it verifies.
+fn parse(text: &str) -> std::result::Result<BTreeMap<String, String>, String> {
     let mut out = BTreeMap::new();
     for (i, line) in text
         .lines()
         .enumerate()
         .filter(|(_, l)| !l.trim().is_empty())
     {
-        let (h, f) = line.split_once("  ").ok_or_else(|| ArchiveError::Invalid {
-            path: path.to_owned(),
-            reason: format!("line {}: not `<sha256>  <file>`", i + 1),
-        })?;
-        out.insert(f.to_string(), h.to_string());
+        let bad = |what: &str| format!("line {}: {what}", i + 1);
+        let (h, f) = line
+            .split_once("  ")
+            .ok_or_else(|| bad("not `<sha256>  <file>`"))?;
+        if h.len() != 64 || !h.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(bad("not a SHA-256 in hex"));
+        }
+        let inside = !f.is_empty()
+            && !f.starts_with('/')
+            && !f.contains('\\')
+            && f.split('/').all(|c| !c.is_empty() && c != "." && c != "..");
+        if !inside {
+            return Err(bad(&format!("`{f}` is not a path inside the directory")));
+        }
+        if out.insert(f.to_string(), h.to_string()).is_some() {
+            return Err(bad(&format!("`{f}` is listed twice")));
+        }
     }
     Ok(out)
 }
@@ -113,7 +139,9 @@ pub struct Report {
     pub differ: Vec<String>,
     pub missing: Vec<String>,
     pub extra: Vec<String>,
-    /// Why the target could not be read at all (corrupt archive, no SHA256SUMS).
+    /// Entries that are not regular files (symbolic links, devices): never part of a result.
+    pub not_regular: Vec<String>,
+    /// Why the target could not be read at all (corrupt archive, no or malformed SHA256SUMS).
     pub unreadable: Option<String>,
 }
 
@@ -122,6 +150,7 @@ impl Report {
         self.differ.is_empty()
             && self.missing.is_empty()
             && self.extra.is_empty()
+            && self.not_regular.is_empty()
             && self.unreadable.is_none()
     }
 
@@ -134,16 +163,18 @@ impl Report {
             return format!("OK: {} files match SHA256SUMS", self.checked);
         }
         let mut s = format!(
-            "FAILED: {} differ, {} missing, {} extra (of {} listed)",
+            "FAILED: {} differ, {} missing, {} extra, {} not regular files (of {} listed)",
             self.differ.len(),
             self.missing.len(),
             self.extra.len(),
+            self.not_regular.len(),
             self.checked
         );
         for (what, list) in [
             ("differs", &self.differ),
             ("missing", &self.missing),
             ("extra", &self.extra),
+            ("not a regular file", &self.not_regular),
         ] {
             for f in list {
                 s.push_str(&format!("\n  {what}: {f}"));
@@ -153,28 +184,35 @@ impl Report {
     }
 }
 
-/// Checks a directory against its top-level SHA256SUMS.
+/// Checks a directory against its top-level SHA256SUMS, and every SHA256SUMS it lists (each
+/// run's) against its own directory.
 pub fn verify_dir(root: &Path) -> Result<Report> {
     let sums_path = root.join(SUMS);
-    if !sums_path.exists() {
-        return Ok(Report {
-            unreadable: Some(format!("{} has no {SUMS}", root.display())),
-            ..Report::default()
-        });
+    let unreadable = |reason: String| Report {
+        unreadable: Some(reason),
+        ..Report::default()
+    };
+    if !sums_path.is_file() {
+        return Ok(unreadable(format!("{} has no {SUMS}", root.display())));
     }
-    let listed = parse(
-        &sums_path,
-        &io(&sums_path, std::fs::read_to_string(&sums_path))?,
-    )?;
-    let present = files(root)?;
+    let listed = match parse(&io(&sums_path, std::fs::read_to_string(&sums_path))?) {
+        Ok(listed) => listed,
+        Err(reason) => return Ok(unreadable(format!("{}: {reason}", sums_path.display()))),
+    };
+    let (present, not_regular) = entries(root)?;
     let mut report = Report {
         checked: listed.len(),
+        not_regular,
         ..Report::default()
     };
     for (f, want) in &listed {
         let path = root.join(f);
-        if !path.is_file() {
-            report.missing.push(f.clone());
+        // symlink_metadata: a listed name that is a link is not a file of the result.
+        let regular = std::fs::symlink_metadata(&path).is_ok_and(|m| m.is_file());
+        if !regular {
+            if !report.not_regular.contains(f) {
+                report.missing.push(f.clone());
+            }
         } else if &sha256_file(&path)? != want {
             report.differ.push(f.clone());
         }
@@ -183,6 +221,22 @@ pub fn verify_dir(root: &Path) -> Result<Report> {
         .into_iter()
         .filter(|f| !listed.contains_key(f))
         .collect();
+    for (f, _) in listed
+        .iter()
+        .filter(|(f, _)| f.ends_with(&format!("/{SUMS}")))
+    {
+        let dir = f.trim_end_matches(SUMS).trim_end_matches('/');
+        if report.differ.contains(f) || report.missing.contains(f) {
+            continue;
+        }
+        let inner = verify_dir(&root.join(dir))?;
+        let within = |list: Vec<String>| list.into_iter().map(|x| format!("{dir}/{x}"));
+        report.differ.extend(within(inner.differ));
+        report.missing.extend(within(inner.missing));
+        if let Some(u) = inner.unreadable {
+            report.differ.push(format!("{dir}/{SUMS} ({u})"));
+        }
+    }
     Ok(report)
 }
 
@@ -270,6 +324,19 @@ pub fn unpack(archive: &Path, dest: &Path) -> Result<()> {
         .map_err(|e| unreadable(format!("not a readable .tar.gz: {e}")))?;
     for entry in entries {
         let mut entry = entry.map_err(|e| unreadable(format!("corrupt archive: {e}")))?;
+        // Results are regular files in directories: a link, device or FIFO could point
+        // anywhere once unpacked, so an archive holding one is refused whole.
+        let kind = entry.header().entry_type();
+        let metadata = kind.is_pax_global_extensions() || kind.is_pax_local_extensions();
+        if !(kind.is_file() || kind.is_dir() || metadata) {
+            let name = entry
+                .path()
+                .map(|p| p.display().to_string())
+                .unwrap_or_default();
+            return Err(unreadable(format!(
+                "entry `{name}` is not a regular file or directory (archives of results hold no links)"
+            )));
+        }
         let inside = entry
             .unpack_in(dest)
             .map_err(|e| unreadable(format!("corrupt archive: {e}")))?;
@@ -293,7 +360,11 @@ pub fn verify(target: &Path) -> Result<Report> {
     }
     let scratch = tempdir_near(&std::env::temp_dir().join("acpo-verify"))?;
     let report = match unpack(target, &scratch) {
-        Ok(()) => verify_dir(&scratch)?,
+        Ok(()) => {
+            let mut report = verify_dir(&scratch)?;
+            check_sidecar(target, &mut report)?;
+            report
+        }
         Err(ArchiveError::Unreadable { reason, .. }) => Report {
             unreadable: Some(format!("{}: {reason}", target.display())),
             ..Report::default()
@@ -305,6 +376,19 @@ pub fn verify(target: &Path) -> Result<Report> {
     };
     let _ = std::fs::remove_dir_all(&scratch);
     Ok(report)
+}
+
+/// `<archive>.sha256`, when it is beside the archive, must name the archive's own digest.
+fn check_sidecar(archive: &Path, report: &mut Report) -> Result<()> {
+    let side = PathBuf::from(format!("{}.sha256", archive.display()));
+    let Ok(text) = std::fs::read_to_string(&side) else {
+        return Ok(());
+    };
+    let listed = text.split_whitespace().next().unwrap_or("");
+    if listed != sha256_file(archive)? {
+        report.differ.push(side.display().to_string());
+    }
+    Ok(())
 }
 
 fn tempdir_near(path: &Path) -> Result<PathBuf> {

@@ -81,6 +81,20 @@ fn single_elementwise_pool() {
     }
 }
 
+/// The error and its causes in one line, each cause once: most of the library's errors already
+/// name their cause (`{path}: {source}`), and printing the chain again would repeat it.
+fn message(err: &anyhow::Error) -> String {
+    let mut msg = err.to_string();
+    for cause in err.chain().skip(1) {
+        let cause = cause.to_string();
+        if !msg.contains(&cause) {
+            msg.push_str(": ");
+            msg.push_str(&cause);
+        }
+    }
+    msg
+}
+
 fn main() -> ExitCode {
     default_sigpipe();
     single_elementwise_pool();
@@ -89,7 +103,7 @@ fn main() -> ExitCode {
     match cli::run(cli) {
         Ok(outcome) => outcome.exit_code(),
         Err(err) => {
-            eprintln!("error: {err:#}");
+            eprintln!("error: {}", message(&err));
             ExitCode::from(2)
         }
     }

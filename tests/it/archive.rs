@@ -288,3 +288,144 @@ fn reproduce_from_an_archive_unpacks_into_an_emptied_directory() {
     assert!(found.root.is_none());
     assert!(!results.join("from-bad").exists());
 }
+
+/// A good archive of one fake run, unpacked into `dir/unpacked` for a tamperer to edit.
+fn good_archive_unpacked(dir: &Path) -> (PathBuf, PathBuf) {
+    let run = fake_run(dir, "run-a");
+    let archive = dir.join("good.tar.gz");
+    let contents = acpo::archive::Contents { checkpoints: true };
+    acpo::archive::archive(&[run], &archive, contents).expect("archive");
+    let unpacked = dir.join("unpacked");
+    std::fs::create_dir_all(&unpacked).expect("mkdir");
+    acpo::archive::unpack(&archive, &unpacked).expect("unpack");
+    (archive, unpacked)
+}
+
+/// Re-packs `dir` without following symbolic links (they go in as links).
+fn repack_links(dir: &Path, out: &Path) {
+    let file = std::fs::File::create(out).expect("create");
+    let mut tar = tar::Builder::new(flate2::write::GzEncoder::new(
+        file,
+        flate2::Compression::fast(),
+    ));
+    tar.follow_symlinks(false);
+    tar.append_dir_all(".", dir).expect("append");
+    tar.into_inner().expect("tar").finish().expect("gz");
+}
+
+fn failed_check(out: &std::process::Output, says: &str) {
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{stdout}{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        stdout.contains("FAILED") && stdout.contains(says),
+        "{stdout}"
+    );
+}
+
+/// Issue #17, item 1: a symbolic link in an archive is reported, the archive is refused, and
+/// `reproduce --from` writes nothing through it.
+#[cfg(unix)]
+#[test]
+fn an_archive_holding_a_link_fails_and_nothing_is_written_through_it() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let (_, unpacked) = good_archive_unpacked(tmp.path());
+    let target = tmp.path().join("outside/table1.md");
+    std::os::unix::fs::symlink(&target, unpacked.join("run-a/table1.md.tmp")).expect("link");
+    // The directory itself fails too: the link is not a regular file.
+    failed_check(
+        &acpo(&["verify", unpacked.to_str().expect("u")], tmp.path()),
+        "not a regular file",
+    );
+    let crafted = tmp.path().join("crafted.tar.gz");
+    repack_links(&unpacked, &crafted);
+    failed_check(
+        &acpo(&["verify", crafted.to_str().expect("u")], tmp.path()),
+        "not a regular file or directory",
+    );
+    let out = acpo(
+        &[
+            "reproduce",
+            "table1",
+            "--scale",
+            "mini",
+            "--from",
+            crafted.to_str().expect("u"),
+        ],
+        tmp.path(),
+    );
+    assert_eq!(
+        out.status.code(),
+        Some(1),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(!target.exists() && !target.parent().expect("p").exists());
+    assert!(!tmp.path().join("results/from-crafted").exists());
+}
+
+/// Issue #17, item 1: SHA256SUMS may only name files inside what is verified, and a malformed
+/// SHA256SUMS is a failed check (exit 1), not a usage error.
+#[test]
+fn sums_naming_paths_outside_or_malformed_sums_fail_the_check() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let (_, unpacked) = good_archive_unpacked(tmp.path());
+    let outside = tmp.path().join("outside.txt");
+    std::fs::write(&outside, "not part of the archive").expect("w");
+    let hash = acpo::checksum::sha256_file(&outside).expect("hash");
+    let sums = unpacked.join("SHA256SUMS");
+    let good = std::fs::read_to_string(&sums).expect("sums");
+    for (line, says) in [
+        (format!("{hash}  ../outside.txt\n"), "not a path inside"),
+        (
+            format!("{hash}  {}\n", outside.display()),
+            "not a path inside",
+        ),
+        (
+            "this is not a sums line\n".to_string(),
+            "not `<sha256>  <file>`",
+        ),
+        ("abc  run-a/metrics.jsonl\n".to_string(), "not a SHA-256"),
+    ] {
+        std::fs::write(&sums, format!("{good}{line}")).expect("w");
+        failed_check(
+            &acpo(&["verify", unpacked.to_str().expect("u")], tmp.path()),
+            says,
+        );
+        let crafted = tmp.path().join("crafted.tar.gz");
+        repack(&unpacked, &crafted);
+        failed_check(
+            &acpo(&["verify", crafted.to_str().expect("u")], tmp.path()),
+            says,
+        );
+    }
+}
+
+/// Issue #17, item 1: each run's own SHA256SUMS is checked, so a file changed after the top
+/// sums were redone over it is caught; and the `.sha256` beside an archive must match it.
+#[test]
+fn run_level_sums_and_the_sidecar_are_checked() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let (archive, unpacked) = good_archive_unpacked(tmp.path());
+    std::fs::write(
+        unpacked.join("run-a/metrics.jsonl"),
+        "{\"training/global_step\":9}\n",
+    )
+    .expect("w");
+    acpo::archive::write_sums(&unpacked).expect("top sums redone");
+    failed_check(
+        &acpo(&["verify", unpacked.to_str().expect("u")], tmp.path()),
+        "run-a/metrics.jsonl",
+    );
+
+    let side = PathBuf::from(format!("{}.sha256", archive.display()));
+    std::fs::write(&side, format!("{}  good.tar.gz\n", "0".repeat(64))).expect("w");
+    failed_check(
+        &acpo(&["verify", archive.to_str().expect("u")], tmp.path()),
+        ".sha256",
+    );
+}

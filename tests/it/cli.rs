@@ -46,6 +46,34 @@ fn check_accepts_every_committed_manifest() {
     assert!(stdout.contains("qwen3-8b-grpo-ac") && stdout.contains("alpha=2"));
 }
 
+/// Issue #17, item 11: an error names its cause once (the OS error was printed twice).
+#[test]
+fn a_missing_file_is_named_once_with_its_os_error_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    for args in [
+        &["score", "--input", "absent.jsonl"][..],
+        &["train", "absent.yaml"][..],
+        &[
+            "generate",
+            "--model",
+            "absent-dir",
+            "--input",
+            "absent.jsonl",
+        ][..],
+    ] {
+        let out = acpo(args, dir.path());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert_eq!(stderr.lines().count(), 1, "{args:?}: {stderr}");
+        assert!(stderr.contains("absent."), "{args:?}: {stderr}");
+        assert_eq!(
+            stderr.matches("(os error").count(),
+            1,
+            "{args:?}: the cause once: {stderr}"
+        );
+    }
+}
+
 #[test]
 fn check_on_a_broken_manifest_exits_2_naming_file_and_field() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -403,6 +403,13 @@ fn resume_without_a_checkpoint_starts_afresh_without_duplicated_lines() {
         without_timing(metrics(&resumed))
     );
     let evals = |d: &Path| std::fs::read_to_string(d.join("eval.jsonl")).expect("eval");
-    assert_eq!(evals(&straight), evals(&resumed), "one evaluation per eval step");
-    assert!(!stale_tails.exists(), "tails of steps after the start are dropped");
+    assert_eq!(
+        evals(&straight),
+        evals(&resumed),
+        "one evaluation per eval step"
+    );
+    assert!(
+        !stale_tails.exists(),
+        "tails of steps after the start are dropped"
+    );
 }
