@@ -15,7 +15,14 @@ mod report;
 mod train;
 mod verify;
 
+use std::io::Write;
 use std::path::{Path, PathBuf};
+
+/// Announces a skipped test where the user sees it: libtest captures `eprintln!` of passing
+/// tests, but not writes to the stderr handle itself.
+fn skip(test: &str, why: std::fmt::Arguments) {
+    let _ = writeln!(std::io::stderr(), "skipped {test}: {why}");
+}
 
 /// The prepared benchmark and training JSONL files (the repository does not ship them), found
 /// the way the product finds them: `ACPO_DATA_DIR`, else the default data directory. None —
@@ -26,9 +33,12 @@ pub fn real_data(test: &str) -> Option<PathBuf> {
     if dir.join("math500.jsonl").exists() {
         return Some(dir);
     }
-    eprintln!(
-        "skipped {test}: the prepared datasets are not in {} (set ACPO_DATA_DIR to a directory with math500.jsonl, ...)",
-        dir.display()
+    skip(
+        test,
+        format_args!(
+            "the prepared datasets are not in {} (set ACPO_DATA_DIR to a directory with math500.jsonl, ...)",
+            dir.display()
+        ),
     );
     None
 }
@@ -51,8 +61,9 @@ pub fn qwen3_tokenizer(test: &str) -> Option<PathBuf> {
         .and_then(|f| f.parent().map(Path::to_owned))
         .filter(|d| has(d));
     if cached.is_none() {
-        eprintln!(
-            "skipped {test}: the real Qwen3 tokenizer was not found (set ACPO_QWEN3_TOKENIZER to a directory with tokenizer.json and tokenizer_config.json, or cache Qwen/Qwen3-0.6B)"
+        skip(
+            test,
+            format_args!("the real Qwen3 tokenizer was not found (set ACPO_QWEN3_TOKENIZER to a directory with tokenizer.json and tokenizer_config.json, or cache Qwen/Qwen3-0.6B)"),
         );
     }
     cached
