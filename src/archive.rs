@@ -10,7 +10,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-pub const SUMS: &str = "SHA256SUMS";
+pub use crate::checksum::SUMS;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ArchiveError {
@@ -57,6 +57,12 @@ fn entries(root: &Path) -> Result<(Vec<String>, Vec<String>)> {
             let path = entry.path();
             // file_type does not follow symbolic links: a link is reported, never entered.
             let kind = io(&path, entry.file_type())?;
+            // What an interrupted write left behind (a regular file or directory named as a
+            // temporary) is not part of any result; a link is reported whatever its name.
+            let temp = crate::atomic::is_temp(&entry.file_name().to_string_lossy());
+            if temp && (kind.is_file() || kind.is_dir()) {
+                continue;
+            }
             if kind.is_dir() {
                 stack.push(path);
                 continue;

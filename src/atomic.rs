@@ -13,6 +13,12 @@ pub fn temp_path(path: &Path) -> PathBuf {
     path.with_file_name(name)
 }
 
+/// Whether a file or directory name is a temporary of an interrupted write (a file's `.tmp`, a
+/// checkpoint's `step_NNNNNN.tmp`): never part of a result.
+pub fn is_temp(name: &str) -> bool {
+    name.ends_with(".tmp")
+}
+
 /// Writes `bytes` to `path` atomically.
 pub fn write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let tmp = temp_path(path);

@@ -6,6 +6,9 @@ use std::path::Path;
 
 use sha2::{Digest, Sha256};
 
+/// The checksum file of a run directory, an archive or a created model (sha256sum format).
+pub const SUMS: &str = "SHA256SUMS";
+
 /// SHA-256 of a file's bytes, as lowercase hex.
 pub fn sha256_file(path: &Path) -> std::io::Result<String> {
     let mut f = std::fs::File::open(path)?;

@@ -65,14 +65,25 @@ pub struct Plan {
     pub runs: Vec<(usize, Option<usize>)>,
 }
 
-/// The plan for `exps` given the step of each run's last complete checkpoint.
-pub fn plan(exps: &[Experiment], checkpoints: &[Option<usize>]) -> Plan {
+/// How far a run got: the step of its last complete checkpoint, and whether it was sealed
+/// afterwards ([`RunDir::is_sealed`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Progress {
+    pub checkpoint: Option<usize>,
+    pub sealed: bool,
+}
+
+/// The plan for `exps` given how far each run got. A run is reused only when its last
+/// checkpoint is the final step and it was sealed; one killed before its seal resumes at its
+/// last step (no training, then provenance and SHA256SUMS).
+pub fn plan(exps: &[Experiment], progress: &[Progress]) -> Plan {
     let mut p = Plan::default();
-    for (i, (exp, done)) in exps.iter().zip(checkpoints).enumerate() {
-        if *done == Some(exp.trainer.total_steps) {
+    for (i, (exp, got)) in exps.iter().zip(progress).enumerate() {
+        let done = got.checkpoint;
+        if done == Some(exp.trainer.total_steps) && got.sealed {
             p.reused.push(i);
         } else {
-            p.runs.push((i, *done));
+            p.runs.push((i, done));
         }
     }
     for &(i, _) in &p.runs {
@@ -122,12 +133,15 @@ pub fn train_all(
         std::env::set_var("RAYON_NUM_THREADS", "1");
     }
     let started = Instant::now();
-    let mut checkpoints = Vec::new();
+    let mut progress = Vec::new();
     for exp in &only {
         let run = RunDir::of(exp, results);
-        checkpoints.push(io(run.path(), run.latest_checkpoint())?.map(|c| c.0));
+        progress.push(Progress {
+            checkpoint: io(run.path(), run.latest_checkpoint())?.map(|c| c.0),
+            sealed: run.is_sealed(),
+        });
     }
-    let plan = plan(&only, &checkpoints);
+    let plan = plan(&only, &progress);
     let total = exps.len();
     for &i in &plan.reused {
         println!(
@@ -294,7 +308,7 @@ mod tests {
     #[test]
     fn a_fresh_scale_trains_every_run_after_making_its_shared_model_once() {
         let exps = smoke();
-        let p = plan(&exps, &[None; 4]);
+        let p = plan(&exps, &[Progress::default(); 4]);
         assert_eq!(p.reused, Vec::<usize>::new());
         assert_eq!(p.models, vec![0]);
         assert_eq!(p.runs, vec![(0, None), (1, None), (2, None), (3, None)]);
@@ -304,7 +318,19 @@ mod tests {
     fn finished_runs_are_reused_and_unfinished_ones_resume_from_their_checkpoint() {
         let exps = smoke();
         let total = exps[1].trainer.total_steps;
-        let p = plan(&exps, &[None, Some(total), Some(1), Some(total)]);
+        let at = |step: usize, sealed: bool| Progress {
+            checkpoint: Some(step),
+            sealed,
+        };
+        let p = plan(
+            &exps,
+            &[
+                Progress::default(),
+                at(total, true),
+                at(1, false),
+                at(total, true),
+            ],
+        );
         assert_eq!(p.reused, vec![1, 3]);
         assert_eq!(p.runs, vec![(0, None), (2, Some(1))]);
         // The model is made before the first run that still trains.
@@ -317,11 +343,31 @@ mod tests {
         exps[2].model.source = ModelSource::Dir("models/other".into());
         exps[3].model.init = None;
         exps[3].model.source = ModelSource::Dir("models/given".into());
-        let p = plan(&exps, &[None; 4]);
+        let p = plan(&exps, &[Progress::default(); 4]);
         assert_eq!(p.models, vec![0, 2]);
-        let all_done: Vec<Option<usize>> =
-            exps.iter().map(|e| Some(e.trainer.total_steps)).collect();
+        let all_done: Vec<Progress> = exps
+            .iter()
+            .map(|e| Progress {
+                checkpoint: Some(e.trainer.total_steps),
+                sealed: true,
+            })
+            .collect();
         assert_eq!(plan(&exps, &all_done).models, Vec::<usize>::new());
+    }
+
+    /// Issue #17, item 6: a run killed after its final checkpoint but before its seal is
+    /// resumed (which only seals it), never reused as finished.
+    #[test]
+    fn a_final_checkpoint_without_the_seal_resumes_instead_of_being_reused() {
+        let exps = smoke();
+        let total = exps[0].trainer.total_steps;
+        let unsealed = Progress {
+            checkpoint: Some(total),
+            sealed: false,
+        };
+        let p = plan(&exps, &[unsealed; 4]);
+        assert_eq!(p.reused, Vec::<usize>::new());
+        assert_eq!(p.runs[0], (0, Some(total)));
     }
 
     #[test]

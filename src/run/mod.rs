@@ -94,6 +94,16 @@ impl RunDir {
         Checkpoint(self.checkpoints().join(format!("step_{step:06}")))
     }
 
+    /// Whether the run was sealed after its last step: provenance says when it finished and
+    /// `SHA256SUMS` was written after that. A run killed in between is not finished.
+    pub fn is_sealed(&self) -> bool {
+        let finished = std::fs::read(self.provenance())
+            .ok()
+            .and_then(|b| serde_json::from_slice::<Provenance>(&b).ok())
+            .is_some_and(|p| p.finished_unix.is_some());
+        finished && self.root.join(crate::checksum::SUMS).is_file()
+    }
+
     /// The newest complete checkpoint (`step_NNNNNN` with its `state.json`, never a `.tmp`).
     pub fn latest_checkpoint(&self) -> std::io::Result<Option<(usize, Checkpoint)>> {
         let dir = self.checkpoints();

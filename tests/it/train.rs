@@ -413,3 +413,32 @@ fn resume_without_a_checkpoint_starts_afresh_without_duplicated_lines() {
         "tails of steps after the start are dropped"
     );
 }
+
+/// Issue #17, item 6: a run killed between its final checkpoint and its SHA256SUMS leaves a
+/// `SHA256SUMS.tmp` (and maybe a checkpoint's staging directory). `--resume` seals it, the new
+/// sums list no temporary, and the run verifies again.
+#[test]
+fn a_run_killed_before_its_seal_is_sealed_by_resume_and_verifies() {
+    let ws = workspace();
+    let (exp, text) = manifest(ws.path(), "smoke-grpo", &[]);
+    let dir = train(&exp, &text, &options(&ws.path().join("a"), false, None)).expect("run");
+    let before = metrics(&dir);
+    std::fs::remove_file(dir.join("SHA256SUMS")).expect("rm");
+    std::fs::write(dir.join("SHA256SUMS.tmp"), "half written").expect("w");
+    let staging = dir.join("checkpoints/step_000004.tmp");
+    std::fs::create_dir_all(&staging).expect("mkdir");
+    std::fs::write(staging.join("state.json"), "{").expect("w");
+    let prov = std::fs::read_to_string(dir.join("provenance.json")).expect("prov");
+    let mut prov: serde_json::Value = serde_json::from_str(&prov).expect("json");
+    prov["finished_unix"] = serde_json::Value::Null;
+    std::fs::write(dir.join("provenance.json"), prov.to_string()).expect("w");
+    assert!(!acpo::run::RunDir::at(&dir).is_sealed());
+
+    let resumed = train(&exp, &text, &options(&ws.path().join("a"), true, None)).expect("seal");
+    assert!(acpo::run::RunDir::at(&resumed).is_sealed());
+    let report = acpo::archive::verify(&resumed).expect("verify");
+    assert!(report.ok(), "{}", report.describe());
+    let sums = std::fs::read_to_string(resumed.join("SHA256SUMS")).expect("sums");
+    assert!(!sums.contains(".tmp"), "{sums}");
+    assert_eq!(without_timing(before), without_timing(metrics(&resumed)));
+}
