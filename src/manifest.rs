@@ -1176,6 +1176,17 @@ impl Validator<'_> {
             }
         }
         let eps = self.strictly_positive(&f("eps"), raw.eps)?;
+        // The update runs in f32: an ε that rounds to 0 (or to a subnormal) there turns a
+        // parameter with a zero gradient into 0/0.
+        if !(eps as f32).is_normal() {
+            return self.fail(
+                &f("eps"),
+                format!(
+                    "must be at least {:e} (it is used in f32, where {eps:e} is not a normal number)",
+                    f32::MIN_POSITIVE
+                ),
+            );
+        }
         Ok(OptimSpec {
             lr,
             lr_schedule: raw.lr_schedule,

@@ -80,6 +80,9 @@ pub struct StepReport {
     pub lr: f64,
     /// False when the norm was not finite and nothing was changed.
     pub applied: bool,
+    /// False when the update left a parameter non-finite (NaN or ±∞): the caller must stop
+    /// before anything is saved.
+    pub params_finite: bool,
 }
 
 pub struct AdamW {
@@ -135,6 +138,7 @@ impl AdamW {
                 grad_norm: norm,
                 lr,
                 applied: false,
+                params_finite: true,
             });
         }
         let coef = self.spec.grad_clip / (norm + 1e-6);
@@ -152,6 +156,7 @@ impl AdamW {
             bc2,
             eps: self.spec.eps,
         };
+        let mut params_finite = true;
         for i in 0..self.vars.len() {
             let g = grads.get(&self.names[i]);
             let (m, v) = (&self.m[i], &self.v[i]);
@@ -159,6 +164,12 @@ impl AdamW {
                 Some(new) => new,
                 None => composed_update(&self.vars[i], g, m, v, &h)?,
             };
+            // A NaN anywhere makes the sum NaN; an overflow makes it infinite.
+            params_finite &= p
+                .to_dtype(DType::F32)?
+                .sum_all()?
+                .to_scalar::<f32>()?
+                .is_finite();
             self.vars[i].set(&p)?;
             (self.m[i], self.v[i]) = (m, v);
         }
@@ -167,6 +178,7 @@ impl AdamW {
             grad_norm: norm,
             lr,
             applied: true,
+            params_finite,
         })
     }
 

@@ -89,6 +89,8 @@ pub enum TrainError {
     NoSolutionFits { max_response_length: usize },
     #[error("the model has no parameters")]
     NoParameters,
+    #[error("step {step}: the update left a parameter NaN or infinite; the run stopped before saving anything (the last checkpoint is intact)")]
+    NonFiniteParameters { step: usize },
     #[error("step {step}: {metric} is {value}; the update was not applied and the run stopped (the last checkpoint is intact)")]
     NonFinite {
         step: usize,

@@ -263,5 +263,8 @@ pub(super) fn apply_update(
             value: report.grad_norm,
         });
     }
+    if !report.params_finite {
+        return Err(TrainError::NonFiniteParameters { step });
+    }
     Ok(report.grad_norm)
 }

@@ -411,6 +411,12 @@ fn every_validation_rule_rejects_its_bad_example_with_one_clear_message() {
             "actor.optim.grad_clip",
         ),
         (
+            // Issue #17, item 4: 1e-50 is positive, but 0 in the f32 update (then 0/0).
+            "eps that is zero in f32",
+            set(ppo(), "actor.optim.eps", json!(1e-50)),
+            "actor.optim.eps",
+        ),
+        (
             "weight decay negative",
             set(ppo(), "actor.optim.weight_decay", json!(-0.01)),
             "actor.optim.weight_decay",

@@ -442,3 +442,24 @@ fn a_run_killed_before_its_seal_is_sealed_by_resume_and_verifies() {
     assert!(!sums.contains(".tmp"), "{sums}");
     assert_eq!(without_timing(before), without_timing(metrics(&resumed)));
 }
+
+/// Issue #17, item 4: an update that leaves a parameter NaN (here: ε = 1e-50, 0 in f32, so an
+/// embedding row without gradient gets 0/0 — a manifest can no longer ask for it, so the
+/// validated value is overridden) stops the run before anything is checkpointed.
+#[test]
+fn an_update_that_makes_parameters_nan_stops_before_any_checkpoint() {
+    let ws = workspace();
+    let (mut exp, text) = manifest(ws.path(), "smoke-grpo", &[]);
+    exp.actor.optim.eps = 1e-50;
+    let err = train(&exp, &text, &options(&ws.path().join("a"), false, None)).expect_err("NaN");
+    assert!(
+        matches!(err, TrainError::NonFiniteParameters { step: 1 }),
+        "{err}"
+    );
+    let run = acpo::run::RunDir::of(&exp, &ws.path().join("a"));
+    assert_eq!(
+        run.latest_checkpoint().expect("ls"),
+        None,
+        "nothing was saved"
+    );
+}
