@@ -10,6 +10,7 @@ use crate::data;
 use crate::manifest::Experiment;
 use crate::model::tokenizer::Tokenizer;
 use crate::model::{self, init, Params, QwenConfig};
+use crate::run::lock;
 use crate::run::provenance::{now_unix, utc};
 
 /// What created a model directory (`init.json` beside the weights): the fingerprint of its
@@ -53,6 +54,11 @@ pub fn ensure_model(exp: &Experiment, mut on_event: impl FnMut(Event<'_>)) -> Re
         _ => return Ok(()),
     };
     let fp = init_fingerprint(init)?;
+    // Runs side by side that share this model wait for the one creating it, then check it.
+    let _lock = lock::acquire(dir, lock::Wait::Block).map_err(|source| TrainError::Io {
+        path: lock::path_for(dir),
+        source,
+    })?;
     if dir.exists() {
         return check_created_model(dir, &fp);
     }

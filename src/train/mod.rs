@@ -38,7 +38,7 @@ use crate::model::qwen::Qwen;
 use crate::model::tokenizer::Tokenizer;
 use crate::model::{init, Params, QwenConfig};
 use crate::optim::AdamW;
-use crate::run::{self, Provenance, RunDir};
+use crate::run::{self, lock, Provenance, RunDir};
 use batch::DataCursor;
 use checkpoint::{CheckpointState, Models};
 
@@ -69,6 +69,8 @@ pub enum TrainError {
     },
     #[error("{name}: actor.kl_loss_coef / actor.use_kl_in_reward need a reference policy, which the trainer does not keep (the paper uses neither: set 0 / false)")]
     KlUnsupported { name: String },
+    #[error("{} is being trained by another acpo process (it holds {}); nothing was changed", dir.display(), lock.display())]
+    Busy { dir: PathBuf, lock: PathBuf },
     #[error("{} already holds this run: pass --resume to continue it (nothing was changed)", dir.display())]
     AlreadyTrained { dir: PathBuf },
     #[error("{}: checkpoint of another manifest", path.display())]
@@ -172,6 +174,8 @@ pub struct Trainer {
     eos: Vec<u32>,
     run: RunDir,
     device: Device,
+    /// This process's exclusive hold on the run directory.
+    _lock: crate::run::lock::Lock,
 }
 
 /// Result of a finished (or stopped) `train` call.
@@ -226,6 +230,15 @@ impl Trainer {
         };
         let eos = load::eos_ids(&cfg, &tokenizer);
         let run = RunDir::of(exp, &opts.out_root);
+        let lock = lock::acquire(run.path(), lock::Wait::NoWait)
+            .map_err(|source| TrainError::Io {
+                path: lock::path_for(run.path()),
+                source,
+            })?
+            .ok_or_else(|| TrainError::Busy {
+                dir: run.path().to_owned(),
+                lock: lock::path_for(run.path()),
+            })?;
         let has_ckpt = io(run.path(), run.latest_checkpoint())?.is_some();
         if run.metrics().exists() && !opts.resume && has_ckpt {
             return Err(TrainError::AlreadyTrained {
@@ -248,6 +261,7 @@ impl Trainer {
             eos,
             run,
             device,
+            _lock: lock,
         })
     }
 

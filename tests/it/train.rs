@@ -463,3 +463,44 @@ fn an_update_that_makes_parameters_nan_stops_before_any_checkpoint() {
         "nothing was saved"
     );
 }
+
+/// Issue #17, item 5: while a process trains a run, a second `train` of it is refused at once
+/// (before anything is written); once the first is done, it proceeds.
+#[test]
+fn a_run_being_trained_is_locked_against_a_second_trainer() {
+    let ws = workspace();
+    let (exp, text) = manifest(ws.path(), "smoke-grpo", &[]);
+    let out = ws.path().join("a");
+    let run = acpo::run::RunDir::of(&exp, &out);
+    let held = acpo::run::lock::acquire(run.path(), acpo::run::lock::Wait::NoWait)
+        .expect("lock")
+        .expect("free");
+    let err = train(&exp, &text, &options(&out, false, None)).expect_err("busy");
+    assert!(matches!(err, TrainError::Busy { .. }), "{err}");
+    assert!(
+        !run.metrics().exists() && !run.manifest().exists(),
+        "nothing written"
+    );
+    drop(held);
+    train(&exp, &text, &options(&out, false, None)).expect("trains once free");
+}
+
+/// Issue #17, item 5: runs side by side that share a created model do not race on building it:
+/// one builds, the others wait and then check what it built.
+#[test]
+fn runs_sharing_a_created_model_build_it_once_side_by_side() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let (exp, _) = manifest(dir.path(), "smoke-grpo", &[]);
+    let results: Vec<_> = std::thread::scope(|s| {
+        let jobs: Vec<_> = (0..3)
+            .map(|_| s.spawn(|| acpo::train::ensure_model(&exp, |_| {})))
+            .collect();
+        jobs.into_iter()
+            .map(|j| j.join().expect("thread"))
+            .collect()
+    });
+    for r in results {
+        r.expect("every run gets the model");
+    }
+    acpo::train::ensure_model(&exp, |_| panic!("built once: now only checked")).expect("reuse");
+}
