@@ -317,13 +317,26 @@ pub fn archive(runs: &[PathBuf], out: &Path, contents: Contents) -> Result<usize
     Ok(sums.len())
 }
 
-/// Unpacks an archive into `dest` (refusing paths outside it).
+/// How many times its own size an archive may unpack to (plus [`UNPACK_ALLOWANCE`]). Results
+/// compress ~1× (weights) to ~20× (JSON lines); a gzip bomb compresses ~1000×.
+pub const UNPACK_RATIO: u64 = 64;
+/// Bytes any archive may unpack to, whatever its size.
+pub const UNPACK_ALLOWANCE: u64 = 64 << 20;
+
+/// Unpacks an archive into `dest`, refusing paths outside it, entries that are not regular files
+/// or directories, and more bytes than [`UNPACK_RATIO`] × its size + [`UNPACK_ALLOWANCE`]
+/// (counted from the entries' headers before each is written, so a bomb writes nothing big).
 pub fn unpack(archive: &Path, dest: &Path) -> Result<()> {
     let unreadable = |reason: String| ArchiveError::Unreadable {
         path: archive.to_owned(),
         reason,
     };
     let file = io(archive, std::fs::File::open(archive))?;
+    let compressed = io(archive, file.metadata())?.len();
+    let limit = compressed
+        .saturating_mul(UNPACK_RATIO)
+        .saturating_add(UNPACK_ALLOWANCE);
+    let mut unpacked = 0u64;
     let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(file));
     let entries = tar
         .entries()
@@ -333,6 +346,12 @@ pub fn unpack(archive: &Path, dest: &Path) -> Result<()> {
         // Results are regular files in directories: a link, device or FIFO could point
         // anywhere once unpacked, so an archive holding one is refused whole.
         let kind = entry.header().entry_type();
+        unpacked = unpacked.saturating_add(entry.header().size().unwrap_or(u64::MAX));
+        if unpacked > limit {
+            return Err(unreadable(format!(
+                "unpacks to more than {limit} bytes ({UNPACK_RATIO} × its {compressed} bytes + {UNPACK_ALLOWANCE}): refused as a likely decompression bomb"
+            )));
+        }
         let metadata = kind.is_pax_global_extensions() || kind.is_pax_local_extensions();
         if !(kind.is_file() || kind.is_dir() || metadata) {
             let name = entry
@@ -364,24 +383,29 @@ pub fn verify(target: &Path) -> Result<Report> {
             reason: "no such archive or directory".into(),
         });
     }
-    let scratch = tempdir_near(&std::env::temp_dir().join("acpo-verify"))?;
-    let report = match unpack(target, &scratch) {
+    // Removed on every way out, the verdict's and the errors'.
+    let scratch = Scratch(tempdir_near(&std::env::temp_dir().join("acpo-verify"))?);
+    match unpack(target, &scratch.0) {
         Ok(()) => {
-            let mut report = verify_dir(&scratch)?;
+            let mut report = verify_dir(&scratch.0)?;
             check_sidecar(target, &mut report)?;
-            report
+            Ok(report)
         }
-        Err(ArchiveError::Unreadable { reason, .. }) => Report {
+        Err(ArchiveError::Unreadable { reason, .. }) => Ok(Report {
             unreadable: Some(format!("{}: {reason}", target.display())),
             ..Report::default()
-        },
-        Err(e) => {
-            let _ = std::fs::remove_dir_all(&scratch);
-            return Err(e);
-        }
-    };
-    let _ = std::fs::remove_dir_all(&scratch);
-    Ok(report)
+        }),
+        Err(e) => Err(e),
+    }
+}
+
+/// A temporary directory removed when dropped.
+struct Scratch(PathBuf);
+
+impl Drop for Scratch {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
 }
 
 /// `<archive>.sha256`, when it is beside the archive, must name the archive's own digest.

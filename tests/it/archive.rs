@@ -429,3 +429,49 @@ fn run_level_sums_and_the_sidecar_are_checked() {
         ".sha256",
     );
 }
+
+/// Issue #17, item 9: a decompression bomb is refused from its headers, before anything big is
+/// written, the verdict names the archive, and no scratch directory is left behind.
+#[test]
+fn a_decompression_bomb_is_refused_without_writing_it_and_leaves_no_scratch() {
+    use std::io::Read;
+    let tmp = tempfile::tempdir().expect("tmp");
+    let bomb = tmp.path().join("bomb.tar.gz");
+    let zeros = 2 * acpo::archive::UNPACK_ALLOWANCE;
+    {
+        let file = std::fs::File::create(&bomb).expect("create");
+        let mut tar = tar::Builder::new(flate2::write::GzEncoder::new(
+            file,
+            flate2::Compression::best(),
+        ));
+        let mut header = tar::Header::new_gnu();
+        header.set_size(zeros);
+        header.set_mode(0o644);
+        header.set_cksum();
+        tar.append_data(
+            &mut header,
+            "run-a/metrics.jsonl",
+            std::io::repeat(0).take(zeros),
+        )
+        .expect("append");
+        tar.into_inner().expect("tar").finish().expect("gz");
+    }
+    let size = std::fs::metadata(&bomb).expect("meta").len();
+    let limit = size * acpo::archive::UNPACK_RATIO + acpo::archive::UNPACK_ALLOWANCE;
+    assert!(
+        zeros > limit,
+        "the premise: {size} bytes unpack to {zeros} > {limit}"
+    );
+    let scratch_root = tmp.path().join("scratch");
+    std::fs::create_dir_all(&scratch_root).expect("mkdir");
+    let out = Command::new(env!("CARGO_BIN_EXE_acpo"))
+        .args(["verify", bomb.to_str().expect("u")])
+        .env("TMPDIR", &scratch_root)
+        .current_dir(tmp.path())
+        .output()
+        .expect("acpo runs");
+    failed_check(&out, "decompression bomb");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("bomb.tar.gz"));
+    let left: Vec<_> = std::fs::read_dir(&scratch_root).expect("ls").collect();
+    assert!(left.is_empty(), "scratch left behind: {left:?}");
+}
