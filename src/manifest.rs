@@ -607,14 +607,44 @@ pub struct EvalSpec {
     pub limit: Option<usize>,
 }
 
+/// A number as a message shows it: plain when short, in exponent form when huge or tiny.
+fn number(x: f64) -> String {
+    let a = x.abs();
+    if a != 0.0 && !(1e-4..1e9).contains(&a) {
+        format!("{x:e}")
+    } else {
+        format!("{x}")
+    }
+}
+
+/// The smallest sampling temperature other than 0 (greedy).
+pub const MIN_TEMPERATURE: f64 = 0.01;
+
+/// The most prompts a step may take (`trainer.batch_size`), and responses per prompt
+/// (`rollout.n`, `eval.k`): sizes that bound memory (the paper uses 512 and 8).
+pub const MAX_BATCH: usize = 1 << 16;
+pub const MAX_SAMPLES: usize = 1 << 10;
+
+/// The largest manifest file read (they are a few kilobytes).
+const MAX_MANIFEST_BYTES: u64 = 1 << 20;
+
 impl Experiment {
     /// Reads and validates one manifest file. The run `name` must equal the file stem, so a
     /// run is found by its name in one guess.
     pub fn load(path: &Path) -> Result<Experiment, ManifestError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ManifestError::Io {
+        let io = |source| ManifestError::Io {
             path: path.to_owned(),
             source,
-        })?;
+        };
+        // A FIFO or a device would block or never end: only a regular file of sane size is read.
+        let meta = std::fs::metadata(path).map_err(io)?;
+        if !meta.is_file() || meta.len() > MAX_MANIFEST_BYTES {
+            return Err(io(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("not a manifest: only a regular file of at most {MAX_MANIFEST_BYTES} bytes is read"),
+            )));
+        }
+        let text = std::fs::read_to_string(path).map_err(io)?;
         let experiment = Self::from_yaml(&text, path)?;
         let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
         if experiment.name != stem {
@@ -769,6 +799,26 @@ impl Validator<'_> {
         })
     }
 
+    fn learning_rate(&self, field: &str, lr: f64) -> Checked<f64> {
+        let lr = self.strictly_positive(field, lr)?;
+        if lr >= 1.0 {
+            return self.fail(
+                field,
+                format!("must be < 1 (a learning rate of {lr} diverges)"),
+            );
+        }
+        Ok(lr)
+    }
+
+    /// A count that sizes memory: at least 1 and at most `max`.
+    fn bounded(&self, field: &str, value: usize, max: usize, why: &str) -> Checked<usize> {
+        self.positive(field, value)?;
+        if value > max {
+            return self.fail(field, format!("must be at most {max} ({why}), got {value}"));
+        }
+        Ok(value)
+    }
+
     fn positive(&self, field: &str, value: usize) -> Checked<usize> {
         if value == 0 {
             return self.fail(field, "must be at least 1, got 0");
@@ -778,14 +828,17 @@ impl Validator<'_> {
 
     fn finite_in(&self, field: &str, value: f64, lo: f64, hi: f64, range: &str) -> Checked<f64> {
         if !value.is_finite() || value < lo || value > hi {
-            return self.fail(field, format!("must be in {range}, got {value}"));
+            return self.fail(field, format!("must be in {range}, got {}", number(value)));
         }
         Ok(value)
     }
 
     fn strictly_positive(&self, field: &str, value: f64) -> Checked<f64> {
         if !value.is_finite() || value <= 0.0 {
-            return self.fail(field, format!("must be a finite number > 0, got {value}"));
+            return self.fail(
+                field,
+                format!("must be a finite number > 0, got {}", number(value)),
+            );
         }
         Ok(value)
     }
@@ -855,14 +908,20 @@ impl Validator<'_> {
             }
             (false, None) => None,
         };
-        if actor.optim.warmup_steps > trainer.total_steps {
-            return self.fail(
-                "actor.optim.warmup_steps",
-                format!(
-                    "must not exceed trainer.total_steps ({}), got {}",
-                    trainer.total_steps, actor.optim.warmup_steps
-                ),
-            );
+        let warmups = [
+            ("actor", Some(&actor.optim)),
+            ("critic", critic.as_ref().map(|c| &c.optim)),
+        ];
+        for (who, optim) in warmups {
+            if let Some(o) = optim.filter(|o| o.warmup_steps > trainer.total_steps) {
+                return self.fail(
+                    &format!("{who}.optim.warmup_steps"),
+                    format!(
+                        "must not exceed trainer.total_steps ({}), got {}",
+                        trainer.total_steps, o.warmup_steps
+                    ),
+                );
+            }
         }
         let eval = self.eval(&raw.eval)?;
         Ok(Experiment {
@@ -977,7 +1036,7 @@ impl Validator<'_> {
                         Some(WarmStartSpec {
                             steps: self.positive(&f("steps"), w.steps)?,
                             batch_size: self.positive(&f("batch_size"), w.batch_size)?,
-                            lr: self.strictly_positive(&f("lr"), w.lr)?,
+                            lr: self.learning_rate(&f("lr"), w.lr)?,
                             warmup_steps: w.warmup_steps,
                             max_response_length: self
                                 .positive(&f("max_response_length"), w.max_response_length)?,
@@ -1126,16 +1185,27 @@ impl Validator<'_> {
         } else {
             format!("{section}.n")
         };
-        self.positive(&n_field, n)?;
+        self.bounded(
+            &n_field,
+            n,
+            MAX_SAMPLES,
+            "samples per prompt; the paper uses 8 to 32",
+        )?;
         let field = format!("{section}.temperature");
-        if !temperature.is_finite() || temperature < 0.0 || (temperature == 0.0 && !greedy_allowed)
+        // logits / T overflows f32 long before T reaches 0: below MIN_TEMPERATURE, sample greedily.
+        let too_small = temperature > 0.0 && temperature < MIN_TEMPERATURE;
+        if !temperature.is_finite()
+            || temperature < 0.0
+            || (temperature == 0.0 && !greedy_allowed)
+            || too_small
         {
             let range = if greedy_allowed {
-                "[0, inf) (0 = greedy)"
+                "0 (greedy) or in [0.01, inf)"
             } else {
-                "(0, inf): RL rollouts must sample"
+                "in [0.01, inf): RL rollouts must sample"
             };
-            return self.fail(&field, format!("must be in {range}, got {temperature}"));
+            let got = number(temperature);
+            return self.fail(&field, format!("must be {range}, got {got}"));
         }
         let field = format!("{section}.top_p");
         if !top_p.is_finite() || top_p <= 0.0 || top_p > 1.0 {
@@ -1157,13 +1227,7 @@ impl Validator<'_> {
 
     fn optim(&self, section: &str, raw: &raw::Optim) -> Checked<OptimSpec> {
         let f = |name: &str| format!("{section}.optim.{name}");
-        let lr = self.strictly_positive(&f("lr"), raw.lr)?;
-        if lr >= 1.0 {
-            return self.fail(
-                &f("lr"),
-                format!("must be < 1 (a learning rate of {lr} diverges)"),
-            );
-        }
+        let lr = self.learning_rate(&f("lr"), raw.lr)?;
         let grad_clip = self.strictly_positive(&f("grad_clip"), raw.grad_clip)?;
         let weight_decay =
             self.finite_in(&f("weight_decay"), raw.weight_decay, 0.0, 1.0, "[0, 1]")?;
@@ -1227,13 +1291,9 @@ impl Validator<'_> {
             );
         }
         let epochs = self.positive("actor.epochs", raw.epochs)?;
-        let entropy_coeff = self.finite_in(
-            "actor.entropy_coeff",
-            raw.entropy_coeff,
-            0.0,
-            f64::MAX,
-            "[0, inf)",
-        )?;
+        // Beyond 1 the bonus outweighs the policy loss it regularises (verl uses 0 to 0.01).
+        let entropy_coeff =
+            self.finite_in("actor.entropy_coeff", raw.entropy_coeff, 0.0, 1.0, "[0, 1]")?;
         let kl_loss_coef = self.finite_in(
             "actor.kl_loss_coef",
             raw.kl_loss_coef,
@@ -1241,6 +1301,20 @@ impl Validator<'_> {
             f64::MAX,
             "[0, inf)",
         )?;
+        // `train` keeps no reference policy, so `check` refuses what it could not honour.
+        let no_reference = "the trainer keeps no reference policy (the paper uses no KL term)";
+        if kl_loss_coef != 0.0 {
+            return self.fail(
+                "actor.kl_loss_coef",
+                format!("must be 0: {no_reference}, got {kl_loss_coef}"),
+            );
+        }
+        if raw.use_kl_in_reward {
+            return self.fail(
+                "actor.use_kl_in_reward",
+                format!("must be false: {no_reference}"),
+            );
+        }
         Ok(ActorSpec {
             optim,
             mini_batch_size: mini,
@@ -1262,7 +1336,12 @@ impl Validator<'_> {
 
     fn trainer(&self, raw: &raw::Trainer) -> Checked<TrainerSpec> {
         Ok(TrainerSpec {
-            batch_size: self.positive("trainer.batch_size", raw.batch_size)?,
+            batch_size: self.bounded(
+                "trainer.batch_size",
+                raw.batch_size,
+                MAX_BATCH,
+                "prompts per step; the paper uses 512",
+            )?,
             total_steps: self.positive("trainer.total_steps", raw.total_steps)?,
             eval_every: self.positive("trainer.eval_every", raw.eval_every)?,
             checkpoint_every: self.positive("trainer.checkpoint_every", raw.checkpoint_every)?,

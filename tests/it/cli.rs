@@ -46,6 +46,42 @@ fn check_accepts_every_committed_manifest() {
     assert!(stdout.contains("qwen3-8b-grpo-ac") && stdout.contains("alpha=2"));
 }
 
+/// Issue #17, item 8: a FIFO (or a device) as a manifest is refused at once instead of blocking
+/// `check` or `train` forever.
+#[cfg(unix)]
+#[test]
+fn a_fifo_manifest_is_refused_instead_of_blocking() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let fifo = dir.path().join("run.yaml");
+    let made = Command::new("mkfifo").arg(&fifo).status().expect("mkfifo");
+    assert!(made.success());
+    for args in [
+        vec!["check", "."],
+        vec!["train", "run.yaml"],
+        vec!["train", "/dev/zero"],
+    ] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_acpo"))
+            .args(&args)
+            .current_dir(dir.path())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("acpo runs");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+        while child.try_wait().expect("wait").is_none() {
+            if std::time::Instant::now() > deadline {
+                child.kill().expect("kill");
+                panic!("{args:?} blocked on a FIFO");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let out = child.wait_with_output().expect("output");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains("not a manifest"), "{args:?}: {stderr}");
+    }
+}
+
 /// Issue #17, item 11: an error names its cause once (the OS error was printed twice).
 #[test]
 fn a_missing_file_is_named_once_with_its_os_error_once() {

@@ -436,6 +436,51 @@ fn every_validation_rule_rejects_its_bad_example_with_one_clear_message() {
             set(ppo(), "actor.optim.warmup_steps", json!(301)),
             "actor.optim.warmup_steps",
         ),
+        // Issue #17, item 8: whatever `train` would refuse or turn into NaN, `check` refuses.
+        (
+            "critic warmup beyond the run",
+            set(ppo(), "critic.optim.warmup_steps", json!(301)),
+            "critic.optim.warmup_steps",
+        ),
+        (
+            "KL loss without a reference policy",
+            set(ppo(), "actor.kl_loss_coef", json!(0.1)),
+            "actor.kl_loss_coef",
+        ),
+        (
+            "KL in the reward without a reference policy",
+            set(ppo(), "actor.use_kl_in_reward", json!(true)),
+            "actor.use_kl_in_reward",
+        ),
+        (
+            "entropy coefficient that swamps the loss",
+            set(ppo(), "actor.entropy_coeff", json!(1e308)),
+            "actor.entropy_coeff",
+        ),
+        (
+            "temperature that overflows the logits",
+            set(ppo(), "rollout.temperature", json!(1e-300)),
+            "rollout.temperature",
+        ),
+        (
+            "batch that cannot fit in memory",
+            set(ppo(), "trainer.batch_size", json!(1_000_000_000_000u64)),
+            "trainer.batch_size",
+        ),
+        (
+            "samples per prompt that cannot fit in memory",
+            set(grpo_ac(), "rollout.n", json!(100_000)),
+            "rollout.n",
+        ),
+        (
+            "warm-start learning rate that diverges",
+            set(
+                base_value("experiments/mini/mini-xs-grpo.yaml"),
+                "model.init.warm_start.lr",
+                json!(5.0),
+            ),
+            "model.init.warm_start.lr",
+        ),
         (
             "mini-batch does not divide batch",
             set(ppo(), "actor.mini_batch_size", json!(100)),
@@ -696,11 +741,14 @@ fn changing_any_single_field_changes_the_fingerprint() {
         for (path, leaf) in ls {
             // The algorithm decides which other fields exist, and a benchmark cannot be swapped
             // without a duplicate: both are covered by the structural checks below.
-            // `lr_schedule` has a single valid value today.
+            // `lr_schedule`, `kl_loss_coef` and `use_kl_in_reward` have a single valid value
+            // today (the trainer keeps no reference policy).
             if leaf.is_null()
                 || path == "algorithm.name"
                 || path.starts_with("eval.benchmarks.")
                 || path.ends_with("optim.lr_schedule")
+                || path == "actor.kl_loss_coef"
+                || path == "actor.use_kl_in_reward"
             {
                 continue;
             }
