@@ -23,7 +23,7 @@
 //!    rather than by the padded width of the batch, so it does not depend on batch composition.
 //! 4. Outputs at padding positions are 0 (verl leaves whatever the recursion produced there).
 //! 5. `seq-mean-token-sum-norm` averages the per-response sums Σ_t loss / horizon over the
-//!    mini-batch's responses. verl's `agg_loss` (up to 0.5) *sums* them — Σ_seq Σ_t loss /
+//!    mini-batch's responses. Older verl releases' `agg_loss` *sums* them — Σ_seq Σ_t loss /
 //!    horizon, Dr. GRPO read literally — while its newer loss code divides by the global
 //!    response count as we do. For a fixed mini-batch the two differ by that constant factor:
 //!    AdamW's step is invariant to it except through ε and the gradient-norm clip.
