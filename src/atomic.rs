@@ -26,6 +26,14 @@ pub fn write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
     std::fs::rename(&tmp, path)
 }
 
+/// Writes `bytes` atomically to `dir/name`, creating `dir` first; returns the path written.
+pub fn write_in(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<PathBuf> {
+    let path = dir.join(name);
+    std::fs::create_dir_all(dir)?;
+    write(&path, bytes)?;
+    Ok(path)
+}
+
 /// Saves tensors as safetensors to `path` atomically.
 pub fn save_safetensors(
     tensors: &std::collections::HashMap<String, candle_core::Tensor>,

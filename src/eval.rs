@@ -236,10 +236,10 @@ pub fn evaluate_into(
     let policy = Qwen::new(&loaded.cfg, &loaded.params, true)?;
     let (summary, records) = evaluate(&policy, &loaded.tokenizer, exp, data, step, progress)?;
     let write = |name: &str, body: String| {
-        let path = out.join(name);
-        std::fs::create_dir_all(out)
-            .and_then(|()| crate::atomic::write(&path, body.as_bytes()))
-            .map_err(|source| EvalError::Io { path, source })
+        crate::atomic::write_in(out, name, body.as_bytes()).map_err(|source| EvalError::Io {
+            path: out.join(name),
+            source,
+        })
     };
     let lines = records
         .iter()

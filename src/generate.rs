@@ -219,17 +219,13 @@ pub fn read_prompts(path: &Path) -> Result<Vec<String>> {
         source,
     })?;
     let mut out = Vec::new();
-    for (i, line) in text
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-    {
+    for (line, v) in crate::jsonl::values(&text) {
         let bad = |reason: &str| GenerateError::Line {
             path: path.to_owned(),
-            line: i + 1,
+            line,
             reason: reason.into(),
         };
-        let v: serde_json::Value = serde_json::from_str(line).map_err(|_| bad("not JSON"))?;
+        let v = v.map_err(|_| bad("not JSON"))?;
         let p = v
             .get("prompt")
             .or_else(|| v.get("problem"))

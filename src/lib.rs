@@ -21,6 +21,7 @@ pub mod eval;
 pub mod fused;
 pub mod generate;
 pub mod hub;
+pub mod jsonl;
 pub mod manifest;
 pub mod model;
 pub mod optim;

@@ -120,13 +120,12 @@ pub fn train_all(
     data: &DataLocation,
     asked_jobs: Option<usize>,
 ) -> Result<()> {
-    let mut exps = Vec::new();
+    let (mut exps, mut texts) = (Vec::new(), Vec::new());
     for path in manifests {
-        let exp = Experiment::load(path)?;
-        exps.push((exp, io(path, std::fs::read_to_string(path))?));
+        exps.push(Experiment::load(path)?);
+        texts.push(io(path, std::fs::read_to_string(path))?);
     }
-    let only: Vec<Experiment> = exps.iter().map(|(e, _)| e.clone()).collect();
-    let jobs = jobs(asked_jobs, &only)?;
+    let jobs = jobs(asked_jobs, &exps)?;
     if jobs > 1 && std::env::var_os("RAYON_NUM_THREADS").is_none() {
         // Read by rayon and candle when their pools start (not yet: nothing ran a kernel).
         std::env::set_var("CANDLE_NUM_THREADS", "1");
@@ -134,26 +133,26 @@ pub fn train_all(
     }
     let started = Instant::now();
     let mut progress = Vec::new();
-    for exp in &only {
+    for exp in &exps {
         let run = RunDir::of(exp, results);
         progress.push(Progress {
             checkpoint: io(run.path(), run.latest_checkpoint())?.map(|c| c.0),
             sealed: run.is_sealed(),
         });
     }
-    let plan = plan(&only, &progress);
+    let plan = plan(&exps, &progress);
     let total = exps.len();
     for &i in &plan.reused {
         println!(
             "[{}/{total}] {}: finished earlier, reused",
             i + 1,
-            only[i].name
+            exps[i].name
         );
     }
     let queue = Queue::new(jobs);
     let parallel = jobs > 1;
     queue.run(plan.models.len(), &|k| {
-        let exp = &only[plan.models[k]];
+        let exp = &exps[plan.models[k]];
         train::ensure_model(
             exp,
             crate::progress::display(parallel.then(|| exp.name.clone())),
@@ -171,7 +170,7 @@ pub fn train_all(
     let runs_started = Instant::now();
     queue.run(plan.runs.len(), &|k| {
         let (i, done) = plan.runs[k];
-        let (exp, text) = &exps[i];
+        let (exp, text) = (&exps[i], &texts[i]);
         let what = if done.is_some() {
             "resuming"
         } else {

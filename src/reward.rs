@@ -86,18 +86,13 @@ pub fn score_file(path: &Path) -> Result<ScoredFile, ScoreError> {
         correct: 0,
         errors: 0,
     };
-    for (i, line) in text
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-    {
+    for (line, v) in crate::jsonl::values(&text) {
         let bad = |reason: String| ScoreError::Line {
             path: path.to_owned(),
-            line: i + 1,
+            line,
             reason,
         };
-        let mut v: serde_json::Value =
-            serde_json::from_str(line).map_err(|_| bad("not a JSON object".into()))?;
+        let mut v = v.map_err(|_| bad("not a JSON object".into()))?;
         let obj = v
             .as_object_mut()
             .ok_or_else(|| bad("not a JSON object".into()))?;

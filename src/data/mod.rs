@@ -230,17 +230,13 @@ fn read_jsonl(
         source,
     })?;
     let mut out = Vec::new();
-    for (i, line) in text
-        .lines()
-        .enumerate()
-        .filter(|(_, l)| !l.trim().is_empty())
-    {
+    for (line, v) in crate::jsonl::values(&text) {
         let row = |reason: String| DataError::Row {
             path: path.to_owned(),
-            line: i + 1,
+            line,
             reason,
         };
-        let v: serde_json::Value = serde_json::from_str(line).map_err(|e| row(e.to_string()))?;
+        let v = v.map_err(|e| row(e.to_string()))?;
         let field = |name: &str| -> Result<String, DataError> {
             match v.get(name) {
                 Some(serde_json::Value::String(s)) => Ok(s.clone()),

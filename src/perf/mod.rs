@@ -4,14 +4,13 @@
 //!
 //! Targets live here, not in timed tests: a report states what was measured on which machine.
 
+pub mod verifier;
+
+use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
 use serde::Serialize;
-
-pub mod verifier;
-
-use std::path::{Path, PathBuf};
 
 use crate::manifest::{LossAggMode, LrSchedule, OptimSpec, PolicyClip};
 use crate::model::qwen::Qwen;
@@ -69,14 +68,10 @@ pub enum BenchKind {
 
 /// Writes `bytes` under `dir` atomically; returns the path.
 pub(crate) fn write_report(dir: &Path, name: &str, bytes: &[u8]) -> Result<PathBuf> {
-    let path = dir.join(name);
-    std::fs::create_dir_all(dir)
-        .and_then(|()| crate::atomic::write(&path, bytes))
-        .map_err(|source| PerfError::Io {
-            path: path.clone(),
-            source,
-        })?;
-    Ok(path)
+    crate::atomic::write_in(dir, name, bytes).map_err(|source| PerfError::Io {
+        path: dir.join(name),
+        source,
+    })
 }
 
 /// Measures the speed benchmark `kind` on the model sizes (the tiny one only if asked), prints

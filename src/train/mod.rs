@@ -330,8 +330,9 @@ impl Trainer {
         // What was written after the starting point (the checkpoint, or nothing: a run that
         // died before its first checkpoint starts afresh) is recomputed, bit-identically.
         let step = state.step;
-        metrics_lines.retain(|l| run::line_step(l).is_some_and(|s| s <= step) && step > 0);
-        eval_lines.retain(|l| run::line_step(l).is_some_and(|s| s <= step) && step > 0);
+        let kept = |l: &String| step > 0 && run::line_step(l).is_some_and(|s| s <= step);
+        metrics_lines.retain(kept);
+        eval_lines.retain(kept);
         self.drop_tails_after(step)?;
         let total = self.exp.trainer.total_steps;
         let stop_at = opts

@@ -6,8 +6,6 @@
 use super::step::Rollout;
 use super::{Result, Trainer};
 use crate::model::qwen::Qwen;
-use crate::reward;
-use crate::rollout::{self, SampleKey};
 use crate::run::tails::{Difficulty, Tails};
 
 /// Sample-index offset of the difficulty probe's random streams (never a rollout's index).
@@ -61,52 +59,27 @@ impl Trainer {
         let exp = &self.exp;
         let n = exp.rollout.n;
         let due = exp.trainer.tails_every > 0 && step.is_multiple_of(exp.trainer.tails_every);
+        let k = exp.trainer.difficulty_probe_k;
         let rates = if !due {
             None
         } else if n >= 2 {
-            Some(
-                correct
-                    .chunks(n)
-                    .map(|g| g.iter().filter(|c| **c).count() as f64 / n as f64)
-                    .collect(),
-            )
-        } else if exp.trainer.difficulty_probe_k > 0 {
-            Some(self.probe_pass_rates(sampler, step, rollout)?)
+            Some(pass_rates(correct, n))
+        } else if k > 0 {
+            // k extra samples per prompt, judged like rollouts.
+            let (indices, prompts) = (&rollout.indices, &rollout.prompts);
+            let outs = self.sample_each(sampler, step, indices, prompts, k, PROBE_STREAM)?;
+            Some(pass_rates(&self.judge_all(indices, &outs, k)?, k))
         } else {
             None
         };
         Ok(rates.map(|r| TailRecorder::new(step, r, n)))
     }
+}
 
-    /// k extra samples per prompt, judged like rollouts: the fraction correct per prompt.
-    fn probe_pass_rates(&self, sampler: &Qwen, step: usize, rollout: &Rollout) -> Result<Vec<f64>> {
-        let (k, seed) = (self.exp.trainer.difficulty_probe_k, self.exp.seed);
-        let prompts: Vec<Vec<u32>> = rollout
-            .prompts
-            .iter()
-            .flat_map(|p| std::iter::repeat_n(p.clone(), k))
-            .collect();
-        let keys: Vec<SampleKey> = rollout
-            .indices
-            .iter()
-            .flat_map(|&p| {
-                (0..k as u64).map(move |s| [seed, step as u64, p as u64, PROBE_STREAM + s])
-            })
-            .collect();
-        let outs = rollout::generate(sampler, &prompts, &keys, &self.sample_request())?;
-        let mut rates = Vec::with_capacity(rollout.indices.len());
-        for (pi, chunk) in outs.chunks(k).enumerate() {
-            let gold = &self.problems[rollout.indices[pi]].answer;
-            let mut ok = 0;
-            for c in chunk {
-                ok += usize::from(
-                    reward::judge(&self.tokenizer, &c.tokens, gold)?
-                        .verdict
-                        .correct,
-                );
-            }
-            rates.push(ok as f64 / k as f64);
-        }
-        Ok(rates)
-    }
+/// The fraction correct of each prompt's `per_prompt` consecutive answers.
+fn pass_rates(correct: &[bool], per_prompt: usize) -> Vec<f64> {
+    correct
+        .chunks(per_prompt)
+        .map(|g| g.iter().filter(|c| **c).count() as f64 / per_prompt as f64)
+        .collect()
 }

@@ -105,20 +105,61 @@ impl Trainer {
             .iter()
             .map(|&i| self.prompt(i))
             .collect::<Result<Vec<_>>>()?;
-        let batch: Vec<Vec<u32>> = prompts
-            .iter()
-            .flat_map(|p| std::iter::repeat_n(p.clone(), n))
-            .collect();
-        let keys: Vec<SampleKey> = indices
-            .iter()
-            .flat_map(|&p| (0..n as u64).map(move |s| [seed, step as u64, p as u64, s]))
-            .collect();
-        let completions = rollout::generate(sampler, &batch, &keys, &self.sample_request())?;
+        let completions = self.sample_each(sampler, step, &indices, &prompts, n, 0)?;
         Ok(Rollout {
             indices,
             prompts,
             completions,
         })
+    }
+
+    /// `per_prompt` completions of each prompt (problem `indices[i]`, tokens `prompts[i]`), in
+    /// that order, sample s of problem p drawn on the stream (seed, step, p, first_stream + s).
+    pub(super) fn sample_each(
+        &self,
+        sampler: &Qwen,
+        step: usize,
+        indices: &[usize],
+        prompts: &[Vec<u32>],
+        per_prompt: usize,
+        first_stream: u64,
+    ) -> Result<Vec<Completion>> {
+        let seed = self.exp.seed;
+        let batch: Vec<Vec<u32>> = prompts
+            .iter()
+            .flat_map(|p| std::iter::repeat_n(p.clone(), per_prompt))
+            .collect();
+        let keys: Vec<SampleKey> = indices
+            .iter()
+            .flat_map(|&p| {
+                (0..per_prompt as u64).map(move |s| [seed, step as u64, p as u64, first_stream + s])
+            })
+            .collect();
+        Ok(rollout::generate(
+            sampler,
+            &batch,
+            &keys,
+            &self.sample_request(),
+        )?)
+    }
+
+    /// Whether each completion is correct: completion r answers problem `indices[r / per_prompt]`.
+    pub(super) fn judge_all(
+        &self,
+        indices: &[usize],
+        completions: &[Completion],
+        per_prompt: usize,
+    ) -> Result<Vec<bool>> {
+        completions
+            .iter()
+            .enumerate()
+            .map(|(r, c)| {
+                let gold = &self.problems[indices[r / per_prompt]].answer;
+                Ok(reward::judge(&self.tokenizer, &c.tokens, gold)?
+                    .verdict
+                    .correct)
+            })
+            .collect()
     }
 
     /// How rollouts (and the probe) sample: the manifest's rollout settings, up to the
@@ -135,22 +176,12 @@ impl Trainer {
         .pad(self.tokenizer.pad_id())
     }
 
-    /// Each response judged by the verifier against its prompt's gold answer.
+    /// Each response judged by the verifier against its prompt's gold answer, and scored.
     fn reward(&self, rollout: &Rollout) -> Result<Rewards> {
-        let n = self.exp.rollout.n;
-        let mut out = Rewards {
-            correct: Vec::with_capacity(rollout.completions.len()),
-            scores: Vec::with_capacity(rollout.completions.len()),
-        };
-        for (k, c) in rollout.completions.iter().enumerate() {
-            let gold = &self.problems[rollout.indices[k / n]].answer;
-            let ok = reward::judge(&self.tokenizer, &c.tokens, gold)?
-                .verdict
-                .correct;
-            out.correct.push(ok);
-            out.scores.push(reward::score(self.exp.trainer.reward, ok));
-        }
-        Ok(out)
+        let correct = self.judge_all(&rollout.indices, &rollout.completions, self.exp.rollout.n)?;
+        let kind = self.exp.trainer.reward;
+        let scores = correct.iter().map(|&ok| reward::score(kind, ok)).collect();
+        Ok(Rewards { correct, scores })
     }
 
     /// Prompts and responses laid out for the model.
