@@ -1,6 +1,8 @@
 //! `acpo bench verifier`: answers per second of the verifier on every benchmark's gold answers,
 //! each as a boxed answer, an `Answer:` line and a wrong answer; the pairs are written out so
-//! `tools/bench_math_verify.py` times Math-Verify on the very same pairs.
+//! `tools/bench_math_verify.py` times Math-Verify on the very same pairs. It also reports the most
+//! work ([`verify::work`]) any of those answers needs, against the budget, and the slowest of
+//! [`hostile_answers`], the inputs built to stall a verifier.
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -8,7 +10,82 @@ use std::time::Instant;
 use super::{write_report, Result};
 use crate::data::{self, DataLocation};
 use crate::manifest::Benchmark;
+use crate::rng::SplitMix64;
 use crate::verify;
+
+/// Short answers built to make a verifier work hard, with a gold each: products of factorials,
+/// runs of postfix operators, nested `±` trees, power towers, huge numbers and long sums of
+/// fractions, nested sets and lists, lists of huge powers (compared pairwise), deep fractions.
+/// Deterministic; `n` of each family.
+pub fn hostile_answers(n: usize) -> Vec<(String, String)> {
+    fn pm(depth: usize) -> String {
+        if depth == 0 {
+            "1".into()
+        } else {
+            format!("({})\\pm({})", pm(depth - 1), pm(depth - 1))
+        }
+    }
+    let mut rng = SplitMix64::new(0x5EED_A5F0);
+    let mut pick = |lo: u64, hi: u64| lo + rng.next_u64() % (hi - lo + 1);
+    let mut out = Vec::new();
+    for _ in 0..n {
+        let k = pick(2, 100) as usize;
+        let f = format!("{}!", pick(500, 2000));
+        out.push((vec![f.as_str(); k].join("*"), "3".into()));
+        let op = if pick(0, 1) == 0 { "%" } else { "!" };
+        out.push((
+            format!("5{}", op.repeat(pick(60, 3000) as usize)),
+            "3".into(),
+        ));
+        out.push((pm(pick(3, 10) as usize), "0".into()));
+        let depth = pick(2, 12) as usize;
+        out.push((
+            format!(
+                "{}{}",
+                "2^{".repeat(depth),
+                "9".to_string() + &"}".repeat(depth)
+            ),
+            "2".into(),
+        ));
+        out.push((
+            format!(
+                "({})^{{{}}}",
+                "9".repeat(pick(10, 60) as usize),
+                pick(1000, 20000)
+            ),
+            "1".into(),
+        ));
+        let digits = "7".repeat(pick(500, 1900) as usize);
+        out.push((format!("{digits}*{digits}/{digits}+1"), digits.clone()));
+        let terms: Vec<String> = (1..=pick(100, 400))
+            .map(|k| format!("\\frac{{1}}{{{k}}}"))
+            .collect();
+        out.push((terms.join("+"), "7".into()));
+        let nest = pick(5, 30) as usize;
+        out.push((
+            format!("{}1, 2{}", "\\{".repeat(nest), "\\}".repeat(nest)),
+            format!("{}2, 1{}", "\\{".repeat(nest), "\\}".repeat(nest)),
+        ));
+        let items: Vec<String> = (0..64)
+            .map(|i| format!("\\{{{i}, {}\\}}", 64 - i))
+            .collect();
+        let mut rev = items.clone();
+        rev.reverse();
+        out.push((items.join(", "), rev.join(", ")));
+        let powers: Vec<String> = (0..pick(20, 60))
+            .map(|i| format!("{}^{{{}}}", 2 + i % 7, 60_000 + i))
+            .collect();
+        out.push((powers.join(", "), "1, 2".into()));
+        let frac = pick(10, 60) as usize;
+        out.push((
+            format!("{}1{}", "\\frac{1}{1+".repeat(frac), "}".repeat(frac)),
+            "0.618".into(),
+        ));
+    }
+    out.into_iter()
+        .map(|(answer, gold)| (gold, format!("\\boxed{{{answer}}}")))
+        .collect()
+}
 
 /// Times the verifier (best of `repeats`) and writes `verifier.{json,md}` and the pairs.
 pub fn bench(data: &DataLocation, out: &Path, repeats: usize) -> Result<PathBuf> {
@@ -58,14 +135,66 @@ pub fn bench(data: &DataLocation, out: &Path, repeats: usize) -> Result<PathBuf>
         lines.push('\n');
     }
     let pairs_file = write_report(out, "verifier_pairs.jsonl", lines.as_bytes())?;
-    let report = serde_json::json!({"pairs": pairs.len(), "seconds": best, "answers_per_second": rate, "as_constructed": as_constructed});
+
+    // The most work a real answer needs: every pair above, and DAPO-Math-17k's golds boxed.
+    let mut golds: Vec<(String, String)> = pairs
+        .iter()
+        .map(|(g, r, _)| (g.clone(), r.clone()))
+        .collect();
+    for p in data::load(&data::dapo::SPEC, data)? {
+        let r = format!("So the answer is \\boxed{{{}}}.", p.answer);
+        golds.push((p.answer, r));
+    }
+    let (most, most_pair) = golds
+        .iter()
+        .map(|(g, r)| (verify::verify_metered(g, r).1.units, g))
+        .max_by_key(|(u, _)| *u)
+        .expect("invariant: the benchmarks are not empty");
+    let headroom = verify::work::BUDGET as f64 / most as f64;
+    println!(
+        "work: at most {most} units for a real answer (gold `{most_pair}`), budget {} = {headroom:.0}x that",
+        verify::work::BUDGET
+    );
+
+    // The hostile answers: the slowest one, and how many end on the budget.
+    let hostile = hostile_answers(8);
+    let (mut slowest, mut slowest_answer, mut cut_short) = (0.0f64, String::new(), 0);
+    let t_all = Instant::now();
+    for (g, r) in &hostile {
+        let t = Instant::now();
+        let (_, spent) = verify::verify_metered(g, r);
+        let dt = t.elapsed().as_secs_f64();
+        if dt > slowest {
+            (slowest, slowest_answer) = (dt, r.chars().take(60).collect());
+        }
+        cut_short += usize::from(spent.exhausted);
+    }
+    let hostile_seconds = t_all.elapsed().as_secs_f64();
+    println!(
+        "hostile: {} answers in {hostile_seconds:.3} s, slowest {:.1} ms (`{slowest_answer}…`), {cut_short} cut short by the budget",
+        hostile.len(),
+        slowest * 1e3
+    );
+
+    let report = serde_json::json!({
+        "pairs": pairs.len(), "seconds": best, "answers_per_second": rate, "as_constructed": as_constructed,
+        "budget_units": verify::work::BUDGET, "most_units_real": most, "most_units_real_gold": most_pair,
+        "hostile_answers": hostile.len(), "hostile_seconds": hostile_seconds,
+        "hostile_slowest_seconds": slowest, "hostile_slowest": slowest_answer, "hostile_cut_short": cut_short,
+    });
     write_report(out, "verifier.json", format!("{report:#}").as_bytes())?;
     write_report(
         out,
         "verifier.md",
         format!(
-            "# acpo bench verifier\n\n{} pairs (4 benchmarks' golds x boxed / Answer: / wrong), best of {repeats}: {best:.3} s, **{rate:.0} answers/s**; {as_constructed} judged as constructed.\n\nCompare with Math-Verify: `python3 tools/bench_math_verify.py {}`\n",
+            "# acpo bench verifier\n\n{} pairs (4 benchmarks' golds x boxed / Answer: / wrong), best of {repeats}: {best:.3} s, **{rate:.0} answers/s**; {as_constructed} judged as constructed.\n\n\
+             Work budget {} units per answer; the most a real answer needs (these pairs and DAPO-Math-17k's golds): {most} units ({headroom:.0}x headroom).\n\n\
+             {} hostile answers (`perf::verifier::hostile_answers`): {hostile_seconds:.3} s in all, the slowest {:.1} ms, {cut_short} ended by the budget with an error verdict.\n\n\
+             Compare with Math-Verify: `python3 tools/bench_math_verify.py {}`\n",
             pairs.len(),
+            verify::work::BUDGET,
+            hostile.len(),
+            slowest * 1e3,
             pairs_file.display()
         )
         .as_bytes(),

@@ -1,16 +1,22 @@
 //! LaTeX answers as expression trees: normalisation, a bounded recursive-descent parser, exact
 //! rational evaluation and numeric evaluation at given symbol values.
 //!
-//! Bounds: input length [`MAX_LEN`], nesting depth [`MAX_DEPTH`], integer powers up to
-//! [`MAX_EXP_BITS`] result bits. Anything beyond them is a parse error, never a hang or a panic.
+//! Bounds: input length [`MAX_LEN`], nesting depth [`MAX_DEPTH`] (brackets, postfix `%` and `!`,
+//! chained powers), exact values up to [`MAX_EXACT_BITS`] bits, and the judgement's work budget
+//! ([`super::work`]) charged by every exact operation and every evaluated node. Anything beyond
+//! them is a parse error or a refused value, never a hang or a panic.
 
 use num_bigint::BigInt;
 use num_rational::BigRational;
 use num_traits::{One, ToPrimitive, Zero};
 
+use super::{exact, work};
+
 pub const MAX_LEN: usize = 4_000;
 pub const MAX_DEPTH: usize = 64;
-const MAX_EXP_BITS: u64 = 200_000;
+/// The largest exact value (numerator and denominator bits) computed; larger ones are left to
+/// numeric evaluation.
+const MAX_EXACT_BITS: u64 = 200_000;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RelOp {
@@ -661,25 +667,33 @@ impl Parser {
         self.power()
     }
 
+    /// Chained powers and postfix operators nest as brackets do, and count against the same
+    /// depth limit (`5%%%…` would otherwise build a tree as deep as the answer is long).
     fn power(&mut self) -> Result<Expr, ParseError> {
+        let depth = self.depth;
         let mut base = self.postfix_primary()?;
         while self.eat_op('^') {
+            self.enter()?;
             let exp = self.group_or_atom()?;
             base = Expr::Pow(Box::new(base), Box::new(exp));
-            base = self.postfix(base);
+            base = self.postfix(base)?;
         }
+        self.depth = depth;
         Ok(base)
     }
 
-    fn postfix(&mut self, mut e: Expr) -> Expr {
+    fn postfix(&mut self, mut e: Expr) -> Result<Expr, ParseError> {
+        let depth = self.depth;
         loop {
             if self.eat_op('%') {
                 e = Expr::Percent(Box::new(e));
             } else if self.eat_op('!') {
                 e = Expr::Func("fact".into(), vec![e]);
             } else {
-                return e;
+                self.depth = depth;
+                return Ok(e);
             }
+            self.enter()?;
         }
     }
 
@@ -696,7 +710,7 @@ impl Parser {
         } else {
             p
         };
-        Ok(self.postfix(p))
+        self.postfix(p)
     }
 
     /// `{…}` group or a single token (exponents, subscripts, \frac12).
@@ -937,6 +951,11 @@ pub fn parse(text: &str) -> Result<Expr, ParseError> {
     })
 }
 
+/// `v` when it is within [`MAX_EXACT_BITS`].
+fn fits(v: BigRational) -> Option<BigRational> {
+    (exact::bits(&v) <= MAX_EXACT_BITS).then_some(v)
+}
+
 fn strip_units(e: Expr) -> Expr {
     match e {
         Expr::Mul(fs)
@@ -992,34 +1011,31 @@ impl Expr {
         }
     }
 
-    /// Exact value when the expression is rational arithmetic on numbers.
+    /// Exact value when the expression is rational arithmetic on numbers; None beyond
+    /// [`MAX_EXACT_BITS`] or when the work budget refuses an operation.
     pub fn exact(&self) -> Option<BigRational> {
-        match self {
-            Expr::Num { value, .. } => Some(value.clone()),
-            Expr::Neg(a) => Some(-a.exact()?),
-            Expr::Add(ts) => ts
-                .iter()
-                .try_fold(BigRational::zero(), |acc, t| Some(acc + t.exact()?)),
-            Expr::Mul(fs) => fs
-                .iter()
-                .try_fold(BigRational::one(), |acc, f| Some(acc * f.exact()?)),
-            Expr::Div(a, b) => {
-                let d = b.exact()?;
-                if d.is_zero() {
-                    return None;
-                }
-                Some(a.exact()? / d)
+        if !work::charge(1) {
+            return None;
+        }
+        let v = match self {
+            Expr::Num { value, .. } => value.clone(),
+            Expr::Neg(a) => -a.exact()?,
+            Expr::Add(ts) => ts.iter().try_fold(BigRational::zero(), |acc, t| {
+                exact::add(&acc, &fits(t.exact()?)?)
+            })?,
+            Expr::Mul(fs) => fs.iter().try_fold(BigRational::one(), |acc, f| {
+                fits(exact::mul(&acc, &fits(f.exact()?)?)?)
+            })?,
+            Expr::Div(a, b) => exact::div(&a.exact()?, &b.exact()?)?,
+            Expr::Percent(a) => {
+                exact::div(&a.exact()?, &BigRational::from_integer(BigInt::from(100)))?
             }
-            Expr::Percent(a) => Some(a.exact()? / BigRational::from_integer(BigInt::from(100))),
             Expr::Func(name, args) if name == "fact" && args.len() == 1 => {
                 let n = args[0].exact()?;
                 if !n.is_integer() {
                     return None;
                 }
-                let n = n.to_integer().to_u64().filter(|&n| n <= 2_000)?;
-                Some(BigRational::from_integer(
-                    (1..=n).fold(BigInt::one(), |acc, k| acc * BigInt::from(k)),
-                ))
+                exact::factorial(n.to_integer().to_u64()?)?
             }
             Expr::Pow(b, e) => {
                 let base = b.exact()?;
@@ -1028,19 +1044,23 @@ impl Expr {
                     return None;
                 }
                 let n = exp.to_integer().to_i64()?;
-                let bits = (base.numer().bits().max(base.denom().bits()) + 1) * n.unsigned_abs();
-                if bits > MAX_EXP_BITS || (n < 0 && base.is_zero()) {
+                let bits = (base.numer().bits().max(base.denom().bits()) + 1)
+                    .saturating_mul(n.unsigned_abs());
+                if bits > MAX_EXACT_BITS {
                     return None;
                 }
-                let p = num_traits::pow::pow(base, n.unsigned_abs() as usize);
-                Some(if n < 0 { p.recip() } else { p })
+                exact::pow(&base, n)?
             }
-            _ => None,
-        }
+            _ => return None,
+        };
+        fits(v)
     }
 
     /// Numeric value with symbols bound by `env`; NaN when undefined.
     pub fn eval(&self, env: &dyn Fn(&str) -> f64) -> f64 {
+        if !work::charge(1) {
+            return f64::NAN;
+        }
         match self {
             Expr::Num { value, .. } => value.to_f64().unwrap_or(f64::NAN),
             Expr::Sym(s) => env(s),

@@ -12,15 +12,17 @@
 //!   name (`k = 1` ~ `1`) and by proportionality otherwise, inequalities by direction.
 //!
 //! Every input terminates in bounded time and memory: extraction is linear, the parser has a
-//! length and depth limit, powers have a bit limit. A failure to parse is reported as an error
+//! length and depth limit, exact values a bit limit, and the whole judgement a work budget
+//! ([`work`]). A failure to parse, or a judgement the budget cut short, is reported as an error
 //! in the [`Verdict`], never silently as "wrong".
 
+pub mod exact;
 pub mod expr;
 pub mod extract;
+pub mod work;
 
 use expr::{parse, Expr, RelOp};
-use num_rational::BigRational;
-use num_traits::{Signed, ToPrimitive};
+use num_traits::ToPrimitive;
 
 /// The outcome of checking one response against one gold answer.
 #[derive(Debug, Clone, PartialEq, serde::Serialize)]
@@ -40,17 +42,26 @@ const EVAL_TOL: f64 = 1e-9;
 /// Random evaluation points for symbolic comparisons.
 const POINTS: usize = 6;
 
-/// Comparison steps allowed per [`verify`] call: nested sets of sets compare pairwise, and the
-/// budget keeps adversarial nesting from turning that into exponential work.
-const WORK_BUDGET: u32 = 20_000;
-
-thread_local! {
-    static WORK: std::cell::Cell<u32> = const { std::cell::Cell::new(WORK_BUDGET) };
-}
-
 /// Judges `response` against `gold`.
 pub fn verify(gold: &str, response: &str) -> Verdict {
-    WORK.with(|w| w.set(WORK_BUDGET));
+    verify_metered(gold, response).0
+}
+
+/// [`verify`], with the work the judgement spent. A judgement that ran out of budget without
+/// finding the answer equal is an error verdict: "wrong" would be a guess.
+pub fn verify_metered(gold: &str, response: &str) -> (Verdict, work::Spent) {
+    let (mut verdict, spent) = work::metered(|| judge(gold, response));
+    if spent.exhausted && !verdict.correct {
+        verdict.error = Some(format!(
+            "judging this answer needs more than the verifier's work budget of {} units \
+             (verify::work)",
+            work::BUDGET
+        ));
+    }
+    (verdict, spent)
+}
+
+fn judge(gold: &str, response: &str) -> Verdict {
     let golds: Vec<Expr> = extract::gold_candidates(gold)
         .into_iter()
         .filter_map(|c| parse(&c.text).ok())
@@ -218,18 +229,26 @@ fn unwrap_single(e: &Expr) -> &Expr {
     }
 }
 
-/// ± expanded: `a ± b` → [a + b, a − b] (nested ± multiply out, at most 8 variants).
+/// ± expanded: `a ± b` → [a + b, a − b] (nested ± multiply out, at most [`PM_VARIANTS`]).
 fn expand_pm(e: &Expr) -> Vec<Expr> {
+    if !work::charge(1) {
+        return vec![e.clone()];
+    }
     match e {
         Expr::Pm(a, b) => {
+            // each side expanded once: recomputing `b` per variant of `a` was ~9^depth calls
+            let (xs, ys) = (expand_pm(a), expand_pm(b));
             let mut out = Vec::new();
-            for x in expand_pm(a) {
-                for y in expand_pm(b) {
+            'all: for x in &xs {
+                for y in &ys {
+                    if out.len() >= PM_VARIANTS {
+                        break 'all;
+                    }
                     out.push(Expr::Add(vec![x.clone(), y.clone()]));
-                    out.push(Expr::Add(vec![x.clone(), Expr::Neg(Box::new(y))]));
+                    out.push(Expr::Add(vec![x.clone(), Expr::Neg(Box::new(y.clone()))]));
                 }
             }
-            out.truncate(8);
+            out.truncate(PM_VARIANTS);
             out
         }
         Expr::Div(a, b) if contains_pm(a) => expand_pm(a)
@@ -239,6 +258,9 @@ fn expand_pm(e: &Expr) -> Vec<Expr> {
         other => vec![other.clone()],
     }
 }
+
+/// Variants a ± answer expands to.
+const PM_VARIANTS: usize = 8;
 
 fn contains_pm(e: &Expr) -> bool {
     match e {
@@ -258,12 +280,7 @@ fn members(e: &Expr) -> Option<Vec<Expr>> {
 }
 
 fn equal(g: &Expr, p: &Expr, depth: usize) -> bool {
-    let spent = WORK.with(|w| {
-        let left = w.get();
-        w.set(left.saturating_sub(1));
-        left == 0
-    });
-    if depth > 16 || spent {
+    if depth > 16 || !work::charge(work::STEP) {
         return false;
     }
     let (g, p) = (unwrap_single(g), unwrap_single(p));
@@ -502,7 +519,7 @@ fn point_env(syms: &[String], k: usize) -> impl Fn(&str) -> f64 + '_ {
 /// Numbers and expressions: exact when both are rational, else numeric.
 fn value_equal(g: &Expr, p: &Expr) -> bool {
     if let (Some(a), Some(b)) = (g.exact(), p.exact()) {
-        if a == b {
+        if exact::same(&a, &b) {
             return true;
         }
         // Math-Verify: a decimal prediction with fewer places matches the gold rounded to them.
@@ -510,7 +527,7 @@ fn value_equal(g: &Expr, p: &Expr) -> bool {
             .is_decimal()
             .filter(|&k| k < 6 && g.is_decimal().is_none_or(|gk| gk > k))
         {
-            return round_to(&a, k) == b;
+            return exact::round_to(&a, k).is_some_and(|r| exact::same(&r, &b));
         }
         // A long decimal against a fraction: equal to Math-Verify's 6-digit precision.
         if p.is_decimal().is_some() || g.is_decimal().is_some() {
@@ -565,24 +582,4 @@ fn close(x: f64, y: f64, tol: f64) -> bool {
         return x == y;
     }
     x.is_finite() && y.is_finite() && (x - y).abs() <= tol * x.abs().max(1.0)
-}
-
-fn round_to(v: &BigRational, places: u32) -> BigRational {
-    let scale = BigRational::from_integer(num_bigint::BigInt::from(10u32).pow(places));
-    let scaled = v * &scale;
-    let half = BigRational::new(1.into(), 2.into());
-    let rounded = if scaled.is_negative() {
-        (scaled - half).ceil()
-    } else {
-        (scaled + half).floor()
-    };
-    rounded / scale
-}
-
-/// Keeps `to_f64` in scope for callers that want an approximate value of an exact answer.
-pub fn approx(e: &Expr) -> Option<f64> {
-    e.exact().and_then(|r| r.to_f64()).or_else(|| {
-        let v = e.eval(&|_| f64::NAN);
-        v.is_finite().then_some(v)
-    })
 }

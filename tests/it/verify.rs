@@ -3,7 +3,7 @@
 
 use std::collections::BTreeMap;
 
-use acpo::verify::verify;
+use acpo::verify::{verify, verify_metered, work};
 use serde_json::Value;
 
 /// A file of the data directory (`ACPO_DATA_DIR`), or None (announced) when it is not there.
@@ -111,6 +111,7 @@ const ANSWER_LINE_EXCEPTIONS: [(&str, &str); 3] = [
 fn every_gold_verifies_against_itself_and_rejects_a_perturbed_answer() {
     let mut answer_failures = Vec::new();
     let mut counts = BTreeMap::new();
+    let mut most_work = (0, String::new());
     for file in [
         "math500",
         "minerva_math",
@@ -131,10 +132,13 @@ fn every_gold_verifies_against_itself_and_rejects_a_perturbed_answer() {
                 v["answer"].as_str().expect("answer"),
             );
             *counts.entry(file).or_insert(0) += 1;
-            let boxed = verify(
+            let (boxed, spent) = verify_metered(
                 gold,
                 &format!("Reasoning.\nSo the answer is \\boxed{{{gold}}}."),
             );
+            if spent.units > most_work.0 {
+                most_work = (spent.units, id.to_string());
+            }
             assert!(
                 boxed.correct,
                 "{id}: \\boxed{{{gold}}} rejected ({:?})",
@@ -160,6 +164,96 @@ fn every_gold_verifies_against_itself_and_rejects_a_perturbed_answer() {
         .map(|(id, _)| id.to_string())
         .collect();
     assert_eq!(answer_failures, expected);
+    // The work budget is far from what any real answer needs (verify::work's promise).
+    assert!(
+        most_work.0 * 100 <= work::BUDGET,
+        "{} needs {} units, more than 1/100 of the budget {}",
+        most_work.1,
+        most_work.0,
+        work::BUDGET
+    );
+}
+
+/// Issue #17 item 2: answers that stalled the verifier for seconds to minutes end within the
+/// work budget (a count of work, so this holds on any machine), with an error verdict when the
+/// budget cut the judgement short; never a silent "wrong". The wall-clock bound is only a guard
+/// against a cost the budget does not count: a budget-bound judgement takes milliseconds in
+/// release, well under a second even in a debug build.
+#[test]
+fn hostile_answers_end_in_bounded_work_with_an_error_verdict() {
+    let factorials = |k: usize| format!("\\boxed{{{}}}", vec!["2000!"; k].join("*"));
+    fn pm(depth: usize) -> String {
+        if depth == 0 {
+            "1".into()
+        } else {
+            format!("({})\\pm({})", pm(depth - 1), pm(depth - 1))
+        }
+    }
+    // 60 distinct powers of ~180,000 bits, compared pairwise: more work than any budget allows
+    let powers: Vec<String> = (0..60)
+        .map(|i| format!("{}^{{{}}}", 2 + i % 7, 60_000 + i))
+        .collect();
+    // (gold, response, whether the budget must end it)
+    let mut cases: Vec<(String, String, bool)> = vec![
+        ("3".into(), factorials(25), false),
+        ("3".into(), factorials(100), false),
+        (
+            "3".into(),
+            format!("\\boxed{{5{}}}", "%".repeat(2000)),
+            false,
+        ),
+        (
+            "3".into(),
+            format!("\\boxed{{5{}}}", "!".repeat(2000)),
+            false,
+        ),
+        ("0".into(), format!("\\boxed{{{}}}", pm(7)), false),
+        ("0".into(), format!("\\boxed{{{}}}", pm(9)), false),
+        (
+            "1, 2".into(),
+            format!("\\boxed{{{}}}", powers.join(", ")),
+            true,
+        ),
+    ];
+    cases.extend(
+        acpo::perf::verifier::hostile_answers(2)
+            .into_iter()
+            .map(|(g, r)| (g, r, false)),
+    );
+    for (gold, response, must_exhaust) in &cases {
+        let t = std::time::Instant::now();
+        let (verdict, spent) = verify_metered(gold, response);
+        let seconds = t.elapsed().as_secs_f64();
+        let head: String = response.chars().take(50).collect();
+        assert!(spent.units <= work::BUDGET, "{head}: {spent:?}");
+        assert!(seconds < 5.0, "{head}: {seconds:.1} s");
+        if spent.exhausted {
+            let error = verdict.error.as_deref().unwrap_or_default();
+            assert!(
+                !verdict.correct && error.contains("work budget"),
+                "{head}: a judgement cut short must say so: {verdict:?}"
+            );
+        }
+        assert!(!must_exhaust || spent.exhausted, "{head}: {spent:?}");
+    }
+    // The `±` tree expands each side once (it recomputed subtrees, ~9^depth calls): a depth-8
+    // tree costs a few thousand units, not billions.
+    let (_, spent) = verify_metered("0", &format!("\\boxed{{{}}}", pm(8)));
+    assert!(spent.units < 100_000, "{spent:?}");
+    // Within the budget, big exact values still compare exactly.
+    assert!(verify("2^{1009}", &format!("\\boxed{{{}}}", num_pow2(1009))).correct);
+    assert!(verify("120", "\\boxed{5!}").correct);
+    // Products of factorials compute exactly until they pass the exact-size limit
+    assert!(verify(&num_fact(40).pow(2).to_string(), "\\boxed{40!*40!}").correct);
+    assert!(verify("0.0005", "\\boxed{5\\%\\%}").correct);
+}
+
+fn num_fact(n: u32) -> num_bigint::BigUint {
+    (1..=n).map(num_bigint::BigUint::from).product()
+}
+
+fn num_pow2(n: u32) -> String {
+    num_bigint::BigUint::from(2u32).pow(n).to_string()
 }
 
 #[test]
