@@ -104,6 +104,10 @@ pub mod raw {
         /// With `dir`: create the directory as a seeded random model when it does not exist.
         #[serde(default)]
         pub init: Option<ModelInit>,
+        /// Positions the run may use beyond config.json's `max_position_embeddings`, as verl's
+        /// `override_config` sets them (RoPE extends to any position).
+        #[serde(default)]
+        pub max_position_embeddings: Option<usize>,
     }
 
     #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -466,6 +470,10 @@ pub struct ModelSpec {
     pub gradient_checkpointing: bool,
     /// How to create a missing `dir` (smoke and mini scales).
     pub init: Option<ModelInitSpec>,
+    /// Overrides config.json's `max_position_embeddings` (left out of the fingerprint when
+    /// unset, so manifests without it keep theirs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub max_position_embeddings: Option<usize>,
 }
 
 /// A seeded random model written by `acpo model init` when the model directory is missing,
@@ -646,6 +654,9 @@ impl Experiment {
         }
         let text = std::fs::read_to_string(path).map_err(io)?;
         let experiment = Self::from_yaml(&text, path)?;
+        if let Some((config, max_positions)) = experiment.local_max_positions() {
+            experiment.check_context(path, max_positions, &config)?;
+        }
         let stem = path.file_stem().and_then(|s| s.to_str()).unwrap_or("");
         if experiment.name != stem {
             return Err(ManifestError::Invalid {
@@ -662,14 +673,84 @@ impl Experiment {
 
     /// Parses and validates manifest text; `path` is used in error messages only.
     pub fn from_yaml(text: &str, path: &Path) -> Result<Experiment, ManifestError> {
-        let raw: raw::Manifest =
-            serde_saphyr::from_str(text).map_err(|e| parse_error(e, text, path))?;
+        // A tag the YAML crate does not know (`!foo 3`) would otherwise be dropped silently.
+        let mut options = serde_saphyr::Options::default();
+        options.reject_unsupported_tags = true;
+        let raw: raw::Manifest = serde_saphyr::from_str_with_options(text, options.clone())
+            .map_err(|e| parse_error(e, text, path))?;
+        let written: serde_json::Value = serde_saphyr::from_str_with_options(text, options)
+            .map_err(|e| parse_error(e, text, path))?;
+        let typed = serde_json::to_value(&raw)
+            .expect("invariant: a raw manifest always serialises to JSON");
+        if let Some((field, got)) = quoted_scalar(&written, &typed, String::new()) {
+            return Err(ManifestError::Invalid {
+                path: path.to_owned(),
+                field,
+                reason: format!("a number or boolean is expected, not the quoted string \"{got}\""),
+            });
+        }
         Experiment::validate(raw, path)
     }
 
     /// The single place where a raw manifest becomes an experiment.
     pub fn validate(raw: raw::Manifest, path: &Path) -> Result<Experiment, ManifestError> {
         Validator { path }.experiment(raw)
+    }
+
+    /// The model's position limit where its config.json is on this machine (a model directory,
+    /// or the config a missing one is created from), with that file; the manifest's
+    /// `model.max_position_embeddings` overrides it. A hub model's limit is checked by `train`
+    /// once it is downloaded.
+    pub fn local_max_positions(&self) -> Option<(PathBuf, usize)> {
+        let config = match &self.model.source {
+            ModelSource::Dir(dir) if dir.join("config.json").is_file() => dir.join("config.json"),
+            ModelSource::Dir(_) => self.model.init.as_ref()?.config.clone(),
+            ModelSource::Hub { .. } => return None,
+        };
+        let text = std::fs::read_to_string(&config).ok()?;
+        let value: serde_json::Value = serde_json::from_str(&text).ok()?;
+        let from_config = value["max_position_embeddings"].as_u64()? as usize;
+        Some((config, from_config))
+    }
+
+    /// Refuses sequences longer than the model's positions: the prompt plus the longest
+    /// response of training, evaluation or the warm start. `config_limit` is config.json's
+    /// `max_position_embeddings` (from `config`); `model.max_position_embeddings` overrides it.
+    pub fn check_context(
+        &self,
+        manifest: &Path,
+        config_limit: usize,
+        config: &Path,
+    ) -> Result<(), ManifestError> {
+        let (limit, whence) = match self.model.max_position_embeddings {
+            Some(n) => (n, "model.max_position_embeddings".to_string()),
+            None => (
+                config_limit,
+                format!("max_position_embeddings of {}", config.display()),
+            ),
+        };
+        let prompt = self.data.max_prompt_length;
+        let mut needs = vec![
+            ("data.max_response_length", self.data.max_response_length),
+            ("eval.max_new_tokens", self.eval.max_new_tokens),
+        ];
+        if let Some(w) = self.model.init.as_ref().and_then(|i| i.warm_start.as_ref()) {
+            needs.push((
+                "model.init.warm_start.max_response_length",
+                w.max_response_length,
+            ));
+        }
+        match needs.into_iter().find(|(_, n)| prompt + n > limit) {
+            Some((field, n)) => Err(ManifestError::Invalid {
+                path: manifest.to_owned(),
+                field: field.into(),
+                reason: format!(
+                    "data.max_prompt_length {prompt} + {n} = {} positions, more than the model's {limit} ({whence}); shorten it, or set model.max_position_embeddings as verl's override_config does",
+                    prompt + n
+                ),
+            }),
+            None => Ok(()),
+        }
     }
 
     /// SHA-256 (hex) of the canonical JSON of every validated field.
@@ -717,6 +798,35 @@ impl Experiment {
     }
 }
 
+/// The first field written as a quoted string where the manifest wants a number or a boolean
+/// (`seed: "1"`): the YAML crate converts the text, a typo'd type should not pass silently.
+fn quoted_scalar(
+    written: &serde_json::Value,
+    typed: &serde_json::Value,
+    at: String,
+) -> Option<(String, String)> {
+    use serde_json::Value;
+    let join = |key: &str| {
+        if at.is_empty() {
+            key.to_string()
+        } else {
+            format!("{at}.{key}")
+        }
+    };
+    match (written, typed) {
+        (Value::String(s), Value::Number(_) | Value::Bool(_)) => Some((at, s.clone())),
+        (Value::Object(w), Value::Object(t)) => w
+            .iter()
+            .find_map(|(k, v)| t.get(k).and_then(|tv| quoted_scalar(v, tv, join(k)))),
+        (Value::Array(w), Value::Array(t)) => w
+            .iter()
+            .zip(t)
+            .enumerate()
+            .find_map(|(i, (v, tv))| quoted_scalar(v, tv, format!("{at}[{i}]"))),
+        _ => None,
+    }
+}
+
 pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
@@ -739,17 +849,56 @@ fn parse_error(err: serde_saphyr::Error, text: &str, path: &Path) -> ManifestErr
     }
     let message = message.to_string();
     match err.location().filter(|l| l.line() > 0) {
-        Some(location) => ManifestError::Parse {
-            path: path.to_owned(),
-            line: location.line(),
-            field: field_path_at_line(text, location.line() as usize),
-            message,
-        },
+        Some(location) => {
+            // A quote left open runs into the lines after it, where the YAML parser stops: the
+            // fault is on the line that opened it.
+            let line = location.line() as usize;
+            let line = if message.contains("quoted scalar") {
+                unclosed_quote_line(text, line).unwrap_or(line)
+            } else {
+                line
+            };
+            ManifestError::Parse {
+                path: path.to_owned(),
+                line: line as u64,
+                field: field_path_at_line(text, line),
+                message,
+            }
+        }
         None => ManifestError::Syntax {
             path: path.to_owned(),
             message,
         },
     }
+}
+
+/// The last line up to `line` (1-based) that opens a quote it does not close.
+fn unclosed_quote_line(text: &str, line: usize) -> Option<usize> {
+    let opens_unclosed = |l: &str| {
+        let mut quote: Option<char> = None;
+        let mut chars = l.chars().peekable();
+        while let Some(c) = chars.next() {
+            match (quote, c) {
+                (None, '#') => break,
+                (None, '"' | '\'') => quote = Some(c),
+                (Some('"'), '\\') => {
+                    chars.next();
+                }
+                (Some('\''), '\'') if chars.peek() == Some(&'\'') => {
+                    chars.next();
+                }
+                (Some(q), c) if c == q => quote = None,
+                _ => {}
+            }
+        }
+        quote.is_some()
+    };
+    text.lines()
+        .take(line)
+        .enumerate()
+        .filter(|(_, l)| opens_unclosed(l))
+        .map(|(i, _)| i + 1)
+        .last()
 }
 
 /// The dotted key path (`rollout.n`) of a 1-based line of block-style YAML, from indentation.
@@ -924,6 +1073,16 @@ impl Validator<'_> {
             }
         }
         let eval = self.eval(&raw.eval)?;
+        if raw.scale == Scale::Paper && raw.device != Device::Cuda {
+            // results/paper/ holds the paper's runs; a CPU run there would sit beside them
+            return self.fail(
+                "device",
+                format!(
+                    "must be cuda for scale paper (its results are the paper's, from the GPU), got {}: use scale smoke or mini for a CPU run",
+                    format!("{:?}", raw.device).to_lowercase()
+                ),
+            );
+        }
         Ok(Experiment {
             name,
             description: raw.description,
@@ -1057,11 +1216,16 @@ impl Validator<'_> {
                 )
             }
         };
+        let max_position_embeddings = match raw.max_position_embeddings {
+            Some(n) => Some(self.positive("model.max_position_embeddings", n)?),
+            None => None,
+        };
         Ok(ModelSpec {
             source,
             dtype: raw.dtype,
             gradient_checkpointing: raw.gradient_checkpointing,
             init,
+            max_position_embeddings,
         })
     }
 

@@ -32,7 +32,7 @@ use candle_core::Device;
 
 use crate::data::{self, DataLocation, Problem};
 use crate::hub::HubOptions;
-use crate::manifest::{DataSuite, Experiment};
+use crate::manifest::{DataSuite, Experiment, ModelSource};
 use crate::model::load::{self, LoadedModel};
 use crate::model::qwen::Qwen;
 use crate::model::tokenizer::Tokenizer;
@@ -55,6 +55,8 @@ pub enum TrainError {
     Eval(#[from] crate::eval::EvalError),
     #[error(transparent)]
     Archive(#[from] crate::archive::ArchiveError),
+    #[error(transparent)]
+    Manifest(#[from] crate::manifest::ManifestError),
     #[error("{path}: {source}")]
     Io {
         path: PathBuf,
@@ -215,6 +217,16 @@ impl Trainer {
             device,
             ..
         } = load::load(&exp.model.source, &opts.hub, exp.device, exp.model.dtype)?;
+        if let Some(limit) = cfg.max_position_embeddings {
+            // what `check` tests where the config is local, for a hub model once downloaded
+            let config = match &exp.model.source {
+                ModelSource::Hub { repo, revision } => {
+                    PathBuf::from(format!("{repo}@{revision}/config.json"))
+                }
+                ModelSource::Dir(dir) => dir.join("config.json"),
+            };
+            exp.check_context(Path::new(&exp.name), limit, &config)?;
+        }
         let critic = match &exp.critic {
             Some(_) => Some(init::add_value_head(&policy, &cfg, exp.seed)?),
             None => None,

@@ -577,6 +577,16 @@ fn every_validation_rule_rejects_its_bad_example_with_one_clear_message() {
             set(ppo(), "eval.limit", json!(0)),
             "eval.limit",
         ),
+        (
+            "paper scale on the cpu",
+            set(ppo(), "device", json!("cpu")),
+            "device",
+        ),
+        (
+            "zero positions",
+            set(ppo(), "model.max_position_embeddings", json!(0)),
+            "model.max_position_embeddings",
+        ),
     ];
     let mut report = String::new();
     for (what, value, field) in cases {
@@ -615,6 +625,29 @@ fn parse_errors_name_the_file_line_and_field() {
         (
             "unknown algorithm",
             text.replace("name: ppo\n", "name: trpo\n"),
+            "algorithm.name",
+        ),
+        (
+            "quoted number",
+            text.replace("seed: 1 ", "seed: \"1\" "),
+            "seed",
+        ),
+        (
+            "quoted boolean",
+            text.replace(
+                "gradient_checkpointing: true",
+                "gradient_checkpointing: \"true\"",
+            ),
+            "model.gradient_checkpointing",
+        ),
+        (
+            "unknown tag",
+            text.replace("  n: 1 ", "  n: !big 1 "),
+            "rollout.n",
+        ),
+        (
+            "unterminated quote",
+            text.replace("name: ppo\n", "name: \"ppo\n"),
             "algorithm.name",
         ),
     ];
@@ -742,13 +775,15 @@ fn changing_any_single_field_changes_the_fingerprint() {
             // The algorithm decides which other fields exist, and a benchmark cannot be swapped
             // without a duplicate: both are covered by the structural checks below.
             // `lr_schedule`, `kl_loss_coef` and `use_kl_in_reward` have a single valid value
-            // today (the trainer keeps no reference policy).
+            // today (the trainer keeps no reference policy), and so has `device` at the paper
+            // scale (cuda).
             if leaf.is_null()
                 || path == "algorithm.name"
                 || path.starts_with("eval.benchmarks.")
                 || path.ends_with("optim.lr_schedule")
                 || path == "actor.kl_loss_coef"
                 || path == "actor.use_kl_in_reward"
+                || path == "device"
             {
                 continue;
             }
@@ -804,4 +839,51 @@ fn comments_and_layout_do_not_change_the_fingerprint() {
     assert_eq!(a.fingerprint(), b.fingerprint());
     assert_eq!(a.fingerprint().len(), 64);
     assert_eq!(a.short_fingerprint(), a.fingerprint()[..12]);
+}
+
+/// Issue #17 item 8: a manifest whose sequences are longer than the model's positions is refused
+/// by `check` where the model's config.json is on this machine (and by `train` once a hub model
+/// is downloaded), naming the field; `model.max_position_embeddings` overrides the config's.
+#[test]
+fn sequences_longer_than_the_model_positions_are_refused() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut config: Value = serde_json::from_str(
+        &std::fs::read_to_string(repo_path("experiments/smoke/tiny-qwen3.json")).expect("config"),
+    )
+    .expect("json");
+    config["max_position_embeddings"] = serde_json::json!(50);
+    let config_path = dir.path().join("short.json");
+    std::fs::write(&config_path, config.to_string()).expect("write config");
+    let text = std::fs::read_to_string(repo_path("experiments/smoke/smoke-ppo.yaml"))
+        .expect("read")
+        .replace(
+            "config: experiments/smoke/tiny-qwen3.json",
+            &format!("config: {}", config_path.display()),
+        )
+        .replace(
+            "dir: models/smoke-qwen3-tiny",
+            &format!("dir: {}", dir.path().join("absent").display()),
+        );
+    let manifest = dir.path().join("smoke-ppo.yaml");
+    std::fs::write(&manifest, &text).expect("write");
+    let err = Experiment::load(&manifest).expect_err("48 + 8 is more than 50 positions");
+    assert_eq!(err.field(), Some("data.max_response_length"), "{err}");
+    assert!(err.to_string().contains("short.json"), "{err}");
+    // The same through `acpo check`: exit 2, the field named.
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_acpo"))
+        .args(["check", manifest.to_str().expect("utf-8")])
+        .output()
+        .expect("run acpo");
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("data.max_response_length")
+            || String::from_utf8_lossy(&out.stderr).contains("data.max_response_length")
+    );
+    // An override the sequences fit in is accepted.
+    let overridden = text.replace(
+        "  dtype: f32\n",
+        "  dtype: f32\n  max_position_embeddings: 4096\n",
+    );
+    std::fs::write(&manifest, overridden).expect("write");
+    Experiment::load(&manifest).expect("fits the override");
 }
