@@ -323,7 +323,7 @@ pub fn archive(runs: &[PathBuf], out: &Path, contents: Contents) -> Result<usize
         let gz = io(&tmp, tar.into_inner())?;
         io(&tmp, gz.finish())?;
     }
-    io(out, std::fs::rename(&tmp, out))?;
+    io(out, crate::atomic::commit(&tmp, out))?;
     let digest = sha256_file(out)?;
     let side = PathBuf::from(format!("{}.sha256", out.display()));
     let file_name = out

@@ -207,8 +207,8 @@ pub fn write_figure(
     // Each file is drawn under a temporary name (keeping its extension, which picks the
     // encoder) and renamed over the old one when complete: a kill never leaves half a figure.
     let (png_tmp, svg_tmp) = (
-        stem.with_extension("partial.png"),
-        stem.with_extension("partial.svg"),
+        crate::atomic::temp_path_keeping_extension(&png),
+        crate::atomic::temp_path_keeping_extension(&svg),
     );
     draw_panels(
         &SVGBackend::new(&svg_tmp, size).into_drawing_area(),
@@ -225,7 +225,7 @@ pub fn write_figure(
     )
     .map_err(|e| fail(&png, e))?;
     for (tmp, path) in [(&svg_tmp, &svg), (&png_tmp, &png)] {
-        std::fs::rename(tmp, path).map_err(|source| PlotError::Io {
+        crate::atomic::commit(tmp, path).map_err(|source| PlotError::Io {
             path: path.clone(),
             source,
         })?;

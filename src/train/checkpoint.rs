@@ -54,7 +54,7 @@ pub(super) fn save(
     if done.path().exists() {
         io(done.path(), std::fs::remove_dir_all(done.path()))?;
     }
-    io(done.path(), std::fs::rename(tmp.path(), done.path()))
+    io(done.path(), crate::atomic::commit(tmp.path(), done.path()))
 }
 
 /// Loads a checkpoint of the manifest with fingerprint `fp` into the models and optimizers.

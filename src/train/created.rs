@@ -110,7 +110,7 @@ pub fn ensure_model(exp: &Experiment, mut on_event: impl FnMut(Event<'_>)) -> Re
     let json = serde_json::to_string(&record).expect("invariant: an init record is JSON");
     write_atomic(&tmp.join("init.json"), json.as_bytes())?;
     crate::archive::write_sums(&tmp)?;
-    io(dir, std::fs::rename(&tmp, dir))
+    io(dir, crate::atomic::commit(&tmp, dir))
 }
 
 fn check_created_model(dir: &Path, fp: &str) -> Result<()> {

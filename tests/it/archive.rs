@@ -475,3 +475,127 @@ fn a_decompression_bomb_is_refused_without_writing_it_and_leaves_no_scratch() {
     let left: Vec<_> = std::fs::read_dir(&scratch_root).expect("ls").collect();
     assert!(left.is_empty(), "scratch left behind: {left:?}");
 }
+
+/// Runs `acpo` with the fault-injection hook set to abort before committing `name`.
+fn acpo_killed_at(args: &[&str], cwd: &Path, name: &str) -> std::process::Output {
+    Command::new(env!("CARGO_BIN_EXE_acpo"))
+        .args(args)
+        .current_dir(cwd)
+        .env(acpo::atomic::FAULT_ABORT_BEFORE_COMMIT, name)
+        .output()
+        .expect("acpo runs")
+}
+
+fn temps_under(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in walk(dir) {
+        let name = entry.file_name().map(|n| n.to_string_lossy().to_string());
+        if name.is_some_and(|n| acpo::atomic::is_temp(&n)) {
+            out.push(entry);
+        }
+    }
+    out
+}
+
+fn walk(dir: &Path) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for entry in std::fs::read_dir(dir).expect("read_dir") {
+        let p = entry.expect("entry").path();
+        if p.is_dir() {
+            out.extend(walk(&p));
+        }
+        out.push(p);
+    }
+    out
+}
+
+/// Issue #17 item 10: a kill at the commit of a figure, a table, an archive or its sidecar
+/// (the fault-injection hook `atomic::FAULT_ABORT_BEFORE_COMMIT` aborts right there) leaves the
+/// file as it was, never empty or half-written; the next run completes over the leftover
+/// temporary; an archive whose sidecar was not yet renewed fails `verify` instead of passing.
+#[test]
+fn a_kill_at_any_commit_leaves_the_old_file_whole() {
+    let shipped = Path::new(env!("CARGO_MANIFEST_DIR")).join("results/mini.tar.gz");
+    let tmp = tempfile::tempdir().expect("tmp");
+    let unpacked = tmp.path().join("unpacked");
+    let unpacked_figures = unpacked.join("figures");
+    let from = [
+        "reproduce",
+        "all",
+        "--scale",
+        "mini",
+        "--from",
+        shipped.to_str().expect("u"),
+        "--results",
+        unpacked.to_str().expect("u"),
+        "--figures",
+        unpacked_figures.to_str().expect("u"),
+    ];
+    assert!(acpo(&from, tmp.path()).status.success());
+    // The shipped runs as a results tree that `report` rewrites in place.
+    let (results, figures) = (tmp.path().join("results"), tmp.path().join("figures"));
+    std::fs::create_dir(&results).expect("mkdir");
+    std::fs::rename(unpacked.join("from-mini"), results.join("mini")).expect("mv");
+    let reproduce = [
+        "report",
+        "all",
+        "--scale",
+        "mini",
+        "--results",
+        results.to_str().expect("u"),
+        "--figures",
+        figures.to_str().expect("u"),
+    ];
+    assert!(acpo(&reproduce, tmp.path()).status.success());
+    let figure = figures.join("mini/accuracy.png");
+    let table = results.join("mini/table1.md");
+    for target in [&figure, &table] {
+        let good = std::fs::read(target).expect("read");
+        std::fs::write(target, b"the previous version").expect("write");
+        let name = target.file_name().expect("name").to_str().expect("u");
+        let out = acpo_killed_at(&reproduce, tmp.path(), name);
+        assert!(!out.status.success(), "{name}: the hook did not fire");
+        assert_eq!(
+            std::fs::read(target).expect("read"),
+            b"the previous version",
+            "{name}: a kill at its commit changed it"
+        );
+        assert!(acpo(&reproduce, tmp.path()).status.success());
+        assert_eq!(std::fs::read(target).expect("read"), good, "{name}");
+    }
+    assert_eq!(temps_under(&figures), Vec::<PathBuf>::new());
+
+    // An archive and its sidecar.
+    let run = fake_run(tmp.path(), "fake-run");
+    let archive = tmp.path().join("out.tar.gz");
+    let make = [
+        "archive",
+        run.to_str().expect("u"),
+        "--out",
+        archive.to_str().expect("u"),
+    ];
+    let verify = ["verify", archive.to_str().expect("u")];
+    assert!(acpo(&make, tmp.path()).status.success());
+    let (good, good_side) = (
+        std::fs::read(&archive).expect("read"),
+        std::fs::read(tmp.path().join("out.tar.gz.sha256")).expect("read"),
+    );
+    std::fs::write(
+        run.join("later.txt"),
+        "a file added after the first archive",
+    )
+    .expect("w");
+    let out = acpo_killed_at(&make, tmp.path(), "out.tar.gz");
+    assert!(!out.status.success());
+    assert_eq!(std::fs::read(&archive).expect("read"), good);
+    assert_eq!(acpo(&verify, tmp.path()).status.code(), Some(0));
+    let out = acpo_killed_at(&make, tmp.path(), "out.tar.gz.sha256");
+    assert!(!out.status.success());
+    assert_eq!(
+        std::fs::read(tmp.path().join("out.tar.gz.sha256")).expect("read"),
+        good_side
+    );
+    failed_check(&acpo(&verify, tmp.path()), "sha256");
+    assert!(acpo(&make, tmp.path()).status.success());
+    assert_eq!(acpo(&verify, tmp.path()).status.code(), Some(0));
+}
