@@ -56,11 +56,19 @@ fn log_probs_composed_scaled(z: &Tensor, tokens: &Tensor) -> Result<Tensor> {
     (chosen - lse)?.squeeze(D::Minus1)
 }
 
-/// Entropy of softmax(logits / T): logsumexp(z) − Σ softmax(z)·z; `(..., V)` → `(...)`.
+/// Entropy of softmax(logits / T): `H = log Σ exp(s) − Σ softmax(s)·s` with `s = z − max z`.
+///
+/// The shift (detached: H is shift-invariant, so its gradient is unchanged) keeps both terms
+/// O(log V) whatever the logits' scale. Unshifted, `logsumexp(z)` and `Σ p·z` are each as large
+/// as the logits and nearly cancel, and `p = exp(z − lse)` carries an error of f32's epsilon
+/// times |z| into a sum weighted by |z|: at logits of a few hundred the f32 entropy was off in
+/// the second digit (issue #17 item 11); shifted, the error grows only linearly with the scale.
 pub fn entropy(logits: &Tensor, temperature: f64) -> Result<Tensor> {
     let z = scaled(logits, temperature)?;
-    let lse = log_sum_exp(&z)?; // (..., 1)
-    let p = z.broadcast_sub(&lse)?.exp()?;
-    let expected_z = (p * &z)?.sum_keepdim(D::Minus1)?;
-    (lse - expected_z)?.squeeze(D::Minus1)
+    let max = z.max_keepdim(D::Minus1)?.detach();
+    let s = z.broadcast_sub(&max)?; // ≤ 0, 0 at the argmax
+    let lse = s.exp()?.sum_keepdim(D::Minus1)?.log()?; // in [0, log V]
+    let p = s.broadcast_sub(&lse)?.exp()?;
+    let expected_s = (p * &s)?.sum_keepdim(D::Minus1)?;
+    (lse - expected_s)?.squeeze(D::Minus1)
 }

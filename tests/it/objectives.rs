@@ -765,3 +765,47 @@ fn coefficient_diagnostics_match_the_reference() {
         assert!(close(value, w, 1e-5), "{name}: {value}, reference {w}");
     }
 }
+
+/// Issue #17 item 11: the f32 entropy stays accurate when the logits are large. A trained
+/// policy's logits are large and peaked (low entropy): there the old form `lse − Σ p·z` took
+/// the difference of two numbers as large as the logits. The reference is `−Σ p log p` in f64
+/// of the very same (f32) logits, computed here independently.
+#[test]
+fn entropy_is_accurate_in_f32_at_large_logit_scales() {
+    let v = 1000;
+    let mut rng = acpo::rng::SplitMix64::new(11);
+    let base: Vec<f64> = (0..v).map(|_| rng.next_normal()).collect();
+    for (scale, peak) in [(1.0, 4.0), (100.0, 8.0), (300.0, 10.0), (600.0, 12.0)] {
+        let zf: Vec<f32> = base
+            .iter()
+            .enumerate()
+            .map(|(i, x)| (scale + x + if i == 7 { peak } else { 0.0 }) as f32)
+            .collect();
+        let z: Vec<f64> = zf.iter().map(|&x| x as f64).collect();
+        let max = z.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+        let total: f64 = z.iter().map(|x| (x - max).exp()).sum();
+        let want: f64 = -z
+            .iter()
+            .map(|x| {
+                let p = (x - max).exp() / total;
+                if p > 0.0 {
+                    p * p.ln()
+                } else {
+                    0.0
+                }
+            })
+            .sum::<f64>();
+        let t = Tensor::from_vec(zf, (1, v), &Device::Cpu).expect("tensor");
+        let got = token::entropy(&t, 1.0)
+            .expect("entropy")
+            .to_vec1::<f32>()
+            .expect("vec")[0] as f64;
+        // f32 arithmetic on O(1) numbers: a few units of its epsilon, relative
+        let tol = 1e-6 + 1e-5 * want;
+        assert!(
+            (got - want).abs() <= tol,
+            "scale {scale}: entropy {got} vs f64 {want} (error {:.1e}, tolerance {tol:.1e})",
+            (got - want).abs()
+        );
+    }
+}
