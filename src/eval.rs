@@ -232,7 +232,12 @@ pub fn evaluate_into(
     progress: impl FnMut(&str, usize, usize),
 ) -> Result<EvalSummary, EvalError> {
     let source = model.unwrap_or_else(|| exp.model.source.clone());
-    let loaded = crate::model::load::load(&source, hub, exp.device, exp.model.dtype)?;
+    let loaded = crate::model::load::load(
+        &source,
+        hub,
+        exp.device,
+        crate::model::Precision::inference(exp.model.dtype),
+    )?;
     let policy = Qwen::new(&loaded.cfg, &loaded.params, true)?;
     let (summary, records) = evaluate(&policy, &loaded.tokenizer, exp, data, step, progress)?;
     let write = |name: &str, body: String| {

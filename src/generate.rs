@@ -157,7 +157,7 @@ pub fn generate(opts: &GenerateOptions) -> Result<Vec<Generated>> {
         &opts.source()?,
         &HubOptions::from_env(),
         opts.device,
-        opts.dtype,
+        crate::model::Precision::inference(opts.dtype),
     )?;
     let model = Qwen::new(&loaded.cfg, &loaded.params, true)?;
     let encoded = prompts

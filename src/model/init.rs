@@ -126,7 +126,7 @@ pub fn add_value_head(policy: &Params, cfg: &QwenConfig, seed: u64) -> Result<Pa
         "score.bias".into(),
         Var::from_tensor(&Tensor::zeros(1, dtype, &device)?)?,
     );
-    Ok(Params::new(critic))
+    Ok(Params::new(critic).with_compute(policy.compute_dtype()))
 }
 
 /// Writes `config.json` + `model.safetensors` for a random model into `out`.

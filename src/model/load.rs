@@ -6,7 +6,7 @@ use std::path::PathBuf;
 use candle_core::Device;
 
 use super::tokenizer::Tokenizer;
-use super::{Params, QwenConfig, Result};
+use super::{Params, Precision, QwenConfig, Result};
 use crate::hub::{self, HubOptions};
 use crate::manifest::{self, ModelSource};
 
@@ -20,18 +20,18 @@ pub struct LoadedModel {
 }
 
 /// Resolves `source` (a directory, or a hub revision through the cache) and loads it on the
-/// device and in the dtype a manifest names.
+/// device a manifest names, with masters and arithmetic in the dtypes of `precision`.
 pub fn load(
     source: &ModelSource,
     hub: &HubOptions,
     device: manifest::Device,
-    dtype: manifest::DType,
+    precision: Precision,
 ) -> Result<LoadedModel> {
     let dir = hub::resolve(source, hub)?;
     let cfg = QwenConfig::load(&dir.join("config.json"))?;
     let tokenizer = Tokenizer::load(&dir)?;
     let device = super::device(device)?;
-    let params = Params::load_dir(&dir, super::dtype(dtype), &device)?;
+    let params = Params::load_dir(&dir, precision.master, &device)?.with_compute(precision.compute);
     Ok(LoadedModel {
         dir,
         cfg,

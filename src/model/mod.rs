@@ -209,15 +209,73 @@ impl QwenConfig {
     }
 }
 
-/// Named trainable tensors, keyed by their safetensors names.
+/// Where a model's weights are kept and where its arithmetic runs (issue #18).
+///
+/// Training keeps fp32 master weights, so gradients and AdamW moments are fp32 too, whatever
+/// the compute dtype: a bf16 master would round updates of size lr·1e-3 to nothing. This is
+/// what the manifest's `dtype: bf16` means, as verl's FSDP mixed precision does (fp32 params,
+/// bf16 forward and backward). Sampling and evaluation keep the weights in the compute dtype.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Precision {
+    pub master: DType,
+    pub compute: DType,
+}
+
+impl Precision {
+    /// fp32 masters, the manifest's dtype for the arithmetic.
+    pub fn training(dtype: crate::manifest::DType) -> Precision {
+        Precision {
+            master: DType::F32,
+            compute: self::dtype(dtype),
+        }
+    }
+
+    /// Weights and arithmetic in the manifest's dtype.
+    pub fn inference(dtype: crate::manifest::DType) -> Precision {
+        Precision {
+            master: self::dtype(dtype),
+            compute: self::dtype(dtype),
+        }
+    }
+}
+
+/// Named trainable tensors (the masters), keyed by their safetensors names, with the dtype the
+/// model computes in: [`Params::weight`] hands the model each one cast to it.
 #[derive(Debug, Clone)]
 pub struct Params {
     vars: BTreeMap<String, Var>,
+    compute: DType,
 }
 
 impl Params {
+    /// Parameters computing in their own dtype (that of the first; f32 when empty).
     pub fn new(vars: BTreeMap<String, Var>) -> Params {
-        Params { vars }
+        let compute = vars.values().next().map_or(DType::F32, |v| v.dtype());
+        Params { vars, compute }
+    }
+
+    /// The same parameters computing in `compute`.
+    pub fn with_compute(mut self, compute: DType) -> Params {
+        self.compute = compute;
+        self
+    }
+
+    /// The dtype the model computes in.
+    pub fn compute_dtype(&self) -> DType {
+        self.compute
+    }
+
+    /// The weight `name` as the model uses it: in the compute dtype (a cast of the master,
+    /// through which gradients reach the master in its own dtype), detached when asked (for
+    /// sampling: no autograd graph).
+    pub fn weight(&self, name: &str, shape: &[usize], detach: bool) -> Result<Tensor> {
+        let t = self.get(name, shape)?;
+        let t = if detach { t.detach() } else { t };
+        Ok(if t.dtype() == self.compute {
+            t
+        } else {
+            t.to_dtype(self.compute)?
+        })
     }
 
     /// Loads every `*.safetensors` of a model directory (single file or sharded with
@@ -274,7 +332,10 @@ impl Params {
                 vars.insert(name, Var::from_tensor(&t)?);
             }
         }
-        Ok(Params { vars })
+        Ok(Params {
+            vars,
+            compute: dtype,
+        })
     }
 
     /// The tensor called `name`, checked against the expected shape.

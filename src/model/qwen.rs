@@ -289,10 +289,7 @@ impl Qwen {
             path: "config.json".into(),
             reason,
         })?;
-        let get = |name: &str, shape: &[usize]| -> Result<Tensor> {
-            let t = params.get(name, shape)?;
-            Ok(if detach { t.detach() } else { t })
-        };
+        let get = |name: &str, shape: &[usize]| params.weight(name, shape, detach);
         let (h, v, hd) = (cfg.hidden_size, cfg.vocab_size, cfg.head_dim());
         let (nh, nkv, inter) = (
             cfg.num_attention_heads,
@@ -496,10 +493,7 @@ impl Critic {
     pub fn new(cfg: &QwenConfig, params: &Params, detach: bool) -> Result<Critic> {
         let backbone = Qwen::new(cfg, params, detach)?;
         let h = cfg.hidden_size;
-        let get = |n: &str, s: &[usize]| -> Result<Tensor> {
-            let t = params.get(n, s)?;
-            Ok(if detach { t.detach() } else { t })
-        };
+        let get = |n: &str, s: &[usize]| params.weight(n, s, detach);
         let head = Linear::new(
             get("score.weight", &[1, h])?,
             Some(get("score.bias", &[1])?),

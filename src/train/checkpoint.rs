@@ -88,6 +88,7 @@ pub(super) fn restore(
 /// Overwrites the values of `params` with those saved in `dir` (same names and shapes).
 fn load_into(params: &Params, dir: &std::path::Path) -> Result<()> {
     let (_, first) = params.vars().next().ok_or(TrainError::NoParameters)?;
+    // masters are saved in their own dtype (fp32 for mixed precision): resume is exact
     let loaded = Params::load_dir(dir, first.dtype(), first.device())?;
     for (name, var) in params.vars() {
         let t = loaded.get(name, var.dims())?;

@@ -85,7 +85,10 @@ pub fn ensure_model(exp: &Experiment, mut on_event: impl FnMut(Event<'_>)) -> Re
         Some(spec) => {
             let device = model::device(exp.device)?;
             let tokenizer = Tokenizer::load(&tmp)?;
-            let params = Params::load_dir(&tmp, model::dtype(exp.model.dtype), &device)?;
+            // the warm start trains: fp32 masters, the manifest's dtype for the arithmetic
+            let precision = model::Precision::training(exp.model.dtype);
+            let params =
+                Params::load_dir(&tmp, precision.master, &device)?.with_compute(precision.compute);
             let report = warm_start::warm_start(
                 &cfg,
                 &params,

@@ -36,7 +36,7 @@ use crate::manifest::{DataSuite, Experiment, ModelSource};
 use crate::model::load::{self, LoadedModel};
 use crate::model::qwen::Qwen;
 use crate::model::tokenizer::Tokenizer;
-use crate::model::{init, Params, QwenConfig};
+use crate::model::{init, Params, Precision, QwenConfig};
 use crate::optim::AdamW;
 use crate::run::{self, lock, Provenance, RunDir};
 use batch::DataCursor;
@@ -216,7 +216,12 @@ impl Trainer {
             params: policy,
             device,
             ..
-        } = load::load(&exp.model.source, &opts.hub, exp.device, exp.model.dtype)?;
+        } = load::load(
+            &exp.model.source,
+            &opts.hub,
+            exp.device,
+            Precision::training(exp.model.dtype),
+        )?;
         if let Some(limit) = cfg.max_position_embeddings {
             // what `check` tests where the config is local, for a hub model once downloaded
             let config = match &exp.model.source {

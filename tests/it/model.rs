@@ -609,3 +609,107 @@ fn broken_checkpoints_name_the_tensor_or_file() {
     let err = Params::load_dir(dir.path(), DType::F32, &Device::Cpu).expect_err("no weights");
     assert!(err.to_string().contains("model.safetensors"), "{err}");
 }
+
+/// Issue #18 item 3, on the CPU: `dtype: bf16` trains fp32 masters through bf16 arithmetic.
+/// Every master gets an fp32 gradient through the casts, the bf16 log-probabilities agree with
+/// the f32 model's to bf16 precision, and the trainer's AdamW keeps fp32 moments, so an update
+/// of size lr·1e-3 (below bf16's resolution of a weight near 1) still moves the masters.
+#[test]
+fn bf16_compute_trains_fp32_masters() {
+    use acpo::model::Precision;
+    let dir = fixtures().join("tiny-qwen3");
+    let cfg = QwenConfig::load(&dir.join("config.json")).expect("config");
+    let precision = Precision::training(acpo::manifest::DType::Bf16);
+    assert_eq!(
+        (precision.master, precision.compute),
+        (DType::F32, DType::BF16)
+    );
+    let mixed = Params::load_dir(&dir, precision.master, &Device::Cpu)
+        .expect("weights")
+        .with_compute(precision.compute);
+    let (_, full) = load("tiny-qwen3");
+    let ids: Vec<Vec<u32>> = vec![
+        vec![5, 17, 99, 3, 64, 2, 127, 40],
+        vec![1, 2, 3, 4, 5, 6, 7, 8],
+    ];
+    let targets = Tensor::new(
+        ids.iter().map(|r| r[1..].to_vec()).collect::<Vec<_>>(),
+        &Device::Cpu,
+    )
+    .expect("t");
+    let log_probs = |params: &Params| {
+        let model = Qwen::new(&cfg, params, false).expect("trainable model");
+        let h = forward_full(&model, &ids).narrow(1, 0, 7).expect("h");
+        model
+            .token_log_probs(&h, &targets, 1.0, 3, false)
+            .expect("lp")
+            .0
+    };
+    let (lp_mixed, lp_full) = (log_probs(&mixed), log_probs(&full));
+    assert_eq!(
+        lp_mixed.dtype(),
+        DType::F32,
+        "log-probs are reported in f32"
+    );
+    let (a, b) = (
+        lp_mixed
+            .flatten_all()
+            .expect("f")
+            .to_vec1::<f32>()
+            .expect("v"),
+        lp_full
+            .flatten_all()
+            .expect("f")
+            .to_vec1::<f32>()
+            .expect("v"),
+    );
+    let num: f32 = a.iter().zip(&b).map(|(x, y)| (x - y).powi(2)).sum();
+    let den: f32 = b.iter().map(|y| y * y).sum();
+    let rel = (num / den).sqrt();
+    assert!(rel < 2e-2 && rel > 0.0, "bf16 vs f32 relative error {rel}");
+
+    let loss = lp_mixed.mean_all().expect("mean").neg().expect("neg");
+    let grads = loss.backward().expect("backward");
+    for (name, var) in mixed.vars() {
+        assert_eq!(var.dtype(), DType::F32, "{name}: master");
+        let g = grads
+            .get(var.as_tensor())
+            .unwrap_or_else(|| panic!("{name}: no gradient"));
+        assert_eq!(g.dtype(), DType::F32, "{name}: gradient");
+        let g = g
+            .abs()
+            .expect("abs")
+            .sum_all()
+            .expect("s")
+            .to_scalar::<f32>()
+            .expect("s");
+        assert!(g.is_finite() && g > 0.0, "{name}: gradient {g}");
+    }
+    // One AdamW step of the trainer's optimizer: moments and the update in fp32.
+    let spec = acpo::manifest::OptimSpec {
+        lr: 1e-6,
+        lr_schedule: acpo::manifest::LrSchedule::Constant,
+        warmup_steps: 0,
+        grad_clip: 1.0,
+        weight_decay: 0.0,
+        betas: [0.9, 0.999],
+        eps: 1e-8,
+    };
+    let before: Vec<Vec<f32>> = mixed
+        .vars()
+        .map(|(_, v)| v.flatten_all().expect("f").to_vec1::<f32>().expect("v"))
+        .collect();
+    let mut opt = acpo::optim::AdamW::new(&mixed, &spec).expect("adamw");
+    let grads = acpo::optim::Gradients::from_store(&mixed, &grads).expect("grads");
+    assert!(opt.step(&grads).expect("step").applied);
+    let moved = mixed
+        .vars()
+        .zip(&before)
+        .filter(|((_, v), b)| v.flatten_all().expect("f").to_vec1::<f32>().expect("v") != **b)
+        .count();
+    assert_eq!(
+        moved,
+        mixed.len(),
+        "every fp32 master moved by an lr of 1e-6"
+    );
+}
