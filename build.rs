@@ -37,6 +37,54 @@ fn main() {
     }
     println!("cargo:rustc-env=ACPO_CRATE_VERSIONS={}", versions.join(","));
     println!("cargo:rerun-if-changed=Cargo.lock");
+    if std::env::var_os("CARGO_FEATURE_CUDA").is_some() {
+        compile_kernels();
+    }
     println!("cargo:rerun-if-changed=.git/HEAD");
     println!("cargo:rerun-if-changed=.git/index");
+}
+
+/// Compiles every `kernels/*.cu` to PTX in OUT_DIR (the `cuda` feature; docs/CUDA.md): PTX for
+/// compute capability 9.0, which the driver of a Hopper GPU compiles at load. nvcc is `$NVCC`,
+/// else `$CUDA_ROOT/bin/nvcc`, else the one on PATH (`tools/cuda-toolkit.sh` sets these up).
+fn compile_kernels() {
+    let out = std::path::PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
+    let nvcc = std::env::var_os("NVCC")
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            std::env::var_os("CUDA_ROOT")
+                .map(|r| std::path::Path::new(&r).join("bin/nvcc"))
+                .filter(|p| p.exists())
+        })
+        .unwrap_or_else(|| "nvcc".into());
+    println!("cargo:rerun-if-changed=kernels");
+    println!("cargo:rerun-if-env-changed=NVCC");
+    println!("cargo:rerun-if-env-changed=CUDA_ROOT");
+    let mut sources: Vec<_> = std::fs::read_dir("kernels")
+        .expect("kernels/ is in the repository")
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|e| e == "cu" || e == "cuh"))
+        .collect();
+    sources.sort();
+    for src in &sources {
+        println!("cargo:rerun-if-changed={}", src.display());
+        if src.extension().is_some_and(|e| e == "cuh") {
+            continue;
+        }
+        let stem = src.file_stem().expect("a file name").to_string_lossy();
+        let ptx = out.join(format!("{stem}.ptx"));
+        let status = std::process::Command::new(&nvcc)
+            .args(["-ptx", "-O3", "-std=c++17", "-arch=compute_90", "-Ikernels", "-o"])
+            .arg(&ptx)
+            .arg(src)
+            .status()
+            .unwrap_or_else(|e| {
+                panic!(
+                    "cannot run {} to compile {}: {e} (eval \"$(tools/cuda-toolkit.sh)\" first, docs/CUDA.md)",
+                    nvcc.display(),
+                    src.display()
+                )
+            });
+        assert!(status.success(), "nvcc failed on {}", src.display());
+    }
 }

@@ -49,3 +49,25 @@ verify archive="results/mini.tar.gz":
 [group('reproduce')]
 from-archive archive="results/mini.tar.gz":
     cargo run --release -- reproduce all --scale mini --from {{archive}} --doc REPRODUCE.md
+
+# Set up the pinned CUDA 13.0 toolkit from PyPI wheels (no GPU needed) and build the CUDA binary
+# target/release/acpo with the kernels of kernels/ (docs/CUDA.md).
+[group('cuda')]
+build-cuda:
+    eval "$(tools/cuda-toolkit.sh)" && cargo build --release --features cuda
+
+# The CUDA binary stripped and xz-compressed for a GPU machine: target/acpo-cuda.xz.
+[group('cuda')]
+pack-cuda: build-cuda
+    strip -o target/acpo-cuda target/release/acpo
+    xz -T0 -9 -f -k target/acpo-cuda
+
+# The test suite with the cuda feature: the GPU tests run where a GPU is, and skip elsewhere.
+[group('cuda')]
+test-cuda:
+    eval "$(tools/cuda-toolkit.sh)" && cargo test --features cuda
+
+# What CI checks of the CUDA path: every kernels/*.cu compiles to PTX and the feature type-checks.
+[group('cuda')]
+check-cuda:
+    eval "$(tools/cuda-toolkit.sh)" && cargo check --features cuda --all-targets

@@ -160,7 +160,11 @@ impl AdamW {
         for i in 0..self.vars.len() {
             let g = grads.get(&self.names[i]);
             let (m, v) = (&self.m[i], &self.v[i]);
-            let (p, m, v) = match fused_update(&self.vars[i], g, m, v, &h)? {
+            let fused = match fused_update(&self.vars[i], g, m, v, &h)? {
+                Some(new) => Some(new),
+                None => cuda_update(&self.vars[i], g, m, v, &h)?,
+            };
+            let (p, m, v) = match fused {
                 Some(new) => new,
                 None => composed_update(&self.vars[i], g, m, v, &h)?,
             };
@@ -298,14 +302,17 @@ fn fused_update(
     if !all.iter().flatten().all(|t| fits(t)) {
         return Ok(None);
     }
-    // What candle's affine maps multiply by and add, as f32.
-    let scale = h.scale as f32;
-    let (b1, one_minus_b1) = (h.b1 as f32, (1.0 - h.b1) as f32);
-    let (b2, one_minus_b2) = (h.b2 as f32, (1.0 - h.b2) as f32);
-    let decay = (1.0 - h.lr * h.weight_decay) as f32;
-    let inv_sqrt_bc2 = (1.0 / h.bc2.sqrt()) as f32;
-    let eps = h.eps as f32;
-    let step = (h.lr / h.bc1) as f32;
+    let F32Consts {
+        scale,
+        b1,
+        one_minus_b1,
+        b2,
+        one_minus_b2,
+        decay,
+        inv_sqrt_bc2,
+        eps,
+        step,
+    } = F32Consts::of(h);
     let n = p.elem_count();
     let (mut p_new, mut m_new, mut v_new) = (vec![0f32; n], vec![0f32; n], vec![0f32; n]);
     {
@@ -369,6 +376,121 @@ fn fused_update(
         Tensor::from_vec(m_new, shape, dev)?,
         Tensor::from_vec(v_new, shape, dev)?,
     )))
+}
+
+/// What candle's affine maps multiply by and add, as f32: the constants of the one-pass
+/// update, on the CPU and in the CUDA kernel (kernels/adamw.cu).
+#[derive(Debug, Clone, Copy)]
+struct F32Consts {
+    scale: f32,
+    b1: f32,
+    one_minus_b1: f32,
+    b2: f32,
+    one_minus_b2: f32,
+    decay: f32,
+    inv_sqrt_bc2: f32,
+    eps: f32,
+    step: f32,
+}
+
+impl F32Consts {
+    fn of(h: &Hyper) -> F32Consts {
+        F32Consts {
+            scale: h.scale as f32,
+            b1: h.b1 as f32,
+            one_minus_b1: (1.0 - h.b1) as f32,
+            b2: h.b2 as f32,
+            one_minus_b2: (1.0 - h.b2) as f32,
+            decay: (1.0 - h.lr * h.weight_decay) as f32,
+            inv_sqrt_bc2: (1.0 / h.bc2.sqrt()) as f32,
+            eps: h.eps as f32,
+            step: (h.lr / h.bc1) as f32,
+        }
+    }
+}
+
+/// The one-pass update on CUDA (kernels/adamw.cu, f32 or bf16 parameters, fp32 moments): the
+/// CPU twin's arithmetic, so the same bits where the inputs agree. `None` off CUDA.
+#[cfg(feature = "cuda")]
+fn cuda_update(
+    var: &Var,
+    g: Option<&Tensor>,
+    m: &Tensor,
+    v: &Tensor,
+    h: &Hyper,
+) -> Result<Option<(Tensor, Tensor, Tensor)>> {
+    let p = var.as_tensor();
+    if !p.device().is_cuda() || !matches!(p.dtype(), DType::F32 | DType::BF16) {
+        return Ok(None);
+    }
+    let g = match g {
+        Some(g) => g.contiguous()?,
+        None => Tensor::zeros(p.shape(), DType::F32, p.device())?,
+    };
+    let mv = Tensor::stack(&[m, v], 0)?.contiguous()?;
+    let out = p
+        .contiguous()?
+        .apply_op3_no_bwd(&g, &mv, &CudaAdamW(F32Consts::of(h)))?;
+    let part = |i: usize| out.get(i)?.reshape(p.shape());
+    Ok(Some((part(0)?.to_dtype(p.dtype())?, part(1)?, part(2)?)))
+}
+
+#[cfg(not(feature = "cuda"))]
+fn cuda_update(
+    _: &Var,
+    _: Option<&Tensor>,
+    _: &Tensor,
+    _: &Tensor,
+    _: &Hyper,
+) -> Result<Option<(Tensor, Tensor, Tensor)>> {
+    Ok(None)
+}
+
+/// The update as a custom op (p, g, [m; v]) → [p; m; v], CUDA only.
+#[cfg(feature = "cuda")]
+struct CudaAdamW(F32Consts);
+
+#[cfg(feature = "cuda")]
+impl candle_core::CustomOp3 for CudaAdamW {
+    fn name(&self) -> &'static str {
+        "acpo-adamw"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &candle_core::CpuStorage,
+        _: &candle_core::Layout,
+        _: &candle_core::CpuStorage,
+        _: &candle_core::Layout,
+        _: &candle_core::CpuStorage,
+        _: &candle_core::Layout,
+    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
+        candle_core::bail!("acpo-adamw: the CPU update is fused_update")
+    }
+
+    fn cuda_fwd(
+        &self,
+        p: &candle_core::CudaStorage,
+        lp: &candle_core::Layout,
+        g: &candle_core::CudaStorage,
+        lg: &candle_core::Layout,
+        mv: &candle_core::CudaStorage,
+        lmv: &candle_core::Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, candle_core::Shape)> {
+        let c = self.0;
+        let consts = crate::fused::cuda::AdamWConsts {
+            scale: c.scale,
+            b1: c.b1,
+            one_minus_b1: c.one_minus_b1,
+            b2: c.b2,
+            one_minus_b2: c.one_minus_b2,
+            decay: c.decay,
+            inv_sqrt_bc2: c.inv_sqrt_bc2,
+            eps: c.eps,
+            step: c.step,
+        };
+        crate::fused::cuda::adamw(p, lp, g, lg, mv, lmv, &consts)
+    }
 }
 
 /// The f32 elements of a contiguous CPU tensor's storage.

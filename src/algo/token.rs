@@ -32,7 +32,7 @@ fn scaled(logits: &Tensor, temperature: f64) -> Result<Tensor> {
 /// log softmax(logits / T)[token]; `logits` `(..., V)`, `tokens` `(...)` (u32) → `(...)`.
 pub fn log_probs(logits: &Tensor, tokens: &Tensor, temperature: f64) -> Result<Tensor> {
     let z = scaled(logits, temperature)?;
-    if crate::fused::applies(&z) {
+    if crate::fused::fused_on_f32(&z) {
         // One pass forward and one backward instead of eight ops each (same math, below).
         return crate::fused::token_log_probs(&z, tokens);
     }

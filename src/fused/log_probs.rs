@@ -51,6 +51,17 @@ impl CustomOp2 for TokenLogProbs {
         Ok((CpuStorage::F32(lp), Shape::from(t.len())))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        super::cuda::token_log_probs(s1, l1, s2, l2)
+    }
+
     fn bwd(
         &self,
         z: &Tensor,
@@ -97,10 +108,24 @@ impl CustomOp3 for TokenLogProbsBwd {
         });
         Ok((CpuStorage::F32(dz), l1.shape().clone()))
     }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        super::cuda::token_log_probs_bwd(s1, l1, s2, l2, s3, l3)
+    }
 }
 
 /// log softmax(z)[t] over the last dim: `z` `(..., V)` f32, `t` `(...)` u32 → `(...)`.
-/// Callers check [`applies`] first; the composed reference lives in `algo::token`.
+/// Callers check [`fused_on_f32`] first; the composed reference lives in `algo::token`. Target
+/// tokens are checked against the vocabulary on the CPU only (a kernel cannot report them).
 pub fn token_log_probs(z: &Tensor, t: &Tensor) -> Result<Tensor> {
     let dims = t.dims().to_vec();
     let v = z.dim(D::Minus1)?;

@@ -21,8 +21,12 @@
 //!
 //! Every op lives in its own file beside its composed reference path (other devices, other
 //! dtypes) — the twin a CUDA kernel is tested against too — and the tests in
-//! `tests/it/fused.rs` compare values and gradients of the two.
+//! `tests/it/fused.rs` compare values and gradients of the two. With the `cuda` feature each op
+//! also has a `cuda_fwd` launching its kernel from `kernels/` ([`cuda`], f32 and bf16 storage),
+//! tested against the CPU op in `tests/it/cuda.rs`.
 
+#[cfg(feature = "cuda")]
+pub mod cuda;
 mod log_probs;
 mod rms_norm;
 mod rope;
@@ -47,6 +51,20 @@ const PAR_MIN_ELEMS: usize = 1 << 16;
 /// Whether the fused CPU path applies to `t`.
 pub fn applies(t: &Tensor) -> bool {
     t.device().is_cpu() && t.dtype() == DType::F32
+}
+
+/// Whether a fused op runs on `t`: on the CPU in f32, on CUDA (with the `cuda` feature) in f32
+/// or bf16 through the kernels of `kernels/`.
+pub fn fused_on(t: &Tensor) -> bool {
+    applies(t)
+        || (cfg!(feature = "cuda")
+            && t.device().is_cuda()
+            && matches!(t.dtype(), DType::F32 | DType::BF16))
+}
+
+/// Whether a fused op runs on `t` in f32 (the ops whose CUDA kernels read f32 only).
+pub fn fused_on_f32(t: &Tensor) -> bool {
+    fused_on(t) && t.dtype() == DType::F32
 }
 
 pub(crate) fn slice_f32<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> Result<&'a [f32]> {

@@ -38,6 +38,17 @@ impl CustomOp2 for RmsNorm {
         Ok((CpuStorage::F32(y), l1.shape().clone()))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        super::cuda::rms_norm_fwd(s1, l1, s2, l2, self.eps)
+    }
+
     fn bwd(
         &self,
         x: &Tensor,
@@ -109,11 +120,24 @@ impl CustomOp3 for RmsNormBwd {
         }
         Ok((CpuStorage::F32(out), Shape::from((rows + 1, n))))
     }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        super::cuda::rms_norm_bwd(s1, l1, s2, l2, s3, l3, self.eps)
+    }
 }
 
-/// RMSNorm over the last dim, `x / sqrt(mean(x²) + ε) · w`; fused on CPU f32.
+/// RMSNorm over the last dim, `x / sqrt(mean(x²) + ε) · w`; fused on CPU f32 and CUDA.
 pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
-    if applies(x) && applies(w) {
+    if fused_on(x) && fused_on(w) && x.dtype() == w.dtype() {
         return x
             .contiguous()?
             .apply_op2(&w.contiguous()?, RmsNorm { eps: eps as f32 });

@@ -52,6 +52,29 @@ impl CustomOp3 for Rope {
         Ok((CpuStorage::F32(y), l1.shape().clone()))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let (b, _, t, d) = l1.shape().dims4()?;
+        if l2.dims() != [b, 1, t, d] || l3.dims() != l2.dims() || d % 2 != 0 {
+            candle_core::bail!(
+                "{}: x {:?}, cos {:?}, sin {:?}",
+                self.name(),
+                l1.dims(),
+                l2.dims(),
+                l3.dims()
+            );
+        }
+        super::cuda::rope(s1, l1, s2, l2, s3, l3)
+    }
+
     fn bwd(
         &self,
         _x: &Tensor,
@@ -66,9 +89,10 @@ impl CustomOp3 for Rope {
 }
 
 /// Rotary embedding of `x` `(B, H, T, D)` by `cos`, `sin` `(B, 1, T, D)` (positions' tables, no
-/// gradient); fused on CPU f32.
+/// gradient); fused on CPU f32 and CUDA.
 pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
-    if applies(x) && applies(cos) && applies(sin) {
+    let same = x.dtype() == cos.dtype() && x.dtype() == sin.dtype();
+    if same && fused_on(x) && fused_on(cos) && fused_on(sin) {
         return x
             .contiguous()?
             .apply_op3(&cos.contiguous()?, &sin.contiguous()?, Rope);

@@ -57,6 +57,28 @@ impl CustomOp2 for ScaledMaskedSoftmax {
         Ok((CpuStorage::F32(y), l1.shape().clone()))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let (b, t, n) = l2.shape().dims3()?;
+        let rows = l1.shape().elem_count() / n.max(1);
+        let fits = l1.dims().first() == Some(&b) && l1.dims().last() == Some(&n);
+        if !fits || !rows.is_multiple_of(b * t) {
+            candle_core::bail!(
+                "{}: scores {:?} do not match the bias {:?}",
+                self.name(),
+                l1.dims(),
+                l2.dims()
+            );
+        }
+        super::cuda::attention_softmax(s1, l1, s2, l2, self.scale)
+    }
+
     fn bwd(
         &self,
         _x: &Tensor,
@@ -73,9 +95,9 @@ impl CustomOp2 for ScaledMaskedSoftmax {
 }
 
 /// Attention probabilities softmax(scores·scale + bias): `scores` `(B, KV, rep, T, S)`, `bias`
-/// `(B, 1, T, S)` (0 or −1e9). Fused on CPU f32.
+/// `(B, 1, T, S)` (0 or −1e9). Fused on CPU f32 and CUDA.
 pub fn attention_probs(scores: &Tensor, bias: &Tensor, scale: f64) -> Result<Tensor> {
-    if applies(scores) && applies(bias) {
+    if fused_on(scores) && fused_on(bias) && scores.dtype() == bias.dtype() {
         let (b, _, t, s) = bias.dims4()?;
         let bias = bias.contiguous()?.reshape((b, t, s))?;
         return scores.contiguous()?.apply_op2(

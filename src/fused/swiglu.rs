@@ -38,6 +38,17 @@ impl CustomOp2 for SwiGlu {
         Ok((CpuStorage::F32(y), l1.shape().clone()))
     }
 
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        super::cuda::swiglu_fwd(s1, l1, s2, l2)
+    }
+
     fn bwd(
         &self,
         g: &Tensor,
@@ -96,11 +107,24 @@ impl CustomOp3 for SwiGluBwd {
         }
         Ok((CpuStorage::F32(out), Shape::from((2, len))))
     }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+        s3: &candle_core::CudaStorage,
+        l3: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        super::cuda::swiglu_bwd(s1, l1, s2, l2, s3, l3)
+    }
 }
 
-/// silu(gate) ⊙ up; fused on CPU f32.
+/// silu(gate) ⊙ up; fused on CPU f32 and CUDA.
 pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
-    if applies(gate) && applies(up) {
+    if fused_on(gate) && fused_on(up) && gate.dtype() == up.dtype() {
         return gate.contiguous()?.apply_op2(&up.contiguous()?, SwiGlu);
     }
     swiglu_composed(gate, up)

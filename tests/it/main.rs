@@ -2,6 +2,7 @@
 
 mod archive;
 mod cli;
+mod cuda;
 mod eval;
 mod fused;
 mod layout;

@@ -15,7 +15,7 @@ fn repo() -> &'static Path {
 
 /// A temp dir with `models/smoke-qwen3-tiny` (as the smoke manifests expect), created by the
 /// manifests' own `model.init` (random weights, char tokenizer, a few warm-start steps).
-fn workspace() -> tempfile::TempDir {
+pub(crate) fn workspace() -> tempfile::TempDir {
     let dir = tempfile::tempdir().expect("tmp");
     let (exp, _) = manifest(dir.path(), "smoke-grpo", &[]);
     acpo::train::ensure_model(&exp, |_| {}).expect("model");
@@ -23,7 +23,7 @@ fn workspace() -> tempfile::TempDir {
 }
 
 /// The smoke manifest `name`, edited by `(from, to)` replacements, with the model dir made absolute.
-fn manifest(ws: &Path, name: &str, edits: &[(&str, &str)]) -> (Experiment, String) {
+pub(crate) fn manifest(ws: &Path, name: &str, edits: &[(&str, &str)]) -> (Experiment, String) {
     let mut text = std::fs::read_to_string(repo().join(format!("experiments/smoke/{name}.yaml")))
         .expect("manifest");
     text = text.replace(
@@ -39,7 +39,7 @@ fn manifest(ws: &Path, name: &str, edits: &[(&str, &str)]) -> (Experiment, Strin
     (exp, text)
 }
 
-fn options(out: &Path, resume: bool, max_steps: Option<usize>) -> TrainOptions {
+pub(crate) fn options(out: &Path, resume: bool, max_steps: Option<usize>) -> TrainOptions {
     TrainOptions {
         out_root: out.to_owned(),
         resume,
@@ -53,12 +53,16 @@ fn options(out: &Path, resume: bool, max_steps: Option<usize>) -> TrainOptions {
     }
 }
 
-fn train(exp: &Experiment, text: &str, opts: &TrainOptions) -> Result<PathBuf, TrainError> {
+pub(crate) fn train(
+    exp: &Experiment,
+    text: &str,
+    opts: &TrainOptions,
+) -> Result<PathBuf, TrainError> {
     let mut t = Trainer::new(exp, text, opts)?;
     Ok(t.run(opts, &mut |_| {})?.dir)
 }
 
-fn metrics(dir: &Path) -> Vec<BTreeMap<String, f64>> {
+pub(crate) fn metrics(dir: &Path) -> Vec<BTreeMap<String, f64>> {
     std::fs::read_to_string(dir.join("metrics.jsonl"))
         .expect("metrics")
         .lines()
@@ -135,7 +139,7 @@ fn all_four_algorithms_train_evaluate_and_checkpoint() {
     }
 }
 
-fn without_timing(m: Vec<BTreeMap<String, f64>>) -> Vec<BTreeMap<String, f64>> {
+pub(crate) fn without_timing(m: Vec<BTreeMap<String, f64>>) -> Vec<BTreeMap<String, f64>> {
     m.into_iter()
         .map(|l| {
             l.into_iter()

@@ -1,0 +1,481 @@
+//! CUDA launches of the kernels in `kernels/*.cu` (compiled to PTX by `build.rs` with the
+//! `cuda` feature): the `cuda_fwd` of each fused op, f32 and bf16 storage with f32 arithmetic.
+//! Every kernel's CPU twin is the op's `cpu_fwd` and its composed reference; the parity tests
+//! are `tests/it/cuda.rs` (they skip, saying so, where no GPU is present).
+//!
+//! Row kernels run one block of [`ROW_THREADS`] threads per row and reduce in a fixed order, so
+//! a result is the same on every run; element-wise kernels use a grid-stride loop.
+
+use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::{CudaDType, WrapErr};
+use candle_core::{CudaStorage, DType, Layout, Result, Shape};
+
+/// The PTX of each kernel file, and the module name it is loaded under.
+mod ptx {
+    pub const RMS_NORM: (&str, &str) = (
+        "acpo_rms_norm",
+        include_str!(concat!(env!("OUT_DIR"), "/rms_norm.ptx")),
+    );
+    pub const SWIGLU: (&str, &str) = (
+        "acpo_swiglu",
+        include_str!(concat!(env!("OUT_DIR"), "/swiglu.ptx")),
+    );
+    pub const ROPE: (&str, &str) = (
+        "acpo_rope",
+        include_str!(concat!(env!("OUT_DIR"), "/rope.ptx")),
+    );
+    pub const SOFTMAX: (&str, &str) = (
+        "acpo_softmax",
+        include_str!(concat!(env!("OUT_DIR"), "/softmax.ptx")),
+    );
+    pub const LOG_PROBS: (&str, &str) = (
+        "acpo_log_probs",
+        include_str!(concat!(env!("OUT_DIR"), "/log_probs.ptx")),
+    );
+    pub const ADAMW: (&str, &str) = (
+        "acpo_adamw",
+        include_str!(concat!(env!("OUT_DIR"), "/adamw.ptx")),
+    );
+}
+
+/// Threads per block of the row kernels (a multiple of 32, as `block_sum` needs).
+const ROW_THREADS: u32 = 256;
+/// Threads per block, and the most blocks, of the element-wise kernels.
+const ELEM_THREADS: u32 = 256;
+const ELEM_MAX_BLOCKS: usize = 1 << 16;
+
+fn rows_config(rows: usize) -> Result<LaunchConfig> {
+    let rows = u32::try_from(rows)
+        .map_err(|_| candle_core::Error::Msg(format!("{rows} rows are more than one launch")))?;
+    Ok(LaunchConfig {
+        grid_dim: (rows.max(1), 1, 1),
+        block_dim: (ROW_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+fn elems_config(len: usize) -> LaunchConfig {
+    let blocks = len
+        .div_ceil(ELEM_THREADS as usize)
+        .clamp(1, ELEM_MAX_BLOCKS);
+    LaunchConfig {
+        grid_dim: (blocks as u32, 1, 1),
+        block_dim: (ELEM_THREADS, 1, 1),
+        shared_mem_bytes: 0,
+    }
+}
+
+/// The contiguous elements of `s` under `l` as `T`.
+fn view<'a, T: CudaDType>(s: &'a CudaStorage, l: &Layout, what: &str) -> Result<CudaView<'a, T>> {
+    let slice = s.as_cuda_slice::<T>()?;
+    match l.contiguous_offsets() {
+        Some((a, b)) => Ok(slice.slice(a..b)),
+        None => candle_core::bail!("{what}: input must be contiguous"),
+    }
+}
+
+/// The kernel-name suffix of a storage dtype, or an error naming the op.
+fn suffix(dtype: DType, what: &str) -> Result<&'static str> {
+    match dtype {
+        DType::F32 => Ok("f32"),
+        DType::BF16 => Ok("bf16"),
+        other => candle_core::bail!("{what}: no CUDA kernel for {other:?} (f32 and bf16 only)"),
+    }
+}
+
+fn dtype_of(s: &CudaStorage) -> DType {
+    use candle_core::backend::BackendStorage;
+    s.dtype()
+}
+
+/// Runs `$body` with `$t` bound to the Rust element type of `$dtype` (f32 or bf16).
+macro_rules! with_type {
+    ($dtype:expr, $t:ident, $body:expr) => {
+        match $dtype {
+            DType::F32 => {
+                type $t = f32;
+                $body
+            }
+            DType::BF16 => {
+                type $t = half::bf16;
+                $body
+            }
+            other => candle_core::bail!("no CUDA kernel for {other:?} (f32 and bf16 only)"),
+        }
+    };
+}
+
+// ---------------------------------------------------------------------------------------------
+// RMSNorm
+
+pub fn rms_norm_fwd(
+    x: &CudaStorage,
+    lx: &Layout,
+    w: &CudaStorage,
+    lw: &Layout,
+    eps: f32,
+) -> Result<(CudaStorage, Shape)> {
+    let what = "acpo-rms-norm";
+    let sfx = suffix(dtype_of(x), what)?;
+    with_type!(dtype_of(x), T, {
+        let dev = &x.device;
+        let (xv, wv) = (view::<T>(x, lx, what)?, view::<T>(w, lw, what)?);
+        let n = wv.len();
+        let rows = xv.len() / n.max(1);
+        // SAFETY: every element is written by the kernel (each row's block covers the row).
+        let mut y = unsafe { dev.alloc::<T>(xv.len()) }?;
+        let f = dev.get_or_load_custom_func(
+            &format!("rms_norm_fwd_{sfx}"),
+            ptx::RMS_NORM.0,
+            ptx::RMS_NORM.1,
+        )?;
+        let n_i = n as i32;
+        let mut b = f.builder();
+        b.arg(&xv).arg(&wv).arg(&mut y).arg(&n_i).arg(&eps);
+        // SAFETY: the arguments match the kernel's signature in kernels/rms_norm.cu.
+        unsafe { b.launch(rows_config(rows)?) }.w()?;
+        Ok((
+            CudaStorage::wrap_cuda_slice(y, dev.clone()),
+            lx.shape().clone(),
+        ))
+    })
+}
+
+/// `[dx; dw]` as `(rows + 1, n)`, the CPU twin's layout.
+pub fn rms_norm_bwd(
+    x: &CudaStorage,
+    lx: &Layout,
+    w: &CudaStorage,
+    lw: &Layout,
+    dy: &CudaStorage,
+    ldy: &Layout,
+    eps: f32,
+) -> Result<(CudaStorage, Shape)> {
+    let what = "acpo-rms-norm-bwd";
+    let sfx = suffix(dtype_of(x), what)?;
+    with_type!(dtype_of(x), T, {
+        let dev = &x.device;
+        let (xv, wv, dyv) = (
+            view::<T>(x, lx, what)?,
+            view::<T>(w, lw, what)?,
+            view::<T>(dy, ldy, what)?,
+        );
+        let n = wv.len();
+        let rows = xv.len() / n.max(1);
+        // SAFETY: the dx kernel writes rows 0..rows, the dw kernel the last row.
+        let mut out = unsafe { dev.alloc::<T>((rows + 1) * n) }?;
+        let mut rs: CudaSlice<f32> = unsafe { dev.alloc::<f32>(rows.max(1)) }?;
+        let n_i = n as i32;
+        let rows_i = rows as i32;
+        let f = dev.get_or_load_custom_func(
+            &format!("rms_norm_bwd_dx_{sfx}"),
+            ptx::RMS_NORM.0,
+            ptx::RMS_NORM.1,
+        )?;
+        let mut b = f.builder();
+        b.arg(&xv)
+            .arg(&wv)
+            .arg(&dyv)
+            .arg(&mut out)
+            .arg(&mut rs)
+            .arg(&n_i)
+            .arg(&eps);
+        unsafe { b.launch(rows_config(rows)?) }.w()?;
+        let f = dev.get_or_load_custom_func(
+            &format!("rms_norm_bwd_dw_{sfx}"),
+            ptx::RMS_NORM.0,
+            ptx::RMS_NORM.1,
+        )?;
+        let mut b = f.builder();
+        b.arg(&xv)
+            .arg(&dyv)
+            .arg(&rs)
+            .arg(&mut out)
+            .arg(&rows_i)
+            .arg(&n_i);
+        unsafe { b.launch(elems_config(n)) }.w()?;
+        Ok((
+            CudaStorage::wrap_cuda_slice(out, dev.clone()),
+            Shape::from((rows + 1, n)),
+        ))
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// SwiGLU
+
+pub fn swiglu_fwd(
+    g: &CudaStorage,
+    lg: &Layout,
+    u: &CudaStorage,
+    lu: &Layout,
+) -> Result<(CudaStorage, Shape)> {
+    let what = "acpo-swiglu";
+    let sfx = suffix(dtype_of(g), what)?;
+    with_type!(dtype_of(g), T, {
+        let dev = &g.device;
+        let (gv, uv) = (view::<T>(g, lg, what)?, view::<T>(u, lu, what)?);
+        let len = gv.len();
+        let mut y = unsafe { dev.alloc::<T>(len) }?;
+        let f = dev.get_or_load_custom_func(
+            &format!("swiglu_fwd_{sfx}"),
+            ptx::SWIGLU.0,
+            ptx::SWIGLU.1,
+        )?;
+        let mut b = f.builder();
+        b.arg(&gv).arg(&uv).arg(&mut y).arg(&len);
+        unsafe { b.launch(elems_config(len)) }.w()?;
+        Ok((
+            CudaStorage::wrap_cuda_slice(y, dev.clone()),
+            lg.shape().clone(),
+        ))
+    })
+}
+
+/// `[dg; du]` as `(2, N)`.
+pub fn swiglu_bwd(
+    g: &CudaStorage,
+    lg: &Layout,
+    u: &CudaStorage,
+    lu: &Layout,
+    dy: &CudaStorage,
+    ldy: &Layout,
+) -> Result<(CudaStorage, Shape)> {
+    let what = "acpo-swiglu-bwd";
+    let sfx = suffix(dtype_of(g), what)?;
+    with_type!(dtype_of(g), T, {
+        let dev = &g.device;
+        let (gv, uv, dyv) = (
+            view::<T>(g, lg, what)?,
+            view::<T>(u, lu, what)?,
+            view::<T>(dy, ldy, what)?,
+        );
+        let len = gv.len();
+        let mut out = unsafe { dev.alloc::<T>(2 * len) }?;
+        let f = dev.get_or_load_custom_func(
+            &format!("swiglu_bwd_{sfx}"),
+            ptx::SWIGLU.0,
+            ptx::SWIGLU.1,
+        )?;
+        let mut b = f.builder();
+        b.arg(&gv).arg(&uv).arg(&dyv).arg(&mut out).arg(&len);
+        unsafe { b.launch(elems_config(len)) }.w()?;
+        Ok((
+            CudaStorage::wrap_cuda_slice(out, dev.clone()),
+            Shape::from((2, len)),
+        ))
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// RoPE
+
+/// The rotation of `x` `(B, H, T, D)` by `cos`, `sign · sin` `(B, 1, T, D)`.
+pub fn rope(
+    x: &CudaStorage,
+    lx: &Layout,
+    cos: &CudaStorage,
+    lc: &Layout,
+    sin: &CudaStorage,
+    ls: &Layout,
+) -> Result<(CudaStorage, Shape)> {
+    let what = "acpo-rope";
+    let sfx = suffix(dtype_of(x), what)?;
+    let (_, h, t, d) = lx.shape().dims4()?;
+    with_type!(dtype_of(x), T, {
+        let dev = &x.device;
+        let (xv, cv, sv) = (
+            view::<T>(x, lx, what)?,
+            view::<T>(cos, lc, what)?,
+            view::<T>(sin, ls, what)?,
+        );
+        let pairs = xv.len() / 2;
+        let mut y = unsafe { dev.alloc::<T>(xv.len()) }?;
+        let f = dev.get_or_load_custom_func(&format!("rope_{sfx}"), ptx::ROPE.0, ptx::ROPE.1)?;
+        let (h_i, t_i, d_i, sign) = (h as i32, t as i32, d as i32, 1.0f32);
+        let mut b = f.builder();
+        b.arg(&xv)
+            .arg(&cv)
+            .arg(&sv)
+            .arg(&mut y)
+            .arg(&h_i)
+            .arg(&t_i)
+            .arg(&d_i)
+            .arg(&sign)
+            .arg(&pairs);
+        unsafe { b.launch(elems_config(pairs)) }.w()?;
+        Ok((
+            CudaStorage::wrap_cuda_slice(y, dev.clone()),
+            lx.shape().clone(),
+        ))
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Attention softmax
+
+/// softmax(x·scale + bias) over rows of `n`, `bias` `(B, T, n)`.
+pub fn attention_softmax(
+    x: &CudaStorage,
+    lx: &Layout,
+    bias: &CudaStorage,
+    lb: &Layout,
+    scale: f32,
+) -> Result<(CudaStorage, Shape)> {
+    let what = "acpo-attention-softmax";
+    let sfx = suffix(dtype_of(x), what)?;
+    let (bsz, t, n) = lb.shape().dims3()?;
+    with_type!(dtype_of(x), T, {
+        let dev = &x.device;
+        let (xv, bv) = (view::<T>(x, lx, what)?, view::<T>(bias, lb, what)?);
+        let rows = xv.len() / n.max(1);
+        let per_b = rows / bsz.max(1);
+        let mut y = unsafe { dev.alloc::<T>(xv.len()) }?;
+        let f = dev.get_or_load_custom_func(
+            &format!("attention_softmax_{sfx}"),
+            ptx::SOFTMAX.0,
+            ptx::SOFTMAX.1,
+        )?;
+        let (t_i, n_i) = (t as i32, n as i32);
+        let mut b = f.builder();
+        b.arg(&xv)
+            .arg(&bv)
+            .arg(&mut y)
+            .arg(&t_i)
+            .arg(&n_i)
+            .arg(&per_b)
+            .arg(&scale);
+        unsafe { b.launch(rows_config(rows)?) }.w()?;
+        Ok((
+            CudaStorage::wrap_cuda_slice(y, dev.clone()),
+            lx.shape().clone(),
+        ))
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Token log-probabilities (f32 logits, u32 targets)
+
+pub fn token_log_probs(
+    z: &CudaStorage,
+    lz: &Layout,
+    t: &CudaStorage,
+    lt: &Layout,
+) -> Result<(CudaStorage, Shape)> {
+    let what = "acpo-token-log-probs";
+    let dev = &z.device;
+    let (zv, tv) = (view::<f32>(z, lz, what)?, view::<u32>(t, lt, what)?);
+    let v = lz.dims().last().copied().unwrap_or(1);
+    let rows = tv.len();
+    let mut lp = unsafe { dev.alloc::<f32>(rows) }?;
+    let f =
+        dev.get_or_load_custom_func("token_log_probs_f32", ptx::LOG_PROBS.0, ptx::LOG_PROBS.1)?;
+    let v_i = v as i32;
+    let mut b = f.builder();
+    b.arg(&zv).arg(&tv).arg(&mut lp).arg(&v_i);
+    unsafe { b.launch(rows_config(rows)?) }.w()?;
+    Ok((
+        CudaStorage::wrap_cuda_slice(lp, dev.clone()),
+        Shape::from(rows),
+    ))
+}
+
+pub fn token_log_probs_bwd(
+    z: &CudaStorage,
+    lz: &Layout,
+    t: &CudaStorage,
+    lt: &Layout,
+    g: &CudaStorage,
+    lg: &Layout,
+) -> Result<(CudaStorage, Shape)> {
+    let what = "acpo-token-log-probs-bwd";
+    let dev = &z.device;
+    let (zv, tv, gv) = (
+        view::<f32>(z, lz, what)?,
+        view::<u32>(t, lt, what)?,
+        view::<f32>(g, lg, what)?,
+    );
+    let v = lz.dims().last().copied().unwrap_or(1);
+    let rows = tv.len();
+    let mut dz = unsafe { dev.alloc::<f32>(zv.len()) }?;
+    let f = dev.get_or_load_custom_func(
+        "token_log_probs_bwd_f32",
+        ptx::LOG_PROBS.0,
+        ptx::LOG_PROBS.1,
+    )?;
+    let v_i = v as i32;
+    let mut b = f.builder();
+    b.arg(&zv).arg(&tv).arg(&gv).arg(&mut dz).arg(&v_i);
+    unsafe { b.launch(rows_config(rows)?) }.w()?;
+    Ok((
+        CudaStorage::wrap_cuda_slice(dz, dev.clone()),
+        lz.shape().clone(),
+    ))
+}
+
+// ---------------------------------------------------------------------------------------------
+// AdamW
+
+/// The f32 constants of one AdamW update, as the CPU twin computes them.
+#[derive(Debug, Clone, Copy)]
+pub struct AdamWConsts {
+    pub scale: f32,
+    pub b1: f32,
+    pub one_minus_b1: f32,
+    pub b2: f32,
+    pub one_minus_b2: f32,
+    pub decay: f32,
+    pub inv_sqrt_bc2: f32,
+    pub eps: f32,
+    pub step: f32,
+}
+
+/// One AdamW update of `p` (f32 or bf16) with the fp32 gradient `g` and moments `mv` `(2, N)`:
+/// `[p; m; v]` as `(3, N)` in f32.
+pub fn adamw(
+    p: &CudaStorage,
+    lp: &Layout,
+    g: &CudaStorage,
+    lg: &Layout,
+    mv: &CudaStorage,
+    lmv: &Layout,
+    c: &AdamWConsts,
+) -> Result<(CudaStorage, Shape)> {
+    let what = "acpo-adamw";
+    let sfx = suffix(dtype_of(p), what)?;
+    with_type!(dtype_of(p), T, {
+        let dev = &p.device;
+        let pv = view::<T>(p, lp, what)?;
+        let (gv, mvv) = (view::<f32>(g, lg, what)?, view::<f32>(mv, lmv, what)?);
+        let len = pv.len();
+        if gv.len() != len || mvv.len() != 2 * len {
+            candle_core::bail!(
+                "{what}: {len} parameters, {} gradients, {} moments",
+                gv.len(),
+                mvv.len()
+            );
+        }
+        let mut out = unsafe { dev.alloc::<f32>(3 * len) }?;
+        let f = dev.get_or_load_custom_func(&format!("adamw_{sfx}"), ptx::ADAMW.0, ptx::ADAMW.1)?;
+        let mut b = f.builder();
+        b.arg(&pv)
+            .arg(&gv)
+            .arg(&mvv)
+            .arg(&mut out)
+            .arg(&len)
+            .arg(&c.scale)
+            .arg(&c.b1)
+            .arg(&c.one_minus_b1)
+            .arg(&c.b2)
+            .arg(&c.one_minus_b2)
+            .arg(&c.decay)
+            .arg(&c.inv_sqrt_bc2)
+            .arg(&c.eps)
+            .arg(&c.step);
+        unsafe { b.launch(elems_config(len)) }.w()?;
+        Ok((
+            CudaStorage::wrap_cuda_slice(out, dev.clone()),
+            Shape::from((3, len)),
+        ))
+    })
+}

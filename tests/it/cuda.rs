@@ -1,0 +1,398 @@
+//! The CUDA kernels (kernels/*.cu) against their CPU twins, and the trainer on CUDA (issue #18).
+//! Built everywhere; without the `cuda` feature or without a GPU each test says so and skips.
+//!
+//! Tolerances (relative L2 error against the CPU f32 result): f32 ≤ 1e-5, bf16 ≤ 1e-2. Inputs
+//! are fresh random numbers at odd sizes; outputs are compared in full (a kernel that leaves an
+//! element unwritten returns whatever the allocator held, which does not pass).
+
+use candle_core::{DType, Device, Tensor, Var};
+
+/// The GPU, or None after saying why the test is skipped.
+fn gpu(test: &str) -> Option<Device> {
+    if !cfg!(feature = "cuda") {
+        super::skip(
+            test,
+            format_args!("this test binary was built without the `cuda` feature (just test-cuda)"),
+        );
+        return None;
+    }
+    match Device::new_cuda(0) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            super::skip(test, format_args!("no CUDA GPU here ({e})"));
+            None
+        }
+    }
+}
+
+fn random(seed: u64, shape: &[usize], std: f64) -> Tensor {
+    let mut rng = acpo::rng::SplitMix64::new(seed);
+    let n: usize = shape.iter().product();
+    let v: Vec<f32> = (0..n).map(|_| (rng.next_normal() * std) as f32).collect();
+    Tensor::from_vec(v, shape, &Device::Cpu).expect("tensor")
+}
+
+/// ‖a − b‖ / ‖b‖ over all elements, in f64 on the CPU.
+fn rel_err(a: &Tensor, b: &Tensor) -> f64 {
+    let flat = |t: &Tensor| -> Vec<f64> {
+        t.to_device(&Device::Cpu)
+            .and_then(|t| t.to_dtype(DType::F64))
+            .and_then(|t| t.flatten_all())
+            .and_then(|t| t.to_vec1::<f64>())
+            .expect("to host")
+    };
+    let (a, b) = (flat(a), flat(b));
+    assert_eq!(a.len(), b.len());
+    let num: f64 = a.iter().zip(&b).map(|(x, y)| (x - y).powi(2)).sum();
+    let den: f64 = b.iter().map(|y| y * y).sum();
+    if den == 0.0 {
+        num.sqrt()
+    } else {
+        (num / den).sqrt()
+    }
+}
+
+fn tolerance(dtype: DType) -> f64 {
+    if dtype == DType::F32 {
+        1e-5
+    } else {
+        1e-2
+    }
+}
+
+/// Runs `op` on CPU f32 inputs and on the GPU in f32 and bf16, for values and the gradients of
+/// every input (against a fixed random output gradient), and compares.
+fn parity(
+    what: &str,
+    gpu: &Device,
+    inputs: &[Tensor],
+    grads_of: &[bool],
+    op: impl Fn(&[Tensor]) -> Tensor,
+) {
+    let run = |device: &Device, dtype: DType| -> (Tensor, Vec<Option<Tensor>>) {
+        let vars: Vec<Var> = inputs
+            .iter()
+            .map(|t| {
+                Var::from_tensor(
+                    &t.to_dtype(dtype)
+                        .and_then(|t| t.to_device(device))
+                        .expect("to"),
+                )
+                .expect("var")
+            })
+            .collect();
+        let ts: Vec<Tensor> = vars
+            .iter()
+            .zip(grads_of)
+            .map(|(v, g)| {
+                if *g {
+                    v.as_tensor().clone()
+                } else {
+                    v.as_tensor().detach()
+                }
+            })
+            .collect();
+        let y = op(&ts);
+        let dy = random(99, y.dims(), 1.0)
+            .to_dtype(y.dtype())
+            .and_then(|t| t.to_device(device))
+            .expect("dy");
+        let grads = (&y * &dy)
+            .and_then(|p| p.to_dtype(DType::F32))
+            .and_then(|p| p.sum_all())
+            .and_then(|l| l.backward())
+            .expect("backward");
+        let g = vars
+            .iter()
+            .zip(grads_of)
+            .map(|(v, want)| want.then(|| grads.get(v.as_tensor()).expect("a gradient").clone()))
+            .collect();
+        (y, g)
+    };
+    let (y_cpu, g_cpu) = run(&Device::Cpu, DType::F32);
+    for dtype in [DType::F32, DType::BF16] {
+        let (y, g) = run(gpu, dtype);
+        let e = rel_err(&y, &y_cpu);
+        assert!(
+            e <= tolerance(dtype),
+            "{what} {dtype:?}: values off by {e:.2e}"
+        );
+        for (i, (a, b)) in g.iter().zip(&g_cpu).enumerate() {
+            if let (Some(a), Some(b)) = (a, b) {
+                let e = rel_err(a, b);
+                assert!(
+                    e <= tolerance(dtype),
+                    "{what} {dtype:?}: gradient of input {i} off by {e:.2e}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn rms_norm_swiglu_rope_and_attention_softmax_match_their_cpu_twins() {
+    let Some(gpu) = gpu("rms_norm_swiglu_rope_and_attention_softmax_match_their_cpu_twins") else {
+        return;
+    };
+    use acpo::fused;
+    for (rows, n) in [(1usize, 7usize), (37, 130), (5, 1031), (3, 4096)] {
+        parity(
+            &format!("rms_norm {rows}x{n}"),
+            &gpu,
+            &[random(1, &[rows, n], 1.0), random(2, &[n], 0.5)],
+            &[true, true],
+            |t| fused::rms_norm(&t[0], &t[1], 1e-6).expect("rms_norm"),
+        );
+        parity(
+            &format!("swiglu {rows}x{n}"),
+            &gpu,
+            &[random(3, &[rows, n], 2.0), random(4, &[rows, n], 1.0)],
+            &[true, true],
+            |t| fused::swiglu(&t[0], &t[1]).expect("swiglu"),
+        );
+    }
+    for (b, h, t, d) in [
+        (1usize, 1usize, 1usize, 2usize),
+        (2, 3, 17, 16),
+        (1, 4, 65, 128),
+    ] {
+        let angles = random(5, &[b, 1, t, d / 2], 3.0);
+        let angles = Tensor::cat(&[&angles, &angles], 3).expect("cat");
+        parity(
+            &format!("rope {b}x{h}x{t}x{d}"),
+            &gpu,
+            &[
+                random(6, &[b, h, t, d], 1.0),
+                angles.cos().expect("cos"),
+                angles.sin().expect("sin"),
+            ],
+            &[true, false, false],
+            |x| fused::rope(&x[0], &x[1], &x[2]).expect("rope"),
+        );
+    }
+    for (b, kv, rep, t, s) in [
+        (1usize, 1usize, 1usize, 1usize, 1usize),
+        (2, 2, 3, 9, 13),
+        (1, 1, 2, 33, 300),
+    ] {
+        // a causal mask with left padding on the first sequence
+        let mut bias = vec![0f32; b * t * s];
+        for bi in 0..b {
+            for ti in 0..t {
+                for si in 0..s {
+                    if si > ti + (s - t) || (bi == 0 && si < 2.min(s - 1)) {
+                        bias[(bi * t + ti) * s + si] = -1e9;
+                    }
+                }
+            }
+        }
+        let bias = Tensor::from_vec(bias, (b, 1, t, s), &Device::Cpu).expect("bias");
+        parity(
+            &format!("attention softmax {b}x{kv}x{rep}x{t}x{s}"),
+            &gpu,
+            &[random(7, &[b, kv, rep, t, s], 3.0), bias],
+            &[true, false],
+            |x| fused::attention_probs(&x[0], &x[1], 0.125).expect("softmax"),
+        );
+    }
+}
+
+#[test]
+fn token_log_probs_match_the_cpu_twin_in_value_and_gradient() {
+    let Some(gpu) = gpu("token_log_probs_match_the_cpu_twin_in_value_and_gradient") else {
+        return;
+    };
+    for (rows, v) in [(1usize, 3usize), (19, 1000), (4, 151_936)] {
+        let mut rng = acpo::rng::SplitMix64::new(rows as u64);
+        let targets: Vec<u32> = (0..rows)
+            .map(|_| (rng.next_u64() % v as u64) as u32)
+            .collect();
+        let logits = random(8, &[rows, v], 4.0);
+        let lp = |z: &Tensor, device: &Device| {
+            let t = Tensor::new(targets.as_slice(), device).expect("t");
+            let z = Var::from_tensor(&z.to_device(device).expect("to")).expect("var");
+            let lp = acpo::algo::token::log_probs(z.as_tensor(), &t, 0.7).expect("lp");
+            let grads = lp.sum_all().and_then(|l| l.backward()).expect("backward");
+            (lp, grads.get(z.as_tensor()).expect("dz").clone())
+        };
+        let (a, da) = lp(&logits, &Device::Cpu);
+        let (b, db) = lp(&logits, &gpu);
+        assert!(
+            rel_err(&b, &a) <= 1e-5,
+            "log-probs {rows}x{v}: {:.2e}",
+            rel_err(&b, &a)
+        );
+        assert!(
+            rel_err(&db, &da) <= 1e-5,
+            "dz {rows}x{v}: {:.2e}",
+            rel_err(&db, &da)
+        );
+    }
+}
+
+/// The one-pass AdamW kernel does the CPU twin's f32 operations in order: the same bits.
+#[test]
+fn adamw_on_cuda_is_the_cpu_update_bit_for_bit() {
+    let Some(gpu) = gpu("adamw_on_cuda_is_the_cpu_update_bit_for_bit") else {
+        return;
+    };
+    use acpo::model::Params;
+    use acpo::optim::{AdamW, Gradients};
+    let spec = acpo::manifest::OptimSpec {
+        lr: 1e-3,
+        lr_schedule: acpo::manifest::LrSchedule::Constant,
+        warmup_steps: 0,
+        grad_clip: 0.5,
+        weight_decay: 0.01,
+        betas: [0.9, 0.999],
+        eps: 1e-8,
+    };
+    let run = |device: &Device| -> Vec<Vec<f32>> {
+        let mut vars = std::collections::BTreeMap::new();
+        vars.insert(
+            "a".to_string(),
+            Var::from_tensor(&random(10, &[257, 3], 1.0).to_device(device).expect("to"))
+                .expect("v"),
+        );
+        vars.insert(
+            "b".to_string(),
+            Var::from_tensor(&random(11, &[100_003], 0.1).to_device(device).expect("to"))
+                .expect("v"),
+        );
+        let params = Params::new(vars);
+        let mut opt = AdamW::new(&params, &spec).expect("adamw");
+        for step in 0..3u64 {
+            let mut g = std::collections::BTreeMap::new();
+            g.insert(
+                "a".to_string(),
+                random(20 + step, &[257, 3], 1.0)
+                    .to_device(device)
+                    .expect("g"),
+            );
+            if step != 1 {
+                // a missing gradient on step 1
+                g.insert(
+                    "b".to_string(),
+                    random(30 + step, &[100_003], 1.0)
+                        .to_device(device)
+                        .expect("g"),
+                );
+            }
+            assert!(opt.step(&Gradients::from_map(g)).expect("step").applied);
+        }
+        params
+            .vars()
+            .map(|(_, v)| {
+                v.flatten_all()
+                    .and_then(|t| t.to_device(&Device::Cpu))
+                    .and_then(|t| t.to_vec1::<f32>())
+                    .expect("host")
+            })
+            .collect()
+    };
+    let (cpu, cuda) = (run(&Device::Cpu), run(&gpu));
+    for (a, b) in cpu.iter().zip(&cuda) {
+        let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+        assert!(same, "the CUDA update differs from the CPU's");
+    }
+}
+
+/// Every weight gets a gradient on CUDA, in f32 and in bf16 mixed precision.
+#[test]
+fn every_weight_gets_a_gradient_on_cuda() {
+    let Some(gpu) = gpu("every_weight_gets_a_gradient_on_cuda") else {
+        return;
+    };
+    use acpo::model::{qwen::Qwen, Params, QwenConfig};
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-qwen3");
+    let cfg = QwenConfig::load(&dir.join("config.json")).expect("config");
+    for compute in [DType::F32, DType::BF16] {
+        let params = Params::load_dir(&dir, DType::F32, &gpu)
+            .expect("weights")
+            .with_compute(compute);
+        let model = Qwen::new(&cfg, &params, false).expect("model");
+        let (b, t) = (2usize, 8usize);
+        let ids: Vec<u32> = (0..(b * t) as u32).map(|i| (i * 37 + 5) % 128).collect();
+        let x = Tensor::from_vec(ids.clone(), (b, t), &gpu).expect("ids");
+        let pos = Tensor::from_vec(
+            (0..b).flat_map(|_| 0..t as u32).collect::<Vec<_>>(),
+            (b, t),
+            &gpu,
+        )
+        .expect("pos");
+        let valid = Tensor::ones((b, t), DType::U8, &gpu).expect("valid");
+        let (h, _) = model
+            .forward_hidden(&x, &pos, &valid, None)
+            .expect("forward");
+        let targets = Tensor::from_vec(ids, (b, t), &gpu).expect("targets");
+        let (lp, _) = model
+            .token_log_probs(&h, &targets, 1.0, 3, false)
+            .expect("lp");
+        let grads = lp.mean_all().and_then(|l| l.backward()).expect("backward");
+        for (name, var) in params.vars() {
+            let g = grads
+                .get(var.as_tensor())
+                .unwrap_or_else(|| panic!("{compute:?} {name}: no gradient"));
+            let s = g
+                .abs()
+                .and_then(|g| g.sum_all())
+                .and_then(|g| g.to_dtype(DType::F32))
+                .and_then(|g| g.to_scalar::<f32>())
+                .expect("sum");
+            assert!(s.is_finite() && s > 0.0, "{compute:?} {name}: gradient {s}");
+        }
+    }
+}
+
+/// The four algorithms train on CUDA (f32 and bf16 mixed precision), and a run interrupted at
+/// its checkpoint resumes to the same metrics and weights as an uninterrupted CUDA run.
+#[test]
+fn the_four_algorithms_train_on_cuda_and_resume_exactly() {
+    let Some(_) = gpu("the_four_algorithms_train_on_cuda_and_resume_exactly") else {
+        return;
+    };
+    use super::train::{manifest, metrics, options, train, without_timing, workspace};
+    let ws = workspace();
+    for name in ["smoke-ppo", "smoke-ppo-ac", "smoke-grpo", "smoke-grpo-ac"] {
+        for dtype in ["f32", "bf16"] {
+            let edits = [
+                ("device: cpu", "device: cuda"),
+                (
+                    "dtype: f32",
+                    if dtype == "f32" {
+                        "dtype: f32"
+                    } else {
+                        "dtype: bf16"
+                    },
+                ),
+                ("total_steps: 3", "total_steps: 4"),
+                ("eval_every: 2", "eval_every: 4"),
+            ];
+            let (exp, text) = manifest(ws.path(), name, &edits);
+            let out = ws.path().join(format!("{name}-{dtype}"));
+            let straight =
+                train(&exp, &text, &options(&out.join("a"), false, None)).expect("4 steps");
+            train(&exp, &text, &options(&out.join("b"), false, Some(2))).expect("2 steps");
+            let resumed = train(&exp, &text, &options(&out.join("b"), true, None)).expect("resume");
+            let m = metrics(&straight);
+            assert_eq!(m.len(), 4, "{name} {dtype}");
+            assert!(
+                m.iter().all(|s| s.values().all(|v| v.is_finite())),
+                "{name} {dtype}: {m:?}"
+            );
+            assert_eq!(
+                without_timing(m),
+                without_timing(metrics(&resumed)),
+                "{name} {dtype}: resumed metrics differ"
+            );
+            let policy = |d: &std::path::Path| {
+                std::fs::read(d.join("checkpoints/step_000004/policy/model.safetensors"))
+                    .expect("policy")
+            };
+            assert!(
+                policy(&straight) == policy(&resumed),
+                "{name} {dtype}: weights differ"
+            );
+        }
+    }
+}
