@@ -212,6 +212,12 @@ pub struct BenchArgs {
     /// The verifier benchmark's data directory [default: $ACPO_DATA_DIR, else ~/.cache/acpo/data].
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
+    /// Device of the speed benchmarks (cuda needs the CUDA binary).
+    #[arg(long, value_enum, default_value = "cpu")]
+    pub device: Device,
+    /// Dtype of the speed benchmarks (bf16: fp32 masters, bf16 arithmetic).
+    #[arg(long, value_enum, default_value = "f32")]
+    pub dtype: acpo::manifest::DType,
 }
 
 #[derive(Debug, Args)]
@@ -321,7 +327,13 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 BenchKind::Verifier => {
                     acpo::perf::verifier::bench(&data_dir(&args.data_dir), &args.out, args.repeats)?
                 }
-                kind => acpo::perf::speed(kind, &args.out, args.repeats, args.tiny_only)?,
+                kind => {
+                    let target = acpo::perf::Target {
+                        device: acpo::model::device(args.device)?,
+                        dtype: args.dtype,
+                    };
+                    acpo::perf::speed(kind, &args.out, args.repeats, args.tiny_only, &target)?
+                }
             };
             println!("report: {}", report.display());
             Ok(Outcome::Success)

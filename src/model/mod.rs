@@ -416,11 +416,23 @@ pub fn device(asked: crate::manifest::Device) -> Result<Device> {
             asked: "cuda",
             reason: "this binary was built without CUDA (cargo build --release --features cuda); use device: cpu or auto".into(),
         }),
-        D::Auto => Ok(if cfg!(feature = "cuda") {
-            Device::new_cuda(0).unwrap_or(Device::Cpu)
-        } else {
-            Device::Cpu
-        }),
+        D::Auto => {
+            let (device, why) = if cfg!(feature = "cuda") {
+                match Device::new_cuda(0) {
+                    Ok(d) => (d, "CUDA GPU 0".to_string()),
+                    Err(e) => (Device::Cpu, format!("the CPU: no CUDA GPU is usable ({e})")),
+                }
+            } else {
+                (
+                    Device::Cpu,
+                    "the CPU: this binary was built without CUDA".to_string(),
+                )
+            };
+            // said once per process: a run resolves its device in several places
+            static SAID: std::sync::Once = std::sync::Once::new();
+            SAID.call_once(|| eprintln!("device auto: {why}"));
+            Ok(device)
+        }
     }
 }
 

@@ -76,7 +76,13 @@ pub(crate) fn write_report(dir: &Path, name: &str, bytes: &[u8]) -> Result<PathB
 
 /// Measures the speed benchmark `kind` on the model sizes (the tiny one only if asked), prints
 /// a line per model and writes `<kind>.json` and `<kind>.md` under `out`. Returns the report.
-pub fn speed(kind: BenchKind, out: &Path, repeats: usize, tiny_only: bool) -> Result<PathBuf> {
+pub fn speed(
+    kind: BenchKind,
+    out: &Path,
+    repeats: usize,
+    tiny_only: bool,
+    target: &Target,
+) -> Result<PathBuf> {
     if repeats == 0 {
         return Err(PerfError::NoRepeats);
     }
@@ -87,10 +93,10 @@ pub fn speed(kind: BenchKind, out: &Path, repeats: usize, tiny_only: bool) -> Re
     };
     let mut rows = Vec::new();
     for m in MODELS.iter().take(if tiny_only { 1 } else { MODELS.len() }) {
-        let r = run(m, repeats)?;
+        let r = run(m, repeats, target)?;
         println!(
-            "{:<12} {:>11} params  {:<10} {:>8.1} tokens/s  ({:.3} s for {} tokens)",
-            r.model, r.parameters, r.what, r.tokens_per_second, r.seconds, r.tokens
+            "{:<12} {:>11} params  {:<10} {:<9} {:>8.1} tokens/s  ({:.3} s for {} tokens)",
+            r.model, r.parameters, r.what, r.target, r.tokens_per_second, r.seconds, r.tokens
         );
         rows.push(r);
     }
@@ -160,13 +166,43 @@ impl BenchModel {
 }
 
 /// A benchmark: measure one model size, `repeats` timed runs.
-pub type BenchFn = fn(&BenchModel, usize) -> Result<Measurement>;
+pub type BenchFn = fn(&BenchModel, usize, &Target) -> Result<Measurement>;
+
+/// Where a speed benchmark runs: the device, and the dtypes of weights and arithmetic (training
+/// keeps fp32 masters, [`crate::model::Precision`]).
+#[derive(Debug, Clone)]
+pub struct Target {
+    pub device: Device,
+    pub dtype: crate::manifest::DType,
+}
+
+impl Target {
+    /// The CPU in f32 (the benchmarks of issue #4).
+    pub fn cpu() -> Target {
+        Target {
+            device: Device::Cpu,
+            dtype: crate::manifest::DType::F32,
+        }
+    }
+
+    fn name(&self) -> String {
+        let dev = if self.device.is_cuda() { "cuda" } else { "cpu" };
+        format!("{dev}/{}", format!("{:?}", self.dtype).to_lowercase())
+    }
+
+    /// Waits for the device's queued work, so that a host clock read after it is the truth.
+    fn sync(&self) -> Result<()> {
+        Ok(self.device.synchronize()?)
+    }
+}
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Measurement {
     pub model: &'static str,
     pub parameters: usize,
     pub what: &'static str,
+    /// Device and dtype, e.g. `cpu/f32`, `cuda/bf16`.
+    pub target: String,
     pub tokens: usize,
     pub seconds: f64,
     pub tokens_per_second: f64,
@@ -186,9 +222,10 @@ fn prompt_ids(vocab: usize) -> Vec<Vec<u32>> {
 
 /// Sampling throughput: BATCH prompts of PROMPT_LEN tokens, NEW_TOKENS new tokens each at T = 1
 /// (no early stop), median of `repeats` runs after a warm-up.
-pub fn bench_generate(m: &BenchModel, repeats: usize) -> Result<Measurement> {
+pub fn bench_generate(m: &BenchModel, repeats: usize, target: &Target) -> Result<Measurement> {
     let cfg = m.config()?;
-    let params = init::random_params(&cfg, 0, DType::F32, &Device::Cpu)?;
+    let precision = crate::model::Precision::inference(target.dtype);
+    let params = init::random_params(&cfg, 0, precision.master, &target.device)?;
     let model = Qwen::new(&cfg, &params, true)?;
     let prompts = prompt_ids(m.vocab_size);
     let keys: Vec<[u64; 4]> = (0..BATCH as u64).map(|i| [0, 0, i, 0]).collect();
@@ -202,6 +239,7 @@ pub fn bench_generate(m: &BenchModel, repeats: usize) -> Result<Measurement> {
         let t = Instant::now();
         let out = rollout::generate(&model, &prompts, &keys, &SampleRequest::new(p))?;
         debug_assert!(out.iter().all(|c| c.tokens.len() == NEW_TOKENS));
+        target.sync()?;
         Ok(t.elapsed().as_secs_f64())
     };
     run()?;
@@ -211,6 +249,7 @@ pub fn bench_generate(m: &BenchModel, repeats: usize) -> Result<Measurement> {
         model: m.name,
         parameters: params.count(),
         what: "generate",
+        target: target.name(),
         tokens,
         seconds: secs,
         tokens_per_second: tokens as f64 / secs,
@@ -222,18 +261,17 @@ pub fn bench_generate(m: &BenchModel, repeats: usize) -> Result<Measurement> {
 /// side by side as the trainer runs them (`crate::parallel`), their gradients summed.
 pub const TRAIN_MICRO_BATCH: usize = 4;
 
-/// One policy-gradient step as the trainer takes it: per micro-batch a forward over its rows ×
-/// TRAIN_SEQ_LEN tokens, log-probs, the ACPO loss (token-mean over the whole batch) and backward,
-/// micro-batches side by side on the CPU; then the summed gradients' norm clipped to 1 and an
 /// One policy-gradient training step exactly as the trainer takes it: the trainer's own actor
 /// update ([`crate::train::update::actor`]) on BATCH sequences of TRAIN_SEQ_LEN tokens (one
 /// prompt token, the rest response) with the GRPO-AC loss (α = 2, token-mean), micro-batches
 /// of TRAIN_MICRO_BATCH side by side on the CPU, the entropy computed as training does, then
 /// one global-norm clip (1.0) and AdamW step. Median of `repeats` after a warm-up.
-pub fn bench_train_step(m: &BenchModel, repeats: usize) -> Result<Measurement> {
+pub fn bench_train_step(m: &BenchModel, repeats: usize, target: &Target) -> Result<Measurement> {
     let cfg = m.config()?;
-    let dev = Device::Cpu;
-    let params = init::random_params(&cfg, 0, DType::F32, &dev)?;
+    let dev = target.device.clone();
+    let precision = crate::model::Precision::training(target.dtype);
+    let params =
+        init::random_params(&cfg, 0, precision.master, &dev)?.with_compute(precision.compute);
     let mut rng = crate::rng::SplitMix64::new(12);
     let (b, t) = (BATCH, TRAIN_SEQ_LEN);
     let ids: Vec<u32> = (0..b * t)
@@ -279,6 +317,7 @@ pub fn bench_train_step(m: &BenchModel, repeats: usize) -> Result<Measurement> {
     let mut step = || -> Result<f64> {
         let start = Instant::now();
         update::actor(&cfg, &params, &mut opt, &layout, &old, &adv, &plan, 1, None)?;
+        target.sync()?;
         Ok(start.elapsed().as_secs_f64())
     };
     step()?;
@@ -288,6 +327,7 @@ pub fn bench_train_step(m: &BenchModel, repeats: usize) -> Result<Measurement> {
         model: m.name,
         parameters: params.count(),
         what: "train-step",
+        target: target.name(),
         tokens,
         seconds: secs,
         tokens_per_second: tokens as f64 / secs,

@@ -289,8 +289,13 @@ fn model_init_then_generate_samples_with_the_real_tokenizer_and_chat_template() 
 #[test]
 fn bench_writes_a_report() {
     // Both throughput benchmarks, on the tiny model; train-step runs the trainer's micro-batches
-    // side by side, its summed gradients and the AdamW update.
-    for kind in ["generate", "train-step"] {
+    // side by side, its summed gradients and the AdamW update; in f32, and in bf16 arithmetic on
+    // fp32 masters (the precision policy; `--device cuda` on the CUDA binary).
+    for (kind, dtype) in [
+        ("generate", "f32"),
+        ("train-step", "f32"),
+        ("train-step", "bf16"),
+    ] {
         let dir = tempfile::tempdir().expect("tempdir");
         let out = acpo(
             &[
@@ -299,6 +304,8 @@ fn bench_writes_a_report() {
                 "--tiny-only",
                 "--repeats",
                 "1",
+                "--dtype",
+                dtype,
                 "--out",
                 dir.path().to_str().expect("utf8"),
             ],
@@ -315,6 +322,7 @@ fn bench_writes_a_report() {
         .expect("rows");
         assert_eq!(rows[0]["model"], "tiny");
         assert_eq!(rows[0]["what"], kind);
+        assert_eq!(rows[0]["target"], format!("cpu/{dtype}"));
         assert!(rows[0]["tokens_per_second"].as_f64().expect("tps") > 0.0);
         assert!(
             std::fs::read_to_string(dir.path().join(format!("{kind}.md")))
