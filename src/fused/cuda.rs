@@ -32,6 +32,10 @@ mod ptx {
         "acpo_log_probs",
         include_str!(concat!(env!("OUT_DIR"), "/log_probs.ptx")),
     );
+    pub const SAMPLE: (&str, &str) = (
+        "acpo_sample",
+        include_str!(concat!(env!("OUT_DIR"), "/sample.ptx")),
+    );
     pub const ADAMW: (&str, &str) = (
         "acpo_adamw",
         include_str!(concat!(env!("OUT_DIR"), "/adamw.ptx")),
@@ -410,6 +414,38 @@ pub fn token_log_probs_bwd(
     Ok((
         CudaStorage::wrap_cuda_slice(dz, dev.clone()),
         lz.shape().clone(),
+    ))
+}
+
+// ---------------------------------------------------------------------------------------------
+// Sampling
+
+/// A token per row of `logits` `(rows, V)` (f32) from softmax(z / t), row r's draw `u[r]` (f64):
+/// `(rows, 2)` f32 of [token, log-probability].
+pub fn sample_full(
+    logits: &CudaStorage,
+    ll: &Layout,
+    u: &CudaStorage,
+    lu: &Layout,
+    t: f32,
+) -> Result<(CudaStorage, Shape)> {
+    let what = "acpo-sample";
+    let dev = &logits.device;
+    let (zv, uv) = (view::<f32>(logits, ll, what)?, view::<f64>(u, lu, what)?);
+    let v = ll.dims().last().copied().unwrap_or(1);
+    let rows = uv.len();
+    if zv.len() != rows * v {
+        candle_core::bail!("{what}: {} logits for {rows} draws of {v}", zv.len());
+    }
+    let mut out = unsafe { dev.alloc::<f32>(2 * rows) }?;
+    let f = dev.get_or_load_custom_func("sample_full_f32", ptx::SAMPLE.0, ptx::SAMPLE.1)?;
+    let v_i = v as i32;
+    let mut b = f.builder();
+    b.arg(&zv).arg(&uv).arg(&mut out).arg(&v_i).arg(&t);
+    unsafe { b.launch(rows_config(rows)?) }.w()?;
+    Ok((
+        CudaStorage::wrap_cuda_slice(out, dev.clone()),
+        Shape::from((rows, 2)),
     ))
 }
 

@@ -190,8 +190,9 @@ fn generate_group(
     for step in 0..params.max_new_tokens {
         let mut keep = Vec::with_capacity(active.len());
         let mut next_ids = Vec::with_capacity(active.len());
+        let drawn = sample_rows(&logits, &active, &mut rngs, params)?;
         for (r, &i) in active.iter().enumerate() {
-            let (token, lp) = sample_token(&logits[r], params, &mut rngs[i]);
+            let (token, lp) = drawn[r];
             let c = &mut out[i];
             c.tokens.push(token);
             c.log_probs.push(lp);
@@ -243,11 +244,80 @@ fn mask_tensor(valid: &[Vec<u8>], device: &candle_core::Device) -> Result<Tensor
     Ok(Tensor::from_vec(valid.concat(), (b, s), device)?)
 }
 
-/// Host logits `(B, V)` of the last position.
-fn last_logits(model: &Qwen, hidden: &Tensor) -> Result<Vec<Vec<f32>>> {
+/// Logits `(B, V)` (f32) of the last position, on the model's device.
+fn last_logits(model: &Qwen, hidden: &Tensor) -> Result<Tensor> {
     let t = hidden.dim(1)?;
     let last = hidden.narrow(1, t - 1, 1)?.squeeze(1)?;
-    Ok(model.logits(&last)?.to_vec2::<f32>()?)
+    model.logits(&last)
+}
+
+/// A token and its log-probability for each row of `logits`, row r drawing from the RNG of
+/// sample `rows[r]`. On a GPU, full-distribution sampling (T > 0, no top-k/top-p: the paper's
+/// setting) runs in one kernel and only the tokens come back; anything else copies the logits
+/// to the host for [`sample_token`].
+pub fn sample_rows(
+    logits: &Tensor,
+    rows: &[usize],
+    rngs: &mut [SplitMix64],
+    params: &SamplingParams,
+) -> Result<Vec<(u32, f32)>> {
+    let v = logits.dim(1)?;
+    let full = params.top_k.is_none_or(|k| k >= v) && params.top_p >= 1.0;
+    if logits.device().is_cuda() && params.temperature > 0.0 && full {
+        // the same draw `sample_token` makes first on this path
+        let u: Vec<f64> = rows.iter().map(|&i| rngs[i].next_f64()).collect();
+        let u = Tensor::from_vec(u, rows.len(), logits.device())?;
+        let out = logits.contiguous()?.apply_op2_no_bwd(
+            &u,
+            &SampleFull {
+                temperature: params.temperature as f32,
+            },
+        )?;
+        return Ok(out
+            .to_vec2::<f32>()?
+            .into_iter()
+            .map(|r| (r[0] as u32, r[1]))
+            .collect());
+    }
+    let host = logits.to_vec2::<f32>()?;
+    Ok(rows
+        .iter()
+        .enumerate()
+        .map(|(r, &i)| sample_token(&host[r], params, &mut rngs[i]))
+        .collect())
+}
+
+/// [`sample_token`]'s full-distribution draw for every row at once, on CUDA (kernels/sample.cu).
+struct SampleFull {
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    temperature: f32,
+}
+
+impl candle_core::CustomOp2 for SampleFull {
+    fn name(&self) -> &'static str {
+        "acpo-sample"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &candle_core::CpuStorage,
+        _: &candle_core::Layout,
+        _: &candle_core::CpuStorage,
+        _: &candle_core::Layout,
+    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
+        candle_core::bail!("acpo-sample: the CPU samples with sample_token")
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        logits: &candle_core::CudaStorage,
+        ll: &candle_core::Layout,
+        u: &candle_core::CudaStorage,
+        lu: &candle_core::Layout,
+    ) -> candle_core::Result<(candle_core::CudaStorage, candle_core::Shape)> {
+        crate::fused::cuda::sample_full(logits, ll, u, lu, self.temperature)
+    }
 }
 
 fn hits_stop_string(tokens: &[u32], stop: &StopCriteria) -> bool {

@@ -396,3 +396,41 @@ fn the_four_algorithms_train_on_cuda_and_resume_exactly() {
         }
     }
 }
+
+/// The GPU sampler (kernels/sample.cu) draws what the CPU sampler draws from the same logits
+/// with the same keys: the same tokens, and log-probabilities to f32 rounding.
+#[test]
+fn the_gpu_sampler_draws_the_cpu_samplers_tokens() {
+    let Some(gpu) = gpu("the_gpu_sampler_draws_the_cpu_samplers_tokens") else {
+        return;
+    };
+    use acpo::rollout::{sample_rows, SamplingParams};
+    for (rows, v, temperature) in [(5usize, 7usize, 1.0f64), (37, 1000, 0.7), (8, 151_936, 1.0)] {
+        let logits = random(40 + rows as u64, &[rows, v], 3.0);
+        let params = SamplingParams {
+            temperature,
+            top_p: 1.0,
+            top_k: None,
+            max_new_tokens: 1,
+        };
+        let active: Vec<usize> = (0..rows).collect();
+        let draw = |device: &Device| {
+            let mut rngs: Vec<acpo::rng::SplitMix64> = (0..rows as u64)
+                .map(|i| acpo::rng::SplitMix64::from_key(&[7, i, 0, 0]))
+                .collect();
+            let z = logits.to_device(device).expect("to");
+            // three tokens in a row from each sample's stream
+            (0..3)
+                .flat_map(|_| sample_rows(&z, &active, &mut rngs, &params).expect("sample"))
+                .collect::<Vec<_>>()
+        };
+        let (cpu, cuda) = (draw(&Device::Cpu), draw(&gpu));
+        for ((ta, la), (tb, lb)) in cpu.iter().zip(&cuda) {
+            assert_eq!(ta, tb, "{rows}x{v} T={temperature}: tokens differ");
+            assert!(
+                (la - lb).abs() <= 1e-5 * la.abs().max(1.0),
+                "log-prob {la} vs {lb}"
+            );
+        }
+    }
+}
