@@ -59,7 +59,8 @@ build-cuda:
 # The CUDA binary stripped and xz-compressed for a GPU machine: target/acpo-cuda.xz.
 [group('cuda')]
 pack-cuda: build-cuda
-    strip -o target/acpo-cuda target/release/acpo
+    mkdir -p target
+    strip -o target/acpo-cuda "${CARGO_TARGET_DIR:-target}/release/acpo"
     xz -T0 -9 -f -k target/acpo-cuda
 
 # The test suite with the cuda feature: the GPU tests run where a GPU is, and skip elsewhere.
@@ -71,3 +72,16 @@ test-cuda:
 [group('cuda')]
 check-cuda:
     eval "$(tools/cuda-toolkit.sh)" && cargo check --features cuda --all-targets
+
+# The CUDA binary and the CUDA test binary, stripped and compressed into target/gpu/ with the
+# commit and build path, for `tools/gpu_suite.sh` on a GPU machine (docs/CUDA.md).
+[group('cuda')]
+pack-gpu-suite: build-cuda
+    mkdir -p target/gpu
+    strip -o target/gpu/acpo-cuda "${CARGO_TARGET_DIR:-target}/release/acpo" && xz -9 -f target/gpu/acpo-cuda
+    eval "$(tools/cuda-toolkit.sh)" && cargo test --features cuda --no-run --message-format=json \
+      | python3 -c 'import json,sys; [print(m["executable"]) for m in map(json.loads, sys.stdin) if m.get("executable") and m["target"]["name"] == "it"]' \
+      | head -1 | xargs -I{} strip -o target/gpu/it-cuda {}
+    xz -9 -f target/gpu/it-cuda
+    git rev-parse HEAD > target/gpu/commit
+    pwd > target/gpu/built-in

@@ -434,3 +434,94 @@ fn the_gpu_sampler_draws_the_cpu_samplers_tokens() {
         }
     }
 }
+
+/// acpo on CUDA against HF transformers (tests/fixtures/model_reference.json, made by
+/// tools/ref_model.py): the logits of a random Qwen3 and a sharded random Qwen2 in f32 and in
+/// bf16, and in f32 the greedy continuation token for token, through the KV cache.
+#[test]
+fn cuda_logits_and_greedy_tokens_match_transformers() {
+    let Some(gpu) = gpu("cuda_logits_and_greedy_tokens_match_transformers") else {
+        return;
+    };
+    use acpo::model::{qwen::Qwen, Params, Precision, QwenConfig};
+    use acpo::rollout::{self, SampleRequest, SamplingParams};
+    let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
+    let r: serde_json::Value = serde_json::from_str(
+        &std::fs::read_to_string(fixtures.join("model_reference.json")).expect("fixture"),
+    )
+    .expect("json");
+    let ids = |v: &serde_json::Value| -> Vec<Vec<u32>> {
+        v.as_array()
+            .expect("rows")
+            .iter()
+            .map(|row| {
+                row.as_array()
+                    .expect("row")
+                    .iter()
+                    .map(|x| x.as_u64().expect("id") as u32)
+                    .collect()
+            })
+            .collect()
+    };
+    let input = ids(&r["input_ids"]);
+    let (b, t) = (input.len(), input[0].len());
+    for name in ["tiny-qwen3", "tiny-qwen2"] {
+        let dir = fixtures.join(name);
+        let cfg = QwenConfig::load(&dir.join("config.json")).expect("config");
+        let want: Vec<f32> = r["models"][name]["logits"]
+            .as_array()
+            .expect("b")
+            .iter()
+            .flat_map(|b| b.as_array().expect("t").iter())
+            .flat_map(|t| {
+                t.as_array()
+                    .expect("v")
+                    .iter()
+                    .map(|x| x.as_f64().expect("f") as f32)
+            })
+            .collect();
+        let want = Tensor::from_vec(want, (b, t, cfg.vocab_size), &Device::Cpu).expect("want");
+        for dtype in [acpo::manifest::DType::F32, acpo::manifest::DType::Bf16] {
+            let p = Precision::inference(dtype);
+            let params = Params::load_dir(&dir, p.master, &gpu)
+                .expect("weights")
+                .with_compute(p.compute);
+            let model = Qwen::new(&cfg, &params, true).expect("model");
+            let x = Tensor::from_vec(input.concat(), (b, t), &gpu).expect("ids");
+            let pos = Tensor::from_vec(
+                (0..b).flat_map(|_| 0..t as u32).collect::<Vec<_>>(),
+                (b, t),
+                &gpu,
+            )
+            .expect("pos");
+            let valid = Tensor::ones((b, t), DType::U8, &gpu).expect("valid");
+            let (h, _) = model
+                .forward_hidden(&x, &pos, &valid, None)
+                .expect("forward");
+            let logits = model.logits(&h).expect("logits");
+            let e = rel_err(&logits, &want);
+            let tol = if p.compute == DType::F32 { 1e-5 } else { 2e-2 };
+            assert!(e <= tol, "{name} {dtype:?}: logits off by {e:.2e}");
+            if p.compute == DType::F32 {
+                let prompt = ids(&serde_json::Value::Array(vec![r["models"][name]
+                    ["greedy_prompt"]
+                    .clone()]))
+                .remove(0);
+                let greedy = ids(&serde_json::Value::Array(vec![
+                    r["models"][name]["greedy"].clone()
+                ]))
+                .remove(0);
+                let params = SamplingParams {
+                    temperature: 0.0,
+                    top_p: 1.0,
+                    top_k: None,
+                    max_new_tokens: greedy.len(),
+                };
+                let out =
+                    rollout::generate(&model, &[prompt], &[[0; 4]], &SampleRequest::new(params))
+                        .expect("generate");
+                assert_eq!(out[0].tokens, greedy, "{name}: greedy continuation on CUDA");
+            }
+        }
+    }
+}
