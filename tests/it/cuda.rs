@@ -313,17 +313,8 @@ fn every_weight_gets_a_gradient_on_cuda() {
         let model = Qwen::new(&cfg, &params, false).expect("model");
         let (b, t) = (2usize, 8usize);
         let ids: Vec<u32> = (0..(b * t) as u32).map(|i| (i * 37 + 5) % 128).collect();
-        let x = Tensor::from_vec(ids.clone(), (b, t), &gpu).expect("ids");
-        let pos = Tensor::from_vec(
-            (0..b).flat_map(|_| 0..t as u32).collect::<Vec<_>>(),
-            (b, t),
-            &gpu,
-        )
-        .expect("pos");
-        let valid = Tensor::ones((b, t), DType::U8, &gpu).expect("valid");
-        let (h, _) = model
-            .forward_hidden(&x, &pos, &valid, None)
-            .expect("forward");
+        let rows: Vec<Vec<u32>> = ids.chunks(t).map(<[u32]>::to_vec).collect();
+        let h = super::model::forward_full(&model, &rows);
         let targets = Tensor::from_vec(ids, (b, t), &gpu).expect("targets");
         let (lp, _) = model
             .token_log_probs(&h, &targets, 1.0, 3, false)
@@ -443,71 +434,39 @@ fn cuda_logits_and_greedy_tokens_match_transformers() {
     let Some(gpu) = gpu("cuda_logits_and_greedy_tokens_match_transformers") else {
         return;
     };
+    use super::model::{forward_full, ids_of, reference, reference_logits};
     use acpo::model::{qwen::Qwen, Params, Precision, QwenConfig};
     use acpo::rollout::{self, SampleRequest, SamplingParams};
     let fixtures = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures");
-    let r: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(fixtures.join("model_reference.json")).expect("fixture"),
-    )
-    .expect("json");
-    let ids = |v: &serde_json::Value| -> Vec<Vec<u32>> {
-        v.as_array()
-            .expect("rows")
-            .iter()
-            .map(|row| {
-                row.as_array()
-                    .expect("row")
-                    .iter()
-                    .map(|x| x.as_u64().expect("id") as u32)
-                    .collect()
-            })
-            .collect()
-    };
-    let input = ids(&r["input_ids"]);
+    let r = reference();
+    let input = ids_of(&r["input_ids"]);
     let (b, t) = (input.len(), input[0].len());
     for name in ["tiny-qwen3", "tiny-qwen2"] {
         let dir = fixtures.join(name);
         let cfg = QwenConfig::load(&dir.join("config.json")).expect("config");
-        let want: Vec<f32> = r["models"][name]["logits"]
-            .as_array()
-            .expect("b")
-            .iter()
-            .flat_map(|b| b.as_array().expect("t").iter())
-            .flat_map(|t| {
-                t.as_array()
-                    .expect("v")
-                    .iter()
-                    .map(|x| x.as_f64().expect("f") as f32)
-            })
-            .collect();
-        let want = Tensor::from_vec(want, (b, t, cfg.vocab_size), &Device::Cpu).expect("want");
+        let want = Tensor::from_vec(
+            reference_logits(&r, name),
+            (b, t, cfg.vocab_size),
+            &Device::Cpu,
+        )
+        .expect("want");
         for dtype in [acpo::manifest::DType::F32, acpo::manifest::DType::Bf16] {
             let p = Precision::inference(dtype);
             let params = Params::load_dir(&dir, p.master, &gpu)
                 .expect("weights")
                 .with_compute(p.compute);
             let model = Qwen::new(&cfg, &params, true).expect("model");
-            let x = Tensor::from_vec(input.concat(), (b, t), &gpu).expect("ids");
-            let pos = Tensor::from_vec(
-                (0..b).flat_map(|_| 0..t as u32).collect::<Vec<_>>(),
-                (b, t),
-                &gpu,
-            )
-            .expect("pos");
-            let valid = Tensor::ones((b, t), DType::U8, &gpu).expect("valid");
-            let (h, _) = model
-                .forward_hidden(&x, &pos, &valid, None)
-                .expect("forward");
+            let h = forward_full(&model, &input);
             let logits = model.logits(&h).expect("logits");
             let e = rel_err(&logits, &want);
             let tol = if p.compute == DType::F32 { 1e-5 } else { 2e-2 };
             assert!(e <= tol, "{name} {dtype:?}: logits off by {e:.2e}");
             if p.compute == DType::F32 {
-                let prompt = ids(&serde_json::Value::Array(vec![r["models"][name]
+                let prompt = ids_of(&serde_json::Value::Array(vec![r["models"][name]
                     ["greedy_prompt"]
                     .clone()]))
                 .remove(0);
-                let greedy = ids(&serde_json::Value::Array(vec![
+                let greedy = ids_of(&serde_json::Value::Array(vec![
                     r["models"][name]["greedy"].clone()
                 ]))
                 .remove(0);

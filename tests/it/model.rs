@@ -16,7 +16,7 @@ fn fixtures() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures")
 }
 
-fn reference() -> Value {
+pub(crate) fn reference() -> Value {
     let text = std::fs::read_to_string(fixtures().join("model_reference.json")).expect("fixture");
     serde_json::from_str(&text).expect("json")
 }
@@ -28,10 +28,10 @@ fn load(name: &str) -> (QwenConfig, Params) {
     (cfg, params)
 }
 
-/// Hidden states for unpadded rows of equal length.
-fn forward_full(model: &Qwen, ids: &[Vec<u32>]) -> Tensor {
+/// Hidden states for unpadded rows of equal length, on the model's device.
+pub(crate) fn forward_full(model: &Qwen, ids: &[Vec<u32>]) -> Tensor {
     let (b, t) = (ids.len(), ids[0].len());
-    let dev = Device::Cpu;
+    let dev = model.device().clone();
     let x = Tensor::from_vec(ids.concat(), (b, t), &dev).expect("ids");
     let pos = Tensor::from_vec(
         (0..b).flat_map(|_| 0..t as u32).collect::<Vec<_>>(),
@@ -46,7 +46,7 @@ fn forward_full(model: &Qwen, ids: &[Vec<u32>]) -> Tensor {
         .0
 }
 
-fn ids_of(v: &Value) -> Vec<Vec<u32>> {
+pub(crate) fn ids_of(v: &Value) -> Vec<Vec<u32>> {
     v.as_array()
         .expect("rows")
         .iter()
@@ -56,6 +56,22 @@ fn ids_of(v: &Value) -> Vec<Vec<u32>> {
                 .iter()
                 .map(|x| x.as_u64().expect("id") as u32)
                 .collect()
+        })
+        .collect()
+}
+
+/// transformers' logits of `model_reference.json`'s input ids for the fixture `name`, flat.
+pub(crate) fn reference_logits(r: &Value, name: &str) -> Vec<f32> {
+    r["models"][name]["logits"]
+        .as_array()
+        .expect("b")
+        .iter()
+        .flat_map(|b| b.as_array().expect("t").iter())
+        .flat_map(|t| {
+            t.as_array()
+                .expect("v")
+                .iter()
+                .map(|x| x.as_f64().expect("f") as f32)
         })
         .collect()
 }
@@ -76,18 +92,7 @@ fn logits_match_transformers_for_qwen3_and_sharded_qwen2() {
         let model = Qwen::new(&cfg, &params, true).expect("model");
         let logits = model.logits(&forward_full(&model, &ids)).expect("logits");
         let got: Vec<f32> = logits.flatten_all().expect("flat").to_vec1().expect("vec");
-        let want: Vec<f32> = r["models"][name]["logits"]
-            .as_array()
-            .expect("b")
-            .iter()
-            .flat_map(|b| b.as_array().expect("t").iter())
-            .flat_map(|t| {
-                t.as_array()
-                    .expect("v")
-                    .iter()
-                    .map(|x| x.as_f64().expect("f") as f32)
-            })
-            .collect();
+        let want = reference_logits(&r, name);
         assert_eq!(got.len(), want.len());
         let d = max_abs_diff(&got, &want);
         assert!(d < 1e-4, "{name}: max |Δlogit| = {d}");
