@@ -409,7 +409,7 @@ pub fn device(asked: crate::manifest::Device) -> Result<Device> {
         D::Cuda if cfg!(feature = "cuda") => {
             Device::new_cuda(0).map_err(|e| ModelError::Device {
                 asked: "cuda",
-                reason: e.to_string(),
+                reason: first_line(&e),
             })
         }
         D::Cuda => Err(ModelError::Device {
@@ -420,7 +420,10 @@ pub fn device(asked: crate::manifest::Device) -> Result<Device> {
             let (device, why) = if cfg!(feature = "cuda") {
                 match Device::new_cuda(0) {
                     Ok(d) => (d, "CUDA GPU 0".to_string()),
-                    Err(e) => (Device::Cpu, format!("the CPU: no CUDA GPU is usable ({e})")),
+                    Err(e) => (
+                        Device::Cpu,
+                        format!("the CPU: no CUDA GPU is usable ({})", first_line(&e)),
+                    ),
                 }
             } else {
                 (
@@ -434,6 +437,11 @@ pub fn device(asked: crate::manifest::Device) -> Result<Device> {
             Ok(device)
         }
     }
+}
+
+/// An error's first line: candle's CUDA errors carry a backtrace after it.
+fn first_line(e: &candle_core::Error) -> String {
+    e.to_string().lines().next().unwrap_or_default().to_string()
 }
 
 /// The compute dtype of a manifest's `model.dtype`.
