@@ -48,6 +48,7 @@ const ROW_THREADS: u32 = 256;
 const ELEM_THREADS: u32 = 256;
 const ELEM_MAX_BLOCKS: usize = 1 << 16;
 
+/// One block per row; callers launch only when there is a row (a block reads its row).
 fn rows_config(rows: usize) -> Result<LaunchConfig> {
     let rows = u32::try_from(rows)
         .map_err(|_| candle_core::Error::Msg(format!("{rows} rows are more than one launch")))?;
@@ -137,7 +138,9 @@ pub fn rms_norm_fwd(
         let mut b = f.builder();
         b.arg(&xv).arg(&wv).arg(&mut y).arg(&n_i).arg(&eps);
         // SAFETY: the arguments match the kernel's signature in kernels/rms_norm.cu.
-        unsafe { b.launch(rows_config(rows)?) }.w()?;
+        if rows > 0 {
+            unsafe { b.launch(rows_config(rows)?) }.w()?;
+        }
         Ok((
             CudaStorage::wrap_cuda_slice(y, dev.clone()),
             lx.shape().clone(),
@@ -184,7 +187,9 @@ pub fn rms_norm_bwd(
             .arg(&mut rs)
             .arg(&n_i)
             .arg(&eps);
-        unsafe { b.launch(rows_config(rows)?) }.w()?;
+        if rows > 0 {
+            unsafe { b.launch(rows_config(rows)?) }.w()?;
+        }
         let f = dev.get_or_load_custom_func(
             &format!("rms_norm_bwd_dw_{sfx}"),
             ptx::RMS_NORM.0,
@@ -349,7 +354,9 @@ pub fn attention_softmax(
             .arg(&n_i)
             .arg(&per_b)
             .arg(&scale);
-        unsafe { b.launch(rows_config(rows)?) }.w()?;
+        if rows > 0 {
+            unsafe { b.launch(rows_config(rows)?) }.w()?;
+        }
         Ok((
             CudaStorage::wrap_cuda_slice(y, dev.clone()),
             lx.shape().clone(),
@@ -377,7 +384,9 @@ pub fn token_log_probs(
     let v_i = v as i32;
     let mut b = f.builder();
     b.arg(&zv).arg(&tv).arg(&mut lp).arg(&v_i);
-    unsafe { b.launch(rows_config(rows)?) }.w()?;
+    if rows > 0 {
+        unsafe { b.launch(rows_config(rows)?) }.w()?;
+    }
     Ok((
         CudaStorage::wrap_cuda_slice(lp, dev.clone()),
         Shape::from(rows),
@@ -410,7 +419,9 @@ pub fn token_log_probs_bwd(
     let v_i = v as i32;
     let mut b = f.builder();
     b.arg(&zv).arg(&tv).arg(&gv).arg(&mut dz).arg(&v_i);
-    unsafe { b.launch(rows_config(rows)?) }.w()?;
+    if rows > 0 {
+        unsafe { b.launch(rows_config(rows)?) }.w()?;
+    }
     Ok((
         CudaStorage::wrap_cuda_slice(dz, dev.clone()),
         lz.shape().clone(),
@@ -442,7 +453,9 @@ pub fn sample_full(
     let v_i = v as i32;
     let mut b = f.builder();
     b.arg(&zv).arg(&uv).arg(&mut out).arg(&v_i).arg(&t);
-    unsafe { b.launch(rows_config(rows)?) }.w()?;
+    if rows > 0 {
+        unsafe { b.launch(rows_config(rows)?) }.w()?;
+    }
     Ok((
         CudaStorage::wrap_cuda_slice(out, dev.clone()),
         Shape::from((rows, 2)),
