@@ -85,3 +85,4 @@ pack-gpu-suite: build-cuda
     xz -9 -f target/gpu/it-cuda
     git rev-parse HEAD > target/gpu/commit
     pwd > target/gpu/built-in
+    if [ -n "${ACPO_QWEN3_TOKENIZER:-}" ]; then mkdir -p target/gpu/qwen3-tokenizer && cp "$ACPO_QWEN3_TOKENIZER"/tokenizer*.json target/gpu/qwen3-tokenizer/; fi

@@ -255,6 +255,21 @@ pub enum ModelCommand {
         #[arg(long, conflicts_with = "char_tokenizer")]
         bpe_tokenizer: bool,
     },
+    /// Teacher-forced log-probabilities and entropies of token sequences (JSONL `{"ids": [...]}`
+    /// per line), one forward pass each: what transformers computes, for parity checks.
+    Logprobs {
+        /// A model directory in HF layout (config.json + safetensors).
+        #[arg(long)]
+        model: PathBuf,
+        #[arg(long)]
+        input: PathBuf,
+        #[arg(long)]
+        output: PathBuf,
+        #[arg(long, value_enum, default_value = "cpu")]
+        device: Device,
+        #[arg(long, value_enum, default_value = "f32")]
+        dtype: acpo::manifest::DType,
+    },
 }
 
 /// The data directory of a command: its flag, else the default (`acpo::data::default_dir`).
@@ -353,6 +368,22 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 _ => None,
             };
             println!("{}", acpo::model::init::create(&config, &out, seed, kind)?);
+            Ok(Outcome::Success)
+        }
+        Command::Model(ModelCommand::Logprobs {
+            model,
+            input,
+            output,
+            device,
+            dtype,
+        }) => {
+            let lines = acpo::model::score::score_file(&model, &input, device, dtype)?;
+            write_atomic(&output, lines.as_bytes())?;
+            println!(
+                "wrote {} scored sequences to {}",
+                lines.lines().count(),
+                output.display()
+            );
             Ok(Outcome::Success)
         }
     }

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The GPU checks of issues #18-#20 in one call on a lent GPU machine (docs/CUDA.md), raw results
 # under $OUT (or results/gpu/<UTC time>): the machine, the CUDA test suite (every kernel against
-# its CPU twin, acpo against transformers, the four algorithms and resume on CUDA), and the
-# speed benchmarks on CUDA in f32 and bf16 beside the CPU's.
+# its CPU twin, acpo against transformers' fixtures, the four algorithms and resume on CUDA),
+# tools/gpu_parity.py (a Qwen3-0.6B-shaped random model against transformers on the same GPU,
+# with the real Qwen3 tokenizer when target/gpu/qwen3-tokenizer is there), and the speed
+# benchmarks on CUDA in f32 and bf16 beside the CPU's.
 #
 # Needs target/gpu/acpo-cuda.xz and target/gpu/it-cuda.xz, made on any machine by
 # `just pack-gpu-suite` and carried with the working tree:
@@ -32,6 +34,13 @@ log "== commit: $(cat target/gpu/commit 2>/dev/null || echo unknown)"
 "$bin/it" cuda:: --test-threads=1 > "$out/cuda_tests.log" 2>&1
 log "== cuda tests: exit $? ($(grep -E '^test result' "$out/cuda_tests.log" | tail -1))"
 grep -E '^(test |skipped|thread )' "$out/cuda_tests.log" | tee -a "$out/summary.txt"
+
+tokenizer=()
+[ -f target/gpu/qwen3-tokenizer/tokenizer.json ] && tokenizer=(--tokenizer target/gpu/qwen3-tokenizer)
+python3 tools/gpu_parity.py --acpo "$bin/acpo" --out "$out/parity" "${tokenizer[@]}" \
+    > "$out/parity.log" 2>&1
+log "== parity against transformers (Qwen3-0.6B shape): exit $?"
+tail -4 "$out/parity.log" | tee -a "$out/summary.txt"
 
 for target in "cpu f32" "cuda f32" "cuda bf16"; do
     set -- $target

@@ -13,6 +13,7 @@
 pub mod init;
 pub mod load;
 pub mod qwen;
+pub mod score;
 pub mod tokenizer;
 
 use std::collections::BTreeMap;

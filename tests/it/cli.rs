@@ -450,3 +450,70 @@ fn reproduce_table1_at_smoke_scale_end_to_end_then_from_a_verified_archive() {
         "a corrupt archive is a failed check"
     );
 }
+
+/// `acpo model logprobs`: teacher-forced log-probabilities and entropies agree with those of
+/// transformers' logits (tests/fixtures/model_reference.json, computed here in f64), the input
+/// errors name the line.
+#[test]
+fn model_logprobs_match_transformers() {
+    let r = super::model::reference();
+    let ids = super::model::ids_of(&r["input_ids"]);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let input = dir.path().join("ids.jsonl");
+    let lines: Vec<String> = ids
+        .iter()
+        .map(|row| serde_json::json!({ "ids": row }).to_string())
+        .collect();
+    std::fs::write(&input, lines.join("\n") + "\n").expect("write");
+    let output = dir.path().join("scored.jsonl");
+    let fixture = repo().join("tests/fixtures/tiny-qwen3");
+    let args = [
+        "model",
+        "logprobs",
+        "--model",
+        fixture.to_str().expect("u"),
+        "--input",
+        input.to_str().expect("u"),
+        "--output",
+        output.to_str().expect("u"),
+    ];
+    let out = acpo(&args, repo());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let logits = super::model::reference_logits(&r, "tiny-qwen3");
+    let v = logits.len() / (ids.len() * ids[0].len());
+    let scored: Vec<serde_json::Value> = std::fs::read_to_string(&output)
+        .expect("read")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json"))
+        .collect();
+    for (b, row) in ids.iter().enumerate() {
+        for i in 0..row.len() - 1 {
+            let z: Vec<f64> = logits[(b * row.len() + i) * v..(b * row.len() + i + 1) * v]
+                .iter()
+                .map(|&x| x as f64)
+                .collect();
+            let m = z.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+            let lse = m + z.iter().map(|x| (x - m).exp()).sum::<f64>().ln();
+            let lp = z[row[i + 1] as usize] - lse;
+            let ent: f64 = -z.iter().map(|x| (x - lse).exp() * (x - lse)).sum::<f64>();
+            let got_lp = scored[b]["log_probs"][i].as_f64().expect("lp");
+            let got_ent = scored[b]["entropy"][i].as_f64().expect("entropy");
+            assert!(
+                (got_lp - lp).abs() < 1e-4,
+                "row {b} pos {i}: log-prob {got_lp} vs {lp}"
+            );
+            assert!(
+                (got_ent - ent).abs() < 1e-4,
+                "row {b} pos {i}: entropy {got_ent} vs {ent}"
+            );
+        }
+    }
+    std::fs::write(&input, "{\"ids\": [1]}\n").expect("write");
+    let out = acpo(&args, repo());
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("ids.jsonl:1"));
+}
