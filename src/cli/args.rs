@@ -1,0 +1,268 @@
+//! The `acpo` command line as clap types: every command and its flags, with their help.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+
+use acpo::manifest::{Device, Scale};
+use acpo::perf::BenchKind;
+use acpo::report::Artifact;
+
+/// Reproduce "Advantage Clipped Policy Optimization" (ACPO): PPO/GRPO versus PPO-AC/GRPO-AC.
+#[derive(Debug, Parser)]
+#[command(name = "acpo", version, about, long_about = None, propagate_version = true)]
+pub struct Cli {
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Validate experiment manifests and print one summary line per run.
+    ///
+    /// Exits 0 when every manifest is valid, 2 (naming the file and field) otherwise.
+    Check(CheckArgs),
+    /// Train one run (PPO, PPO-AC, GRPO or GRPO-AC) from its manifest.
+    Train(TrainArgs),
+    /// Sample completions from a model (batched, KV-cached, seeded).
+    Generate(GenerateArgs),
+    /// Score responses against gold answers with the math verifier.
+    Score(ScoreArgs),
+    /// Evaluate a model with Avg@k on the manifest's benchmarks.
+    Eval(EvalArgs),
+    /// Build Table 1, accuracy/entropy curves, r·A tail histograms and speedups from results/.
+    Report(ReportArgs),
+    /// Run whatever is missing for an artifact (train, eval), then regenerate it.
+    Reproduce(ReproduceArgs),
+    /// Pack run directories into a compressed archive with a SHA256SUMS manifest.
+    Archive(ArchiveArgs),
+    /// Check an archive or results directory against its SHA256SUMS (exit 1 on any mismatch).
+    Verify(VerifyArgs),
+    /// Measure speed and memory, writing a report.
+    Bench(BenchArgs),
+    /// Clipped policy mirror descent on tabular MDPs against the paper's bounds (Section 4).
+    Pmd(PmdArgs),
+    /// Model utilities (write a seeded random model in HF layout).
+    #[command(subcommand)]
+    Model(ModelCommand),
+}
+
+#[derive(Debug, Args)]
+pub struct CheckArgs {
+    /// Manifest files or directories (searched recursively for *.yaml).
+    #[arg(default_value = "experiments")]
+    pub paths: Vec<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct TrainArgs {
+    /// The run's manifest (YAML).
+    pub manifest: PathBuf,
+    /// Results root; the run directory is <out>/<scale>/<name>-<fingerprint>.
+    #[arg(long, default_value = "results")]
+    pub out: PathBuf,
+    /// Continue from the latest complete checkpoint.
+    #[arg(long)]
+    pub resume: bool,
+    /// Stop after this many training steps (the manifest's total is unchanged).
+    #[arg(long)]
+    pub max_steps: Option<usize>,
+    /// Directory with the benchmark and training JSONL files [default: $ACPO_DATA_DIR, else
+    /// ~/.cache/acpo/data; a file missing there comes from the HF hub where a faithful copy exists].
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub options: acpo::generate::GenerateOptions,
+    /// Write completions as JSONL here instead of printing them.
+    #[arg(long)]
+    pub output: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct ScoreArgs {
+    /// JSONL with at least {"response": ..., "answer": ...} per line.
+    #[arg(long)]
+    pub input: PathBuf,
+    /// Write the scored lines (adding correct, extracted, error) here.
+    #[arg(long)]
+    pub output: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct EvalArgs {
+    /// The manifest whose eval section (benchmarks, k, sampling, templates) and model to use.
+    pub manifest: PathBuf,
+    /// Evaluate this model instead of the manifest's (a directory in HF layout).
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Directory with the benchmark JSONL files, checked against their SHA-256 [default:
+    /// $ACPO_DATA_DIR, else ~/.cache/acpo/data].
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Read the benchmarks from the HF hub instead of --data-dir (where a faithful copy exists).
+    #[arg(long)]
+    pub hub_data: bool,
+    /// Run on this device instead of the manifest's.
+    #[arg(long, value_enum)]
+    pub device: Option<Device>,
+    /// Training step this evaluation belongs to (recorded in the summary).
+    #[arg(long, default_value_t = 0)]
+    pub step: usize,
+    /// Where to write samples.jsonl and summary.json.
+    #[arg(long)]
+    pub out: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct ReportArgs {
+    /// Which artifact to build.
+    #[arg(value_enum)]
+    pub artifact: Artifact,
+    #[arg(long, value_enum, default_value_t = Scale::Mini)]
+    pub scale: Scale,
+    /// Results root to read (never written).
+    #[arg(long, default_value = "results")]
+    pub results: PathBuf,
+    /// Where figures go.
+    #[arg(long, default_value = "figures")]
+    pub figures: PathBuf,
+    /// Put the paper's reported Table 1 beside ours (paper, ours, delta).
+    #[arg(long)]
+    pub compare_paper: bool,
+    /// Also fill this Markdown file's `<!-- begin: NAME -->` … `<!-- end: NAME -->` blocks
+    /// with the generated files (table1.md, speedup.md, ...).
+    #[arg(long)]
+    pub doc: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct ReproduceArgs {
+    #[arg(value_enum)]
+    pub artifact: Artifact,
+    #[arg(long, value_enum, default_value_t = Scale::Mini)]
+    pub scale: Scale,
+    /// Regenerate from this results directory or archive (verified first) without training.
+    #[arg(long)]
+    pub from: Option<PathBuf>,
+    /// Where the manifests are (experiments/<scale>/ is used).
+    #[arg(long, default_value = "experiments")]
+    pub experiments: PathBuf,
+    /// Results root (results/<scale>/ is written).
+    #[arg(long, default_value = "results")]
+    pub results: PathBuf,
+    /// Directory with the benchmark and training JSONL files, for real-data scales [default:
+    /// $ACPO_DATA_DIR, else ~/.cache/acpo/data].
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Where figures go (figures/<scale>/).
+    #[arg(long, default_value = "figures")]
+    pub figures: PathBuf,
+    /// Also fill this Markdown file's `<!-- begin: NAME -->` … `<!-- end: NAME -->` blocks
+    /// with the generated files (table1.md, speedup.md, ...).
+    #[arg(long)]
+    pub doc: Option<PathBuf>,
+    /// Runs trained at once, each on one CPU thread (at mini sizes a second candle thread
+    /// slows a run down, a second run side by side doubles throughput). Default: the number
+    /// of CPUs when every run is on the CPU, else 1.
+    #[arg(long)]
+    pub jobs: Option<usize>,
+}
+
+#[derive(Debug, Args)]
+pub struct ArchiveArgs {
+    /// Run directories to pack.
+    #[arg(required = true)]
+    pub runs: Vec<PathBuf>,
+    /// The archive to write.
+    #[arg(long)]
+    pub out: PathBuf,
+    /// Leave the runs' checkpoints out (every table and figure still rebuilds from it).
+    #[arg(long)]
+    pub no_checkpoints: bool,
+}
+
+#[derive(Debug, Args)]
+pub struct VerifyArgs {
+    /// An archive or a directory holding SHA256SUMS.
+    pub target: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    #[arg(value_enum)]
+    pub kind: BenchKind,
+    /// Where to write the report (<kind>.json and <kind>.md).
+    #[arg(long, default_value = "results/bench")]
+    pub out: PathBuf,
+    /// Timed repetitions per model (the median is reported).
+    #[arg(long, default_value_t = 3)]
+    pub repeats: usize,
+    /// Only the tiny model (seconds instead of minutes).
+    #[arg(long)]
+    pub tiny_only: bool,
+    /// The verifier benchmark's data directory [default: $ACPO_DATA_DIR, else ~/.cache/acpo/data].
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Device of the speed benchmarks (cuda needs the CUDA binary).
+    #[arg(long, value_enum, default_value = "cpu")]
+    pub device: Device,
+    /// Dtype of the speed benchmarks (bf16: fp32 masters, bf16 arithmetic).
+    #[arg(long, value_enum, default_value = "f32")]
+    pub dtype: acpo::manifest::DType,
+}
+
+#[derive(Debug, Args)]
+pub struct PmdArgs {
+    /// Where the figure and the Markdown table go.
+    #[arg(long, default_value = "figures")]
+    pub out: PathBuf,
+    /// First random MDP's seed (the others follow).
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+    /// Random MDPs in the grid.
+    #[arg(long, default_value_t = 5)]
+    pub mdps: u64,
+    /// PMD iterations per run.
+    #[arg(long, default_value_t = 100)]
+    pub iterations: usize,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ModelCommand {
+    /// Write a seeded random model in HF layout (config.json + model.safetensors).
+    Init {
+        /// An HF config.json describing the architecture.
+        #[arg(long)]
+        config: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+        #[arg(long, default_value_t = 0)]
+        seed: u64,
+        /// Also write a character-level tokenizer (printable ASCII; vocab_size must be ≥ 98).
+        #[arg(long)]
+        char_tokenizer: bool,
+        /// Also train and write a byte-level BPE tokenizer on the synthetic task's corpus, up to
+        /// the config's vocab_size (≥ 258).
+        #[arg(long, conflicts_with = "char_tokenizer")]
+        bpe_tokenizer: bool,
+    },
+    /// Teacher-forced log-probabilities and entropies of token sequences (JSONL `{"ids": [...]}`
+    /// per line), one forward pass each: what transformers computes, for parity checks.
+    Logprobs {
+        /// A model directory in HF layout (config.json + safetensors).
+        #[arg(long)]
+        model: PathBuf,
+        #[arg(long)]
+        input: PathBuf,
+        #[arg(long)]
+        output: PathBuf,
+        #[arg(long, value_enum, default_value = "cpu")]
+        device: Device,
+        #[arg(long, value_enum, default_value = "f32")]
+        dtype: acpo::manifest::DType,
+    },
+}

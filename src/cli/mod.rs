@@ -1,0 +1,260 @@
+//! Command-line interface of the `acpo` binary: the clap types ([`args`]) and the dispatch.
+//! Each command parses its flags, makes one library call and prints what it did; the work is in
+//! the library.
+
+mod args;
+
+use std::path::{Path, PathBuf};
+
+use anyhow::{bail, Context};
+
+use acpo::data::DataLocation;
+use acpo::manifest::{Experiment, Scale};
+use acpo::perf::BenchKind;
+use acpo::report::Artifact;
+
+pub use args::*;
+
+use crate::Outcome;
+
+/// The data directory of a command: its flag, else the default (`acpo::data::default_dir`).
+fn data_dir(flag: &Option<PathBuf>) -> DataLocation {
+    DataLocation::Dir(flag.clone().unwrap_or_else(acpo::data::default_dir))
+}
+
+fn write_atomic(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    acpo::atomic::write(path, bytes).with_context(|| format!("cannot write {}", path.display()))
+}
+
+fn print_written(files: &[PathBuf]) {
+    for f in files {
+        println!("wrote {}", f.display());
+    }
+}
+
+pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
+    match cli.command {
+        Command::Check(args) => {
+            let report = acpo::manifest::check_all(&args.paths).context("cannot list manifests")?;
+            report.valid.iter().for_each(|l| println!("ok  {l}"));
+            report.errors.iter().for_each(|e| eprintln!("invalid  {e}"));
+            match (report.files, report.errors.len()) {
+                (0, _) => bail!("no manifests (*.yaml) found under {:?}", args.paths),
+                (n, 0) => println!("{n} manifests valid"),
+                (n, bad) => bail!("{bad} of {n} manifests are invalid (see above)"),
+            }
+            Ok(Outcome::Success)
+        }
+        Command::Train(args) => train(&args),
+        Command::Generate(args) => generate(&args),
+        Command::Score(args) => {
+            let scored = acpo::reward::score_file(&args.input)?;
+            match &args.output {
+                Some(o) => {
+                    write_atomic(o, scored.lines.as_bytes())?;
+                    println!("{}; wrote {}", scored.summary(), o.display());
+                }
+                None => {
+                    print!("{}", scored.lines);
+                    eprintln!("{}", scored.summary());
+                }
+            }
+            Ok(Outcome::Success)
+        }
+        Command::Eval(args) => eval(&args),
+        Command::Report(args) => {
+            let root = args.results.join(args.scale.name());
+            report(args.artifact, &root, &args.figures, args.compare_paper)?;
+            fill_doc(args.doc.as_deref(), &root)
+        }
+        Command::Reproduce(args) => reproduce(&args),
+        Command::Archive(args) => {
+            let contents = acpo::archive::Contents {
+                checkpoints: !args.no_checkpoints,
+            };
+            let files = acpo::archive::archive(&args.runs, &args.out, contents)?;
+            let out = args.out.display();
+            println!("wrote {out} ({files} files, SHA256SUMS inside; {out}.sha256 beside it)");
+            Ok(Outcome::Success)
+        }
+        Command::Verify(args) => {
+            let report = acpo::archive::verify(&args.target)?;
+            println!("{}: {}", args.target.display(), report.describe());
+            Ok(Outcome::of(report.ok()))
+        }
+        Command::Bench(args) => {
+            let report = match args.kind {
+                BenchKind::Verifier => {
+                    acpo::perf::verifier::bench(&data_dir(&args.data_dir), &args.out, args.repeats)?
+                }
+                kind => {
+                    let target = acpo::perf::Target {
+                        device: acpo::model::device(args.device)?,
+                        dtype: args.dtype,
+                    };
+                    acpo::perf::speed(kind, &args.out, args.repeats, args.tiny_only, &target)?
+                }
+            };
+            println!("report: {}", report.display());
+            Ok(Outcome::Success)
+        }
+        Command::Pmd(args) => pmd(&args),
+        Command::Model(ModelCommand::Init {
+            config,
+            out,
+            seed,
+            char_tokenizer,
+            bpe_tokenizer,
+        }) => {
+            use acpo::manifest::InitTokenizer;
+            let kind = match (char_tokenizer, bpe_tokenizer) {
+                (true, _) => Some(InitTokenizer::Char),
+                (_, true) => Some(InitTokenizer::Bpe),
+                _ => None,
+            };
+            println!("{}", acpo::model::init::create(&config, &out, seed, kind)?);
+            Ok(Outcome::Success)
+        }
+        Command::Model(ModelCommand::Logprobs {
+            model,
+            input,
+            output,
+            device,
+            dtype,
+        }) => {
+            let lines = acpo::model::score::score_file(&model, &input, device, dtype)?;
+            write_atomic(&output, lines.as_bytes())?;
+            println!(
+                "wrote {} scored sequences to {}",
+                lines.lines().count(),
+                output.display()
+            );
+            Ok(Outcome::Success)
+        }
+    }
+}
+
+/// `acpo generate`: sample completions and print them (or write JSONL).
+fn generate(args: &GenerateArgs) -> anyhow::Result<Outcome> {
+    let lines = acpo::generate::generate(&args.options)?;
+    match &args.output {
+        Some(out) => {
+            write_atomic(out, acpo::generate::jsonl(&lines).as_bytes())?;
+            println!("wrote {} completions to {}", lines.len(), out.display());
+        }
+        None => lines.iter().for_each(|l| println!("{l}")),
+    }
+    Ok(Outcome::Success)
+}
+
+/// `acpo train`: one run from its manifest, resumable.
+fn train(args: &TrainArgs) -> anyhow::Result<Outcome> {
+    use acpo::train::{TrainOptions, Trainer};
+    let experiment = Experiment::load(&args.manifest)?;
+    let text = std::fs::read_to_string(&args.manifest)
+        .with_context(|| format!("cannot read {}", args.manifest.display()))?;
+    if args.max_steps == Some(0) {
+        bail!("--max-steps must be at least 1");
+    }
+    let opts = TrainOptions {
+        out_root: args.out.clone(),
+        resume: args.resume,
+        max_steps: args.max_steps,
+        data: data_dir(&args.data_dir),
+        hub: acpo::hub::HubOptions::from_env(),
+    };
+    let mut display = acpo::progress::display(None);
+    acpo::train::ensure_model(&experiment, &mut display)?;
+    let summary = Trainer::new(&experiment, &text, &opts)?.run(&opts, &mut display)?;
+    println!("{}", summary.describe(experiment.trainer.total_steps));
+    Ok(Outcome::Success)
+}
+
+/// `acpo eval`: Avg@k of a model on the manifest's benchmarks.
+fn eval(args: &EvalArgs) -> anyhow::Result<Outcome> {
+    let mut exp = Experiment::load(&args.manifest)?;
+    exp.device = args.device.unwrap_or(exp.device);
+    let hub = acpo::hub::HubOptions::from_env();
+    let data = match args.hub_data {
+        true => DataLocation::Hub(hub.clone()),
+        false => data_dir(&args.data_dir),
+    };
+    let progress = |b: &str, done, total| eprint!("\r{b}: {done}/{total} samples   ");
+    let model = args.model.clone().map(acpo::manifest::ModelSource::Dir);
+    let summary =
+        acpo::eval::evaluate_into(&exp, model, &hub, &data, args.step, &args.out, progress)?;
+    eprintln!();
+    print!("{}", summary.describe());
+    println!("wrote {}", args.out.display());
+    Ok(Outcome::Success)
+}
+
+/// `acpo pmd`: clipped policy mirror descent against Theorems 1-2, and Proposition 1.
+fn pmd(args: &PmdArgs) -> anyhow::Result<Outcome> {
+    let cfg = acpo::pmd::Config {
+        seed: args.seed,
+        mdps: args.mdps,
+        iterations: args.iterations,
+        ..Default::default()
+    };
+    if cfg.mdps == 0 || cfg.iterations == 0 {
+        bail!("--mdps and --iterations must be at least 1");
+    }
+    let report = acpo::pmd::report(&cfg, &args.out)?;
+    println!("{}", report.summary());
+    print_written(&report.files);
+    Ok(Outcome::of(report.all_hold()))
+}
+
+/// `acpo report`: the artifact from the run directories in `root`.
+fn report(artifact: Artifact, root: &Path, figures: &Path, paper: bool) -> anyhow::Result<()> {
+    let (shown, written) = acpo::report::write(artifact, root, figures, paper)?;
+    print!("{shown}");
+    print_written(&written);
+    Ok(())
+}
+
+/// `acpo reproduce`: train what is missing at a scale (finished runs are reused, unfinished
+/// ones resumed), then build the artifact; or, with --from, verify and rebuild from results.
+fn reproduce(args: &ReproduceArgs) -> anyhow::Result<Outcome> {
+    let scale = args.scale.name();
+    let root = match &args.from {
+        Some(from) => {
+            let found = acpo::reproduce::from_archive(from, &args.results)?;
+            println!("{}: {}", from.display(), found.verification.describe());
+            match found.root {
+                Some(root) => root,
+                None => return Ok(Outcome::CheckFailed),
+            }
+        }
+        None => {
+            let dir = args.experiments.join(scale);
+            let manifests = acpo::manifest::discover(&dir)?;
+            if manifests.is_empty() {
+                bail!("{}: no manifests for scale {scale}", dir.display());
+            }
+            let data = data_dir(&args.data_dir);
+            acpo::reproduce::train_all(&manifests, &args.results, &data, args.jobs)?;
+            args.results.join(scale)
+        }
+    };
+    report(
+        args.artifact,
+        &root,
+        &args.figures,
+        args.scale == Scale::Paper,
+    )?;
+    fill_doc(args.doc.as_deref(), &root)
+}
+
+/// `--doc FILE`: the generated files quoted into FILE's marked blocks.
+fn fill_doc(doc: Option<&Path>, root: &Path) -> anyhow::Result<Outcome> {
+    if let Some(doc) = doc {
+        let text = std::fs::read_to_string(doc)
+            .with_context(|| format!("cannot read {}", doc.display()))?;
+        let (text, blocks) = acpo::report::splice(&text, root)?;
+        write_atomic(doc, text.as_bytes())?;
+        println!("filled {blocks} generated blocks of {}", doc.display());
+    }
+    Ok(Outcome::Success)
+}
