@@ -14,6 +14,7 @@ use std::path::Path;
 
 use candle_core::{DType, Tensor, Var};
 
+use crate::fused::AdamWConsts;
 use crate::manifest::OptimSpec;
 use crate::model::{ModelError, Params, Result};
 
@@ -302,7 +303,7 @@ fn fused_update(
     if !all.iter().flatten().all(|t| fits(t)) {
         return Ok(None);
     }
-    let F32Consts {
+    let AdamWConsts {
         scale,
         b1,
         one_minus_b1,
@@ -312,7 +313,7 @@ fn fused_update(
         inv_sqrt_bc2,
         eps,
         step,
-    } = F32Consts::of(h);
+    } = f32_consts(h);
     let n = p.elem_count();
     let (mut p_new, mut m_new, mut v_new) = (vec![0f32; n], vec![0f32; n], vec![0f32; n]);
     {
@@ -378,34 +379,18 @@ fn fused_update(
     )))
 }
 
-/// What candle's affine maps multiply by and add, as f32: the constants of the one-pass
-/// update, on the CPU and in the CUDA kernel (kernels/adamw.cu).
-#[derive(Debug, Clone, Copy)]
-struct F32Consts {
-    scale: f32,
-    b1: f32,
-    one_minus_b1: f32,
-    b2: f32,
-    one_minus_b2: f32,
-    decay: f32,
-    inv_sqrt_bc2: f32,
-    eps: f32,
-    step: f32,
-}
-
-impl F32Consts {
-    fn of(h: &Hyper) -> F32Consts {
-        F32Consts {
-            scale: h.scale as f32,
-            b1: h.b1 as f32,
-            one_minus_b1: (1.0 - h.b1) as f32,
-            b2: h.b2 as f32,
-            one_minus_b2: (1.0 - h.b2) as f32,
-            decay: (1.0 - h.lr * h.weight_decay) as f32,
-            inv_sqrt_bc2: (1.0 / h.bc2.sqrt()) as f32,
-            eps: h.eps as f32,
-            step: (h.lr / h.bc1) as f32,
-        }
+/// The f32 constants of the one-pass update for `h`.
+fn f32_consts(h: &Hyper) -> AdamWConsts {
+    AdamWConsts {
+        scale: h.scale as f32,
+        b1: h.b1 as f32,
+        one_minus_b1: (1.0 - h.b1) as f32,
+        b2: h.b2 as f32,
+        one_minus_b2: (1.0 - h.b2) as f32,
+        decay: (1.0 - h.lr * h.weight_decay) as f32,
+        inv_sqrt_bc2: (1.0 / h.bc2.sqrt()) as f32,
+        eps: h.eps as f32,
+        step: (h.lr / h.bc1) as f32,
     }
 }
 
@@ -430,7 +415,7 @@ fn cuda_update(
     let mv = Tensor::stack(&[m, v], 0)?.contiguous()?;
     let out = p
         .contiguous()?
-        .apply_op3_no_bwd(&g, &mv, &CudaAdamW(F32Consts::of(h)))?;
+        .apply_op3_no_bwd(&g, &mv, &CudaAdamW(f32_consts(h)))?;
     let part = |i: usize| out.get(i)?.reshape(p.shape());
     Ok(Some((part(0)?.to_dtype(p.dtype())?, part(1)?, part(2)?)))
 }
@@ -448,7 +433,7 @@ fn cuda_update(
 
 /// The update as a custom op (p, g, [m; v]) → [p; m; v], CUDA only.
 #[cfg(feature = "cuda")]
-struct CudaAdamW(F32Consts);
+struct CudaAdamW(AdamWConsts);
 
 #[cfg(feature = "cuda")]
 impl candle_core::CustomOp3 for CudaAdamW {
@@ -477,19 +462,7 @@ impl candle_core::CustomOp3 for CudaAdamW {
         mv: &candle_core::CudaStorage,
         lmv: &candle_core::Layout,
     ) -> candle_core::Result<(candle_core::CudaStorage, candle_core::Shape)> {
-        let c = self.0;
-        let consts = crate::fused::cuda::AdamWConsts {
-            scale: c.scale,
-            b1: c.b1,
-            one_minus_b1: c.one_minus_b1,
-            b2: c.b2,
-            one_minus_b2: c.one_minus_b2,
-            decay: c.decay,
-            inv_sqrt_bc2: c.inv_sqrt_bc2,
-            eps: c.eps,
-            step: c.step,
-        };
-        crate::fused::cuda::adamw(p, lp, g, lg, mv, lmv, &consts)
+        crate::fused::cuda::adamw(p, lp, g, lg, mv, lmv, &self.0)
     }
 }
 

@@ -465,20 +465,6 @@ pub fn sample_full(
 // ---------------------------------------------------------------------------------------------
 // AdamW
 
-/// The f32 constants of one AdamW update, as the CPU twin computes them.
-#[derive(Debug, Clone, Copy)]
-pub struct AdamWConsts {
-    pub scale: f32,
-    pub b1: f32,
-    pub one_minus_b1: f32,
-    pub b2: f32,
-    pub one_minus_b2: f32,
-    pub decay: f32,
-    pub inv_sqrt_bc2: f32,
-    pub eps: f32,
-    pub step: f32,
-}
-
 /// One AdamW update of `p` (f32 or bf16) with the fp32 gradient `g` and moments `mv` `(2, N)`:
 /// `[p; m; v]` as `(3, N)` in f32.
 pub fn adamw(
@@ -488,7 +474,7 @@ pub fn adamw(
     lg: &Layout,
     mv: &CudaStorage,
     lmv: &Layout,
-    c: &AdamWConsts,
+    c: &super::AdamWConsts,
 ) -> Result<(CudaStorage, Shape)> {
     let what = "acpo-adamw";
     let sfx = suffix(dtype_of(p), what)?;

@@ -48,6 +48,21 @@ use rayon::prelude::*;
 /// pool costs more than the work; the same threshold as candle's own element-wise ops.
 const PAR_MIN_ELEMS: usize = 1 << 16;
 
+/// The f32 constants of one AdamW update (what candle's affine maps multiply by and add): the
+/// one-pass update's on the CPU (`optim`) and in the CUDA kernel (kernels/adamw.cu).
+#[derive(Debug, Clone, Copy)]
+pub struct AdamWConsts {
+    pub scale: f32,
+    pub b1: f32,
+    pub one_minus_b1: f32,
+    pub b2: f32,
+    pub one_minus_b2: f32,
+    pub decay: f32,
+    pub inv_sqrt_bc2: f32,
+    pub eps: f32,
+    pub step: f32,
+}
+
 /// Whether the fused CPU path applies to `t`.
 pub fn applies(t: &Tensor) -> bool {
     t.device().is_cpu() && t.dtype() == DType::F32

@@ -28,6 +28,13 @@ pub struct SamplingParams {
     pub max_new_tokens: usize,
 }
 
+impl SamplingParams {
+    /// Whether a draw over `vocab` tokens is from the whole distribution (no top-k, no top-p).
+    pub fn full(&self, vocab: usize) -> bool {
+        self.top_k.is_none_or(|k| k >= vocab) && self.top_p >= 1.0
+    }
+}
+
 /// Why a completion ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -261,9 +268,7 @@ pub fn sample_rows(
     rngs: &mut [SplitMix64],
     params: &SamplingParams,
 ) -> Result<Vec<(u32, f32)>> {
-    let v = logits.dim(1)?;
-    let full = params.top_k.is_none_or(|k| k >= v) && params.top_p >= 1.0;
-    if logits.device().is_cuda() && params.temperature > 0.0 && full {
+    if logits.device().is_cuda() && params.temperature > 0.0 && params.full(logits.dim(1)?) {
         // the same draw `sample_token` makes first on this path
         let u: Vec<f64> = rows.iter().map(|&i| rngs[i].next_f64()).collect();
         let u = Tensor::from_vec(u, rows.len(), logits.device())?;
@@ -363,7 +368,7 @@ pub fn sample_token(logits: &[f32], params: &SamplingParams, rng: &mut SplitMix6
         return (best as u32, log_prob(best));
     }
     // Candidate set after top-k and top-p, in descending probability when truncation applies.
-    let full = params.top_k.is_none_or(|k| k >= z.len()) && params.top_p >= 1.0;
+    let full = params.full(z.len());
     let u = rng.next_f64();
     if full {
         let target = u * sum;
