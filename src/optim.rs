@@ -31,7 +31,7 @@ impl Gradients {
         let mut out = BTreeMap::new();
         for (name, var) in params.vars() {
             if let Some(g) = store.get(var.as_tensor()) {
-                out.insert(name.clone(), g.to_dtype(DType::F32)?);
+                out.insert(name.clone(), g.detach().to_dtype(DType::F32)?);
             }
         }
         Ok(Gradients(out))

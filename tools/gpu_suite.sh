@@ -4,12 +4,18 @@
 # its CPU twin, acpo against transformers' fixtures, the four algorithms and resume on CUDA),
 # tools/gpu_parity.py (a Qwen3-0.6B-shaped random model against transformers on the same GPU,
 # with the real Qwen3 tokenizer when target/gpu/qwen3-tokenizer is there), and the speed
-# benchmarks on CUDA in f32 and bf16 beside the CPU's.
+# benchmarks on CUDA in f32 and bf16 beside the CPU's; then (issue #19) the paper-shape train step
+# of Qwen3-1.7B against tools/bench_train_torch.py at 2k and 9k tokens, and its peak memory with
+# each of flash attention / checkpointing / vocabulary chunks turned off.
+#
+#   bash tools/gpu_suite.sh [checks|paper|all]   (default all; a call has 10 minutes, so a
+#                                                 lease runs `checks` and `paper` as two calls)
 #
 # Needs target/gpu/acpo-cuda.xz and target/gpu/it-cuda.xz, made on any machine by
 # `just pack-gpu-suite` and carried with the working tree:
 #   run(command="bash tools/gpu_suite.sh", carry=["target/gpu"])
 set -uo pipefail
+section="${1:-all}"
 repo=$(pwd)
 out="${OUT:-results/gpu/$(date -u +%Y%m%dT%H%M%SZ)}"
 mkdir -p "$out"
@@ -31,6 +37,7 @@ fi
 log "== machine: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1)"
 log "== commit: $(cat target/gpu/commit 2>/dev/null || echo unknown)"
 
+if [ "$section" = checks ] || [ "$section" = all ]; then
 "$bin/it" cuda:: --test-threads=1 > "$out/cuda_tests.log" 2>&1
 log "== cuda tests: exit $? ($(grep -E '^test result' "$out/cuda_tests.log" | tail -1))"
 grep -E '^(test |skipped|thread )' "$out/cuda_tests.log" | tee -a "$out/summary.txt"
@@ -51,4 +58,32 @@ for target in "cpu f32" "cuda f32" "cuda bf16"; do
         tail -3 "$out/bench-$kind-$1-$2.log" | tee -a "$out/summary.txt"
     done
 done
+fi
+
+if [ "$section" = paper ] || [ "$section" = all ]; then
+cfg=experiments/paper/configs/qwen3-1.7b.json
+# Side by side, one sequence length at a time: the torch twin, then acpo, both with
+# checkpointing (what fits at 9k), GRPO micro-batch of 2, prompt 1,024.
+for len in 2048 9220; do
+    timeout 240 python3 tools/bench_train_torch.py --config "$cfg" --seq-len "$len" --prompt-len 1024 \
+        --micro-batch 2 --checkpointing --repeats 2 --json "$out/torch-train-$len.json" \
+        > "$out/torch-train-$len.log" 2>&1
+    log "== torch train-step qwen3-1.7b 2x$len: exit $?"
+    tail -2 "$out/torch-train-$len.log" | tee -a "$out/summary.txt"
+    timeout 240 "$bin/acpo" bench train-step --config "$cfg" --device cuda --dtype bf16 \
+        --seq-len "$len" --prompt-len 1024 --micro-batch 2 --checkpointing --repeats 1 \
+        --out "$out/paper-$len" > "$out/acpo-train-$len.log" 2>&1
+    log "== acpo train-step qwen3-1.7b 2x$len: exit $?"
+    tail -2 "$out/acpo-train-$len.log" | tee -a "$out/summary.txt"
+done
+# Peak memory at 9k with one saving off at a time (an out-of-memory exit is a result too).
+for off in "--attention composed --checkpointing" "--vocab-chunk 0 --checkpointing" ""; do
+    name=$(echo "${off:-no-checkpointing}" | tr -c 'a-z0-9\n' '-')
+    timeout 200 "$bin/acpo" bench train-step --config "$cfg" --device cuda --dtype bf16 \
+        --seq-len 9220 --prompt-len 1024 --micro-batch 2 --repeats 1 $off \
+        --out "$out/paper-9220-$name" > "$out/acpo-train-9220-$name.log" 2>&1
+    log "== acpo train-step qwen3-1.7b 2x9220 ${off:-without checkpointing}: exit $?"
+    tail -2 "$out/acpo-train-9220-$name.log" | tee -a "$out/summary.txt"
+done
+fi
 echo "raw results: $out"

@@ -213,6 +213,48 @@ pub struct BenchArgs {
     /// Dtype of the speed benchmarks (bf16: fp32 masters, bf16 arithmetic).
     #[arg(long, value_enum, default_value = "f32")]
     pub dtype: acpo::manifest::DType,
+    /// An HF config.json to measure, on seeded random weights, instead of the built-in sizes.
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// train-step: tokens per sequence, prompt included [default: 128].
+    #[arg(long)]
+    pub seq_len: Option<usize>,
+    /// train-step: prompt tokens of each sequence (no loss on them) [default: 1].
+    #[arg(long)]
+    pub prompt_len: Option<usize>,
+    /// train-step: sequences per micro-batch [default: 4].
+    #[arg(long)]
+    pub micro_batch: Option<usize>,
+    /// train-step: sequences in the step [default: 8, or --micro-batch when given].
+    #[arg(long)]
+    pub batch: Option<usize>,
+    /// train-step: the attention [default: flash on CUDA, composed on the CPU].
+    #[arg(long, value_enum)]
+    pub attention: Option<AttentionKind>,
+    /// train-step: vocabulary chunk of the log-probs, 0 for logits by positions [default:
+    /// 8192 on CUDA, 0 on the CPU].
+    #[arg(long)]
+    pub vocab_chunk: Option<usize>,
+    /// train-step: gradient checkpointing per decoder layer.
+    #[arg(long)]
+    pub checkpointing: bool,
+    /// memory-plan: the manifests of the runs.
+    #[arg(long, default_value = "experiments/paper")]
+    pub experiments: PathBuf,
+    /// memory-plan: the model configs, named after the hub repo (`qwen3-1.7b.json`).
+    #[arg(long, default_value = "experiments/paper/configs")]
+    pub configs: PathBuf,
+    /// Also fill this Markdown file's `<!-- begin: NAME -->` … `<!-- end: NAME -->` blocks
+    /// with the reports in --out (memory-plan.md, train-step.md, ...).
+    #[arg(long)]
+    pub doc: Option<PathBuf>,
+}
+
+/// The attention of the train-step benchmark.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AttentionKind {
+    Flash,
+    Composed,
 }
 
 #[derive(Debug, Args)]

@@ -87,16 +87,13 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 BenchKind::Verifier => {
                     acpo::perf::verifier::bench(&data_dir(&args.data_dir), &args.out, args.repeats)?
                 }
-                kind => {
-                    let target = acpo::perf::Target {
-                        device: acpo::model::device(args.device)?,
-                        dtype: args.dtype,
-                    };
-                    acpo::perf::speed(kind, &args.out, args.repeats, args.tiny_only, &target)?
+                BenchKind::MemoryPlan => {
+                    acpo::perf::memory_plan(&args.experiments, &args.configs, &args.out)?
                 }
+                kind => acpo::perf::speed(kind, &args.out, &speed_options(&args)?)?,
             };
             println!("report: {}", report.display());
-            Ok(Outcome::Success)
+            fill_doc(args.doc.as_deref(), &args.out)
         }
         Command::Pmd(args) => pmd(&args),
         Command::Model(ModelCommand::Init {
@@ -257,4 +254,44 @@ fn fill_doc(doc: Option<&Path>, root: &Path) -> anyhow::Result<Outcome> {
         println!("filled {blocks} generated blocks of {}", doc.display());
     }
     Ok(Outcome::Success)
+}
+
+/// The speed benchmarks' options from the command line; the train-step shape keeps the
+/// built-in defaults where a flag is absent.
+fn speed_options(args: &args::BenchArgs) -> anyhow::Result<acpo::perf::SpeedOptions> {
+    let device = acpo::model::device(args.device)?;
+    let defaults = acpo::perf::StepShape::default();
+    let micro_batch = args.micro_batch.unwrap_or(defaults.micro_batch);
+    let kernels = (args.attention.is_some() || args.vocab_chunk.is_some()).then(|| {
+        let default = acpo::model::qwen::Kernels::for_device(&device);
+        acpo::model::qwen::Kernels {
+            flash_attention: args
+                .attention
+                .map_or(default.flash_attention, |a| a == args::AttentionKind::Flash),
+            vocab_chunk: args
+                .vocab_chunk
+                .map_or(default.vocab_chunk, |c| (c > 0).then_some(c)),
+        }
+    });
+    Ok(acpo::perf::SpeedOptions {
+        repeats: args.repeats,
+        tiny_only: args.tiny_only,
+        target: acpo::perf::Target {
+            device,
+            dtype: args.dtype,
+        },
+        config: args.config.clone(),
+        step: acpo::perf::StepShape {
+            seq_len: args.seq_len.unwrap_or(defaults.seq_len),
+            prompt_len: args.prompt_len.unwrap_or(defaults.prompt_len),
+            batch: args.batch.unwrap_or(if args.micro_batch.is_some() {
+                micro_batch
+            } else {
+                defaults.batch
+            }),
+            micro_batch,
+            kernels,
+            checkpointing: args.checkpointing,
+        },
+    })
 }

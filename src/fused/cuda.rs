@@ -6,7 +6,9 @@
 //! Row kernels run one block of [`ROW_THREADS`] threads per row and reduce in a fixed order, so
 //! a result is the same on every run; element-wise kernels use a grid-stride loop.
 
-use candle_core::cuda_backend::cudarc::driver::{CudaSlice, CudaView, LaunchConfig, PushKernelArg};
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaSlice, CudaView, LaunchArgs, LaunchConfig, PushKernelArg,
+};
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{CudaStorage, DType, Layout, Result, Shape};
 
@@ -35,6 +37,10 @@ mod ptx {
     pub const SAMPLE: (&str, &str) = (
         "acpo_sample",
         include_str!(concat!(env!("OUT_DIR"), "/sample.ptx")),
+    );
+    pub const FLASH: (&str, &str) = (
+        "acpo_flash_attn",
+        include_str!(concat!(env!("OUT_DIR"), "/flash_attn.ptx")),
     );
     pub const ADAMW: (&str, &str) = (
         "acpo_adamw",
@@ -511,6 +517,210 @@ pub fn adamw(
         Ok((
             CudaStorage::wrap_cuda_slice(out, dev.clone()),
             Shape::from((3, len)),
+        ))
+    })
+}
+
+// ---------------------------------------------------------------------------------------------
+// Flash attention (kernels/flash_attn.cu; the CPU twin and the semantics: fused/flash.rs)
+
+type Arg<'a> = (&'a CudaStorage, &'a Layout);
+
+/// Warps (rows) per block of the flash kernels: FA_WARPS in flash_attn.cu.
+const FLASH_WARPS: usize = 4;
+
+fn flash_grid(rows: usize, y: usize, z: usize) -> Result<LaunchConfig> {
+    let x = u32::try_from(rows.div_ceil(FLASH_WARPS).max(1))
+        .map_err(|_| candle_core::Error::Msg(format!("{rows} rows are more than one launch")))?;
+    Ok(LaunchConfig {
+        grid_dim: (x, y as u32, z as u32),
+        block_dim: (32 * FLASH_WARPS as u32, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+/// The first valid key of each sequence (`S` when none): `(B)` i32.
+fn flash_first_valid(dims: &super::flash::FlashDims, valid: Arg) -> Result<CudaSlice<i32>> {
+    let what = "acpo-flash-attention";
+    let dev = &valid.0.device;
+    let vv = view::<u8>(valid.0, valid.1, what)?;
+    let mut first = unsafe { dev.alloc::<i32>(dims.b.max(1)) }?;
+    let f = dev.get_or_load_custom_func("flash_first_valid", ptx::FLASH.0, ptx::FLASH.1)?;
+    let s_i = dims.s as i32;
+    let mut b = f.builder();
+    b.arg(&vv).arg(&s_i).arg(&mut first);
+    if dims.b > 0 {
+        unsafe { b.launch(rows_config(dims.b)?) }.w()?;
+    }
+    Ok(first)
+}
+
+/// The shape arguments every flash kernel ends with (`FA_ARGS` in flash_attn.cu).
+struct FlashInts {
+    h: i32,
+    kv: i32,
+    t: i32,
+    s: i32,
+    d: i32,
+    past: i32,
+    scale: f32,
+}
+
+impl FlashInts {
+    fn push<'a>(&'a self, b: &mut LaunchArgs<'a>) {
+        b.arg(&self.h)
+            .arg(&self.kv)
+            .arg(&self.t)
+            .arg(&self.s)
+            .arg(&self.d)
+            .arg(&self.past)
+            .arg(&self.scale);
+    }
+}
+
+fn flash_ints(dims: &super::flash::FlashDims) -> FlashInts {
+    FlashInts {
+        h: dims.h as i32,
+        kv: dims.kv as i32,
+        t: dims.t as i32,
+        s: dims.s as i32,
+        d: dims.d as i32,
+        past: dims.past as i32,
+        scale: dims.scale,
+    }
+}
+
+/// O (the storage dtype of q) and the statistics [m, 1/Σ] of each query row `(B, H, T, 2)` in f32.
+pub fn flash_fwd(
+    dims: &super::flash::FlashDims,
+    q: Arg,
+    k: Arg,
+    v: Arg,
+    valid: Arg,
+) -> Result<(CudaStorage, CudaStorage)> {
+    let what = "acpo-flash-attention";
+    let sfx = suffix(dtype_of(q.0), what)?;
+    with_type!(dtype_of(q.0), T, {
+        let dev = &q.0.device;
+        let (qv, kv, vv) = (
+            view::<T>(q.0, q.1, what)?,
+            view::<T>(k.0, k.1, what)?,
+            view::<T>(v.0, v.1, what)?,
+        );
+        let validv = view::<u8>(valid.0, valid.1, what)?;
+        let first = flash_first_valid(dims, valid)?;
+        let rows = dims.rows();
+        // SAFETY: every query row (warp) writes its D outputs and its two statistics.
+        let mut o = unsafe { dev.alloc::<T>(rows * dims.d) }?;
+        let mut stats = unsafe { dev.alloc::<f32>(2 * rows.max(1)) }?;
+        let n = flash_ints(dims);
+        let f =
+            dev.get_or_load_custom_func(&format!("flash_fwd_{sfx}"), ptx::FLASH.0, ptx::FLASH.1)?;
+        let mut b = f.builder();
+        b.arg(&qv)
+            .arg(&kv)
+            .arg(&vv)
+            .arg(&validv)
+            .arg(&first)
+            .arg(&mut o)
+            .arg(&mut stats);
+        n.push(&mut b);
+        if rows > 0 {
+            // SAFETY: the arguments match flash_fwd_* in kernels/flash_attn.cu.
+            unsafe { b.launch(flash_grid(dims.t, dims.h, dims.b)?) }.w()?;
+        }
+        Ok((
+            CudaStorage::wrap_cuda_slice(o, dev.clone()),
+            CudaStorage::wrap_cuda_slice(stats, dev.clone()),
+        ))
+    })
+}
+
+/// dQ, dK, dV (the storage dtype of q): the delta, dQ and dK/dV kernels.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_bwd(
+    dims: &super::flash::FlashDims,
+    q: Arg,
+    k: Arg,
+    v: Arg,
+    o: Arg,
+    dout: Arg,
+    stats: Arg,
+    valid: Arg,
+) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
+    let what = "acpo-flash-attention-bwd";
+    let sfx = suffix(dtype_of(q.0), what)?;
+    with_type!(dtype_of(q.0), T, {
+        let dev = &q.0.device;
+        let (qv, kv, vv, ov, dov) = (
+            view::<T>(q.0, q.1, what)?,
+            view::<T>(k.0, k.1, what)?,
+            view::<T>(v.0, v.1, what)?,
+            view::<T>(o.0, o.1, what)?,
+            view::<T>(dout.0, dout.1, what)?,
+        );
+        let statsv = view::<f32>(stats.0, stats.1, what)?;
+        let validv = view::<u8>(valid.0, valid.1, what)?;
+        let first = flash_first_valid(dims, valid)?;
+        let rows = dims.rows();
+        let keys = dims.b * dims.kv * dims.s;
+        let n = flash_ints(dims);
+        // SAFETY: each kernel writes every row it owns.
+        let mut delta = unsafe { dev.alloc::<f32>(rows.max(1)) }?;
+        let mut dq = unsafe { dev.alloc::<T>(rows * dims.d) }?;
+        let mut dk = unsafe { dev.alloc::<T>(keys * dims.d) }?;
+        let mut dv = unsafe { dev.alloc::<T>(keys * dims.d) }?;
+        if rows > 0 {
+            let f = dev.get_or_load_custom_func(
+                &format!("flash_delta_{sfx}"),
+                ptx::FLASH.0,
+                ptx::FLASH.1,
+            )?;
+            let rows_i = rows as i32;
+            let mut b = f.builder();
+            b.arg(&ov).arg(&dov).arg(&mut delta).arg(&rows_i).arg(&n.d);
+            unsafe { b.launch(flash_grid(rows, 1, 1)?) }.w()?;
+
+            let f = dev.get_or_load_custom_func(
+                &format!("flash_dq_{sfx}"),
+                ptx::FLASH.0,
+                ptx::FLASH.1,
+            )?;
+            let mut b = f.builder();
+            b.arg(&qv)
+                .arg(&kv)
+                .arg(&vv)
+                .arg(&dov)
+                .arg(&statsv)
+                .arg(&delta)
+                .arg(&validv)
+                .arg(&first);
+            b.arg(&mut dq);
+            n.push(&mut b);
+            unsafe { b.launch(flash_grid(dims.t, dims.h, dims.b)?) }.w()?;
+
+            let f = dev.get_or_load_custom_func(
+                &format!("flash_dkdv_{sfx}"),
+                ptx::FLASH.0,
+                ptx::FLASH.1,
+            )?;
+            let mut b = f.builder();
+            b.arg(&qv)
+                .arg(&kv)
+                .arg(&vv)
+                .arg(&dov)
+                .arg(&statsv)
+                .arg(&delta)
+                .arg(&validv)
+                .arg(&first);
+            b.arg(&mut dk).arg(&mut dv);
+            n.push(&mut b);
+            unsafe { b.launch(flash_grid(dims.s, dims.kv, dims.b)?) }.w()?;
+        }
+        Ok((
+            CudaStorage::wrap_cuda_slice(dq, dev.clone()),
+            CudaStorage::wrap_cuda_slice(dk, dev.clone()),
+            CudaStorage::wrap_cuda_slice(dv, dev.clone()),
         ))
     })
 }

@@ -15,6 +15,10 @@
 //! - [`swiglu`]: silu(gate) ⊙ up; backward for both.
 //! - [`rms_norm`]: `x / sqrt(mean(x²) + ε) · w`; backward for `x` and `w`.
 //! - [`token_log_probs`]: `log softmax(z)[t]` per row; backward `dz = g · (onehot(t) − softmax(z))`.
+//! - [`flash_attention`]: softmax(Q·Kᵀ·scale + mask)·V without the `(B, H, T, S)` scores, forward
+//!   and backward (FlashAttention-2), keeping the log-sum-exp of each row for the backward.
+//! - [`vocab_log_probs`]: the lm_head product, log-softmax, the taken token's log-probability and
+//!   the entropy in vocabulary chunks, forward and backward, with no `(N, V)` logits.
 //! - [`linear_small_m`]: `x · Wᵀ` for a handful of rows (sampling decodes 1 token per sequence):
 //!   a general GEMM packs W for every call, which costs more than the product at these shapes;
 //!   this kernel streams W once, row by row.
@@ -27,19 +31,25 @@
 
 #[cfg(feature = "cuda")]
 pub mod cuda;
+mod flash;
 mod log_probs;
 mod rms_norm;
 mod rope;
 mod small_m;
 mod softmax;
 mod swiglu;
+mod vocab;
 
+pub use flash::{
+    attention_composed, flash_applies, flash_attention, FlashDims, FLASH_MAX_HEAD_DIM,
+};
 pub use log_probs::token_log_probs;
 pub use rms_norm::{rms_norm, rms_norm_composed};
 pub use rope::{rope, rope_composed};
 pub use small_m::{linear_small_m, linear_small_m_packed, pack_pairs, SMALL_M};
 pub use softmax::{attention_probs, attention_probs_composed, softmax_last_composed};
 pub use swiglu::{swiglu, swiglu_composed};
+pub use vocab::vocab_log_probs;
 
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
 use rayon::prelude::*;

@@ -22,6 +22,7 @@ use std::sync::{Arc, OnceLock};
 
 use candle_core::{DType, Device, Module, Tensor, D};
 use candle_nn::Embedding;
+use serde::Serialize;
 
 use super::{Family, Params, QwenConfig, Result};
 use crate::algo::token;
@@ -169,14 +170,14 @@ struct Attention {
 }
 
 impl Attention {
-    /// `x` `(B, T, H)`, `bias` `(B, 1, T, T_past + T)`; returns the output and this layer's
-    /// keys/values `(B, kv_heads, T_past + T, D)`.
+    /// `x` `(B, T, H)`; returns the output and this layer's keys/values
+    /// `(B, kv_heads, T_past + T, D)`.
     fn forward(
         &self,
         x: &Tensor,
         cos: &Tensor,
         sin: &Tensor,
-        bias: &Tensor,
+        mask: &AttnMask,
         past: Option<&(Tensor, Tensor)>,
     ) -> Result<(Tensor, (Tensor, Tensor))> {
         let (b, t, _) = x.dims3()?;
@@ -197,23 +198,69 @@ impl Attention {
             Some((pk, pv)) => (Tensor::cat(&[pk, &k], 2)?, Tensor::cat(&[pv, &v], 2)?),
             None => (k, v),
         };
-        // Grouped-query attention without repeating K/V: query head h uses KV head h / rep, so
-        // the rep query heads of one KV head are stacked as rows of one product with it.
-        let rep = self.heads / self.kv_heads;
-        let s = k.dim(2)?;
         let scale = 1.0 / (self.head_dim as f64).sqrt();
-        let qg = q.reshape((b, self.kv_heads, rep * t, self.head_dim))?;
-        let scores = qg.matmul(&k.t()?)?; // (B, KV, rep·T, S)
-        let scores = scores.reshape((b, self.kv_heads, rep, t, s))?;
-        let probs = crate::fused::attention_probs(&scores, bias, scale)?;
-        let probs = probs.reshape((b, self.kv_heads, rep * t, s))?;
-        let out = probs.matmul(&v)?; // (B, KV, rep·T, D) = (B, H, T, D)
+        let out = match mask {
+            AttnMask::Bias(bias) => crate::fused::attention_composed(&q, &k, &v, bias, scale)?,
+            AttnMask::Keys { valid, past } => {
+                crate::fused::flash_attention(&q, &k, &v, valid, *past, scale)?
+            }
+        }; // (B, H, T, D)
         let out = out
             .reshape((b, self.heads, t, self.head_dim))?
             .transpose(1, 2)?
             .contiguous()?
             .reshape((b, t, self.heads * self.head_dim))?;
         Ok((self.o.forward(&out)?, (k, v)))
+    }
+}
+
+/// Which keys each query sees, in the form its attention takes.
+#[derive(Debug, Clone)]
+enum AttnMask {
+    /// The composed attention's additive bias `(B, 1, T, S)` ([`attention_bias`]).
+    Bias(Tensor),
+    /// Flash attention's: `key_valid` `(B, S)` and the cached positions; the kernel applies
+    /// causality itself, and no `(T, S)` tensor exists.
+    Keys { valid: Tensor, past: usize },
+}
+
+/// How a model computes its two memory-heavy parts (issue #19): the attention, which composed
+/// materialises `(B, H, T, S)` scores, and the vocabulary end, whose logits are `(B, T, V)`.
+/// Both choices compute the same function (to float rounding); tests/it/model.rs holds each
+/// pair to that.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Kernels {
+    /// Flash attention ([`crate::fused::flash_attention`]) where it applies, else composed.
+    pub flash_attention: bool,
+    /// lm_head + log-softmax + entropy in vocabulary chunks of this size, fused per chunk
+    /// ([`crate::fused::vocab_log_probs`]); `None`: logits of `LOGIT_CHUNK` positions at a time.
+    pub vocab_chunk: Option<usize>,
+}
+
+/// Vocabulary chunk of the GPU path: (rows, 8192) f32 per chunk instead of (rows, 151,936).
+pub const VOCAB_CHUNK: usize = 8192;
+
+impl Kernels {
+    /// What each device runs by default. The CPU keeps the composed paths, whose numbers every
+    /// shipped CPU result was made with; CUDA takes flash attention and the chunked vocabulary,
+    /// without which paper-length sequences do not fit (docs/CUDA.md).
+    pub fn for_device(device: &Device) -> Kernels {
+        if device.is_cuda() {
+            Kernels {
+                flash_attention: true,
+                vocab_chunk: Some(VOCAB_CHUNK),
+            }
+        } else {
+            Kernels::composed()
+        }
+    }
+
+    /// The composed paths everywhere (the oracles).
+    pub fn composed() -> Kernels {
+        Kernels {
+            flash_attention: false,
+            vocab_chunk: None,
+        }
     }
 }
 
@@ -237,6 +284,59 @@ struct Block {
     attn: Attention,
     post_norm: RmsNorm,
     mlp: Mlp,
+}
+
+impl Block {
+    /// The decoder layer: x + attn(norm(x)), then + mlp(norm(·)). Returns its keys/values too.
+    fn forward(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        mask: &AttnMask,
+        past: Option<&(Tensor, Tensor)>,
+    ) -> Result<(Tensor, (Tensor, Tensor))> {
+        let (a, kv) = self
+            .attn
+            .forward(&self.input_norm.forward(x)?, cos, sin, mask, past)?;
+        let x = (x + a)?;
+        let y = (&x + self.mlp.forward(&self.post_norm.forward(&x)?)?)?;
+        Ok((y, kv))
+    }
+
+    /// The same layer on detached weights: runs without recording a graph.
+    fn detached(&self) -> Block {
+        let lin = |l: &Linear| {
+            Linear::new(
+                l.weight.detach(),
+                l.bias.as_ref().map(Tensor::detach),
+                false,
+            )
+        };
+        let norm = |n: &RmsNorm| RmsNorm {
+            weight: n.weight.detach(),
+            eps: n.eps,
+        };
+        let a = &self.attn;
+        Block {
+            input_norm: norm(&self.input_norm),
+            attn: Attention {
+                q: lin(&a.q),
+                k: lin(&a.k),
+                v: lin(&a.v),
+                o: lin(&a.o),
+                q_norm: a.q_norm.as_ref().map(norm),
+                k_norm: a.k_norm.as_ref().map(norm),
+                ..*a
+            },
+            post_norm: norm(&self.post_norm),
+            mlp: Mlp {
+                gate: lin(&self.mlp.gate),
+                up: lin(&self.mlp.up),
+                down: lin(&self.mlp.down),
+            },
+        }
+    }
 }
 
 /// Keys and values of every layer for the positions seen so far, `(B, kv_heads, S, D)` each.
@@ -279,6 +379,7 @@ pub struct Qwen {
     lm_head: Linear,
     dtype: DType,
     device: Device,
+    kernels: Kernels,
 }
 
 impl Qwen {
@@ -360,8 +461,36 @@ impl Qwen {
             norm: norm("model.norm.weight", h)?,
             lm_head: Linear::new(lm_head, None, detach),
             dtype,
+            kernels: Kernels::for_device(&device),
             device,
         })
+    }
+
+    /// The same model computing with `kernels`.
+    pub fn with_kernels(mut self, kernels: Kernels) -> Qwen {
+        self.kernels = kernels;
+        self
+    }
+
+    pub fn kernels(&self) -> Kernels {
+        self.kernels
+    }
+
+    /// The attention mask of a forward over `t` new positions after `past` cached ones.
+    fn attn_mask(&self, key_valid: &Tensor, past: usize, t: usize) -> Result<AttnMask> {
+        let head_dim = self.cfg.head_dim();
+        if self.kernels.flash_attention
+            && crate::fused::flash_applies(&self.device, self.dtype, head_dim)
+        {
+            Ok(AttnMask::Keys {
+                valid: key_valid.to_dtype(DType::U8)?.contiguous()?,
+                past,
+            })
+        } else {
+            Ok(AttnMask::Bias(attention_bias(
+                key_valid, past, t, self.dtype,
+            )?))
+        }
     }
 
     pub fn config(&self) -> &QwenConfig {
@@ -388,7 +517,7 @@ impl Qwen {
     ) -> Result<(Tensor, KvCache)> {
         let (b, t) = ids.dims2()?;
         let past = cache.map_or(0, KvCache::len);
-        let bias = attention_bias(key_valid, past, t, self.dtype)?;
+        let mask = self.attn_mask(key_valid, past, t)?;
         let (cos, sin) = rope_tables(
             positions,
             self.cfg.head_dim(),
@@ -399,16 +528,80 @@ impl Qwen {
         let mut layers = Vec::with_capacity(self.blocks.len());
         for (i, block) in self.blocks.iter().enumerate() {
             let past_kv = cache.and_then(|c| c.layers.get(i));
-            let (a, kv) =
-                block
-                    .attn
-                    .forward(&block.input_norm.forward(&x)?, &cos, &sin, &bias, past_kv)?;
-            x = (x + a)?;
-            x = (&x + block.mlp.forward(&block.post_norm.forward(&x)?)?)?;
+            let (y, kv) = block.forward(&x, &cos, &sin, &mask, past_kv)?;
+            x = y;
             layers.push(kv);
         }
         debug_assert_eq!(x.dims3()?.0, b);
         Ok((self.norm.forward(&x)?, KvCache { layers }))
+    }
+
+    /// A forward and backward with gradient checkpointing per decoder layer (the manifests'
+    /// `gradient_checkpointing`, as HF's and verl's): the layers first run without a graph,
+    /// keeping only each layer's input `(B, T, H)`. Then `head` maps the final hidden states
+    /// (as [`Qwen::forward_hidden`] returns them) to a scalar loss and whatever else it wants
+    /// kept, computing logits with the model it is given (this one, up to the lm_head's leaf),
+    /// and its backward gives the gradient at the last layer's output. Each layer, last to
+    /// first, is then run again from its kept input, with a graph, and backpropagated from the
+    /// gradient at its output: `∂(Σ y ⊙ g)/∂y = g`, exactly. At most one layer's activations are
+    /// alive at a time. The result holds the gradients of every parameter the plain backward
+    /// would reach, the same numbers (bit for bit in f32; tests/it/model.rs).
+    pub fn checkpointed_backward<T, E>(
+        &self,
+        ids: &Tensor,
+        positions: &Tensor,
+        key_valid: &Tensor,
+        head: impl FnOnce(&Qwen, &Tensor) -> std::result::Result<(Tensor, T), E>,
+    ) -> std::result::Result<(candle_core::backprop::GradStore, T), E>
+    where
+        E: From<super::ModelError> + From<candle_core::Error>,
+    {
+        let t = ids.dim(1)?;
+        let mask = self.attn_mask(key_valid, 0, t)?;
+        let (cos, sin) = rope_tables(
+            positions,
+            self.cfg.head_dim(),
+            self.cfg.rope_theta(),
+            self.dtype,
+        )?;
+        let x0 = self.embed.forward(ids)?;
+        let mut inputs = Vec::with_capacity(self.blocks.len());
+        let mut x = x0.detach();
+        for block in &self.blocks {
+            let y = block.detached().forward(&x, &cos, &sin, &mask, None)?.0;
+            inputs.push(std::mem::replace(&mut x, y));
+        }
+        // With tied embeddings, the head reads the lm_head through a leaf of its own, and its
+        // gradient joins the embedding's in the last backward below. Both then reach the weight
+        // in the plain backward's order: the lm_head's share first, then the rows the
+        // embedding lookup adds.
+        let tied = self.embed.embeddings().id() == self.lm_head.weight.id();
+        let (head_model, lm_leaf) = if tied {
+            let leaf = candle_core::Var::from_tensor(&self.lm_head.weight.detach())?;
+            let mut m = self.clone();
+            m.lm_head = Linear::new(leaf.as_tensor().clone(), None, false);
+            (std::borrow::Cow::Owned(m), Some(leaf))
+        } else {
+            (std::borrow::Cow::Borrowed(self), None)
+        };
+        let last = candle_core::Var::from_tensor(&x)?;
+        let (loss, kept) = head(&head_model, &head_model.norm.forward(last.as_tensor())?)?;
+        let mut grads = loss.backward()?;
+        let mut g = take_grad(&mut grads, last.as_tensor())?;
+        for (block, input) in self.blocks.iter().zip(inputs).rev() {
+            let input = candle_core::Var::from_tensor(&input)?;
+            let y = block.forward(input.as_tensor(), &cos, &sin, &mask, None)?.0;
+            let mut layer = (y * &g)?.sum_all()?.backward()?;
+            g = take_grad(&mut layer, input.as_tensor())?;
+            grads.extend(layer)?;
+        }
+        let mut tail = (x0 * g)?.sum_all()?;
+        if let Some(leaf) = lm_leaf {
+            let g_lm = take_grad(&mut grads, leaf.as_tensor())?;
+            tail = (tail + (&self.lm_head.weight * g_lm)?.sum_all()?)?;
+        }
+        grads.extend(tail.backward()?)?;
+        Ok((grads, kept))
     }
 
     /// Logits `(..., V)` from hidden states `(..., H)`, in f32.
@@ -417,7 +610,8 @@ impl Qwen {
     }
 
     /// Log-probabilities of `targets` `(B, T)` under softmax(logits / temperature) and, if
-    /// asked, the entropy, both `(B, T)`; computed `chunk` positions at a time.
+    /// asked, the entropy, both `(B, T)`: in vocabulary chunks when the kernels say so
+    /// ([`Kernels::vocab_chunk`]), else from the logits of `chunk` positions at a time.
     pub fn token_log_probs(
         &self,
         hidden: &Tensor,
@@ -426,6 +620,18 @@ impl Qwen {
         chunk: usize,
         with_entropy: bool,
     ) -> Result<(Tensor, Option<Tensor>)> {
+        if let Some(step) = self.kernels.vocab_chunk {
+            let (b, t, h) = hidden.dims3()?;
+            let (lp, ent) = crate::fused::vocab_log_probs(
+                &hidden.reshape((b * t, h))?,
+                &self.lm_head.weight,
+                &targets.flatten_all()?,
+                temperature,
+                step,
+            )?;
+            let ent = with_entropy.then(|| ent.reshape((b, t))).transpose()?;
+            return Ok((lp.reshape((b, t))?, ent));
+        }
         let t = hidden.dim(1)?;
         let chunk = chunk.max(1);
         let (mut lps, mut ents) = (Vec::new(), Vec::new());
@@ -451,6 +657,16 @@ impl Qwen {
         };
         Ok((lp, ent))
     }
+}
+
+/// The gradient of `t` taken out of `grads`, detached; zeros when nothing reached it. candle
+/// keeps the graph of a leaf's gradient (e.g. a weight's `hᵀ·dy` still hangs on h), and a
+/// later backward through it would add that graph's gradients a second time.
+fn take_grad(grads: &mut candle_core::backprop::GradStore, t: &Tensor) -> Result<Tensor> {
+    Ok(match grads.remove(t) {
+        Some(g) => g.detach(),
+        None => t.zeros_like()?,
+    })
 }
 
 /// `(B, 1, T, S_past + T)` additive attention bias: 0 where key j is a real token and
@@ -500,6 +716,12 @@ impl Critic {
             false,
         );
         Ok(Critic { backbone, head })
+    }
+
+    /// The same critic computing with `kernels` ([`Qwen::with_kernels`]).
+    pub fn with_kernels(mut self, kernels: Kernels) -> Critic {
+        self.backbone = self.backbone.with_kernels(kernels);
+        self
     }
 
     /// Per-position values `(B, T)` in f32.

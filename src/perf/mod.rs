@@ -4,6 +4,7 @@
 //!
 //! Targets live here, not in timed tests: a report states what was measured on which machine.
 
+pub mod memory;
 pub mod verifier;
 
 use std::path::{Path, PathBuf};
@@ -13,12 +14,11 @@ use candle_core::{DType, Device, Tensor};
 use serde::Serialize;
 
 use crate::manifest::{LossAggMode, LrSchedule, OptimSpec, PolicyClip};
-use crate::model::qwen::Qwen;
+use crate::model::qwen::{Kernels, Qwen};
 use crate::model::{init, ModelError, QwenConfig};
 use crate::optim::AdamW;
 use crate::rollout::{self, SampleRequest, SamplingParams};
 use crate::train::batch::Layout;
-use crate::train::step::old_log_probs;
 use crate::train::update::{self, UpdatePlan};
 
 /// Why a benchmark could not run or write its report.
@@ -39,6 +39,8 @@ pub enum PerfError {
     },
     #[error("--repeats must be at least 1")]
     NoRepeats,
+    #[error("{0}")]
+    Shape(String),
 }
 
 impl From<crate::train::TrainError> for PerfError {
@@ -60,8 +62,10 @@ pub type Result<T> = std::result::Result<T, PerfError>;
 pub enum BenchKind {
     /// Sampling throughput (tokens/s).
     Generate,
-    /// One RL training step (tokens/s).
+    /// One RL training step (tokens/s, peak memory).
     TrainStep,
+    /// The memory arithmetic of the paper runs (docs/CUDA.md's table).
+    MemoryPlan,
     /// Verifier throughput (answers/s).
     Verifier,
 }
@@ -74,28 +78,109 @@ pub(crate) fn write_report(dir: &Path, name: &str, bytes: &[u8]) -> Result<PathB
     })
 }
 
-/// Measures the speed benchmark `kind` on the model sizes (the tiny one only if asked), prints
-/// a line per model and writes `<kind>.json` and `<kind>.md` under `out`. Returns the report.
-pub fn speed(
-    kind: BenchKind,
-    out: &Path,
-    repeats: usize,
-    tiny_only: bool,
-    target: &Target,
-) -> Result<PathBuf> {
-    if repeats == 0 {
+/// What a speed benchmark measures, beyond its kind.
+#[derive(Debug, Clone)]
+pub struct SpeedOptions {
+    /// Timed repetitions (the median is reported).
+    pub repeats: usize,
+    /// Only the tiny built-in model.
+    pub tiny_only: bool,
+    pub target: Target,
+    /// An HF config.json measured on random weights instead of the built-in sizes.
+    pub config: Option<PathBuf>,
+    pub step: StepShape,
+}
+
+/// The shape and the memory settings of the train-step benchmark.
+#[derive(Debug, Clone, Copy)]
+pub struct StepShape {
+    /// Tokens per sequence, prompt included.
+    pub seq_len: usize,
+    /// Prompt tokens (no loss on them).
+    pub prompt_len: usize,
+    /// Sequences in the step.
+    pub batch: usize,
+    /// Sequences per micro-batch (forward + backward at once).
+    pub micro_batch: usize,
+    /// None: the device's default kernels ([`Kernels::for_device`]).
+    pub kernels: Option<Kernels>,
+    pub checkpointing: bool,
+}
+
+impl Default for StepShape {
+    /// The built-in shape (issue #4): BATCH sequences of TRAIN_SEQ_LEN tokens, one prompt token,
+    /// micro-batches of TRAIN_MICRO_BATCH.
+    fn default() -> StepShape {
+        StepShape {
+            seq_len: TRAIN_SEQ_LEN,
+            prompt_len: 1,
+            batch: BATCH,
+            micro_batch: TRAIN_MICRO_BATCH,
+            kernels: None,
+            checkpointing: false,
+        }
+    }
+}
+
+/// A model to benchmark: a name and its config.
+#[derive(Debug, Clone)]
+pub struct Subject {
+    pub name: String,
+    pub cfg: QwenConfig,
+}
+
+impl SpeedOptions {
+    fn subjects(&self) -> Result<Vec<Subject>> {
+        if let Some(path) = &self.config {
+            let cfg = QwenConfig::load(path)?;
+            let name = path
+                .parent()
+                .and_then(|d| d.file_name())
+                .filter(|_| path.file_name().is_some_and(|f| f == "config.json"))
+                .or_else(|| path.file_stem())
+                .map_or_else(|| "config".into(), |s| s.to_string_lossy().into_owned());
+            return Ok(vec![Subject { name, cfg }]);
+        }
+        MODELS
+            .iter()
+            .take(if self.tiny_only { 1 } else { MODELS.len() })
+            .map(|m| {
+                Ok(Subject {
+                    name: m.name.into(),
+                    cfg: m.config()?,
+                })
+            })
+            .collect()
+    }
+}
+
+/// Measures the speed benchmark `kind` on the model sizes (the tiny one only if asked, or the
+/// one config given), prints a line per model and writes `<kind>.json` and `<kind>.md` under
+/// `out`. Returns the report.
+pub fn speed(kind: BenchKind, out: &Path, opts: &SpeedOptions) -> Result<PathBuf> {
+    if opts.repeats == 0 {
         return Err(PerfError::NoRepeats);
     }
-    let (name, run): (&str, BenchFn) = match kind {
-        BenchKind::Generate => ("generate", bench_generate),
-        BenchKind::TrainStep => ("train-step", bench_train_step),
-        BenchKind::Verifier => unreachable!("the verifier benchmark is verifier::bench"),
+    let name = match kind {
+        BenchKind::Generate => "generate",
+        BenchKind::TrainStep => "train-step",
+        BenchKind::Verifier | BenchKind::MemoryPlan => {
+            unreachable!("the verifier and memory-plan reports have their own functions")
+        }
     };
     let mut rows = Vec::new();
-    for m in MODELS.iter().take(if tiny_only { 1 } else { MODELS.len() }) {
-        let r = run(m, repeats, target)?;
+    for m in opts.subjects()? {
+        let r = match kind {
+            BenchKind::Generate => bench_generate(&m, opts.repeats, &opts.target)?,
+            _ => bench_train_step(&m, opts)?,
+        };
+        let peak = r
+            .memory
+            .as_ref()
+            .and_then(|mm| mm.peak)
+            .map_or_else(String::new, |p| format!(", peak {} GiB", memory::gib(p)));
         println!(
-            "{:<12} {:>11} params  {:<10} {:<9} {:>8.1} tokens/s  ({:.3} s for {} tokens)",
+            "{:<12} {:>11} params  {:<10} {:<9} {:>8.1} tokens/s  ({:.3} s for {} tokens{peak})",
             r.model, r.parameters, r.what, r.target, r.tokens_per_second, r.seconds, r.tokens
         );
         rows.push(r);
@@ -104,6 +189,34 @@ pub fn speed(
     write_report(out, &format!("{name}.json"), json.as_bytes())?;
     let md = markdown(&format!("acpo bench {name}"), &rows);
     write_report(out, &format!("{name}.md"), md.as_bytes())
+}
+
+/// docs/CUDA.md's memory table: the paper manifests under `experiments` and the model
+/// configs under `configs`, written to `<out>/memory-plan.{json,md}`.
+pub fn memory_plan(experiments: &Path, configs: &Path, out: &Path) -> Result<PathBuf> {
+    let mut manifests = Vec::new();
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(experiments)
+        .map_err(|source| PerfError::Io {
+            path: experiments.to_owned(),
+            source,
+        })?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
+        .collect();
+    entries.sort();
+    for path in entries {
+        let exp = crate::manifest::Experiment::load(&path)
+            .map_err(|e| PerfError::Shape(e.to_string()))?;
+        manifests.push((path, exp));
+    }
+    let rows = memory::plan(&manifests, configs)?;
+    let json = serde_json::to_string_pretty(&rows).expect("invariant: the plan is JSON");
+    write_report(out, "memory-plan.json", json.as_bytes())?;
+    write_report(
+        out,
+        "memory-plan.md",
+        memory::plan_markdown(&rows).as_bytes(),
+    )
 }
 
 /// A benchmarked model size.
@@ -165,9 +278,6 @@ impl BenchModel {
     }
 }
 
-/// A benchmark: measure one model size, `repeats` timed runs.
-pub type BenchFn = fn(&BenchModel, usize, &Target) -> Result<Measurement>;
-
 /// Where a speed benchmark runs: the device, and the dtypes of weights and arithmetic (training
 /// keeps fp32 masters, [`crate::model::Precision`]).
 #[derive(Debug, Clone)]
@@ -198,7 +308,7 @@ impl Target {
 
 #[derive(Debug, Clone, Serialize)]
 pub struct Measurement {
-    pub model: &'static str,
+    pub model: String,
     pub parameters: usize,
     pub what: &'static str,
     /// Device and dtype, e.g. `cpu/f32`, `cuda/bf16`.
@@ -207,6 +317,33 @@ pub struct Measurement {
     pub seconds: f64,
     pub tokens_per_second: f64,
     pub repeats: usize,
+    /// Train step: sequences × tokens, micro-batch, and the memory settings.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shape: Option<String>,
+    /// Train step: model FLOPs per second over the device's peak, where the peak is known.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub mfu: Option<f64>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub memory: Option<StepMemory>,
+}
+
+/// The memory of a train step: the measured peak and its parts.
+#[derive(Debug, Clone, Serialize)]
+pub struct StepMemory {
+    /// What `peak` reads ([`memory::PeakMeter::source`]).
+    pub source: &'static str,
+    /// The most bytes in use at once during the timed steps.
+    pub peak: Option<u64>,
+    /// In use before the step: weights, masters, optimizer state (and, on the CPU, the process).
+    pub before_step: Option<u64>,
+    /// The parts by arithmetic: the compute copy of the weights, fp32 masters, fp32 gradients,
+    /// AdamW's two fp32 moments.
+    pub weights: u64,
+    pub masters: u64,
+    pub grads: u64,
+    pub optimizer: u64,
+    /// Peak − before − gradients: activations and temporaries.
+    pub activations: Option<u64>,
 }
 
 fn prompt_ids(vocab: usize) -> Vec<Vec<u32>> {
@@ -222,12 +359,12 @@ fn prompt_ids(vocab: usize) -> Vec<Vec<u32>> {
 
 /// Sampling throughput: BATCH prompts of PROMPT_LEN tokens, NEW_TOKENS new tokens each at T = 1
 /// (no early stop), median of `repeats` runs after a warm-up.
-pub fn bench_generate(m: &BenchModel, repeats: usize, target: &Target) -> Result<Measurement> {
-    let cfg = m.config()?;
+pub fn bench_generate(m: &Subject, repeats: usize, target: &Target) -> Result<Measurement> {
+    let cfg = m.cfg.clone();
     let precision = crate::model::Precision::inference(target.dtype);
     let params = init::random_params(&cfg, 0, precision.master, &target.device)?;
     let model = Qwen::new(&cfg, &params, true)?;
-    let prompts = prompt_ids(m.vocab_size);
+    let prompts = prompt_ids(cfg.vocab_size);
     let keys: Vec<[u64; 4]> = (0..BATCH as u64).map(|i| [0, 0, i, 0]).collect();
     let p = SamplingParams {
         temperature: 1.0,
@@ -246,7 +383,7 @@ pub fn bench_generate(m: &BenchModel, repeats: usize, target: &Target) -> Result
     let secs = median((0..repeats).map(|_| run()).collect::<Result<Vec<_>>>()?);
     let tokens = BATCH * NEW_TOKENS;
     Ok(Measurement {
-        model: m.name,
+        model: m.name.clone(),
         parameters: params.count(),
         what: "generate",
         target: target.name(),
@@ -254,6 +391,9 @@ pub fn bench_generate(m: &BenchModel, repeats: usize, target: &Target) -> Result
         seconds: secs,
         tokens_per_second: tokens as f64 / secs,
         repeats,
+        shape: None,
+        mfu: None,
+        memory: None,
     })
 }
 
@@ -262,34 +402,44 @@ pub fn bench_generate(m: &BenchModel, repeats: usize, target: &Target) -> Result
 pub const TRAIN_MICRO_BATCH: usize = 4;
 
 /// One policy-gradient training step exactly as the trainer takes it: the trainer's own actor
-/// update ([`crate::train::update::actor`]) on BATCH sequences of TRAIN_SEQ_LEN tokens (one
-/// prompt token, the rest response) with the GRPO-AC loss (α = 2, token-mean), micro-batches
-/// of TRAIN_MICRO_BATCH side by side on the CPU, the entropy computed as training does, then
-/// one global-norm clip (1.0) and AdamW step. Median of `repeats` after a warm-up.
-pub fn bench_train_step(m: &BenchModel, repeats: usize, target: &Target) -> Result<Measurement> {
-    let cfg = m.config()?;
+/// update ([`crate::train::update::actor`]) on `shape.batch` sequences of `shape.seq_len`
+/// tokens (`shape.prompt_len` prompt tokens, the rest response) with the GRPO-AC loss (α = 2,
+/// token-mean), micro-batches of `shape.micro_batch` (side by side on the CPU, one after another
+/// on a GPU, as the trainer runs them), the entropy computed as training does, then one
+/// global-norm clip (1.0) and AdamW step. Median of `repeats` after a warm-up; the peak memory
+/// over the timed steps.
+pub fn bench_train_step(m: &Subject, opts: &SpeedOptions) -> Result<Measurement> {
+    let (target, shape) = (&opts.target, &opts.step);
+    let cfg = &m.cfg;
     let dev = target.device.clone();
+    let (b, t, p) = (shape.batch, shape.seq_len, shape.prompt_len);
+    if p == 0 || p >= t || b == 0 || shape.micro_batch == 0 {
+        return Err(PerfError::Shape(format!(
+            "--prompt-len {p} must be at least 1 and below --seq-len {t}; --batch {b} and --micro-batch {} at least 1",
+            shape.micro_batch
+        )));
+    }
     let precision = crate::model::Precision::training(target.dtype);
     let params =
-        init::random_params(&cfg, 0, precision.master, &dev)?.with_compute(precision.compute);
+        init::random_params(cfg, 0, precision.master, &dev)?.with_compute(precision.compute);
     let mut rng = crate::rng::SplitMix64::new(12);
-    let (b, t) = (BATCH, TRAIN_SEQ_LEN);
     let ids: Vec<u32> = (0..b * t)
-        .map(|_| (rng.next_u64() % m.vocab_size as u64) as u32)
+        .map(|_| (rng.next_u64() % cfg.vocab_size as u64) as u32)
         .collect();
     let ids = Tensor::from_vec(ids, (b, t), &dev)?;
+    let r = t - p;
     let layout = Layout {
         positions: Tensor::arange(0u32, t as u32, &dev)?
             .unsqueeze(0)?
             .repeat((b, 1))?,
         valid: Tensor::ones((b, t), DType::U8, &dev)?,
-        targets: ids.narrow(1, 1, t - 1)?,
-        mask: Tensor::ones((b, t - 1), DType::F32, &dev)?,
+        targets: ids.narrow(1, p, r)?,
+        mask: Tensor::ones((b, r), DType::F32, &dev)?,
         ids,
-        prompt_len: 1,
+        prompt_len: p,
     };
-    let adv: Vec<f32> = (0..b * (t - 1)).map(|_| rng.next_normal() as f32).collect();
-    let adv = Tensor::from_vec(adv, (b, t - 1), &dev)?;
+    let adv: Vec<f32> = (0..b * r).map(|_| rng.next_normal() as f32).collect();
+    let adv = Tensor::from_vec(adv, (b, r), &dev)?;
     let spec = OptimSpec {
         lr: 1e-6,
         lr_schedule: LrSchedule::Constant,
@@ -301,37 +451,110 @@ pub fn bench_train_step(m: &BenchModel, repeats: usize, target: &Target) -> Resu
     };
     let mut opt = AdamW::new(&params, &spec)?;
     let clip = PolicyClip::Advantage { alpha: 2.0 };
+    let kernels = shape.kernels.unwrap_or_else(|| Kernels::for_device(&dev));
     let plan = UpdatePlan {
         mini_rows: b,
-        micro: TRAIN_MICRO_BATCH,
+        micro: shape.micro_batch,
         epochs: 1,
         agg_mode: LossAggMode::TokenMean,
-        horizon: t,
+        horizon: r,
         clip,
         temperature: 1.0,
         entropy_coeff: 0.0,
-        side_by_side: true,
+        side_by_side: dev.is_cpu(),
+        kernels,
+        checkpointing: shape.checkpointing,
     };
-    let sampler = Qwen::new(&cfg, &params, true)?;
-    let (old, _) = old_log_probs(&sampler, None, &layout, &plan)?;
+    // The old log-probs from random numbers: computing them with the policy would cost a
+    // second forward of the paper shape for nothing the step's speed depends on.
+    let old = (Tensor::randn(0f32, 1.0, (b, r), &dev)?.abs()? * -1.0)?;
     let mut step = || -> Result<f64> {
         let start = Instant::now();
-        update::actor(&cfg, &params, &mut opt, &layout, &old, &adv, &plan, 1, None)?;
+        update::actor(cfg, &params, &mut opt, &layout, &old, &adv, &plan, 1, None)?;
         target.sync()?;
         Ok(start.elapsed().as_secs_f64())
     };
     step()?;
-    let secs = median((0..repeats).map(|_| step()).collect::<Result<Vec<_>>>()?);
+    let meter = memory::PeakMeter::new(&dev);
+    let before = meter.current();
+    meter.reset();
+    let secs = median(
+        (0..opts.repeats)
+            .map(|_| step())
+            .collect::<Result<Vec<_>>>()?,
+    );
+    let peak = meter.peak();
+    let n = params.count() as u64;
+    let bf16 = precision.compute != precision.master;
+    let grads = 4 * n;
     let tokens = b * t;
     Ok(Measurement {
-        model: m.name,
+        model: m.name.clone(),
         parameters: params.count(),
         what: "train-step",
         target: target.name(),
         tokens,
         seconds: secs,
         tokens_per_second: tokens as f64 / secs,
-        repeats,
+        repeats: opts.repeats,
+        shape: Some(format!(
+            "{b}×{t} (prompt {p}), micro-batch {}, {}{}{}",
+            shape.micro_batch,
+            if kernels.flash_attention {
+                "flash attention"
+            } else {
+                "composed attention"
+            },
+            kernels.vocab_chunk.map_or_else(
+                || ", logits by positions".to_string(),
+                |c| format!(", vocab chunks of {c}")
+            ),
+            if shape.checkpointing {
+                ", checkpointing"
+            } else {
+                ""
+            },
+        )),
+        mfu: peak_flops(target).map(|peak| train_flops(cfg, b, t) / secs / peak),
+        memory: Some(StepMemory {
+            source: meter.source(),
+            peak,
+            before_step: before,
+            weights: if bf16 { 2 * n } else { 0 },
+            masters: 4 * n,
+            grads,
+            optimizer: 8 * n,
+            activations: peak.zip(before).map(|(p, b)| p.saturating_sub(b + grads)),
+        }),
+    })
+}
+
+/// Model FLOPs of one training step (forward + backward, no recomputation counted): 6 per
+/// parameter of the matmuls per token (the input embedding is a lookup; the lm_head is a
+/// matmul), and causal attention's 6·2·L·(nh·hd)·t/2 per token (QKᵀ and PV, half the square).
+pub fn train_flops(cfg: &QwenConfig, b: usize, t: usize) -> f64 {
+    let lookup = (cfg.vocab_size * cfg.hidden_size) as f64;
+    let matmul = memory::parameters(cfg, false) as f64 - lookup
+        + if cfg.tie_word_embeddings { lookup } else { 0.0 };
+    let attn = 6.0
+        * 2.0
+        * cfg.num_hidden_layers as f64
+        * (cfg.num_attention_heads * cfg.head_dim()) as f64
+        * t as f64
+        / 2.0;
+    (b * t) as f64 * (6.0 * matmul + attn)
+}
+
+/// The dense peak FLOP/s of the device in the target's arithmetic, where it is known: an
+/// H100/H200 SXM does 989.4 TFLOP/s in bf16 on its tensor cores and 66.9 TFLOP/s in fp32 on its
+/// CUDA cores (NVIDIA's datasheet). None on the CPU.
+fn peak_flops(target: &Target) -> Option<f64> {
+    if !target.device.is_cuda() {
+        return None;
+    }
+    Some(match target.dtype {
+        crate::manifest::DType::Bf16 => 989.4e12,
+        _ => 66.9e12,
     })
 }
 
@@ -343,13 +566,32 @@ fn median(mut xs: Vec<f64>) -> f64 {
 /// Markdown table of measurements.
 pub fn markdown(title: &str, rows: &[Measurement]) -> String {
     let mut s = format!(
-        "# {title}\n\nMachine: {} CPU threads available. Shapes: batch {BATCH}, prompt {PROMPT_LEN}, new tokens {NEW_TOKENS}, train sequence {TRAIN_SEQ_LEN}.\n\n| model | parameters | what | tokens | seconds (median) | tokens/s |\n|---|---:|---|---:|---:|---:|\n",
+        "# {title}\n\nMachine: {} CPU threads available. Built-in shapes: batch {BATCH}, prompt {PROMPT_LEN}, new tokens {NEW_TOKENS}, train sequence {TRAIN_SEQ_LEN}.\n\n| model | parameters | what | target | shape | tokens | seconds (median) | tokens/s | MFU | peak memory (GiB) | activations (GiB) |\n|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|\n",
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
     for r in rows {
+        let mem = r.memory.as_ref();
+        let gib = |b: Option<u64>| b.map_or_else(|| "—".into(), memory::gib);
         s.push_str(&format!(
-            "| {} | {} | {} | {} | {:.4} | {:.1} |\n",
-            r.model, r.parameters, r.what, r.tokens, r.seconds, r.tokens_per_second
+            "| {} | {} | {} | {} | {} | {} | {:.4} | {:.1} | {} | {} | {} |\n",
+            r.model,
+            r.parameters,
+            r.what,
+            r.target,
+            r.shape.as_deref().unwrap_or("built-in"),
+            r.tokens,
+            r.seconds,
+            r.tokens_per_second,
+            r.mfu
+                .map_or_else(|| "—".into(), |m| format!("{:.1} %", 100.0 * m)),
+            gib(mem.and_then(|m| m.peak)),
+            gib(mem.and_then(|m| m.activations)),
+        ));
+    }
+    if let Some(m) = rows.iter().find_map(|r| r.memory.as_ref()) {
+        s.push_str(&format!(
+            "\nPeak memory: the {} over the timed steps.\n",
+            m.source
         ));
     }
     s

@@ -116,6 +116,11 @@ impl Layout {
     /// Hidden states that predict the response tokens: positions P−1 … P+R−2.
     pub fn response_hidden(&self, model: &Qwen) -> Result<Tensor> {
         let (hidden, _) = model.forward_hidden(&self.ids, &self.positions, &self.valid, None)?;
+        self.response_of(&hidden)
+    }
+
+    /// The response-predicting positions P−1 … P+R−2 of the hidden states of every position.
+    pub fn response_of(&self, hidden: &Tensor) -> Result<Tensor> {
         let r = self.targets.dim(1)?;
         Ok(hidden.narrow(1, self.prompt_len - 1, r)?)
     }

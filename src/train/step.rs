@@ -209,6 +209,8 @@ impl Trainer {
             temperature: exp.rollout.temperature,
             entropy_coeff: exp.actor.entropy_coeff,
             side_by_side: self.device.is_cpu(),
+            kernels: crate::model::qwen::Kernels::for_device(&self.device),
+            checkpointing: exp.model.gradient_checkpointing,
         }
     }
 

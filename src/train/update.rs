@@ -14,7 +14,7 @@ use super::probe::TailRecorder;
 use super::{Result, TrainError};
 use crate::algo::loss::{self, Aggregation, PolicyStats};
 use crate::manifest::{LossAggMode, PolicyClip};
-use crate::model::qwen::{Critic, Qwen};
+use crate::model::qwen::{Critic, Kernels, Qwen};
 use crate::model::{Params, QwenConfig};
 use crate::optim::{AdamW, Gradients};
 use crate::parallel;
@@ -37,6 +37,10 @@ pub struct UpdatePlan {
     pub entropy_coeff: f64,
     /// Micro-batches side by side (the CPU); one after another on a GPU.
     pub side_by_side: bool,
+    /// Attention and vocabulary-end kernels of the training forward ([`Kernels::for_device`]).
+    pub kernels: Kernels,
+    /// Gradient checkpointing per decoder layer ([`Qwen::checkpointed_backward`]).
+    pub checkpointing: bool,
 }
 
 impl UpdatePlan {
@@ -110,7 +114,7 @@ pub fn actor(
     let per_epoch = layout.targets.dim(0)?.div_ceil(plan.mini_rows);
     for (i, (rows, agg)) in plan.mini_batches(layout)?.into_iter().enumerate() {
         let record = i < per_epoch && tails.is_some();
-        let model = Qwen::new(cfg, policy, false)?;
+        let model = Qwen::new(cfg, policy, false)?.with_kernels(plan.kernels);
         let start = rows.start;
         let micro_outs =
             parallel::map_micro_batches(rows, plan.micro, plan.side_by_side, |ms, len| {
@@ -155,32 +159,54 @@ fn policy_micro_batch(
     plan: &UpdatePlan,
     record_tails: bool,
 ) -> Result<MicroOut> {
-    let h = part.response_hidden(model)?;
-    let (lp, ent) =
-        model.token_log_probs(&h, &part.targets, plan.temperature, LOGIT_CHUNK, true)?;
-    let out = loss::policy_loss(&plan.clip, &lp, &old, &adv, &part.mask, agg)?;
-    // r·Â of each token at the moment its gradient is taken.
-    let ratio_adv = if record_tails {
-        let (_, r) = loss::importance_ratio(&lp.detach(), &old)?;
-        Some(((r * &adv)?.to_vec2::<f32>()?, part.mask.to_vec2::<f32>()?))
-    } else {
-        None
+    // The loss from the final hidden states: what the plain and the checkpointed backward share.
+    let head = |model: &Qwen, hidden: &Tensor| -> Result<(Tensor, MicroOut)> {
+        let h = part.response_of(hidden)?;
+        let (lp, ent) =
+            model.token_log_probs(&h, &part.targets, plan.temperature, LOGIT_CHUNK, true)?;
+        let out = loss::policy_loss(&plan.clip, &lp, &old, &adv, &part.mask, agg)?;
+        // r·Â of each token at the moment its gradient is taken.
+        let ratio_adv = if record_tails {
+            let (_, r) = loss::importance_ratio(&lp.detach(), &old)?;
+            Some(((r * &adv)?.to_vec2::<f32>()?, part.mask.to_vec2::<f32>()?))
+        } else {
+            None
+        };
+        let ent = ent.expect("invariant: entropy was requested");
+        let entropy_sum = (&ent.detach() * &part.mask)?
+            .sum_all()?
+            .to_scalar::<f32>()? as f64;
+        let mut total = out.loss.clone();
+        if plan.entropy_coeff > 0.0 {
+            total = (total - (agg.apply(&ent, &part.mask)? * plan.entropy_coeff)?)?;
+        }
+        let kept = MicroOut {
+            grads: Gradients::default(),
+            pg_loss: out.loss.to_scalar::<f32>()? as f64,
+            stats: out.stats,
+            entropy_sum,
+            ratio_adv,
+        };
+        Ok((total, kept))
     };
-    let ent = ent.expect("invariant: entropy was requested");
-    let entropy_sum = (&ent.detach() * &part.mask)?
-        .sum_all()?
-        .to_scalar::<f32>()? as f64;
-    let mut total = out.loss.clone();
-    if plan.entropy_coeff > 0.0 {
-        total = (total - (agg.apply(&ent, &part.mask)? * plan.entropy_coeff)?)?;
+    let (store, mut kept) = backward(model, &part, plan.checkpointing, head)?;
+    kept.grads = Gradients::from_store(policy, &store)?;
+    Ok(kept)
+}
+
+/// The backward of `head`'s loss through the model on `part`: plain, or checkpointed per layer.
+fn backward<T>(
+    model: &Qwen,
+    part: &Layout,
+    checkpointing: bool,
+    head: impl FnOnce(&Qwen, &Tensor) -> Result<(Tensor, T)>,
+) -> Result<(candle_core::backprop::GradStore, T)> {
+    if checkpointing {
+        return model.checkpointed_backward(&part.ids, &part.positions, &part.valid, head);
     }
-    Ok(MicroOut {
-        grads: Gradients::from_store(policy, &total.backward()?)?,
-        pg_loss: out.loss.to_scalar::<f32>()? as f64,
-        stats: out.stats,
-        entropy_sum,
-        ratio_adv,
-    })
+    let (hidden, _) = model.forward_hidden(&part.ids, &part.positions, &part.valid, None)?;
+    let (loss, kept) = head(model, &hidden)?;
+    Ok((loss.backward()?, kept))
 }
 
 /// The critic's totals over a step's mini-batches.
@@ -209,29 +235,30 @@ pub fn critic(
 ) -> Result<CriticOutcome> {
     let mut out = CriticOutcome::default();
     for (rows, agg) in plan.mini_batches(layout)? {
-        let critic = Critic::new(cfg, params, false)?;
+        let critic = Critic::new(cfg, params, false)?.with_kernels(plan.kernels);
         let micro_outs = parallel::map_micro_batches(
             rows,
             plan.micro,
             plan.side_by_side,
             |ms, len| -> Result<_> {
                 let part = layout.rows(ms, len)?;
-                let values = critic.values(&part.response_hidden(&critic.backbone)?)?;
-                let v = loss::value_loss(
-                    &values,
-                    &old_values.narrow(0, ms, len)?,
-                    &returns.narrow(0, ms, len)?,
-                    &part.mask,
-                    cliprange,
-                    &agg,
-                )?;
-                let grads = Gradients::from_store(params, &v.loss.backward()?)?;
-                Ok((
-                    grads,
-                    v.loss.to_scalar::<f32>()? as f64,
-                    v.clipfrac,
-                    v.tokens,
-                ))
+                let head = |_: &Qwen, hidden: &Tensor| -> Result<_> {
+                    let values = critic.values(&part.response_of(hidden)?)?;
+                    let v = loss::value_loss(
+                        &values,
+                        &old_values.narrow(0, ms, len)?,
+                        &returns.narrow(0, ms, len)?,
+                        &part.mask,
+                        cliprange,
+                        &agg,
+                    )?;
+                    let kept = (v.loss.to_scalar::<f32>()? as f64, v.clipfrac, v.tokens);
+                    Ok((v.loss, kept))
+                };
+                let (store, (loss, clipfrac, tokens)) =
+                    backward(&critic.backbone, &part, plan.checkpointing, head)?;
+                let grads = Gradients::from_store(params, &store)?;
+                Ok((grads, loss, clipfrac, tokens))
             },
         );
         let mut grads = Gradients::default();

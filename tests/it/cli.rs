@@ -333,6 +333,117 @@ fn bench_writes_a_report() {
 }
 
 #[test]
+fn bench_train_step_takes_a_config_a_shape_and_the_memory_settings_and_reports_peak_memory() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let config = repo().join("experiments/smoke/tiny-qwen3.json");
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "bench",
+            "train-step",
+            "--config",
+            config.to_str().expect("utf8"),
+            "--seq-len",
+            "40",
+            "--prompt-len",
+            "8",
+            "--micro-batch",
+            "2",
+            "--repeats",
+            "1",
+            "--out",
+            dir.path().to_str().expect("utf8"),
+        ];
+        args.extend_from_slice(extra);
+        let out = acpo(&args, repo());
+        assert!(
+            out.status.success(),
+            "{extra:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let rows: Vec<serde_json::Value> = serde_json::from_str(
+            &std::fs::read_to_string(dir.path().join("train-step.json")).expect("json"),
+        )
+        .expect("rows");
+        rows[0].clone()
+    };
+    let plain = run(&[]);
+    assert_eq!(plain["model"], "tiny-qwen3");
+    assert_eq!(plain["tokens"], 80);
+    assert!(plain["shape"]
+        .as_str()
+        .expect("shape")
+        .contains("composed attention"));
+    let mem = &plain["memory"];
+    assert!(mem["peak"].as_u64().expect("a peak on Linux") > 0, "{mem}");
+    assert!(mem["masters"].as_u64().expect("masters") > 0);
+    let all = run(&[
+        "--attention",
+        "flash",
+        "--vocab-chunk",
+        "64",
+        "--checkpointing",
+    ]);
+    let shape = all["shape"].as_str().expect("shape");
+    for part in ["flash attention", "vocab chunks of 64", "checkpointing"] {
+        assert!(shape.contains(part), "{shape}");
+    }
+    // A shape that cannot be a step is refused with exit 2 naming the flags.
+    let out = acpo(
+        &[
+            "bench",
+            "train-step",
+            "--tiny-only",
+            "--seq-len",
+            "8",
+            "--prompt-len",
+            "8",
+            "--out",
+            dir.path().to_str().expect("utf8"),
+        ],
+        repo(),
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--prompt-len"));
+}
+
+#[test]
+fn bench_memory_plan_fills_the_cuda_doc_with_every_paper_run() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let doc = dir.path().join("doc.md");
+    std::fs::write(
+        &doc,
+        "x\n<!-- begin: memory-plan.md -->\nold\n<!-- end: memory-plan.md -->\n",
+    )
+    .expect("doc");
+    let out = acpo(
+        &[
+            "bench",
+            "memory-plan",
+            "--out",
+            dir.path().to_str().expect("utf8"),
+            "--doc",
+            doc.to_str().expect("utf8"),
+        ],
+        repo(),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = std::fs::read_to_string(&doc).expect("doc");
+    assert!(!text.contains("old"));
+    // 16 runs, one row each; the committed docs/CUDA.md table is this command's output.
+    assert_eq!(text.lines().filter(|l| l.starts_with("| qwen")).count(), 16);
+    let shipped = std::fs::read_to_string(repo().join("docs/CUDA.md")).expect("CUDA.md");
+    let table = std::fs::read_to_string(dir.path().join("memory-plan.md")).expect("md");
+    assert!(
+        shipped.contains(table.trim_end()),
+        "docs/CUDA.md's memory table is stale: rerun `acpo bench memory-plan --doc docs/CUDA.md`"
+    );
+}
+
+#[test]
 fn train_from_the_command_line_refuses_to_overwrite_and_resumes() {
     let dir = tempfile::tempdir().expect("tempdir");
     // The manifest's model.init (paths relative to the working directory) creates the model.

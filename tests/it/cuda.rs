@@ -484,3 +484,119 @@ fn cuda_logits_and_greedy_tokens_match_transformers() {
         }
     }
 }
+
+/// Flash attention (kernels/flash_attn.cu) against its CPU twin, forward and backward: left
+/// padding with query rows that see no key, a decode step after a cache, tiles cut mid-way,
+/// grouped-query heads, head dims 8 to 128.
+#[test]
+fn flash_attention_forward_and_backward_match_the_cpu_twin() {
+    let Some(gpu) = gpu("flash_attention_forward_and_backward_match_the_cpu_twin") else {
+        return;
+    };
+    use acpo::fused;
+    // (b, h, kv, t, past, d, pad)
+    for (seed, [b, h, kv, t, past, d, pad]) in [
+        (1u64, [2usize, 4, 2, 7, 0, 24, 3]),
+        (2, [1, 3, 1, 1, 700, 64, 5]),
+        (3, [2, 16, 8, 300, 0, 128, 40]),
+        (4, [3, 6, 2, 65, 31, 8, 1]),
+    ] {
+        let s = past + t;
+        let valid: Vec<u8> = (0..b * s)
+            .map(|i| u8::from(!(i / s == 0 && i % s < pad)))
+            .collect();
+        let valid = Tensor::from_vec(valid, (b, s), &Device::Cpu).expect("valid");
+        let scale = 1.0 / (d as f64).sqrt();
+        parity(
+            &format!("flash attention {:?}", [b, h, kv, t, past, d, pad]),
+            &gpu,
+            &[
+                random(seed, &[b, h, t, d], 1.0),
+                random(seed + 10, &[b, kv, s, d], 1.0),
+                random(seed + 20, &[b, kv, s, d], 1.0),
+            ],
+            &[true, true, true],
+            |x| {
+                let valid = valid.to_device(x[0].device()).expect("valid");
+                fused::flash_attention(&x[0], &x[1], &x[2], &valid, past, scale).expect("flash")
+            },
+        );
+    }
+}
+
+/// The vocabulary-chunked log-probabilities and entropy on CUDA (cuBLAS chunks) against the
+/// CPU, values and gradients of the hidden states and the lm_head.
+#[test]
+fn chunked_vocabulary_log_probs_match_the_cpu() {
+    let Some(gpu) = gpu("chunked_vocabulary_log_probs_match_the_cpu") else {
+        return;
+    };
+    let (n, hd, v) = (37usize, 64usize, 5000usize);
+    let targets: Vec<u32> = (0..n as u32).map(|i| (i * 131 + 7) % v as u32).collect();
+    let targets = Tensor::from_vec(targets, n, &Device::Cpu).expect("targets");
+    parity(
+        "vocabulary chunks",
+        &gpu,
+        &[random(1, &[n, hd], 1.0), random(2, &[v, hd], 0.3)],
+        &[true, true],
+        |x| {
+            let t = targets.to_device(x[0].device()).expect("targets");
+            let (lp, ent) =
+                acpo::fused::vocab_log_probs(&x[0], &x[1], &t, 0.9, 1024).expect("vocab");
+            Tensor::stack(&[lp, ent], 1).expect("stack")
+        },
+    );
+}
+
+/// Gradient checkpointing on CUDA, with flash attention and the chunked vocabulary (the GPU's
+/// default kernels), gives the plain backward's gradients bit for bit in f32.
+#[test]
+fn gradient_checkpointing_on_cuda_is_bit_identical_in_f32() {
+    let Some(gpu) = gpu("gradient_checkpointing_on_cuda_is_bit_identical_in_f32") else {
+        return;
+    };
+    use acpo::model::{qwen::Qwen, Params, QwenConfig};
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-qwen3");
+    let cfg = QwenConfig::load(&dir.join("config.json")).expect("config");
+    let params = Params::load_dir(&dir, DType::F32, &gpu).expect("weights");
+    let model = Qwen::new(&cfg, &params, false).expect("model");
+    assert!(model.kernels().flash_attention && model.kernels().vocab_chunk.is_some());
+    let (b, t) = (2usize, 40usize);
+    let ids: Vec<u32> = (0..(b * t) as u32).map(|i| (i * 37 + 5) % 128).collect();
+    let ids = Tensor::from_vec(ids, (b, t), &gpu).expect("ids");
+    let pos = Tensor::arange(0u32, t as u32, &gpu)
+        .and_then(|p| p.unsqueeze(0))
+        .and_then(|p| p.repeat((b, 1)))
+        .expect("pos");
+    let valid = Tensor::ones((b, t), DType::U8, &gpu).expect("valid");
+    let targets = ids.narrow(1, 1, t - 1).expect("targets");
+    let loss_of = |m: &Qwen, h: &Tensor| -> acpo::model::Result<Tensor> {
+        let (lp, ent) = m.token_log_probs(&h.narrow(1, 0, t - 1)?, &targets, 1.0, 16, true)?;
+        let ent = ent.expect("entropy");
+        Ok((ent.mean_all()? * 0.01 - lp.mean_all()?)?)
+    };
+    let (hidden, _) = model
+        .forward_hidden(&ids, &pos, &valid, None)
+        .expect("forward");
+    let plain = loss_of(&model, &hidden)
+        .and_then(|l| Ok(l.backward()?))
+        .expect("plain");
+    let (ckpt, ()) = model
+        .checkpointed_backward(&ids, &pos, &valid, |m, h| {
+            Ok::<_, acpo::model::ModelError>((loss_of(m, h)?, ()))
+        })
+        .expect("checkpointed");
+    for (name, var) in params.vars() {
+        let host = |s: &candle_core::backprop::GradStore| {
+            s.get(var.as_tensor())
+                .unwrap_or_else(|| panic!("{name}: no gradient"))
+                .flatten_all()
+                .and_then(|g| g.to_vec1::<f32>())
+                .expect("to host")
+        };
+        assert!(
+            host(&plain) == host(&ckpt),
+            "{name}: checkpointed gradient differs"
+        );
+    }
+}

@@ -307,3 +307,68 @@ fn micro_batches_side_by_side_come_back_in_order_with_the_serial_numbers() {
     assert_eq!(pool.install(|| acpo::parallel::map(5, true, f)), serial);
     assert!(acpo::parallel::map(0, true, f).is_empty());
 }
+
+#[test]
+fn flash_attention_matches_the_composed_attention_with_gradients() {
+    // (b, h, kv, t, past, d, pad): left padding gives query rows that see no key (they average
+    // V uniformly in both); past > 0 is a decode step after a cache; d = 128 is the paper's.
+    let cases = [
+        (1u64, [2, 4, 2, 7, 0, 24, 3]),
+        (2, [1, 3, 1, 1, 40, 16, 5]),
+        (3, [2, 2, 2, 37, 5, 128, 0]),
+        (4, [3, 6, 2, 33, 0, 8, 1]),
+    ];
+    for (seed, [b, h, kv, t, past, d, pad]) in cases {
+        let s = past + t;
+        let q = randn(seed, &[b, h, t, d], 1.0);
+        let k = randn(seed + 10, &[b, kv, s, d], 1.0);
+        let v = randn(seed + 20, &[b, kv, s, d], 1.0);
+        // Row 0 is left-padded by `pad` keys; the others are whole, but one key in the middle
+        // of row 1 is padding too.
+        let valid: Vec<u8> = (0..b * s)
+            .map(|i| u8::from(!((i / s == 0 && i % s < pad) || (i / s == 1 && i % s == s / 2))))
+            .collect();
+        let valid = Tensor::from_vec(valid, (b, s), &Device::Cpu).unwrap();
+        let bias = acpo::model::qwen::attention_bias(&valid, past, t, DType::F32).unwrap();
+        let scale = 1.0 / (d as f64).sqrt();
+        assert!(fused::flash_applies(&Device::Cpu, DType::F32, d));
+        assert_same(
+            &format!("flash attention {:?}", [b, h, kv, t, past, d, pad]),
+            &[q, k, v],
+            &|x| fused::flash_attention(&x[0], &x[1], &x[2], &valid, past, scale).unwrap(),
+            &|x| fused::attention_composed(&x[0], &x[1], &x[2], &bias, scale).unwrap(),
+            1e-5,
+        );
+    }
+    assert!(!fused::flash_applies(&Device::Cpu, DType::F32, 256));
+    assert!(!fused::flash_applies(&Device::Cpu, DType::BF16, 64));
+}
+
+#[test]
+fn chunked_vocabulary_log_probs_and_entropy_match_the_full_logits_with_gradients() {
+    let (n, hd, v) = (13, 24, 1000);
+    let hidden = randn(31, &[n, hd], 1.0);
+    let weight = randn(32, &[v, hd], 0.5);
+    let mut rng = acpo::rng::SplitMix64::new(33);
+    let targets: Vec<u32> = (0..n).map(|_| (rng.next_u64() % v as u64) as u32).collect();
+    let targets = Tensor::from_vec(targets, n, &Device::Cpu).unwrap();
+    // Chunks that divide V, that do not, of one column, and wider than V.
+    for (chunk, temperature) in [(250, 1.0), (256, 0.7), (1, 1.3), (4096, 1.0)] {
+        assert_same(
+            &format!("vocabulary chunks of {chunk} at T = {temperature}"),
+            &[hidden.clone(), weight.clone()],
+            &|x| {
+                let (lp, ent) =
+                    fused::vocab_log_probs(&x[0], &x[1], &targets, temperature, chunk).unwrap();
+                Tensor::stack(&[lp, ent], 1).unwrap()
+            },
+            &|x| {
+                let logits = x[0].matmul(&x[1].t().unwrap()).unwrap();
+                let lp = token::log_probs_composed(&logits, &targets, temperature).unwrap();
+                let ent = token::entropy(&logits, temperature).unwrap();
+                Tensor::stack(&[lp, ent], 1).unwrap()
+            },
+            1e-5,
+        );
+    }
+}

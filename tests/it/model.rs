@@ -718,3 +718,158 @@ fn bf16_compute_trains_fp32_masters() {
         "every fp32 master moved by an lr of 1e-6"
     );
 }
+
+/// A left-padded batch of the tiny models: ids, positions, key_valid, the targets of the last
+/// 5 positions, and their mask.
+fn padded_batch() -> (Tensor, Tensor, Tensor, Tensor) {
+    let rows: [&[u32]; 2] = [&[5, 17, 99, 3, 64, 2, 127, 40], &[9, 8, 7, 6, 5]];
+    let t = 8;
+    let (mut ids, mut pos, mut valid) = (Vec::new(), Vec::new(), Vec::new());
+    for r in rows {
+        let pad = t - r.len();
+        ids.extend(std::iter::repeat_n(0u32, pad).chain(r.iter().copied()));
+        pos.extend((0..t as u32).map(|i| i.saturating_sub(pad as u32)));
+        valid.extend((0..t).map(|i| u8::from(i >= pad)));
+    }
+    let dev = Device::Cpu;
+    let ids = Tensor::from_vec(ids, (2, t), &dev).expect("ids");
+    let targets = ids.narrow(1, 3, 5).expect("targets");
+    (
+        ids,
+        Tensor::from_vec(pos, (2, t), &dev).expect("pos"),
+        Tensor::from_vec(valid, (2, t), &dev).expect("valid"),
+        targets,
+    )
+}
+
+/// A loss of every kind of term training uses: the log-probs of the targets and the entropy
+/// (at T = 0.8), from the hidden states of positions 2..7.
+fn toy_loss(model: &Qwen, hidden: &Tensor, targets: &Tensor) -> Tensor {
+    let h = hidden.narrow(1, 2, 5).expect("h");
+    let (lp, ent) = model
+        .token_log_probs(&h, targets, 0.8, 2, true)
+        .expect("log-probs");
+    let ent = ent.expect("entropy");
+    (lp.mean_all().expect("m") - (ent.mean_all().expect("m") * 0.1).expect("s"))
+        .expect("loss")
+        .neg()
+        .expect("neg")
+}
+
+fn grads_by_name(
+    params: &Params,
+    store: &candle_core::backprop::GradStore,
+) -> Vec<(String, Vec<f32>)> {
+    params
+        .vars()
+        .map(|(name, v)| {
+            let g = store
+                .get(v.as_tensor())
+                .unwrap_or_else(|| panic!("{name}: no gradient"));
+            (
+                name.clone(),
+                g.flatten_all().expect("f").to_vec1::<f32>().expect("v"),
+            )
+        })
+        .collect()
+}
+
+#[test]
+fn flash_attention_and_vocabulary_chunks_give_the_composed_model_and_its_gradients() {
+    use acpo::model::qwen::Kernels;
+    for name in ["tiny-qwen3", "tiny-qwen2"] {
+        let (cfg, params) = load(name);
+        let (ids, pos, valid, targets) = padded_batch();
+        let run = |kernels: Kernels| {
+            let model = Qwen::new(&cfg, &params, false)
+                .expect("model")
+                .with_kernels(kernels);
+            let (hidden, _) = model
+                .forward_hidden(&ids, &pos, &valid, None)
+                .expect("forward");
+            let loss = toy_loss(&model, &hidden, &targets);
+            let store = loss.backward().expect("backward");
+            (
+                loss.to_scalar::<f32>().expect("s"),
+                grads_by_name(&params, &store),
+            )
+        };
+        let (l0, g0) = run(Kernels::composed());
+        for kernels in [
+            Kernels {
+                flash_attention: true,
+                vocab_chunk: None,
+            },
+            Kernels {
+                flash_attention: false,
+                vocab_chunk: Some(37),
+            },
+            Kernels {
+                flash_attention: true,
+                vocab_chunk: Some(64),
+            },
+        ] {
+            let (l1, g1) = run(kernels);
+            assert!(
+                (l1 - l0).abs() <= 1e-5 * l0.abs(),
+                "{name} {kernels:?}: loss {l1} vs {l0}"
+            );
+            for ((n, a), (_, b)) in g1.iter().zip(&g0) {
+                let scale = b.iter().fold(1e-6f32, |m, x| m.max(x.abs()));
+                let d = a
+                    .iter()
+                    .zip(b)
+                    .map(|(x, y)| (x - y).abs())
+                    .fold(0.0, f32::max)
+                    / scale;
+                assert!(
+                    d < 1e-4,
+                    "{name} {kernels:?}: gradient of {n} differs by {d}"
+                );
+            }
+        }
+    }
+}
+
+#[test]
+fn gradient_checkpointing_gives_the_plain_gradients_bit_for_bit() {
+    use acpo::model::qwen::Kernels;
+    for name in ["tiny-qwen3", "tiny-qwen2"] {
+        let (cfg, params) = load(name);
+        let (ids, pos, valid, targets) = padded_batch();
+        for kernels in [
+            Kernels::composed(),
+            Kernels {
+                flash_attention: true,
+                vocab_chunk: Some(64),
+            },
+        ] {
+            let model = Qwen::new(&cfg, &params, false)
+                .expect("model")
+                .with_kernels(kernels);
+            let (hidden, _) = model
+                .forward_hidden(&ids, &pos, &valid, None)
+                .expect("forward");
+            let plain_loss = toy_loss(&model, &hidden, &targets);
+            let plain = grads_by_name(&params, &plain_loss.backward().expect("backward"));
+            let (store, loss) = model
+                .checkpointed_backward(&ids, &pos, &valid, |m, h| -> acpo::model::Result<_> {
+                    let loss = toy_loss(m, h, &targets);
+                    Ok((loss.clone(), loss.to_scalar::<f32>()?))
+                })
+                .expect("checkpointed");
+            assert_eq!(loss, plain_loss.to_scalar::<f32>().expect("s"));
+            for ((n, a), (_, b)) in grads_by_name(&params, &store).iter().zip(&plain) {
+                let d = a
+                    .iter()
+                    .zip(b)
+                    .map(|(x, y)| (x - y).abs())
+                    .fold(0.0, f32::max);
+                assert!(
+                    a == b,
+                    "{name} {kernels:?}: the gradient of {n} differs by {d}"
+                );
+            }
+        }
+    }
+}

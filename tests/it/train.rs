@@ -557,3 +557,43 @@ fn bf16_runs_keep_fp32_masters_and_resume_exactly() {
     );
     assert_eq!(without_timing(m), without_timing(metrics(&resumed)));
 }
+
+#[test]
+fn gradient_checkpointing_trains_the_same_run_bit_for_bit() {
+    // The actor (GRPO) and the critic (PPO-AC) through the trainer's own update path.
+    for name in ["smoke-grpo", "smoke-ppo-ac"] {
+        let ws = workspace();
+        let (plain, text) = manifest(ws.path(), name, &[]);
+        assert!(!plain.model.gradient_checkpointing);
+        let (ckpt, ckpt_text) = manifest(
+            ws.path(),
+            name,
+            &[(
+                "  dtype: f32\n",
+                "  dtype: f32\n  gradient_checkpointing: true\n",
+            )],
+        );
+        let a = train(&plain, &text, &options(&ws.path().join("a"), false, None)).expect("plain");
+        let b = train(
+            &ckpt,
+            &ckpt_text,
+            &options(&ws.path().join("b"), false, None),
+        )
+        .expect("checkpointed");
+        assert_eq!(
+            without_timing(metrics(&a)),
+            without_timing(metrics(&b)),
+            "{name}: metrics differ"
+        );
+        assert!(ckpt.model.gradient_checkpointing);
+        let last = |d: &Path| {
+            let (step, dir) = acpo::run::RunDir::at(d)
+                .latest_checkpoint()
+                .expect("ls")
+                .expect("a checkpoint");
+            let weights = dir.path().join("policy/model.safetensors");
+            (step, std::fs::read(weights).expect("weights"))
+        };
+        assert_eq!(last(&a), last(&b), "{name}: the trained weights differ");
+    }
+}

@@ -1,0 +1,304 @@
+// Flash attention, forward and backward (FlashAttention-2's algorithm; src/fused/flash.rs is
+// the CPU twin and states the semantics: grouped-query, key j visible to query i iff
+// valid[b, j] and j <= past + i, a hidden key's score gets -1e9 added, a query that sees no
+// key averages V uniformly over every key).
+//
+// Each query row keeps stats[row] = {m, 1/sum}, its maximum score and the inverse of its
+// normaliser, and the backward recomputes p = exp(s - m) / sum. FA2 keeps lse = m + log(sum)
+// instead. For a row that sees no key, m = -1e9 and f32 cannot hold log(sum) beside it, so
+// that would give p = 1 instead of 1/S.
+//
+// Version 1 is correctness-first: CUDA cores, no tensor-core MMA. One warp owns one row:
+// - forward and dQ: a query row. The block's FA_WARPS rows share tiles of FA_TILE keys in shared
+//   memory; lane l scores key l of the tile; online softmax over the tiles;
+// - dK/dV: a key row. The block's FA_WARPS keys share tiles of FA_TILE query rows of every query
+//   head that reads the KV head.
+// Sums run in a fixed order and there are no atomics, so a result is the same on every run.
+// Tiles that causality hides from every row of a block are skipped. They would add exp(-1e9)
+// = 0, unless the block holds a row that sees no key: then it reads every key.
+#include "common.cuh"
+
+#define FA_MAXD 128
+#define FA_TILE 32
+#define FA_WARPS 4
+#define FA_MASKED (-1e9f)
+#define FA_CHUNKS (FA_MAXD / 32)
+
+// first[b] = the first valid key of sequence b (S when there is none).
+extern "C" __global__ void flash_first_valid(const uint8_t* __restrict__ valid, int S,
+                                             int* __restrict__ first) {
+  const uint8_t* row = valid + (size_t)blockIdx.x * S;
+  float best = -(float)S;
+  for (int j = threadIdx.x; j < S; j += blockDim.x)
+    if (row[j]) best = fmaxf(best, -(float)j);
+  best = block_max(best);
+  if (threadIdx.x == 0) first[blockIdx.x] = (int)(-best);
+}
+
+__device__ __forceinline__ float fa_bias(const uint8_t* valid_b, int j, int i, int past) {
+  return (valid_b[j] && j <= past + i) ? 0.0f : FA_MASKED;
+}
+
+// Whether the block whose first query row is row0 holds a row that sees no key.
+__device__ __forceinline__ bool fa_blind_rows(int first, int past, int row0) {
+  return first > past + row0;
+}
+
+template <typename T>
+__device__ void fa_load_tile(float (*dst)[FA_MAXD + 1], const T* src, int j0, int n, int D) {
+  for (int x = threadIdx.x; x < FA_TILE * D; x += blockDim.x) {
+    const int jj = x / D, d = x % D, j = j0 + jj;
+    dst[jj][d] = j < n ? to_f(src[(size_t)j * D + d]) : 0.0f;
+  }
+}
+
+// grid (ceil(T / FA_WARPS), H, B), block 32 * FA_WARPS.
+template <typename T>
+__device__ void fa_forward(const T* __restrict__ q, const T* __restrict__ k,
+                           const T* __restrict__ v, const uint8_t* __restrict__ valid,
+                           const int* __restrict__ first, T* __restrict__ o,
+                           float* __restrict__ stats, int H, int KV, int Tq, int S, int D, int past,
+                           float scale) {
+  __shared__ float ks[FA_TILE][FA_MAXD + 1];
+  __shared__ float vs[FA_TILE][FA_MAXD + 1];
+  __shared__ float qs[FA_WARPS][FA_MAXD];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int bi = blockIdx.z, hi = blockIdx.y, g = hi / (H / KV);
+  const int row0 = blockIdx.x * FA_WARPS, i = row0 + warp;
+  const bool active = i < Tq;
+  const size_t row = ((size_t)bi * H + hi) * Tq + i;
+  if (active)
+    for (int d = lane; d < D; d += 32) qs[warp][d] = to_f(q[row * D + d]);
+  const T* kb = k + ((size_t)bi * KV + g) * S * D;
+  const T* vb = v + ((size_t)bi * KV + g) * S * D;
+  const uint8_t* valid_b = valid + (size_t)bi * S;
+  const int last = min(Tq - 1, row0 + FA_WARPS - 1);
+  const int kend = fa_blind_rows(first[bi], past, row0) ? S : min(S, past + last + 1);
+  float m = -INFINITY, l = 0.0f, acc[FA_CHUNKS];
+#pragma unroll
+  for (int c = 0; c < FA_CHUNKS; ++c) acc[c] = 0.0f;
+  for (int j0 = 0; j0 < kend; j0 += FA_TILE) {
+    __syncthreads();
+    fa_load_tile(ks, kb, j0, S, D);
+    fa_load_tile(vs, vb, j0, S, D);
+    __syncthreads();
+    if (!active) continue;
+    const int j = j0 + lane;
+    float sc = -INFINITY;
+    if (j < kend) {
+      float dot = 0.0f;
+      for (int d = 0; d < D; ++d) dot += qs[warp][d] * ks[lane][d];
+      sc = dot * scale + fa_bias(valid_b, j, i, past);
+    }
+    const float m_new = fmaxf(m, warp_max(sc));
+    const float p = sc == -INFINITY ? 0.0f : expf(sc - m_new);
+    const float alpha = expf(m - m_new);
+    l = l * alpha + warp_sum(p);
+#pragma unroll
+    for (int c = 0; c < FA_CHUNKS; ++c) acc[c] *= alpha;
+    for (int jj = 0; jj < FA_TILE; ++jj) {
+      const float pj = __shfl_sync(0xffffffffu, p, jj);
+#pragma unroll
+      for (int c = 0; c < FA_CHUNKS; ++c) {
+        const int d = lane + 32 * c;
+        if (d < D) acc[c] += pj * vs[jj][d];
+      }
+    }
+    m = m_new;
+  }
+  if (!active) return;
+  const float inv = 1.0f / l;
+#pragma unroll
+  for (int c = 0; c < FA_CHUNKS; ++c) {
+    const int d = lane + 32 * c;
+    if (d < D) o[row * D + d] = from_f<T>(acc[c] * inv);
+  }
+  if (lane == 0) {
+    stats[2 * row] = m;
+    stats[2 * row + 1] = inv;
+  }
+}
+
+// delta[r] = sum_d dO[r, d] * O[r, d]; one warp per row, grid ceil(rows / FA_WARPS).
+template <typename T>
+__device__ void fa_delta(const T* __restrict__ o, const T* __restrict__ dout,
+                         float* __restrict__ delta, int rows, int D) {
+  const int lane = threadIdx.x & 31, r = blockIdx.x * FA_WARPS + (threadIdx.x >> 5);
+  if (r >= rows) return;
+  float s = 0.0f;
+  for (int d = lane; d < D; d += 32) s += to_f(dout[(size_t)r * D + d]) * to_f(o[(size_t)r * D + d]);
+  s = warp_sum(s);
+  if (lane == 0) delta[r] = s;
+}
+
+// dQ: the forward's layout, P recomputed from the row statistics.
+template <typename T>
+__device__ void fa_dq(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                      const T* __restrict__ dout, const float* __restrict__ stats,
+                      const float* __restrict__ delta, const uint8_t* __restrict__ valid,
+                      const int* __restrict__ first, T* __restrict__ dq, int H, int KV, int Tq,
+                      int S, int D, int past, float scale) {
+  __shared__ float ks[FA_TILE][FA_MAXD + 1];
+  __shared__ float vs[FA_TILE][FA_MAXD + 1];
+  __shared__ float qs[FA_WARPS][FA_MAXD];
+  __shared__ float dos[FA_WARPS][FA_MAXD];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int bi = blockIdx.z, hi = blockIdx.y, g = hi / (H / KV);
+  const int row0 = blockIdx.x * FA_WARPS, i = row0 + warp;
+  const bool active = i < Tq;
+  const size_t row = ((size_t)bi * H + hi) * Tq + i;
+  if (active)
+    for (int d = lane; d < D; d += 32) {
+      qs[warp][d] = to_f(q[row * D + d]);
+      dos[warp][d] = to_f(dout[row * D + d]);
+    }
+  const float m_i = active ? stats[2 * row] : 0.0f, inv_i = active ? stats[2 * row + 1] : 0.0f;
+  const float delta_i = active ? delta[row] : 0.0f;
+  const T* kb = k + ((size_t)bi * KV + g) * S * D;
+  const T* vb = v + ((size_t)bi * KV + g) * S * D;
+  const uint8_t* valid_b = valid + (size_t)bi * S;
+  const int last = min(Tq - 1, row0 + FA_WARPS - 1);
+  const int kend = fa_blind_rows(first[bi], past, row0) ? S : min(S, past + last + 1);
+  float acc[FA_CHUNKS];
+#pragma unroll
+  for (int c = 0; c < FA_CHUNKS; ++c) acc[c] = 0.0f;
+  for (int j0 = 0; j0 < kend; j0 += FA_TILE) {
+    __syncthreads();
+    fa_load_tile(ks, kb, j0, S, D);
+    fa_load_tile(vs, vb, j0, S, D);
+    __syncthreads();
+    if (!active) continue;
+    const int j = j0 + lane;
+    float ds = 0.0f;
+    if (j < kend) {
+      float dot = 0.0f, dp = 0.0f;
+      for (int d = 0; d < D; ++d) {
+        dot += qs[warp][d] * ks[lane][d];
+        dp += dos[warp][d] * vs[lane][d];
+      }
+      const float p = expf(dot * scale + fa_bias(valid_b, j, i, past) - m_i) * inv_i;
+      ds = p * (dp - delta_i) * scale;
+    }
+    for (int jj = 0; jj < FA_TILE; ++jj) {
+      const float dj = __shfl_sync(0xffffffffu, ds, jj);
+#pragma unroll
+      for (int c = 0; c < FA_CHUNKS; ++c) {
+        const int d = lane + 32 * c;
+        if (d < D) acc[c] += dj * ks[jj][d];
+      }
+    }
+  }
+  if (!active) return;
+#pragma unroll
+  for (int c = 0; c < FA_CHUNKS; ++c) {
+    const int d = lane + 32 * c;
+    if (d < D) dq[row * D + d] = from_f<T>(acc[c]);
+  }
+}
+
+// dK and dV: grid (ceil(S / FA_WARPS), KV, B); warp w owns key j = blockIdx.x * FA_WARPS + w and
+// sums over the query rows of the H / KV heads that read this KV head.
+template <typename T>
+__device__ void fa_dkdv(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                        const T* __restrict__ dout, const float* __restrict__ stats,
+                        const float* __restrict__ delta, const uint8_t* __restrict__ valid,
+                        const int* __restrict__ first, T* __restrict__ dk, T* __restrict__ dv,
+                        int H, int KV, int Tq, int S, int D, int past, float scale) {
+  __shared__ float qs[FA_TILE][FA_MAXD + 1];
+  __shared__ float dos[FA_TILE][FA_MAXD + 1];
+  __shared__ float kj[FA_WARPS][FA_MAXD];
+  __shared__ float vj[FA_WARPS][FA_MAXD];
+  __shared__ float m_t[FA_TILE], inv_t[FA_TILE], delta_t[FA_TILE];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int bi = blockIdx.z, g = blockIdx.y, rep = H / KV;
+  const int key0 = blockIdx.x * FA_WARPS, j = key0 + warp;
+  const bool active = j < S;
+  const size_t krow = ((size_t)bi * KV + g) * S + j;
+  if (active)
+    for (int d = lane; d < D; d += 32) {
+      kj[warp][d] = to_f(k[krow * D + d]);
+      vj[warp][d] = to_f(v[krow * D + d]);
+    }
+  const uint8_t* valid_b = valid + (size_t)bi * S;
+  // Query rows i < key0 - past cannot see these keys, unless some row sees no key at all.
+  const int istart = fa_blind_rows(first[bi], past, 0) ? 0 : max(0, key0 - past) / FA_TILE * FA_TILE;
+  float dk_acc[FA_CHUNKS], dv_acc[FA_CHUNKS];
+#pragma unroll
+  for (int c = 0; c < FA_CHUNKS; ++c) dk_acc[c] = dv_acc[c] = 0.0f;
+  for (int hi = g * rep; hi < (g + 1) * rep; ++hi) {
+    const size_t head = ((size_t)bi * H + hi) * Tq;
+    for (int i0 = istart; i0 < Tq; i0 += FA_TILE) {
+      __syncthreads();
+      fa_load_tile(qs, q + head * D, i0, Tq, D);
+      fa_load_tile(dos, dout + head * D, i0, Tq, D);
+      if (threadIdx.x < FA_TILE) {
+        const int i = i0 + threadIdx.x;
+        m_t[threadIdx.x] = i < Tq ? stats[2 * (head + i)] : 0.0f;
+        inv_t[threadIdx.x] = i < Tq ? stats[2 * (head + i) + 1] : 0.0f;
+        delta_t[threadIdx.x] = i < Tq ? delta[head + i] : 0.0f;
+      }
+      __syncthreads();
+      if (!active) continue;
+      const int i = i0 + lane;
+      float p = 0.0f, ds = 0.0f;
+      if (i < Tq) {
+        float dot = 0.0f, dp = 0.0f;
+        for (int d = 0; d < D; ++d) {
+          dot += qs[lane][d] * kj[warp][d];
+          dp += dos[lane][d] * vj[warp][d];
+        }
+        p = expf(dot * scale + fa_bias(valid_b, j, i, past) - m_t[lane]) * inv_t[lane];
+        ds = p * (dp - delta_t[lane]) * scale;
+      }
+      for (int ii = 0; ii < FA_TILE; ++ii) {
+        const float pi = __shfl_sync(0xffffffffu, p, ii);
+        const float di = __shfl_sync(0xffffffffu, ds, ii);
+#pragma unroll
+        for (int c = 0; c < FA_CHUNKS; ++c) {
+          const int d = lane + 32 * c;
+          if (d < D) {
+            dv_acc[c] += pi * dos[ii][d];
+            dk_acc[c] += di * qs[ii][d];
+          }
+        }
+      }
+    }
+  }
+  if (!active) return;
+#pragma unroll
+  for (int c = 0; c < FA_CHUNKS; ++c) {
+    const int d = lane + 32 * c;
+    if (d < D) {
+      dk[krow * D + d] = from_f<T>(dk_acc[c]);
+      dv[krow * D + d] = from_f<T>(dv_acc[c]);
+    }
+  }
+}
+
+#define FA_ARGS int H, int KV, int Tq, int S, int D, int past, float scale
+#define FA_PASS H, KV, Tq, S, D, past, scale
+
+#define FA_INSTANCES(T, SFX)                                                                  \
+  extern "C" __global__ void flash_fwd_##SFX(const T* q, const T* k, const T* v,              \
+                                             const uint8_t* valid, const int* first, T* o,    \
+                                             float* stats, FA_ARGS) {                         \
+    fa_forward<T>(q, k, v, valid, first, o, stats, FA_PASS);                                  \
+  }                                                                                           \
+  extern "C" __global__ void flash_delta_##SFX(const T* o, const T* dout, float* delta,       \
+                                               int rows, int D) {                             \
+    fa_delta<T>(o, dout, delta, rows, D);                                                     \
+  }                                                                                           \
+  extern "C" __global__ void flash_dq_##SFX(const T* q, const T* k, const T* v, const T* dout, \
+                                            const float* stats, const float* delta,           \
+                                            const uint8_t* valid, const int* first, T* dq,    \
+                                            FA_ARGS) {                                        \
+    fa_dq<T>(q, k, v, dout, stats, delta, valid, first, dq, FA_PASS);                         \
+  }                                                                                           \
+  extern "C" __global__ void flash_dkdv_##SFX(                                                \
+      const T* q, const T* k, const T* v, const T* dout, const float* stats,                  \
+      const float* delta, const uint8_t* valid, const int* first, T* dk, T* dv, FA_ARGS) {    \
+    fa_dkdv<T>(q, k, v, dout, stats, delta, valid, first, dk, dv, FA_PASS);                   \
+  }
+
+FA_INSTANCES(float, f32)
+FA_INSTANCES(__nv_bfloat16, bf16)
