@@ -76,6 +76,18 @@ for len in 2048 9220; do
     log "== acpo train-step qwen3-1.7b 2x$len: exit $?"
     tail -2 "$out/acpo-train-$len.log" | tee -a "$out/summary.txt"
 done
+# The attention kernel alone against torch's sdpa (flash backend), same shapes.
+for len in 2048 9220; do
+    timeout 120 python3 tools/bench_attention_torch.py --config "$cfg" --seq-len "$len" \
+        --micro-batch 2 --json "$out/torch-attention-$len.json" > "$out/torch-attention-$len.log" 2>&1
+    log "== torch sdpa attention qwen3-1.7b 2x$len: exit $?"
+    tail -1 "$out/torch-attention-$len.log" | tee -a "$out/summary.txt"
+    timeout 120 "$bin/acpo" bench attention --config "$cfg" --device cuda --dtype bf16 \
+        --seq-len "$len" --micro-batch 2 --repeats 3 --out "$out/attention-$len" \
+        > "$out/acpo-attention-$len.log" 2>&1
+    log "== acpo flash attention qwen3-1.7b 2x$len: exit $?"
+    tail -2 "$out/acpo-attention-$len.log" | tee -a "$out/summary.txt"
+done
 # Peak memory at 9k with one saving off at a time (an out-of-memory exit is a result too).
 for off in "--attention composed --checkpointing" "--vocab-chunk 0 --checkpointing" ""; do
     name=$(echo "${off:-no-checkpointing}" | tr -c 'a-z0-9\n' '-')

@@ -295,6 +295,7 @@ fn bench_writes_a_report() {
         ("generate", "f32"),
         ("train-step", "f32"),
         ("train-step", "bf16"),
+        ("attention", "f32"),
     ] {
         let dir = tempfile::tempdir().expect("tempdir");
         let out = acpo(
