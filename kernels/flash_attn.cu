@@ -8,6 +8,9 @@
 // instead. For a row that sees no key, m = -1e9 and f32 cannot hold log(sum) beside it, so
 // that would give p = 1 instead of 1/S.
 //
+// K and V rows are `cap` columns apart (a KV cache's buffer, of which the first S are keys);
+// the backward takes cap == S.
+//
 // Version 1 is correctness-first: CUDA cores, no tensor-core MMA. One warp owns one row:
 // - forward and dQ: a query row. The block's FA_WARPS rows share tiles of FA_TILE keys in shared
 //   memory; lane l scores key l of the tile; online softmax over the tiles;
@@ -57,7 +60,7 @@ template <typename T>
 __device__ void fa_forward(const T* __restrict__ q, const T* __restrict__ k,
                            const T* __restrict__ v, const uint8_t* __restrict__ valid,
                            const int* __restrict__ first, T* __restrict__ o,
-                           float* __restrict__ stats, int H, int KV, int Tq, int S, int D, int past,
+                           float* __restrict__ stats, int H, int KV, int Tq, int S, int cap, int D, int past,
                            float scale) {
   __shared__ float ks[FA_TILE][FA_MAXD + 1];
   __shared__ float vs[FA_TILE][FA_MAXD + 1];
@@ -69,8 +72,8 @@ __device__ void fa_forward(const T* __restrict__ q, const T* __restrict__ k,
   const size_t row = ((size_t)bi * H + hi) * Tq + i;
   if (active)
     for (int d = lane; d < D; d += 32) qs[warp][d] = to_f(q[row * D + d]);
-  const T* kb = k + ((size_t)bi * KV + g) * S * D;
-  const T* vb = v + ((size_t)bi * KV + g) * S * D;
+  const T* kb = k + ((size_t)bi * KV + g) * cap * D;
+  const T* vb = v + ((size_t)bi * KV + g) * cap * D;
   const uint8_t* valid_b = valid + (size_t)bi * S;
   const int last = min(Tq - 1, row0 + FA_WARPS - 1);
   const int kend = fa_blind_rows(first[bi], past, row0) ? S : min(S, past + last + 1);
@@ -137,7 +140,7 @@ __device__ void fa_dq(const T* __restrict__ q, const T* __restrict__ k, const T*
                       const T* __restrict__ dout, const float* __restrict__ stats,
                       const float* __restrict__ delta, const uint8_t* __restrict__ valid,
                       const int* __restrict__ first, T* __restrict__ dq, int H, int KV, int Tq,
-                      int S, int D, int past, float scale) {
+                      int S, int cap, int D, int past, float scale) {
   __shared__ float ks[FA_TILE][FA_MAXD + 1];
   __shared__ float vs[FA_TILE][FA_MAXD + 1];
   __shared__ float qs[FA_WARPS][FA_MAXD];
@@ -154,8 +157,8 @@ __device__ void fa_dq(const T* __restrict__ q, const T* __restrict__ k, const T*
     }
   const float m_i = active ? stats[2 * row] : 0.0f, inv_i = active ? stats[2 * row + 1] : 0.0f;
   const float delta_i = active ? delta[row] : 0.0f;
-  const T* kb = k + ((size_t)bi * KV + g) * S * D;
-  const T* vb = v + ((size_t)bi * KV + g) * S * D;
+  const T* kb = k + ((size_t)bi * KV + g) * cap * D;
+  const T* vb = v + ((size_t)bi * KV + g) * cap * D;
   const uint8_t* valid_b = valid + (size_t)bi * S;
   const int last = min(Tq - 1, row0 + FA_WARPS - 1);
   const int kend = fa_blind_rows(first[bi], past, row0) ? S : min(S, past + last + 1);
@@ -203,7 +206,7 @@ __device__ void fa_dkdv(const T* __restrict__ q, const T* __restrict__ k, const 
                         const T* __restrict__ dout, const float* __restrict__ stats,
                         const float* __restrict__ delta, const uint8_t* __restrict__ valid,
                         const int* __restrict__ first, T* __restrict__ dk, T* __restrict__ dv,
-                        int H, int KV, int Tq, int S, int D, int past, float scale) {
+                        int H, int KV, int Tq, int S, int cap, int D, int past, float scale) {
   __shared__ float qs[FA_TILE][FA_MAXD + 1];
   __shared__ float dos[FA_TILE][FA_MAXD + 1];
   __shared__ float kj[FA_WARPS][FA_MAXD];
@@ -275,8 +278,8 @@ __device__ void fa_dkdv(const T* __restrict__ q, const T* __restrict__ k, const 
   }
 }
 
-#define FA_ARGS int H, int KV, int Tq, int S, int D, int past, float scale
-#define FA_PASS H, KV, Tq, S, D, past, scale
+#define FA_ARGS int H, int KV, int Tq, int S, int cap, int D, int past, float scale
+#define FA_PASS H, KV, Tq, S, cap, D, past, scale
 
 #define FA_INSTANCES(T, SFX)                                                                  \
   extern "C" __global__ void flash_fwd_##SFX(const T* q, const T* k, const T* v,              \

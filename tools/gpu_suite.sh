@@ -6,7 +6,8 @@
 # with the real Qwen3 tokenizer when target/gpu/qwen3-tokenizer is there), and the speed
 # benchmarks on CUDA in f32 and bf16 beside the CPU's; then (issue #19) the paper-shape train step
 # of Qwen3-1.7B against tools/bench_train_torch.py at 2k and 9k tokens, and its peak memory with
-# each of flash attention / checkpointing / vocabulary chunks turned off.
+# each of flash attention / checkpointing / vocabulary chunks turned off; and sampling at
+# batch 64 × (1k + 1k) beside HF generate (issue #20).
 #
 #   bash tools/gpu_suite.sh [checks|paper|all]   (default all; a call has 10 minutes, so a
 #                                                 lease runs `checks` and `paper` as two calls)
@@ -88,6 +89,16 @@ for len in 2048 9220; do
     log "== acpo flash attention qwen3-1.7b 2x$len: exit $?"
     tail -2 "$out/acpo-attention-$len.log" | tee -a "$out/summary.txt"
 done
+# Sampling (issue #20): batch 64, 1k prompt + 1k new tokens, acpo's engine beside HF generate.
+timeout 300 python3 tools/bench_generate_torch.py --config "$cfg" --batch 64 --prompt-len 1024 \
+    --new-tokens 1024 --repeats 1 --json "$out/torch-generate.json" > "$out/torch-generate.log" 2>&1
+log "== torch generate qwen3-1.7b 64x(1024+1024): exit $?"
+tail -1 "$out/torch-generate.log" | tee -a "$out/summary.txt"
+timeout 300 "$bin/acpo" bench generate --config "$cfg" --device cuda --dtype bf16 --batch 64 \
+    --prompt-len 1024 --new-tokens 1024 --repeats 1 --out "$out/generate-paper" \
+    > "$out/acpo-generate.log" 2>&1
+log "== acpo generate qwen3-1.7b 64x(1024+1024): exit $?"
+tail -2 "$out/acpo-generate.log" | tee -a "$out/summary.txt"
 # Peak memory at 9k with one saving off at a time (an out-of-memory exit is a result too).
 for off in "--attention composed --checkpointing" "--vocab-chunk 0 --checkpointing" ""; do
     name=$(echo "${off:-no-checkpointing}" | tr -c 'a-z0-9\n' '-')

@@ -219,13 +219,13 @@ pub struct BenchArgs {
     /// train-step: tokens per sequence, prompt included [default: 128].
     #[arg(long)]
     pub seq_len: Option<usize>,
-    /// train-step: prompt tokens of each sequence (no loss on them) [default: 1].
+    /// Prompt tokens of each sequence [default: train-step 1 (no loss on them), generate 32].
     #[arg(long)]
     pub prompt_len: Option<usize>,
     /// train-step: sequences per micro-batch [default: 4].
     #[arg(long)]
     pub micro_batch: Option<usize>,
-    /// train-step: sequences in the step [default: 8, or --micro-batch when given].
+    /// Sequences in the step or prompts sampled [default: 8; train-step: --micro-batch when given].
     #[arg(long)]
     pub batch: Option<usize>,
     /// train-step: the attention [default: flash on CUDA, composed on the CPU].
@@ -235,6 +235,13 @@ pub struct BenchArgs {
     /// 8192 on CUDA, 0 on the CPU].
     #[arg(long)]
     pub vocab_chunk: Option<usize>,
+    /// generate: new tokens per prompt [default: 64].
+    #[arg(long)]
+    pub new_tokens: Option<usize>,
+    /// generate: sequences decoded at once; a waiting prompt takes a finished one's place
+    /// [default: all].
+    #[arg(long)]
+    pub max_batch: Option<usize>,
     /// train-step: gradient checkpointing per decoder layer.
     #[arg(long)]
     pub checkpointing: bool,

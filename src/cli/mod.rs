@@ -293,5 +293,11 @@ fn speed_options(args: &args::BenchArgs) -> anyhow::Result<acpo::perf::SpeedOpti
             kernels,
             checkpointing: args.checkpointing,
         },
+        sample: acpo::perf::SampleShape {
+            batch: args.batch.unwrap_or(acpo::perf::BATCH),
+            prompt_len: args.prompt_len.unwrap_or(acpo::perf::PROMPT_LEN),
+            new_tokens: args.new_tokens.unwrap_or(acpo::perf::NEW_TOKENS),
+            max_batch: args.max_batch,
+        },
     })
 }

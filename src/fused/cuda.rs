@@ -561,6 +561,7 @@ struct FlashInts {
     kv: i32,
     t: i32,
     s: i32,
+    cap: i32,
     d: i32,
     past: i32,
     scale: f32,
@@ -572,6 +573,7 @@ impl FlashInts {
             .arg(&self.kv)
             .arg(&self.t)
             .arg(&self.s)
+            .arg(&self.cap)
             .arg(&self.d)
             .arg(&self.past)
             .arg(&self.scale);
@@ -584,6 +586,7 @@ fn flash_ints(dims: &super::flash::FlashDims) -> FlashInts {
         kv: dims.kv as i32,
         t: dims.t as i32,
         s: dims.s as i32,
+        cap: dims.cap as i32,
         d: dims.d as i32,
         past: dims.past as i32,
         scale: dims.scale,

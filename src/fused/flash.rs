@@ -42,7 +42,8 @@ pub const FLASH_MAX_HEAD_DIM: usize = 128;
 /// The additive bias of a hidden key, as `model::qwen::attention_bias` writes it.
 const MASKED: f32 = -1e9;
 
-/// The shapes of one attention call: q `(B, H, T, D)`, k and v `(B, KV, S, D)`, S = past + T.
+/// The shapes of one attention call: q `(B, H, T, D)`, k and v `(B, KV, cap, D)` of which the
+/// first S = past + T columns are keys (a KV cache's buffers have room beyond them).
 #[derive(Debug, Clone, Copy)]
 pub struct FlashDims {
     pub b: usize,
@@ -50,6 +51,8 @@ pub struct FlashDims {
     pub kv: usize,
     pub t: usize,
     pub s: usize,
+    /// Columns allocated in k and v (≥ s).
+    pub cap: usize,
     pub d: usize,
     pub past: usize,
     pub scale: f32,
@@ -58,7 +61,8 @@ pub struct FlashDims {
 impl FlashDims {
     fn of(q: &Tensor, k: &Tensor, v: &Tensor, past: usize, scale: f64) -> Result<FlashDims> {
         let (b, h, t, d) = q.dims4()?;
-        let (kb, kv, s, kd) = k.dims4()?;
+        let (kb, kv, cap, kd) = k.dims4()?;
+        let s = past + t;
         if kb != b || kd != d || v.dims() != k.dims() || kv == 0 || h % kv != 0 {
             candle_core::bail!(
                 "flash attention: q {:?}, k {:?} and v {:?} do not fit together",
@@ -67,8 +71,10 @@ impl FlashDims {
                 v.dims()
             );
         }
-        if s != past + t {
-            candle_core::bail!("flash attention: {s} keys for {past} cached and {t} new positions");
+        if cap < s {
+            candle_core::bail!(
+                "flash attention: {cap} key columns for {past} cached and {t} new positions"
+            );
         }
         Ok(FlashDims {
             b,
@@ -76,6 +82,7 @@ impl FlashDims {
             kv,
             t,
             s,
+            cap,
             d,
             past,
             scale: scale as f32,
@@ -201,7 +208,7 @@ fn row_scores(dims: &FlashDims, q: &[f32], k: &[f32], valid: &[u8], r: usize) ->
     let d = dims.d;
     let (bi, _, i, g) = dims.query(r);
     let qr = &q[r * d..(r + 1) * d];
-    let kb = (bi * dims.kv + g) * dims.s * d;
+    let kb = (bi * dims.kv + g) * dims.cap * d;
     (0..dims.s)
         .map(|j| {
             dot(qr, &k[kb + j * d..kb + (j + 1) * d]) * dims.scale + dims.bias(valid, bi, i, j)
@@ -224,7 +231,7 @@ pub(crate) fn cpu_forward(
         let mut p = row_scores(dims, q, k, valid, r);
         let m = row_max(&p);
         let sum = exp_shifted_in_place(&mut p, m);
-        let vb = (bi * dims.kv + g) * dims.s * d;
+        let vb = (bi * dims.kv + g) * dims.cap * d;
         let mut o = vec![0f32; d];
         for (j, &pj) in p.iter().enumerate() {
             let w = pj / sum;
@@ -380,6 +387,12 @@ impl CustomOp3 for FlashAttention {
         o: &Tensor,
         dout: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>, Option<Tensor>)> {
+        if self.dims.cap != self.dims.s {
+            candle_core::bail!(
+                "{}: no backward through a KV cache's spare room",
+                self.name()
+            );
+        }
         let stats = self
             .stats
             .lock()

@@ -8,7 +8,8 @@
 //!    parameter receives a gradient).
 //! 2. Hidden states for *all* positions; logits and log-probs are computed from them in chunks
 //!    of positions so a `(B, T, V)` tensor with V = 151,936 is never materialised whole.
-//! 3. The KV cache is a value passed in and returned ([`KvCache`]), not state inside the layers,
+//! 3. The KV cache is passed in and returned ([`KvCache`], preallocated buffers written in
+//!    place), not state inside the layers,
 //!    so one set of weights serves training and sampling.
 //! 4. Per-sequence positions and a key-padding mask, so left-padded batches give each sequence
 //!    exactly the result it would get alone.
@@ -170,15 +171,15 @@ struct Attention {
 }
 
 impl Attention {
-    /// `x` `(B, T, H)`; returns the output and this layer's keys/values
-    /// `(B, kv_heads, T_past + T, D)`.
+    /// `x` `(B, T, H)`; returns the output and this layer's key/value buffers
+    /// `(B, kv_heads, capacity, D)`, their first `past.len + T` columns filled.
     fn forward(
         &self,
         x: &Tensor,
         cos: &Tensor,
         sin: &Tensor,
         mask: &AttnMask,
-        past: Option<&(Tensor, Tensor)>,
+        past: &LayerCache,
     ) -> Result<(Tensor, (Tensor, Tensor))> {
         let (b, t, _) = x.dims3()?;
         let split = |y: Tensor, heads: usize| -> Result<Tensor> {
@@ -194,17 +195,27 @@ impl Attention {
         let q = crate::fused::rope(&q.transpose(1, 2)?.contiguous()?, cos, sin)?; // (B, H, T, D)
         let k = crate::fused::rope(&k.transpose(1, 2)?.contiguous()?, cos, sin)?; // (B, KV, T, D)
         let v = v.transpose(1, 2)?.contiguous()?;
-        let (k, v) = match past {
-            Some((pk, pv)) => (Tensor::cat(&[pk, &k], 2)?, Tensor::cat(&[pv, &v], 2)?),
-            None => (k, v),
-        };
+        let (kb, vb) = (past.write(&k, 0)?, past.write(&v, 1)?);
+        let s = past.len + t;
         let scale = 1.0 / (self.head_dim as f64).sqrt();
         let out = match mask {
-            AttnMask::Bias(bias) => crate::fused::attention_composed(&q, &k, &v, bias, scale)?,
+            AttnMask::Bias(bias) => {
+                // The filled columns; a copy only when the buffer has room beyond them.
+                let filled = |buf: &Tensor| -> Result<Tensor> {
+                    Ok(if buf.dim(2)? == s {
+                        buf.clone()
+                    } else {
+                        buf.narrow(2, 0, s)?.contiguous()?
+                    })
+                };
+                crate::fused::attention_composed(&q, &filled(&kb)?, &filled(&vb)?, bias, scale)?
+            }
+            // The kernel reads the buffer in place, its first `s` columns.
             AttnMask::Keys { valid, past } => {
-                crate::fused::flash_attention(&q, &k, &v, valid, *past, scale)?
+                crate::fused::flash_attention(&q, &kb, &vb, valid, *past, scale)?
             }
         }; // (B, H, T, D)
+        let (k, v) = (kb, vb);
         let out = out
             .reshape((b, self.heads, t, self.head_dim))?
             .transpose(1, 2)?
@@ -294,7 +305,7 @@ impl Block {
         cos: &Tensor,
         sin: &Tensor,
         mask: &AttnMask,
-        past: Option<&(Tensor, Tensor)>,
+        past: &LayerCache,
     ) -> Result<(Tensor, (Tensor, Tensor))> {
         let (a, kv) = self
             .attn
@@ -339,32 +350,145 @@ impl Block {
     }
 }
 
-/// Keys and values of every layer for the positions seen so far, `(B, kv_heads, S, D)` each.
+/// Keys and values of every layer, in buffers `(B, kv_heads, capacity, D)` whose first `len`
+/// columns hold the positions seen so far. A buffer is allocated once, with room for `reserve`
+/// more positions, and each forward writes its new columns into it in place (`slice_set`): no
+/// per-token concatenation or reallocation while the room lasts. A forward that needs more room
+/// moves the cache into a buffer twice as large.
+///
+/// A forward extends the buffers of the cache passed to it: the returned cache shares them, and
+/// the cache passed in must not be used again (sampling replaces it at each step).
 #[derive(Debug, Clone, Default)]
 pub struct KvCache {
     layers: Vec<(Tensor, Tensor)>,
+    len: usize,
+    reserve: usize,
 }
 
 impl KvCache {
+    /// An empty cache whose first forward allocates room for `reserve` positions beyond its own
+    /// (a sampler reserves its new tokens). `forward_hidden(.., None)` reserves none.
+    pub fn with_reserve(reserve: usize) -> KvCache {
+        KvCache {
+            layers: Vec::new(),
+            len: 0,
+            reserve,
+        }
+    }
+
     /// Positions cached so far.
     pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Columns allocated per row (≥ [`KvCache::len`]).
+    pub fn capacity(&self) -> usize {
         self.layers
             .first()
             .map_or(0, |(k, _)| k.dim(2).unwrap_or(0))
     }
 
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
-
-    /// Keeps the batch rows `rows` (for dropping finished sequences during sampling).
+    /// Keeps the batch rows `rows` (for dropping finished sequences during sampling); the
+    /// buffers keep their capacity.
     pub fn select_rows(&self, rows: &Tensor) -> Result<KvCache> {
         let layers = self
             .layers
             .iter()
             .map(|(k, v)| Ok((k.index_select(rows, 0)?, v.index_select(rows, 0)?)))
             .collect::<Result<Vec<_>>>()?;
-        Ok(KvCache { layers })
+        Ok(KvCache { layers, ..*self })
+    }
+
+    /// The rows of `self`, then those of `other`, both right-aligned to the longer of the two:
+    /// the next position of every row is column `len` (continuous batching: a prefilled prompt
+    /// joins sequences that are decoding). The columns left of the shorter cache's are zeros;
+    /// the caller marks them invalid in `key_valid`.
+    pub fn append_rows(&self, other: &KvCache) -> Result<KvCache> {
+        if self.layers.is_empty() {
+            return Ok(other.clone());
+        }
+        if other.layers.is_empty() {
+            return Ok(self.clone());
+        }
+        let len = self.len.max(other.len);
+        let cap = (self.capacity() + len - self.len).max(other.capacity() + len - other.len);
+        let align = |c: &KvCache, buf: &Tensor| -> Result<Tensor> {
+            if c.len == len && buf.dim(2)? == cap {
+                return Ok(buf.clone());
+            }
+            let (b, kv, _, d) = buf.dims4()?;
+            let out = Tensor::zeros((b, kv, cap, d), buf.dtype(), buf.device())?;
+            out.slice_set(&buf.narrow(2, 0, c.len)?.contiguous()?, 2, len - c.len)?;
+            Ok(out)
+        };
+        let layers = self
+            .layers
+            .iter()
+            .zip(&other.layers)
+            .map(|((ak, av), (bk, bv))| {
+                Ok((
+                    Tensor::cat(&[align(self, ak)?, align(other, bk)?], 0)?,
+                    Tensor::cat(&[align(self, av)?, align(other, bv)?], 0)?,
+                ))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(KvCache {
+            layers,
+            len,
+            reserve: self.reserve,
+        })
+    }
+
+    fn layer(&self, i: usize) -> LayerCache {
+        LayerCache {
+            buffers: self.layers.get(i).cloned(),
+            len: self.len,
+            reserve: self.reserve,
+        }
+    }
+}
+
+/// One layer's view of a [`KvCache`].
+struct LayerCache {
+    buffers: Option<(Tensor, Tensor)>,
+    len: usize,
+    reserve: usize,
+}
+
+impl LayerCache {
+    /// Writes `new` `(B, KV, T, D)` at columns `len..len + T` of buffer `which` (0: K, 1: V) and
+    /// returns the buffer: in place when it has room; else in a new buffer of twice the columns
+    /// (or `T + reserve` for the first forward; exactly `new` when nothing is reserved).
+    fn write(&self, new: &Tensor, which: usize) -> Result<Tensor> {
+        let (b, kv, t, d) = new.dims4()?;
+        let s = self.len + t;
+        let old = self
+            .buffers
+            .as_ref()
+            .map(|(k, v)| if which == 0 { k } else { v });
+        match old {
+            Some(buf) if buf.dim(2)? >= s => {
+                buf.slice_set(new, 2, self.len)?;
+                Ok(buf.clone())
+            }
+            None if self.reserve == 0 => Ok(new.clone()),
+            _ => {
+                let cap = match old {
+                    Some(_) => (2 * s).max(s + self.reserve),
+                    None => s + self.reserve,
+                };
+                let buf = Tensor::zeros((b, kv, cap, d), new.dtype(), new.device())?;
+                if let Some(old) = old {
+                    buf.slice_set(&old.narrow(2, 0, self.len)?.contiguous()?, 2, 0)?;
+                }
+                buf.slice_set(new, 2, self.len)?;
+                Ok(buf)
+            }
+        }
     }
 }
 
@@ -526,14 +650,20 @@ impl Qwen {
         )?;
         let mut x = self.embed.forward(ids)?;
         let mut layers = Vec::with_capacity(self.blocks.len());
+        let empty = KvCache::default();
+        let cache = cache.unwrap_or(&empty);
         for (i, block) in self.blocks.iter().enumerate() {
-            let past_kv = cache.and_then(|c| c.layers.get(i));
-            let (y, kv) = block.forward(&x, &cos, &sin, &mask, past_kv)?;
+            let (y, kv) = block.forward(&x, &cos, &sin, &mask, &cache.layer(i))?;
             x = y;
             layers.push(kv);
         }
         debug_assert_eq!(x.dims3()?.0, b);
-        Ok((self.norm.forward(&x)?, KvCache { layers }))
+        let cache = KvCache {
+            layers,
+            len: past + t,
+            reserve: cache.reserve,
+        };
+        Ok((self.norm.forward(&x)?, cache))
     }
 
     /// A forward and backward with gradient checkpointing per decoder layer (the manifests'
@@ -565,10 +695,11 @@ impl Qwen {
             self.dtype,
         )?;
         let x0 = self.embed.forward(ids)?;
+        let none = KvCache::default().layer(0);
         let mut inputs = Vec::with_capacity(self.blocks.len());
         let mut x = x0.detach();
         for block in &self.blocks {
-            let y = block.detached().forward(&x, &cos, &sin, &mask, None)?.0;
+            let y = block.detached().forward(&x, &cos, &sin, &mask, &none)?.0;
             inputs.push(std::mem::replace(&mut x, y));
         }
         // With tied embeddings, the head reads the lm_head through a leaf of its own, and its
@@ -590,7 +721,9 @@ impl Qwen {
         let mut g = take_grad(&mut grads, last.as_tensor())?;
         for (block, input) in self.blocks.iter().zip(inputs).rev() {
             let input = candle_core::Var::from_tensor(&input)?;
-            let y = block.forward(input.as_tensor(), &cos, &sin, &mask, None)?.0;
+            let y = block
+                .forward(input.as_tensor(), &cos, &sin, &mask, &none)?
+                .0;
             let mut layer = (y * &g)?.sum_all()?.backward()?;
             g = take_grad(&mut layer, input.as_tensor())?;
             grads.extend(layer)?;

@@ -91,6 +91,30 @@ pub struct SpeedOptions {
     /// An HF config.json measured on random weights instead of the built-in sizes.
     pub config: Option<PathBuf>,
     pub step: StepShape,
+    pub sample: SampleShape,
+}
+
+/// The shape of the generate benchmark.
+#[derive(Debug, Clone, Copy)]
+pub struct SampleShape {
+    /// Prompts, each sampled once.
+    pub batch: usize,
+    pub prompt_len: usize,
+    /// New tokens per prompt (no early stop).
+    pub new_tokens: usize,
+    /// Sequences decoded at once (continuous batching); None: all.
+    pub max_batch: Option<usize>,
+}
+
+impl Default for SampleShape {
+    fn default() -> SampleShape {
+        SampleShape {
+            batch: BATCH,
+            prompt_len: PROMPT_LEN,
+            new_tokens: NEW_TOKENS,
+            max_batch: None,
+        }
+    }
 }
 
 /// The shape and the memory settings of the train-step benchmark.
@@ -174,7 +198,7 @@ pub fn speed(kind: BenchKind, out: &Path, opts: &SpeedOptions) -> Result<PathBuf
     let mut rows = Vec::new();
     for m in opts.subjects()? {
         let r = match kind {
-            BenchKind::Generate => bench_generate(&m, opts.repeats, &opts.target)?,
+            BenchKind::Generate => bench_generate(&m, opts)?,
             BenchKind::Attention => bench_attention(&m, opts)?,
             _ => bench_train_step(&m, opts)?,
         };
@@ -350,42 +374,48 @@ pub struct StepMemory {
     pub activations: Option<u64>,
 }
 
-fn prompt_ids(vocab: usize) -> Vec<Vec<u32>> {
+fn prompt_ids(vocab: usize, batch: usize, len: usize) -> Vec<Vec<u32>> {
     let mut rng = crate::rng::SplitMix64::new(11);
-    (0..BATCH)
+    (0..batch)
         .map(|_| {
-            (0..PROMPT_LEN)
+            (0..len)
                 .map(|_| (rng.next_u64() % vocab as u64) as u32)
                 .collect()
         })
         .collect()
 }
 
-/// Sampling throughput: BATCH prompts of PROMPT_LEN tokens, NEW_TOKENS new tokens each at T = 1
-/// (no early stop), median of `repeats` runs after a warm-up.
-pub fn bench_generate(m: &Subject, repeats: usize, target: &Target) -> Result<Measurement> {
+/// Sampling throughput: `batch` prompts of `prompt_len` tokens, `new_tokens` new tokens each at
+/// T = 1 (no early stop), through the sampling engine with `max_batch` slots; median of
+/// `repeats` runs after a warm-up. The tokens counted are the new ones.
+pub fn bench_generate(m: &Subject, opts: &SpeedOptions) -> Result<Measurement> {
+    let (repeats, target, shape) = (opts.repeats, &opts.target, &opts.sample);
     let cfg = m.cfg.clone();
     let precision = crate::model::Precision::inference(target.dtype);
     let params = init::random_params(&cfg, 0, precision.master, &target.device)?;
     let model = Qwen::new(&cfg, &params, true)?;
-    let prompts = prompt_ids(cfg.vocab_size);
-    let keys: Vec<[u64; 4]> = (0..BATCH as u64).map(|i| [0, 0, i, 0]).collect();
+    let prompts = prompt_ids(cfg.vocab_size, shape.batch, shape.prompt_len);
+    let keys: Vec<[u64; 4]> = (0..shape.batch as u64).map(|i| [0, 0, i, 0]).collect();
     let p = SamplingParams {
         temperature: 1.0,
         top_p: 1.0,
         top_k: None,
-        max_new_tokens: NEW_TOKENS,
+        max_new_tokens: shape.new_tokens,
+    };
+    let request = match shape.max_batch {
+        Some(n) => SampleRequest::new(p).max_batch(n),
+        None => SampleRequest::new(p),
     };
     let run = || -> Result<f64> {
         let t = Instant::now();
-        let out = rollout::generate(&model, &prompts, &keys, &SampleRequest::new(p))?;
-        debug_assert!(out.iter().all(|c| c.tokens.len() == NEW_TOKENS));
+        let out = rollout::generate(&model, &prompts, &keys, &request)?;
+        debug_assert!(out.iter().all(|c| c.tokens.len() == shape.new_tokens));
         target.sync()?;
         Ok(t.elapsed().as_secs_f64())
     };
     run()?;
     let secs = median((0..repeats).map(|_| run()).collect::<Result<Vec<_>>>()?);
-    let tokens = BATCH * NEW_TOKENS;
+    let tokens = shape.batch * shape.new_tokens;
     Ok(Measurement {
         model: m.name.clone(),
         parameters: params.count(),
@@ -395,7 +425,15 @@ pub fn bench_generate(m: &Subject, repeats: usize, target: &Target) -> Result<Me
         seconds: secs,
         tokens_per_second: tokens as f64 / secs,
         repeats,
-        shape: None,
+        shape: Some(format!(
+            "{} prompts of {} + {} new tokens{}",
+            shape.batch,
+            shape.prompt_len,
+            shape.new_tokens,
+            shape
+                .max_batch
+                .map_or_else(String::new, |n| format!(", {n} at once"))
+        )),
         mfu: None,
         memory: None,
     })

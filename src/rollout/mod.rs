@@ -15,7 +15,7 @@
 use candle_core::{Tensor, D};
 use serde::{Deserialize, Serialize};
 
-use crate::model::qwen::Qwen;
+use crate::model::qwen::{KvCache, Qwen};
 use crate::model::Result;
 use crate::rng::SplitMix64;
 
@@ -66,6 +66,9 @@ pub struct SampleRequest<'a> {
     pub params: SamplingParams,
     pub stop: StopCriteria<'a>,
     pub pad_id: u32,
+    /// Sequences decoded at once (continuous batching): when one finishes, a waiting prompt
+    /// takes its place. None: every prompt of a group at once.
+    pub max_batch: Option<usize>,
 }
 
 impl<'a> SampleRequest<'a> {
@@ -75,7 +78,14 @@ impl<'a> SampleRequest<'a> {
             params,
             stop: StopCriteria::default(),
             pad_id: 0,
+            max_batch: None,
         }
+    }
+
+    /// Decode at most `n` sequences at once; a waiting prompt takes a finished one's place.
+    pub fn max_batch(mut self, n: usize) -> SampleRequest<'a> {
+        self.max_batch = Some(n.max(1));
+        self
     }
 
     /// Also stop at any of these end-of-sequence tokens.
@@ -139,7 +149,55 @@ pub fn generate(
     Ok(out)
 }
 
-/// [`generate`] for one group, as one batch.
+/// A batch being decoded: row r is prompt `active[r]`, its keys valid where `valid[r]` is 1.
+struct Batch {
+    active: Vec<usize>,
+    valid: Vec<Vec<u8>>,
+    cache: KvCache,
+    /// `(rows, V)` f32: the logits the next token of each row is drawn from.
+    logits: Tensor,
+}
+
+/// Prefills `rows` (prompt indices) as one left-padded batch, reserving room for `reserve`
+/// new tokens in the KV cache.
+fn prefill(
+    model: &Qwen,
+    prompts: &[Vec<u32>],
+    rows: Vec<usize>,
+    pad_id: u32,
+    reserve: usize,
+) -> Result<Batch> {
+    let device = model.device();
+    let longest = rows.iter().map(|&i| prompts[i].len()).max().unwrap_or(0);
+    let (mut ids, mut positions) = (Vec::new(), Vec::new());
+    let mut valid = Vec::with_capacity(rows.len());
+    for &i in &rows {
+        let p = &prompts[i];
+        let pad = longest - p.len();
+        ids.extend(std::iter::repeat_n(pad_id, pad).chain(p.iter().copied()));
+        positions.extend((0..longest).map(|j| j.saturating_sub(pad) as u32));
+        valid.push((0..longest).map(|j| u8::from(j >= pad)).collect());
+    }
+    let b = rows.len();
+    let ids = Tensor::from_vec(ids, (b, longest), device)?;
+    let pos = Tensor::from_vec(positions, (b, longest), device)?;
+    let reserved = KvCache::with_reserve(reserve);
+    let (hidden, cache) =
+        model.forward_hidden(&ids, &pos, &mask_tensor(&valid, device)?, Some(&reserved))?;
+    Ok(Batch {
+        active: rows,
+        valid,
+        cache,
+        logits: last_logits(model, &hidden)?,
+    })
+}
+
+/// [`generate`] for one group: the sampling engine. Up to `max_batch` sequences decode
+/// together, one token per step, over a KV cache allocated once ([`KvCache`]). A sequence that
+/// finishes leaves the batch; while prompts wait, they are prefilled together and join it,
+/// right-aligned to the batch's columns ([`KvCache::append_rows`]). A completion depends only on
+/// its prompt and its key: each prompt draws from its own RNG, and attention masks every
+/// column that is not its own.
 fn generate_group(
     model: &Qwen,
     prompts: &[Vec<u32>],
@@ -170,35 +228,19 @@ fn generate_group(
         return Ok(out);
     }
     let device = model.device().clone();
-    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
     let mut rngs: Vec<SplitMix64> = keys.iter().map(|k| SplitMix64::from_key(k)).collect();
+    let slots = request.max_batch.unwrap_or(prompts.len()).max(1);
+    let mut waiting: std::collections::VecDeque<usize> = (0..prompts.len()).collect();
+    let first: Vec<usize> = waiting.drain(..slots.min(prompts.len())).collect();
+    let reserve = params.max_new_tokens;
+    let mut batch = prefill(model, prompts, first, pad_id, reserve)?;
+    let mut next_pos: Vec<u32> = prompts.iter().map(|p| p.len() as u32).collect();
 
-    // Prefill: left-padded prompts.
-    let mut ids = Vec::with_capacity(prompts.len() * longest);
-    let mut positions = Vec::with_capacity(prompts.len() * longest);
-    let mut valid: Vec<Vec<u8>> = Vec::with_capacity(prompts.len());
-    let mut next_pos: Vec<u32> = Vec::with_capacity(prompts.len());
-    for p in prompts {
-        let pad = longest - p.len();
-        ids.extend(std::iter::repeat_n(pad_id, pad).chain(p.iter().copied()));
-        positions.extend((0..longest).map(|j| j.saturating_sub(pad) as u32));
-        valid.push((0..longest).map(|j| u8::from(j >= pad)).collect());
-        next_pos.push(p.len() as u32);
-    }
-    let b = prompts.len();
-    let ids = Tensor::from_vec(ids, (b, longest), &device)?;
-    let pos = Tensor::from_vec(positions, (b, longest), &device)?;
-    let (hidden, mut cache) =
-        model.forward_hidden(&ids, &pos, &mask_tensor(&valid, &device)?, None)?;
-    let mut logits = last_logits(model, &hidden)?;
-    // Row r of the current batch is prompt active[r].
-    let mut active: Vec<usize> = (0..b).collect();
-
-    for step in 0..params.max_new_tokens {
-        let mut keep = Vec::with_capacity(active.len());
-        let mut next_ids = Vec::with_capacity(active.len());
-        let drawn = sample_rows(&logits, &active, &mut rngs, params)?;
-        for (r, &i) in active.iter().enumerate() {
+    loop {
+        let mut keep = Vec::with_capacity(batch.active.len());
+        let mut next_ids = Vec::with_capacity(batch.active.len());
+        let drawn = sample_rows(&batch.logits, &batch.active, &mut rngs, params)?;
+        for (r, &i) in batch.active.iter().enumerate() {
             let (token, lp) = drawn[r];
             let c = &mut out[i];
             c.tokens.push(token);
@@ -207,43 +249,89 @@ fn generate_group(
                 c.finish = FinishReason::Eos;
             } else if hits_stop_string(&c.tokens, stop) {
                 c.finish = FinishReason::Stop;
-            } else if step + 1 < params.max_new_tokens {
+            } else if c.tokens.len() < params.max_new_tokens {
                 keep.push(r);
                 next_ids.push(token);
             }
         }
-        if keep.is_empty() {
+        let joining: Vec<usize> = waiting
+            .drain(..(batch.active.len() - keep.len()).min(waiting.len()))
+            .collect();
+        if keep.is_empty() && joining.is_empty() {
             break;
         }
-        if keep.len() < active.len() {
-            let rows = Tensor::from_vec(
-                keep.iter().map(|&r| r as u32).collect::<Vec<_>>(),
-                keep.len(),
+        // The sequences that go on decode one token.
+        let mut next = None;
+        if !keep.is_empty() {
+            if keep.len() < batch.active.len() {
+                let rows = Tensor::from_vec(
+                    keep.iter().map(|&r| r as u32).collect::<Vec<_>>(),
+                    keep.len(),
+                    &device,
+                )?;
+                batch.cache = batch.cache.select_rows(&rows)?;
+                batch.valid = keep.iter().map(|&r| batch.valid[r].clone()).collect();
+                batch.active = keep.iter().map(|&r| batch.active[r]).collect();
+            }
+            for row in &mut batch.valid {
+                row.push(1);
+            }
+            let n = batch.active.len();
+            let ids = Tensor::from_vec(next_ids, (n, 1), &device)?;
+            let pos = Tensor::from_vec(
+                batch
+                    .active
+                    .iter()
+                    .map(|&i| next_pos[i])
+                    .collect::<Vec<_>>(),
+                (n, 1),
                 &device,
             )?;
-            cache = cache.select_rows(&rows)?;
-            valid = keep.iter().map(|&r| valid[r].clone()).collect();
-            active = keep.iter().map(|&r| active[r]).collect();
+            for &i in &batch.active {
+                next_pos[i] += 1;
+            }
+            let (hidden, cache) = model.forward_hidden(
+                &ids,
+                &pos,
+                &mask_tensor(&batch.valid, &device)?,
+                Some(&batch.cache),
+            )?;
+            batch.cache = cache;
+            batch.logits = last_logits(model, &hidden)?;
+            next = Some(batch);
         }
-        for row in &mut valid {
-            row.push(1);
-        }
-        let n = active.len();
-        let ids = Tensor::from_vec(next_ids, (n, 1), &device)?;
-        let pos = Tensor::from_vec(
-            active.iter().map(|&i| next_pos[i]).collect::<Vec<_>>(),
-            (n, 1),
-            &device,
-        )?;
-        for &i in &active {
-            next_pos[i] += 1;
-        }
-        let (hidden, new_cache) =
-            model.forward_hidden(&ids, &pos, &mask_tensor(&valid, &device)?, Some(&cache))?;
-        cache = new_cache;
-        logits = last_logits(model, &hidden)?;
+        // Waiting prompts take the finished sequences' places.
+        batch = match (next, joining.is_empty()) {
+            (Some(b), true) => b,
+            (next, _) => {
+                let joined = prefill(model, prompts, joining, pad_id, reserve)?;
+                match next {
+                    Some(b) => merge(b, joined)?,
+                    None => joined,
+                }
+            }
+        };
     }
     Ok(out)
+}
+
+/// The rows of `a`, then those of `b`, right-aligned to the longer history.
+fn merge(a: Batch, b: Batch) -> Result<Batch> {
+    let cache = a.cache.append_rows(&b.cache)?;
+    let len = cache.len();
+    let align = |rows: Vec<Vec<u8>>| {
+        rows.into_iter().map(move |r| {
+            let mut v = vec![0u8; len - r.len()];
+            v.extend(r);
+            v
+        })
+    };
+    Ok(Batch {
+        active: a.active.into_iter().chain(b.active).collect(),
+        valid: align(a.valid).chain(align(b.valid)).collect(),
+        cache,
+        logits: Tensor::cat(&[a.logits, b.logits], 0)?,
+    })
 }
 
 fn mask_tensor(valid: &[Vec<u8>], device: &candle_core::Device) -> Result<Tensor> {

@@ -600,3 +600,50 @@ fn gradient_checkpointing_on_cuda_is_bit_identical_in_f32() {
         );
     }
 }
+
+/// The sampling engine on CUDA (flash attention reading the preallocated cache in place,
+/// continuous batching): each prompt's completion is its solo completion, whatever the slots.
+#[test]
+fn continuous_batching_on_cuda_gives_every_prompt_its_solo_completion() {
+    let Some(gpu) = gpu("continuous_batching_on_cuda_gives_every_prompt_its_solo_completion")
+    else {
+        return;
+    };
+    use acpo::model::{qwen::Qwen, Params, QwenConfig};
+    use acpo::rollout::{self, SampleRequest, SamplingParams};
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-qwen3");
+    let cfg = QwenConfig::load(&dir.join("config.json")).expect("config");
+    let params = Params::load_dir(&dir, DType::F32, &gpu).expect("weights");
+    let model = Qwen::new(&cfg, &params, true).expect("model");
+    let prompts: Vec<Vec<u32>> = vec![
+        vec![5, 17, 99],
+        vec![1, 2, 3, 4, 5, 6, 7],
+        vec![42],
+        vec![9; 12],
+        vec![3, 1, 4, 1, 5],
+    ];
+    let keys: Vec<[u64; 4]> = (0..prompts.len() as u64).map(|i| [3, 2, i, 0]).collect();
+    let p = SamplingParams {
+        temperature: 1.0,
+        top_p: 1.0,
+        top_k: None,
+        max_new_tokens: 12,
+    };
+    let eos: Vec<u32> = (0..13).collect();
+    let solo: Vec<_> = (0..prompts.len())
+        .map(|i| {
+            let r = SampleRequest::new(p).eos(eos.clone());
+            rollout::generate(&model, &prompts[i..=i], &keys[i..=i], &r).expect("solo")[0].clone()
+        })
+        .collect();
+    for slots in [1, 2, 5] {
+        let r = SampleRequest::new(p).eos(eos.clone()).max_batch(slots);
+        let batched = rollout::generate(&model, &prompts, &keys, &r).expect("batched");
+        for (i, (b, s)) in batched.iter().zip(&solo).enumerate() {
+            assert_eq!(
+                b.tokens, s.tokens,
+                "{slots} slots, prompt {i}: tokens differ"
+            );
+        }
+    }
+}

@@ -873,3 +873,126 @@ fn gradient_checkpointing_gives_the_plain_gradients_bit_for_bit() {
         }
     }
 }
+
+#[test]
+fn continuous_batching_gives_every_prompt_its_solo_completion() {
+    // Sequences end at different steps (a tenth of the vocabulary ends them), so waiting prompts
+    // join a batch that is part-way through decoding, in whichever slot came free.
+    let (cfg, params) = load("tiny-qwen3");
+    let model = Qwen::new(&cfg, &params, true).expect("model");
+    let prompts: Vec<Vec<u32>> = vec![
+        vec![5, 17, 99],
+        vec![1, 2, 3, 4, 5, 6, 7],
+        vec![42],
+        vec![9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9],
+        vec![3, 1, 4, 1, 5],
+        vec![100, 101],
+        vec![7, 7, 7, 7],
+    ];
+    let keys: Vec<[u64; 4]> = (0..prompts.len() as u64).map(|i| [3, 2, i, 0]).collect();
+    let p = SamplingParams {
+        temperature: 1.0,
+        top_p: 1.0,
+        top_k: None,
+        max_new_tokens: 12,
+    };
+    let eos: Vec<u32> = (0..13).collect();
+    let request = |slots: Option<usize>| {
+        let r = SampleRequest::new(p).eos(eos.clone());
+        match slots {
+            Some(n) => r.max_batch(n),
+            None => r,
+        }
+    };
+    let solo: Vec<_> = (0..prompts.len())
+        .map(|i| {
+            rollout::generate(&model, &prompts[i..=i], &keys[i..=i], &request(None)).expect("solo")
+                [0]
+            .clone()
+        })
+        .collect();
+    let lengths: Vec<usize> = solo.iter().map(|c| c.tokens.len()).collect();
+    assert!(
+        lengths.iter().any(|&l| l < 12) && lengths.iter().any(|&l| l > 1),
+        "the test needs sequences of different lengths: {lengths:?}"
+    );
+    for slots in [1, 2, 3, 7] {
+        let batched =
+            rollout::generate(&model, &prompts, &keys, &request(Some(slots))).expect("batched");
+        for (i, (b, s)) in batched.iter().zip(&solo).enumerate() {
+            assert_eq!(
+                b.tokens, s.tokens,
+                "{slots} slots, prompt {i}: tokens differ"
+            );
+            assert_eq!(b.finish, s.finish, "{slots} slots, prompt {i}");
+            assert!(
+                max_abs_diff(&b.log_probs, &s.log_probs) < 1e-5,
+                "{slots} slots, prompt {i}: log-probs differ"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_kv_cache_is_allocated_once_and_written_in_place() {
+    let (cfg, params) = load("tiny-qwen3");
+    let model = Qwen::new(&cfg, &params, true).expect("model");
+    let seq: Vec<u32> = vec![5, 17, 99, 3, 64, 2, 127, 40, 8, 1];
+    let dev = Device::Cpu;
+    let row = |ids: &[u32], start: u32| {
+        (
+            Tensor::new(ids, &dev)
+                .expect("ids")
+                .unsqueeze(0)
+                .expect("b"),
+            Tensor::new(
+                (start..start + ids.len() as u32)
+                    .collect::<Vec<_>>()
+                    .as_slice(),
+                &dev,
+            )
+            .expect("pos")
+            .unsqueeze(0)
+            .expect("b"),
+        )
+    };
+    let (ids, pos) = row(&seq[..4], 0);
+    let reserve = acpo::model::qwen::KvCache::with_reserve(6);
+    let valid = |n: usize| Tensor::ones((1, n), DType::U8, &dev).expect("valid");
+    let (_, mut cache) = model
+        .forward_hidden(&ids, &pos, &valid(4), Some(&reserve))
+        .expect("prefill");
+    assert_eq!((cache.len(), cache.capacity()), (4, 10));
+    let mut last = Vec::new();
+    for j in 4..seq.len() {
+        let (ids, pos) = row(&seq[j..=j], j as u32);
+        let (h, next) = model
+            .forward_hidden(&ids, &pos, &valid(j + 1), Some(&cache))
+            .expect("decode");
+        assert_eq!(
+            (next.len(), next.capacity()),
+            (j + 1, 10),
+            "no reallocation"
+        );
+        cache = next;
+        last = h.flatten_all().expect("f").to_vec1::<f32>().expect("v");
+    }
+    // Past the reserve, the cache moves into a larger buffer and goes on.
+    let (ids, pos) = row(&[3], 10);
+    let (_, grown) = model
+        .forward_hidden(&ids, &pos, &valid(11), Some(&cache))
+        .expect("grow");
+    assert!(grown.len() == 11 && grown.capacity() >= 11);
+    // The in-place decode equals one forward over the whole sequence.
+    let full = forward_full(&model, std::slice::from_ref(&seq));
+    let h = full.dim(2).expect("h");
+    let want = full
+        .narrow(1, seq.len() - 1, 1)
+        .expect("n")
+        .flatten_all()
+        .expect("f")
+        .to_vec1::<f32>()
+        .expect("v");
+    assert_eq!(want.len(), h);
+    assert!(max_abs_diff(&last, &want) < 1e-4);
+}

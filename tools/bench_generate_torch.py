@@ -1,0 +1,58 @@
+#!/usr/bin/env python3
+"""PyTorch twin of `acpo bench generate --config C --batch B --prompt-len P --new-tokens N
+--dtype bf16 --device cuda`: HF transformers `generate` on random weights of the config's shape,
+bf16, sdpa attention, a static KV cache where the installed transformers has one, sampling at
+T = 1 with no early stop. Median of --repeats after a warm-up; new tokens per second.
+
+  python3 tools/bench_generate_torch.py --config experiments/paper/configs/qwen3-1.7b.json \\
+      --batch 64 --prompt-len 1024 --new-tokens 1024 --json out.json
+"""
+import argparse
+import json
+import statistics
+import time
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--config", required=True)
+ap.add_argument("--batch", type=int, default=8)
+ap.add_argument("--prompt-len", type=int, default=32)
+ap.add_argument("--new-tokens", type=int, default=64)
+ap.add_argument("--repeats", type=int, default=3)
+ap.add_argument("--cache", default="static", help="static or dynamic")
+ap.add_argument("--json")
+args = ap.parse_args()
+dev = torch.device("cuda")
+cfg = AutoConfig.from_pretrained(args.config)
+torch.manual_seed(0)
+model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16, attn_implementation="sdpa").to(dev).eval()
+ids = torch.randint(0, cfg.vocab_size, (args.batch, args.prompt_len), device=dev)
+
+
+def run():
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        kw = dict(attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_p=1.0,
+                  top_k=0, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
+                  pad_token_id=0, eos_token_id=None)
+        try:
+            model.generate(ids, cache_implementation=args.cache, **kw)
+        except (TypeError, ValueError):
+            model.generate(ids, **kw)
+    torch.cuda.synchronize()
+    return time.perf_counter() - t0
+
+
+run()
+secs = statistics.median(run() for _ in range(args.repeats))
+tokens = args.batch * args.new_tokens
+row = dict(config=args.config, what="generate", target="torch/bf16", cache=args.cache, batch=args.batch,
+           prompt_len=args.prompt_len, new_tokens=args.new_tokens, seconds=secs,
+           tokens_per_second=tokens / secs, device=torch.cuda.get_device_name(), torch=torch.__version__)
+print(f"| torch generate ({args.cache} cache) | {args.batch} x ({args.prompt_len} + {args.new_tokens}) | "
+      f"{tokens / secs:.1f} new tokens/s |")
+if args.json:
+    with open(args.json, "w") as f:
+        json.dump(row, f, indent=2)
