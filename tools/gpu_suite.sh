@@ -99,6 +99,13 @@ timeout 300 "$bin/acpo" bench generate --config "$cfg" --device cuda --dtype bf1
     > "$out/acpo-generate.log" 2>&1
 log "== acpo generate qwen3-1.7b 64x(1024+1024): exit $?"
 tail -2 "$out/acpo-generate.log" | tee -a "$out/summary.txt"
+# Long-tailed response lengths (256 prompts, ≤ 2k new tokens, 64 at once): waves against
+# continuous batching.
+timeout 300 "$bin/acpo" bench generate --config "$cfg" --device cuda --dtype bf16 --batch 256 \
+    --prompt-len 256 --new-tokens 2048 --max-batch 64 --long-tail --repeats 1 \
+    --out "$out/generate-long-tail" > "$out/acpo-generate-long-tail.log" 2>&1
+log "== acpo generate long tail (waves vs continuous): exit $?"
+tail -3 "$out/acpo-generate-long-tail.log" | tee -a "$out/summary.txt"
 # Peak memory at 9k with one saving off at a time (an out-of-memory exit is a result too).
 for off in "--attention composed --checkpointing" "--vocab-chunk 0 --checkpointing" ""; do
     name=$(echo "${off:-no-checkpointing}" | tr -c 'a-z0-9\n' '-')

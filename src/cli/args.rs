@@ -242,6 +242,10 @@ pub struct BenchArgs {
     /// [default: all].
     #[arg(long)]
     pub max_batch: Option<usize>,
+    /// generate: long-tailed response lengths up to --new-tokens, waves of --max-batch prompts
+    /// against continuous batching.
+    #[arg(long)]
+    pub long_tail: bool,
     /// train-step: gradient checkpointing per decoder layer.
     #[arg(long)]
     pub checkpointing: bool,

@@ -104,6 +104,9 @@ pub struct SampleShape {
     pub new_tokens: usize,
     /// Sequences decoded at once (continuous batching); None: all.
     pub max_batch: Option<usize>,
+    /// Response lengths from a long-tailed distribution instead of `new_tokens` for all: the
+    /// benchmark then compares waves of `max_batch` prompts with continuous batching.
+    pub long_tail: bool,
 }
 
 impl Default for SampleShape {
@@ -113,6 +116,7 @@ impl Default for SampleShape {
             prompt_len: PROMPT_LEN,
             new_tokens: NEW_TOKENS,
             max_batch: None,
+            long_tail: false,
         }
     }
 }
@@ -197,21 +201,24 @@ pub fn speed(kind: BenchKind, out: &Path, opts: &SpeedOptions) -> Result<PathBuf
     };
     let mut rows = Vec::new();
     for m in opts.subjects()? {
-        let r = match kind {
-            BenchKind::Generate => bench_generate(&m, opts)?,
-            BenchKind::Attention => bench_attention(&m, opts)?,
-            _ => bench_train_step(&m, opts)?,
+        let measured = match kind {
+            BenchKind::Generate if opts.sample.long_tail => bench_long_tail(&m, opts)?.to_vec(),
+            BenchKind::Generate => vec![bench_generate(&m, opts)?],
+            BenchKind::Attention => vec![bench_attention(&m, opts)?],
+            _ => vec![bench_train_step(&m, opts)?],
         };
-        let peak = r
-            .memory
-            .as_ref()
-            .and_then(|mm| mm.peak)
-            .map_or_else(String::new, |p| format!(", peak {} GiB", memory::gib(p)));
-        println!(
-            "{:<12} {:>11} params  {:<10} {:<9} {:>8.1} tokens/s  ({:.3} s for {} tokens{peak})",
-            r.model, r.parameters, r.what, r.target, r.tokens_per_second, r.seconds, r.tokens
-        );
-        rows.push(r);
+        for r in measured {
+            let peak = r
+                .memory
+                .as_ref()
+                .and_then(|mm| mm.peak)
+                .map_or_else(String::new, |p| format!(", peak {} GiB", memory::gib(p)));
+            println!(
+                "{:<12} {:>11} params  {:<10} {:<9} {:>8.1} tokens/s  ({:.3} s for {} tokens{peak})",
+                r.model, r.parameters, r.what, r.target, r.tokens_per_second, r.seconds, r.tokens
+            );
+            rows.push(r);
+        }
     }
     let json = serde_json::to_string_pretty(&rows).expect("invariant: measurements are JSON");
     write_report(out, &format!("{name}.json"), json.as_bytes())?;
@@ -437,6 +444,89 @@ pub fn bench_generate(m: &Subject, opts: &SpeedOptions) -> Result<Measurement> {
         mfu: None,
         memory: None,
     })
+}
+
+/// Response lengths of the long-tail benchmark: ⌈N·u⁶⌉ for u uniform in [0, 1), seeded. The
+/// median is N/64, a tenth run past 0.53·N, and a few reach N (RL responses: most end early,
+/// some run to the limit).
+pub fn long_tail_lengths(n: usize, max: usize) -> Vec<usize> {
+    let mut rng = crate::rng::SplitMix64::new(13);
+    (0..n)
+        .map(|_| ((max as f64 * rng.next_f64().powi(6)).ceil() as usize).clamp(1, max))
+        .collect()
+}
+
+/// Sampling with long-tailed response lengths ([`long_tail_lengths`]), `max_batch` sequences
+/// at a time: in waves (each wave a batch that ends with its longest sequence; finished ones
+/// leave it, none join), then with continuous batching (a waiting prompt takes a finished one's
+/// place). The same prompts, keys and lengths; tokens/s of new tokens.
+pub fn bench_long_tail(m: &Subject, opts: &SpeedOptions) -> Result<[Measurement; 2]> {
+    let (target, shape) = (&opts.target, &opts.sample);
+    let cfg = m.cfg.clone();
+    let precision = crate::model::Precision::inference(target.dtype);
+    let params = init::random_params(&cfg, 0, precision.master, &target.device)?;
+    let model = Qwen::new(&cfg, &params, true)?;
+    let prompts = prompt_ids(cfg.vocab_size, shape.batch, shape.prompt_len);
+    let keys: Vec<[u64; 4]> = (0..shape.batch as u64).map(|i| [0, 0, i, 0]).collect();
+    let limits = long_tail_lengths(shape.batch, shape.new_tokens);
+    let slots = shape.max_batch.unwrap_or(shape.batch.div_ceil(4)).max(1);
+    let p = SamplingParams {
+        temperature: 1.0,
+        top_p: 1.0,
+        top_k: None,
+        max_new_tokens: shape.new_tokens,
+    };
+    let tokens: usize = limits.iter().sum();
+    let waves = || -> Result<f64> {
+        let t = Instant::now();
+        for start in (0..shape.batch).step_by(slots) {
+            let r = start..(start + slots).min(shape.batch);
+            let req = SampleRequest::new(p).limits(limits[r.clone()].to_vec());
+            rollout::generate(&model, &prompts[r.clone()], &keys[r], &req)?;
+        }
+        target.sync()?;
+        Ok(t.elapsed().as_secs_f64())
+    };
+    let continuous = || -> Result<f64> {
+        let t = Instant::now();
+        let req = SampleRequest::new(p)
+            .limits(limits.clone())
+            .max_batch(slots);
+        rollout::generate(&model, &prompts, &keys, &req)?;
+        target.sync()?;
+        Ok(t.elapsed().as_secs_f64())
+    };
+    let row = |what: &'static str, secs: f64, how: &str| Measurement {
+        model: m.name.clone(),
+        parameters: params.count(),
+        what,
+        target: target.name(),
+        tokens,
+        seconds: secs,
+        tokens_per_second: tokens as f64 / secs,
+        repeats: opts.repeats,
+        shape: Some(format!(
+            "{} prompts of {}, long-tailed lengths ≤ {} (Σ {tokens}), {slots} at once: {how}",
+            shape.batch, shape.prompt_len, shape.new_tokens
+        )),
+        mfu: None,
+        memory: None,
+    };
+    waves()?;
+    let w = median(
+        (0..opts.repeats)
+            .map(|_| waves())
+            .collect::<Result<Vec<_>>>()?,
+    );
+    let c = median(
+        (0..opts.repeats)
+            .map(|_| continuous())
+            .collect::<Result<Vec<_>>>()?,
+    );
+    Ok([
+        row("generate", w, "waves"),
+        row("generate", c, "continuous batching"),
+    ])
 }
 
 /// Rows per micro-batch in the train-step benchmark: the batch of 8 is two micro-batches, run

@@ -69,6 +69,9 @@ pub struct SampleRequest<'a> {
     /// Sequences decoded at once (continuous batching): when one finishes, a waiting prompt
     /// takes its place. None: every prompt of a group at once.
     pub max_batch: Option<usize>,
+    /// Per prompt, at most this many new tokens (below `params.max_new_tokens`; at least one is
+    /// always drawn); None: the params' limit for all.
+    pub limits: Option<Vec<usize>>,
 }
 
 impl<'a> SampleRequest<'a> {
@@ -79,7 +82,14 @@ impl<'a> SampleRequest<'a> {
             stop: StopCriteria::default(),
             pad_id: 0,
             max_batch: None,
+            limits: None,
         }
+    }
+
+    /// Prompt i gets at most `limits[i]` new tokens (capped by the params' limit).
+    pub fn limits(mut self, limits: Vec<usize>) -> SampleRequest<'a> {
+        self.limits = Some(limits);
+        self
     }
 
     /// Decode at most `n` sequences at once; a waiting prompt takes a finished one's place.
@@ -134,13 +144,34 @@ pub fn generate(
 ) -> Result<Vec<Completion>> {
     let side_by_side = model.device().is_cpu();
     let groups = crate::parallel::workers().min(prompts.len()).max(1);
+    if let Some(limits) = &request.limits {
+        if limits.len() != prompts.len() {
+            return Err(candle_core::Error::Msg(format!(
+                "{} prompts but {} length limits",
+                prompts.len(),
+                limits.len()
+            ))
+            .into());
+        }
+    }
     if !side_by_side || groups < 2 || prompts.len() != keys.len() {
-        return generate_group(model, prompts, keys, request);
+        return generate_group(model, prompts, keys, request, 0, request.max_batch);
     }
     let size = prompts.len().div_ceil(groups);
-    let parts = crate::parallel::map(prompts.len().div_ceil(size), true, |g| {
+    let n_groups = prompts.len().div_ceil(size);
+    // The slots are shared out among the groups, so that `max_batch` bounds the sequences
+    // decoded at once in all.
+    let slots = request.max_batch.map(|n| n.div_ceil(n_groups));
+    let parts = crate::parallel::map(n_groups, true, |g| {
         let r = g * size..(g * size + size).min(prompts.len());
-        generate_group(model, &prompts[r.clone()], &keys[r], request)
+        generate_group(
+            model,
+            &prompts[r.clone()],
+            &keys[r],
+            request,
+            g * size,
+            slots,
+        )
     });
     let mut out = Vec::with_capacity(prompts.len());
     for part in parts {
@@ -203,7 +234,19 @@ fn generate_group(
     prompts: &[Vec<u32>],
     keys: &[SampleKey],
     request: &SampleRequest,
+    first_prompt: usize,
+    slots: Option<usize>,
 ) -> Result<Vec<Completion>> {
+    let limit = |i: usize| {
+        request
+            .limits
+            .as_ref()
+            .map_or(request.params.max_new_tokens, |l| {
+                l[first_prompt + i]
+                    .min(request.params.max_new_tokens)
+                    .max(1)
+            })
+    };
     let (params, stop, pad_id) = (&request.params, &request.stop, request.pad_id);
     if prompts.len() != keys.len() {
         return Err(candle_core::Error::Msg(format!(
@@ -229,7 +272,7 @@ fn generate_group(
     }
     let device = model.device().clone();
     let mut rngs: Vec<SplitMix64> = keys.iter().map(|k| SplitMix64::from_key(k)).collect();
-    let slots = request.max_batch.unwrap_or(prompts.len()).max(1);
+    let slots = slots.unwrap_or(prompts.len()).max(1);
     let mut waiting: std::collections::VecDeque<usize> = (0..prompts.len()).collect();
     let first: Vec<usize> = waiting.drain(..slots.min(prompts.len())).collect();
     let reserve = params.max_new_tokens;
@@ -249,7 +292,7 @@ fn generate_group(
                 c.finish = FinishReason::Eos;
             } else if hits_stop_string(&c.tokens, stop) {
                 c.finish = FinishReason::Stop;
-            } else if c.tokens.len() < params.max_new_tokens {
+            } else if c.tokens.len() < limit(i) {
                 keep.push(r);
                 next_ids.push(token);
             }

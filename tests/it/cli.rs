@@ -408,6 +408,49 @@ fn bench_train_step_takes_a_config_a_shape_and_the_memory_settings_and_reports_p
 }
 
 #[test]
+fn bench_generate_compares_waves_with_continuous_batching_on_long_tails() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = acpo(
+        &[
+            "bench",
+            "generate",
+            "--tiny-only",
+            "--long-tail",
+            "--batch",
+            "12",
+            "--new-tokens",
+            "16",
+            "--max-batch",
+            "4",
+            "--repeats",
+            "1",
+            "--out",
+            dir.path().to_str().expect("utf8"),
+        ],
+        repo(),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<serde_json::Value> = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("generate.json")).expect("json"),
+    )
+    .expect("rows");
+    assert_eq!(rows.len(), 2);
+    assert!(rows[0]["shape"].as_str().expect("s").ends_with("waves"));
+    assert!(rows[1]["shape"]
+        .as_str()
+        .expect("s")
+        .ends_with("continuous batching"));
+    // The same work both ways: the long-tailed lengths' sum.
+    let want: usize = acpo::perf::long_tail_lengths(12, 16).iter().sum();
+    assert_eq!(rows[0]["tokens"], want);
+    assert_eq!(rows[1]["tokens"], want);
+}
+
+#[test]
 fn bench_memory_plan_fills_the_cuda_doc_with_every_paper_run() {
     let dir = tempfile::tempdir().expect("tempdir");
     let doc = dir.path().join("doc.md");

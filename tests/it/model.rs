@@ -916,6 +916,25 @@ fn continuous_batching_gives_every_prompt_its_solo_completion() {
         lengths.iter().any(|&l| l < 12) && lengths.iter().any(|&l| l > 1),
         "the test needs sequences of different lengths: {lengths:?}"
     );
+    // Per-prompt length limits (the long-tail benchmark's): honoured, and each completion is
+    // the solo one cut at its limit.
+    let limits = vec![1, 12, 3, 7, 2, 12, 5];
+    let limited = rollout::generate(
+        &model,
+        &prompts,
+        &keys,
+        &request(Some(3)).limits(limits.clone()),
+    )
+    .expect("limited");
+    for (i, c) in limited.iter().enumerate() {
+        let n = solo[i].tokens.len().min(limits[i]);
+        assert_eq!(
+            c.tokens,
+            solo[i].tokens[..n],
+            "prompt {i}: limit {}",
+            limits[i]
+        );
+    }
     for slots in [1, 2, 3, 7] {
         let batched =
             rollout::generate(&model, &prompts, &keys, &request(Some(slots))).expect("batched");
