@@ -99,6 +99,11 @@ timeout 300 "$bin/acpo" bench generate --config "$cfg" --device cuda --dtype bf1
     > "$out/acpo-generate.log" 2>&1
 log "== acpo generate qwen3-1.7b 64x(1024+1024): exit $?"
 tail -2 "$out/acpo-generate.log" | tee -a "$out/summary.txt"
+# The costed paper plan from the two measured rates (9k-token train step, batch-64 sampling).
+mkdir -p "$out/measured"
+cp "$out/paper-9220/train-step.json" "$out/generate-paper/generate.json" "$out/measured/" 2>/dev/null
+"$bin/acpo" bench paper-plan --measured "$out/measured" --out "$out/measured" > "$out/paper-plan.log" 2>&1
+log "== paper plan: exit $?"
 # Long-tailed response lengths (256 prompts, ≤ 2k new tokens, 64 at once): waves against
 # continuous batching.
 timeout 300 "$bin/acpo" bench generate --config "$cfg" --device cuda --dtype bf16 --batch 256 \

@@ -255,6 +255,9 @@ pub struct BenchArgs {
     /// memory-plan: the model configs, named after the hub repo (`qwen3-1.7b.json`).
     #[arg(long, default_value = "experiments/paper/configs")]
     pub configs: PathBuf,
+    /// paper-plan: a directory with train-step.json and generate.json measured on CUDA (bf16).
+    #[arg(long)]
+    pub measured: Option<PathBuf>,
     /// Also fill this Markdown file's `<!-- begin: NAME -->` … `<!-- end: NAME -->` blocks
     /// with the reports in --out (memory-plan.md, train-step.md, ...).
     #[arg(long)]

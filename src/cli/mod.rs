@@ -90,6 +90,17 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 BenchKind::MemoryPlan => {
                     acpo::perf::memory_plan(&args.experiments, &args.configs, &args.out)?
                 }
+                BenchKind::PaperPlan => {
+                    let Some(measured) = &args.measured else {
+                        bail!("bench paper-plan needs --measured DIR (train-step.json and generate.json measured on CUDA in bf16)");
+                    };
+                    acpo::perf::plan::paper_plan(
+                        &args.experiments,
+                        &args.configs,
+                        measured,
+                        &args.out,
+                    )?
+                }
                 kind => acpo::perf::speed(kind, &args.out, &speed_options(&args)?)?,
             };
             println!("report: {}", report.display());

@@ -261,12 +261,7 @@ pub fn plan(
 ) -> crate::model::Result<Vec<RunMemory>> {
     let mut out = Vec::new();
     for (path, exp) in manifests {
-        let repo = match &exp.model.source {
-            crate::manifest::ModelSource::Hub { repo, .. } => repo.clone(),
-            crate::manifest::ModelSource::Dir(d) => d.display().to_string(),
-        };
-        let file = repo.rsplit('/').next().unwrap_or(&repo).to_lowercase();
-        let cfg = QwenConfig::load(&configs.join(format!("{file}.json")))?;
+        let cfg = super::plan::model_config(exp, configs)?;
         let bf16 = exp.model.dtype == crate::manifest::DType::Bf16;
         let t = (exp.data.max_prompt_length + exp.data.max_response_length) as u64;
         let b = exp.actor.micro_batch_size as u64;

@@ -5,6 +5,7 @@
 //! Targets live here, not in timed tests: a report states what was measured on which machine.
 
 pub mod memory;
+pub mod plan;
 pub mod verifier;
 
 use std::path::{Path, PathBuf};
@@ -68,6 +69,8 @@ pub enum BenchKind {
     Attention,
     /// The memory arithmetic of the paper runs (docs/CUDA.md's table).
     MemoryPlan,
+    /// The GPU-hours of the paper runs from measured GPU rates (--measured).
+    PaperPlan,
     /// Verifier throughput (answers/s).
     Verifier,
 }
@@ -195,7 +198,7 @@ pub fn speed(kind: BenchKind, out: &Path, opts: &SpeedOptions) -> Result<PathBuf
         BenchKind::Generate => "generate",
         BenchKind::TrainStep => "train-step",
         BenchKind::Attention => "attention",
-        BenchKind::Verifier | BenchKind::MemoryPlan => {
+        BenchKind::Verifier | BenchKind::MemoryPlan | BenchKind::PaperPlan => {
             unreachable!("the verifier and memory-plan reports have their own functions")
         }
     };
@@ -226,24 +229,31 @@ pub fn speed(kind: BenchKind, out: &Path, opts: &SpeedOptions) -> Result<PathBuf
     write_report(out, &format!("{name}.md"), md.as_bytes())
 }
 
-/// docs/CUDA.md's memory table: the paper manifests under `experiments` and the model
-/// configs under `configs`, written to `<out>/memory-plan.{json,md}`.
-pub fn memory_plan(experiments: &Path, configs: &Path, out: &Path) -> Result<PathBuf> {
-    let mut manifests = Vec::new();
-    let mut entries: Vec<PathBuf> = std::fs::read_dir(experiments)
+/// The manifests (`*.yaml`) directly under `dir`, in name order.
+fn manifests(dir: &Path) -> Result<Vec<(PathBuf, crate::manifest::Experiment)>> {
+    let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(|source| PerfError::Io {
-            path: experiments.to_owned(),
+            path: dir.to_owned(),
             source,
         })?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
         .collect();
     entries.sort();
-    for path in entries {
-        let exp = crate::manifest::Experiment::load(&path)
-            .map_err(|e| PerfError::Shape(e.to_string()))?;
-        manifests.push((path, exp));
-    }
+    entries
+        .into_iter()
+        .map(|path| {
+            let exp = crate::manifest::Experiment::load(&path)
+                .map_err(|e| PerfError::Shape(e.to_string()))?;
+            Ok((path, exp))
+        })
+        .collect()
+}
+
+/// docs/CUDA.md's memory table: the paper manifests under `experiments` and the model
+/// configs under `configs`, written to `<out>/memory-plan.{json,md}`.
+pub fn memory_plan(experiments: &Path, configs: &Path, out: &Path) -> Result<PathBuf> {
+    let manifests = manifests(experiments)?;
     let rows = memory::plan(&manifests, configs)?;
     let json = serde_json::to_string_pretty(&rows).expect("invariant: the plan is JSON");
     write_report(out, "memory-plan.json", json.as_bytes())?;
@@ -360,6 +370,41 @@ pub struct Measurement {
     pub mfu: Option<f64>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub memory: Option<StepMemory>,
+    /// Generate: the decode steps' memory traffic against the device's copy bandwidth.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub roofline: Option<Roofline>,
+}
+
+/// How close decoding runs to the memory roofline: each decode step must read every weight
+/// once and each sequence's keys and values so far.
+#[derive(Debug, Clone, Serialize)]
+pub struct Roofline {
+    /// Weights + the mean KV cache read per decode step.
+    pub bytes_per_step: f64,
+    /// Seconds per decode step (the run's time over its new tokens; prefill included).
+    pub step_seconds: f64,
+    pub achieved_gb_per_s: f64,
+    /// A device-to-device copy's bandwidth (bytes read + written per second), measured.
+    pub copy_gb_per_s: f64,
+    /// achieved / copy.
+    pub fraction: f64,
+}
+
+/// Bytes read + written per second by a copy of a 1 GiB buffer on the device (median of 5),
+/// the bandwidth a memory-bound kernel can hope for.
+pub fn copy_bandwidth(target: &Target) -> Result<f64> {
+    let n = (1usize << 30) / 4;
+    let src = Tensor::zeros(n, DType::F32, &target.device)?;
+    let time = || -> Result<f64> {
+        let t = Instant::now();
+        let dst = src.copy()?;
+        target.sync()?;
+        drop(dst);
+        Ok(t.elapsed().as_secs_f64())
+    };
+    time()?;
+    let secs = median((0..5).map(|_| time()).collect::<Result<Vec<_>>>()?);
+    Ok(2.0 * (n * 4) as f64 / secs)
 }
 
 /// The memory of a train step: the measured peak and its parts.
@@ -423,6 +468,23 @@ pub fn bench_generate(m: &Subject, opts: &SpeedOptions) -> Result<Measurement> {
     run()?;
     let secs = median((0..repeats).map(|_| run()).collect::<Result<Vec<_>>>()?);
     let tokens = shape.batch * shape.new_tokens;
+    // Per decode step: every weight once (the compute dtype), and each sequence's cache so far,
+    // on average prompt + N/2 positions of K and V in every layer.
+    let elem = precision.compute.size_in_bytes() as f64;
+    let kv_per_position =
+        2.0 * (cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim()) as f64 * elem;
+    let context = shape.prompt_len as f64 + shape.new_tokens as f64 / 2.0;
+    let bytes_per_step =
+        params.count() as f64 * elem + shape.batch as f64 * context * kv_per_position;
+    let step_seconds = secs / shape.new_tokens.max(1) as f64;
+    let copy = copy_bandwidth(target)?;
+    let roofline = Roofline {
+        bytes_per_step,
+        step_seconds,
+        achieved_gb_per_s: bytes_per_step / step_seconds / 1e9,
+        copy_gb_per_s: copy / 1e9,
+        fraction: bytes_per_step / step_seconds / copy,
+    };
     Ok(Measurement {
         model: m.name.clone(),
         parameters: params.count(),
@@ -443,6 +505,7 @@ pub fn bench_generate(m: &Subject, opts: &SpeedOptions) -> Result<Measurement> {
         )),
         mfu: None,
         memory: None,
+        roofline: Some(roofline),
     })
 }
 
@@ -511,6 +574,7 @@ pub fn bench_long_tail(m: &Subject, opts: &SpeedOptions) -> Result<[Measurement;
         )),
         mfu: None,
         memory: None,
+        roofline: None,
     };
     waves()?;
     let w = median(
@@ -658,6 +722,7 @@ pub fn bench_train_step(m: &Subject, opts: &SpeedOptions) -> Result<Measurement>
             optimizer: 8 * n,
             activations: peak.zip(before).map(|(p, b)| p.saturating_sub(b + grads)),
         }),
+        roofline: None,
     })
 }
 
@@ -747,6 +812,7 @@ pub fn bench_attention(m: &Subject, opts: &SpeedOptions) -> Result<Measurement> 
         )),
         mfu: peak_flops(target).map(|peak| 3.5 * fwd_flops / both / peak),
         memory: None,
+        roofline: None,
     })
 }
 
@@ -787,14 +853,14 @@ fn median(mut xs: Vec<f64>) -> f64 {
 /// Markdown table of measurements.
 pub fn markdown(title: &str, rows: &[Measurement]) -> String {
     let mut s = format!(
-        "# {title}\n\nMachine: {} CPU threads available. Built-in shapes: batch {BATCH}, prompt {PROMPT_LEN}, new tokens {NEW_TOKENS}, train sequence {TRAIN_SEQ_LEN}.\n\n| model | parameters | what | target | shape | tokens | seconds (median) | tokens/s | MFU | peak memory (GiB) | activations (GiB) |\n|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|\n",
+        "# {title}\n\nMachine: {} CPU threads available. Built-in shapes: batch {BATCH}, prompt {PROMPT_LEN}, new tokens {NEW_TOKENS}, train sequence {TRAIN_SEQ_LEN}.\n\n| model | parameters | what | target | shape | tokens | seconds (median) | tokens/s | MFU | peak memory (GiB) | activations (GiB) | of the memory roofline |\n|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|\n",
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
     for r in rows {
         let mem = r.memory.as_ref();
         let gib = |b: Option<u64>| b.map_or_else(|| "—".into(), memory::gib);
         s.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {:.4} | {:.1} | {} | {} | {} |\n",
+            "| {} | {} | {} | {} | {} | {} | {:.4} | {:.1} | {} | {} | {} | {} |\n",
             r.model,
             r.parameters,
             r.what,
@@ -807,6 +873,15 @@ pub fn markdown(title: &str, rows: &[Measurement]) -> String {
                 .map_or_else(|| "—".into(), |m| format!("{:.1} %", 100.0 * m)),
             gib(mem.and_then(|m| m.peak)),
             gib(mem.and_then(|m| m.activations)),
+            r.roofline.as_ref().map_or_else(
+                || "—".into(),
+                |f| format!(
+                    "{:.0} % ({:.1} of {:.1} GB/s)",
+                    100.0 * f.fraction,
+                    f.achieved_gb_per_s,
+                    f.copy_gb_per_s
+                )
+            ),
         ));
     }
     if let Some(m) = rows.iter().find_map(|r| r.memory.as_ref()) {

@@ -451,6 +451,67 @@ fn bench_generate_compares_waves_with_continuous_batching_on_long_tails() {
 }
 
 #[test]
+fn bench_paper_plan_costs_every_paper_run_from_measured_rates() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().to_str().expect("utf8");
+    // Without measurements: refused, naming the flag.
+    let refused = acpo(&["bench", "paper-plan", "--out", out], repo());
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("--measured"));
+    // Two measurement files in the reports' format (made-up rates: this tests the arithmetic).
+    let row = |what: &str, tps: f64| {
+        serde_json::json!([{"model": "qwen3-1.7b", "parameters": 1_720_574_976u64, "what": what,
+            "target": "cuda/bf16", "tokens": 1000, "seconds": 1000.0 / tps,
+            "tokens_per_second": tps, "repeats": 1}])
+    };
+    let measured = dir.path().join("measured");
+    std::fs::create_dir(&measured).expect("dir");
+    std::fs::write(
+        measured.join("train-step.json"),
+        row("train-step", 10_000.0).to_string(),
+    )
+    .expect("w");
+    std::fs::write(
+        measured.join("generate.json"),
+        row("generate", 5_000.0).to_string(),
+    )
+    .expect("w");
+    let ok = acpo(
+        &[
+            "bench",
+            "paper-plan",
+            "--measured",
+            measured.to_str().expect("u"),
+            "--out",
+            out,
+        ],
+        repo(),
+    );
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let rows: Vec<serde_json::Value> = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("paper-plan.json")).expect("json"),
+    )
+    .expect("rows");
+    assert_eq!(rows.len(), 16);
+    let hours = |run: &str| {
+        rows.iter().find(|r| r["run"] == run).expect(run)["gpu_hours"]
+            .as_f64()
+            .expect("h")
+    };
+    // A larger model costs more; a critic costs more than none.
+    assert!(hours("qwen3-8b-grpo") > hours("qwen3-1.7b-grpo"));
+    assert!(hours("qwen3-1.7b-ppo") > 0.0);
+    assert_eq!(
+        rows.iter().find(|r| r["run"] == "qwen3-8b-ppo").expect("r")["paper_gpus"],
+        8
+    );
+}
+
+#[test]
 fn bench_memory_plan_fills_the_cuda_doc_with_every_paper_run() {
     let dir = tempfile::tempdir().expect("tempdir");
     let doc = dir.path().join("doc.md");

@@ -1,0 +1,173 @@
+//! The costed paper plan (issue #20): from measured GPU rates of `acpo bench train-step` and
+//! `acpo bench generate`, the GPU-hours each paper run would take on one GPU with acpo, beside
+//! the GPUs the paper used.
+//!
+//! Two measurements feed it: a train step and a sampling run of one model shape (the GPU suite
+//! measures Qwen3-1.7B). Other sizes are scaled by parameter count: a train step's FLOPs, and a
+//! decode step's weight reads, both grow with it. Lengths are a stated assumption, since the
+//! paper does not report its mean response length. A response is taken to use half of
+//! `max_response_length`, and an evaluation answer half of `eval.max_new_tokens`.
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use super::{memory, write_report, Measurement, PerfError, Result};
+use crate::manifest::Experiment;
+use crate::model::QwenConfig;
+
+/// The share of the length limits a response is taken to use.
+pub const RESPONSE_SHARE: f64 = 0.5;
+
+/// The GPUs per run the paper used (its appendix: 8 for Qwen2.5-Math-7B and Qwen3-8B, 4 for
+/// Qwen3-4B, 2 for Qwen3-1.7B).
+fn paper_gpus(repo: &str) -> usize {
+    let r = repo.to_lowercase();
+    if r.contains("1.7b") {
+        2
+    } else if r.contains("4b") {
+        4
+    } else {
+        8
+    }
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct RunCost {
+    pub run: String,
+    pub steps: usize,
+    pub sample_tokens: f64,
+    pub train_tokens: f64,
+    pub eval_tokens: f64,
+    pub gpu_hours: f64,
+    pub paper_gpus: usize,
+}
+
+/// The first measurement in `dir/<name>.json` on CUDA in bf16.
+fn measured(dir: &Path, name: &str) -> Result<Measurement> {
+    let path = dir.join(format!("{name}.json"));
+    let text = std::fs::read_to_string(&path).map_err(|source| PerfError::Io {
+        path: path.clone(),
+        source,
+    })?;
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&text)
+        .map_err(|e| PerfError::Shape(format!("{}: {e}", path.display())))?;
+    let row = rows
+        .into_iter()
+        .find(|r| r["target"] == "cuda/bf16")
+        .ok_or_else(|| PerfError::Shape(format!("{}: no cuda/bf16 measurement", path.display())))?;
+    let get = |k: &str| {
+        row[k]
+            .as_f64()
+            .ok_or_else(|| PerfError::Shape(format!("{}: no `{k}`", path.display())))
+    };
+    Ok(Measurement {
+        model: row["model"].as_str().unwrap_or("?").to_string(),
+        parameters: get("parameters")? as usize,
+        what: "measured",
+        target: "cuda/bf16".into(),
+        tokens: get("tokens")? as usize,
+        seconds: get("seconds")?,
+        tokens_per_second: get("tokens_per_second")?,
+        repeats: get("repeats")? as usize,
+        shape: row["shape"].as_str().map(str::to_string),
+        mfu: None,
+        memory: None,
+        roofline: None,
+    })
+}
+
+/// Writes `<out>/paper-plan.{json,md}` from the train-step and generate reports in `measured`
+/// and the manifests in `experiments` (model shapes from `configs`).
+pub fn paper_plan(
+    experiments: &Path,
+    configs: &Path,
+    measured_dir: &Path,
+    out: &Path,
+) -> Result<PathBuf> {
+    let train = measured(measured_dir, "train-step")?;
+    let sample = measured(measured_dir, "generate")?;
+    let mut rows = Vec::new();
+    for (path, exp) in super::manifests(experiments)? {
+        let cfg = model_config(&exp, configs)?;
+        let params = memory::parameters(&cfg, false) as f64;
+        let train_rate = train.tokens_per_second * train.parameters as f64 / params;
+        let sample_rate = sample.tokens_per_second * sample.parameters as f64 / params;
+        let n = exp.rollout.n as f64;
+        let responses = exp.trainer.batch_size as f64 * n;
+        let response = RESPONSE_SHARE * exp.data.max_response_length as f64;
+        let prompt = RESPONSE_SHARE * exp.data.max_prompt_length as f64;
+        let per_step_sample = responses * response;
+        // The update passes (epochs), plus the old log-probs' forward (a third of a step); a
+        // critic doubles both.
+        let critic = if exp.critic.is_some() { 2.0 } else { 1.0 };
+        let per_step_train =
+            responses * (prompt + response) * (exp.actor.epochs as f64 + 1.0 / 3.0) * critic;
+        let steps = exp.trainer.total_steps;
+        // Every eval_every steps and at the start (0: at the start only).
+        let evals = steps.checked_div(exp.trainer.eval_every).unwrap_or(0) + 1;
+        let problems: usize = exp
+            .eval
+            .benchmarks
+            .iter()
+            .map(|b| exp.eval.limit.map_or(b.size(), |l| l.min(b.size())))
+            .sum();
+        let eval_tokens = evals as f64
+            * problems as f64
+            * exp.eval.sampling.n as f64
+            * RESPONSE_SHARE
+            * exp.eval.max_new_tokens as f64;
+        let seconds = steps as f64 * (per_step_sample / sample_rate + per_step_train / train_rate)
+            + eval_tokens / sample_rate;
+        let repo = match &exp.model.source {
+            crate::manifest::ModelSource::Hub { repo, .. } => repo.clone(),
+            crate::manifest::ModelSource::Dir(d) => d.display().to_string(),
+        };
+        rows.push(RunCost {
+            run: path
+                .file_stem()
+                .map_or_else(|| exp.name.clone(), |s| s.to_string_lossy().into_owned()),
+            steps,
+            sample_tokens: steps as f64 * per_step_sample,
+            train_tokens: steps as f64 * per_step_train,
+            eval_tokens,
+            gpu_hours: seconds / 3600.0,
+            paper_gpus: paper_gpus(&repo),
+        });
+    }
+    let json = serde_json::to_string_pretty(&rows).expect("invariant: the plan is JSON");
+    write_report(out, "paper-plan.json", json.as_bytes())?;
+    let mut md = format!(
+        "Measured: train step {:.0} tokens/s ({}, {}), sampling {:.0} new tokens/s ({}, {}); other sizes scaled by parameters. Responses use {:.0} % of their limits (an assumption).\n\n| run | steps | sampled tokens | trained tokens | eval tokens | GPU-hours on one GPU (acpo) | GPUs the paper used |\n|---|---:|---:|---:|---:|---:|---:|\n",
+        train.tokens_per_second,
+        train.model,
+        train.shape.as_deref().unwrap_or("?"),
+        sample.tokens_per_second,
+        sample.model,
+        sample.shape.as_deref().unwrap_or("?"),
+        100.0 * RESPONSE_SHARE,
+    );
+    for r in &rows {
+        md.push_str(&format!(
+            "| {} | {} | {:.2e} | {:.2e} | {:.2e} | {:.0} | {} |\n",
+            r.run,
+            r.steps,
+            r.sample_tokens,
+            r.train_tokens,
+            r.eval_tokens,
+            r.gpu_hours,
+            r.paper_gpus
+        ));
+    }
+    write_report(out, "paper-plan.md", md.as_bytes())
+}
+
+/// The model config of a manifest, from `configs` by its hub repo's name.
+pub(super) fn model_config(exp: &Experiment, configs: &Path) -> crate::model::Result<QwenConfig> {
+    let repo = match &exp.model.source {
+        crate::manifest::ModelSource::Hub { repo, .. } => repo.clone(),
+        crate::manifest::ModelSource::Dir(d) => d.display().to_string(),
+    };
+    let file = repo.rsplit('/').next().unwrap_or(&repo).to_lowercase();
+    QwenConfig::load(&configs.join(format!("{file}.json")))
+}
