@@ -618,24 +618,8 @@ pub fn bench_train_step(m: &Subject, opts: &SpeedOptions) -> Result<Measurement>
     let precision = crate::model::Precision::training(target.dtype);
     let params =
         init::random_params(cfg, 0, precision.master, &dev)?.with_compute(precision.compute);
-    let mut rng = crate::rng::SplitMix64::new(12);
-    let ids: Vec<u32> = (0..b * t)
-        .map(|_| (rng.next_u64() % cfg.vocab_size as u64) as u32)
-        .collect();
-    let ids = Tensor::from_vec(ids, (b, t), &dev)?;
     let r = t - p;
-    let layout = Layout {
-        positions: Tensor::arange(0u32, t as u32, &dev)?
-            .unsqueeze(0)?
-            .repeat((b, 1))?,
-        valid: Tensor::ones((b, t), DType::U8, &dev)?,
-        targets: ids.narrow(1, p, r)?,
-        mask: Tensor::ones((b, r), DType::F32, &dev)?,
-        ids,
-        prompt_len: p,
-    };
-    let adv: Vec<f32> = (0..b * r).map(|_| rng.next_normal() as f32).collect();
-    let adv = Tensor::from_vec(adv, (b, r), &dev)?;
+    let (layout, adv) = random_batch(cfg.vocab_size, b, t, p, &dev)?;
     let spec = OptimSpec {
         lr: 1e-6,
         lr_schedule: LrSchedule::Constant,
@@ -814,6 +798,35 @@ pub fn bench_attention(m: &Subject, opts: &SpeedOptions) -> Result<Measurement> 
         memory: None,
         roofline: None,
     })
+}
+
+/// `b` random sequences of `t` tokens, the first `p` of them prompt, unpadded, and a random
+/// advantage per response token.
+fn random_batch(
+    vocab: usize,
+    b: usize,
+    t: usize,
+    p: usize,
+    dev: &Device,
+) -> Result<(Layout, Tensor)> {
+    let mut rng = crate::rng::SplitMix64::new(12);
+    let ids: Vec<u32> = (0..b * t)
+        .map(|_| (rng.next_u64() % vocab as u64) as u32)
+        .collect();
+    let ids = Tensor::from_vec(ids, (b, t), dev)?;
+    let r = t - p;
+    let layout = Layout {
+        positions: Tensor::arange(0u32, t as u32, dev)?
+            .unsqueeze(0)?
+            .repeat((b, 1))?,
+        valid: Tensor::ones((b, t), DType::U8, dev)?,
+        targets: ids.narrow(1, p, r)?,
+        mask: Tensor::ones((b, r), DType::F32, dev)?,
+        ids,
+        prompt_len: p,
+    };
+    let adv: Vec<f32> = (0..b * r).map(|_| rng.next_normal() as f32).collect();
+    Ok((layout, Tensor::from_vec(adv, (b, r), dev)?))
 }
 
 /// Model FLOPs of one training step (forward + backward, no recomputation counted): 6 per

@@ -270,7 +270,6 @@ fn generate_group(
     if prompts.is_empty() || params.max_new_tokens == 0 {
         return Ok(out);
     }
-    let device = model.device().clone();
     let mut rngs: Vec<SplitMix64> = keys.iter().map(|k| SplitMix64::from_key(k)).collect();
     let slots = slots.unwrap_or(prompts.len()).max(1);
     let mut waiting: std::collections::VecDeque<usize> = (0..prompts.len()).collect();
@@ -304,45 +303,11 @@ fn generate_group(
             break;
         }
         // The sequences that go on decode one token.
-        let mut next = None;
-        if !keep.is_empty() {
-            if keep.len() < batch.active.len() {
-                let rows = Tensor::from_vec(
-                    keep.iter().map(|&r| r as u32).collect::<Vec<_>>(),
-                    keep.len(),
-                    &device,
-                )?;
-                batch.cache = batch.cache.select_rows(&rows)?;
-                batch.valid = keep.iter().map(|&r| batch.valid[r].clone()).collect();
-                batch.active = keep.iter().map(|&r| batch.active[r]).collect();
-            }
-            for row in &mut batch.valid {
-                row.push(1);
-            }
-            let n = batch.active.len();
-            let ids = Tensor::from_vec(next_ids, (n, 1), &device)?;
-            let pos = Tensor::from_vec(
-                batch
-                    .active
-                    .iter()
-                    .map(|&i| next_pos[i])
-                    .collect::<Vec<_>>(),
-                (n, 1),
-                &device,
-            )?;
-            for &i in &batch.active {
-                next_pos[i] += 1;
-            }
-            let (hidden, cache) = model.forward_hidden(
-                &ids,
-                &pos,
-                &mask_tensor(&batch.valid, &device)?,
-                Some(&batch.cache),
-            )?;
-            batch.cache = cache;
-            batch.logits = last_logits(model, &hidden)?;
-            next = Some(batch);
-        }
+        let next = if keep.is_empty() {
+            None
+        } else {
+            Some(decode(model, batch, &keep, next_ids, &mut next_pos)?)
+        };
         // Waiting prompts take the finished sequences' places.
         batch = match (next, joining.is_empty()) {
             (Some(b), true) => b,
@@ -356,6 +321,54 @@ fn generate_group(
         };
     }
     Ok(out)
+}
+
+/// One decode step of the rows `keep` of `batch`, whose next tokens are `next_ids`: the
+/// finished rows leave (their cache rows too), the others append a column.
+fn decode(
+    model: &Qwen,
+    mut batch: Batch,
+    keep: &[usize],
+    next_ids: Vec<u32>,
+    next_pos: &mut [u32],
+) -> Result<Batch> {
+    let device = model.device();
+    if keep.len() < batch.active.len() {
+        let rows = Tensor::from_vec(
+            keep.iter().map(|&r| r as u32).collect::<Vec<_>>(),
+            keep.len(),
+            device,
+        )?;
+        batch.cache = batch.cache.select_rows(&rows)?;
+        batch.valid = keep.iter().map(|&r| batch.valid[r].clone()).collect();
+        batch.active = keep.iter().map(|&r| batch.active[r]).collect();
+    }
+    for row in &mut batch.valid {
+        row.push(1);
+    }
+    let n = batch.active.len();
+    let ids = Tensor::from_vec(next_ids, (n, 1), device)?;
+    let pos = Tensor::from_vec(
+        batch
+            .active
+            .iter()
+            .map(|&i| next_pos[i])
+            .collect::<Vec<_>>(),
+        (n, 1),
+        device,
+    )?;
+    for &i in &batch.active {
+        next_pos[i] += 1;
+    }
+    let (hidden, cache) = model.forward_hidden(
+        &ids,
+        &pos,
+        &mask_tensor(&batch.valid, device)?,
+        Some(&batch.cache),
+    )?;
+    batch.cache = cache;
+    batch.logits = last_logits(model, &hidden)?;
+    Ok(batch)
 }
 
 /// The rows of `a`, then those of `b`, right-aligned to the longer history.
