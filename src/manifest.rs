@@ -463,6 +463,20 @@ pub enum ModelSource {
     Dir(PathBuf),
 }
 
+impl ModelSource {
+    /// The model's name: the hub repo's (`Qwen/Qwen3-1.7B` → `Qwen3-1.7B`), or the model
+    /// directory's.
+    pub fn label(&self) -> String {
+        match self {
+            ModelSource::Hub { repo, .. } => repo.rsplit('/').next().unwrap_or(repo).to_string(),
+            ModelSource::Dir(d) => d.file_name().map_or_else(
+                || d.display().to_string(),
+                |n| n.to_string_lossy().to_string(),
+            ),
+        }
+    }
+}
+
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct ModelSpec {
     pub source: ModelSource,

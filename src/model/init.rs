@@ -31,27 +31,36 @@ fn init_std(cfg: &QwenConfig) -> f64 {
         .unwrap_or(0.02)
 }
 
-/// Random parameters for `cfg`, named as HF names them.
-pub fn random_params(cfg: &QwenConfig, seed: u64, dtype: DType, device: &Device) -> Result<Params> {
-    let mut rng = SplitMix64::from_key(&[seed, 0x1417]);
-    let std = init_std(cfg);
+/// How a parameter of a fresh model starts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Init {
+    /// N(0, std²), drawn in [`layout`] order.
+    Normal,
+    Ones,
+    Zeros,
+}
+
+/// Every parameter of a Qwen2/Qwen3 model of `cfg` (HF names), its shape and how it starts,
+/// in the order [`random_params`] draws them. The memory arithmetic (`perf::memory`) counts
+/// parameters from it without making them.
+pub fn layout(cfg: &QwenConfig) -> Vec<(String, Vec<usize>, Init)> {
     let (h, v, hd) = (cfg.hidden_size, cfg.vocab_size, cfg.head_dim());
     let (nh, nkv, inter) = (
         cfg.num_attention_heads,
         cfg.num_key_value_heads,
         cfg.intermediate_size,
     );
-    let mut t: Vec<(String, Tensor)> = Vec::new();
-    let ones = |n: usize| Tensor::ones(n, dtype, device);
-    t.push((
-        "model.embed_tokens.weight".into(),
-        normal(&mut rng, &[v, h], std, dtype, device)?,
-    ));
+    let mut t: Vec<(String, Vec<usize>, Init)> = Vec::new();
+    t.push(("model.embed_tokens.weight".into(), vec![v, h], Init::Normal));
     let qwen3 = cfg.model_type == "qwen3";
     for i in 0..cfg.num_hidden_layers {
         let p = format!("model.layers.{i}");
-        t.push((format!("{p}.input_layernorm.weight"), ones(h)?));
-        t.push((format!("{p}.post_attention_layernorm.weight"), ones(h)?));
+        t.push((format!("{p}.input_layernorm.weight"), vec![h], Init::Ones));
+        t.push((
+            format!("{p}.post_attention_layernorm.weight"),
+            vec![h],
+            Init::Ones,
+        ));
         for (name, out, inp) in [
             ("q_proj", nh * hd, h),
             ("k_proj", nkv * hd, h),
@@ -60,18 +69,16 @@ pub fn random_params(cfg: &QwenConfig, seed: u64, dtype: DType, device: &Device)
         ] {
             t.push((
                 format!("{p}.self_attn.{name}.weight"),
-                normal(&mut rng, &[out, inp], std, dtype, device)?,
+                vec![out, inp],
+                Init::Normal,
             ));
             if name != "o_proj" && cfg.qkv_bias() {
-                t.push((
-                    format!("{p}.self_attn.{name}.bias"),
-                    Tensor::zeros(out, dtype, device)?,
-                ));
+                t.push((format!("{p}.self_attn.{name}.bias"), vec![out], Init::Zeros));
             }
         }
         if qwen3 {
-            t.push((format!("{p}.self_attn.q_norm.weight"), ones(hd)?));
-            t.push((format!("{p}.self_attn.k_norm.weight"), ones(hd)?));
+            t.push((format!("{p}.self_attn.q_norm.weight"), vec![hd], Init::Ones));
+            t.push((format!("{p}.self_attn.k_norm.weight"), vec![hd], Init::Ones));
         }
         for (name, out, inp) in [
             ("gate_proj", inter, h),
@@ -80,20 +87,32 @@ pub fn random_params(cfg: &QwenConfig, seed: u64, dtype: DType, device: &Device)
         ] {
             t.push((
                 format!("{p}.mlp.{name}.weight"),
-                normal(&mut rng, &[out, inp], std, dtype, device)?,
+                vec![out, inp],
+                Init::Normal,
             ));
         }
     }
-    t.push(("model.norm.weight".into(), ones(h)?));
+    t.push(("model.norm.weight".into(), vec![h], Init::Ones));
     if !cfg.tie_word_embeddings {
-        t.push((
-            "lm_head.weight".into(),
-            normal(&mut rng, &[v, h], std, dtype, device)?,
-        ));
+        t.push(("lm_head.weight".into(), vec![v, h], Init::Normal));
     }
-    let vars = t
+    t
+}
+
+/// Random parameters for `cfg`, named as HF names them.
+pub fn random_params(cfg: &QwenConfig, seed: u64, dtype: DType, device: &Device) -> Result<Params> {
+    let mut rng = SplitMix64::from_key(&[seed, 0x1417]);
+    let std = init_std(cfg);
+    let vars = layout(cfg)
         .into_iter()
-        .map(|(k, x)| Ok((k, Var::from_tensor(&x)?)))
+        .map(|(name, shape, init)| {
+            let x = match init {
+                Init::Normal => normal(&mut rng, &shape, std, dtype, device)?,
+                Init::Ones => Tensor::ones(shape, dtype, device)?,
+                Init::Zeros => Tensor::zeros(shape, dtype, device)?,
+            };
+            Ok((name, Var::from_tensor(&x)?))
+        })
         .collect::<Result<BTreeMap<_, _>>>()?;
     Ok(Params::new(vars))
 }

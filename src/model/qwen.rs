@@ -420,10 +420,7 @@ impl KvCache {
             if c.len == len && buf.dim(2)? == cap {
                 return Ok(buf.clone());
             }
-            let (b, kv, _, d) = buf.dims4()?;
-            let out = Tensor::zeros((b, kv, cap, d), buf.dtype(), buf.device())?;
-            out.slice_set(&buf.narrow(2, 0, c.len)?.contiguous()?, 2, len - c.len)?;
-            Ok(out)
+            moved(buf, c.len, cap, len - c.len)
         };
         let layers = self
             .layers
@@ -476,20 +473,27 @@ impl LayerCache {
                 Ok(buf.clone())
             }
             None if self.reserve == 0 => Ok(new.clone()),
-            _ => {
-                let cap = match old {
-                    Some(_) => (2 * s).max(s + self.reserve),
-                    None => s + self.reserve,
-                };
-                let buf = Tensor::zeros((b, kv, cap, d), new.dtype(), new.device())?;
-                if let Some(old) = old {
-                    buf.slice_set(&old.narrow(2, 0, self.len)?.contiguous()?, 2, 0)?;
-                }
+            Some(old) => {
+                let buf = moved(old, self.len, (2 * s).max(s + self.reserve), 0)?;
                 buf.slice_set(new, 2, self.len)?;
+                Ok(buf)
+            }
+            None => {
+                let buf = Tensor::zeros((b, kv, s + self.reserve, d), new.dtype(), new.device())?;
+                buf.slice_set(new, 2, 0)?;
                 Ok(buf)
             }
         }
     }
+}
+
+/// The first `len` columns of the cache buffer `buf` `(B, KV, _, D)` in a new zeroed buffer of
+/// `cap` columns, starting at column `at`.
+fn moved(buf: &Tensor, len: usize, cap: usize, at: usize) -> Result<Tensor> {
+    let (b, kv, _, d) = buf.dims4()?;
+    let out = Tensor::zeros((b, kv, cap, d), buf.dtype(), buf.device())?;
+    out.slice_set(&buf.narrow(2, 0, len)?.contiguous()?, 2, at)?;
+    Ok(out)
 }
 
 /// A Qwen2/Qwen3 causal language model.
@@ -600,6 +604,24 @@ impl Qwen {
         self.kernels
     }
 
+    /// What every layer of a forward over `t` new positions after `past` cached ones takes
+    /// besides its input: the attention mask and the rotary tables.
+    fn layer_inputs(
+        &self,
+        positions: &Tensor,
+        key_valid: &Tensor,
+        past: usize,
+        t: usize,
+    ) -> Result<(AttnMask, Tensor, Tensor)> {
+        let (cos, sin) = rope_tables(
+            positions,
+            self.cfg.head_dim(),
+            self.cfg.rope_theta(),
+            self.dtype,
+        )?;
+        Ok((self.attn_mask(key_valid, past, t)?, cos, sin))
+    }
+
     /// The attention mask of a forward over `t` new positions after `past` cached ones.
     fn attn_mask(&self, key_valid: &Tensor, past: usize, t: usize) -> Result<AttnMask> {
         let head_dim = self.cfg.head_dim();
@@ -641,13 +663,7 @@ impl Qwen {
     ) -> Result<(Tensor, KvCache)> {
         let (b, t) = ids.dims2()?;
         let past = cache.map_or(0, KvCache::len);
-        let mask = self.attn_mask(key_valid, past, t)?;
-        let (cos, sin) = rope_tables(
-            positions,
-            self.cfg.head_dim(),
-            self.cfg.rope_theta(),
-            self.dtype,
-        )?;
+        let (mask, cos, sin) = self.layer_inputs(positions, key_valid, past, t)?;
         let mut x = self.embed.forward(ids)?;
         let mut layers = Vec::with_capacity(self.blocks.len());
         let empty = KvCache::default();
@@ -686,14 +702,7 @@ impl Qwen {
     where
         E: From<super::ModelError> + From<candle_core::Error>,
     {
-        let t = ids.dim(1)?;
-        let mask = self.attn_mask(key_valid, 0, t)?;
-        let (cos, sin) = rope_tables(
-            positions,
-            self.cfg.head_dim(),
-            self.cfg.rope_theta(),
-            self.dtype,
-        )?;
+        let (mask, cos, sin) = self.layer_inputs(positions, key_valid, 0, ids.dim(1)?)?;
         let x0 = self.embed.forward(ids)?;
         let none = KvCache::default().layer(0);
         let mut inputs = Vec::with_capacity(self.blocks.len());
@@ -729,9 +738,9 @@ impl Qwen {
             grads.extend(layer)?;
         }
         let mut tail = (x0 * g)?.sum_all()?;
-        if let Some(leaf) = lm_leaf {
-            let g_lm = take_grad(&mut grads, leaf.as_tensor())?;
-            tail = (tail + (&self.lm_head.weight * g_lm)?.sum_all()?)?;
+        // (A head that never read the lm_head, the critic's, left no gradient to join.)
+        if let Some(g_lm) = lm_leaf.and_then(|leaf| grads.remove(leaf.as_tensor())) {
+            tail = (tail + (&self.lm_head.weight * g_lm.detach())?.sum_all()?)?;
         }
         grads.extend(tail.backward()?)?;
         Ok((grads, kept))

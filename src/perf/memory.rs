@@ -13,7 +13,7 @@
 //! attention, per-layer checkpointing, vocabulary chunks). It is an estimate; `acpo bench
 //! train-step` measures.
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use candle_core::Device;
 use serde::Serialize;
@@ -170,35 +170,17 @@ pub struct RunMemory {
     pub total: u64,
 }
 
-/// Parameters of a Qwen2/Qwen3 config (the shapes `model::init` writes), with a value head.
+/// Parameters of a Qwen2/Qwen3 config (the shapes `model::init` writes). With a value head:
+/// the backbone and `score` (H + 1), no lm_head (a token-classification model, as verl's
+/// critic is).
 pub fn parameters(cfg: &QwenConfig, value_head: bool) -> u64 {
-    let (h, v, i, l) = (
-        cfg.hidden_size as u64,
-        cfg.vocab_size as u64,
-        cfg.intermediate_size as u64,
-        cfg.num_hidden_layers as u64,
-    );
-    let hd = cfg.head_dim() as u64;
-    let (nh, nkv) = (
-        cfg.num_attention_heads as u64,
-        cfg.num_key_value_heads as u64,
-    );
-    let bias = if cfg.qkv_bias() {
-        (nh + 2 * nkv) * hd
-    } else {
-        0
-    };
-    let qk_norm = if cfg.model_type == "qwen3" { 2 * hd } else { 0 };
-    let attn = h * nh * hd + 2 * h * nkv * hd + nh * hd * h + bias + qk_norm;
-    let layer = attn + 3 * h * i + 2 * h;
-    let head = if value_head {
-        h + 1
-    } else if cfg.tie_word_embeddings {
-        0
-    } else {
-        v * h
-    };
-    v * h + l * layer + h + head
+    let h = cfg.hidden_size as u64;
+    crate::model::init::layout(cfg)
+        .iter()
+        .filter(|(name, _, _)| !(value_head && name == "lm_head.weight"))
+        .map(|(_, shape, _)| shape.iter().product::<usize>() as u64)
+        .sum::<u64>()
+        + if value_head { h + 1 } else { 0 }
 }
 
 /// Activation bytes of one micro-batch of `b` sequences of `t` tokens in bf16, the model this
@@ -255,12 +237,9 @@ fn model_memory(cfg: &QwenConfig, b: u64, t: u64, bf16: bool, critic: bool) -> M
 
 /// The memory of each run of `manifests` (their model configs read from `configs`, named by the
 /// manifest's hub repo: `Qwen/Qwen3-1.7B` → `qwen3-1.7b.json`).
-pub fn plan(
-    manifests: &[(PathBuf, Experiment)],
-    configs: &Path,
-) -> crate::model::Result<Vec<RunMemory>> {
+pub fn plan(manifests: &[Experiment], configs: &Path) -> crate::model::Result<Vec<RunMemory>> {
     let mut out = Vec::new();
-    for (path, exp) in manifests {
+    for exp in manifests {
         let cfg = super::plan::model_config(exp, configs)?;
         let bf16 = exp.model.dtype == crate::manifest::DType::Bf16;
         let t = (exp.data.max_prompt_length + exp.data.max_response_length) as u64;
@@ -279,9 +258,7 @@ pub fn plan(
                 .activations
                 .max(critic.as_ref().map_or(0, |c| c.activations));
         out.push(RunMemory {
-            run: path
-                .file_stem()
-                .map_or_else(|| exp.name.clone(), |s| s.to_string_lossy().into_owned()),
+            run: exp.name.clone(),
             micro_batch: b as usize,
             seq_len: t as usize,
             policy,

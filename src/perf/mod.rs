@@ -230,7 +230,7 @@ pub fn speed(kind: BenchKind, out: &Path, opts: &SpeedOptions) -> Result<PathBuf
 }
 
 /// The manifests (`*.yaml`) directly under `dir`, in name order.
-fn manifests(dir: &Path) -> Result<Vec<(PathBuf, crate::manifest::Experiment)>> {
+fn manifests(dir: &Path) -> Result<Vec<crate::manifest::Experiment>> {
     let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
         .map_err(|source| PerfError::Io {
             path: dir.to_owned(),
@@ -241,11 +241,9 @@ fn manifests(dir: &Path) -> Result<Vec<(PathBuf, crate::manifest::Experiment)>> 
         .collect();
     entries.sort();
     entries
-        .into_iter()
+        .iter()
         .map(|path| {
-            let exp = crate::manifest::Experiment::load(&path)
-                .map_err(|e| PerfError::Shape(e.to_string()))?;
-            Ok((path, exp))
+            crate::manifest::Experiment::load(path).map_err(|e| PerfError::Shape(e.to_string()))
         })
         .collect()
 }
@@ -437,23 +435,52 @@ fn prompt_ids(vocab: usize, batch: usize, len: usize) -> Vec<Vec<u32>> {
         .collect()
 }
 
+/// What the sampling benchmarks share: a seeded random model of `cfg` on the target, detached,
+/// in the inference dtype; `shape.batch` random prompts with their keys; sampling at T = 1 of
+/// up to `shape.new_tokens`.
+struct Sampler {
+    precision: crate::model::Precision,
+    params: crate::model::Params,
+    model: Qwen,
+    prompts: Vec<Vec<u32>>,
+    keys: Vec<[u64; 4]>,
+    params_at_t1: SamplingParams,
+}
+
+impl Sampler {
+    fn new(cfg: &QwenConfig, target: &Target, shape: &SampleShape) -> Result<Sampler> {
+        let precision = crate::model::Precision::inference(target.dtype);
+        let params = init::random_params(cfg, 0, precision.master, &target.device)?;
+        Ok(Sampler {
+            model: Qwen::new(cfg, &params, true)?,
+            precision,
+            params,
+            prompts: prompt_ids(cfg.vocab_size, shape.batch, shape.prompt_len),
+            keys: (0..shape.batch as u64).map(|i| [0, 0, i, 0]).collect(),
+            params_at_t1: SamplingParams {
+                temperature: 1.0,
+                top_p: 1.0,
+                top_k: None,
+                max_new_tokens: shape.new_tokens,
+            },
+        })
+    }
+}
+
 /// Sampling throughput: `batch` prompts of `prompt_len` tokens, `new_tokens` new tokens each at
 /// T = 1 (no early stop), through the sampling engine with `max_batch` slots; median of
 /// `repeats` runs after a warm-up. The tokens counted are the new ones.
 pub fn bench_generate(m: &Subject, opts: &SpeedOptions) -> Result<Measurement> {
     let (repeats, target, shape) = (opts.repeats, &opts.target, &opts.sample);
-    let cfg = m.cfg.clone();
-    let precision = crate::model::Precision::inference(target.dtype);
-    let params = init::random_params(&cfg, 0, precision.master, &target.device)?;
-    let model = Qwen::new(&cfg, &params, true)?;
-    let prompts = prompt_ids(cfg.vocab_size, shape.batch, shape.prompt_len);
-    let keys: Vec<[u64; 4]> = (0..shape.batch as u64).map(|i| [0, 0, i, 0]).collect();
-    let p = SamplingParams {
-        temperature: 1.0,
-        top_p: 1.0,
-        top_k: None,
-        max_new_tokens: shape.new_tokens,
-    };
+    let cfg = &m.cfg;
+    let Sampler {
+        precision,
+        params,
+        model,
+        prompts,
+        keys,
+        params_at_t1: p,
+    } = Sampler::new(cfg, target, shape)?;
     let request = match shape.max_batch {
         Some(n) => SampleRequest::new(p).max_batch(n),
         None => SampleRequest::new(p),
@@ -525,20 +552,16 @@ pub fn long_tail_lengths(n: usize, max: usize) -> Vec<usize> {
 /// place). The same prompts, keys and lengths; tokens/s of new tokens.
 pub fn bench_long_tail(m: &Subject, opts: &SpeedOptions) -> Result<[Measurement; 2]> {
     let (target, shape) = (&opts.target, &opts.sample);
-    let cfg = m.cfg.clone();
-    let precision = crate::model::Precision::inference(target.dtype);
-    let params = init::random_params(&cfg, 0, precision.master, &target.device)?;
-    let model = Qwen::new(&cfg, &params, true)?;
-    let prompts = prompt_ids(cfg.vocab_size, shape.batch, shape.prompt_len);
-    let keys: Vec<[u64; 4]> = (0..shape.batch as u64).map(|i| [0, 0, i, 0]).collect();
+    let Sampler {
+        params,
+        model,
+        prompts,
+        keys,
+        params_at_t1: p,
+        ..
+    } = Sampler::new(&m.cfg, target, shape)?;
     let limits = long_tail_lengths(shape.batch, shape.new_tokens);
     let slots = shape.max_batch.unwrap_or(shape.batch.div_ceil(4)).max(1);
-    let p = SamplingParams {
-        temperature: 1.0,
-        top_p: 1.0,
-        top_k: None,
-        max_new_tokens: shape.new_tokens,
-    };
     let tokens: usize = limits.iter().sum();
     let waves = || -> Result<f64> {
         let t = Instant::now();

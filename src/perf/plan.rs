@@ -12,7 +12,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use super::{memory, write_report, Measurement, PerfError, Result};
+use super::{memory, write_report, PerfError, Result};
 use crate::manifest::Experiment;
 use crate::model::QwenConfig;
 
@@ -21,8 +21,8 @@ pub const RESPONSE_SHARE: f64 = 0.5;
 
 /// The GPUs per run the paper used (its appendix: 8 for Qwen2.5-Math-7B and Qwen3-8B, 4 for
 /// Qwen3-4B, 2 for Qwen3-1.7B).
-fn paper_gpus(repo: &str) -> usize {
-    let r = repo.to_lowercase();
+fn paper_gpus(model: &str) -> usize {
+    let r = model.to_lowercase();
     if r.contains("1.7b") {
         2
     } else if r.contains("4b") {
@@ -43,8 +43,16 @@ pub struct RunCost {
     pub paper_gpus: usize,
 }
 
+/// A measured rate: what the plan scales from.
+struct Rate {
+    model: String,
+    parameters: f64,
+    tokens_per_second: f64,
+    shape: String,
+}
+
 /// The first measurement in `dir/<name>.json` on CUDA in bf16.
-fn measured(dir: &Path, name: &str) -> Result<Measurement> {
+fn measured(dir: &Path, name: &str) -> Result<Rate> {
     let path = dir.join(format!("{name}.json"));
     let text = std::fs::read_to_string(&path).map_err(|source| PerfError::Io {
         path: path.clone(),
@@ -61,19 +69,11 @@ fn measured(dir: &Path, name: &str) -> Result<Measurement> {
             .as_f64()
             .ok_or_else(|| PerfError::Shape(format!("{}: no `{k}`", path.display())))
     };
-    Ok(Measurement {
+    Ok(Rate {
         model: row["model"].as_str().unwrap_or("?").to_string(),
-        parameters: get("parameters")? as usize,
-        what: "measured",
-        target: "cuda/bf16".into(),
-        tokens: get("tokens")? as usize,
-        seconds: get("seconds")?,
+        parameters: get("parameters")?,
         tokens_per_second: get("tokens_per_second")?,
-        repeats: get("repeats")? as usize,
-        shape: row["shape"].as_str().map(str::to_string),
-        mfu: None,
-        memory: None,
-        roofline: None,
+        shape: row["shape"].as_str().unwrap_or("?").to_string(),
     })
 }
 
@@ -88,11 +88,11 @@ pub fn paper_plan(
     let train = measured(measured_dir, "train-step")?;
     let sample = measured(measured_dir, "generate")?;
     let mut rows = Vec::new();
-    for (path, exp) in super::manifests(experiments)? {
+    for exp in super::manifests(experiments)? {
         let cfg = model_config(&exp, configs)?;
         let params = memory::parameters(&cfg, false) as f64;
-        let train_rate = train.tokens_per_second * train.parameters as f64 / params;
-        let sample_rate = sample.tokens_per_second * sample.parameters as f64 / params;
+        let train_rate = train.tokens_per_second * train.parameters / params;
+        let sample_rate = sample.tokens_per_second * sample.parameters / params;
         let n = exp.rollout.n as f64;
         let responses = exp.trainer.batch_size as f64 * n;
         let response = RESPONSE_SHARE * exp.data.max_response_length as f64;
@@ -119,20 +119,14 @@ pub fn paper_plan(
             * exp.eval.max_new_tokens as f64;
         let seconds = steps as f64 * (per_step_sample / sample_rate + per_step_train / train_rate)
             + eval_tokens / sample_rate;
-        let repo = match &exp.model.source {
-            crate::manifest::ModelSource::Hub { repo, .. } => repo.clone(),
-            crate::manifest::ModelSource::Dir(d) => d.display().to_string(),
-        };
         rows.push(RunCost {
-            run: path
-                .file_stem()
-                .map_or_else(|| exp.name.clone(), |s| s.to_string_lossy().into_owned()),
+            run: exp.name.clone(),
             steps,
             sample_tokens: steps as f64 * per_step_sample,
             train_tokens: steps as f64 * per_step_train,
             eval_tokens,
             gpu_hours: seconds / 3600.0,
-            paper_gpus: paper_gpus(&repo),
+            paper_gpus: paper_gpus(&exp.model.source.label()),
         });
     }
     let json = serde_json::to_string_pretty(&rows).expect("invariant: the plan is JSON");
@@ -141,10 +135,10 @@ pub fn paper_plan(
         "Measured: train step {:.0} tokens/s ({}, {}), sampling {:.0} new tokens/s ({}, {}); other sizes scaled by parameters. Responses use {:.0} % of their limits (an assumption).\n\n| run | steps | sampled tokens | trained tokens | eval tokens | GPU-hours on one GPU (acpo) | GPUs the paper used |\n|---|---:|---:|---:|---:|---:|---:|\n",
         train.tokens_per_second,
         train.model,
-        train.shape.as_deref().unwrap_or("?"),
+        train.shape,
         sample.tokens_per_second,
         sample.model,
-        sample.shape.as_deref().unwrap_or("?"),
+        sample.shape,
         100.0 * RESPONSE_SHARE,
     );
     for r in &rows {
@@ -162,12 +156,8 @@ pub fn paper_plan(
     write_report(out, "paper-plan.md", md.as_bytes())
 }
 
-/// The model config of a manifest, from `configs` by its hub repo's name.
+/// The model config of a manifest, from `configs` by its model's name (`qwen3-1.7b.json`).
 pub(super) fn model_config(exp: &Experiment, configs: &Path) -> crate::model::Result<QwenConfig> {
-    let repo = match &exp.model.source {
-        crate::manifest::ModelSource::Hub { repo, .. } => repo.clone(),
-        crate::manifest::ModelSource::Dir(d) => d.display().to_string(),
-    };
-    let file = repo.rsplit('/').next().unwrap_or(&repo).to_lowercase();
+    let file = exp.model.source.label().to_lowercase();
     QwenConfig::load(&configs.join(format!("{file}.json")))
 }

@@ -17,7 +17,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::eval::EvalSummary;
-use crate::manifest::{AlgorithmKind, Benchmark, Experiment, ModelSource};
+use crate::manifest::{AlgorithmKind, Benchmark, Experiment};
 use crate::run::RunDir;
 
 #[derive(Debug, thiserror::Error)]
@@ -59,17 +59,6 @@ impl RunResult {
     }
 }
 
-/// The model label of a run: the hub repo's name, or the model directory's name.
-fn model_label(exp: &Experiment) -> String {
-    match &exp.model.source {
-        ModelSource::Hub { repo, .. } => repo.rsplit('/').next().unwrap_or(repo).to_string(),
-        ModelSource::Dir(d) => d.file_name().map_or_else(
-            || d.display().to_string(),
-            |n| n.to_string_lossy().to_string(),
-        ),
-    }
-}
-
 /// Every run directory under `root` (a `results/<scale>` directory) that has evaluations.
 pub fn load_results(root: &Path) -> Result<Vec<RunResult>> {
     let io = |path: &Path, e| ReportError::Io {
@@ -105,7 +94,7 @@ pub fn load_results(root: &Path) -> Result<Vec<RunResult>> {
         }
         out.push(RunResult {
             dir,
-            model: model_label(&exp),
+            model: exp.model.source.label(),
             algorithm: exp.algorithm.kind,
             evals: summaries,
         });
