@@ -86,3 +86,14 @@ pack-gpu-suite: build-cuda
     git rev-parse HEAD > target/gpu/commit
     pwd > target/gpu/built-in
     if [ -n "${ACPO_QWEN3_TOKENIZER:-}" ]; then mkdir -p target/gpu/qwen3-tokenizer && cp "$ACPO_QWEN3_TOKENIZER"/tokenizer*.json target/gpu/qwen3-tokenizer/; fi
+
+# Every GPU check and benchmark on this machine's GPU (after `just pack-gpu-suite`), raw results
+# in results/gpu/<device>-<date>/ (tools/gpu_suite.sh; a section runs alone with SECTION=...).
+[group('cuda')]
+gpu-suite SECTION="all":
+    SUITE_SECONDS=100000 bash tools/gpu_suite.sh {{SECTION}}
+
+# The GPU blocks of docs/CUDA.md and REPRODUCE.md from one run of the GPU suite.
+[group('cuda')]
+gpu-report DIR:
+    python3 tools/gpu_report.py {{DIR}} --doc docs/CUDA.md --doc REPRODUCE.md

@@ -1,124 +1,199 @@
 #!/usr/bin/env bash
-# The GPU checks of issues #18-#20 in one call on a lent GPU machine (docs/CUDA.md), raw results
-# under $OUT (or results/gpu/<UTC time>): the machine, the CUDA test suite (every kernel against
-# its CPU twin, acpo against transformers' fixtures, the four algorithms and resume on CUDA),
-# tools/gpu_parity.py (a Qwen3-0.6B-shaped random model against transformers on the same GPU,
-# with the real Qwen3 tokenizer when target/gpu/qwen3-tokenizer is there), and the speed
-# benchmarks on CUDA in f32 and bf16 beside the CPU's; then (issue #19) the paper-shape train step
-# of Qwen3-1.7B against tools/bench_train_torch.py at 2k and 9k tokens, and its peak memory with
-# each of flash attention / checkpointing / vocabulary chunks turned off; and sampling at
-# batch 64 × (1k + 1k) beside HF generate (issue #20).
+# Every GPU check of issues #18-#20 (and #24) on one GPU machine, raw results in one directory:
+# the machine, the CUDA test suite (every kernel against its CPU twin, acpo against transformers'
+# fixtures, the four algorithms and resume on CUDA), tools/gpu_parity.py (a Qwen3-0.6B-shaped
+# random model against transformers on the same GPU, with the real Qwen3 tokenizer when
+# target/gpu/qwen3-tokenizer is there), the speed benchmarks on CUDA in f32 and bf16 beside the
+# CPU's; the paper-shape train step of Qwen3-1.7B against tools/bench_train_torch.py at 2k and 9k
+# tokens, flash attention against torch's sdpa, sampling at batch 64 × (1k + 1k) beside HF
+# generate and the costed paper plan (#19, #20); then continuous batching on long-tailed lengths
+# and the peak memory at 9k with each saving turned off.
 #
-#   bash tools/gpu_suite.sh [checks|paper|all]   (default all; a call has 10 minutes, so a
-#                                                 lease runs `checks` and `paper` as two calls)
+#   bash tools/gpu_suite.sh [checks|tests|paper|sampling|extra|all]   (default all)
+#
+# Sections: checks = tests (the CUDA tests) + parity + the built-in benches; paper = the
+# train-step and attention comparisons + sampling (HF generate, acpo generate, the paper plan);
+# extra = long-tailed sampling and peak memory with each saving off. Shapes that a first GPU
+# showed too slow for one call come from the environment: GEN_NEW (new tokens of the sampling
+# comparison, default 1024), TORCH_CACHES (default static), LT_BATCH / LT_NEW / LT_SLOTS (long
+# tail, default 256 / 1024 / 64), MEM_LEN (default 9220), TRAIN_STEP_JSON (the plan's train rate).
+#
+# A lent device call has 10 minutes and brings back 8 files, so a lease runs the sections as
+# separate calls, each ending inside SUITE_SECONDS (default 540; a step that would overrun is
+# cut and logged as such) and packing its directory into $OUT/gpu-suite-<section>.tar.gz after
+# every step. Without $OUT (a user's own GPU: `just gpu-suite`) the results stay in
+# results/gpu/<device>-<date>/. `just gpu-report DIR` makes the GPU blocks of the docs from them.
 #
 # Needs target/gpu/acpo-cuda.xz and target/gpu/it-cuda.xz, made on any machine by
 # `just pack-gpu-suite` and carried with the working tree:
-#   run(command="bash tools/gpu_suite.sh", carry=["target/gpu"])
+#   run(command="bash tools/gpu_suite.sh checks", carry=["target/gpu"])
 set -uo pipefail
 section="${1:-all}"
+case "$section" in checks|tests|paper|sampling|extra|all) ;; *) echo "usage: $0 [checks|tests|paper|sampling|extra|all]" >&2; exit 2;; esac
 repo=$(pwd)
-out="${OUT:-results/gpu/$(date -u +%Y%m%dT%H%M%SZ)}"
-mkdir -p "$out"
-log() { echo "$*" | tee -a "$out/summary.txt"; }
+start=$(date +%s)
+deadline=$((start + ${SUITE_SECONDS:-540}))
+gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr -c 'A-Za-z0-9\n' '-' | tr -s '-')
+if [ -n "${OUT:-}" ]; then
+    res=$(mktemp -d)/gpu-suite
+else
+    res="results/gpu/${gpu:-unknown}-$(date -u +%Y%m%d)"
+fi
+mkdir -p "$res"
+log() { echo "$*" | tee -a "$res/summary.txt"; }
+# The results travel back as one archive (no model weights), rewritten after every step so that
+# a call cut at its limit still returns what it finished.
+save() {
+    [ -n "${OUT:-}" ] || return 0
+    tar -czf "$OUT/gpu-suite-$section.tar.gz" --exclude='*.safetensors' -C "$(dirname "$res")" gpu-suite
+    cp "$res/summary.txt" "$OUT/summary-$section.txt" 2>/dev/null
+}
+# step NAME SECONDS LOGFILE CMD...: runs CMD under the smaller of SECONDS and what the deadline
+# leaves, logs the exact command and its exit (124: cut by the time limit), saves.
+step() {
+    local name=$1 limit=$2 logfile=$3; shift 3
+    local left=$((deadline - $(date +%s) - 15))
+    if [ "$left" -lt 20 ]; then log "== $name: not run (the call's time is spent)"; return; fi
+    [ "$limit" -gt "$left" ] && limit=$left
+    echo "$(date -u +%H:%M:%S) $*" >> "$res/commands.txt"
+    local t0; t0=$(date +%s)
+    timeout "$limit" "$@" > "$res/$logfile" 2>&1
+    local rc=$?
+    log "== $name: exit $rc in $(( $(date +%s) - t0 )) s$([ $rc = 124 ] && echo " (cut at ${limit} s)")"
+    save
+    return $rc
+}
 
-{ date -u; uname -a; nvidia-smi; } > "$out/machine.txt" 2>&1
-# libcudart / libcublas / libcurand from the CUDA 13 wheels PyTorch brought; libcuda from the driver
-cu13=$(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))' 2>/dev/null)
-export LD_LIBRARY_PATH="${cu13}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+{
+    date -u; uname -a; nvidia-smi
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.max.sm,clocks.mem,power.limit --format=csv
+    python3 -c 'import torch, transformers; print("torch", torch.__version__, "cuda", torch.version.cuda, "transformers", transformers.__version__)'
+} > "$res/machine.txt" 2>&1
+# libcudart / libcublas / libcurand: from the CUDA 13 wheels PyTorch brought, else wherever the
+# image keeps them; libcuda from the driver.
+libs=$(python3 -c 'import nvidia, os; print(os.path.join(list(nvidia.__path__)[0], "cu13", "lib"))' 2>/dev/null)
+for lib in libcublas.so.13 libcudart.so.13 libcurand.so.10; do
+    if [ ! -e "$libs/$lib" ]; then
+        found=$(find / -name "$lib" -not -path '/proc/*' 2>/dev/null | head -1)
+        [ -n "$found" ] && libs="$libs:$(dirname "$found")"
+    fi
+done
+export LD_LIBRARY_PATH="${libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" >> "$res/machine.txt"
 bin=$(mktemp -d)
 xz -dc target/gpu/acpo-cuda.xz > "$bin/acpo" && chmod +x "$bin/acpo"
-xz -dc target/gpu/it-cuda.xz > "$bin/it" && chmod +x "$bin/it"
 # The test binary finds its fixtures at the path it was built in.
 built_in=$(cat target/gpu/built-in 2>/dev/null || echo /work/main)
 if [ "$built_in" != "$repo" ] && [ ! -e "$built_in" ]; then
     mkdir -p "$(dirname "$built_in")" && ln -s "$repo" "$built_in"
 fi
 
-log "== machine: $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1)"
-log "== commit: $(cat target/gpu/commit 2>/dev/null || echo unknown)"
+log "== section $section on $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1)"
+log "== commit $(cat target/gpu/commit 2>/dev/null || echo unknown), $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+save
+
+if [ "$section" = checks ] || [ "$section" = tests ] || [ "$section" = all ]; then
+xz -dc target/gpu/it-cuda.xz > "$bin/it" && chmod +x "$bin/it"
+step "cuda tests" 300 cuda_tests.log "$bin/it" cuda:: --test-threads=1 --nocapture
+grep -E '^(test |skipped|thread |test result)|relative error' "$res/cuda_tests.log" | tee -a "$res/summary.txt"
+fi
 
 if [ "$section" = checks ] || [ "$section" = all ]; then
-"$bin/it" cuda:: --test-threads=1 > "$out/cuda_tests.log" 2>&1
-log "== cuda tests: exit $? ($(grep -E '^test result' "$out/cuda_tests.log" | tail -1))"
-grep -E '^(test |skipped|thread )' "$out/cuda_tests.log" | tee -a "$out/summary.txt"
 
 tokenizer=()
 [ -f target/gpu/qwen3-tokenizer/tokenizer.json ] && tokenizer=(--tokenizer target/gpu/qwen3-tokenizer)
-python3 tools/gpu_parity.py --acpo "$bin/acpo" --out "$out/parity" "${tokenizer[@]}" \
-    > "$out/parity.log" 2>&1
-log "== parity against transformers (Qwen3-0.6B shape): exit $?"
-tail -4 "$out/parity.log" | tee -a "$out/summary.txt"
+step "parity against transformers (Qwen3-0.6B shape)" 150 parity.log \
+    python3 tools/gpu_parity.py --acpo "$bin/acpo" --out "$res/parity" "${tokenizer[@]}"
+tail -4 "$res/parity.log" | tee -a "$res/summary.txt"
 
-for target in "cpu f32" "cuda f32" "cuda bf16"; do
+# The built-in sizes (issue #4's tiny and ~100M models) on CUDA, and on this machine's CPU.
+for target in "cuda f32" "cuda bf16" "cpu f32"; do
     set -- $target
     for kind in train-step generate; do
-        "$bin/acpo" bench "$kind" --device "$1" --dtype "$2" --repeats 5 \
-            --out "$out/bench-$1-$2" > "$out/bench-$kind-$1-$2.log" 2>&1
-        log "== bench $kind $1/$2: exit $?"
-        tail -3 "$out/bench-$kind-$1-$2.log" | tee -a "$out/summary.txt"
+        step "bench $kind $1/$2" 90 "bench-$kind-$1-$2.log" \
+            "$bin/acpo" bench "$kind" --device "$1" --dtype "$2" --repeats 5 --out "$res/bench-$1-$2"
+        tail -3 "$res/bench-$kind-$1-$2.log" | tee -a "$res/summary.txt"
     done
 done
 fi
 
-if [ "$section" = paper ] || [ "$section" = all ]; then
 cfg=experiments/paper/configs/qwen3-1.7b.json
+if [ "$section" = paper ] || [ "$section" = all ]; then
 # Side by side, one sequence length at a time: the torch twin, then acpo, both with
 # checkpointing (what fits at 9k), GRPO micro-batch of 2, prompt 1,024.
 for len in 2048 9220; do
-    timeout 240 python3 tools/bench_train_torch.py --config "$cfg" --seq-len "$len" --prompt-len 1024 \
-        --micro-batch 2 --checkpointing --repeats 2 --json "$out/torch-train-$len.json" \
-        > "$out/torch-train-$len.log" 2>&1
-    log "== torch train-step qwen3-1.7b 2x$len: exit $?"
-    tail -2 "$out/torch-train-$len.log" | tee -a "$out/summary.txt"
-    timeout 240 "$bin/acpo" bench train-step --config "$cfg" --device cuda --dtype bf16 \
+    step "torch train-step qwen3-1.7b 2x$len" 150 "torch-train-$len.log" \
+        python3 tools/bench_train_torch.py --config "$cfg" --seq-len "$len" --prompt-len 1024 \
+        --micro-batch 2 --checkpointing --repeats 2 --json "$res/torch-train-$len.json"
+    tail -2 "$res/torch-train-$len.log" | tee -a "$res/summary.txt"
+    step "acpo train-step qwen3-1.7b 2x$len" 150 "acpo-train-$len.log" \
+        "$bin/acpo" bench train-step --config "$cfg" --device cuda --dtype bf16 \
         --seq-len "$len" --prompt-len 1024 --micro-batch 2 --checkpointing --repeats 1 \
-        --out "$out/paper-$len" > "$out/acpo-train-$len.log" 2>&1
-    log "== acpo train-step qwen3-1.7b 2x$len: exit $?"
-    tail -2 "$out/acpo-train-$len.log" | tee -a "$out/summary.txt"
+        --out "$res/paper-$len"
+    tail -2 "$res/acpo-train-$len.log" | tee -a "$res/summary.txt"
 done
 # The attention kernel alone against torch's sdpa (flash backend), same shapes.
 for len in 2048 9220; do
-    timeout 120 python3 tools/bench_attention_torch.py --config "$cfg" --seq-len "$len" \
-        --micro-batch 2 --json "$out/torch-attention-$len.json" > "$out/torch-attention-$len.log" 2>&1
-    log "== torch sdpa attention qwen3-1.7b 2x$len: exit $?"
-    tail -1 "$out/torch-attention-$len.log" | tee -a "$out/summary.txt"
-    timeout 120 "$bin/acpo" bench attention --config "$cfg" --device cuda --dtype bf16 \
-        --seq-len "$len" --micro-batch 2 --repeats 3 --out "$out/attention-$len" \
-        > "$out/acpo-attention-$len.log" 2>&1
-    log "== acpo flash attention qwen3-1.7b 2x$len: exit $?"
-    tail -2 "$out/acpo-attention-$len.log" | tee -a "$out/summary.txt"
-done
-# Sampling (issue #20): batch 64, 1k prompt + 1k new tokens, acpo's engine beside HF generate.
-timeout 300 python3 tools/bench_generate_torch.py --config "$cfg" --batch 64 --prompt-len 1024 \
-    --new-tokens 1024 --repeats 1 --json "$out/torch-generate.json" > "$out/torch-generate.log" 2>&1
-log "== torch generate qwen3-1.7b 64x(1024+1024): exit $?"
-tail -1 "$out/torch-generate.log" | tee -a "$out/summary.txt"
-timeout 300 "$bin/acpo" bench generate --config "$cfg" --device cuda --dtype bf16 --batch 64 \
-    --prompt-len 1024 --new-tokens 1024 --repeats 1 --out "$out/generate-paper" \
-    > "$out/acpo-generate.log" 2>&1
-log "== acpo generate qwen3-1.7b 64x(1024+1024): exit $?"
-tail -2 "$out/acpo-generate.log" | tee -a "$out/summary.txt"
-# The costed paper plan from the two measured rates (9k-token train step, batch-64 sampling).
-mkdir -p "$out/measured"
-cp "$out/paper-9220/train-step.json" "$out/generate-paper/generate.json" "$out/measured/" 2>/dev/null
-"$bin/acpo" bench paper-plan --measured "$out/measured" --out "$out/measured" > "$out/paper-plan.log" 2>&1
-log "== paper plan: exit $?"
-# Long-tailed response lengths (256 prompts, ≤ 2k new tokens, 64 at once): waves against
-# continuous batching.
-timeout 300 "$bin/acpo" bench generate --config "$cfg" --device cuda --dtype bf16 --batch 256 \
-    --prompt-len 256 --new-tokens 2048 --max-batch 64 --long-tail --repeats 1 \
-    --out "$out/generate-long-tail" > "$out/acpo-generate-long-tail.log" 2>&1
-log "== acpo generate long tail (waves vs continuous): exit $?"
-tail -3 "$out/acpo-generate-long-tail.log" | tee -a "$out/summary.txt"
-# Peak memory at 9k with one saving off at a time (an out-of-memory exit is a result too).
-for off in "--attention composed --checkpointing" "--vocab-chunk 0 --checkpointing" ""; do
-    name=$(echo "${off:-no-checkpointing}" | tr -c 'a-z0-9\n' '-')
-    timeout 200 "$bin/acpo" bench train-step --config "$cfg" --device cuda --dtype bf16 \
-        --seq-len 9220 --prompt-len 1024 --micro-batch 2 --repeats 1 $off \
-        --out "$out/paper-9220-$name" > "$out/acpo-train-9220-$name.log" 2>&1
-    log "== acpo train-step qwen3-1.7b 2x9220 ${off:-without checkpointing}: exit $?"
-    tail -2 "$out/acpo-train-9220-$name.log" | tee -a "$out/summary.txt"
+    step "torch sdpa attention qwen3-1.7b 2x$len" 60 "torch-attention-$len.log" \
+        python3 tools/bench_attention_torch.py --config "$cfg" --seq-len "$len" \
+        --micro-batch 2 --json "$res/torch-attention-$len.json"
+    tail -1 "$res/torch-attention-$len.log" | tee -a "$res/summary.txt"
+    step "acpo flash attention qwen3-1.7b 2x$len" 60 "acpo-attention-$len.log" \
+        "$bin/acpo" bench attention --config "$cfg" --device cuda --dtype bf16 \
+        --seq-len "$len" --micro-batch 2 --repeats 3 --out "$res/attention-$len"
+    tail -2 "$res/acpo-attention-$len.log" | tee -a "$res/summary.txt"
 done
 fi
-echo "raw results: $out"
+
+if [ "$section" = paper ] || [ "$section" = sampling ] || [ "$section" = all ]; then
+# Sampling (issue #20): batch 64, 1k prompt + GEN_NEW new tokens (the issue's shape is 1k; on the
+# first H100 neither side finished it in 150 s), acpo's engine beside HF generate.
+# HF generate with each cache (static compiles the model first: over 150 s on the first H100).
+new=${GEN_NEW:-1024}
+for cache in ${TORCH_CACHES:-static}; do
+    step "torch generate ($cache cache) qwen3-1.7b 64x(1024+$new)" 150 "torch-generate-$cache.log" \
+        python3 tools/bench_generate_torch.py --config "$cfg" --batch 64 --prompt-len 1024 \
+        --new-tokens "$new" --repeats 1 --cache "$cache" --json "$res/torch-generate-$cache.json"
+    tail -1 "$res/torch-generate-$cache.log" | tee -a "$res/summary.txt"
+done
+step "acpo generate qwen3-1.7b 64x(1024+$new)" 240 acpo-generate.log \
+    "$bin/acpo" bench generate --config "$cfg" --device cuda --dtype bf16 --batch 64 \
+    --prompt-len 1024 --new-tokens "$new" --repeats 1 --out "$res/generate-paper"
+tail -2 "$res/acpo-generate.log" | tee -a "$res/summary.txt"
+# The costed paper plan from the two measured rates (the longest train step measured here, or
+# TRAIN_STEP_JSON; batch-64 sampling).
+mkdir -p "$res/measured"
+train=${TRAIN_STEP_JSON:-$res/paper-9220/train-step.json}
+cp "$train" "$res/measured/train-step.json" 2>/dev/null
+cp "$res/generate-paper/generate.json" "$res/measured/" 2>/dev/null
+step "paper plan" 30 paper-plan.log \
+    "$bin/acpo" bench paper-plan --measured "$res/measured" --out "$res/measured"
+fi
+
+if [ "$section" = extra ] || [ "$section" = all ]; then
+# Long-tailed response lengths (256 prompts, ≤ 1k new tokens, 64 at once): waves against
+# continuous batching.
+lt_batch=${LT_BATCH:-256} lt_new=${LT_NEW:-1024} lt_slots=${LT_SLOTS:-64}
+step "acpo generate long tail ${lt_batch}x(128+≤$lt_new), $lt_slots slots (waves vs continuous)" 240 \
+    acpo-generate-long-tail.log \
+    "$bin/acpo" bench generate --config "$cfg" --device cuda --dtype bf16 --batch "$lt_batch" \
+    --prompt-len 128 --new-tokens "$lt_new" --max-batch "$lt_slots" --long-tail --repeats 1 \
+    --out "$res/generate-long-tail"
+tail -3 "$res/acpo-generate-long-tail.log" | tee -a "$res/summary.txt"
+# Peak memory at MEM_LEN (default 9k) with one saving off at a time (an out-of-memory exit is a
+# result too).
+mem_len=${MEM_LEN:-9220}
+for off in "--attention composed --checkpointing" "--vocab-chunk 0 --checkpointing" ""; do
+    name=$(echo "${off:-no-checkpointing}" | tr -c 'a-z0-9\n' '-')
+    step "acpo train-step qwen3-1.7b 2x$mem_len ${off:-without checkpointing}" 90 \
+        "acpo-train-$mem_len-$name.log" \
+        "$bin/acpo" bench train-step --config "$cfg" --device cuda --dtype bf16 \
+        --seq-len "$mem_len" --prompt-len 1024 --micro-batch 2 --repeats 1 $off \
+        --out "$res/paper-$mem_len-$name"
+    tail -2 "$res/acpo-train-$mem_len-$name.log" | tee -a "$res/summary.txt"
+done
+fi
+save
+echo "raw results: ${OUT:-$res}"
+echo "---- summary ----"
+cat "$res/summary.txt"

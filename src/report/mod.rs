@@ -513,12 +513,15 @@ pub fn write(
 
 /// Fills each block `<!-- begin: NAME -->` … `<!-- end: NAME -->` of a Markdown document with
 /// the generated file `root/NAME` (e.g. `table1.md`), so docs quote generated files instead of
-/// hand-typed numbers. Returns the new text and the number of blocks filled; a block naming a
-/// file `root` does not have is an error.
+/// hand-typed numbers. Returns the new text and the number of blocks filled. A block naming a
+/// file `root` does not have is left as it is (another generator fills it: the GPU blocks come
+/// from tools/gpu_report.py, the memory plan from `acpo bench`), but a document none of whose
+/// blocks `root` can fill is an error (a wrong root or a misspelt name).
 pub fn splice(doc: &str, root: &Path) -> Result<(String, usize)> {
     let mut out = String::with_capacity(doc.len());
     let mut rest = doc;
     let mut filled = 0;
+    let mut seen = Vec::new();
     while let Some(i) = rest.find("<!-- begin: ") {
         let after = &rest[i + "<!-- begin: ".len()..];
         let name_end = after.find(" -->").ok_or_else(|| ReportError::Invalid {
@@ -535,6 +538,13 @@ pub fn splice(doc: &str, root: &Path) -> Result<(String, usize)> {
                 reason: format!("no `{end_marker}` after `<!-- begin: {name} -->`"),
             })?;
         let path = root.join(name);
+        if !path.exists() {
+            let block_end = body_start + j + end_marker.len();
+            out.push_str(&rest[..block_end]);
+            rest = &rest[block_end..];
+            seen.push(name.to_owned());
+            continue;
+        }
         let body = std::fs::read_to_string(&path).map_err(|source| ReportError::Io {
             path: path.clone(),
             source,
@@ -546,6 +556,15 @@ pub fn splice(doc: &str, root: &Path) -> Result<(String, usize)> {
         out.push_str(&end_marker);
         rest = &rest[body_start + j + end_marker.len()..];
         filled += 1;
+    }
+    if filled == 0 && !seen.is_empty() {
+        return Err(ReportError::Invalid {
+            path: root.to_owned(),
+            reason: format!(
+                "has none of the document's generated blocks ({})",
+                seen.join(", ")
+            ),
+        });
     }
     out.push_str(rest);
     Ok((out, filled))

@@ -230,71 +230,86 @@ fn token_log_probs_match_the_cpu_twin_in_value_and_gradient() {
     }
 }
 
-/// The one-pass AdamW kernel does the CPU twin's f32 operations in order: the same bits.
+/// The one-pass AdamW kernel does the CPU twin's f32 operations in order: the same bits when
+/// the gradients are not clipped. With clipping, the clip coefficient comes from the global
+/// gradient norm, an f32 sum whose order differs between the CPU and the GPU's reduction (seen
+/// on the first H100, 2026-11-23), so there the update agrees to f32 rounding.
 #[test]
 fn adamw_on_cuda_is_the_cpu_update_bit_for_bit() {
     let Some(gpu) = gpu("adamw_on_cuda_is_the_cpu_update_bit_for_bit") else {
         return;
     };
+    for grad_clip in [1e9, 0.5] {
+        let (cpu, cuda) = (
+            adamw_steps(&Device::Cpu, grad_clip),
+            adamw_steps(&gpu, grad_clip),
+        );
+        for (a, b) in cpu.iter().zip(&cuda) {
+            if grad_clip > 1e6 {
+                let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
+                assert!(same, "the unclipped CUDA update differs from the CPU's");
+            } else {
+                let t = |v: &Vec<f32>| Tensor::new(v.as_slice(), &Device::Cpu).expect("t");
+                let e = rel_err(&t(b), &t(a));
+                assert!(e < 1e-6, "the clipped CUDA update is off by {e:.2e}");
+            }
+        }
+    }
+}
+
+/// Three AdamW steps on two parameters (one of them without a gradient on the second) on `device`;
+/// the parameters after them.
+fn adamw_steps(device: &Device, grad_clip: f64) -> Vec<Vec<f32>> {
     use acpo::model::Params;
     use acpo::optim::{AdamW, Gradients};
     let spec = acpo::manifest::OptimSpec {
         lr: 1e-3,
         lr_schedule: acpo::manifest::LrSchedule::Constant,
         warmup_steps: 0,
-        grad_clip: 0.5,
+        grad_clip,
         weight_decay: 0.01,
         betas: [0.9, 0.999],
         eps: 1e-8,
     };
-    let run = |device: &Device| -> Vec<Vec<f32>> {
-        let mut vars = std::collections::BTreeMap::new();
-        vars.insert(
+    let mut vars = std::collections::BTreeMap::new();
+    vars.insert(
+        "a".to_string(),
+        Var::from_tensor(&random(10, &[257, 3], 1.0).to_device(device).expect("to")).expect("v"),
+    );
+    vars.insert(
+        "b".to_string(),
+        Var::from_tensor(&random(11, &[100_003], 0.1).to_device(device).expect("to")).expect("v"),
+    );
+    let params = Params::new(vars);
+    let mut opt = AdamW::new(&params, &spec).expect("adamw");
+    for step in 0..3u64 {
+        let mut g = std::collections::BTreeMap::new();
+        g.insert(
             "a".to_string(),
-            Var::from_tensor(&random(10, &[257, 3], 1.0).to_device(device).expect("to"))
-                .expect("v"),
+            random(20 + step, &[257, 3], 1.0)
+                .to_device(device)
+                .expect("g"),
         );
-        vars.insert(
-            "b".to_string(),
-            Var::from_tensor(&random(11, &[100_003], 0.1).to_device(device).expect("to"))
-                .expect("v"),
-        );
-        let params = Params::new(vars);
-        let mut opt = AdamW::new(&params, &spec).expect("adamw");
-        for step in 0..3u64 {
-            let mut g = std::collections::BTreeMap::new();
+        if step != 1 {
+            // a missing gradient on step 1
             g.insert(
-                "a".to_string(),
-                random(20 + step, &[257, 3], 1.0)
+                "b".to_string(),
+                random(30 + step, &[100_003], 1.0)
                     .to_device(device)
                     .expect("g"),
             );
-            if step != 1 {
-                // a missing gradient on step 1
-                g.insert(
-                    "b".to_string(),
-                    random(30 + step, &[100_003], 1.0)
-                        .to_device(device)
-                        .expect("g"),
-                );
-            }
-            assert!(opt.step(&Gradients::from_map(g)).expect("step").applied);
         }
-        params
-            .vars()
-            .map(|(_, v)| {
-                v.flatten_all()
-                    .and_then(|t| t.to_device(&Device::Cpu))
-                    .and_then(|t| t.to_vec1::<f32>())
-                    .expect("host")
-            })
-            .collect()
-    };
-    let (cpu, cuda) = (run(&Device::Cpu), run(&gpu));
-    for (a, b) in cpu.iter().zip(&cuda) {
-        let same = a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits());
-        assert!(same, "the CUDA update differs from the CPU's");
+        assert!(opt.step(&Gradients::from_map(g)).expect("step").applied);
     }
+    params
+        .vars()
+        .map(|(_, v)| {
+            v.flatten_all()
+                .and_then(|t| t.to_device(&Device::Cpu))
+                .and_then(|t| t.to_vec1::<f32>())
+                .expect("host")
+        })
+        .collect()
 }
 
 /// Every weight gets a gradient on CUDA, in f32 and in bf16 mixed precision.
@@ -459,7 +474,14 @@ fn cuda_logits_and_greedy_tokens_match_transformers() {
             let h = forward_full(&model, &input);
             let logits = model.logits(&h).expect("logits");
             let e = rel_err(&logits, &want);
-            let tol = if p.compute == DType::F32 { 1e-5 } else { 2e-2 };
+            // bf16: as close to transformers as the same model in bf16 on the CPU, within half
+            // again (their roundings differ; the CPU's error is ~2e-2 on these random models).
+            let tol = if p.compute == DType::F32 {
+                1e-5
+            } else {
+                1.5 * super::model::bf16_logits_rel_err(name, &Device::Cpu)
+            };
+            eprintln!("{name} {dtype:?}: logits relative error {e:.2e} (at most {tol:.2e})");
             assert!(e <= tol, "{name} {dtype:?}: logits off by {e:.2e}");
             if p.compute == DType::F32 {
                 let prompt = ids_of(&serde_json::Value::Array(vec![r["models"][name]

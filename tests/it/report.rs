@@ -295,3 +295,25 @@ fn figures_are_produced_and_not_blank() {
         );
     }
 }
+
+#[test]
+fn splice_fills_its_blocks_and_leaves_other_generators_blocks_alone() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    std::fs::write(tmp.path().join("table1.md"), "| new |\n").expect("w");
+    let doc = "a\n<!-- begin: table1.md -->\nold\n<!-- end: table1.md -->\nb\n\
+               <!-- begin: gpu-results.md -->\nkept\n<!-- end: gpu-results.md -->\nc\n";
+    let (text, filled) = acpo::report::splice(doc, tmp.path()).expect("splice");
+    assert_eq!(filled, 1);
+    assert_eq!(
+        text,
+        "a\n<!-- begin: table1.md -->\n| new |\n<!-- end: table1.md -->\nb\n\
+         <!-- begin: gpu-results.md -->\nkept\n<!-- end: gpu-results.md -->\nc\n"
+    );
+    // A document none of whose blocks the directory can fill: a wrong root or a misspelt name.
+    let err = acpo::report::splice(
+        "<!-- begin: tabel1.md -->\n<!-- end: tabel1.md -->\n",
+        tmp.path(),
+    )
+    .expect_err("nothing to fill");
+    assert!(err.to_string().contains("tabel1.md"), "{err}");
+}

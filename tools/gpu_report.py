@@ -1,0 +1,322 @@
+#!/usr/bin/env python3
+"""The GPU rows of docs/CUDA.md and REPRODUCE.md from one run of tools/gpu_suite.sh (issue #24):
+reads every raw file under a results/gpu/<device>-<date>/ directory (one sub-directory per device
+call; where a check ran in several calls, the later call's result counts) and writes there
+gpu-results.md (every measurement) and gpu-targets.md (the CUDA issues' targets beside what was
+measured); with --doc FILE also fills whichever of FILE's `<!-- begin: NAME -->` …
+`<!-- end: NAME -->` blocks it has. Every number comes from the raw files.
+
+    python3 tools/gpu_report.py results/gpu/NVIDIA-H100-80GB-HBM3-20261123 \\
+        --doc docs/CUDA.md --doc REPRODUCE.md
+
+Standard library only.
+"""
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+
+
+def latest(root, name):
+    """The last file called `name` under root, in path order (the calls are numbered)."""
+    found = sorted(root.rglob(name))
+    return found[-1] if found else None
+
+
+def load(path):
+    return json.loads(path.read_text()) if path else None
+
+
+def summary_lines(root):
+    lines = []
+    for s in sorted(root.rglob("summary.txt")):
+        lines += s.read_text().splitlines()
+    return lines
+
+
+def fmt(x, digits=1):
+    return f"{x:,.{digits}f}"
+
+
+def machine(root, lines):
+    head = next((l for l in lines if l.startswith("== section")), "")
+    gpu = head.split(" on ", 1)[-1] if " on " in head else "unknown"
+    commits = sorted({l[10:].rsplit(", ", 1)[0] for l in lines if l.startswith("== commit ")})
+    m = latest(root, "machine.txt")
+    sw = ""
+    if m:
+        sw = next((l for l in m.read_text().splitlines() if l.startswith("torch ")), "")
+    return f"{gpu}; {sw}; binaries of {' and of '.join(commits) or 'an unknown commit'}"
+
+
+def tests_table(root):
+    out = ["| call | CUDA tests | result |", "|---|---|---|"]
+    for log in sorted(root.rglob("cuda_tests.log")):
+        text = log.read_text()
+        result = next((l for l in text.splitlines() if l.startswith("test result")), "no result")
+        failed = [l.split()[1] for l in text.splitlines() if l.startswith("test ") and l.endswith("FAILED")]
+        call = log.relative_to(root).parts[0]
+        out.append(f"| {call} | {result.split('.')[0].replace('test result: ', '')} "
+                   f"| {', '.join(f'`{f}`' for f in failed) or 'all pass'} |")
+    errs = []
+    last = latest(root, "cuda_tests.log")
+    if last:
+        errs = [l.split(" ... ")[-1] for l in last.read_text().splitlines() if "relative error" in l]
+    return out, errs
+
+
+def parity_table(root):
+    p = load(latest(root, "parity.json"))
+    if not p:
+        return ["parity: not run"]
+    out = [f"Random Qwen3-0.6B-shaped model, sequences of {p['sequences']} tokens (real Qwen3 tokenizer), "
+           f"acpo on CUDA against transformers {p['transformers']} on the same GPU:", "",
+           "| dtype | max abs Δ log-prob | max abs Δ entropy |", "|---|---:|---:|"]
+    for r in p["rows"]:
+        out.append(f"| {r['dtype']} | {r['max_abs_log_prob_diff']:.2e} | {r['max_abs_entropy_diff']:.2e} |")
+    return out
+
+
+def builtin_benches(root):
+    rows = {}
+    for f in sorted(root.rglob("bench-*/*.json")):
+        for r in load(f):
+            rows[(r["model"], r["what"], r["target"])] = r["tokens_per_second"]
+    if not rows:
+        return ["built-in benches: not run"]
+    out = ["| model | what | cpu/f32 (16 cores) | cuda/f32 | cuda/bf16 | cuda/bf16 ÷ cpu |",
+           "|---|---|---:|---:|---:|---:|"]
+    for model, what in sorted({(m, w) for m, w, _ in rows}):
+        get = lambda t: rows.get((model, what, t))
+        cells = [fmt(get(t)) if get(t) else "—" for t in ("cpu/f32", "cuda/f32", "cuda/bf16")]
+        ratio = f"{get('cuda/bf16') / get('cpu/f32'):.1f}×" if get("cpu/f32") and get("cuda/bf16") else "—"
+        out.append(f"| {model} | {what} | {' | '.join(cells)} | {ratio} |")
+    out.append("")
+    out.append("tokens/s; train-step: 4 × 128 tokens, generate: 8 prompts × (32 + 64).")
+    return out
+
+
+def train_step(root, lines):
+    out = ["| tokens | acpo tokens/s | acpo MFU | acpo peak GiB | torch tokens/s | torch MFU | torch peak GiB | acpo ÷ torch (target ≥ 1) |",
+           "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for length in (2048, 9220):
+        torch = load(latest(root, f"torch-train-{length}.json"))
+        acpo_file = latest(root, f"paper-{length}") and latest(root, f"paper-{length}") / "train-step.json"
+        acpo = load(acpo_file)[0] if acpo_file and acpo_file.exists() else None
+        log = latest(root, f"acpo-train-{length}.log")
+        if acpo:
+            a = (fmt(acpo["tokens_per_second"]), f"{100 * acpo['mfu']:.1f} %",
+                 f"{acpo['memory']['peak'] / 2**30:.1f}")
+        elif log and "OUT_OF_MEMORY" in log.read_text():
+            a = ("out of memory", "—", "> 78")
+        else:
+            a = ("not run", "—", "—")
+        t = (fmt(torch["tokens_per_second"]), f"{100 * torch['mfu']:.1f} %",
+             f"{torch['peak_bytes'] / 2**30:.1f}") if torch else ("not run", "—", "—")
+        ratio = f"{acpo['tokens_per_second'] / torch['tokens_per_second']:.2f}×" if acpo and torch else "—"
+        out.append(f"| 2 × {length} | {' | '.join(a)} | {' | '.join(t)} | {ratio} |")
+    out.append("")
+    out.append("Qwen3-1.7B shape, random weights, bf16 with fp32 masters, prompt 1,024, gradient "
+               "checkpointing on both sides; acpo with flash attention and vocabulary chunks of 8,192, "
+               "torch with sdpa (`tools/bench_train_torch.py`).")
+    return out
+
+
+def attention(root):
+    out = ["| tokens | acpo forward s (TFLOP/s) | torch sdpa forward s (TFLOP/s) | acpo fwd+bwd s (TFLOP/s) | torch fwd+bwd s (TFLOP/s) | acpo ÷ torch time, fwd+bwd |",
+           "|---|---:|---:|---:|---:|---:|"]
+    pat = re.compile(r"forward ([\d.]+) s \(([\d.]+) TFLOP/s\), forward \+ backward ([\d.]+) s \(([\d.]+) TFLOP/s\)")
+    for length in (2048, 9220):
+        torch = load(latest(root, f"torch-attention-{length}.json"))
+        d = latest(root, f"attention-{length}")
+        acpo = load(d / "attention.json")[0] if d and (d / "attention.json").exists() else None
+        m = pat.search(acpo["shape"]) if acpo else None
+        if not (torch and m):
+            out.append(f"| 2 × {length} | not run | | | | |")
+            continue
+        f, ft, fb, fbt = (float(x) for x in m.groups())
+        out.append(f"| 2 × {length} | {f:.4f} ({ft:.1f}) | {torch['forward_s']:.4f} ({torch['forward_tflops']:.0f}) "
+                   f"| {fb:.4f} ({fbt:.1f}) | {torch['forward_backward_s']:.4f} ({torch['forward_backward_tflops']:.0f}) "
+                   f"| {fb / torch['forward_backward_s']:.0f}× |")
+    out.append("")
+    out.append("One layer's attention, 16 query heads over 8 KV heads of 128, bf16, causal.")
+    # With checkpointing a layer's attention runs forward twice (the pass, its recomputation)
+    # and backward once: its share of the measured 2k train step.
+    d, step = latest(root, "attention-2048"), latest(root, "paper-2048")
+    if d and step and (d / "attention.json").exists() and (step / "train-step.json").exists():
+        m = pat.search(load(d / "attention.json")[0]["shape"])
+        cfg = json.loads(Path("experiments/paper/configs/qwen3-1.7b.json").read_text())
+        secs = load(step / "train-step.json")[0]["seconds"]
+        if m:
+            attn = cfg["num_hidden_layers"] * (float(m.group(1)) + float(m.group(3)))
+            out += ["", f"In acpo's 2 × 2048 train step ({secs:.2f} s), attention takes "
+                    f"{cfg['num_hidden_layers']} layers × (forward + forward and backward) = {attn:.2f} s, "
+                    f"{100 * attn / secs:.0f} % of it."]
+    return out
+
+
+def generate(root, lines):
+    out = []
+    d = latest(root, "generate-paper")
+    acpo = load(d / "generate.json")[0] if d and (d / "generate.json").exists() else None
+    torches = [load(p) for p in sorted(root.rglob("torch-generate-*.json"))]
+    if acpo:
+        r = acpo["roofline"]
+        out += ["| engine | shape | new tokens/s | ms per decode step | of the HBM roofline |",
+                "|---|---|---:|---:|---:|",
+                f"| acpo | {acpo['shape']} | {fmt(acpo['tokens_per_second'])} | {1000 * r['step_seconds']:.0f} "
+                f"| {100 * r['fraction']:.1f} % (target ≥ 50 %) |"]
+        for t in torches:
+            out.append(f"| HF generate ({t['cache']} cache) | {t['batch']} prompts of {t['prompt_len']} + "
+                       f"{t['new_tokens']} new tokens | {fmt(t['tokens_per_second'])} | — | — |")
+        same = [t for t in torches if t["new_tokens"] * t["batch"] == acpo["tokens"]]
+        if same:
+            best = max(t["tokens_per_second"] for t in same)
+            out += ["", f"acpo ÷ HF generate: {acpo['tokens_per_second'] / best:.2f}× (target ≥ 3×). "
+                    f"Roofline: {r['bytes_per_step'] / 1e9:.1f} GB of weights + KV cache per decode step "
+                    f"against a measured device copy of {r['copy_gb_per_s']:,.0f} GB/s."]
+    lt = latest(root, "generate-long-tail")
+    if lt and (lt / "generate.json").exists():
+        waves, cont = load(lt / "generate.json")
+        out += ["", "| long-tailed lengths | waves tokens/s | continuous batching tokens/s | gain |",
+                "|---|---:|---:|---:|",
+                f"| {cont['shape'].split(': ')[0]} | {fmt(waves['tokens_per_second'])} "
+                f"| {fmt(cont['tokens_per_second'])} | {cont['tokens_per_second'] / waves['tokens_per_second']:.2f}× |"]
+    return out or ["sampling: not run"]
+
+
+def unfinished(lines):
+    cut = sorted({l[3:] for l in lines if "(cut at" in l or "not run" in l or "exit 2 " in l})
+    return [f"- {l}" for l in cut] or ["- none"]
+
+
+def report(root):
+    lines = summary_lines(root)
+    tests, errs = tests_table(root)
+    plan = latest(root, "paper-plan.md")
+    parts = [
+        f"Raw results: `{root}` ({machine(root, lines)}).", "",
+        "**Correctness.**", "", *tests, "",
+        *(["bf16 and f32 logits of the fixture models against transformers (last run):", "",
+           *[f"- {e.strip()}" for e in errs], ""] if errs else []),
+        *parity_table(root), "",
+        "**Built-in speed benchmarks** (`acpo bench train-step|generate`, issue #4's sizes):", "",
+        *builtin_benches(root), "",
+        "**Paper-shape train step** (issue #19):", "", *train_step(root, lines), "",
+        "**Flash attention against torch's sdpa** (issue #19):", "", *attention(root), "",
+        "**Sampling** (issue #20):", "", *generate(root, lines), "",
+        "**Steps cut by their time limit, out of memory or not run:**", "", *unfinished(lines), "",
+    ]
+    if plan:
+        parts += ["**Costed paper plan** (`acpo bench paper-plan`, from the rates above):", "",
+                  plan.read_text().strip(), ""]
+    return "\n".join(parts)
+
+
+def targets(root):
+    """The CUDA issues' targets beside what the run measured."""
+    rows = []
+    last = latest(root, "cuda_tests.log")
+    if last:
+        res = next((l for l in last.read_text().splitlines() if l.startswith("test result")), "")
+        m = re.search(r"(\d+) passed; (\d+) failed", res)
+        if m:
+            ok = m.group(2) == "0"
+            rows.append(("#18", "every kernel, the model and training on CUDA match their CPU twins / transformers (CUDA tests)",
+                         f"{m.group(1)} passed, {m.group(2)} failed", "yes" if ok else "no"))
+    p = load(latest(root, "parity.json"))
+    if p:
+        f32 = next(r for r in p["rows"] if r["dtype"] == "f32")
+        rows.append(("#18", "Qwen3-0.6B shape against transformers on the same GPU, f32",
+                     f"max abs Δ log-prob {f32['max_abs_log_prob_diff']:.1e}",
+                     "yes" if f32["max_abs_log_prob_diff"] < 1e-4 else "no"))
+    for length in (2048, 9220):
+        torch = load(latest(root, f"torch-train-{length}.json"))
+        d = latest(root, f"paper-{length}")
+        acpo = load(d / "train-step.json")[0] if d and (d / "train-step.json").exists() else None
+        log = latest(root, f"acpo-train-{length}.log")
+        oom = log is not None and "OUT_OF_MEMORY" in log.read_text()
+        if length == 9220:
+            rows.append(("#19", "Qwen3-1.7B, 2 × 9,220 tokens, bf16, checkpointing: fits one 80 GB GPU",
+                         "out of memory" if oom else (f"peak {acpo['memory']['peak'] / 2**30:.1f} GiB" if acpo else "not run"),
+                         "no" if oom or not acpo else "yes"))
+        if acpo and torch:
+            r = acpo["tokens_per_second"] / torch["tokens_per_second"]
+            rows.append(("#19", f"train-step tokens/s ≥ 1.0× the PyTorch twin, 2 × {length}",
+                         f"{r:.2f}× (MFU {100 * acpo['mfu']:.1f} % vs {100 * torch['mfu']:.1f} %)", "yes" if r >= 1 else "no"))
+        elif torch:
+            rows.append(("#19", f"train-step tokens/s ≥ 1.0× the PyTorch twin, 2 × {length}",
+                         "acpo out of memory" if oom else "acpo not run", "no"))
+    d = latest(root, "generate-paper")
+    acpo = load(d / "generate.json")[0] if d and (d / "generate.json").exists() else None
+    if acpo:
+        same = [load(t) for t in sorted(root.rglob("torch-generate-*.json"))]
+        same = [t for t in same if t["new_tokens"] * t["batch"] == acpo["tokens"]]
+        if same:
+            r = acpo["tokens_per_second"] / max(t["tokens_per_second"] for t in same)
+            caches = ", ".join(sorted({t["cache"] for t in same}))
+            rows.append(("#20", f"decode tokens/s ≥ 3× HF generate ({acpo['shape']})",
+                         f"{r:.2f}× (HF with its {caches} cache)", "yes" if r >= 3 else "no"))
+        f = acpo["roofline"]["fraction"]
+        rows.append(("#20", "decoding at ≥ 50 % of the HBM roofline", f"{100 * f:.1f} %", "yes" if f >= 0.5 else "no"))
+    lt = latest(root, "generate-long-tail")
+    if lt and (lt / "generate.json").exists():
+        waves, cont = load(lt / "generate.json")
+        rows.append(("#20", "continuous batching against waves on long-tailed lengths (no number set)",
+                     f"{cont['tokens_per_second'] / waves['tokens_per_second']:.2f}× the tokens/s", "measured"))
+    plan = latest(root, "paper-plan.json")
+    rows.append(("#20", "a costed plan of the 16 paper runs from measured rates", "docs/CUDA.md" if plan else "not run",
+                 "measured" if plan else "no"))
+    out = ["| issue | target | measured | met |", "|---|---|---|---|"]
+    out += [f"| {i} | {t} | {m} | {ok} |" for i, t, m, ok in rows]
+    return "\n".join(out)
+
+
+def fill(doc, name, body, check=False):
+    """Puts `body` in doc's NAME block; with `check`, only says whether it is there already."""
+    text = doc.read_text()
+    begin, end = f"<!-- begin: {name} -->", f"<!-- end: {name} -->"
+    if end not in text:
+        sys.exit(f"error: {doc} has {begin} without {end}")
+    head, rest = text.split(begin, 1)
+    _, tail = rest.split(end, 1)
+    new = f"{head}{begin}\n{body.strip()}\n{end}{tail}"
+    if check:
+        return new == text
+    doc.write_text(new)
+    return True
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("results", type=Path)
+    ap.add_argument("--doc", type=Path, action="append", default=[])
+    ap.add_argument("--check", action="store_true",
+                    help="write nothing; exit 1 if a --doc's blocks differ from the results")
+    args = ap.parse_args()
+    if not args.results.is_dir():
+        print(f"error: {args.results} is not a directory of GPU suite results", file=sys.stderr)
+        return 2
+    body = report(args.results)
+    brief = targets(args.results)
+    if not args.check:
+        (args.results / "gpu-results.md").write_text(body)
+        (args.results / "gpu-targets.md").write_text(brief + "\n")
+    stale = []
+    for doc in args.doc:
+        text = doc.read_text()
+        for name, block in (("gpu-targets.md", brief), ("gpu-results.md", body)):
+            if f"<!-- begin: {name} -->" in text and not fill(doc, name, block, args.check):
+                stale.append(f"{doc}: {name}")
+    if stale:
+        print("error: generated GPU blocks out of date (rerun without --check): " + ", ".join(stale),
+              file=sys.stderr)
+        return 1
+    if not args.check:
+        print(brief)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
