@@ -38,3 +38,4 @@ pub mod rollout;
 pub mod run;
 pub mod train;
 pub mod verify;
+pub mod verl;

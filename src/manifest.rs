@@ -685,6 +685,18 @@ impl Experiment {
         Ok(experiment)
     }
 
+    /// [`Experiment::load`], and the manifest as written (before defaults and validation's
+    /// derived values): what an export to another engine must account for field by field.
+    pub fn load_with_raw(path: &Path) -> Result<(Experiment, raw::Manifest), ManifestError> {
+        let experiment = Self::load(path)?;
+        let text = std::fs::read_to_string(path).map_err(|source| ManifestError::Io {
+            path: path.to_owned(),
+            source,
+        })?;
+        let raw = serde_saphyr::from_str(&text).map_err(|e| parse_error(e, &text, path))?;
+        Ok((experiment, raw))
+    }
+
     /// Parses and validates manifest text; `path` is used in error messages only.
     pub fn from_yaml(text: &str, path: &Path) -> Result<Experiment, ManifestError> {
         // A tag the YAML crate does not know (`!foo 3`) would otherwise be dropped silently.

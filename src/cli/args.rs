@@ -45,6 +45,28 @@ pub enum Command {
     /// Model utilities (write a seeded random model in HF layout).
     #[command(subcommand)]
     Model(ModelCommand),
+    /// Write a run's launch for another training engine.
+    #[command(subcommand)]
+    Export(ExportCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ExportCommand {
+    /// A manifest as a verl launch (issue #21): launch.sh (verl's main_ppo with one Hydra
+    /// override per setting) and fields.md (how verl honours every manifest field; unsupported
+    /// ones are listed, never dropped).
+    Verl {
+        /// The run's manifest (YAML).
+        manifest: PathBuf,
+        /// Where launch.sh and fields.md go [default: results/verl/<name>].
+        #[arg(long)]
+        out: Option<PathBuf>,
+        /// GPUs per node (the paper used 2-8 H100s per run).
+        #[arg(long, default_value_t = 8)]
+        gpus: usize,
+        #[arg(long, default_value_t = 1)]
+        nodes: usize,
+    },
 }
 
 #[derive(Debug, Args)]

@@ -139,7 +139,48 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             );
             Ok(Outcome::Success)
         }
+        Command::Export(ExportCommand::Verl {
+            manifest,
+            out,
+            gpus,
+            nodes,
+        }) => export_verl(&manifest, out, gpus, nodes),
     }
+}
+
+/// `acpo export verl`: the manifest's verl launch and its field-by-field account.
+fn export_verl(
+    manifest: &Path,
+    out: Option<PathBuf>,
+    gpus: usize,
+    nodes: usize,
+) -> anyhow::Result<Outcome> {
+    let (_, raw) = Experiment::load_with_raw(manifest)?;
+    let target = acpo::verl::Target {
+        gpus_per_node: gpus,
+        nodes,
+    };
+    let launch = acpo::verl::launch(&raw, &target);
+    let out = out.unwrap_or_else(|| Path::new("results/verl").join(&raw.name));
+    std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
+    let script = out.join("launch.sh");
+    write_atomic(
+        &script,
+        launch.script(&manifest.display().to_string()).as_bytes(),
+    )?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))
+            .with_context(|| format!("cannot make {} executable", script.display()))?;
+    }
+    let fields = out.join("fields.md");
+    write_atomic(&fields, launch.accounts().as_bytes())?;
+    for n in launch.unsupported() {
+        println!("unsupported by verl: {} ({})", n.field, n.why);
+    }
+    print_written(&[script, fields]);
+    Ok(Outcome::Success)
 }
 
 /// `acpo generate`: sample completions and print them (or write JSONL).

@@ -15,6 +15,7 @@ mod pmd;
 mod report;
 mod train;
 mod verify;
+mod verl;
 
 use std::io::Write;
 use std::path::{Path, PathBuf};
