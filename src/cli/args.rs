@@ -48,6 +48,30 @@ pub enum Command {
     /// Write a run's launch for another training engine.
     #[command(subcommand)]
     Export(ExportCommand),
+    /// Turn another engine's logs of a run into a run directory `acpo report` reads.
+    #[command(subcommand)]
+    Import(ImportCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ImportCommand {
+    /// verl's file-logger metrics and validation dumps of a run exported with `acpo export
+    /// verl` → a sealed run directory: metrics.jsonl, eval.jsonl (every validation sample
+    /// re-judged by our verifier, Avg@k), provenance (engine verl), SHA256SUMS.
+    Verl {
+        /// The run's manifest (the one exported).
+        #[arg(long)]
+        manifest: PathBuf,
+        /// verl's file-logger JSONL (`$VERL_FILE_LOGGER_PATH`).
+        #[arg(long)]
+        metrics: PathBuf,
+        /// `trainer.validation_data_dir`: the `<step>.jsonl` dumps.
+        #[arg(long)]
+        validation_dir: PathBuf,
+        /// The run directory to create, e.g. results/paper/<name>-verl.
+        #[arg(long)]
+        out: PathBuf,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -66,6 +90,13 @@ pub enum ExportCommand {
         gpus: usize,
         #[arg(long, default_value_t = 1)]
         nodes: usize,
+        /// Also write the training set and the benchmarks as verl parquet files into OUT/data
+        /// (where launch.sh looks for them).
+        #[arg(long)]
+        data: bool,
+        /// The data directory [default: $ACPO_DATA_DIR, else ~/.cache/acpo/data].
+        #[arg(long)]
+        data_dir: Option<PathBuf>,
     },
 }
 

@@ -144,17 +144,46 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             out,
             gpus,
             nodes,
-        }) => export_verl(&manifest, out, gpus, nodes),
+            data,
+            data_dir: dir,
+        }) => {
+            let out = export_verl(&manifest, out, gpus, nodes)?;
+            if data {
+                let exp = Experiment::load(&manifest)?;
+                for w in acpo::verl::data::write_parquet(&exp, &data_dir(&dir), &out.join("data"))?
+                {
+                    println!("wrote {} ({} rows)", w.path.display(), w.rows);
+                }
+            }
+            Ok(Outcome::Success)
+        }
+        Command::Import(ImportCommand::Verl {
+            manifest,
+            metrics,
+            validation_dir,
+            out,
+        }) => {
+            let done = acpo::verl::import::import(&manifest, &metrics, &validation_dir, &out)?;
+            println!(
+                "imported {} steps and {} evaluations ({} samples re-judged) into {}",
+                done.steps,
+                done.evaluations,
+                done.samples,
+                done.dir.display()
+            );
+            Ok(Outcome::Success)
+        }
     }
 }
 
-/// `acpo export verl`: the manifest's verl launch and its field-by-field account.
+/// `acpo export verl`: the manifest's verl launch and its field-by-field account; the
+/// directory written.
 fn export_verl(
     manifest: &Path,
     out: Option<PathBuf>,
     gpus: usize,
     nodes: usize,
-) -> anyhow::Result<Outcome> {
+) -> anyhow::Result<PathBuf> {
     let (_, raw) = Experiment::load_with_raw(manifest)?;
     let target = acpo::verl::Target {
         gpus_per_node: gpus,
@@ -180,7 +209,7 @@ fn export_verl(
         println!("unsupported by verl: {} ({})", n.field, n.why);
     }
     print_written(&[script, fields]);
-    Ok(Outcome::Success)
+    Ok(out)
 }
 
 /// `acpo generate`: sample completions and print them (or write JSONL).

@@ -23,6 +23,9 @@ pub struct Provenance {
     pub finished_unix: Option<u64>,
     pub finished_utc: Option<String>,
     pub steps_done: usize,
+    /// The engine that trained the run when it was not acpo's (`verl` for `acpo import verl`).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub engine: Option<String>,
 }
 
 pub fn now_unix() -> u64 {
@@ -136,5 +139,6 @@ fn provenance(exp: &Experiment, device: &str) -> Provenance {
         finished_unix: None,
         finished_utc: None,
         steps_done: 0,
+        engine: None,
     }
 }

@@ -7,9 +7,14 @@
 //! prepared data, metadata, or unsupported with the reason. Nothing is dropped silently
 //! (`tests/it/verl.rs` enumerates the fields of every shipped manifest).
 //!
+//! [`import`] goes the other way: verl's logs of a run become our run directory.
+//!
 //! The -AC variants need the plug-in `acpo_verl` (integrations/verl): its policy loss `acpo`
 //! (paper eq. 5, −clip(r·Â, −α, α)) with a `PolicyLossConfig` that carries α, and its reward
 //! function, which judges answers with our verifier.
+
+pub mod data;
+pub mod import;
 
 use std::fmt::Write as _;
 
@@ -102,7 +107,8 @@ impl Launch {
             self.name
         );
         s.push_str(
-            "# ACPO_VERL_DATA: the parquet files of the training set and the benchmarks;\n\
+            "# ACPO_VERL_DATA: the parquet files of the training set and the benchmarks (default:\n\
+             #   data/ beside this script, written by `acpo export verl --data`);\n\
              # ACPO_VERL_PLUGIN: integrations/verl of the acpo repository (the `acpo_verl` package);\n\
              # ACPO_VERL_OUT: where the run's metrics, validation dumps and checkpoints go.\n",
         );
@@ -120,9 +126,11 @@ impl Launch {
         }
         s.push_str(
             "set -euo pipefail\n\
-             DATA=\"${ACPO_VERL_DATA:?set ACPO_VERL_DATA to the directory of the parquet files}\"\n\
+             HERE=\"$(cd \"$(dirname \"$0\")\" && pwd)\"\n\
+             DATA=\"${ACPO_VERL_DATA:-$HERE/data}\"\n\
              PLUGIN=\"${ACPO_VERL_PLUGIN:?set ACPO_VERL_PLUGIN to integrations/verl of the acpo repository}\"\n\
              [ -f \"$PLUGIN/acpo_verl/reward.py\" ] || { echo \"error: $PLUGIN has no acpo_verl/reward.py\" >&2; exit 2; }\n\
+             ls \"$DATA\"/*.parquet >/dev/null 2>&1 || { echo \"error: no parquet files in $DATA (acpo export verl --data)\" >&2; exit 2; }\n\
              OUT=\"${ACPO_VERL_OUT:-$PWD/verl-runs}\"\n\
              export PYTHONPATH=\"$PLUGIN${PYTHONPATH:+:$PYTHONPATH}\"\n",
         );
@@ -435,25 +443,34 @@ fn data_fields(l: &mut Launch, d: &raw::Data, e: &raw::Eval) {
         format!("[{}]", val.join(",")),
         &["eval.benchmarks"],
     );
-    for (field, why) in [
-        (
-            "data.prompt_template",
-            "the training prompts are rendered with it",
-        ),
-        (
-            "data.apply_chat_template",
-            "the training prompts are chat messages or plain text by it",
-        ),
-        (
-            "eval.prompt_template",
-            "the benchmark prompts are rendered with it",
-        ),
-        (
-            "eval.apply_chat_template",
-            "the benchmark prompts are chat messages or plain text by it",
-        ),
+    l.note(
+        "data.prompt_template",
+        Account::Data,
+        "the training prompts are rendered with it",
+    );
+    l.note(
+        "eval.prompt_template",
+        Account::Data,
+        "the benchmark prompts are rendered with it",
+    );
+    // The parquet prompts are chat messages: verl applies the model's chat template to them.
+    for (field, chat) in [
+        ("data.apply_chat_template", d.apply_chat_template),
+        ("eval.apply_chat_template", e.apply_chat_template),
     ] {
-        l.note(field, Account::Data, why);
+        if chat {
+            l.note(
+                field,
+                Account::VerlDefault,
+                "verl applies the model's chat template to the parquet's messages",
+            );
+        } else {
+            l.note(
+                field,
+                Account::Unsupported,
+                "verl applies the model's chat template to every prompt",
+            );
+        }
     }
     l.set(
         "data.max_prompt_length",
