@@ -97,3 +97,13 @@ gpu-suite SECTION="all":
 [group('cuda')]
 gpu-report DIR:
     python3 tools/gpu_report.py {{DIR}} --doc docs/CUDA.md --doc REPRODUCE.md
+
+# The acpo_verl plug-in's tests with torch and verl 0.9.1 from PyPI in a venv
+# (~/.cache/acpo/verl-venv; several GB: torch, verl and its dependencies), against the fixtures
+# of acpo's Rust objectives and through verl's own registry (docs/VERL.md).
+[group('verl')]
+test-verl:
+    cargo build
+    test -x ~/.cache/acpo/verl-venv/bin/python || python3 -m venv ~/.cache/acpo/verl-venv
+    ~/.cache/acpo/verl-venv/bin/pip install --quiet --disable-pip-version-check torch verl==0.9.1
+    ACPO_VERL_PYTHON=~/.cache/acpo/verl-venv/bin/python cargo test --test it verl

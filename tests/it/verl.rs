@@ -501,3 +501,175 @@ fn the_parquet_files_are_verls_layout_and_read_back_as_the_problems() {
             .is_some_and(|id| id.contains('/')));
     }
 }
+
+/// The plug-in's fixtures (integrations/verl/tests/fixtures/policy_loss.json): the Rust
+/// objectives' loss, per-token gradient and statistics on fixed inputs, for ACPO at two α and
+/// verl's `vanilla` ratio clip, in every aggregation mode verl has. The Python tests hold the
+/// plug-in's `acpo` loss (and verl's own, where verl is installed) to them. Regenerate with
+/// `ACPO_UPDATE_FIXTURES=1 cargo test --test it verl_plugin_fixtures`.
+fn plugin_fixtures() -> serde_json::Value {
+    use acpo::algo::loss::{policy_loss, Aggregation};
+    use acpo::manifest::{LossAggMode, PolicyClip};
+    use candle_core::{Device, Tensor, Var};
+    let (b, t) = (3usize, 7usize);
+    let mut rng = acpo::rng::SplitMix64::new(2024);
+    // Values exact in f32 (multiples of 1/64), so f32 and f64 start from the same numbers.
+    let mut draw = |scale: f64| -> Vec<f32> {
+        (0..b * t)
+            .map(|_| ((rng.next_f64() * 2.0 - 1.0) * scale * 64.0).round() as f32 / 64.0)
+            .collect()
+    };
+    let old: Vec<f32> = draw(1.0).iter().map(|x| -x.abs() - 0.25).collect();
+    let lp: Vec<f32> = old.iter().zip(draw(0.75)).map(|(o, d)| o + d).collect();
+    let adv = draw(2.5);
+    // right-padded responses of 7, 5 and 2 tokens
+    let lens = [7usize, 5, 2];
+    let mask: Vec<f32> = (0..b * t)
+        .map(|i| f32::from(u8::from(i % t < lens[i / t])))
+        .collect();
+    let tensor = |v: &[f32]| Tensor::from_vec(v.to_vec(), (b, t), &Device::Cpu).expect("t");
+    let clips = [
+        (
+            "acpo",
+            serde_json::json!({"alpha": 0.5}),
+            PolicyClip::Advantage { alpha: 0.5 },
+        ),
+        (
+            "acpo",
+            serde_json::json!({"alpha": 2.0}),
+            PolicyClip::Advantage { alpha: 2.0 },
+        ),
+        (
+            "vanilla",
+            serde_json::json!({"clip_ratio_low": 0.2, "clip_ratio_high": 0.28, "clip_ratio_c": 3.0}),
+            PolicyClip::Ratio {
+                eps_low: 0.2,
+                eps_high: 0.28,
+                dual_clip_c: 3.0,
+            },
+        ),
+    ];
+    let modes = [
+        ("token-mean", LossAggMode::TokenMean),
+        ("seq-mean-token-sum", LossAggMode::SeqMeanTokenSum),
+        ("seq-mean-token-mean", LossAggMode::SeqMeanTokenMean),
+        ("seq-mean-token-sum-norm", LossAggMode::SeqMeanTokenSumNorm),
+    ];
+    let mut cases = Vec::new();
+    for (loss_mode, params, clip) in &clips {
+        for (agg_name, mode) in modes {
+            let var = Var::from_tensor(&tensor(&lp)).expect("var");
+            let agg = Aggregation::whole(mode, &tensor(&mask), t).expect("agg");
+            let out = policy_loss(
+                clip,
+                var.as_tensor(),
+                &tensor(&old),
+                &tensor(&adv),
+                &tensor(&mask),
+                &agg,
+            )
+            .expect("loss");
+            let grads = out.loss.backward().expect("backward");
+            let grad: Vec<f32> = grads
+                .get(var.as_tensor())
+                .expect("grad")
+                .flatten_all()
+                .expect("f")
+                .to_vec1()
+                .expect("v");
+            let s = out.stats;
+            cases.push(serde_json::json!({
+                "loss_mode": loss_mode,
+                "params": params,
+                "loss_agg_mode": agg_name,
+                "loss": out.loss.to_scalar::<f32>().expect("scalar") as f64,
+                "grad_log_prob": grad.chunks(t).map(|r| r.iter().map(|&g| g as f64).collect::<Vec<_>>()).collect::<Vec<_>>(),
+                "metrics": {
+                    "actor/ppo_kl": s.ppo_kl,
+                    "actor/pg_clipfrac": s.pg_clipfrac,
+                    "actor/pg_clipfrac_lower": s.pg_clipfrac_lower,
+                    "actor/acpo_clipfrac": s.acpo_clipfrac_upper + s.acpo_clipfrac_lower,
+                    "actor/acpo_clipfrac_upper": s.acpo_clipfrac_upper,
+                    "actor/acpo_clipfrac_lower": s.acpo_clipfrac_lower,
+                    "actor/ratio_adv_mean": s.ratio_adv_mean,
+                    "actor/ratio_adv_abs_max": s.ratio_adv_abs_max,
+                },
+            }));
+        }
+    }
+    let rows = |v: &[f32]| {
+        v.chunks(t)
+            .map(|r| r.iter().map(|&x| x as f64).collect::<Vec<_>>())
+            .collect::<Vec<_>>()
+    };
+    serde_json::json!({
+        "about": "written by tests/it/verl.rs (plugin_fixtures) from acpo's algo::loss, f32",
+        "inputs": {
+            "old_log_prob": rows(&old),
+            "log_prob": rows(&lp),
+            "advantages": rows(&adv),
+            "response_mask": rows(&mask),
+        },
+        "cases": cases,
+    })
+}
+
+#[test]
+fn verl_plugin_fixtures_are_current() {
+    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("integrations/verl/tests/fixtures/policy_loss.json");
+    let text = serde_json::to_string_pretty(&plugin_fixtures()).expect("json") + "\n";
+    if std::env::var_os("ACPO_UPDATE_FIXTURES").is_some() {
+        std::fs::create_dir_all(path.parent().expect("dir")).expect("mkdir");
+        std::fs::write(&path, &text).expect("write");
+    }
+    let committed = std::fs::read_to_string(&path).expect("the committed fixtures");
+    assert!(
+        committed == text,
+        "{} is stale: ACPO_UPDATE_FIXTURES=1 cargo test --test it verl_plugin_fixtures",
+        path.display()
+    );
+}
+
+/// The plug-in's Python tests (integrations/verl/tests) with the acpo binary: the reward
+/// function through `acpo score` always; the torch loss against the fixtures above and the
+/// checks through verl where the interpreter has torch / verl (`ACPO_VERL_PYTHON`, as `just
+/// test-verl` sets up; each skipped test says why).
+#[test]
+fn the_verl_plugins_python_tests_pass() {
+    let python = std::env::var("ACPO_VERL_PYTHON").unwrap_or_else(|_| "python3".into());
+    let probe = std::process::Command::new(&python)
+        .arg("--version")
+        .output();
+    if !probe.is_ok_and(|o| o.status.success()) {
+        super::skip(
+            "the_verl_plugins_python_tests_pass",
+            format_args!("no {python}"),
+        );
+        return;
+    }
+    let out = std::process::Command::new(&python)
+        .args([
+            "-m",
+            "unittest",
+            "discover",
+            "-v",
+            "integrations/verl/tests",
+        ])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .env("ACPO_BIN", env!("CARGO_BIN_EXE_acpo"))
+        .output()
+        .expect("python");
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{log}");
+    assert!(
+        log.contains("test_compute_score_judges_with_acpos_verifier") && log.contains("ok"),
+        "{log}"
+    );
+    for line in log.lines().filter(|l| l.contains("skipped")) {
+        super::skip(
+            "the_verl_plugins_python_tests_pass",
+            format_args!("{}", line.trim()),
+        );
+    }
+}
