@@ -105,5 +105,5 @@ gpu-report DIR:
 test-verl:
     cargo build
     test -x ~/.cache/acpo/verl-venv/bin/python || python3 -m venv ~/.cache/acpo/verl-venv
-    ~/.cache/acpo/verl-venv/bin/pip install --quiet --disable-pip-version-check torch verl==0.9.1
+    ~/.cache/acpo/verl-venv/bin/pip install --quiet --disable-pip-version-check torch verl==0.9.1 hydra-core
     ACPO_VERL_PYTHON=~/.cache/acpo/verl-venv/bin/python cargo test --test it verl

@@ -4,7 +4,9 @@
   and per-token gradient within 1e-6 in f64, every aggregation mode; skipped without torch;
 - verl's own `get_policy_loss_fn("acpo")` after importing the plug-in, and verl's `vanilla` loss
   against acpo's ratio clip; skipped without verl;
-- the reward function through the acpo binary (`$ACPO_BIN`); skipped without it.
+- the reward function through the acpo binary (`$ACPO_BIN`); skipped without it;
+- the 16 paper launches of `acpo export verl` composed against verl's own Hydra config, the -AC
+  runs' policy-loss config built as `AcpoPolicyLossConfig` with α; skipped without verl/hydra.
 """
 import json
 import os
@@ -14,6 +16,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
 FIXTURES = json.loads((HERE / "fixtures" / "policy_loss.json").read_text())
 
 try:
@@ -133,6 +136,39 @@ class ThroughVerl(unittest.TestCase):
                 for g, w in zip(g_row, w_row):
                     close(self, g, w, "vanilla gradient")
             close(self, metrics["actor/pg_clipfrac"], c["metrics"]["actor/pg_clipfrac"], "pg_clipfrac")
+
+
+def hydra_available():
+    try:
+        import hydra  # noqa: F401
+    except ImportError:
+        return False
+    return verl_available()
+
+
+@unittest.skipUnless(os.environ.get("ACPO_BIN") and hydra_available(), "needs ACPO_BIN, verl and hydra")
+class LaunchesComposeInVerl(unittest.TestCase):
+    def test_the_sixteen_paper_launches_compose_against_verls_config(self):
+        import subprocess
+        import tempfile
+
+        import compose_launch
+
+        repo = HERE.parents[2]
+        manifests = sorted((repo / "experiments" / "paper").glob("*.yaml"))
+        self.assertEqual(len(manifests), 16)
+        with tempfile.TemporaryDirectory() as tmp:
+            for m in manifests:
+                out = Path(tmp) / m.stem
+                subprocess.run([os.environ["ACPO_BIN"], "export", "verl", str(m), "--out", str(out)],
+                               check=True, capture_output=True)
+                self.assertEqual(compose_launch.main(out / "launch.sh"), 0, m.stem)
+            # a key verl does not have is refused
+            bad = Path(tmp) / "bad.sh"
+            bad.write_text((Path(tmp) / manifests[0].stem / "launch.sh").read_text()
+                           .replace('"data.shuffle=', '"data.shufle='))
+            with self.assertRaises(Exception):
+                compose_launch.main(bad)
 
 
 @unittest.skipUnless(os.environ.get("ACPO_BIN"), "ACPO_BIN (the acpo binary) is not set")
