@@ -127,19 +127,33 @@ pub fn import(manifest: &Path, metrics: &Path, validation: &Path, out: &Path) ->
     })
 }
 
-/// verl's file-logger lines as our metrics lines: numeric values, renamed, validation metrics
-/// left out, `training/global_step` added; steps strictly increasing.
+/// The JSON values of a JSONL file's lines, each with its line number and an error maker that
+/// names the file and the line.
+fn json_lines(
+    path: &Path,
+    text: &str,
+) -> Result<Vec<(serde_json::Value, impl Fn(String) -> ImportError)>> {
+    crate::jsonl::values(text)
+        .map(|(line, v)| {
+            let path = path.to_owned();
+            let bad = move |reason: String| ImportError::Line {
+                path: path.clone(),
+                line,
+                reason,
+            };
+            let v = v.map_err(|e| bad(format!("not JSON: {e}")))?;
+            Ok((v, bad))
+        })
+        .collect()
+}
+
+/// verl's file-logger lines as our metrics lines: numeric values (`reward/acc/mean` derived),
+/// validation metrics left out, `training/global_step` added; steps strictly increasing.
 fn metrics_lines(path: &Path, reward: RewardKind) -> Result<Vec<BTreeMap<String, f64>>> {
     let text = read(path)?;
     let mut out: Vec<BTreeMap<String, f64>> = Vec::new();
     let mut last = 0;
-    for (line, v) in crate::jsonl::values(&text) {
-        let bad = |reason: String| ImportError::Line {
-            path: path.to_owned(),
-            line,
-            reason,
-        };
-        let v = v.map_err(|e| bad(format!("not JSON: {e}")))?;
+    for (v, bad) in json_lines(path, &text)? {
         let step = v
             .get("step")
             .and_then(serde_json::Value::as_u64)
@@ -215,13 +229,7 @@ fn evaluation(exp: &Experiment, step: usize, path: &Path) -> Result<EvalSummary>
     let text = read(path)?;
     // benchmark → problem id → verdicts
     let mut judged: BTreeMap<String, BTreeMap<String, Vec<bool>>> = BTreeMap::new();
-    for (line, v) in crate::jsonl::values(&text) {
-        let bad = |reason: String| ImportError::Line {
-            path: path.to_owned(),
-            line,
-            reason,
-        };
-        let v = v.map_err(|e| bad(format!("not JSON: {e}")))?;
+    for (v, bad) in json_lines(path, &text)? {
         let field = |name: &str| -> Result<String> {
             match v.get(name) {
                 Some(serde_json::Value::String(s)) => Ok(s.clone()),

@@ -395,21 +395,21 @@ fn verl_logs_import_into_a_run_that_report_turns_into_table1_and_curves() {
     let manifest =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments/paper/qwen3-1.7b-grpo.yaml");
     let logs = tmp.path().join("verl-qwen3-1.7b-grpo");
-    let again = acpo(&[
-        "import",
-        "verl",
-        "--manifest",
-        manifest.to_str().expect("u"),
-        "--metrics",
-        logs.join("metrics.jsonl").to_str().expect("u"),
-        "--validation-dir",
-        logs.join("validation").to_str().expect("u"),
-        "--out",
-        results
-            .join("paper/qwen3-1.7b-grpo-verl")
-            .to_str()
-            .expect("u"),
-    ]);
+    let import_into = |out: &Path| {
+        acpo(&[
+            "import",
+            "verl",
+            "--manifest",
+            manifest.to_str().expect("u"),
+            "--metrics",
+            logs.join("metrics.jsonl").to_str().expect("u"),
+            "--validation-dir",
+            logs.join("validation").to_str().expect("u"),
+            "--out",
+            out.to_str().expect("u"),
+        ])
+    };
+    let again = import_into(&results.join("paper/qwen3-1.7b-grpo-verl"));
     assert_eq!(again.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&again.stderr).contains("holds a run already"));
     let dump = logs.join("validation/0.jsonl");
@@ -418,18 +418,7 @@ fn verl_logs_import_into_a_run_that_report_turns_into_table1_and_curves() {
             .expect("dump")
             .replacen("\"problem_id\"", "\"pid\"", 1);
     std::fs::write(&dump, text).expect("w");
-    let bad = acpo(&[
-        "import",
-        "verl",
-        "--manifest",
-        manifest.to_str().expect("u"),
-        "--metrics",
-        logs.join("metrics.jsonl").to_str().expect("u"),
-        "--validation-dir",
-        logs.join("validation").to_str().expect("u"),
-        "--out",
-        tmp.path().join("elsewhere").to_str().expect("u"),
-    ]);
+    let bad = import_into(&tmp.path().join("elsewhere"));
     assert_eq!(bad.status.code(), Some(2));
     let err = String::from_utf8_lossy(&bad.stderr);
     assert!(

@@ -37,6 +37,15 @@ def close(test, got, want, what):
     test.assertLessEqual(abs(got - want), TOL * max(1.0, abs(want)), f"{what}: {got} vs {want}")
 
 
+def check_loss_and_gradient(test, loss, log_prob, case, what):
+    """`loss` (scalar tensor) and d loss / d `log_prob` against the fixture `case`."""
+    loss.backward()
+    close(test, loss.item(), case["loss"], f"loss, {what}")
+    for g_row, w_row in zip(log_prob.grad.tolist(), case["grad_log_prob"]):
+        for g, w in zip(g_row, w_row):
+            close(test, g, w, f"gradient, {what}")
+
+
 @unittest.skipIf(torch is None, "torch is not installed")
 class LossAgainstRustFixtures(unittest.TestCase):
     def test_acpo_loss_gradient_and_metrics(self):
@@ -48,13 +57,8 @@ class LossAgainstRustFixtures(unittest.TestCase):
             old, lp, adv, mask = inputs()
             lp.requires_grad_(True)
             losses, metrics = acpo_token_losses(old, lp, adv, mask, c["params"]["alpha"])
-            loss = aggregate(losses, mask, c["loss_agg_mode"])
-            loss.backward()
             what = f"alpha {c['params']['alpha']}, {c['loss_agg_mode']}"
-            close(self, loss.item(), c["loss"], f"loss, {what}")
-            for g_row, w_row in zip(lp.grad.tolist(), c["grad_log_prob"]):
-                for g, w in zip(g_row, w_row):
-                    close(self, g, w, f"gradient, {what}")
+            check_loss_and_gradient(self, aggregate(losses, mask, c["loss_agg_mode"]), lp, c, what)
             for name, value in metrics.items():
                 close(self, value, c["metrics"][name], f"{name}, {what}")
 
@@ -105,11 +109,7 @@ class ThroughVerl(unittest.TestCase):
                 old_log_prob=old, log_prob=lp, advantages=adv, response_mask=mask,
                 loss_agg_mode=c["loss_agg_mode"], config=config, rollout_is_weights=None,
             )
-            loss.backward()
-            close(self, loss.item(), c["loss"], f"verl acpo loss, {c['loss_agg_mode']}")
-            for g_row, w_row in zip(lp.grad.tolist(), c["grad_log_prob"]):
-                for g, w in zip(g_row, w_row):
-                    close(self, g, w, "verl acpo gradient")
+            check_loss_and_gradient(self, loss, lp, c, f"verl acpo, {c['loss_agg_mode']}")
             close(self, metrics["actor/acpo_clipfrac"], c["metrics"]["actor/acpo_clipfrac"], "clipfrac")
 
     def test_the_config_class_carries_alpha(self):
@@ -130,11 +130,7 @@ class ThroughVerl(unittest.TestCase):
                 old_log_prob=old, log_prob=lp, advantages=adv, response_mask=mask,
                 loss_agg_mode=c["loss_agg_mode"], config=config, rollout_is_weights=None,
             )
-            loss.backward()
-            close(self, loss.item(), c["loss"], f"vanilla loss, {c['loss_agg_mode']}")
-            for g_row, w_row in zip(lp.grad.tolist(), c["grad_log_prob"]):
-                for g, w in zip(g_row, w_row):
-                    close(self, g, w, "vanilla gradient")
+            check_loss_and_gradient(self, loss, lp, c, f"verl vanilla, {c['loss_agg_mode']}")
             close(self, metrics["actor/pg_clipfrac"], c["metrics"]["actor/pg_clipfrac"], "pg_clipfrac")
 
 
