@@ -147,9 +147,8 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             data,
             data_dir: dir,
         }) => {
-            let out = export_verl(&manifest, out, gpus, nodes)?;
+            let (exp, out) = export_verl(&manifest, out, gpus, nodes)?;
             if data {
-                let exp = Experiment::load(&manifest)?;
                 for w in acpo::verl::data::write_parquet(&exp, &data_dir(&dir), &out.join("data"))?
                 {
                     println!("wrote {} ({} rows)", w.path.display(), w.rows);
@@ -177,14 +176,14 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
 }
 
 /// `acpo export verl`: the manifest's verl launch and its field-by-field account; the
-/// directory written.
+/// experiment and the directory written.
 fn export_verl(
     manifest: &Path,
     out: Option<PathBuf>,
     gpus: usize,
     nodes: usize,
-) -> anyhow::Result<PathBuf> {
-    let (_, raw) = Experiment::load_with_raw(manifest)?;
+) -> anyhow::Result<(Experiment, PathBuf)> {
+    let (exp, raw) = Experiment::load_with_raw(manifest)?;
     let target = acpo::verl::Target {
         gpus_per_node: gpus,
         nodes,
@@ -209,7 +208,7 @@ fn export_verl(
         println!("unsupported by verl: {} ({})", n.field, n.why);
     }
     print_written(&[script, fields]);
-    Ok(out)
+    Ok((exp, out))
 }
 
 /// `acpo generate`: sample completions and print them (or write JSONL).
