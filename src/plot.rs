@@ -70,12 +70,22 @@ pub struct Series {
 }
 
 /// One panel of a figure.
+#[derive(Default)]
 pub struct Panel {
     pub title: String,
     pub x_desc: String,
     pub y_desc: String,
     pub log_y: bool,
+    /// With `log_y`: draw values ≤ 0 at the axis (a step histogram's empty bins) instead of
+    /// leaving them out.
+    pub zero_at_axis: bool,
     pub series: Vec<Series>,
+    /// The x-axis range; default: the data's.
+    pub x_range: Option<(f64, f64)>,
+    /// x positions marked with dashed vertical lines (e.g. ±α).
+    pub marks: Vec<f64>,
+    /// The legend in the upper right corner instead of the middle.
+    pub legend_top_right: bool,
 }
 
 fn draw_panels<DB: DrawingBackend>(
@@ -111,6 +121,9 @@ fn draw_panels<DB: DrawingBackend>(
         if !x0.is_finite() {
             (x0, x1, y0, y1) = (0.0, 1.0, if p.log_y { 1e-6 } else { 0.0 }, 1.0);
         }
+        if let Some((lo, hi)) = p.x_range {
+            (x0, x1) = (lo, hi);
+        }
         if x1 <= x0 {
             x1 = x0 + 1.0;
         }
@@ -118,6 +131,11 @@ fn draw_panels<DB: DrawingBackend>(
             y1 = y0 + if p.log_y { y0.abs().max(1e-6) } else { 1.0 };
         }
         let pad = if p.log_y { 0.0 } else { 0.05 * (y1 - y0) };
+        let (floor, top) = if p.log_y {
+            (y0, y1 * 1.5)
+        } else {
+            (y0 - pad, y1 + pad)
+        };
         let mut builder = ChartBuilder::on(area);
         builder
             .caption(&p.title, ("sans-serif", 20))
@@ -143,13 +161,25 @@ fn draw_panels<DB: DrawingBackend>(
                     })
                     .draw()
                     .map_err(|e| e.to_string())?;
+                for &x in &p.marks {
+                    let dash = DashedLineSeries::new(
+                        [(x, floor), (x, top)],
+                        6,
+                        4,
+                        BLACK.mix(0.6).stroke_width(1),
+                    );
+                    chart.draw_series(dash).map_err(|e| e.to_string())?;
+                }
                 for s in &p.series {
                     let color = s.color;
                     let points: Vec<(f64, f64)> = s
                         .points
                         .iter()
                         .copied()
-                        .filter(|(_, y)| !p.log_y || *y > 0.0)
+                        .filter(|(x, y)| {
+                            *x >= x0 && *x <= x1 && (!p.log_y || p.zero_at_axis || *y > 0.0)
+                        })
+                        .map(|(x, y)| (x, if p.log_y && y <= 0.0 { floor } else { y }))
                         .collect();
                     chart
                         .draw_series(LineSeries::new(points, color.stroke_width(2)))
@@ -159,8 +189,11 @@ fn draw_panels<DB: DrawingBackend>(
                             PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(3))
                         });
                 }
-                chart
-                    .configure_series_labels()
+                let mut labels = chart.configure_series_labels();
+                if p.legend_top_right {
+                    labels.position(SeriesLabelPosition::UpperRight);
+                }
+                labels
                     .label_font(("sans-serif", 14))
                     .border_style(BLACK)
                     .background_style(WHITE.mix(0.85))

@@ -507,6 +507,7 @@ pub fn report(cfg: &Config, out: &Path) -> Result<Report, PmdError> {
                             y_desc: "F_N (solid), bound (light)".into(),
                             log_y: true,
                             series: Vec::new(),
+                            ..Panel::default()
                         });
                     }
                     let c = colors[ai];

@@ -4,6 +4,7 @@
 //! has one colour everywhere; drawing is [`crate::plot`]'s.
 
 use plotters::prelude::RGBColor;
+use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
 use super::{model_order, ReportError, RunResult};
@@ -62,6 +63,7 @@ pub fn accuracy(runs: &[RunResult], out: &Path) -> Result<Vec<PathBuf>> {
                     .map(|e| (e.step as f64, 100.0 * e.weighted_accuracy))
                     .collect()
             }),
+            ..Panel::default()
         })
         .collect();
     let mut files = write_figure(
@@ -89,6 +91,7 @@ pub fn accuracy(runs: &[RunResult], out: &Path) -> Result<Vec<PathBuf>> {
                         })
                         .collect()
                 }),
+                ..Panel::default()
             })
             .collect();
         files.extend(write_figure(
@@ -125,6 +128,7 @@ pub fn entropy(runs: &[RunResult], out: &Path) -> Result<Vec<PathBuf>> {
             y_desc: "policy entropy (nats)".into(),
             log_y: false,
             series,
+            ..Panel::default()
         });
     }
     Ok(write_figure(
@@ -169,10 +173,22 @@ pub fn run_tails(dir: &Path) -> Result<Option<[Histogram; 3]>> {
     Ok(any.then_some(sum))
 }
 
-/// Fig. 3: the density of r·Â for easy / medium / hard prompts, per method (log scale), one
-/// figure per model.
-pub fn tails(runs: &[RunResult], out: &Path) -> Result<Vec<PathBuf>> {
+/// Fig. 3: the density of r·Â for easy / medium / hard prompts, per method, one figure per
+/// model: step histograms (the bins as drawn, log scale), the same x-range in every panel, ±α
+/// of the model's -AC runs marked, and each method's token count and tail mass (the share with
+/// |r·Â| > α, α of its family's -AC run) in its legend. Also the tail masses as a Markdown table (`tails.md`; empty when
+/// no run has tails).
+pub fn tails(runs: &[RunResult], out: &Path) -> Result<(Vec<PathBuf>, String)> {
+    const DIFFICULTY: [&str; 3] = [
+        "easy prompts (70–100 %)",
+        "medium prompts (30–70 %)",
+        "hard prompts (0–30 %)",
+    ];
     let mut files = Vec::new();
+    let mut table = String::from(
+        "| model | prompts | method | tokens | share with abs(r·Â) > α |\n|---|---|---|---:|---:|\n",
+    );
+    let mut rows = 0;
     for m in model_order(runs.iter().map(|r| r.model.clone())) {
         let mut per_method = Vec::new();
         for r in runs_of(runs, &m) {
@@ -183,36 +199,76 @@ pub fn tails(runs: &[RunResult], out: &Path) -> Result<Vec<PathBuf>> {
         if per_method.is_empty() {
             continue;
         }
-        let panels: Vec<Panel> = [
-            "easy prompts (70–100 %)",
-            "medium prompts (30–70 %)",
-            "hard prompts (0–30 %)",
-        ]
-        .iter()
-        .enumerate()
-        .map(|(i, title)| Panel {
-            title: title.to_string(),
-            x_desc: "r·Â".into(),
-            y_desc: "density".into(),
-            log_y: true,
-            series: per_method
+        // Each family's α is its -AC run's (PPO with PPO-AC, GRPO with GRPO-AC); 2 where the
+        // model has no -AC run.
+        let alpha_of = |alg: AlgorithmKind| {
+            runs_of(runs, &m)
                 .iter()
-                .map(|(alg, h)| Series {
-                    label: alg.paper_name().into(),
-                    color: method_color(*alg),
-                    points: h[i].density(),
-                })
-                .collect(),
-        })
-        .collect();
+                .find(|r| r.algorithm.is_ppo_type() == alg.is_ppo_type() && r.alpha.is_some())
+                .and_then(|r| r.alpha)
+                .unwrap_or(2.0)
+        };
+        let mut alphas: Vec<f64> = per_method.iter().map(|(a, _)| alpha_of(*a)).collect();
+        alphas.sort_by(f64::total_cmp);
+        alphas.dedup();
+        let widest = alphas.last().copied().unwrap_or(2.0);
+        // One x-range for every panel: ±max(2·α, the |r·Â| holding 99.9 % of every histogram).
+        let q = per_method
+            .iter()
+            .flat_map(|(_, h)| h.iter().map(|h| h.abs_quantile(0.999)))
+            .fold(0.0, f64::max);
+        let half = ((2.0 * widest).max(q * 1.1) * 2.0).ceil() / 2.0;
+        let half = half.min(crate::run::tails::HI);
+        let panels: Vec<Panel> = DIFFICULTY
+            .iter()
+            .enumerate()
+            .map(|(i, title)| Panel {
+                title: title.to_string(),
+                x_desc: "r·Â".into(),
+                y_desc: "density".into(),
+                log_y: true,
+                zero_at_axis: true,
+                x_range: Some((-half, half)),
+                marks: alphas.iter().flat_map(|a| [-a, *a]).collect(),
+                legend_top_right: true,
+                series: per_method
+                    .iter()
+                    .map(|(alg, h)| Series {
+                        label: format!(
+                            "{} (n={}, {:.2} % beyond ±{})",
+                            alg.paper_name(),
+                            h[i].count,
+                            100.0 * h[i].tail_mass(alpha_of(*alg)),
+                            alpha_of(*alg)
+                        ),
+                        color: method_color(*alg),
+                        points: h[i].steps(-half, half),
+                    })
+                    .collect(),
+            })
+            .collect();
+        for (i, title) in DIFFICULTY.iter().enumerate() {
+            for (alg, h) in &per_method {
+                rows += 1;
+                let _ = writeln!(
+                    table,
+                    "| {m} | {} | {} | {} | {:.3} % (α = {}) |",
+                    title.split(' ').next().unwrap_or(title),
+                    alg.paper_name(),
+                    h[i].count,
+                    100.0 * h[i].tail_mass(alpha_of(*alg)),
+                    alpha_of(*alg)
+                );
+            }
+        }
         files.extend(write_figure(
             &out.join(format!("tails_{}", slug(&m))),
-            &format!("r·Â by prompt difficulty, {m}"),
+            &format!("r·Â by prompt difficulty, {m} (dashed: ±α)"),
             &panels,
             3,
         )?);
     }
-    Ok(files)
+    Ok((files, if rows == 0 { String::new() } else { table }))
 }
 
 fn slug(s: &str) -> String {

@@ -44,6 +44,8 @@ pub struct RunResult {
     pub dir: PathBuf,
     pub model: String,
     pub algorithm: AlgorithmKind,
+    /// ACPO's threshold α (the -AC variants), for the tails figure's ±α.
+    pub alpha: Option<f64>,
     pub evals: Vec<EvalSummary>,
 }
 
@@ -96,6 +98,10 @@ pub fn load_results(root: &Path) -> Result<Vec<RunResult>> {
             dir,
             model: exp.model.source.label(),
             algorithm: exp.algorithm.kind,
+            alpha: match exp.algorithm.clip {
+                crate::manifest::PolicyClip::Advantage { alpha } => Some(alpha),
+                crate::manifest::PolicyClip::Ratio { .. } => None,
+            },
             evals: summaries,
         });
     }
@@ -464,28 +470,30 @@ pub fn write(
     }
     let mut shown = String::new();
     let mut written = Vec::new();
-    let mut put = |name: &str, body: &str| -> Result<()> {
+    let put = |name: &str, body: &str| -> Result<PathBuf> {
         let path = root.join(name);
         crate::atomic::write(&path, body.as_bytes()).map_err(|source| ReportError::Io {
             path: path.clone(),
             source,
         })?;
-        written.push(path);
-        Ok(())
+        Ok(path)
     };
     if artifact.wants(Artifact::Table1) {
         let groups = table1(&runs);
-        put("table1.md", &markdown(&groups))?;
-        put("table1.tex", &latex(&groups))?;
-        put("table1.csv", &csv(&groups))?;
+        written.push(put("table1.md", &markdown(&groups))?);
+        written.push(put("table1.tex", &latex(&groups))?);
+        written.push(put("table1.csv", &csv(&groups))?);
         if compare_paper_too {
-            put("table1_vs_paper.md", &compare_paper(&groups, PAPER_TABLE1))?;
+            written.push(put(
+                "table1_vs_paper.md",
+                &compare_paper(&groups, PAPER_TABLE1),
+            )?);
         }
         shown.push_str(&markdown(&groups));
     }
     if artifact.wants(Artifact::Speedup) {
         let md = speedup_markdown(&speedups(&runs));
-        put("speedup.md", &md)?;
+        written.push(put("speedup.md", &md)?);
         shown.push_str(&md);
     }
     let scale = root
@@ -499,7 +507,10 @@ pub fn write(
         written.extend(figures::entropy(&runs, &figures)?);
     }
     if artifact.wants(Artifact::Tails) {
-        let t = figures::tails(&runs, &figures)?;
+        let (t, masses) = figures::tails(&runs, &figures)?;
+        if !masses.is_empty() {
+            written.push(put("tails.md", &masses)?);
+        }
         if t.is_empty() && artifact == Artifact::Tails {
             return Err(ReportError::Invalid {
                 path: root.to_owned(),

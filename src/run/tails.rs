@@ -96,6 +96,61 @@ impl Histogram {
             .collect()
     }
 
+    /// The density as a step line over every bin in `[from, to)`: each bin's (left edge, d),
+    /// (right edge, d), empty bins at 0, so the reader sees bins, not a line through them.
+    pub fn steps(&self, from: f64, to: f64) -> Vec<(f64, f64)> {
+        let width = (self.hi - self.lo) / self.counts.len() as f64;
+        let total = self.count.max(1) as f64;
+        // Edges are sums of tenths: compare them with a tolerance far below a bin.
+        let eps = 1e-6 * width;
+        let mut out = Vec::new();
+        for (i, c) in self.counts.iter().enumerate() {
+            let left = self.lo + i as f64 * width;
+            if left + width <= from + eps || left >= to - eps {
+                continue;
+            }
+            let d = *c as f64 / (total * width);
+            out.push((left, d));
+            out.push((left + width, d));
+        }
+        out
+    }
+
+    /// The share of values with |x| > `alpha` (the tail ACPO clips), at the bins' resolution: a
+    /// bin counts when its centre is beyond ±alpha; under- and overflow always count.
+    pub fn tail_mass(&self, alpha: f64) -> f64 {
+        let width = (self.hi - self.lo) / self.counts.len() as f64;
+        let beyond: u64 = self
+            .counts
+            .iter()
+            .enumerate()
+            .filter(|(i, _)| (self.lo + (*i as f64 + 0.5) * width).abs() > alpha)
+            .map(|(_, c)| c)
+            .sum();
+        (beyond + self.underflow + self.overflow) as f64 / self.count.max(1) as f64
+    }
+
+    /// The smallest bin edge q ≥ 0 with at least a share `p` of the values in [−q, q].
+    pub fn abs_quantile(&self, p: f64) -> f64 {
+        let width = (self.hi - self.lo) / self.counts.len() as f64;
+        let need = (p * self.count as f64).ceil() as u64;
+        let mut q = 0.0;
+        while q < self.hi {
+            let inside: u64 = self
+                .counts
+                .iter()
+                .enumerate()
+                .filter(|(i, _)| (self.lo + (*i as f64 + 0.5) * width).abs() < q)
+                .map(|(_, c)| c)
+                .sum();
+            if inside >= need {
+                return q;
+            }
+            q += width;
+        }
+        self.hi
+    }
+
     pub fn add(&mut self, x: f64) {
         if !x.is_finite() {
             return;

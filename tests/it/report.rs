@@ -244,7 +244,12 @@ fn figures_are_produced_and_not_blank() {
     let out = t.path().join("figures");
     let mut files = figures::accuracy(&runs, &out).expect("accuracy");
     files.extend(figures::entropy(&runs, &out).expect("entropy"));
-    files.extend(figures::tails(&runs, &out).expect("tails"));
+    let (tails, masses) = figures::tails(&runs, &out).expect("tails");
+    files.extend(tails);
+    assert!(
+        masses.contains("| qwen3-8b |") || masses.contains("Qwen3-8B"),
+        "{masses}"
+    );
     let names: Vec<String> = files
         .iter()
         .map(|f| f.file_name().expect("name").to_string_lossy().to_string())
@@ -284,6 +289,9 @@ fn figures_are_produced_and_not_blank() {
     assert!(
         svg.contains("<svg") && svg.contains("PPO-AC") && svg.contains("weighted accuracy (%)")
     );
+    // Fig. 3 as the paper draws it: ±α marked, each method's count and tail mass in its legend.
+    let tails_svg = std::fs::read_to_string(out.join("tails_qwen3-8b.svg")).expect("svg");
+    assert!(tails_svg.contains("beyond ±") && tails_svg.contains("(dashed: ±α)"));
     // One colour per method, everywhere: GRPO-AC's red appears in both kinds of figure.
     for f in ["accuracy.svg", "tails_qwen3-8b.svg"] {
         assert!(
@@ -316,4 +324,45 @@ fn splice_fills_its_blocks_and_leaves_other_generators_blocks_alone() {
     )
     .expect_err("nothing to fill");
     assert!(err.to_string().contains("tabel1.md"), "{err}");
+}
+
+#[test]
+fn tail_histograms_give_steps_tail_masses_and_quantiles() {
+    use acpo::run::tails::Histogram;
+    let mut h = Histogram::default();
+    // 100 values: 90 in (−1, 1), 6 in (2, 3), 3 below −2, one overflow at 25
+    for i in 0..90 {
+        h.add(-0.95 + 0.02 * f64::from(i));
+    }
+    for x in [2.05, 2.25, 2.45, 2.65, 2.85, 2.95, -2.5, -3.5, -4.5, 25.0] {
+        h.add(x);
+    }
+    assert_eq!(h.count, 100);
+    assert!(
+        (h.tail_mass(2.0) - 0.10).abs() < 1e-12,
+        "{}",
+        h.tail_mass(2.0)
+    );
+    assert!(
+        (h.tail_mass(3.0) - 0.03).abs() < 1e-12,
+        "{}",
+        h.tail_mass(3.0)
+    );
+    assert!(
+        (h.abs_quantile(0.9) - 1.0).abs() < 1e-9,
+        "{}",
+        h.abs_quantile(0.9)
+    );
+    // steps: two points per bin in range, flat within a bin, covering the range edge to edge
+    let steps = h.steps(-1.0, 1.0);
+    assert_eq!(steps.len(), 2 * 20);
+    assert!((steps[0].0 + 1.0).abs() < 1e-9 && (steps[39].0 - 1.0).abs() < 1e-9);
+    for pair in steps.chunks(2) {
+        assert_eq!(pair[0].1, pair[1].1);
+    }
+    let area: f64 = steps.chunks(2).map(|p| (p[1].0 - p[0].0) * p[0].1).sum();
+    assert!(
+        (area - 0.90).abs() < 1e-9,
+        "density integrates to the share inside: {area}"
+    );
 }
