@@ -88,24 +88,15 @@ pub struct Panel {
     pub legend_top_right: bool,
 }
 
-fn draw_panels<DB: DrawingBackend>(
-    root: &DrawingArea<DB, Shift>,
-    title: &str,
-    panels: &[Panel],
-    cols: usize,
-) -> std::result::Result<(), String> {
-    root.fill(&WHITE).map_err(|e| e.to_string())?;
-    let root = root
-        .titled(title, ("sans-serif", 26))
-        .map_err(|e| e.to_string())?;
-    let rows = panels.len().div_ceil(cols);
-    let areas = root.split_evenly((rows, cols));
-    for (area, p) in areas.iter().zip(panels) {
-        let pts = p
+impl Panel {
+    /// The axes' extent (x0, x1, y0, y1): the data's (positive y only on a log scale), or
+    /// `x_range`, never empty.
+    fn extent(&self) -> (f64, f64, f64, f64) {
+        let pts = self
             .series
             .iter()
             .flat_map(|s| s.points.iter())
-            .filter(|(x, y)| x.is_finite() && y.is_finite() && (!p.log_y || *y > 0.0));
+            .filter(|(x, y)| x.is_finite() && y.is_finite() && (!self.log_y || *y > 0.0));
         let (mut x0, mut x1, mut y0, mut y1) = (
             f64::INFINITY,
             f64::NEG_INFINITY,
@@ -119,17 +110,35 @@ fn draw_panels<DB: DrawingBackend>(
             y1 = y1.max(*y);
         }
         if !x0.is_finite() {
-            (x0, x1, y0, y1) = (0.0, 1.0, if p.log_y { 1e-6 } else { 0.0 }, 1.0);
+            (x0, x1, y0, y1) = (0.0, 1.0, if self.log_y { 1e-6 } else { 0.0 }, 1.0);
         }
-        if let Some((lo, hi)) = p.x_range {
+        if let Some((lo, hi)) = self.x_range {
             (x0, x1) = (lo, hi);
         }
         if x1 <= x0 {
             x1 = x0 + 1.0;
         }
         if y1 <= y0 {
-            y1 = y0 + if p.log_y { y0.abs().max(1e-6) } else { 1.0 };
+            y1 = y0 + if self.log_y { y0.abs().max(1e-6) } else { 1.0 };
         }
+        (x0, x1, y0, y1)
+    }
+}
+
+fn draw_panels<DB: DrawingBackend>(
+    root: &DrawingArea<DB, Shift>,
+    title: &str,
+    panels: &[Panel],
+    cols: usize,
+) -> std::result::Result<(), String> {
+    root.fill(&WHITE).map_err(|e| e.to_string())?;
+    let root = root
+        .titled(title, ("sans-serif", 26))
+        .map_err(|e| e.to_string())?;
+    let rows = panels.len().div_ceil(cols);
+    let areas = root.split_evenly((rows, cols));
+    for (area, p) in areas.iter().zip(panels) {
+        let (x0, x1, y0, y1) = p.extent();
         let pad = if p.log_y { 0.0 } else { 0.05 * (y1 - y0) };
         let (floor, top) = if p.log_y {
             (y0, y1 * 1.5)

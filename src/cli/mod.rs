@@ -139,50 +139,42 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             );
             Ok(Outcome::Success)
         }
-        Command::Export(ExportCommand::Verl {
-            manifest,
-            out,
-            gpus,
-            nodes,
-            data,
-            data_dir: dir,
-        }) => {
-            let (exp, out) = export_verl(&manifest, out, gpus, nodes)?;
-            if data {
-                for w in acpo::verl::data::write_parquet(&exp, &data_dir(&dir), &out.join("data"))?
-                {
-                    println!("wrote {} ({} rows)", w.path.display(), w.rows);
-                }
-            }
-            Ok(Outcome::Success)
-        }
-        Command::Import(ImportCommand::Verl {
-            manifest,
-            metrics,
-            validation_dir,
-            out,
-        }) => {
-            let done = acpo::verl::import::import(&manifest, &metrics, &validation_dir, &out)?;
-            println!(
-                "imported {} steps and {} evaluations ({} samples re-judged) into {}",
-                done.steps,
-                done.evaluations,
-                done.samples,
-                done.dir.display()
-            );
-            Ok(Outcome::Success)
-        }
+        Command::Export(cmd) => export(cmd),
+        Command::Import(cmd) => import(cmd),
     }
 }
 
-/// `acpo export verl`: the manifest's verl launch and its field-by-field account; the
-/// experiment and the directory written.
-fn export_verl(
-    manifest: &Path,
-    out: Option<PathBuf>,
-    gpus: usize,
-    nodes: usize,
-) -> anyhow::Result<(Experiment, PathBuf)> {
+/// `acpo import verl`: verl's logs of a run → a run directory.
+fn import(cmd: ImportCommand) -> anyhow::Result<Outcome> {
+    let ImportCommand::Verl {
+        manifest,
+        metrics,
+        validation_dir,
+        out,
+    } = cmd;
+    let done = acpo::verl::import::import(&manifest, &metrics, &validation_dir, &out)?;
+    println!(
+        "imported {} steps and {} evaluations ({} samples re-judged) into {}",
+        done.steps,
+        done.evaluations,
+        done.samples,
+        done.dir.display()
+    );
+    Ok(Outcome::Success)
+}
+
+/// `acpo export verl`: the manifest's verl launch and its field-by-field account, and with
+/// `--data` the parquet files.
+fn export(cmd: ExportCommand) -> anyhow::Result<Outcome> {
+    let ExportCommand::Verl {
+        manifest,
+        out,
+        gpus,
+        nodes,
+        data,
+        data_dir: dir,
+    } = cmd;
+    let manifest = manifest.as_path();
     let (exp, raw) = Experiment::load_with_raw(manifest)?;
     let target = acpo::verl::Target {
         gpus_per_node: gpus,
@@ -208,7 +200,12 @@ fn export_verl(
         println!("unsupported by verl: {} ({})", n.field, n.why);
     }
     print_written(&[script, fields]);
-    Ok((exp, out))
+    if data {
+        for w in acpo::verl::data::write_parquet(&exp, &data_dir(&dir), &out.join("data"))? {
+            println!("wrote {} ({} rows)", w.path.display(), w.rows);
+        }
+    }
+    Ok(Outcome::Success)
 }
 
 /// `acpo generate`: sample completions and print them (or write JSONL).
