@@ -9,7 +9,7 @@
 use candle_core::{DType, Result, Tensor, D};
 
 use super::check_same_shape;
-use crate::manifest::{LossAggMode, PolicyClip};
+use crate::manifest::{AlgorithmKind, LossAggMode, PolicyClip};
 
 /// How per-token losses of one micro-batch are reduced so that summing the results over the
 /// micro-batches of a mini-batch gives the mini-batch loss (gradient accumulation is a sum).
@@ -111,6 +111,11 @@ pub struct PolicyStats {
     pub ratio_adv_mean: f64,
     /// Max of |r·Â| over valid tokens.
     pub ratio_adv_abs_max: f64,
+    /// Both rules on the same tokens, whichever trains ([`rule_disagreement`]): the fraction
+    /// where the ratio clip zeroes the gradient and ACPO's keeps it ...
+    pub disagree_ratio_zeroes: f64,
+    /// ... and where ACPO's zeroes it and the ratio clip keeps it.
+    pub disagree_acpo_zeroes: f64,
 }
 
 impl PolicyStats {
@@ -130,6 +135,8 @@ impl PolicyStats {
             acpo_clipfrac_lower: w(self.acpo_clipfrac_lower, other.acpo_clipfrac_lower),
             ratio_adv_mean: w(self.ratio_adv_mean, other.ratio_adv_mean),
             ratio_adv_abs_max: self.ratio_adv_abs_max.max(other.ratio_adv_abs_max),
+            disagree_ratio_zeroes: w(self.disagree_ratio_zeroes, other.disagree_ratio_zeroes),
+            disagree_acpo_zeroes: w(self.disagree_acpo_zeroes, other.disagree_acpo_zeroes),
         }
     }
 }
@@ -272,6 +279,70 @@ pub fn acpo_clip(ratio_adv: &Tensor, mask: &Tensor, alpha: f64) -> Result<Clippe
         ..PolicyStats::default()
     };
     Ok(Clipped { keep, value, stats })
+}
+
+/// The other family's rule at the paper's values (appendix table), for the diagnostics only:
+/// PPO's ratio clip (ε 0.2 / 0.2) beside PPO-AC's α = 3, GRPO's (ε 0.2 / 0.28) beside
+/// GRPO-AC's α = 2, dual clip 3. `kind` trains with its own manifest values; this is the rule
+/// it is compared with.
+pub fn rival_rule(kind: AlgorithmKind) -> PolicyClip {
+    match kind {
+        AlgorithmKind::Ppo => PolicyClip::Advantage { alpha: 3.0 },
+        AlgorithmKind::Grpo => PolicyClip::Advantage { alpha: 2.0 },
+        AlgorithmKind::PpoAc => PolicyClip::Ratio {
+            eps_low: 0.2,
+            eps_high: 0.2,
+            dual_clip_c: 3.0,
+        },
+        AlgorithmKind::GrpoAc => PolicyClip::Ratio {
+            eps_low: 0.2,
+            eps_high: 0.28,
+            dual_clip_c: 3.0,
+        },
+    }
+}
+
+/// Where the ratio clip and ACPO's advantage clip disagree on the tokens of a batch (issue
+/// #22's regime diagnostic): the fractions of valid tokens where the ratio rule zeroes the
+/// gradient and ACPO's keeps it, and the reverse. `a` and `b` are the two rules, one of each
+/// kind, in either order; `log_prob`, `old_log_prob`, `advantages` and `mask` as for
+/// [`policy_loss`] (constants here).
+pub fn rule_disagreement(
+    a: &PolicyClip,
+    b: &PolicyClip,
+    log_prob: &Tensor,
+    old_log_prob: &Tensor,
+    advantages: &Tensor,
+    response_mask: &Tensor,
+) -> Result<(f64, f64)> {
+    let mask = response_mask.to_dtype(DType::F32)?.detach();
+    let log_prob = zero_padding(&log_prob.to_dtype(DType::F32)?.detach(), &mask)?;
+    let old_log_prob = zero_padding(&old_log_prob.to_dtype(DType::F32)?.detach(), &mask)?;
+    let adv = zero_padding(&advantages.to_dtype(DType::F32)?.detach(), &mask)?;
+    let (_, ratio) = importance_ratio(&log_prob, &old_log_prob)?;
+    let ratio_adv = (&ratio * &adv)?;
+    let keep = |rule: &PolicyClip| -> Result<Tensor> {
+        Ok(match *rule {
+            PolicyClip::Ratio {
+                eps_low,
+                eps_high,
+                dual_clip_c,
+            } => ppo_clip(&ratio, &adv, &mask, eps_low, eps_high, dual_clip_c)?.keep,
+            PolicyClip::Advantage { alpha } => acpo_clip(&ratio_adv, &mask, alpha)?.keep,
+        })
+    };
+    let (ratio_rule, acpo_rule) = match (a, b) {
+        (PolicyClip::Ratio { .. }, PolicyClip::Advantage { .. }) => (a, b),
+        (PolicyClip::Advantage { .. }, PolicyClip::Ratio { .. }) => (b, a),
+        _ => candle_core::bail!("rule_disagreement compares a ratio clip with an advantage clip"),
+    };
+    let (keep_ratio, keep_acpo) = (keep(ratio_rule)?, keep(acpo_rule)?);
+    let ratio_zeroes = ((1.0 - &keep_ratio)? * &keep_acpo)?;
+    let acpo_zeroes = ((1.0 - &keep_acpo)? * &keep_ratio)?;
+    Ok((
+        masked_mean(&ratio_zeroes, &mask)?,
+        masked_mean(&acpo_zeroes, &mask)?,
+    ))
 }
 
 /// The clipped value loss of one (micro-)batch.

@@ -662,6 +662,7 @@ pub fn bench_train_step(m: &Subject, opts: &SpeedOptions) -> Result<Measurement>
         agg_mode: LossAggMode::TokenMean,
         horizon: r,
         clip,
+        rival: crate::algo::loss::rival_rule(crate::manifest::AlgorithmKind::GrpoAc),
         temperature: 1.0,
         entropy_coeff: 0.0,
         side_by_side: dev.is_cpu(),

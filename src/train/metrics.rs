@@ -145,6 +145,9 @@ impl StepMetrics {
             ("actor/ppo_kl", p.ppo_kl),
             ("actor/ratio_adv_mean", p.ratio_adv_mean),
             ("actor/ratio_adv_abs_max", p.ratio_adv_abs_max),
+            // both rules on the same tokens, whichever trains (issue #22)
+            ("actor/clip_disagree_ratio_zeroes", p.disagree_ratio_zeroes),
+            ("actor/clip_disagree_acpo_zeroes", p.disagree_acpo_zeroes),
         ];
         match self.clip {
             PolicyClip::Ratio { .. } => {

@@ -32,6 +32,8 @@ pub struct UpdatePlan {
     /// The response-length horizon of the `seq-mean-token-sum-norm` aggregation.
     pub horizon: usize,
     pub clip: PolicyClip,
+    /// The other family's rule, compared with `clip` on every batch (diagnostics only).
+    pub rival: PolicyClip,
     /// The sampling temperature the log-probs are taken at.
     pub temperature: f64,
     pub entropy_coeff: f64,
@@ -164,7 +166,11 @@ fn policy_micro_batch(
         let h = part.response_of(hidden)?;
         let (lp, ent) =
             model.token_log_probs(&h, &part.targets, plan.temperature, LOGIT_CHUNK, true)?;
-        let out = loss::policy_loss(&plan.clip, &lp, &old, &adv, &part.mask, agg)?;
+        let mut out = loss::policy_loss(&plan.clip, &lp, &old, &adv, &part.mask, agg)?;
+        (
+            out.stats.disagree_ratio_zeroes,
+            out.stats.disagree_acpo_zeroes,
+        ) = loss::rule_disagreement(&plan.clip, &plan.rival, &lp, &old, &adv, &part.mask)?;
         // r·Â of each token at the moment its gradient is taken.
         let ratio_adv = if record_tails {
             let (_, r) = loss::importance_ratio(&lp.detach(), &old)?;

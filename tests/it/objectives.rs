@@ -809,3 +809,86 @@ fn entropy_is_accurate_in_f32_at_large_logit_scales() {
         );
     }
 }
+
+/// The regime diagnostic (#22): where the ratio clip and ACPO's clip disagree, against a
+/// token-by-token scalar reference of the two textbook rules.
+#[test]
+fn the_two_clip_rules_disagreement_matches_a_scalar_reference() {
+    let (b, t) = (4usize, 9usize);
+    let mut rng = acpo::rng::SplitMix64::new(77);
+    let mut draw = |scale: f64| -> Vec<f32> {
+        (0..b * t)
+            .map(|_| ((rng.next_f64() * 2.0 - 1.0) * scale) as f32)
+            .collect()
+    };
+    let old: Vec<f32> = draw(1.0).iter().map(|x| -x.abs() - 0.1).collect();
+    let lp: Vec<f32> = old.iter().zip(draw(0.8)).map(|(o, d)| o + d).collect();
+    let adv = draw(3.0);
+    let mask: Vec<f32> = (0..b * t)
+        .map(|i| f32::from(u8::from(i % t < 9 - i / t)))
+        .collect();
+    let tensor = |v: &[f32]| Tensor::from_vec(v.to_vec(), (b, t), &Device::Cpu).expect("t");
+    let ratio_rule = PolicyClip::Ratio {
+        eps_low: 0.2,
+        eps_high: 0.28,
+        dual_clip_c: 3.0,
+    };
+    let acpo_rule = PolicyClip::Advantage { alpha: 2.0 };
+    let got = loss::rule_disagreement(
+        &ratio_rule,
+        &acpo_rule,
+        &tensor(&lp),
+        &tensor(&old),
+        &tensor(&adv),
+        &tensor(&mask),
+    )
+    .expect("disagreement");
+    let swapped = loss::rule_disagreement(
+        &acpo_rule,
+        &ratio_rule,
+        &tensor(&lp),
+        &tensor(&old),
+        &tensor(&adv),
+        &tensor(&mask),
+    )
+    .expect("disagreement");
+    assert_eq!(got, swapped, "the order of the two rules does not matter");
+    // the reference, in f64 token by token
+    let (mut ratio_zeroes, mut acpo_zeroes, mut n) = (0.0, 0.0, 0.0);
+    for i in 0..b * t {
+        if mask[i] == 0.0 {
+            continue;
+        }
+        n += 1.0;
+        let a = f64::from(adv[i]);
+        let r = (f64::from(lp[i]) - f64::from(old[i]))
+            .clamp(-20.0, 20.0)
+            .exp();
+        let (loss1, loss2) = (-a * r, -a * r.clamp(0.8, 1.28));
+        let ratio_clipped = loss2 > loss1;
+        let dual = a < 0.0 && loss1.max(loss2) > -a * 3.0;
+        let keep_ratio = !ratio_clipped && !dual;
+        let keep_acpo = (r * a).abs() <= 2.0;
+        ratio_zeroes += f64::from(u8::from(!keep_ratio && keep_acpo));
+        acpo_zeroes += f64::from(u8::from(keep_ratio && !keep_acpo));
+    }
+    let want = (ratio_zeroes / n, acpo_zeroes / n);
+    assert!(
+        want.0 > 0.0 && want.1 > 0.0,
+        "the inputs exercise both disagreements: {want:?}"
+    );
+    assert!(
+        (got.0 - want.0).abs() < 1e-9 && (got.1 - want.1).abs() < 1e-9,
+        "{got:?} vs {want:?}"
+    );
+    // two rules of one kind are refused
+    assert!(loss::rule_disagreement(
+        &acpo_rule,
+        &acpo_rule,
+        &tensor(&lp),
+        &tensor(&old),
+        &tensor(&adv),
+        &tensor(&mask)
+    )
+    .is_err());
+}
