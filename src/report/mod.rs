@@ -404,6 +404,50 @@ pub fn speedups(runs: &[RunResult]) -> Vec<Speedup> {
     out
 }
 
+/// The regime a run trained in (issue #22): where its policy's entropy started and ended, how
+/// often its own clip acted, how far off-policy its later mini-batches were, and how often the
+/// ratio clip and ACPO's clip would have treated its tokens differently (means over steps of
+/// `metrics.jsonl`; "—" where the run logged no such metric, e.g. runs older than it).
+pub fn regime_markdown(runs: &[RunResult]) -> Result<String> {
+    let mut s = String::from(
+        "| model | method | steps | entropy, first step | entropy, last step | own clip active | ppo_kl | ratio clip zeroes, ACPO keeps | ACPO zeroes, ratio clip keeps |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|\n",
+    );
+    for model in model_order(runs.iter().map(|r| r.model.clone())) {
+        let mut of_model: Vec<&RunResult> = runs.iter().filter(|r| r.model == model).collect();
+        of_model.sort_by_key(|r| AlgorithmKind::ALL.iter().position(|a| *a == r.algorithm));
+        for r in of_model {
+            let lines = load_metrics(&r.dir)?;
+            let mean = |key: &str| -> Option<f64> {
+                let v: Vec<f64> = lines.iter().filter_map(|m| m.get(key).copied()).collect();
+                (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
+            };
+            let entropy = |m: Option<&BTreeMap<String, f64>>| {
+                m.and_then(|m| m.get(crate::run::metric::ENTROPY))
+                    .map_or("—".into(), |e| format!("{e:.3}"))
+            };
+            let pct = |v: Option<f64>| v.map_or("—".into(), |v| format!("{:.3} %", 100.0 * v));
+            let own = if r.algorithm.is_advantage_clipped() {
+                "actor/acpo_clipfrac"
+            } else {
+                "actor/pg_clipfrac"
+            };
+            s.push_str(&format!(
+                "| {model} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                r.algorithm.paper_name(),
+                lines.len(),
+                entropy(lines.first()),
+                entropy(lines.last()),
+                pct(mean(own)),
+                mean("actor/ppo_kl").map_or("—".into(), |v| format!("{v:.1e}")),
+                pct(mean("actor/clip_disagree_ratio_zeroes")),
+                pct(mean("actor/clip_disagree_acpo_zeroes")),
+            ));
+        }
+    }
+    Ok(s)
+}
+
 /// Mean speedup per baseline family over the models where it is defined.
 pub fn mean_speedup(all: &[Speedup], baseline: AlgorithmKind) -> Option<f64> {
     let v: Vec<f64> = all
@@ -483,6 +527,7 @@ pub fn write(
         written.push(put("table1.md", &markdown(&groups))?);
         written.push(put("table1.tex", &latex(&groups))?);
         written.push(put("table1.csv", &csv(&groups))?);
+        written.push(put("regime.md", &regime_markdown(&runs)?)?);
         if compare_paper_too {
             written.push(put(
                 "table1_vs_paper.md",

@@ -250,7 +250,10 @@ fn shipped_archive_verifies_and_rebuilds_the_tables_quoted_in_reproduce() {
     );
     assert!(tmp.path().join("figures/from-mini/accuracy.png").exists());
     let (filled, blocks) = acpo::report::splice(&guide, &root).expect("splice");
-    assert_eq!(blocks, 3, "table1.md, speedup.md and tails.md are quoted");
+    assert_eq!(
+        blocks, 4,
+        "table1.md, speedup.md, tails.md and regime.md are quoted"
+    );
     assert_eq!(
         filled, guide,
         "REPRODUCE.md's generated blocks differ from what the archive gives: run `acpo reproduce all --scale mini --from results/mini.tar.gz --doc REPRODUCE.md`"
