@@ -97,18 +97,26 @@ def builtin_benches(root):
     return out
 
 
+def train_runs(root, length):
+    """The acpo and torch train steps at 2 × `length` (None where absent) and whether acpo's
+    ran out of memory."""
+    torch = load(latest(root, f"torch-train-{length}.json"))
+    d = latest(root, f"paper-{length}")
+    acpo = load(d / "train-step.json")[0] if d and (d / "train-step.json").exists() else None
+    log = latest(root, f"acpo-train-{length}.log")
+    oom = log is not None and "OUT_OF_MEMORY" in log.read_text()
+    return acpo, torch, oom
+
+
 def train_step(root, lines):
     out = ["| tokens | acpo tokens/s | acpo MFU | acpo peak GiB | torch tokens/s | torch MFU | torch peak GiB | acpo ÷ torch (target ≥ 1) |",
            "|---|---:|---:|---:|---:|---:|---:|---:|"]
     for length in (2048, 9220):
-        torch = load(latest(root, f"torch-train-{length}.json"))
-        acpo_file = latest(root, f"paper-{length}") and latest(root, f"paper-{length}") / "train-step.json"
-        acpo = load(acpo_file)[0] if acpo_file and acpo_file.exists() else None
-        log = latest(root, f"acpo-train-{length}.log")
+        acpo, torch, oom = train_runs(root, length)
         if acpo:
             a = (fmt(acpo["tokens_per_second"]), f"{100 * acpo['mfu']:.1f} %",
                  f"{acpo['memory']['peak'] / 2**30:.1f}")
-        elif log and "OUT_OF_MEMORY" in log.read_text():
+        elif oom:
             a = ("out of memory", "—", "> 78")
         else:
             a = ("not run", "—", "—")
@@ -232,11 +240,7 @@ def targets(root):
                      f"max abs Δ log-prob {f32['max_abs_log_prob_diff']:.1e}",
                      "yes" if f32["max_abs_log_prob_diff"] < 1e-4 else "no"))
     for length in (2048, 9220):
-        torch = load(latest(root, f"torch-train-{length}.json"))
-        d = latest(root, f"paper-{length}")
-        acpo = load(d / "train-step.json")[0] if d and (d / "train-step.json").exists() else None
-        log = latest(root, f"acpo-train-{length}.log")
-        oom = log is not None and "OUT_OF_MEMORY" in log.read_text()
+        acpo, torch, oom = train_runs(root, length)
         if length == 9220:
             rows.append(("#19", "Qwen3-1.7B, 2 × 9,220 tokens, bf16, checkpointing: fits one 80 GB GPU",
                          "out of memory" if oom else (f"peak {acpo['memory']['peak'] / 2**30:.1f} GiB" if acpo else "not run"),

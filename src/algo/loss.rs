@@ -175,11 +175,12 @@ pub fn policy_loss(
             ("advantages", advantages),
         ],
     )?;
-    let mask = response_mask.to_dtype(DType::F32)?.detach();
-    // Padding may hold anything (even NaN); zero it so it cannot leak through 0·NaN.
-    let log_prob = zero_padding(&log_prob.to_dtype(DType::F32)?, &mask)?;
-    let old_log_prob = zero_padding(&old_log_prob.to_dtype(DType::F32)?.detach(), &mask)?;
-    let adv = zero_padding(&advantages.to_dtype(DType::F32)?.detach(), &mask)?;
+    let Prepared {
+        mask,
+        log_prob,
+        old_log_prob,
+        adv,
+    } = prepare(log_prob, old_log_prob, advantages, response_mask)?;
 
     let (log_ratio, ratio) = importance_ratio(&log_prob, &old_log_prob)?;
     // (B, T) constant copies for the masks and clipped values.
@@ -192,14 +193,7 @@ pub fn policy_loss(
         keep,
         value: clipped_value,
         stats,
-    } = match *clip {
-        PolicyClip::Ratio {
-            eps_low,
-            eps_high,
-            dual_clip_c,
-        } => ppo_clip(&ratio_c, &adv, &mask, eps_low, eps_high, dual_clip_c)?,
-        PolicyClip::Advantage { alpha } => acpo_clip(&ratio_adv_c, &mask, alpha)?,
-    };
+    } = clip_by(clip, &ratio_c, &adv, &ratio_adv_c, &mask)?;
     let per_token = ((&keep * &unclipped)? + ((1.0 - &keep)? * &clipped_value)?)?;
     let per_token = (per_token * &mask)?;
     let loss = agg.apply(&per_token, &mask)?;
@@ -221,6 +215,49 @@ pub fn policy_loss(
         per_token,
         stats,
     })
+}
+
+/// A policy loss's inputs in f32: the mask, and the log-probs and advantages with padding
+/// zeroed (it may hold anything, even NaN, which would leak through 0·NaN); only `log_prob`
+/// keeps its graph.
+struct Prepared {
+    mask: Tensor,
+    log_prob: Tensor,
+    old_log_prob: Tensor,
+    adv: Tensor,
+}
+
+fn prepare(
+    log_prob: &Tensor,
+    old_log_prob: &Tensor,
+    advantages: &Tensor,
+    response_mask: &Tensor,
+) -> Result<Prepared> {
+    let mask = response_mask.to_dtype(DType::F32)?.detach();
+    Ok(Prepared {
+        log_prob: zero_padding(&log_prob.to_dtype(DType::F32)?, &mask)?,
+        old_log_prob: zero_padding(&old_log_prob.to_dtype(DType::F32)?.detach(), &mask)?,
+        adv: zero_padding(&advantages.to_dtype(DType::F32)?.detach(), &mask)?,
+        mask,
+    })
+}
+
+/// `rule` applied to constant r, Â and r·Â.
+fn clip_by(
+    rule: &PolicyClip,
+    ratio: &Tensor,
+    adv: &Tensor,
+    ratio_adv: &Tensor,
+    mask: &Tensor,
+) -> Result<Clipped> {
+    match *rule {
+        PolicyClip::Ratio {
+            eps_low,
+            eps_high,
+            dual_clip_c,
+        } => ppo_clip(ratio, adv, mask, eps_low, eps_high, dual_clip_c),
+        PolicyClip::Advantage { alpha } => acpo_clip(ratio_adv, mask, alpha),
+    }
 }
 
 /// Where a clip rule keeps the gradient, and the loss value where it does not.
@@ -315,21 +352,16 @@ pub fn rule_disagreement(
     advantages: &Tensor,
     response_mask: &Tensor,
 ) -> Result<(f64, f64)> {
-    let mask = response_mask.to_dtype(DType::F32)?.detach();
-    let log_prob = zero_padding(&log_prob.to_dtype(DType::F32)?.detach(), &mask)?;
-    let old_log_prob = zero_padding(&old_log_prob.to_dtype(DType::F32)?.detach(), &mask)?;
-    let adv = zero_padding(&advantages.to_dtype(DType::F32)?.detach(), &mask)?;
+    let Prepared {
+        mask,
+        log_prob,
+        old_log_prob,
+        adv,
+    } = prepare(&log_prob.detach(), old_log_prob, advantages, response_mask)?;
     let (_, ratio) = importance_ratio(&log_prob, &old_log_prob)?;
     let ratio_adv = (&ratio * &adv)?;
-    let keep = |rule: &PolicyClip| -> Result<Tensor> {
-        Ok(match *rule {
-            PolicyClip::Ratio {
-                eps_low,
-                eps_high,
-                dual_clip_c,
-            } => ppo_clip(&ratio, &adv, &mask, eps_low, eps_high, dual_clip_c)?.keep,
-            PolicyClip::Advantage { alpha } => acpo_clip(&ratio_adv, &mask, alpha)?.keep,
-        })
+    let keep = |rule: &PolicyClip| {
+        Ok::<_, candle_core::Error>(clip_by(rule, &ratio, &adv, &ratio_adv, &mask)?.keep)
     };
     let (ratio_rule, acpo_rule) = match (a, b) {
         (PolicyClip::Ratio { .. }, PolicyClip::Advantage { .. }) => (a, b),

@@ -250,9 +250,9 @@ fn run_fields(l: &mut Launch, m: &raw::Manifest, target: &Target) {
 fn model_fields(l: &mut Launch, model: &raw::Model, ppo: bool) {
     let path = match (&model.repo, &model.dir) {
         (Some(repo), _) => Some((repo.clone(), "model.repo")),
+        // a directory acpo makes (`model.init`) is a random model verl cannot start from
         (None, Some(dir)) if model.init.is_none() => Some((dir.display().to_string(), "model.dir")),
-        (None, Some(_)) => None,
-        (None, None) => None,
+        _ => None,
     };
     match path {
         Some((path, field)) => {
