@@ -12,6 +12,14 @@ use candle_core::cuda_backend::cudarc::driver::{
 use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{CudaStorage, DType, Layout, Result, Shape};
 
+/// Kernel `name` of a PTX module of [`ptx`] (module name, source), loaded on `dev` at its first
+/// use. (A macro: candle does not export the type of the function it returns.)
+macro_rules! kernel {
+    ($dev:expr, $name:expr, $module:expr) => {
+        $dev.get_or_load_custom_func($name, $module.0, $module.1)
+    };
+}
+
 /// The PTX of each kernel file, and the module name it is loaded under.
 mod ptx {
     pub const RMS_NORM: (&str, &str) = (
@@ -135,11 +143,7 @@ pub fn rms_norm_fwd(
         let rows = xv.len() / n.max(1);
         // SAFETY: every element is written by the kernel (each row's block covers the row).
         let mut y = unsafe { dev.alloc::<T>(xv.len()) }?;
-        let f = dev.get_or_load_custom_func(
-            &format!("rms_norm_fwd_{sfx}"),
-            ptx::RMS_NORM.0,
-            ptx::RMS_NORM.1,
-        )?;
+        let f = kernel!(dev, &format!("rms_norm_fwd_{sfx}"), ptx::RMS_NORM)?;
         let n_i = n as i32;
         let mut b = f.builder();
         b.arg(&xv).arg(&wv).arg(&mut y).arg(&n_i).arg(&eps);
@@ -180,11 +184,7 @@ pub fn rms_norm_bwd(
         let mut rs: CudaSlice<f32> = unsafe { dev.alloc::<f32>(rows.max(1)) }?;
         let n_i = n as i32;
         let rows_i = rows as i32;
-        let f = dev.get_or_load_custom_func(
-            &format!("rms_norm_bwd_dx_{sfx}"),
-            ptx::RMS_NORM.0,
-            ptx::RMS_NORM.1,
-        )?;
+        let f = kernel!(dev, &format!("rms_norm_bwd_dx_{sfx}"), ptx::RMS_NORM)?;
         let mut b = f.builder();
         b.arg(&xv)
             .arg(&wv)
@@ -196,11 +196,7 @@ pub fn rms_norm_bwd(
         if rows > 0 {
             unsafe { b.launch(rows_config(rows)?) }.w()?;
         }
-        let f = dev.get_or_load_custom_func(
-            &format!("rms_norm_bwd_dw_{sfx}"),
-            ptx::RMS_NORM.0,
-            ptx::RMS_NORM.1,
-        )?;
+        let f = kernel!(dev, &format!("rms_norm_bwd_dw_{sfx}"), ptx::RMS_NORM)?;
         let mut b = f.builder();
         b.arg(&xv)
             .arg(&dyv)
@@ -232,11 +228,7 @@ pub fn swiglu_fwd(
         let (gv, uv) = (view::<T>(g, lg, what)?, view::<T>(u, lu, what)?);
         let len = gv.len();
         let mut y = unsafe { dev.alloc::<T>(len) }?;
-        let f = dev.get_or_load_custom_func(
-            &format!("swiglu_fwd_{sfx}"),
-            ptx::SWIGLU.0,
-            ptx::SWIGLU.1,
-        )?;
+        let f = kernel!(dev, &format!("swiglu_fwd_{sfx}"), ptx::SWIGLU)?;
         let mut b = f.builder();
         b.arg(&gv).arg(&uv).arg(&mut y).arg(&len);
         unsafe { b.launch(elems_config(len)) }.w()?;
@@ -267,11 +259,7 @@ pub fn swiglu_bwd(
         );
         let len = gv.len();
         let mut out = unsafe { dev.alloc::<T>(2 * len) }?;
-        let f = dev.get_or_load_custom_func(
-            &format!("swiglu_bwd_{sfx}"),
-            ptx::SWIGLU.0,
-            ptx::SWIGLU.1,
-        )?;
+        let f = kernel!(dev, &format!("swiglu_bwd_{sfx}"), ptx::SWIGLU)?;
         let mut b = f.builder();
         b.arg(&gv).arg(&uv).arg(&dyv).arg(&mut out).arg(&len);
         unsafe { b.launch(elems_config(len)) }.w()?;
@@ -306,7 +294,7 @@ pub fn rope(
         );
         let pairs = xv.len() / 2;
         let mut y = unsafe { dev.alloc::<T>(xv.len()) }?;
-        let f = dev.get_or_load_custom_func(&format!("rope_{sfx}"), ptx::ROPE.0, ptx::ROPE.1)?;
+        let f = kernel!(dev, &format!("rope_{sfx}"), ptx::ROPE)?;
         let (h_i, t_i, d_i, sign) = (h as i32, t as i32, d as i32, 1.0f32);
         let mut b = f.builder();
         b.arg(&xv)
@@ -346,11 +334,7 @@ pub fn attention_softmax(
         let rows = xv.len() / n.max(1);
         let per_b = rows / bsz.max(1);
         let mut y = unsafe { dev.alloc::<T>(xv.len()) }?;
-        let f = dev.get_or_load_custom_func(
-            &format!("attention_softmax_{sfx}"),
-            ptx::SOFTMAX.0,
-            ptx::SOFTMAX.1,
-        )?;
+        let f = kernel!(dev, &format!("attention_softmax_{sfx}"), ptx::SOFTMAX)?;
         let (t_i, n_i) = (t as i32, n as i32);
         let mut b = f.builder();
         b.arg(&xv)
@@ -385,8 +369,7 @@ pub fn token_log_probs(
     let v = lz.dims().last().copied().unwrap_or(1);
     let rows = tv.len();
     let mut lp = unsafe { dev.alloc::<f32>(rows) }?;
-    let f =
-        dev.get_or_load_custom_func("token_log_probs_f32", ptx::LOG_PROBS.0, ptx::LOG_PROBS.1)?;
+    let f = kernel!(dev, "token_log_probs_f32", ptx::LOG_PROBS)?;
     let v_i = v as i32;
     let mut b = f.builder();
     b.arg(&zv).arg(&tv).arg(&mut lp).arg(&v_i);
@@ -417,11 +400,7 @@ pub fn token_log_probs_bwd(
     let v = lz.dims().last().copied().unwrap_or(1);
     let rows = tv.len();
     let mut dz = unsafe { dev.alloc::<f32>(zv.len()) }?;
-    let f = dev.get_or_load_custom_func(
-        "token_log_probs_bwd_f32",
-        ptx::LOG_PROBS.0,
-        ptx::LOG_PROBS.1,
-    )?;
+    let f = kernel!(dev, "token_log_probs_bwd_f32", ptx::LOG_PROBS)?;
     let v_i = v as i32;
     let mut b = f.builder();
     b.arg(&zv).arg(&tv).arg(&gv).arg(&mut dz).arg(&v_i);
@@ -455,7 +434,7 @@ pub fn sample_full(
         candle_core::bail!("{what}: {} logits for {rows} draws of {v}", zv.len());
     }
     let mut out = unsafe { dev.alloc::<f32>(2 * rows) }?;
-    let f = dev.get_or_load_custom_func("sample_full_f32", ptx::SAMPLE.0, ptx::SAMPLE.1)?;
+    let f = kernel!(dev, "sample_full_f32", ptx::SAMPLE)?;
     let v_i = v as i32;
     let mut b = f.builder();
     b.arg(&zv).arg(&uv).arg(&mut out).arg(&v_i).arg(&t);
@@ -497,7 +476,7 @@ pub fn adamw(
             );
         }
         let mut out = unsafe { dev.alloc::<f32>(3 * len) }?;
-        let f = dev.get_or_load_custom_func(&format!("adamw_{sfx}"), ptx::ADAMW.0, ptx::ADAMW.1)?;
+        let f = kernel!(dev, &format!("adamw_{sfx}"), ptx::ADAMW)?;
         let mut b = f.builder();
         b.arg(&pv)
             .arg(&gv)
@@ -545,7 +524,7 @@ fn flash_first_valid(dims: &super::flash::FlashDims, valid: Arg) -> Result<CudaS
     let dev = &valid.0.device;
     let vv = view::<u8>(valid.0, valid.1, what)?;
     let mut first = unsafe { dev.alloc::<i32>(dims.b.max(1)) }?;
-    let f = dev.get_or_load_custom_func("flash_first_valid", ptx::FLASH.0, ptx::FLASH.1)?;
+    let f = kernel!(dev, "flash_first_valid", ptx::FLASH)?;
     let s_i = dims.s as i32;
     let mut b = f.builder();
     b.arg(&vv).arg(&s_i).arg(&mut first);
@@ -617,8 +596,7 @@ pub fn flash_fwd(
         let mut o = unsafe { dev.alloc::<T>(rows * dims.d) }?;
         let mut stats = unsafe { dev.alloc::<f32>(2 * rows.max(1)) }?;
         let n = flash_ints(dims);
-        let f =
-            dev.get_or_load_custom_func(&format!("flash_fwd_{sfx}"), ptx::FLASH.0, ptx::FLASH.1)?;
+        let f = kernel!(dev, &format!("flash_fwd_{sfx}"), ptx::FLASH)?;
         let mut b = f.builder();
         b.arg(&qv)
             .arg(&kv)
@@ -674,21 +652,13 @@ pub fn flash_bwd(
         let mut dk = unsafe { dev.alloc::<T>(keys * dims.d) }?;
         let mut dv = unsafe { dev.alloc::<T>(keys * dims.d) }?;
         if rows > 0 {
-            let f = dev.get_or_load_custom_func(
-                &format!("flash_delta_{sfx}"),
-                ptx::FLASH.0,
-                ptx::FLASH.1,
-            )?;
+            let f = kernel!(dev, &format!("flash_delta_{sfx}"), ptx::FLASH)?;
             let rows_i = rows as i32;
             let mut b = f.builder();
             b.arg(&ov).arg(&dov).arg(&mut delta).arg(&rows_i).arg(&n.d);
             unsafe { b.launch(flash_grid(rows, 1, 1)?) }.w()?;
 
-            let f = dev.get_or_load_custom_func(
-                &format!("flash_dq_{sfx}"),
-                ptx::FLASH.0,
-                ptx::FLASH.1,
-            )?;
+            let f = kernel!(dev, &format!("flash_dq_{sfx}"), ptx::FLASH)?;
             let mut b = f.builder();
             b.arg(&qv)
                 .arg(&kv)
@@ -702,11 +672,7 @@ pub fn flash_bwd(
             n.push(&mut b);
             unsafe { b.launch(flash_grid(dims.t, dims.h, dims.b)?) }.w()?;
 
-            let f = dev.get_or_load_custom_func(
-                &format!("flash_dkdv_{sfx}"),
-                ptx::FLASH.0,
-                ptx::FLASH.1,
-            )?;
+            let f = kernel!(dev, &format!("flash_dkdv_{sfx}"), ptx::FLASH)?;
             let mut b = f.builder();
             b.arg(&qv)
                 .arg(&kv)
