@@ -278,6 +278,362 @@ __device__ void fa_dkdv(const T* __restrict__ q, const T* __restrict__ k, const 
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// Decode: one query row per (sequence, query head), Tq == 1 (issue #20). Split-K over the keys,
+// as flash-decoding does: block (split, KV head, sequence) reads its FD_SPLIT keys once for all
+// G = H / KV query heads that share them, and writes one partial (m, l, acc[D]) per query head;
+// fd_combine merges the partials of a row in split order. Warp w takes keys 4w..4w+3 of every
+// 16; its lanes hold D/32 dims of each key's K and V rows (coalesced loads) and the warp reduces
+// the dot products. No shared K/V tile and no __syncthreads in the key loop.
+//
+// Splits start at the row's first valid key, not at column 0: a row's sums are grouped the same
+// way whatever left padding the batch gives it, so a completion does not depend on the batch
+// it is decoded in (the engine's property; tests/it/cuda.rs checks the bits). A row that sees
+// no key reads every key from column 0, as the forward does.
+#define FD_SPLIT 256
+#define FD_WARPS 4
+#define FD_MAXG 8
+#define FD_UNROLL 4
+
+// grid (nsplit, KV, B), block 32 * FD_WARPS. part: (B, H, nsplit, 2 + D) f32 = m, l, acc.
+template <typename T>
+__device__ void fd_split(const T* __restrict__ q, const T* __restrict__ k,
+                         const T* __restrict__ v, const uint8_t* __restrict__ valid,
+                         const int* __restrict__ first, float* __restrict__ part, int nsplit,
+                         int H, int KV, int S, int cap, int D, int past, float scale) {
+  __shared__ float qs[FD_MAXG][FA_MAXD];
+  __shared__ float wml[FD_WARPS][FD_MAXG][2];
+  __shared__ float wacc[FD_WARPS][FD_MAXG][FA_MAXD];
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  const int split = blockIdx.x, g = blockIdx.y, bi = blockIdx.z, G = H / KV, h0 = g * G;
+  for (int x = threadIdx.x; x < G * D; x += blockDim.x)
+    qs[x / D][x % D] = to_f(q[((size_t)bi * H + h0 + x / D) * D + x % D]);
+  __syncthreads();
+  const int f = first[bi];
+  const int lo = (f > past ? 0 : f) + split * FD_SPLIT, hi = min(S, lo + FD_SPLIT);
+  const T* kb = k + ((size_t)bi * KV + g) * cap * D;
+  const T* vb = v + ((size_t)bi * KV + g) * cap * D;
+  const uint8_t* valid_b = valid + (size_t)bi * S;
+  float m[FD_MAXG], l[FD_MAXG], acc[FD_MAXG][FA_CHUNKS];
+#pragma unroll
+  for (int h = 0; h < FD_MAXG; ++h) {
+    m[h] = -INFINITY;
+    l[h] = 0.0f;
+#pragma unroll
+    for (int c = 0; c < FA_CHUNKS; ++c) acc[h][c] = 0.0f;
+  }
+  // FD_UNROLL consecutive keys per warp and step: their loads are in flight together, and the
+  // running max is rescaled once per step.
+  for (int j = lo + warp * FD_UNROLL; j < hi; j += FD_WARPS * FD_UNROLL) {
+    float kx[FD_UNROLL][FA_CHUNKS], vx[FD_UNROLL][FA_CHUNKS], bias[FD_UNROLL];
+#pragma unroll
+    for (int u = 0; u < FD_UNROLL; ++u) {
+      const int ju = j + u;
+      const bool in = ju < hi;
+#pragma unroll
+      for (int c = 0; c < FA_CHUNKS; ++c) {
+        const int d = lane + 32 * c;
+        kx[u][c] = in && d < D ? to_f(kb[(size_t)ju * D + d]) : 0.0f;
+        vx[u][c] = in && d < D ? to_f(vb[(size_t)ju * D + d]) : 0.0f;
+      }
+      bias[u] = in ? fa_bias(valid_b, ju, 0, past) : -INFINITY;  // -inf: past the split
+    }
+#pragma unroll
+    for (int h = 0; h < FD_MAXG; ++h) {
+      if (h < G) {
+        float sc[FD_UNROLL];
+        float m_new = m[h];
+#pragma unroll
+        for (int u = 0; u < FD_UNROLL; ++u) {
+          float dot = 0.0f;
+#pragma unroll
+          for (int c = 0; c < FA_CHUNKS; ++c) {
+            const int d = lane + 32 * c;
+            if (d < D) dot += qs[h][d] * kx[u][c];
+          }
+          // finite for a key of the split (a hidden key's bias is -1e9, not -inf); key j < hi
+          // is one, so m_new is finite
+          sc[u] = warp_sum(dot) * scale + bias[u];
+          m_new = fmaxf(m_new, sc[u]);
+        }
+        const float alpha = expf(m[h] - m_new);
+        float psum = 0.0f, p[FD_UNROLL];
+#pragma unroll
+        for (int u = 0; u < FD_UNROLL; ++u) {
+          p[u] = bias[u] == -INFINITY ? 0.0f : expf(sc[u] - m_new);
+          psum += p[u];
+        }
+        l[h] = l[h] * alpha + psum;
+#pragma unroll
+        for (int c = 0; c < FA_CHUNKS; ++c) {
+          float a = acc[h][c] * alpha;
+#pragma unroll
+          for (int u = 0; u < FD_UNROLL; ++u) a += p[u] * vx[u][c];
+          acc[h][c] = a;
+        }
+        m[h] = m_new;
+      }
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < FD_MAXG; ++h) {
+    if (h < G) {
+      if (lane == 0) {
+        wml[warp][h][0] = m[h];
+        wml[warp][h][1] = l[h];
+      }
+#pragma unroll
+      for (int c = 0; c < FA_CHUNKS; ++c) {
+        const int d = lane + 32 * c;
+        if (d < D) wacc[warp][h][d] = acc[h][c];
+      }
+    }
+  }
+  __syncthreads();
+  // The block's partial: its warps merged in warp order (a warp with no key has l = 0).
+  for (int x = threadIdx.x; x < G * D; x += blockDim.x) {
+    const int h = x / D, d = x % D;
+    float mx = -INFINITY, sum = 0.0f, a = 0.0f;
+    for (int w = 0; w < FD_WARPS; ++w) mx = fmaxf(mx, wml[w][h][0]);
+    for (int w = 0; w < FD_WARPS; ++w)
+      if (wml[w][h][1] > 0.0f) {
+        const float e = expf(wml[w][h][0] - mx);
+        sum += wml[w][h][1] * e;
+        a += wacc[w][h][d] * e;
+      }
+    float* pr = part + (((size_t)bi * H + h0 + h) * nsplit + split) * (2 + D);
+    pr[2 + d] = a;
+    if (d == 0) {
+      pr[0] = mx;
+      pr[1] = sum;
+    }
+  }
+}
+
+// grid (H, B), block FA_MAXD: the partials of each row in split order; O and the row's stats.
+template <typename T>
+__device__ void fd_combine(const float* __restrict__ part, T* __restrict__ o,
+                           float* __restrict__ stats, int nsplit, int H, int D) {
+  const size_t row = (size_t)blockIdx.y * H + blockIdx.x;
+  const float* pr = part + row * nsplit * (2 + D);
+  const int d = threadIdx.x;
+  float mx = -INFINITY, sum = 0.0f, a = 0.0f;
+  for (int s = 0; s < nsplit; ++s) mx = fmaxf(mx, pr[s * (2 + D)]);
+  for (int s = 0; s < nsplit; ++s) {
+    const float* ps = pr + s * (2 + D);
+    if (ps[1] > 0.0f) {
+      const float e = expf(ps[0] - mx);
+      sum += ps[1] * e;
+      if (d < D) a += ps[2 + d] * e;
+    }
+  }
+  const float inv = 1.0f / sum;
+  if (d < D) o[row * D + d] = from_f<T>(a * inv);
+  if (d == 0) {
+    stats[2 * row] = mx;
+    stats[2 * row + 1] = inv;
+  }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Forward on tensor cores (bf16, head dim 64 or 128; issue #20's prefill): FA2's forward with
+// mma.sync.m16n8k16 (bf16 in, f32 accumulate). A block of 4 warps takes 64 query rows of one
+// (sequence, head), 16 per warp; K and V tiles of 64 keys are staged in shared memory as bf16.
+// S = Q·Kᵀ and O += P·V run on tensor cores; P goes from S's accumulator fragments to the A
+// operand of the second product in registers, rounded to bf16 as FA2 does, while the row sums
+// l are kept from the f32 probabilities. Masking, the tiles causality skips and the statistics
+// {m, 1/l} are the scalar forward's, so the backward reads them unchanged.
+//
+// Fragment layouts (PTX ISA, mma.m16n8k16, .bf16): with g = lane / 4 and t = lane % 4,
+// A holds rows g and g + 8, columns 2t, 2t + 1, 2t + 8, 2t + 9; B holds rows (k) 2t, 2t + 1,
+// 2t + 8, 2t + 9 of column (n) g; C holds rows g and g + 8, columns 2t and 2t + 1.
+#define FM_ROWS 64
+#define FM_KEYS 64
+#define FM_PAD 8
+
+__device__ __forceinline__ void mma_bf16_16816(float c[4], const uint32_t a[4], uint32_t b0,
+                                               uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
+      "{%8,%9}, {%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two bf16 as one register: lo in the low half (the lower column or row index).
+__device__ __forceinline__ uint32_t fm_pack(float lo, float hi) {
+  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+__device__ __forceinline__ uint32_t fm_pack_bf16(__nv_bfloat16 lo, __nv_bfloat16 hi) {
+  __nv_bfloat162 v;
+  v.x = lo;
+  v.y = hi;
+  return *reinterpret_cast<uint32_t*>(&v);
+}
+
+__device__ __forceinline__ uint32_t fm_ld32(const __nv_bfloat16* p) {
+  return *reinterpret_cast<const uint32_t*>(p);
+}
+
+template <int D>
+__device__ void fm_load_tile(__nv_bfloat16 (*dst)[FA_MAXD + FM_PAD], const __nv_bfloat16* src,
+                             int j0, int n) {
+  constexpr int VEC = D / 8;  // 16-byte vectors per row
+  for (int x = threadIdx.x; x < FM_KEYS * VEC; x += blockDim.x) {
+    const int jj = x / VEC, c = (x % VEC) * 8, j = j0 + jj;
+    uint4 val = make_uint4(0, 0, 0, 0);
+    if (j < n) val = *reinterpret_cast<const uint4*>(src + (size_t)j * D + c);
+    *reinterpret_cast<uint4*>(&dst[jj][c]) = val;
+  }
+}
+
+// grid (ceil(Tq / FM_ROWS), H, B), block 128.
+template <int D>
+__device__ void fm_forward(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
+                           const __nv_bfloat16* __restrict__ v, const uint8_t* __restrict__ valid,
+                           const int* __restrict__ first, __nv_bfloat16* __restrict__ o,
+                           float* __restrict__ stats, int H, int KV, int Tq, int S, int cap,
+                           int past, float scale) {
+  __shared__ __align__(16) __nv_bfloat16 ks[FM_KEYS][FA_MAXD + FM_PAD];
+  __shared__ __align__(16) __nv_bfloat16 vs[FM_KEYS][FA_MAXD + FM_PAD];
+  constexpr int KC = D / 16, DN = D / 8, NT = FM_KEYS / 8;
+  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
+  const int bi = blockIdx.z, hi = blockIdx.y, g = hi / (H / KV);
+  const int row0 = blockIdx.x * FM_ROWS;
+  const int r0 = row0 + warp * 16 + gq, r1 = r0 + 8;  // this thread's two query positions
+  const __nv_bfloat16* qb = q + ((size_t)bi * H + hi) * Tq * D;
+  const __nv_bfloat16* kb = k + ((size_t)bi * KV + g) * cap * D;
+  const __nv_bfloat16* vb = v + ((size_t)bi * KV + g) * cap * D;
+  const uint8_t* valid_b = valid + (size_t)bi * S;
+  uint32_t qa[KC][4];
+#pragma unroll
+  for (int kc = 0; kc < KC; ++kc) {
+    const int c = kc * 16 + 2 * tq;
+    qa[kc][0] = r0 < Tq ? fm_ld32(qb + (size_t)r0 * D + c) : 0u;
+    qa[kc][1] = r1 < Tq ? fm_ld32(qb + (size_t)r1 * D + c) : 0u;
+    qa[kc][2] = r0 < Tq ? fm_ld32(qb + (size_t)r0 * D + c + 8) : 0u;
+    qa[kc][3] = r1 < Tq ? fm_ld32(qb + (size_t)r1 * D + c + 8) : 0u;
+  }
+  float oacc[DN][4];
+#pragma unroll
+  for (int dn = 0; dn < DN; ++dn) oacc[dn][0] = oacc[dn][1] = oacc[dn][2] = oacc[dn][3] = 0.0f;
+  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
+  const int last = min(Tq - 1, row0 + FM_ROWS - 1);
+  const int kend = fa_blind_rows(first[bi], past, row0) ? S : min(S, past + last + 1);
+  for (int j0 = 0; j0 < kend; j0 += FM_KEYS) {
+    __syncthreads();
+    fm_load_tile<D>(ks, kb, j0, S);
+    fm_load_tile<D>(vs, vb, j0, S);
+    __syncthreads();
+    float sacc[NT][4];
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt) {
+      sacc[nt][0] = sacc[nt][1] = sacc[nt][2] = sacc[nt][3] = 0.0f;
+#pragma unroll
+      for (int kc = 0; kc < KC; ++kc) {
+        const __nv_bfloat16* kr = &ks[nt * 8 + gq][kc * 16 + 2 * tq];
+        mma_bf16_16816(sacc[nt], qa[kc], fm_ld32(kr), fm_ld32(kr + 8));
+      }
+    }
+    float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const int j = j0 + nt * 8 + 2 * tq + (e & 1);
+        const int i = e < 2 ? r0 : r1;
+        const float sc = j < kend ? sacc[nt][e] * scale + fa_bias(valid_b, j, i, past) : -INFINITY;
+        sacc[nt][e] = sc;
+        if (e < 2)
+          mx0 = fmaxf(mx0, sc);
+        else
+          mx1 = fmaxf(mx1, sc);
+      }
+    // a row's 64 scores are spread over the 4 threads of its quad
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+    const float al0 = mn0 == -INFINITY ? 1.0f : expf(m0 - mn0);
+    const float al1 = mn1 == -INFINITY ? 1.0f : expf(m1 - mn1);
+    float ps0 = 0.0f, ps1 = 0.0f;
+#pragma unroll
+    for (int nt = 0; nt < NT; ++nt)
+#pragma unroll
+      for (int e = 0; e < 4; ++e) {
+        const float mn = e < 2 ? mn0 : mn1;
+        const float p = sacc[nt][e] == -INFINITY ? 0.0f : expf(sacc[nt][e] - mn);
+        sacc[nt][e] = p;
+        if (e < 2)
+          ps0 += p;
+        else
+          ps1 += p;
+      }
+    ps0 += __shfl_xor_sync(0xffffffffu, ps0, 1);
+    ps0 += __shfl_xor_sync(0xffffffffu, ps0, 2);
+    ps1 += __shfl_xor_sync(0xffffffffu, ps1, 1);
+    ps1 += __shfl_xor_sync(0xffffffffu, ps1, 2);
+    l0 = l0 * al0 + ps0;
+    l1 = l1 * al1 + ps1;
+    m0 = mn0;
+    m1 = mn1;
+#pragma unroll
+    for (int dn = 0; dn < DN; ++dn) {
+      oacc[dn][0] *= al0;
+      oacc[dn][1] *= al0;
+      oacc[dn][2] *= al1;
+      oacc[dn][3] *= al1;
+    }
+#pragma unroll
+    for (int kc = 0; kc < FM_KEYS / 16; ++kc) {
+      const uint32_t pa[4] = {fm_pack(sacc[2 * kc][0], sacc[2 * kc][1]),
+                              fm_pack(sacc[2 * kc][2], sacc[2 * kc][3]),
+                              fm_pack(sacc[2 * kc + 1][0], sacc[2 * kc + 1][1]),
+                              fm_pack(sacc[2 * kc + 1][2], sacc[2 * kc + 1][3])};
+      const int kk = kc * 16 + 2 * tq;
+#pragma unroll
+      for (int dn = 0; dn < DN; ++dn) {
+        const int dd = dn * 8 + gq;
+        mma_bf16_16816(oacc[dn], pa, fm_pack_bf16(vs[kk][dd], vs[kk + 1][dd]),
+                       fm_pack_bf16(vs[kk + 8][dd], vs[kk + 9][dd]));
+      }
+    }
+  }
+  const float inv0 = 1.0f / l0, inv1 = 1.0f / l1;
+  __nv_bfloat16* ob = o + ((size_t)bi * H + hi) * Tq * D;
+#pragma unroll
+  for (int dn = 0; dn < DN; ++dn) {
+    const int d = dn * 8 + 2 * tq;
+    if (r0 < Tq)
+      *reinterpret_cast<__nv_bfloat162*>(ob + (size_t)r0 * D + d) =
+          __floats2bfloat162_rn(oacc[dn][0] * inv0, oacc[dn][1] * inv0);
+    if (r1 < Tq)
+      *reinterpret_cast<__nv_bfloat162*>(ob + (size_t)r1 * D + d) =
+          __floats2bfloat162_rn(oacc[dn][2] * inv1, oacc[dn][3] * inv1);
+  }
+  if (tq == 0) {
+    float* sb = stats + 2 * (((size_t)bi * H + hi) * Tq);
+    if (r0 < Tq) {
+      sb[2 * r0] = m0;
+      sb[2 * r0 + 1] = inv0;
+    }
+    if (r1 < Tq) {
+      sb[2 * r1] = m1;
+      sb[2 * r1 + 1] = inv1;
+    }
+  }
+}
+
+#define FM_INSTANCE(DIM)                                                                     \
+  extern "C" __global__ void __launch_bounds__(128) flash_fwd_mma_d##DIM##_bf16(            \
+      const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,                \
+      const uint8_t* valid, const int* first, __nv_bfloat16* o, float* stats, FA_ARGS) {    \
+    fm_forward<DIM>(q, k, v, valid, first, o, stats, H, KV, Tq, S, cap, past, scale);       \
+  }
+
 #define FA_ARGS int H, int KV, int Tq, int S, int cap, int D, int past, float scale
 #define FA_PASS H, KV, Tq, S, cap, D, past, scale
 
@@ -301,7 +657,18 @@ __device__ void fa_dkdv(const T* __restrict__ q, const T* __restrict__ k, const 
       const T* q, const T* k, const T* v, const T* dout, const float* stats,                  \
       const float* delta, const uint8_t* valid, const int* first, T* dk, T* dv, FA_ARGS) {    \
     fa_dkdv<T>(q, k, v, dout, stats, delta, valid, first, dk, dv, FA_PASS);                   \
+  }                                                                                           \
+  extern "C" __global__ void flash_decode_split_##SFX(const T* q, const T* k, const T* v,     \
+                                                      const uint8_t* valid, const int* first, \
+                                                      float* part, int nsplit, FA_ARGS) {     \
+    fd_split<T>(q, k, v, valid, first, part, nsplit, H, KV, S, cap, D, past, scale);          \
+  }                                                                                           \
+  extern "C" __global__ void flash_decode_combine_##SFX(const float* part, T* o, float* stats, \
+                                                        int nsplit, int H, int D) {           \
+    fd_combine<T>(part, o, stats, nsplit, H, D);                                              \
   }
 
 FA_INSTANCES(float, f32)
 FA_INSTANCES(__nv_bfloat16, bf16)
+FM_INSTANCE(64)
+FM_INSTANCE(128)

@@ -2,7 +2,9 @@
 """PyTorch twin of `acpo bench generate --config C --batch B --prompt-len P --new-tokens N
 --dtype bf16 --device cuda`: HF transformers `generate` on random weights of the config's shape,
 bf16, sdpa attention, a static KV cache where the installed transformers has one, sampling at
-T = 1 with no early stop. Median of --repeats after a warm-up; new tokens per second.
+T = 1 with no early stop. Median of --repeats after a warm-up; new tokens per second. As acpo
+does, the prefill alone is also timed (the same prompts, one new token), and the decode steps'
+rate is batch x (N - 1) over the run's time less the prefill's.
 
   python3 tools/bench_generate_torch.py --config experiments/paper/configs/qwen3-1.7b.json \\
       --batch 64 --prompt-len 1024 --new-tokens 1024 --json out.json
@@ -27,15 +29,17 @@ args = ap.parse_args()
 dev = torch.device("cuda")
 cfg = AutoConfig.from_pretrained(args.config)
 torch.manual_seed(0)
-model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16, attn_implementation="sdpa").to(dev).eval()
+# built on the GPU: random initialisation of 1.7B parameters on the CPU takes a minute
+with dev:
+    model = AutoModelForCausalLM.from_config(cfg, torch_dtype=torch.bfloat16, attn_implementation="sdpa").eval()
 ids = torch.randint(0, cfg.vocab_size, (args.batch, args.prompt_len), device=dev)
 
 
-def run():
+def run(new_tokens=args.new_tokens):
     t0 = time.perf_counter()
     with torch.no_grad():
         kw = dict(attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_p=1.0,
-                  top_k=0, max_new_tokens=args.new_tokens, min_new_tokens=args.new_tokens,
+                  top_k=0, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                   pad_token_id=0, eos_token_id=None)
         try:
             model.generate(ids, cache_implementation=args.cache, **kw)
@@ -47,12 +51,19 @@ def run():
 
 run()
 secs = statistics.median(run() for _ in range(args.repeats))
+run(1)
+prefill = statistics.median(run(1) for _ in range(args.repeats))
 tokens = args.batch * args.new_tokens
+steps = max(args.new_tokens - 1, 1)
+decode = max(secs - prefill, 1e-9)
 row = dict(config=args.config, what="generate", target="torch/bf16", cache=args.cache, batch=args.batch,
            prompt_len=args.prompt_len, new_tokens=args.new_tokens, seconds=secs,
-           tokens_per_second=tokens / secs, device=torch.cuda.get_device_name(), torch=torch.__version__)
+           tokens_per_second=tokens / secs, prefill_seconds=prefill,
+           decode_tokens_per_second=args.batch * steps / decode, step_seconds=decode / steps,
+           device=torch.cuda.get_device_name(), torch=torch.__version__)
 print(f"| torch generate ({args.cache} cache) | {args.batch} x ({args.prompt_len} + {args.new_tokens}) | "
-      f"{tokens / secs:.1f} new tokens/s |")
+      f"{tokens / secs:.1f} new tokens/s | decode {row['decode_tokens_per_second']:.1f} tokens/s, "
+      f"{1e3 * row['step_seconds']:.1f} ms a step | prefill {prefill:.3f} s |")
 if args.json:
     with open(args.json, "w") as f:
         json.dump(row, f, indent=2)

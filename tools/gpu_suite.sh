@@ -16,7 +16,8 @@
 # extra = long-tailed sampling and peak memory with each saving off. Shapes that a first GPU
 # showed too slow for one call come from the environment: GEN_NEW (new tokens of the sampling
 # comparison, default 1024), TORCH_CACHES (default static), LT_BATCH / LT_NEW / LT_SLOTS (long
-# tail, default 256 / 1024 / 64), MEM_LEN (default 9220), TRAIN_STEP_JSON (the plan's train rate).
+# tail, default 256 / 1024 / 64), MEM_LEN (default 9220, "" for none), TRAIN_LENS (the train
+# step and attention lengths, default "2048 9220"), TRAIN_STEP_JSON (the plan's train rate).
 #
 # A lent device call has 10 minutes and brings back 8 files, so a lease runs the sections as
 # separate calls, each ending inside SUITE_SECONDS (default 540; a step that would overrun is
@@ -96,6 +97,10 @@ if [ "$section" = checks ] || [ "$section" = tests ] || [ "$section" = all ]; th
 xz -dc target/gpu/it-cuda.xz > "$bin/it" && chmod +x "$bin/it"
 step "cuda tests" 300 cuda_tests.log "$bin/it" cuda:: --test-threads=1 --nocapture
 grep -E '^(test |skipped|thread |test result)|relative error' "$res/cuda_tests.log" | tee -a "$res/summary.txt"
+# The flash kernels alone against a float64 reference, and timed beside the row kernel.
+step "flash kernels check" 90 flash_kernels_check.log bash -c \
+    "nvcc -O3 -std=c++17 -arch=sm_90 -Ikernels tools/flash_kernels_check.cu -o $bin/fa && $bin/fa"
+tail -14 "$res/flash_kernels_check.log" | tee -a "$res/summary.txt"
 fi
 
 if [ "$section" = checks ] || [ "$section" = all ]; then
@@ -121,7 +126,7 @@ cfg=experiments/paper/configs/qwen3-1.7b.json
 if [ "$section" = paper ] || [ "$section" = all ]; then
 # Side by side, one sequence length at a time: the torch twin, then acpo, both with
 # checkpointing (what fits at 9k), GRPO micro-batch of 2, prompt 1,024.
-for len in 2048 9220; do
+for len in ${TRAIN_LENS:-2048 9220}; do
     step "torch train-step qwen3-1.7b 2x$len" 150 "torch-train-$len.log" \
         python3 tools/bench_train_torch.py --config "$cfg" --seq-len "$len" --prompt-len 1024 \
         --micro-batch 2 --checkpointing --repeats 2 --json "$res/torch-train-$len.json"
@@ -133,7 +138,7 @@ for len in 2048 9220; do
     tail -2 "$res/acpo-train-$len.log" | tee -a "$res/summary.txt"
 done
 # The attention kernel alone against torch's sdpa (flash backend), same shapes.
-for len in 2048 9220; do
+for len in ${TRAIN_LENS:-2048 9220}; do
     step "torch sdpa attention qwen3-1.7b 2x$len" 60 "torch-attention-$len.log" \
         python3 tools/bench_attention_torch.py --config "$cfg" --seq-len "$len" \
         --micro-batch 2 --json "$res/torch-attention-$len.json"
@@ -151,7 +156,7 @@ if [ "$section" = paper ] || [ "$section" = sampling ] || [ "$section" = all ]; 
 # HF generate with each cache (static compiles the model first: over 150 s on the first H100).
 new=${GEN_NEW:-1024}
 for cache in ${TORCH_CACHES:-static}; do
-    step "torch generate ($cache cache) qwen3-1.7b 64x(1024+$new)" 150 "torch-generate-$cache.log" \
+    step "torch generate ($cache cache) qwen3-1.7b 64x(1024+$new)" 240 "torch-generate-$cache.log" \
         python3 tools/bench_generate_torch.py --config "$cfg" --batch 64 --prompt-len 1024 \
         --new-tokens "$new" --repeats 1 --cache "$cache" --json "$res/torch-generate-$cache.json"
     tail -1 "$res/torch-generate-$cache.log" | tee -a "$res/summary.txt"
@@ -182,8 +187,8 @@ step "acpo generate long tail ${lt_batch}x(128+≤$lt_new), $lt_slots slots (wav
 tail -3 "$res/acpo-generate-long-tail.log" | tee -a "$res/summary.txt"
 # Peak memory at MEM_LEN (default 9k) with one saving off at a time (an out-of-memory exit is a
 # result too).
-mem_len=${MEM_LEN:-9220}
-for off in "--attention composed --checkpointing" "--vocab-chunk 0 --checkpointing" ""; do
+mem_len=${MEM_LEN-9220}
+[ -n "$mem_len" ] && for off in "--attention composed --checkpointing" "--vocab-chunk 0 --checkpointing" ""; do
     name=$(echo "${off:-no-checkpointing}" | tr -c 'a-z0-9\n' '-')
     step "acpo train-step qwen3-1.7b 2x$mem_len ${off:-without checkpointing}" 90 \
         "acpo-train-$mem_len-$name.log" \

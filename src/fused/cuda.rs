@@ -9,7 +9,7 @@
 use candle_core::cuda_backend::cudarc::driver::{
     CudaSlice, CudaView, LaunchArgs, LaunchConfig, PushKernelArg,
 };
-use candle_core::cuda_backend::{CudaDType, WrapErr};
+use candle_core::cuda_backend::{CudaDType, CudaDevice, WrapErr};
 use candle_core::{CudaStorage, DType, Layout, Result, Shape};
 
 /// Kernel `name` of a PTX module of [`ptx`] (module name, source), loaded on `dev` at its first
@@ -596,17 +596,53 @@ pub fn flash_fwd(
         let mut o = unsafe { dev.alloc::<T>(rows * dims.d) }?;
         let mut stats = unsafe { dev.alloc::<f32>(2 * rows.max(1)) }?;
         let n = flash_ints(dims);
-        let f = kernel!(dev, &format!("flash_fwd_{sfx}"), ptx::FLASH)?;
-        let mut b = f.builder();
-        b.arg(&qv)
-            .arg(&kv)
-            .arg(&vv)
-            .arg(&validv)
-            .arg(&first)
-            .arg(&mut o)
-            .arg(&mut stats);
-        n.push(&mut b);
-        if rows > 0 {
+        if rows == 0 {
+            // nothing to compute (and no block may read an empty row)
+        } else if dims.t == 1 && dims.h / dims.kv <= DECODE_MAX_GROUP {
+            flash_decode(
+                dev,
+                dims,
+                &n,
+                (&qv, &kv, &vv),
+                &validv,
+                &first,
+                &mut o,
+                &mut stats,
+                sfx,
+            )?;
+        } else if let Some(mma) = flash_mma_kernel(dims, dtype_of(q.0)) {
+            let f = kernel!(dev, mma, ptx::FLASH)?;
+            let mut b = f.builder();
+            b.arg(&qv)
+                .arg(&kv)
+                .arg(&vv)
+                .arg(&validv)
+                .arg(&first)
+                .arg(&mut o)
+                .arg(&mut stats);
+            n.push(&mut b);
+            let cfg = LaunchConfig {
+                grid_dim: (
+                    dims.t.div_ceil(FLASH_MMA_ROWS) as u32,
+                    dims.h as u32,
+                    dims.b as u32,
+                ),
+                block_dim: (128, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: the arguments match flash_fwd_mma_* in kernels/flash_attn.cu.
+            unsafe { b.launch(cfg) }.w()?;
+        } else {
+            let f = kernel!(dev, &format!("flash_fwd_{sfx}"), ptx::FLASH)?;
+            let mut b = f.builder();
+            b.arg(&qv)
+                .arg(&kv)
+                .arg(&vv)
+                .arg(&validv)
+                .arg(&first)
+                .arg(&mut o)
+                .arg(&mut stats);
+            n.push(&mut b);
             // SAFETY: the arguments match flash_fwd_* in kernels/flash_attn.cu.
             unsafe { b.launch(flash_grid(dims.t, dims.h, dims.b)?) }.w()?;
         }
@@ -615,6 +651,77 @@ pub fn flash_fwd(
             CudaStorage::wrap_cuda_slice(stats, dev.clone()),
         ))
     })
+}
+
+/// Query rows per block of the tensor-core forward (FM_ROWS in flash_attn.cu).
+const FLASH_MMA_ROWS: usize = 64;
+/// Keys per split of the decode kernel (FD_SPLIT) and the most query heads per KV head it
+/// takes (FD_MAXG); a model with more uses the row kernel.
+const DECODE_SPLIT: usize = 256;
+const DECODE_MAX_GROUP: usize = 8;
+
+/// The tensor-core forward for these shapes, if there is one: bf16, head dim 64 or 128, more
+/// than one query position (one position decodes: [`flash_decode`]).
+fn flash_mma_kernel(dims: &super::flash::FlashDims, dtype: DType) -> Option<&'static str> {
+    match (dtype, dims.d) {
+        (DType::BF16, 64) if dims.t > 1 => Some("flash_fwd_mma_d64_bf16"),
+        (DType::BF16, 128) if dims.t > 1 => Some("flash_fwd_mma_d128_bf16"),
+        _ => None,
+    }
+}
+
+/// One decode step's attention (T = 1): split-K partials over [`DECODE_SPLIT`] keys per block,
+/// each KV head read once for all its query heads, then their merge in split order.
+#[allow(clippy::too_many_arguments)]
+fn flash_decode<T: CudaDType>(
+    dev: &CudaDevice,
+    dims: &super::flash::FlashDims,
+    n: &FlashInts,
+    (q, k, v): (&CudaView<T>, &CudaView<T>, &CudaView<T>),
+    valid: &CudaView<u8>,
+    first: &CudaSlice<i32>,
+    o: &mut CudaSlice<T>,
+    stats: &mut CudaSlice<f32>,
+    sfx: &str,
+) -> Result<()> {
+    let nsplit = dims.s.div_ceil(DECODE_SPLIT).max(1);
+    // SAFETY: every (row, split) partial is written by its block, empty splits included.
+    let mut part = unsafe { dev.alloc::<f32>(dims.b * dims.h * nsplit * (2 + dims.d)) }?;
+    let nsplit_i = nsplit as i32;
+    let f = kernel!(dev, &format!("flash_decode_split_{sfx}"), ptx::FLASH)?;
+    let mut b = f.builder();
+    b.arg(q)
+        .arg(k)
+        .arg(v)
+        .arg(valid)
+        .arg(first)
+        .arg(&mut part)
+        .arg(&nsplit_i);
+    n.push(&mut b);
+    let cfg = LaunchConfig {
+        grid_dim: (nsplit as u32, dims.kv as u32, dims.b as u32),
+        block_dim: (32 * FLASH_WARPS as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: the arguments match flash_decode_split_* in kernels/flash_attn.cu.
+    unsafe { b.launch(cfg) }.w()?;
+    let (h_i, d_i) = (dims.h as i32, dims.d as i32);
+    let f = kernel!(dev, &format!("flash_decode_combine_{sfx}"), ptx::FLASH)?;
+    let mut b = f.builder();
+    b.arg(&part)
+        .arg(o)
+        .arg(stats)
+        .arg(&nsplit_i)
+        .arg(&h_i)
+        .arg(&d_i);
+    let cfg = LaunchConfig {
+        grid_dim: (dims.h as u32, dims.b as u32, 1),
+        block_dim: (super::flash::FLASH_MAX_HEAD_DIM as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: the arguments match flash_decode_combine_* in kernels/flash_attn.cu.
+    unsafe { b.launch(cfg) }.w()?;
+    Ok(())
 }
 
 /// dQ, dK, dV (the storage dtype of q): the delta, dQ and dK/dV kernels.

@@ -379,8 +379,14 @@ pub struct Measurement {
 pub struct Roofline {
     /// Weights + the mean KV cache read per decode step.
     pub bytes_per_step: f64,
-    /// Seconds per decode step (the run's time over its new tokens; prefill included).
+    /// Seconds per decode step: the run's time less its prefill's, over the decode steps (the
+    /// new tokens but the first, which the prefill's logits give).
     pub step_seconds: f64,
+    /// The prefill alone: the same prompts sampled for one new token (median of the repeats).
+    pub prefill_seconds: f64,
+    /// New tokens per second of the decode steps alone: batch × (N − 1) over the run's time
+    /// less its prefill's.
+    pub decode_tokens_per_second: f64,
     pub achieved_gb_per_s: f64,
     /// A device-to-device copy's bandwidth (bytes read + written per second), measured.
     pub copy_gb_per_s: f64,
@@ -495,6 +501,32 @@ pub fn bench_generate(m: &Subject, opts: &SpeedOptions) -> Result<Measurement> {
     run()?;
     let secs = median((0..repeats).map(|_| run()).collect::<Result<Vec<_>>>()?);
     let tokens = shape.batch * shape.new_tokens;
+    // The prefill alone: the same prompts and slots, one new token each.
+    let first_token = SampleRequest {
+        params: SamplingParams {
+            max_new_tokens: 1,
+            ..p
+        },
+        ..SampleRequest::new(p)
+    };
+    let first_token = match shape.max_batch {
+        Some(n) => first_token.max_batch(n),
+        None => first_token,
+    };
+    let prefill = || -> Result<f64> {
+        let t = Instant::now();
+        rollout::generate(&model, &prompts, &keys, &first_token)?;
+        target.sync()?;
+        Ok(t.elapsed().as_secs_f64())
+    };
+    prefill()?;
+    let prefill_seconds = median(
+        (0..repeats)
+            .map(|_| prefill())
+            .collect::<Result<Vec<_>>>()?,
+    );
+    let steps = shape.new_tokens.saturating_sub(1).max(1);
+    let decode_seconds = (secs - prefill_seconds).max(f64::MIN_POSITIVE);
     // Per decode step: every weight once (the compute dtype), and each sequence's cache so far,
     // on average prompt + N/2 positions of K and V in every layer.
     let elem = precision.compute.size_in_bytes() as f64;
@@ -503,11 +535,13 @@ pub fn bench_generate(m: &Subject, opts: &SpeedOptions) -> Result<Measurement> {
     let context = shape.prompt_len as f64 + shape.new_tokens as f64 / 2.0;
     let bytes_per_step =
         params.count() as f64 * elem + shape.batch as f64 * context * kv_per_position;
-    let step_seconds = secs / shape.new_tokens.max(1) as f64;
+    let step_seconds = decode_seconds / steps as f64;
     let copy = copy_bandwidth(target)?;
     let roofline = Roofline {
         bytes_per_step,
         step_seconds,
+        prefill_seconds,
+        decode_tokens_per_second: (shape.batch * steps) as f64 / decode_seconds,
         achieved_gb_per_s: bytes_per_step / step_seconds / 1e9,
         copy_gb_per_s: copy / 1e9,
         fraction: bytes_per_step / step_seconds / copy,
@@ -913,10 +947,13 @@ pub fn markdown(title: &str, rows: &[Measurement]) -> String {
             r.roofline.as_ref().map_or_else(
                 || "—".into(),
                 |f| format!(
-                    "{:.0} % ({:.1} of {:.1} GB/s)",
+                    "{:.0} % ({:.1} of {:.1} GB/s; decode {:.1} tokens/s, {:.1} ms a step; prefill {:.3} s)",
                     100.0 * f.fraction,
                     f.achieved_gb_per_s,
-                    f.copy_gb_per_s
+                    f.copy_gb_per_s,
+                    f.decode_tokens_per_second,
+                    1e3 * f.step_seconds,
+                    f.prefill_seconds
                 )
             ),
         ));
