@@ -779,6 +779,48 @@ impl Experiment {
         }
     }
 
+    /// The same manifest with another run seed (`acpo reproduce --seeds`): the text with its
+    /// top-level `seed:` line rewritten, so the run directory's manifest.yaml is the one that
+    /// ran, and the experiment parsed from it. Nothing else changes: the created model's own
+    /// seed (`model.init.seed`) stays, so every seed starts RL from the same warm start, as runs
+    /// of one pretrained checkpoint do.
+    pub fn with_seed(
+        text: &str,
+        seed: u64,
+        path: &Path,
+    ) -> Result<(Experiment, String), ManifestError> {
+        let mut found = false;
+        let lines: Vec<String> = text
+            .lines()
+            .map(|l| {
+                let value = l
+                    .strip_prefix("seed:")
+                    .map(|v| v.split('#').next().unwrap_or("").trim());
+                match value {
+                    Some(v) if !found && v.parse::<u64>().is_ok() => {
+                        found = true;
+                        format!("seed: {seed}")
+                    }
+                    _ => l.to_string(),
+                }
+            })
+            .collect();
+        if !found {
+            return Err(ManifestError::Invalid {
+                path: path.to_owned(),
+                field: "seed".into(),
+                reason: "no top-level `seed: N` line to vary (--seeds rewrites it)".into(),
+            });
+        }
+        let mut varied = lines.join("\n");
+        if text.ends_with('\n') {
+            varied.push('\n');
+        }
+        let exp = Experiment::from_yaml(&varied, path)?;
+        debug_assert_eq!(exp.seed, seed);
+        Ok((exp, varied))
+    }
+
     /// SHA-256 (hex) of the canonical JSON of every validated field.
     pub fn fingerprint(&self) -> String {
         let canonical =

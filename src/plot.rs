@@ -62,11 +62,14 @@ fn ensure_font() -> std::result::Result<(), String> {
     .clone()
 }
 
-/// A line series: label, colour, points.
+/// A line series: label, colour, points, and optionally a band around them.
 pub struct Series {
     pub label: String,
     pub color: RGBColor,
     pub points: Vec<(f64, f64)>,
+    /// (x, low, high), shaded in the series' colour (e.g. a 95 % interval across seeds);
+    /// empty: none.
+    pub band: Vec<(f64, f64, f64)>,
 }
 
 /// One panel of a figure.
@@ -95,7 +98,12 @@ impl Panel {
         let pts = self
             .series
             .iter()
-            .flat_map(|s| s.points.iter())
+            .flat_map(|s| {
+                s.points
+                    .iter()
+                    .copied()
+                    .chain(s.band.iter().flat_map(|&(x, lo, hi)| [(x, lo), (x, hi)]))
+            })
             .filter(|(x, y)| x.is_finite() && y.is_finite() && (!self.log_y || *y > 0.0));
         let (mut x0, mut x1, mut y0, mut y1) = (
             f64::INFINITY,
@@ -104,10 +112,10 @@ impl Panel {
             f64::NEG_INFINITY,
         );
         for (x, y) in pts {
-            x0 = x0.min(*x);
-            x1 = x1.max(*x);
-            y0 = y0.min(*y);
-            y1 = y1.max(*y);
+            x0 = x0.min(x);
+            x1 = x1.max(x);
+            y0 = y0.min(y);
+            y1 = y1.max(y);
         }
         if !x0.is_finite() {
             (x0, x1, y0, y1) = (0.0, 1.0, if self.log_y { 1e-6 } else { 0.0 }, 1.0);
@@ -178,6 +186,20 @@ fn draw_panels<DB: DrawingBackend>(
                         BLACK.mix(0.6).stroke_width(1),
                     );
                     chart.draw_series(dash).map_err(|e| e.to_string())?;
+                }
+                for s in p.series.iter().filter(|s| !s.band.is_empty()) {
+                    let outline: Vec<(f64, f64)> = s
+                        .band
+                        .iter()
+                        .map(|&(x, _, hi)| (x, hi))
+                        .chain(s.band.iter().rev().map(|&(x, lo, _)| (x, lo)))
+                        .collect();
+                    chart
+                        .draw_series(std::iter::once(Polygon::new(
+                            outline,
+                            s.color.mix(0.18).filled(),
+                        )))
+                        .map_err(|e| e.to_string())?;
                 }
                 for s in &p.series {
                     let color = s.color;

@@ -37,6 +37,8 @@ pub enum ReproduceError {
     NoManifests { dir: PathBuf },
     #[error("--jobs must be at least 1")]
     NoJobs,
+    #[error("--seeds must be at least 1")]
+    NoSeeds,
 }
 
 type Result<T> = std::result::Result<T, ReproduceError>;
@@ -111,20 +113,45 @@ pub fn jobs(asked: Option<usize>, exps: &[Experiment]) -> Result<usize> {
     }
 }
 
-/// Trains every run of `manifests` that is not finished under `results`, following [`plan`]:
-/// first the distinct created models, then the runs, `jobs` at a time. The first error stops
-/// the queue (running jobs finish their run) and is returned.
+/// The runs of `manifests` with `seeds` seeds each: a manifest's own seed s, then s + 1, …,
+/// s + seeds − 1 ([`Experiment::with_seed`]), with the manifest text each run keeps.
+pub fn seeded(manifests: &[PathBuf], seeds: usize) -> Result<Vec<(Experiment, String)>> {
+    if seeds == 0 {
+        return Err(ReproduceError::NoSeeds);
+    }
+    let mut out = Vec::new();
+    for path in manifests {
+        let exp = Experiment::load(path)?;
+        let text = io(path, std::fs::read_to_string(path))?;
+        let others = (1..seeds as u64)
+            .map(|k| Experiment::with_seed(&text, exp.seed + k, path))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        out.push((exp, text));
+        out.extend(others);
+    }
+    Ok(out)
+}
+
+/// Trains every run of `manifests` (with `seeds` seeds each: [`seeded`]) that is not finished
+/// under `results`, following [`plan`]: first the distinct created models, then the runs,
+/// `jobs` at a time. The first error stops the queue (running jobs finish their run) and is
+/// returned.
 pub fn train_all(
     manifests: &[PathBuf],
+    seeds: usize,
     results: &Path,
     data: &DataLocation,
     asked_jobs: Option<usize>,
 ) -> Result<()> {
-    let (mut exps, mut texts) = (Vec::new(), Vec::new());
-    for path in manifests {
-        exps.push(Experiment::load(path)?);
-        texts.push(io(path, std::fs::read_to_string(path))?);
-    }
+    let (exps, texts): (Vec<Experiment>, Vec<String>) =
+        seeded(manifests, seeds)?.into_iter().unzip();
+    let label = |exp: &Experiment| {
+        if seeds > 1 {
+            format!("{} (seed {})", exp.name, exp.seed)
+        } else {
+            exp.name.clone()
+        }
+    };
     let jobs = jobs(asked_jobs, &exps)?;
     if jobs > 1 && std::env::var_os("RAYON_NUM_THREADS").is_none() {
         // Read by rayon and candle when their pools start (not yet: nothing ran a kernel).
@@ -146,7 +173,7 @@ pub fn train_all(
         println!(
             "[{}/{total}] {}: finished earlier, reused",
             i + 1,
-            exps[i].name
+            label(&exps[i])
         );
     }
     let queue = Queue::new(jobs);
@@ -176,7 +203,7 @@ pub fn train_all(
         } else {
             "training"
         };
-        println!("[{}/{total}] {}: {what}", i + 1, exp.name);
+        println!("[{}/{total}] {}: {what}", i + 1, label(exp));
         let opts = TrainOptions {
             out_root: results.to_owned(),
             resume: done.is_some(),
@@ -184,14 +211,14 @@ pub fn train_all(
             data: data.clone(),
             hub: HubOptions::from_env(),
         };
-        let mut display = crate::progress::display(parallel.then(|| exp.name.clone()));
+        let mut display = crate::progress::display(parallel.then(|| label(exp)));
         Trainer::new(exp, text, &opts)?.run(&opts, &mut display)?;
         let n = finished.fetch_add(1, Ordering::SeqCst) + 1;
         let elapsed = runs_started.elapsed().as_secs_f64();
         println!(
             "[{}/{total}] {} done; {n} of {} runs in {:.1} min, about {:.1} min to go",
             i + 1,
-            exp.name,
+            label(exp),
             plan.runs.len(),
             elapsed / 60.0,
             elapsed / n as f64 * (plan.runs.len() - n) as f64 / 60.0

@@ -223,6 +223,12 @@ pub struct ReproduceArgs {
     /// of CPUs when every run is on the CPU, else 1.
     #[arg(long)]
     pub jobs: Option<usize>,
+    /// Seeds per run: each manifest's own seed s, then s + 1, …, s + N − 1 (one run
+    /// directory each). With N ≥ 2 the report adds seeds.md (each matched pair's differences
+    /// with 95 % confidence intervals paired by seed) and bands across seeds on the accuracy
+    /// curves.
+    #[arg(long, default_value_t = 1)]
+    pub seeds: usize,
 }
 
 #[derive(Debug, Args)]

@@ -308,7 +308,7 @@ fn reproduce(args: &ReproduceArgs) -> anyhow::Result<Outcome> {
                 bail!("{}: no manifests for scale {scale}", dir.display());
             }
             let data = data_dir(&args.data_dir);
-            acpo::reproduce::train_all(&manifests, &args.results, &data, args.jobs)?;
+            acpo::reproduce::train_all(&manifests, args.seeds, &args.results, &data, args.jobs)?;
             args.results.join(scale)
         }
     };

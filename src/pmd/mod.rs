@@ -527,11 +527,13 @@ pub fn report(cfg: &Config, out: &Path) -> Result<Report, PmdError> {
                         label: format!("F_N, α={}", fmt_alpha(alpha)),
                         color: c,
                         points: pts(&t.f),
+                        band: Vec::new(),
                     });
                     panels[pi].series.push(Series {
                         label: format!("bound, α={}", fmt_alpha(alpha)),
                         color: light,
                         points: pts(&b.values),
+                        band: Vec::new(),
                     });
                 }
             }

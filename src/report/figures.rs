@@ -26,19 +26,52 @@ pub fn method_color(m: AlgorithmKind) -> RGBColor {
 }
 
 /// One line per method of `model`, its points taken from the run by `points`.
+/// One series per method of `model`: its run's points; with runs of several seeds, the mean
+/// at each step every seed has, and the mean's 95 % t interval across seeds as a band.
 fn method_series(
     runs: &[RunResult],
     model: &str,
     points: impl Fn(&RunResult) -> Vec<(f64, f64)>,
 ) -> Vec<Series> {
-    runs_of(runs, model)
-        .into_iter()
-        .map(|r| Series {
-            label: r.algorithm.paper_name().into(),
-            color: method_color(r.algorithm),
-            points: points(r),
-        })
-        .collect()
+    let mut out = Vec::new();
+    for alg in AlgorithmKind::ALL {
+        let of: Vec<&RunResult> = runs
+            .iter()
+            .filter(|r| r.model == model && r.algorithm == alg)
+            .collect();
+        let (color, name) = (method_color(alg), alg.paper_name());
+        match of.as_slice() {
+            [] => {}
+            [one] => out.push(Series {
+                label: name.into(),
+                color,
+                points: points(one),
+                band: Vec::new(),
+            }),
+            several => {
+                let per: Vec<Vec<(f64, f64)>> = several.iter().map(|r| points(r)).collect();
+                let (mut mean, mut band) = (Vec::new(), Vec::new());
+                for &(x, _) in &per[0] {
+                    let ys: Option<Vec<f64>> = per
+                        .iter()
+                        .map(|p| p.iter().find(|q| q.0 == x).map(|q| q.1))
+                        .collect();
+                    if let Some(i) = ys.and_then(|ys| super::seeds::Interval::of(&ys)) {
+                        let h = i.half_width.unwrap_or(0.0);
+                        mean.push((x, i.mean));
+                        band.push((x, i.mean - h, i.mean + h));
+                    }
+                }
+                out.push(Series {
+                    label: format!("{name} (mean of {} seeds, 95 % CI)", several.len()),
+                    color,
+                    points: mean,
+                    band,
+                });
+            }
+        }
+    }
+    out
 }
 
 fn runs_of<'a>(runs: &'a [RunResult], model: &str) -> Vec<&'a RunResult> {
@@ -120,6 +153,7 @@ pub fn entropy(runs: &[RunResult], out: &Path) -> Result<Vec<PathBuf>> {
                     .filter_map(|l| Some((*l.get(metric::STEP)?, *l.get(metric::ENTROPY)?)))
                     .filter(|(s, _)| *s <= 100.0)
                     .collect(),
+                band: Vec::new(),
             });
         }
         panels.push(Panel {
@@ -243,6 +277,7 @@ pub fn tails(runs: &[RunResult], out: &Path) -> Result<(Vec<PathBuf>, String)> {
                         ),
                         color: method_color(*alg),
                         points: h[i].steps(-half, half),
+                        band: Vec::new(),
                     })
                     .collect(),
             })

@@ -9,6 +9,7 @@
 //!   6.25× over PPO and 1.7× over GRPO). Computed, never typed.
 
 pub mod figures;
+pub mod seeds;
 
 /// The paper's reported Table 1 (`paper/table1.csv`; its source is in `paper/README.md`).
 pub const PAPER_TABLE1: &str = include_str!("../../paper/table1.csv");
@@ -44,6 +45,8 @@ pub struct RunResult {
     pub dir: PathBuf,
     pub model: String,
     pub algorithm: AlgorithmKind,
+    /// The run's seed (`acpo reproduce --seeds`: several runs of one manifest).
+    pub seed: u64,
     /// ACPO's threshold α (the -AC variants), for the tails figure's ±α.
     pub alpha: Option<f64>,
     pub evals: Vec<EvalSummary>,
@@ -98,6 +101,7 @@ pub fn load_results(root: &Path) -> Result<Vec<RunResult>> {
             dir,
             model: exp.model.source.label(),
             algorithm: exp.algorithm.kind,
+            seed: exp.seed,
             alpha: match exp.algorithm.clip {
                 crate::manifest::PolicyClip::Advantage { alpha } => Some(alpha),
                 crate::manifest::PolicyClip::Ratio { .. } => None,
@@ -405,13 +409,15 @@ pub fn speedups(runs: &[RunResult]) -> Vec<Speedup> {
 }
 
 /// The regime a run trained in (issue #22): where its policy's entropy started and ended, how
-/// often its own clip acted, how far off-policy its later mini-batches were, and how often the
-/// ratio clip and ACPO's clip would have treated its tokens differently (means over steps of
-/// `metrics.jsonl`; "—" where the run logged no such metric, e.g. runs older than it).
+/// often its own clip acted, how far off-policy its later mini-batches were (ppo_kl, and the
+/// spread of r in the first, on-policy mini-batch against the later ones), how often the ratio
+/// clip and ACPO's clip would have treated its tokens differently, and the tail of |r·Â|
+/// (means over steps of `metrics.jsonl`; "—" where the run logged no such metric, e.g. runs
+/// older than it).
 pub fn regime_markdown(runs: &[RunResult]) -> Result<String> {
     let mut s = String::from(
-        "| model | method | steps | entropy, first step | entropy, last step | own clip active | ppo_kl | ratio clip zeroes, ACPO keeps | ACPO zeroes, ratio clip keeps |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| model | method | steps | entropy, first step | entropy, last step | own clip active | ppo_kl | ratio clip zeroes, ACPO keeps | ACPO zeroes, ratio clip keeps | r p1–p99, first mini-batch | r p1–p99, later ones | \\|r·Â\\| p99, first / later |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for model in model_order(runs.iter().map(|r| r.model.clone())) {
         let mut of_model: Vec<&RunResult> = runs.iter().filter(|r| r.model == model).collect();
@@ -432,8 +438,19 @@ pub fn regime_markdown(runs: &[RunResult]) -> Result<String> {
             } else {
                 "actor/pg_clipfrac"
             };
+            let range = |at: &str| match (
+                mean(&format!("actor/ratio_p01_{at}")),
+                mean(&format!("actor/ratio_p99_{at}")),
+            ) {
+                (Some(lo), Some(hi)) => format!("{lo:.3}–{hi:.3}"),
+                _ => "—".into(),
+            };
+            let tail = |at: &str| {
+                mean(&format!("actor/ratio_adv_abs_p99_{at}"))
+                    .map_or("—".into(), |v| format!("{v:.2}"))
+            };
             s.push_str(&format!(
-                "| {model} | {} | {} | {} | {} | {} | {} | {} | {} |\n",
+                "| {model} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} |\n",
                 r.algorithm.paper_name(),
                 lines.len(),
                 entropy(lines.first()),
@@ -442,6 +459,10 @@ pub fn regime_markdown(runs: &[RunResult]) -> Result<String> {
                 mean("actor/ppo_kl").map_or("—".into(), |v| format!("{v:.1e}")),
                 pct(mean("actor/clip_disagree_ratio_zeroes")),
                 pct(mean("actor/clip_disagree_acpo_zeroes")),
+                range("first"),
+                range("later"),
+                tail("first"),
+                tail("later"),
             ));
         }
     }
@@ -512,6 +533,10 @@ pub fn write(
             reason: "no run directories with eval.jsonl (train first: acpo train MANIFEST)".into(),
         });
     }
+    // With several seeds, the single-run artifacts are the first seed's; seeds.md and the
+    // accuracy curves' bands cover them all.
+    let all = runs;
+    let runs = seeds::first_seed(&all);
     let mut shown = String::new();
     let mut written = Vec::new();
     let put = |name: &str, body: &str| -> Result<PathBuf> {
@@ -536,6 +561,11 @@ pub fn write(
         }
         shown.push_str(&markdown(&groups));
     }
+    if artifact.wants(Artifact::Table1) && seeds::several(&all) {
+        let md = seeds::markdown(&seeds::pairs(&all));
+        written.push(put("seeds.md", &md)?);
+        shown.push_str(&md);
+    }
     if artifact.wants(Artifact::Speedup) {
         let md = speedup_markdown(&speedups(&runs));
         written.push(put("speedup.md", &md)?);
@@ -546,7 +576,7 @@ pub fn write(
         .map_or("results".into(), |n| n.to_string_lossy().to_string());
     let figures = figures.join(scale);
     if artifact.wants(Artifact::Accuracy) {
-        written.extend(figures::accuracy(&runs, &figures)?);
+        written.extend(figures::accuracy(&all, &figures)?);
     }
     if artifact.wants(Artifact::Entropy) {
         written.extend(figures::entropy(&runs, &figures)?);

@@ -8,7 +8,7 @@ use std::time::Instant;
 use candle_core::{DType, Tensor};
 
 use super::step::Rewards;
-use super::update::{ActorOutcome, CriticOutcome};
+use super::update::{ActorOutcome, CriticOutcome, RatioQuantiles};
 use super::{Result, TrainError};
 use crate::algo::loss::PolicyStats;
 use crate::manifest::{Experiment, PolicyClip};
@@ -69,6 +69,9 @@ pub struct StepMetrics {
     pub critic: Option<CriticMetrics>,
     pub timings: Timings,
     pub tokens_per_s: f64,
+    /// r and |r·Â| in the first mini-batch and in the later ones.
+    pub first: Option<RatioQuantiles>,
+    pub later: Option<RatioQuantiles>,
 }
 
 fn mean(v: &[f64]) -> f64 {
@@ -125,6 +128,8 @@ impl StepMetrics {
             critic,
             timings,
             tokens_per_s: lengths.iter().sum::<f64>() / timings.step.max(1e-9),
+            first: actor.first,
+            later: actor.later,
         })
     }
 
@@ -161,6 +166,33 @@ impl StepMetrics {
                     "actor/acpo_clipfrac",
                     p.acpo_clipfrac_upper + p.acpo_clipfrac_lower,
                 ));
+            }
+        }
+        // the first, on-policy mini-batch against the later ones (issue #22)
+        for (q, names) in [
+            (
+                self.first,
+                [
+                    "actor/ratio_p01_first",
+                    "actor/ratio_p99_first",
+                    "actor/ratio_adv_abs_p99_first",
+                ],
+            ),
+            (
+                self.later,
+                [
+                    "actor/ratio_p01_later",
+                    "actor/ratio_p99_later",
+                    "actor/ratio_adv_abs_p99_later",
+                ],
+            ),
+        ] {
+            if let Some(q) = q {
+                out.extend(
+                    names
+                        .into_iter()
+                        .zip([q.ratio_p01, q.ratio_p99, q.ratio_adv_abs_p99]),
+                );
             }
         }
         out.extend([

@@ -76,6 +76,39 @@ pub struct ActorOutcome {
     pub entropy_tokens: f64,
     /// Gradient norm before clipping, per mini-batch.
     pub grad_norms: Vec<f64>,
+    /// r and |r·Â| over the response tokens of the step's first mini-batch (on-policy) and of
+    /// the later ones (issue #22: how far off-policy the later updates are).
+    pub first: Option<RatioQuantiles>,
+    pub later: Option<RatioQuantiles>,
+}
+
+/// Quantiles (nearest rank) of the importance ratio r and of |r·Â| over a set of tokens, as
+/// each token's gradient is taken.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct RatioQuantiles {
+    pub ratio_p01: f64,
+    pub ratio_p99: f64,
+    pub ratio_adv_abs_p99: f64,
+}
+
+impl RatioQuantiles {
+    /// From (r, |r·Â|) pairs; None for no token.
+    pub fn of(values: &[(f32, f32)]) -> Option<RatioQuantiles> {
+        if values.is_empty() {
+            return None;
+        }
+        let q = |mut v: Vec<f32>, p: f64| {
+            v.sort_by(f32::total_cmp);
+            let rank = ((p * v.len() as f64).ceil() as usize).clamp(1, v.len());
+            v[rank - 1] as f64
+        };
+        let r: Vec<f32> = values.iter().map(|x| x.0).collect();
+        Some(RatioQuantiles {
+            ratio_p01: q(r.clone(), 0.01),
+            ratio_p99: q(r, 0.99),
+            ratio_adv_abs_p99: q(values.iter().map(|x| x.1).collect(), 0.99),
+        })
+    }
 }
 
 impl ActorOutcome {
@@ -92,6 +125,8 @@ struct MicroOut {
     entropy_sum: f64,
     /// r·Â and the response mask, row by row, when this step records the tails.
     ratio_adv: Option<RowsAndMask>,
+    /// (r, |r·Â|) of every response token, in row order.
+    ratios: Vec<(f32, f32)>,
 }
 
 /// `(B, R)` values and the response mask as rows.
@@ -113,6 +148,7 @@ pub fn actor(
     mut tails: Option<&mut TailRecorder>,
 ) -> Result<ActorOutcome> {
     let mut out = ActorOutcome::default();
+    let mut later = Vec::new();
     let per_epoch = layout.targets.dim(0)?.div_ceil(plan.mini_rows);
     for (i, (rows, agg)) in plan.mini_batches(layout)?.into_iter().enumerate() {
         let record = i < per_epoch && tails.is_some();
@@ -132,8 +168,10 @@ pub fn actor(
                 )
             });
         let mut grads = Gradients::default();
+        let mut ratios = Vec::new();
         for (k, micro) in micro_outs.into_iter().enumerate() {
             let micro = micro?;
+            ratios.extend_from_slice(&micro.ratios);
             if let (Some((ra, mask)), Some(t)) = (&micro.ratio_adv, tails.as_deref_mut()) {
                 t.record(start + k * plan.micro, ra, mask);
             }
@@ -145,7 +183,13 @@ pub fn actor(
         }
         out.grad_norms
             .push(apply_update(opt, &grads, step, metric::ACTOR_GRAD_NORM)?);
+        if i == 0 {
+            out.first = RatioQuantiles::of(&ratios);
+        } else {
+            later.extend(ratios);
+        }
     }
+    out.later = RatioQuantiles::of(&later);
     Ok(out)
 }
 
@@ -171,13 +215,24 @@ fn policy_micro_batch(
             out.stats.disagree_ratio_zeroes,
             out.stats.disagree_acpo_zeroes,
         ) = loss::rule_disagreement(&plan.clip, &plan.rival, &lp, &old, &adv, &part.mask)?;
-        // r·Â of each token at the moment its gradient is taken.
-        let ratio_adv = if record_tails {
-            let (_, r) = loss::importance_ratio(&lp.detach(), &old)?;
-            Some(((r * &adv)?.to_vec2::<f32>()?, part.mask.to_vec2::<f32>()?))
-        } else {
-            None
-        };
+        // r and r·Â of each token at the moment its gradient is taken.
+        let (_, r) = loss::importance_ratio(&lp.detach(), &old)?;
+        let ra = (&r * &adv)?.to_vec2::<f32>()?;
+        let mask = part.mask.to_vec2::<f32>()?;
+        let ratios = r
+            .to_vec2::<f32>()?
+            .iter()
+            .zip(&ra)
+            .zip(&mask)
+            .flat_map(|((r, ra), m)| {
+                r.iter()
+                    .zip(ra)
+                    .zip(m)
+                    .filter(|(_, &m)| m > 0.0)
+                    .map(|((&r, &ra), _)| (r, ra.abs()))
+            })
+            .collect();
+        let ratio_adv = record_tails.then_some((ra, mask));
         let ent = ent.expect("invariant: entropy was requested");
         let entropy_sum = (&ent.detach() * &part.mask)?
             .sum_all()?
@@ -192,6 +247,7 @@ fn policy_micro_batch(
             stats: out.stats,
             entropy_sum,
             ratio_adv,
+            ratios,
         };
         Ok((total, kept))
     };

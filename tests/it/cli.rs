@@ -665,6 +665,40 @@ fn reproduce_table1_at_smoke_scale_end_to_end_then_from_a_verified_archive() {
         Some(1),
         "a corrupt archive is a failed check"
     );
+    // Two seeds: the four seed-1 runs are reused, four seed-2 runs train, and the report pairs
+    // them by seed (seeds.md) while Table 1 stays seed 1's.
+    let table_before =
+        std::fs::read_to_string(dir.path().join("results/smoke/table1.md")).expect("table1.md");
+    let seeds = acpo(
+        &["reproduce", "table1", "--scale", "smoke", "--seeds", "2"],
+        dir.path(),
+    );
+    assert!(
+        seeds.status.success(),
+        "{}",
+        String::from_utf8_lossy(&seeds.stderr)
+    );
+    let stdout = String::from_utf8_lossy(&seeds.stdout);
+    assert_eq!(
+        stdout.matches("finished earlier, reused").count(),
+        4,
+        "{stdout}"
+    );
+    assert_eq!(stdout.matches("(seed 2): training").count(), 4, "{stdout}");
+    let pairs =
+        std::fs::read_to_string(dir.path().join("results/smoke/seeds.md")).expect("seeds.md");
+    for pair in ["| PPO | 2 (1–2) |", "| GRPO | 2 (1–2) |"] {
+        assert!(pairs.contains(pair), "{pair} missing:\n{pairs}");
+    }
+    assert_eq!(
+        std::fs::read_to_string(dir.path().join("results/smoke/table1.md")).expect("table1.md"),
+        table_before
+    );
+    let zero = acpo(
+        &["reproduce", "table1", "--scale", "smoke", "--seeds", "0"],
+        dir.path(),
+    );
+    assert_eq!(zero.status.code(), Some(2), "--seeds 0 is bad input");
 }
 
 /// `acpo model logprobs`: teacher-forced log-probabilities and entropies agree with those of

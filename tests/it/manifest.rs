@@ -887,3 +887,36 @@ fn sequences_longer_than_the_model_positions_are_refused() {
     std::fs::write(&manifest, overridden).expect("write");
     Experiment::load(&manifest).expect("fits the override");
 }
+
+/// `acpo reproduce --seeds`: a seed variant differs from its manifest in the run seed alone
+/// (the created model's own seed stays), and its text parses back to it.
+#[test]
+fn a_seed_variant_changes_the_run_seed_and_nothing_else() {
+    let path = repo_path("experiments/mini/mini-s-grpo-ac.yaml");
+    let text = std::fs::read_to_string(&path).expect("read");
+    let base = Experiment::load(&path).expect("base");
+    let (varied, varied_text) = Experiment::with_seed(&text, base.seed + 4, &path).expect("seed");
+    assert_eq!(varied.seed, base.seed + 4);
+    assert_eq!(
+        Experiment::from_yaml(&varied_text, &path).expect("parses"),
+        varied
+    );
+    assert_eq!(
+        Experiment {
+            seed: base.seed,
+            ..varied.clone()
+        },
+        base
+    );
+    assert_ne!(varied.fingerprint(), base.fingerprint());
+    let diff: Vec<(&str, &str)> = text
+        .lines()
+        .zip(varied_text.lines())
+        .filter(|(a, b)| a != b)
+        .collect();
+    assert_eq!(diff, vec![("seed: 1", "seed: 5")]);
+    // Only a top-level `seed:` line is a run seed; a nested one (model.init.seed) is not.
+    let nested_only = text.replace("\nseed: 1\n", "\n");
+    let err = Experiment::with_seed(&nested_only, 2, &path).expect_err("no run seed");
+    assert!(err.to_string().contains("seed"), "{err}");
+}

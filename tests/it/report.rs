@@ -10,13 +10,23 @@ use acpo::report;
 /// Writes a fake run: the paper manifest of (model, algo) and eval lines of
 /// (step, [math500, minerva, olympiad, aime-like] accuracies).
 fn fake_run(root: &Path, model: &str, algo: &str, evals: &[(usize, [f64; 4])]) {
+    fake_seeded_run(root, model, algo, 1, evals)
+}
+
+/// [`fake_run`] of run seed `seed` (the paper manifests' seed is 1).
+fn fake_seeded_run(root: &Path, model: &str, algo: &str, seed: u64, evals: &[(usize, [f64; 4])]) {
     let name = format!("{model}-{algo}");
-    let dir = root.join(format!("{name}-000000000000"));
+    let dir = root.join(format!("{name}-{:012}", seed - 1));
     std::fs::create_dir_all(&dir).expect("mkdir");
-    let manifest = std::fs::read_to_string(
-        Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("experiments/paper/{name}.yaml")),
-    )
-    .expect("manifest");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join(format!("experiments/paper/{name}.yaml"));
+    let manifest = std::fs::read_to_string(&path).expect("manifest");
+    let manifest = if seed == 1 {
+        manifest
+    } else {
+        acpo::manifest::Experiment::with_seed(&manifest, seed, &path)
+            .expect("seed")
+            .1
+    };
     std::fs::write(dir.join("manifest.yaml"), manifest).expect("w");
     let lines: String = evals
         .iter()
@@ -365,4 +375,86 @@ fn tail_histograms_give_steps_tail_masses_and_quantiles() {
         (area - 0.90).abs() < 1e-9,
         "density integrates to the share inside: {area}"
     );
+}
+
+/// `acpo reproduce --seeds`: with several seeds per run, Table 1 stays the first seed's, and
+/// seeds.md pairs each -AC run with its baseline seed by seed: the mean difference of best and
+/// of final weighted accuracy with Student's t interval (computed here by hand), and the steps
+/// to the baseline's best. The accuracy curves get their bands.
+#[test]
+fn several_seeds_give_paired_intervals_and_leave_table1_to_the_first_seed() {
+    let t = tempfile::tempdir().expect("tmp");
+    let r = t.path();
+    let flat = |x: f64| [x; 4]; // every benchmark at x: weighted accuracy x
+                                // (seed, PPO curve, PPO-AC curve) at steps 0, 10, 20
+    let curves: [(u64, [f64; 3], [f64; 3]); 3] = [
+        (1, [0.50, 0.60, 0.55], [0.50, 0.65, 0.70]),
+        (2, [0.50, 0.62, 0.62], [0.50, 0.60, 0.66]),
+        (3, [0.50, 0.58, 0.60], [0.50, 0.61, 0.59]),
+    ];
+    for (seed, ppo, ac) in curves {
+        let evals = |c: [f64; 3]| -> Vec<(usize, [f64; 4])> {
+            c.iter()
+                .enumerate()
+                .map(|(i, &x)| (10 * i, flat(x)))
+                .collect()
+        };
+        fake_seeded_run(r, "qwen3-8b", "ppo", seed, &evals(ppo));
+        fake_seeded_run(r, "qwen3-8b", "ppo-ac", seed, &evals(ac));
+    }
+    let runs = report::load_results(r).expect("load");
+    assert_eq!(runs.len(), 6);
+    let (_, written) =
+        report::write(report::Artifact::All, r, &r.join("figures"), false).expect("write");
+    // Table 1: seed 1's runs only (PPO best 60.0 at step 10, PPO-AC 70.0 at step 20).
+    let table = std::fs::read_to_string(r.join("table1.md")).expect("table1");
+    assert!(table.contains("| PPO | 60.0 |"), "{table}");
+    assert!(table.contains("| PPO-AC | **70.0** |"), "{table}");
+    // seeds.md, by hand: Δ best = [+10, +4, +1], Δ final = [+15, +4, −1]
+    let ci = |d: [f64; 3]| {
+        let m = d.iter().sum::<f64>() / 3.0;
+        let sd = (d.iter().map(|x| (x - m).powi(2)).sum::<f64>() / 2.0).sqrt();
+        let h = 4.303 * sd / 3f64.sqrt();
+        format!("{m:+.1} [{:+.1}, {:+.1}]", m - h, m + h)
+    };
+    let seeds = std::fs::read_to_string(r.join("seeds.md")).expect("seeds.md");
+    let row = seeds
+        .lines()
+        .find(|l| l.starts_with("| Qwen3-8B | PPO |"))
+        .unwrap_or_else(|| panic!("no PPO row:\n{seeds}"));
+    let cells: Vec<&str> = row.split('|').map(str::trim).collect();
+    assert_eq!(cells[3], "3 (1–3)", "{row}");
+    assert_eq!(cells[4], "60.7", "baseline best mean of 60, 62, 60: {row}");
+    assert_eq!(cells[5], "65.7", "-AC best mean of 70, 66, 61: {row}");
+    assert_eq!(cells[6], ci([10.0, 4.0, 1.0]), "{row}");
+    assert_eq!(cells[7], ci([15.0, 4.0, -1.0]), "{row}");
+    // reaches its seed's baseline best: seed 1 at step 10 (65 ≥ 60), seed 2 at 20 (66 ≥ 62),
+    // seed 3 at 10 (61 ≥ 60)
+    assert_eq!(cells[8], "3 of 3", "{row}");
+    let steps = {
+        let d = [10.0f64, 20.0, 10.0];
+        let m = d.iter().sum::<f64>() / 3.0;
+        let sd = (d.iter().map(|x| (x - m).powi(2)).sum::<f64>() / 2.0).sqrt();
+        let h = 4.303 * sd / 3f64.sqrt();
+        format!("{m:.1} [{:.1}, {:.1}]", m - h, m + h)
+    };
+    assert_eq!(cells[9], steps, "{row}");
+    assert!(written.iter().any(|p| p.ends_with("seeds.md")));
+    let png = r
+        .join("figures")
+        .join(r.file_name().expect("name"))
+        .join("accuracy.png");
+    assert!(png.exists(), "{}", png.display());
+    // One seed: no seeds.md.
+    let one = tempfile::tempdir().expect("tmp");
+    fake_run(one.path(), "qwen3-8b", "ppo", &[(0, flat(0.5))]);
+    fake_run(one.path(), "qwen3-8b", "ppo-ac", &[(0, flat(0.5))]);
+    report::write(
+        report::Artifact::All,
+        one.path(),
+        &one.path().join("f"),
+        false,
+    )
+    .expect("one");
+    assert!(!one.path().join("seeds.md").exists());
 }

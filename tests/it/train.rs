@@ -239,6 +239,41 @@ fn ppo_clips_the_ratio_once_mini_batches_are_off_policy() {
     let m = metrics(&dir);
     assert!(m.iter().any(|l| l["actor/pg_clipfrac"] > 0.0), "{m:?}");
     assert!(m.iter().any(|l| l["actor/ppo_kl"].abs() > 0.0));
+    // Issue #22: the first mini-batch of a step is on-policy (r = 1 up to rounding: the same
+    // weights scored the tokens), the later ones are not; both quantile sets are logged.
+    for l in &m {
+        for q in ["p01", "p99"] {
+            let first = l[&format!("actor/ratio_{q}_first")];
+            assert!(
+                (first - 1.0).abs() < 1e-4,
+                "first mini-batch r {q} = {first}"
+            );
+        }
+        assert!(l["actor/ratio_adv_abs_p99_first"] >= 0.0);
+        assert!(l["actor/ratio_adv_abs_p99_later"] >= 0.0);
+    }
+    let spread =
+        |l: &BTreeMap<String, f64>| l["actor/ratio_p99_later"] - l["actor/ratio_p01_later"];
+    assert!(
+        m.iter().any(|l| spread(l) > 1e-3),
+        "later mini-batches are off-policy: {m:?}"
+    );
+}
+
+/// Nearest-rank quantiles of r and |r·Â| (issue #22's regime diagnostics).
+#[test]
+fn ratio_quantiles_take_the_nearest_rank() {
+    use acpo::train::update::RatioQuantiles;
+    // r = 0.01, 0.02, …, 1.00 (shuffled), |r·Â| = 100 r
+    let values: Vec<(f32, f32)> = (1..=100)
+        .map(|i| ((i * 37) % 100 + 1) as f32 / 100.0)
+        .map(|r| (r, 100.0 * r))
+        .collect();
+    let q = RatioQuantiles::of(&values).expect("quantiles");
+    assert_eq!(q.ratio_p01, 0.01f32 as f64);
+    assert_eq!(q.ratio_p99, 0.99f32 as f64);
+    assert_eq!(q.ratio_adv_abs_p99, 99.0);
+    assert_eq!(RatioQuantiles::of(&[]), None);
 }
 
 #[test]
