@@ -24,10 +24,12 @@ check path="experiments":
     cargo run --release -- check {{path}}
 
 # Reproduce an artifact of the paper: table1, speedup, accuracy, entropy, tails or all, at a
-# scale: mini (CPU, minutes), smoke (seconds) or paper (CUDA).
+# scale: mini (CPU, minutes; half an hour at the shipped archive's 5 seeds: `just reproduce
+# table1 mini 5`), smoke (seconds) or paper (CUDA); seeds per run (with 2 or more: the paired
+# differences with 95 % intervals, and the verdict).
 [group('reproduce')]
-reproduce artifact="table1" scale="mini":
-    cargo run --release -- reproduce {{artifact}} --scale {{scale}}
+reproduce artifact="table1" scale="mini" seeds="1":
+    cargo run --release -- reproduce {{artifact}} --scale {{scale}} --seeds {{seeds}}
 
 # Draw one figure from existing results (no training): accuracy, entropy or tails.
 [group('reproduce')]

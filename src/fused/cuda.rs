@@ -610,30 +610,27 @@ pub fn flash_fwd(
                 &mut stats,
                 sfx,
             )?;
-        } else if let Some(mma) = flash_mma_kernel(dims, dtype_of(q.0)) {
-            let f = kernel!(dev, mma, ptx::FLASH)?;
-            let mut b = f.builder();
-            b.arg(&qv)
-                .arg(&kv)
-                .arg(&vv)
-                .arg(&validv)
-                .arg(&first)
-                .arg(&mut o)
-                .arg(&mut stats);
-            n.push(&mut b);
-            let cfg = LaunchConfig {
-                grid_dim: (
-                    dims.t.div_ceil(FLASH_MMA_ROWS) as u32,
-                    dims.h as u32,
-                    dims.b as u32,
-                ),
-                block_dim: (128, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            // SAFETY: the arguments match flash_fwd_mma_* in kernels/flash_attn.cu.
-            unsafe { b.launch(cfg) }.w()?;
         } else {
-            let f = kernel!(dev, &format!("flash_fwd_{sfx}"), ptx::FLASH)?;
+            // The tensor-core forward where it applies, else the row kernel: the same arguments.
+            let (name, cfg) = match flash_mma_kernel(dims, dtype_of(q.0)) {
+                Some(mma) => (
+                    mma.to_string(),
+                    LaunchConfig {
+                        grid_dim: (
+                            dims.t.div_ceil(FLASH_MMA_ROWS) as u32,
+                            dims.h as u32,
+                            dims.b as u32,
+                        ),
+                        block_dim: (128, 1, 1),
+                        shared_mem_bytes: 0,
+                    },
+                ),
+                None => (
+                    format!("flash_fwd_{sfx}"),
+                    flash_grid(dims.t, dims.h, dims.b)?,
+                ),
+            };
+            let f = kernel!(dev, &name, ptx::FLASH)?;
             let mut b = f.builder();
             b.arg(&qv)
                 .arg(&kv)
@@ -643,8 +640,9 @@ pub fn flash_fwd(
                 .arg(&mut o)
                 .arg(&mut stats);
             n.push(&mut b);
-            // SAFETY: the arguments match flash_fwd_* in kernels/flash_attn.cu.
-            unsafe { b.launch(flash_grid(dims.t, dims.h, dims.b)?) }.w()?;
+            // SAFETY: the arguments match flash_fwd_* and flash_fwd_mma_* in
+            // kernels/flash_attn.cu (the same list).
+            unsafe { b.launch(cfg) }.w()?;
         }
         Ok((
             CudaStorage::wrap_cuda_slice(o, dev.clone()),

@@ -562,8 +562,10 @@ pub fn write(
         shown.push_str(&markdown(&groups));
     }
     if artifact.wants(Artifact::Table1) && seeds::several(&all) {
-        let md = seeds::markdown(&seeds::pairs(&all));
+        let pairs = seeds::pairs(&all)?;
+        let md = seeds::markdown(&pairs);
         written.push(put("seeds.md", &md)?);
+        written.push(put("verdict.md", &seeds::verdict_markdown(&pairs))?);
         shown.push_str(&md);
     }
     if artifact.wants(Artifact::Speedup) {

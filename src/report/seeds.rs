@@ -11,9 +11,10 @@
 
 use std::collections::BTreeSet;
 
-use super::{model_order, RunResult};
+use super::{load_metrics, model_order, Result, RunResult};
 use crate::eval::EvalSummary;
 use crate::manifest::AlgorithmKind;
+use crate::run::metric;
 
 /// The 0.975 quantile of Student's t with `df` degrees of freedom: a two-sided 95 % interval.
 /// Tabulated to 30 (the usual tables' values, to three decimals); beyond, the Cornish–Fisher
@@ -96,14 +97,29 @@ pub struct PairStats {
     pub ac_step: Option<Interval>,
     /// The baseline's own best step, over all seeds.
     pub baseline_step: Interval,
+    /// Seeds in which the -AC run reached the baseline's best before, at and after the
+    /// baseline's own best step (never: `seeds − reached`).
+    pub earlier: usize,
+    pub same: usize,
+    pub later: usize,
+    /// Δ of the policy entropy at the last logged step (nats per token); None when a run
+    /// logged none.
+    pub entropy_diff: Option<Interval>,
 }
 
 fn final_eval(r: &RunResult) -> Option<&EvalSummary> {
     r.evals.iter().max_by_key(|e| e.step)
 }
 
+/// The policy entropy at the last step a run logged.
+fn last_entropy(r: &RunResult) -> Result<Option<f64>> {
+    Ok(load_metrics(&r.dir)?
+        .last()
+        .and_then(|m| m.get(metric::ENTROPY).copied()))
+}
+
 /// Every seed of every run, paired by (model, seed).
-pub fn pairs(runs: &[RunResult]) -> Vec<PairStats> {
+pub fn pairs(runs: &[RunResult]) -> Result<Vec<PairStats>> {
     let mut out = Vec::new();
     for model in model_order(runs.iter().map(|r| r.model.clone())) {
         for (base, ac) in [
@@ -123,6 +139,9 @@ pub fn pairs(runs: &[RunResult]) -> Vec<PairStats> {
             let (mut b_best, mut a_best, mut best_d, mut final_d) =
                 (Vec::new(), Vec::new(), Vec::new(), Vec::new());
             let (mut ac_steps, mut base_steps) = (Vec::new(), Vec::new());
+            let (mut earlier, mut same, mut later) = (0, 0, 0);
+            let mut entropy_d = Vec::new();
+            let mut entropy_everywhere = true;
             let mut used = Vec::new();
             for &seed in &seeds {
                 let (Some(b), Some(a)) = (of(base, seed), of(ac, seed)) else {
@@ -146,6 +165,15 @@ pub fn pairs(runs: &[RunResult]) -> Vec<PairStats> {
                     .find(|e| e.weighted_accuracy >= bb.weighted_accuracy)
                 {
                     ac_steps.push(e.step as f64);
+                    match e.step.cmp(&bb.step) {
+                        std::cmp::Ordering::Less => earlier += 1,
+                        std::cmp::Ordering::Equal => same += 1,
+                        std::cmp::Ordering::Greater => later += 1,
+                    }
+                }
+                match (last_entropy(a)?, last_entropy(b)?) {
+                    (Some(ea), Some(eb)) => entropy_d.push(ea - eb),
+                    _ => entropy_everywhere = false,
                 }
             }
             let (Some(best_diff), Some(final_diff), Some(baseline_step)) = (
@@ -166,10 +194,117 @@ pub fn pairs(runs: &[RunResult]) -> Vec<PairStats> {
                 reached: ac_steps.len(),
                 ac_step: Interval::of(&ac_steps),
                 baseline_step,
+                earlier,
+                same,
+                later,
+                entropy_diff: if entropy_everywhere {
+                    Interval::of(&entropy_d)
+                } else {
+                    None
+                },
             });
         }
     }
-    out
+    Ok(out)
+}
+
+/// The exact two-sided sign test of `a` successes against `b` failures (ties left out):
+/// 2·P(X ≥ max(a, b)) for X ~ Binomial(a + b, 1/2), at most 1; None without a non-tie. With
+/// five seeds its smallest value is 0.0625: five seeds cannot resolve a step count at 5 %.
+pub fn sign_test(a: usize, b: usize) -> Option<f64> {
+    let n = a + b;
+    if n == 0 {
+        return None;
+    }
+    let choose = |n: usize, k: usize| -> f64 {
+        (0..k).fold(1.0, |c, i| c * (n - i) as f64 / (i + 1) as f64)
+    };
+    let tail: f64 = (a.max(b)..=n).map(|k| choose(n, k)).sum::<f64>() / 2f64.powi(n as i32);
+    Some((2.0 * tail).min(1.0))
+}
+
+/// What an interval says about a difference the paper expects to be positive.
+fn direction(i: &Interval) -> &'static str {
+    match i.half_width {
+        Some(h) if i.mean - h > 0.0 => "reproduced",
+        Some(h) if i.mean + h < 0.0 => "contradicted",
+        Some(_) => "not resolved",
+        None => "one seed: no interval",
+    }
+}
+
+/// verdict.md (issue #22, item 5): for each claim of the paper that seeds can test, per
+/// matched pair, what the runs say at 95 %: "reproduced" when the interval of the paired
+/// difference lies above 0 in the paper's direction, "contradicted" when below, "not resolved"
+/// when it holds 0. Every number comes from [`pairs`].
+pub fn verdict_markdown(all: &[PairStats]) -> String {
+    let mut s = String::from(
+        "| claim (paper) | model | -AC vs | paired by seed | mean [95 % CI] | verdict |\n|---|---|---|---|---:|---|\n",
+    );
+    let mut tally: Vec<(&str, [usize; 3])> = Vec::new();
+    let mut count = |claim: &'static str, verdict: &str| {
+        let i = match verdict {
+            "reproduced" => 0,
+            "contradicted" => 1,
+            _ => 2,
+        };
+        match tally.iter_mut().find(|(c, _)| *c == claim) {
+            Some((_, t)) => t[i] += 1,
+            None => {
+                let mut t = [0; 3];
+                t[i] = 1;
+                tally.push((claim, t));
+            }
+        }
+    };
+    const ACCURACY: &str = "higher weighted accuracy (Table 1)";
+    const SPEED: &str = "reaches the baseline's best in fewer steps (§5.3)";
+    const ENTROPY: &str = "slower entropy collapse (Fig. 2)";
+    for p in all {
+        let base = p.baseline.paper_name();
+        let v = direction(&p.best_diff);
+        count(ACCURACY, v);
+        s.push_str(&format!(
+            "| {ACCURACY} | {} | {base} | Δ best weighted accuracy, points | {} | {v} |\n",
+            p.model,
+            p.best_diff.show(1)
+        ));
+        let n = p.seeds.len();
+        let (sooner, not_sooner) = (p.earlier, p.later + n - p.reached);
+        let pv = sign_test(sooner, not_sooner);
+        let v = match pv {
+            Some(pv) if pv < 0.05 && sooner > not_sooner => "reproduced",
+            Some(pv) if pv < 0.05 && not_sooner > sooner => "contradicted",
+            _ => "not resolved",
+        };
+        count(SPEED, v);
+        s.push_str(&format!(
+            "| {SPEED} | {} | {base} | seeds where -AC reaches it before / at / after the baseline's step / never | {sooner} / {} / {} / {} of {n} | {v} (sign test, p = {}) |\n",
+            p.model,
+            p.same,
+            p.later,
+            n - p.reached,
+            pv.map_or("—".into(), |p| format!("{p:.3}")),
+        ));
+        if let Some(e) = &p.entropy_diff {
+            let v = direction(e);
+            count(ENTROPY, v);
+            s.push_str(&format!(
+                "| {ENTROPY} | {} | {base} | Δ entropy at the last step, nats per token | {} | {v} |\n",
+                p.model,
+                e.show(3)
+            ));
+        }
+    }
+    s.push('\n');
+    for (claim, [yes, no, open]) in tally {
+        s.push_str(&format!(
+            "- {claim}: reproduced in {yes}, contradicted in {no}, not resolved in {open} of {} pairs.\n",
+            yes + no + open
+        ));
+    }
+    s.push_str("- r·Â tails by difficulty (Fig. 3): descriptive only, from the first seed (tails.md); no test across seeds.\n");
+    s
 }
 
 /// Whether any (model, method) has runs of more than one seed.
@@ -247,6 +382,16 @@ mod tests {
         assert!((t_975(40) - 2.0211).abs() < 1e-3, "{}", t_975(40));
         assert!((t_975(100) - 1.9840).abs() < 1e-3, "{}", t_975(100));
         assert!(t_975(0).is_nan());
+    }
+
+    #[test]
+    fn the_sign_test_is_exact() {
+        assert_eq!(sign_test(5, 0), Some(0.0625));
+        assert_eq!(sign_test(0, 6), Some(0.03125));
+        // 7 of 9: 2·(C(9,7) + C(9,8) + C(9,9)) / 2^9 = 2·46/512
+        assert!((sign_test(7, 2).expect("p") - 92.0 / 512.0).abs() < 1e-12);
+        assert_eq!(sign_test(2, 2), Some(1.0));
+        assert_eq!(sign_test(0, 0), None);
     }
 
     #[test]

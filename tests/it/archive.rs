@@ -193,8 +193,8 @@ fn an_archive_without_checkpoints_verifies_and_holds_no_checkpoint_file() {
 }
 
 /// The archive shipped in the repository (REPRODUCE.md, tiers 1–2): it verifies, rebuilds
-/// Table 1-mini and the speedups, and those are exactly the blocks REPRODUCE.md quotes, whose
-/// SHA-256 line matches the file.
+/// Table 1-mini, the speedups, the regime, the paired differences over seeds and the verdict,
+/// and those are exactly the blocks REPRODUCE.md quotes, whose SHA-256 line matches the file.
 #[test]
 fn shipped_archive_verifies_and_rebuilds_the_tables_quoted_in_reproduce() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
@@ -245,14 +245,14 @@ fn shipped_archive_verifies_and_rebuilds_the_tables_quoted_in_reproduce() {
             .expect("unpacked")
             .filter(|e| e.as_ref().is_ok_and(|e| e.path().is_dir()))
             .count(),
-        16,
-        "the 16 mini runs"
+        80,
+        "the 16 mini runs at seeds 1 to 5"
     );
     assert!(tmp.path().join("figures/from-mini/accuracy.png").exists());
     let (filled, blocks) = acpo::report::splice(&guide, &root).expect("splice");
     assert_eq!(
-        blocks, 4,
-        "table1.md, speedup.md, tails.md and regime.md are quoted"
+        blocks, 6,
+        "table1.md, speedup.md, tails.md, regime.md, seeds.md and verdict.md are quoted"
     );
     assert_eq!(
         filled, guide,

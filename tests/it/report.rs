@@ -440,6 +440,34 @@ fn several_seeds_give_paired_intervals_and_leave_table1_to_the_first_seed() {
     };
     assert_eq!(cells[9], steps, "{row}");
     assert!(written.iter().any(|p| p.ends_with("seeds.md")));
+    // verdict.md: the accuracy difference's interval holds 0; the steps split 1 / 1 / 1 (seed 3
+    // sooner, seed 1 at the same step, seed 2 later); the fake entropy curves decay slower for
+    // -AC by the same amount in every seed (1/1.3 − 1/4 at step 30).
+    let verdict = std::fs::read_to_string(r.join("verdict.md")).expect("verdict.md");
+    let line = |claim: &str| {
+        verdict
+            .lines()
+            .find(|l| l.starts_with(&format!("| {claim}")) && l.contains("| Qwen3-8B | PPO |"))
+            .unwrap_or_else(|| panic!("no {claim} row:\n{verdict}"))
+            .to_string()
+    };
+    assert!(
+        line("higher weighted accuracy").ends_with("| not resolved |"),
+        "{verdict}"
+    );
+    let speed = line("reaches the baseline's best");
+    assert!(
+        speed.contains("| 1 / 1 / 1 / 0 of 3 | not resolved (sign test, p = 1.000) |"),
+        "{speed}"
+    );
+    let entropy = line("slower entropy collapse");
+    let d = 1.0 / 1.3 - 0.25;
+    assert!(
+        entropy.contains(&format!("{d:+.3} [{d:+.3}, {d:+.3}]")),
+        "{entropy}"
+    );
+    assert!(entropy.ends_with("| reproduced |"), "{entropy}");
+    assert!(verdict.contains("- higher weighted accuracy (Table 1): reproduced in 0, contradicted in 0, not resolved in 1 of 1 pairs."), "{verdict}");
     let png = r
         .join("figures")
         .join(r.file_name().expect("name"))
