@@ -137,34 +137,30 @@ pub fn accuracy(runs: &[RunResult], out: &Path) -> Result<Vec<PathBuf>> {
     Ok(files)
 }
 
-/// Fig. 2: policy entropy over the first 100 steps, one panel per model.
+/// Fig. 2: policy entropy over the first 100 steps, one panel per model; with several seeds,
+/// the mean and its 95 % band, as the accuracy curves.
 pub fn entropy(runs: &[RunResult], out: &Path) -> Result<Vec<PathBuf>> {
     let models = model_order(runs.iter().map(|r| r.model.clone()));
-    let mut panels = Vec::new();
-    for m in &models {
-        let mut series = Vec::new();
-        for r in runs_of(runs, m) {
-            let metrics = super::load_metrics(&r.dir)?;
-            series.push(Series {
-                label: r.algorithm.paper_name().into(),
-                color: method_color(r.algorithm),
-                points: metrics
-                    .iter()
-                    .filter_map(|l| Some((*l.get(metric::STEP)?, *l.get(metric::ENTROPY)?)))
-                    .filter(|(s, _)| *s <= 100.0)
-                    .collect(),
-                band: Vec::new(),
-            });
-        }
-        panels.push(Panel {
+    let mut curves = std::collections::BTreeMap::new();
+    for r in runs {
+        let points: Vec<(f64, f64)> = super::load_metrics(&r.dir)?
+            .iter()
+            .filter_map(|l| Some((*l.get(metric::STEP)?, *l.get(metric::ENTROPY)?)))
+            .filter(|(s, _)| *s <= 100.0)
+            .collect();
+        curves.insert(r.dir.clone(), points);
+    }
+    let panels: Vec<Panel> = models
+        .iter()
+        .map(|m| Panel {
             title: m.clone(),
             x_desc: "training step".into(),
             y_desc: "policy entropy (nats)".into(),
             log_y: false,
-            series,
+            series: method_series(runs, m, |r| curves[&r.dir].clone()),
             ..Panel::default()
-        });
-    }
+        })
+        .collect();
     Ok(write_figure(
         &out.join("entropy"),
         "Policy entropy (first 100 steps)",

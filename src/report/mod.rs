@@ -533,8 +533,8 @@ pub fn write(
             reason: "no run directories with eval.jsonl (train first: acpo train MANIFEST)".into(),
         });
     }
-    // With several seeds, the single-run artifacts are the first seed's; seeds.md and the
-    // accuracy curves' bands cover them all.
+    // With several seeds, the single-run artifacts are the first seed's; seeds.md, verdict.md
+    // and the bands of the accuracy and entropy curves cover them all.
     let all = runs;
     let runs = seeds::first_seed(&all);
     let mut shown = String::new();
@@ -581,7 +581,7 @@ pub fn write(
         written.extend(figures::accuracy(&all, &figures)?);
     }
     if artifact.wants(Artifact::Entropy) {
-        written.extend(figures::entropy(&runs, &figures)?);
+        written.extend(figures::entropy(&all, &figures)?);
     }
     if artifact.wants(Artifact::Tails) {
         let (t, masses) = figures::tails(&runs, &figures)?;

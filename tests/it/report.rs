@@ -380,7 +380,7 @@ fn tail_histograms_give_steps_tail_masses_and_quantiles() {
 /// `acpo reproduce --seeds`: with several seeds per run, Table 1 stays the first seed's, and
 /// seeds.md pairs each -AC run with its baseline seed by seed: the mean difference of best and
 /// of final weighted accuracy with Student's t interval (computed here by hand), and the steps
-/// to the baseline's best. The accuracy curves get their bands.
+/// to the baseline's best. The accuracy and entropy curves get their bands.
 #[test]
 fn several_seeds_give_paired_intervals_and_leave_table1_to_the_first_seed() {
     let t = tempfile::tempdir().expect("tmp");
@@ -468,11 +468,13 @@ fn several_seeds_give_paired_intervals_and_leave_table1_to_the_first_seed() {
     );
     assert!(entropy.ends_with("| reproduced |"), "{entropy}");
     assert!(verdict.contains("- higher weighted accuracy (Table 1): reproduced in 0, contradicted in 0, not resolved in 1 of 1 pairs."), "{verdict}");
-    let png = r
-        .join("figures")
-        .join(r.file_name().expect("name"))
-        .join("accuracy.png");
-    assert!(png.exists(), "{}", png.display());
+    for figure in ["accuracy.png", "entropy.png"] {
+        let png = r
+            .join("figures")
+            .join(r.file_name().expect("name"))
+            .join(figure);
+        assert!(png.exists(), "{}", png.display());
+    }
     // One seed: no seeds.md.
     let one = tempfile::tempdir().expect("tmp");
     fake_run(one.path(), "qwen3-8b", "ppo", &[(0, flat(0.5))]);
