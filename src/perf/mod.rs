@@ -487,44 +487,37 @@ pub fn bench_generate(m: &Subject, opts: &SpeedOptions) -> Result<Measurement> {
         keys,
         params_at_t1: p,
     } = Sampler::new(cfg, target, shape)?;
-    let request = match shape.max_batch {
-        Some(n) => SampleRequest::new(p).max_batch(n),
-        None => SampleRequest::new(p),
-    };
-    let run = || -> Result<f64> {
-        let t = Instant::now();
-        let out = rollout::generate(&model, &prompts, &keys, &request)?;
-        debug_assert!(out.iter().all(|c| c.tokens.len() == shape.new_tokens));
-        target.sync()?;
-        Ok(t.elapsed().as_secs_f64())
-    };
-    run()?;
-    let secs = median((0..repeats).map(|_| run()).collect::<Result<Vec<_>>>()?);
-    let tokens = shape.batch * shape.new_tokens;
-    // The prefill alone: the same prompts and slots, one new token each.
-    let first_token = SampleRequest {
-        params: SamplingParams {
-            max_new_tokens: 1,
+    // The same prompts and slots sampled for `new_tokens` each.
+    let request = |new_tokens: usize| {
+        let r = SampleRequest::new(SamplingParams {
+            max_new_tokens: new_tokens,
             ..p
-        },
-        ..SampleRequest::new(p)
+        });
+        match shape.max_batch {
+            Some(n) => r.max_batch(n),
+            None => r,
+        }
     };
-    let first_token = match shape.max_batch {
-        Some(n) => first_token.max_batch(n),
-        None => first_token,
+    // Median seconds of `repeats` runs after a warm-up.
+    let time = |request: &SampleRequest| -> Result<f64> {
+        let run = || -> Result<f64> {
+            let t = Instant::now();
+            let out = rollout::generate(&model, &prompts, &keys, request)?;
+            debug_assert!(out
+                .iter()
+                .all(|c| c.tokens.len() == request.params.max_new_tokens));
+            target.sync()?;
+            Ok(t.elapsed().as_secs_f64())
+        };
+        run()?;
+        Ok(median(
+            (0..repeats).map(|_| run()).collect::<Result<Vec<_>>>()?,
+        ))
     };
-    let prefill = || -> Result<f64> {
-        let t = Instant::now();
-        rollout::generate(&model, &prompts, &keys, &first_token)?;
-        target.sync()?;
-        Ok(t.elapsed().as_secs_f64())
-    };
-    prefill()?;
-    let prefill_seconds = median(
-        (0..repeats)
-            .map(|_| prefill())
-            .collect::<Result<Vec<_>>>()?,
-    );
+    let secs = time(&request(shape.new_tokens))?;
+    let tokens = shape.batch * shape.new_tokens;
+    // The prefill alone: one new token each.
+    let prefill_seconds = time(&request(1))?;
     let steps = shape.new_tokens.saturating_sub(1).max(1);
     let decode_seconds = (secs - prefill_seconds).max(f64::MIN_POSITIVE);
     // Per decode step: every weight once (the compute dtype), and each sequence's cache so far,

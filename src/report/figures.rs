@@ -25,7 +25,6 @@ pub fn method_color(m: AlgorithmKind) -> RGBColor {
     }
 }
 
-/// One line per method of `model`, its points taken from the run by `points`.
 /// One series per method of `model`: its run's points; with runs of several seeds, the mean
 /// at each step every seed has, and the mean's 95 % t interval across seeds as a band.
 fn method_series(

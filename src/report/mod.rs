@@ -62,6 +62,14 @@ impl RunResult {
                 _ => Some(e),
             })
     }
+
+    /// The first evaluation, by step, with at least this weighted accuracy.
+    pub fn first_reaching(&self, weighted_accuracy: f64) -> Option<&EvalSummary> {
+        self.evals
+            .iter()
+            .filter(|e| e.weighted_accuracy >= weighted_accuracy)
+            .min_by_key(|e| e.step)
+    }
 }
 
 /// Every run directory under `root` (a `results/<scale>` directory) that has evaluations.
@@ -385,12 +393,7 @@ pub fn speedups(runs: &[RunResult]) -> Vec<Speedup> {
                 continue;
             };
             let Some(best) = b.best() else { continue };
-            let mut evals: Vec<&EvalSummary> = a.evals.iter().collect();
-            evals.sort_by_key(|e| e.step);
-            let ac_step = evals
-                .iter()
-                .find(|e| e.weighted_accuracy >= best.weighted_accuracy)
-                .map(|e| e.step);
+            let ac_step = a.first_reaching(best.weighted_accuracy).map(|e| e.step);
             let speedup = match ac_step {
                 Some(s) if s > 0 && best.step > 0 => Some(best.step as f64 / s as f64),
                 _ => None,

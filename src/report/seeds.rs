@@ -134,7 +134,6 @@ pub fn pairs(runs: &[RunResult]) -> Result<Vec<PairStats>> {
                 .iter()
                 .filter(|r| r.model == model && r.algorithm == base)
                 .map(|r| r.seed)
-                .filter(|&s| of(ac, s).is_some())
                 .collect();
             let (mut b_best, mut a_best, mut best_d, mut final_d) =
                 (Vec::new(), Vec::new(), Vec::new(), Vec::new());
@@ -158,12 +157,7 @@ pub fn pairs(runs: &[RunResult]) -> Result<Vec<PairStats>> {
                 best_d.push(100.0 * (ab.weighted_accuracy - bb.weighted_accuracy));
                 final_d.push(100.0 * (af.weighted_accuracy - bf.weighted_accuracy));
                 base_steps.push(bb.step as f64);
-                let mut evals: Vec<&EvalSummary> = a.evals.iter().collect();
-                evals.sort_by_key(|e| e.step);
-                if let Some(e) = evals
-                    .iter()
-                    .find(|e| e.weighted_accuracy >= bb.weighted_accuracy)
-                {
+                if let Some(e) = a.first_reaching(bb.weighted_accuracy) {
                     ac_steps.push(e.step as f64);
                     match e.step.cmp(&bb.step) {
                         std::cmp::Ordering::Less => earlier += 1,

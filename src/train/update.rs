@@ -97,16 +97,20 @@ impl RatioQuantiles {
         if values.is_empty() {
             return None;
         }
-        let q = |mut v: Vec<f32>, p: f64| {
+        let sorted = |mut v: Vec<f32>| {
             v.sort_by(f32::total_cmp);
+            v
+        };
+        let at = |v: &[f32], p: f64| {
             let rank = ((p * v.len() as f64).ceil() as usize).clamp(1, v.len());
             v[rank - 1] as f64
         };
-        let r: Vec<f32> = values.iter().map(|x| x.0).collect();
+        let r = sorted(values.iter().map(|x| x.0).collect());
+        let ra = sorted(values.iter().map(|x| x.1).collect());
         Some(RatioQuantiles {
-            ratio_p01: q(r.clone(), 0.01),
-            ratio_p99: q(r, 0.99),
-            ratio_adv_abs_p99: q(values.iter().map(|x| x.1).collect(), 0.99),
+            ratio_p01: at(&r, 0.01),
+            ratio_p99: at(&r, 0.99),
+            ratio_adv_abs_p99: at(&ra, 0.99),
         })
     }
 }
@@ -170,8 +174,8 @@ pub fn actor(
         let mut grads = Gradients::default();
         let mut ratios = Vec::new();
         for (k, micro) in micro_outs.into_iter().enumerate() {
-            let micro = micro?;
-            ratios.extend_from_slice(&micro.ratios);
+            let mut micro = micro?;
+            ratios.append(&mut micro.ratios);
             if let (Some((ra, mask)), Some(t)) = (&micro.ratio_adv, tails.as_deref_mut()) {
                 t.record(start + k * plan.micro, ra, mask);
             }
