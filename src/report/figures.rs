@@ -168,13 +168,15 @@ pub fn entropy(runs: &[RunResult], out: &Path) -> Result<Vec<PathBuf>> {
     )?)
 }
 
-/// Sum of a run's tail histograms over all recorded steps, per bucket (easy, medium, hard).
-pub fn run_tails(dir: &Path) -> Result<Option<[Histogram; 3]>> {
+/// Sum of a run's tail histograms over all recorded steps, per bucket (easy, medium, hard), and
+/// of its prompts per bucket.
+pub fn run_tails(dir: &Path) -> Result<Option<([Histogram; 3], [usize; 3])>> {
     let tails_dir = RunDir::at(dir).tails_dir();
     if !tails_dir.exists() {
         return Ok(None);
     }
     let mut sum: [Histogram; 3] = Default::default();
+    let mut prompts = [0usize; 3];
     let mut any = false;
     let mut files: Vec<PathBuf> = std::fs::read_dir(&tails_dir)
         .map_err(|source| ReportError::Io {
@@ -197,9 +199,12 @@ pub fn run_tails(dir: &Path) -> Result<Option<[Histogram; 3]>> {
         for (acc, h) in sum.iter_mut().zip([&t.easy, &t.medium, &t.hard]) {
             acc.merge(h);
         }
+        for (acc, n) in prompts.iter_mut().zip(t.prompts) {
+            *acc += n;
+        }
         any = true;
     }
-    Ok(any.then_some(sum))
+    Ok(any.then_some((sum, prompts)))
 }
 
 /// Fig. 3: the density of r·Â for easy / medium / hard prompts, per method, one figure per
@@ -221,7 +226,7 @@ pub fn tails(runs: &[RunResult], out: &Path) -> Result<(Vec<PathBuf>, String)> {
     for m in model_order(runs.iter().map(|r| r.model.clone())) {
         let mut per_method = Vec::new();
         for r in runs_of(runs, &m) {
-            if let Some(h) = run_tails(&r.dir)? {
+            if let Some((h, _)) = run_tails(&r.dir)? {
                 per_method.push((r.algorithm, h));
             }
         }

@@ -414,13 +414,13 @@ pub fn speedups(runs: &[RunResult]) -> Vec<Speedup> {
 /// The regime a run trained in (issue #22): where its policy's entropy started and ended, how
 /// often its own clip acted, how far off-policy its later mini-batches were (ppo_kl, and the
 /// spread of r in the first, on-policy mini-batch against the later ones), how often the ratio
-/// clip and ACPO's clip would have treated its tokens differently, and the tail of |r·Â|
-/// (means over steps of `metrics.jsonl`; "—" where the run logged no such metric, e.g. runs
-/// older than it).
+/// clip and ACPO's clip would have treated the later mini-batches' tokens differently, the tail
+/// of |r·Â|, and its prompts' spread over difficulty at the tail steps (means over steps of
+/// `metrics.jsonl`; "—" where the run logged no such metric, e.g. runs older than it).
 pub fn regime_markdown(runs: &[RunResult]) -> Result<String> {
     let mut s = String::from(
-        "| model | method | steps | entropy, first step | entropy, last step | own clip active | ppo_kl | ratio clip zeroes, ACPO keeps | ACPO zeroes, ratio clip keeps | r p1–p99, first mini-batch | r p1–p99, later ones | \\|r·Â\\| p99, first / later |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
+        "| model | method | steps | entropy, first step | entropy, last step | own clip active, all / later mini-batches | ppo_kl | later: ratio clip zeroes, ACPO keeps | later: ACPO zeroes, ratio clip keeps | r p1–p99, first mini-batch | r p1–p99, later ones | \\|r·Â\\| p99, first / later | prompts easy / medium / hard |\n\
+         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
     );
     for model in model_order(runs.iter().map(|r| r.model.clone())) {
         let mut of_model: Vec<&RunResult> = runs.iter().filter(|r| r.model == model).collect();
@@ -441,6 +441,15 @@ pub fn regime_markdown(runs: &[RunResult]) -> Result<String> {
             } else {
                 "actor/pg_clipfrac"
             };
+            let prompts = figures::run_tails(&r.dir)?.map_or("—".into(), |(_, p)| {
+                let n = p.iter().sum::<usize>().max(1) as f64;
+                format!(
+                    "{:.0} / {:.0} / {:.0} %",
+                    100.0 * p[0] as f64 / n,
+                    100.0 * p[1] as f64 / n,
+                    100.0 * p[2] as f64 / n
+                )
+            });
             let range = |at: &str| match (
                 mean(&format!("actor/ratio_p01_{at}")),
                 mean(&format!("actor/ratio_p99_{at}")),
@@ -453,15 +462,16 @@ pub fn regime_markdown(runs: &[RunResult]) -> Result<String> {
                     .map_or("—".into(), |v| format!("{v:.2}"))
             };
             s.push_str(&format!(
-                "| {model} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} | {} / {} |\n",
+                "| {model} | {} | {} | {} | {} | {} / {} | {} | {} | {} | {} | {} | {} / {} | {prompts} |\n",
                 r.algorithm.paper_name(),
                 lines.len(),
                 entropy(lines.first()),
                 entropy(lines.last()),
                 pct(mean(own)),
+                pct(mean(&format!("{own}_later"))),
                 mean("actor/ppo_kl").map_or("—".into(), |v| format!("{v:.1e}")),
-                pct(mean("actor/clip_disagree_ratio_zeroes")),
-                pct(mean("actor/clip_disagree_acpo_zeroes")),
+                pct(mean("actor/clip_disagree_ratio_zeroes_later")),
+                pct(mean("actor/clip_disagree_acpo_zeroes_later")),
                 range("first"),
                 range("later"),
                 tail("first"),

@@ -72,6 +72,8 @@ pub struct StepMetrics {
     /// r and |r·Â| in the first mini-batch and in the later ones.
     pub first: Option<RatioQuantiles>,
     pub later: Option<RatioQuantiles>,
+    /// The clip statistics of the later mini-batches alone.
+    pub later_policy: PolicyStats,
 }
 
 fn mean(v: &[f64]) -> f64 {
@@ -130,6 +132,7 @@ impl StepMetrics {
             tokens_per_s: lengths.iter().sum::<f64>() / timings.step.max(1e-9),
             first: actor.first,
             later: actor.later,
+            later_policy: actor.later_stats,
         })
     }
 
@@ -169,6 +172,24 @@ impl StepMetrics {
             }
         }
         // the first, on-policy mini-batch against the later ones (issue #22)
+        if self.later_policy.tokens > 0.0 {
+            let l = &self.later_policy;
+            out.push(match self.clip {
+                PolicyClip::Ratio { .. } => ("actor/pg_clipfrac_later", l.pg_clipfrac),
+                PolicyClip::Advantage { .. } => (
+                    "actor/acpo_clipfrac_later",
+                    l.acpo_clipfrac_upper + l.acpo_clipfrac_lower,
+                ),
+            });
+            out.push((
+                "actor/clip_disagree_ratio_zeroes_later",
+                l.disagree_ratio_zeroes,
+            ));
+            out.push((
+                "actor/clip_disagree_acpo_zeroes_later",
+                l.disagree_acpo_zeroes,
+            ));
+        }
         for (q, names) in [
             (
                 self.first,

@@ -80,6 +80,9 @@ pub struct ActorOutcome {
     /// the later ones (issue #22: how far off-policy the later updates are).
     pub first: Option<RatioQuantiles>,
     pub later: Option<RatioQuantiles>,
+    /// The clip statistics of the later, off-policy mini-batches alone (issue #22's regime
+    /// target: the ratio clip acts there on >= 0.1 % of tokens).
+    pub later_stats: PolicyStats,
 }
 
 /// Quantiles (nearest rank) of the importance ratio r and of |r·Â| over a set of tokens, as
@@ -173,6 +176,7 @@ pub fn actor(
             });
         let mut grads = Gradients::default();
         let mut ratios = Vec::new();
+        let mut stats = PolicyStats::default();
         for (k, micro) in micro_outs.into_iter().enumerate() {
             let mut micro = micro?;
             ratios.append(&mut micro.ratios);
@@ -182,15 +186,17 @@ pub fn actor(
             out.entropy_sum += micro.entropy_sum;
             out.entropy_tokens += micro.stats.tokens;
             out.pg_loss += micro.pg_loss;
-            out.stats = out.stats.merge(&micro.stats);
+            stats = stats.merge(&micro.stats);
             grads.accumulate(micro.grads)?;
         }
         out.grad_norms
             .push(apply_update(opt, &grads, step, metric::ACTOR_GRAD_NORM)?);
+        out.stats = out.stats.merge(&stats);
         if i == 0 {
             out.first = RatioQuantiles::of(&ratios);
         } else {
             later.extend(ratios);
+            out.later_stats = out.later_stats.merge(&stats);
         }
     }
     out.later = RatioQuantiles::of(&later);

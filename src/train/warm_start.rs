@@ -3,8 +3,10 @@
 //! regime where RL has signal (the paper's models start from pretrained weights).
 //!
 //! Each example is a training problem under the `answer` or `boxed` prompt template (alternating
-//! by index and epoch, so the model follows both instructions) and its worked solution in the
-//! matching answer style, ending in EOS. The loss is the mean negative log-likelihood of the
+//! by index and epoch, so the model follows both instructions) and one of its worked solutions,
+//! in a style drawn afresh for every use (path, wording; `synthetic::Style`), in the matching
+//! answer style, ending in EOS. The policy it leaves spreads its mass over the styles: the
+//! entropy the paper's pretrained policies start RL with (issue #22). The loss is the mean negative log-likelihood of the
 //! response tokens; the prompt is context only. Same model, layout and AdamW as RL.
 
 use std::time::Instant;
@@ -81,7 +83,8 @@ pub fn warm_start(
                 PromptTemplate::Boxed
             };
             let item = &items[index];
-            let mut response = tokenizer.encode(&item.solution(template))?;
+            let style = synthetic::style(seed, epoch, index);
+            let mut response = tokenizer.encode(&item.solution(template, style))?;
             response.push(eos);
             if response.len() > spec.max_response_length {
                 skipped_in_row += 1;

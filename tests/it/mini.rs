@@ -46,31 +46,103 @@ fn synthetic_splits_have_the_paper_sizes_are_disjoint_and_their_solutions_verify
         mean_levels.windows(2).all(|w| w[0] < w[1]),
         "benchmarks get harder in the paper's order: {mean_levels:?}"
     );
-    // Every worked solution is judged correct in both answer styles, and a wrong one is not.
-    for i in train.iter().step_by(97) {
+    // Every worked solution, in every style, is judged correct in both answer styles, and a
+    // wrong answer is not.
+    for (n, i) in train.iter().enumerate().step_by(97) {
         for t in [PromptTemplate::Answer, PromptTemplate::Boxed] {
-            let sol = i.solution(t);
-            assert!(
-                acpo::verify::verify(&i.problem.answer, &sol).correct,
-                "{sol}"
-            );
+            for k in 0..4 {
+                let sol = i.solution(t, synthetic::style(1, k, n));
+                assert!(
+                    acpo::verify::verify(&i.problem.answer, &sol).correct,
+                    "{sol}"
+                );
+                assert_equations_hold(&sol);
+            }
         }
         let wrong: i64 = i.problem.answer.parse::<i64>().expect("integer") + 1;
-        assert!(
-            !acpo::verify::verify(&wrong.to_string(), &i.solution(PromptTemplate::Answer)).correct
-        );
-        // The steps compute the answer: the last step ends in it.
-        assert!(i
-            .steps
-            .last()
-            .expect("steps")
-            .ends_with(&format!("= {}", i.problem.answer)));
+        let canonical = i.canonical_solution(PromptTemplate::Answer);
+        assert!(!acpo::verify::verify(&wrong.to_string(), &canonical).correct);
+        assert_equations_hold(&canonical);
+        // Every path chains its steps to the answer.
+        for path in i.paths() {
+            assert_eq!(
+                path.last().expect("steps").value.to_string(),
+                i.problem.answer
+            );
+            assert!(path
+                .windows(2)
+                .all(|w| w[1].a == w[0].value || w[1].b == w[0].value));
+        }
     }
     // Fixed data: the same problems on every call.
     assert_eq!(
         synthetic::benchmark(Benchmark::AimeLike)[..5],
         synthetic::benchmark(Benchmark::AimeLike)[..5]
     );
+}
+
+/// Checks every `x op y = z` of a written solution with integer arithmetic, whatever its words.
+fn assert_equations_hold(solution: &str) {
+    let work = solution.split(['\n', '$']).next().expect("work");
+    let mut seen = 0;
+    for clause in work.split(['.', ',', ';']) {
+        let clause = clause
+            .trim()
+            .trim_start_matches(|c: char| c.is_alphabetic() || c == ':' || c == ' ');
+        let words: Vec<&str> = clause.split_whitespace().collect();
+        let [a, op, b, _eq, z] = words[..] else {
+            continue;
+        };
+        let n = |x: &str| {
+            x.parse::<i64>()
+                .unwrap_or_else(|_| panic!("{x} in {solution}"))
+        };
+        let value = match op {
+            "+" => n(a) + n(b),
+            "-" => n(a) - n(b),
+            "\\times" | "*" | "\\cdot" => n(a) * n(b),
+            other => panic!("operator {other} in {solution}"),
+        };
+        assert_eq!(value, n(z), "{clause} in {solution}");
+        seen += 1;
+    }
+    assert!(seen > 0, "no equation in {solution}");
+}
+
+#[test]
+fn solution_styles_are_many_and_the_design_entropy_reaches_the_regime_target() {
+    // Issue #22: the warm start learns from many correct ways of writing each solution.
+    let train = synthetic::train_items();
+    let item = train.iter().find(|i| i.level == 4).expect("a level-4 item");
+    let written: HashSet<String> = (0..400)
+        .map(|k| item.solution(PromptTemplate::Answer, synthetic::style(3, k, 0)))
+        .collect();
+    assert!(written.len() > 100, "{} styles", written.len());
+    let two = train
+        .iter()
+        .find(|i| i.level == 2 && i.steps[0].b % 10 != 0 && i.steps[0].op == synthetic::Op::Add)
+        .expect("a level-2 sum");
+    assert_eq!(two.paths().len(), 3, "direct, commuted, tens then units");
+    // The choices' entropy: ln 3 paths + ln 6 openers + per path its equals words and joins,
+    // averaged over the paths (one step twice, two steps and a join once).
+    let ln3 = 3f64.ln();
+    let expected = ln3 + 6f64.ln() + (ln3 + ln3 + 3.0 * ln3) / 3.0;
+    assert!((two.style_entropy() - expected).abs() < 1e-12);
+    // The design's floor for the warm-started policy's entropy per response token (a policy
+    // that learned the solutions exactly), token-mean over training solutions as the actor's
+    // entropy is: at least the 0.2 nats per token issue #22 asks for at step 0.
+    let dir = tempfile::tempdir().expect("tmp");
+    acpo::model::init::write_bpe_tokenizer(dir.path(), &synthetic::tokenizer_corpus(), 512)
+        .expect("train");
+    let tok = acpo::model::tokenizer::Tokenizer::load(dir.path()).expect("load");
+    let (mut nats, mut tokens) = (0.0, 0usize);
+    for (n, i) in train.iter().enumerate().step_by(50) {
+        let text = i.solution(PromptTemplate::Answer, synthetic::style(5, 0, n));
+        nats += i.style_entropy();
+        tokens += tok.encode(&text).expect("encode").len() + 1; // and EOS
+    }
+    let floor = nats / tokens as f64;
+    assert!(floor >= 0.2, "design entropy {floor:.3} nats per token");
 }
 
 #[test]

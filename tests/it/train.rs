@@ -258,6 +258,16 @@ fn ppo_clips_the_ratio_once_mini_batches_are_off_policy() {
         m.iter().any(|l| spread(l) > 1e-3),
         "later mini-batches are off-policy: {m:?}"
     );
+    // The clip acts only where the policy moved: the first mini-batch (r = 1) never clips, so
+    // the later mini-batches' share is the step's share scaled by all tokens / later tokens,
+    // at least the step's (and both rules' disagreement is logged for them too).
+    for l in &m {
+        let (all, later) = (l["actor/pg_clipfrac"], l["actor/pg_clipfrac_later"]);
+        assert!(later >= all - 1e-12, "later {later} < all {all}");
+        assert!(l["actor/clip_disagree_ratio_zeroes_later"] >= 0.0);
+        assert!(l["actor/clip_disagree_acpo_zeroes_later"] >= 0.0);
+    }
+    assert!(m.iter().any(|l| l["actor/pg_clipfrac_later"] > 0.0));
 }
 
 /// Nearest-rank quantiles of r and |r·Â| (issue #22's regime diagnostics).
