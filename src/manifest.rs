@@ -148,6 +148,10 @@ pub mod raw {
         pub clip_ratio_high: Option<f64>,
         #[serde(default)]
         pub clip_ratio_c: Option<f64>,
+        // The baselines' policy loss (verl's `actor.policy_loss.loss_mode`): vanilla (default),
+        // cispo, gspo, or unclipped (issue #23's clipping family).
+        #[serde(default)]
+        pub policy_loss: Option<PolicyLossMode>,
         // Advantage clipping: -AC variants only.
         #[serde(default)]
         pub alpha: Option<f64>,
@@ -338,6 +342,18 @@ impl fmt::Display for AlgorithmKind {
             Self::GrpoAc => "grpo-ac",
         })
     }
+}
+
+/// A baseline's policy loss (verl's `actor.policy_loss.loss_mode`, issue #23): the ratio clip
+/// of PPO (`vanilla`), CISPO, GSPO, or no clip at all (an unclipped importance-sampling
+/// control, not a verl mode). The -AC variants always clip r·Â.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PolicyLossMode {
+    Vanilla,
+    Cispo,
+    Gspo,
+    Unclipped,
 }
 
 /// How per-token losses are reduced to the mini-batch loss (verl's `loss_agg_mode`).
@@ -532,6 +548,27 @@ pub enum PolicyClip {
     },
     /// ACPO (paper eq. 5): clip r·Â to [−α, α].
     Advantage { alpha: f64 },
+    /// CISPO (verl `cispo`): the importance weight clipped to [1−ε_low, 1+ε_high] and
+    /// detached, times Â·log π; every token keeps a gradient.
+    Cispo { eps_low: f64, eps_high: f64 },
+    /// GSPO (verl `gspo`): the sequence's length-normalised ratio, clipped PPO-style.
+    Gspo { eps_low: f64, eps_high: f64 },
+    /// No clip: −r·Â, the unclipped importance-sampling control.
+    Unclipped,
+}
+
+impl PolicyClip {
+    /// The ratio bounds of the rules that have them (PPO's, CISPO's, GSPO's).
+    pub fn ratio_bounds(&self) -> Option<(f64, f64)> {
+        match *self {
+            PolicyClip::Ratio {
+                eps_low, eps_high, ..
+            }
+            | PolicyClip::Cispo { eps_low, eps_high }
+            | PolicyClip::Gspo { eps_low, eps_high } => Some((eps_low, eps_high)),
+            PolicyClip::Advantage { .. } | PolicyClip::Unclipped => None,
+        }
+    }
 }
 
 /// How advantages are estimated.
@@ -849,6 +886,9 @@ impl Experiment {
                 eps_low, eps_high, ..
             } => format!("eps={eps_low}/{eps_high}"),
             PolicyClip::Advantage { alpha } => format!("alpha={alpha}"),
+            PolicyClip::Cispo { eps_low, eps_high } => format!("cispo eps={eps_low}/{eps_high}"),
+            PolicyClip::Gspo { eps_low, eps_high } => format!("gspo eps={eps_low}/{eps_high}"),
+            PolicyClip::Unclipped => "unclipped".into(),
         };
         format!(
             "{name:<36} {scale:<5} {algo:<7} {model:<34} n={n} batch={b}/{mb} lr={lr:e} {clip} steps={steps} avg@{k} fp={fp}",
@@ -1309,6 +1349,11 @@ impl Validator<'_> {
                 &not_ratio,
             )?;
             self.forbidden("algorithm.clip_ratio_c", &raw.clip_ratio_c, &not_ratio)?;
+            self.forbidden(
+                "algorithm.policy_loss",
+                &raw.policy_loss,
+                &format!("for {kind}: -AC variants always clip r·A (paper eq. 5)"),
+            )?;
             let alpha = self.required("algorithm.alpha", raw.alpha, &for_kind)?;
             PolicyClip::Advantage {
                 alpha: self.strictly_positive("algorithm.alpha", alpha)?,
@@ -1319,36 +1364,64 @@ impl Validator<'_> {
                 &raw.alpha,
                 &format!("for {kind}: alpha is the advantage-clipping threshold of the -AC variants only"),
             )?;
-            let eps_low =
-                self.required("algorithm.clip_ratio_low", raw.clip_ratio_low, &for_kind)?;
-            let eps_high =
-                self.required("algorithm.clip_ratio_high", raw.clip_ratio_high, &for_kind)?;
-            let c = self.required("algorithm.clip_ratio_c", raw.clip_ratio_c, &for_kind)?;
-            let eps_low =
-                self.finite_in("algorithm.clip_ratio_low", eps_low, 0.0, 1.0, "[0, 1]")?;
-            let eps_high = self.finite_in(
-                "algorithm.clip_ratio_high",
-                eps_high,
-                0.0,
-                f64::MAX,
-                "[0, inf)",
-            )?;
-            if eps_low >= 1.0 {
-                return self.fail(
-                    "algorithm.clip_ratio_low",
-                    format!("must be < 1 so the lower ratio bound 1 - eps stays positive, got {eps_low}"),
-                );
-            }
-            if !c.is_finite() || c <= 1.0 {
-                return self.fail(
-                    "algorithm.clip_ratio_c",
-                    format!("the dual-clip constant must be a finite number > 1, got {c}"),
-                );
-            }
-            PolicyClip::Ratio {
-                eps_low,
-                eps_high,
-                dual_clip_c: c,
+            let eps = || -> Checked<(f64, f64)> {
+                let eps_low =
+                    self.required("algorithm.clip_ratio_low", raw.clip_ratio_low, &for_kind)?;
+                let eps_high =
+                    self.required("algorithm.clip_ratio_high", raw.clip_ratio_high, &for_kind)?;
+                let eps_low =
+                    self.finite_in("algorithm.clip_ratio_low", eps_low, 0.0, 1.0, "[0, 1]")?;
+                let eps_high = self.finite_in(
+                    "algorithm.clip_ratio_high",
+                    eps_high,
+                    0.0,
+                    f64::MAX,
+                    "[0, inf)",
+                )?;
+                if eps_low >= 1.0 {
+                    return self.fail(
+                        "algorithm.clip_ratio_low",
+                        format!("must be < 1 so the lower ratio bound 1 - eps stays positive, got {eps_low}"),
+                    );
+                }
+                Ok((eps_low, eps_high))
+            };
+            match raw.policy_loss.unwrap_or(PolicyLossMode::Vanilla) {
+                PolicyLossMode::Vanilla => {
+                    let (eps_low, eps_high) = eps()?;
+                    let c = self.required("algorithm.clip_ratio_c", raw.clip_ratio_c, &for_kind)?;
+                    if !c.is_finite() || c <= 1.0 {
+                        return self.fail(
+                            "algorithm.clip_ratio_c",
+                            format!("the dual-clip constant must be a finite number > 1, got {c}"),
+                        );
+                    }
+                    PolicyClip::Ratio {
+                        eps_low,
+                        eps_high,
+                        dual_clip_c: c,
+                    }
+                }
+                mode @ (PolicyLossMode::Cispo | PolicyLossMode::Gspo) => {
+                    self.forbidden(
+                        "algorithm.clip_ratio_c",
+                        &raw.clip_ratio_c,
+                        "with policy_loss: cispo or gspo (verl's have no dual clip)",
+                    )?;
+                    let (eps_low, eps_high) = eps()?;
+                    if mode == PolicyLossMode::Cispo {
+                        PolicyClip::Cispo { eps_low, eps_high }
+                    } else {
+                        PolicyClip::Gspo { eps_low, eps_high }
+                    }
+                }
+                PolicyLossMode::Unclipped => {
+                    let why = "with policy_loss: unclipped (nothing is clipped)";
+                    self.forbidden("algorithm.clip_ratio_low", &raw.clip_ratio_low, why)?;
+                    self.forbidden("algorithm.clip_ratio_high", &raw.clip_ratio_high, why)?;
+                    self.forbidden("algorithm.clip_ratio_c", &raw.clip_ratio_c, why)?;
+                    PolicyClip::Unclipped
+                }
             }
         };
         let advantage = if kind.is_ppo_type() {

@@ -120,6 +120,58 @@ def acpo_loss(alpha):
     return per_token, grad, stats
 
 
+def _masked_inputs():
+    return (np.where(mask > 0, log_prob, 0), np.where(mask > 0, old_lp, 0),
+            np.where(mask > 0, adv, 0))
+
+
+def _shared_stats(neg_kl, ratio, a):
+    return dict(ppo_kl=mmean(-neg_kl, mask), pg_clipfrac_lower=0.0, acpo_clipfrac_upper=0.0,
+                acpo_clipfrac_lower=0.0, ratio_adv_mean=mmean(ratio * a, mask),
+                ratio_adv_abs_max=float(np.max(np.abs(ratio * a) * mask)))
+
+
+def cispo_loss(eps_low, eps_high):
+    """verl's compute_policy_loss_cispo: -sg(clip(r)) * A * log pi; every token keeps a gradient."""
+    lp, olp, a = _masked_inputs()
+    neg_kl = np.clip(lp - olp, -20, 20)
+    ratio = np.exp(neg_kl)
+    w = np.clip(ratio, 1 - eps_low, 1 + eps_high)
+    per_token = -w * a * lp * mask
+    grad = -w * a * mask
+    stats = _shared_stats(neg_kl, ratio, a)
+    stats["pg_clipfrac"] = mmean((ratio != w).astype(float), mask)
+    return per_token, grad, stats
+
+
+def gspo_loss(eps_low, eps_high):
+    """verl's compute_policy_loss_gspo: the sequence's length-normalised ratio s_i (log capped
+    at 10), its value at every token and its gradient through the token's own log pi; then
+    max(-A s, -A clip(s)). ppo_kl from the unclamped log-ratio."""
+    lp, olp, a = _masked_inputs()
+    d = (lp - olp) * mask
+    seq = d.sum(-1) / np.maximum(mask.sum(-1), 1)
+    s = np.exp(np.minimum(seq, 10.0))[:, None] * np.ones((B, T))
+    l1 = -a * s
+    l2 = -a * np.clip(s, 1 - eps_low, 1 + eps_high)
+    per_token = np.maximum(l1, l2) * mask
+    free = (seq <= 10.0)[:, None]
+    grad = np.where((l1 >= l2) & free, -a * s, 0.0) * mask
+    ratio = np.exp(np.clip(lp - olp, -20, 20))
+    stats = _shared_stats(lp - olp, ratio, a)
+    stats["pg_clipfrac"] = mmean((l2 > l1).astype(float), mask)
+    return per_token, grad, stats
+
+
+def unclipped_loss():
+    lp, olp, a = _masked_inputs()
+    neg_kl = np.clip(lp - olp, -20, 20)
+    ratio = np.exp(neg_kl)
+    stats = _shared_stats(neg_kl, ratio, a)
+    stats["pg_clipfrac"] = 0.0
+    return -ratio * a * mask, -ratio * a * mask, stats
+
+
 def gae(gamma, lam, whiten):
     r = np.where(mask > 0, token_rewards, 0)
     v = np.where(mask > 0, values, 0)
@@ -203,9 +255,20 @@ policy = []
 for clip in [dict(kind="ratio", eps_low=0.2, eps_high=0.2, dual_clip_c=3.0),
              dict(kind="ratio", eps_low=0.2, eps_high=0.28, dual_clip_c=3.0),
              dict(kind="advantage", alpha=3.0), dict(kind="advantage", alpha=2.0),
-             dict(kind="advantage", alpha=0.5)]:
+             dict(kind="advantage", alpha=0.5),
+             # issue #23's family, appended so the cases above keep their indices
+             dict(kind="cispo", eps_low=0.2, eps_high=0.28),
+             dict(kind="gspo", eps_low=0.2, eps_high=0.28),
+             dict(kind="gspo", eps_low=3e-4, eps_high=4e-4),
+             dict(kind="unclipped")]:
     if clip["kind"] == "ratio":
         per_token, grad, stats = ppo_loss(clip["eps_low"], clip["eps_high"], clip["dual_clip_c"])
+    elif clip["kind"] == "cispo":
+        per_token, grad, stats = cispo_loss(clip["eps_low"], clip["eps_high"])
+    elif clip["kind"] == "gspo":
+        per_token, grad, stats = gspo_loss(clip["eps_low"], clip["eps_high"])
+    elif clip["kind"] == "unclipped":
+        per_token, grad, stats = unclipped_loss()
     else:
         per_token, grad, stats = acpo_loss(clip["alpha"])
     policy.append(dict(clip=clip, per_token=per_token.tolist(), per_token_grad=grad.tolist(),

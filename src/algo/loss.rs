@@ -159,6 +159,7 @@ pub fn importance_ratio(log_prob: &Tensor, old_log_prob: &Tensor) -> Result<(Ten
 ///   L = max(−Â·r, −Â·clamp(r, 1−ε_low, 1+ε_high)); for Â < 0, L = min(L, −Â·c).
 /// - Advantage clip (ACPO, paper eq. 5): L = −clamp(r·Â, −α, α); no min with the unclipped
 ///   term and no ratio bound. ∂L/∂log π = −r·Â where |r·Â| ≤ α and exactly 0 elsewhere.
+/// - CISPO, GSPO ([`cispo_loss`], [`gspo_loss`]) and no clip at all (L = −r·Â), issue #23.
 pub fn policy_loss(
     clip: &PolicyClip,
     log_prob: &Tensor,
@@ -187,14 +188,30 @@ pub fn policy_loss(
     let ratio_c = ratio.detach();
     let ratio_adv = (&ratio * &adv)?;
     let ratio_adv_c = ratio_adv.detach();
-    let unclipped = ratio_adv.neg()?; // −r·Â, carries the gradient
 
-    let Clipped {
-        keep,
-        value: clipped_value,
-        stats,
-    } = clip_by(clip, &ratio_c, &adv, &ratio_adv_c, &mask)?;
-    let per_token = ((&keep * &unclipped)? + ((1.0 - &keep)? * &clipped_value)?)?;
+    let (per_token, stats) = match *clip {
+        PolicyClip::Cispo { eps_low, eps_high } => {
+            cispo_loss(&log_prob, &ratio_c, &adv, &mask, eps_low, eps_high)?
+        }
+        PolicyClip::Gspo { eps_low, eps_high } => {
+            gspo_loss(&log_prob, &old_log_prob, &adv, &mask, eps_low, eps_high)?
+        }
+        PolicyClip::Ratio { .. } | PolicyClip::Advantage { .. } | PolicyClip::Unclipped => {
+            let unclipped = ratio_adv.neg()?; // −r·Â, carries the gradient
+            let Clipped {
+                keep,
+                value: clipped_value,
+                stats,
+            } = clip_by(clip, &ratio_c, &adv, &ratio_adv_c, &mask)?;
+            let per_token = ((&keep * &unclipped)? + ((1.0 - &keep)? * &clipped_value)?)?;
+            (per_token, stats)
+        }
+    };
+    // verl's `ppo_kl`: from the clamped log-ratio, except GSPO's (its own, unclamped).
+    let ppo_kl = match clip {
+        PolicyClip::Gspo { .. } => stats.ppo_kl,
+        _ => masked_mean(&log_ratio.detach().neg()?, &mask)?,
+    };
     let per_token = (per_token * &mask)?;
     let loss = agg.apply(&per_token, &mask)?;
 
@@ -205,7 +222,7 @@ pub fn policy_loss(
         .to_scalar::<f32>()? as f64;
     let stats = PolicyStats {
         tokens,
-        ppo_kl: masked_mean(&log_ratio.detach().neg()?, &mask)?,
+        ppo_kl,
         ratio_adv_mean: masked_mean(&ratio_adv_c, &mask)?,
         ratio_adv_abs_max: abs_max,
         ..stats
@@ -257,6 +274,14 @@ fn clip_by(
             dual_clip_c,
         } => ppo_clip(ratio, adv, mask, eps_low, eps_high, dual_clip_c),
         PolicyClip::Advantage { alpha } => acpo_clip(ratio_adv, mask, alpha),
+        PolicyClip::Unclipped => Ok(Clipped {
+            keep: ratio.ones_like()?,
+            value: ratio.zeros_like()?,
+            stats: PolicyStats::default(),
+        }),
+        PolicyClip::Cispo { .. } | PolicyClip::Gspo { .. } => candle_core::bail!(
+            "{rule:?} does not keep or drop −r·Â per token: policy_loss computes it apart"
+        ),
     }
 }
 
@@ -316,6 +341,83 @@ pub fn acpo_clip(ratio_adv: &Tensor, mask: &Tensor, alpha: f64) -> Result<Clippe
         ..PolicyStats::default()
     };
     Ok(Clipped { keep, value, stats })
+}
+
+/// CISPO (verl's `cispo`, MiniMax-M1): L = −sg(clamp(r, 1−ε_low, 1+ε_high))·Â·log π per
+/// token. The clipped weight is detached, so every token keeps a gradient, −clamp(r)·Â: the
+/// clip bounds its size and never zeroes it. The clip fraction is verl's, the share of tokens
+/// with r outside the bounds. Returns the per-token loss (before masking) and the statistics.
+pub fn cispo_loss(
+    log_prob: &Tensor,
+    ratio: &Tensor,
+    adv: &Tensor,
+    mask: &Tensor,
+    eps_low: f64,
+    eps_high: f64,
+) -> Result<(Tensor, PolicyStats)> {
+    let weight = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)?;
+    let clipped = ratio.ne(&weight)?.to_dtype(DType::F32)?;
+    let per_token = ((&weight * adv)?.neg()? * log_prob)?;
+    let stats = PolicyStats {
+        pg_clipfrac: masked_mean(&clipped, mask)?,
+        ..PolicyStats::default()
+    };
+    Ok((per_token, stats))
+}
+
+/// GSPO (verl's `gspo`, Zheng et al. 2025): the sequence-level ratio
+/// s_i = exp(Σ_t (log π − log π_old) / |y_i|), at token t written sg(s_i)·π_t/sg(π_t) so that
+/// its value is s_i and its gradient flows through the token's own log π_t, then PPO's clip:
+/// L = max(−Â·s, −Â·clamp(s, 1−ε_low, 1+ε_high)), no dual clip. As in verl, log s is capped at
+/// 10 (no gradient there) and `ppo_kl` is the token mean of log π_old − log π without the
+/// ±20 clamp; the clip fraction is the share of tokens where the clipped term is the larger.
+pub fn gspo_loss(
+    log_prob: &Tensor,
+    old_log_prob: &Tensor,
+    adv: &Tensor,
+    mask: &Tensor,
+    eps_low: f64,
+    eps_high: f64,
+) -> Result<(Tensor, PolicyStats)> {
+    let diff = ((log_prob.detach() - old_log_prob)? * mask)?;
+    let lengths = mask.sum_keepdim(D::Minus1)?.clamp(1.0, f64::INFINITY)?;
+    let seq = diff.sum_keepdim(D::Minus1)?.div(&lengths)?; // (B, 1), constant
+    const LOG_CAP: f64 = 10.0;
+    let free = seq.le(LOG_CAP)?.to_dtype(DType::F32)?;
+    let own = (log_prob - log_prob.detach())?.broadcast_mul(&free)?; // value 0, gradient 1
+    let s = own
+        .broadcast_add(&seq.clamp(f64::NEG_INFINITY, LOG_CAP)?)?
+        .exp()?;
+    let unclipped = (&s * adv)?.neg()?;
+    let unclipped_c = unclipped.detach();
+    let clipped_value = (s.detach().clamp(1.0 - eps_low, 1.0 + eps_high)? * adv)?.neg()?;
+    let clipped = clipped_value.gt(&unclipped_c)?.to_dtype(DType::F32)?;
+    let per_token = (((1.0 - &clipped)? * &unclipped)? + (&clipped * &clipped_value)?)?;
+    let stats = PolicyStats {
+        pg_clipfrac: masked_mean(&clipped, mask)?,
+        ppo_kl: masked_mean(&diff.neg()?, mask)?,
+        ..PolicyStats::default()
+    };
+    Ok((per_token, stats))
+}
+
+/// The two rules whose disagreement the regime diagnostics count on every batch (issue #22),
+/// as (ratio clip, ACPO's clip): the run's own rule with the other family's at the paper's
+/// values when it trains with one of them, the paper's pair for its family when it trains with
+/// neither (CISPO, GSPO, unclipped).
+pub fn compared_rules(kind: AlgorithmKind, clip: &PolicyClip) -> (PolicyClip, PolicyClip) {
+    match clip {
+        PolicyClip::Ratio { .. } => (*clip, rival_rule(kind)),
+        PolicyClip::Advantage { .. } => (rival_rule(kind), *clip),
+        PolicyClip::Cispo { .. } | PolicyClip::Gspo { .. } | PolicyClip::Unclipped => {
+            let (base, ac) = if kind.is_ppo_type() {
+                (AlgorithmKind::Ppo, AlgorithmKind::PpoAc)
+            } else {
+                (AlgorithmKind::Grpo, AlgorithmKind::GrpoAc)
+            };
+            (rival_rule(ac), rival_rule(base))
+        }
+    }
 }
 
 /// The other family's rule at the paper's values (appendix table), for the diagnostics only:

@@ -7,9 +7,11 @@
 //!
 //! - [`advantage`]: GAE with batch whitening (PPO types) and group-normalised advantages (GRPO
 //!   types), paper Section 2.
-//! - [`loss`]: the policy loss with its two clip rules as named functions — PPO's ratio clip
-//!   ([`loss::ppo_clip`]) and ACPO's advantage clip ([`loss::acpo_clip`], paper eq. 5) — the
-//!   clipped value loss, and loss aggregation.
+//! - [`loss`]: the policy loss with its clip rules as named functions — PPO's ratio clip
+//!   ([`loss::ppo_clip`]) and ACPO's advantage clip ([`loss::acpo_clip`], paper eq. 5), and the
+//!   family the paper's related work names (issue #23): CISPO ([`loss::cispo_loss`]), GSPO
+//!   ([`loss::gspo_loss`]) and the unclipped importance-sampling control — the clipped value
+//!   loss, and loss aggregation.
 //! - [`prop1`]: Proposition 1 — which tokens each rule retains, retention probabilities and
 //!   gradient second moments of r·Â (the trainer's diagnostics and `acpo pmd` share it).
 //! - [`token`]: per-token log-probabilities and entropy from logits.
@@ -27,6 +29,9 @@
 //!    horizon, Dr. GRPO read literally — while its newer loss code divides by the global
 //!    response count as we do. For a fixed mini-batch the two differ by that constant factor:
 //!    AdamW's step is invariant to it except through ε and the gradient-norm clip.
+//! 6. Where a clipped and an unclipped term tie exactly (r on a bound), the gradient is the
+//!    unclipped term's (PPO, GSPO); torch's `maximum` splits it in half. A tie has measure zero.
+//! 7. The unclipped control (−r·Â) is not a verl loss mode; verl has CISPO and GSPO as used here.
 
 pub mod advantage;
 pub mod loss;

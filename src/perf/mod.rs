@@ -689,7 +689,7 @@ pub fn bench_train_step(m: &Subject, opts: &SpeedOptions) -> Result<Measurement>
         agg_mode: LossAggMode::TokenMean,
         horizon: r,
         clip,
-        rival: crate::algo::loss::rival_rule(crate::manifest::AlgorithmKind::GrpoAc),
+        compared: crate::algo::loss::compared_rules(crate::manifest::AlgorithmKind::GrpoAc, &clip),
         temperature: 1.0,
         entropy_coeff: 0.0,
         side_by_side: dev.is_cpu(),

@@ -112,7 +112,7 @@ pub fn load_results(root: &Path) -> Result<Vec<RunResult>> {
             seed: exp.seed,
             alpha: match exp.algorithm.clip {
                 crate::manifest::PolicyClip::Advantage { alpha } => Some(alpha),
-                crate::manifest::PolicyClip::Ratio { .. } => None,
+                _ => None,
             },
             evals: summaries,
         });

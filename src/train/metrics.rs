@@ -158,7 +158,10 @@ impl StepMetrics {
             ("actor/clip_disagree_acpo_zeroes", p.disagree_acpo_zeroes),
         ];
         match self.clip {
-            PolicyClip::Ratio { .. } => {
+            PolicyClip::Ratio { .. }
+            | PolicyClip::Cispo { .. }
+            | PolicyClip::Gspo { .. }
+            | PolicyClip::Unclipped => {
                 out.push(("actor/pg_clipfrac", p.pg_clipfrac));
                 out.push(("actor/pg_clipfrac_lower", p.pg_clipfrac_lower));
             }
@@ -175,7 +178,10 @@ impl StepMetrics {
         if self.later_policy.tokens > 0.0 {
             let l = &self.later_policy;
             out.push(match self.clip {
-                PolicyClip::Ratio { .. } => ("actor/pg_clipfrac_later", l.pg_clipfrac),
+                PolicyClip::Ratio { .. }
+                | PolicyClip::Cispo { .. }
+                | PolicyClip::Gspo { .. }
+                | PolicyClip::Unclipped => ("actor/pg_clipfrac_later", l.pg_clipfrac),
                 PolicyClip::Advantage { .. } => (
                     "actor/acpo_clipfrac_later",
                     l.acpo_clipfrac_upper + l.acpo_clipfrac_lower,

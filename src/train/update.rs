@@ -32,8 +32,9 @@ pub struct UpdatePlan {
     /// The response-length horizon of the `seq-mean-token-sum-norm` aggregation.
     pub horizon: usize,
     pub clip: PolicyClip,
-    /// The other family's rule, compared with `clip` on every batch (diagnostics only).
-    pub rival: PolicyClip,
+    /// (ratio clip, ACPO's clip) compared on every batch (diagnostics only;
+    /// [`loss::compared_rules`]).
+    pub compared: (PolicyClip, PolicyClip),
     /// The sampling temperature the log-probs are taken at.
     pub temperature: f64,
     pub entropy_coeff: f64,
@@ -224,7 +225,14 @@ fn policy_micro_batch(
         (
             out.stats.disagree_ratio_zeroes,
             out.stats.disagree_acpo_zeroes,
-        ) = loss::rule_disagreement(&plan.clip, &plan.rival, &lp, &old, &adv, &part.mask)?;
+        ) = loss::rule_disagreement(
+            &plan.compared.0,
+            &plan.compared.1,
+            &lp,
+            &old,
+            &adv,
+            &part.mask,
+        )?;
         // r and r·Â of each token at the moment its gradient is taken.
         let (_, r) = loss::importance_ratio(&lp.detach(), &old)?;
         let ra = (&r * &adv)?.to_vec2::<f32>()?;

@@ -18,7 +18,7 @@ pub mod import;
 
 use std::fmt::Write as _;
 
-use crate::manifest::{raw, AlgorithmKind, DType, DataSuite, Device, LossAggMode, RewardKind};
+use crate::manifest::{raw, DType, DataSuite, Device, LossAggMode, PolicyLossMode, RewardKind};
 
 /// verl's configuration the overrides are written against.
 pub const VERL_VERSION: &str = "0.9.1";
@@ -323,18 +323,34 @@ fn model_fields(l: &mut Launch, model: &raw::Model, ppo: bool) {
 }
 
 fn algorithm_fields(l: &mut Launch, a: &raw::Algorithm) {
-    let (estimator, loss) = match a.name {
-        AlgorithmKind::Ppo => ("gae", "vanilla"),
-        AlgorithmKind::PpoAc => ("gae", "acpo"),
-        AlgorithmKind::Grpo => ("grpo", "vanilla"),
-        AlgorithmKind::GrpoAc => ("grpo", "acpo"),
-    };
+    let estimator = if a.name.is_ppo_type() { "gae" } else { "grpo" };
     l.set("algorithm.adv_estimator", estimator, &["algorithm.name"]);
-    l.set(
-        &format!("{ACTOR}.policy_loss.loss_mode"),
-        loss,
-        &["algorithm.name"],
-    );
+    // The baselines' loss mode is verl's own (issue #23: vanilla, cispo, gspo); the -AC
+    // variants' is the plug-in's.
+    let loss = match (a.name.is_advantage_clipped(), a.policy_loss) {
+        (true, _) => Some("acpo"),
+        (false, None | Some(PolicyLossMode::Vanilla)) => Some("vanilla"),
+        (false, Some(PolicyLossMode::Cispo)) => Some("cispo"),
+        (false, Some(PolicyLossMode::Gspo)) => Some("gspo"),
+        (false, Some(PolicyLossMode::Unclipped)) => None,
+    };
+    match loss {
+        Some(loss) if a.policy_loss.is_some() => l.set(
+            &format!("{ACTOR}.policy_loss.loss_mode"),
+            loss,
+            &["algorithm.name", "algorithm.policy_loss"],
+        ),
+        Some(loss) => l.set(
+            &format!("{ACTOR}.policy_loss.loss_mode"),
+            loss,
+            &["algorithm.name"],
+        ),
+        None => l.note(
+            "algorithm.policy_loss",
+            Account::Unsupported,
+            "verl has no unclipped policy loss; the launch would clip the ratio",
+        ),
+    }
     if a.name.is_advantage_clipped() {
         // The plug-in: imported in every worker, its config class carries α.
         l.set(

@@ -344,6 +344,39 @@ fn every_validation_rule_rejects_its_bad_example_with_one_clear_message() {
             set(ppo(), "algorithm.clip_ratio_c", json!(1.0)),
             "algorithm.clip_ratio_c",
         ),
+        // Issue #23: the clipping family.
+        (
+            "policy loss on -AC",
+            set(grpo_ac(), "algorithm.policy_loss", json!("cispo")),
+            "algorithm.policy_loss",
+        ),
+        (
+            "dual clip with cispo",
+            set(ppo(), "algorithm.policy_loss", json!("cispo")),
+            "algorithm.clip_ratio_c",
+        ),
+        (
+            "gspo without eps_low",
+            set(
+                set(
+                    set(ppo(), "algorithm.policy_loss", json!("gspo")),
+                    "algorithm.clip_ratio_c",
+                    Value::Null,
+                ),
+                "algorithm.clip_ratio_low",
+                Value::Null,
+            ),
+            "algorithm.clip_ratio_low",
+        ),
+        (
+            "a ratio bound on the unclipped control",
+            set(
+                set(ppo(), "algorithm.policy_loss", json!("unclipped")),
+                "algorithm.clip_ratio_c",
+                Value::Null,
+            ),
+            "algorithm.clip_ratio_low",
+        ),
         (
             "gamma > 1",
             set(ppo(), "algorithm.gamma", json!(1.5)),
@@ -602,6 +635,58 @@ fn every_validation_rule_rejects_its_bad_example_with_one_clear_message() {
     insta::assert_snapshot!("validation_messages", report);
 }
 
+/// Issue #23: the baselines' policy loss is selectable; vanilla is the default and the same
+/// run as before (same fingerprint), the others parse to their rules.
+#[test]
+fn the_clipping_family_is_selected_by_policy_loss() {
+    use serde_json::json;
+    let ppo = base_value("experiments/paper/qwen3-8b-ppo.yaml");
+    let plain = validate(ppo.clone()).expect("valid");
+    let vanilla =
+        validate(set(ppo.clone(), "algorithm.policy_loss", json!("vanilla"))).expect("vanilla");
+    assert_eq!(vanilla.algorithm.clip, plain.algorithm.clip);
+    let no_c = set(ppo.clone(), "algorithm.clip_ratio_c", Value::Null);
+    let cispo = validate(set(no_c.clone(), "algorithm.policy_loss", json!("cispo"))).expect("ok");
+    assert_eq!(
+        cispo.algorithm.clip,
+        PolicyClip::Cispo {
+            eps_low: 0.2,
+            eps_high: 0.2
+        }
+    );
+    let gspo = validate(set(
+        set(
+            set(no_c.clone(), "algorithm.policy_loss", json!("gspo")),
+            "algorithm.clip_ratio_low",
+            json!(3e-4),
+        ),
+        "algorithm.clip_ratio_high",
+        json!(4e-4),
+    ))
+    .expect("ok");
+    assert_eq!(
+        gspo.algorithm.clip,
+        PolicyClip::Gspo {
+            eps_low: 3e-4,
+            eps_high: 4e-4
+        }
+    );
+    let bare = set(
+        set(no_c, "algorithm.clip_ratio_low", Value::Null),
+        "algorithm.clip_ratio_high",
+        Value::Null,
+    );
+    let unclipped = validate(set(bare, "algorithm.policy_loss", json!("unclipped"))).expect("ok");
+    assert_eq!(unclipped.algorithm.clip, PolicyClip::Unclipped);
+    let kinds = [&cispo, &gspo, &unclipped];
+    for (i, a) in kinds.iter().enumerate() {
+        assert_ne!(a.fingerprint(), plain.fingerprint());
+        for b in &kinds[i + 1..] {
+            assert_ne!(a.fingerprint(), b.fingerprint());
+        }
+    }
+}
+
 #[test]
 fn parse_errors_name_the_file_line_and_field() {
     let text =
@@ -626,6 +711,11 @@ fn parse_errors_name_the_file_line_and_field() {
             "unknown algorithm",
             text.replace("name: ppo\n", "name: trpo\n"),
             "algorithm.name",
+        ),
+        (
+            "unknown policy loss (issue #23)",
+            text.replace("name: ppo\n", "name: ppo\n  policy_loss: dual-clip\n"),
+            "algorithm.policy_loss",
         ),
         (
             "quoted number",

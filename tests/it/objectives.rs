@@ -69,15 +69,26 @@ fn assert_rows_close(got: &[Vec<f32>], want: &[Vec<f32>], tol: f64, what: &str) 
 }
 
 fn clip_of(v: &Value) -> PolicyClip {
+    let eps = |k: &str| v[k].as_f64().expect(k);
     match v["kind"].as_str().expect("kind") {
         "ratio" => PolicyClip::Ratio {
-            eps_low: v["eps_low"].as_f64().expect("eps_low"),
-            eps_high: v["eps_high"].as_f64().expect("eps_high"),
-            dual_clip_c: v["dual_clip_c"].as_f64().expect("c"),
+            eps_low: eps("eps_low"),
+            eps_high: eps("eps_high"),
+            dual_clip_c: eps("dual_clip_c"),
         },
-        _ => PolicyClip::Advantage {
-            alpha: v["alpha"].as_f64().expect("alpha"),
+        "cispo" => PolicyClip::Cispo {
+            eps_low: eps("eps_low"),
+            eps_high: eps("eps_high"),
         },
+        "gspo" => PolicyClip::Gspo {
+            eps_low: eps("eps_low"),
+            eps_high: eps("eps_high"),
+        },
+        "unclipped" => PolicyClip::Unclipped,
+        "advantage" => PolicyClip::Advantage {
+            alpha: eps("alpha"),
+        },
+        other => panic!("unknown clip kind {other} in the fixture"),
     }
 }
 
@@ -197,6 +208,21 @@ fn the_reference_exercises_every_branch() {
         "ε_high must matter"
     );
     assert!(stat(3, "acpo_clipfrac_upper") > 0.0 && stat(3, "acpo_clipfrac_lower") > 0.0);
+    // Issue #23's family: CISPO clips some weights and not others; GSPO keeps some sequences
+    // inside its bounds at ε 0.2/0.28 and clips more at its published 3e-4/4e-4.
+    let kind = |i: usize| {
+        f["policy"][i]["clip"]["kind"]
+            .as_str()
+            .expect("kind")
+            .to_string()
+    };
+    assert_eq!(
+        (5..9).map(kind).collect::<Vec<_>>(),
+        ["cispo", "gspo", "gspo", "unclipped"]
+    );
+    assert!(stat(5, "pg_clipfrac") > 0.0 && stat(5, "pg_clipfrac") < 1.0);
+    assert!(stat(6, "pg_clipfrac") > 0.0 && stat(7, "pg_clipfrac") > stat(6, "pg_clipfrac"));
+    assert_eq!(stat(8, "pg_clipfrac"), 0.0);
     assert!(f["value"][0]["clipfrac"].as_f64().expect("clipfrac") > 0.0);
 }
 
@@ -245,6 +271,12 @@ fn policy_gradients_agree_with_finite_differences() {
     let h = 1e-3f32;
     for case in f["policy"].as_array().expect("policy cases") {
         let clip = clip_of(&case["clip"]);
+        // CISPO's and GSPO's gradients are, by design, not those of their loss values (a
+        // detached weight; a sequence ratio differentiated through the token's own log π
+        // only): the reference's per-token gradients check them instead.
+        if matches!(clip, PolicyClip::Cispo { .. } | PolicyClip::Gspo { .. }) {
+            continue;
+        }
         for (name, mode) in MODES {
             let lp = Var::from_tensor(&bt.log_prob).expect("var");
             let (l, _) = minibatch_policy_loss(&bt, lp.as_tensor(), &clip, mode);
@@ -262,6 +294,9 @@ fn policy_gradients_agree_with_finite_differences() {
                     let r = ((base[b][t] - old[b][t]) as f64).exp();
                     let a = adv[b][t] as f64;
                     let near_kink = match clip {
+                        PolicyClip::Cispo { .. }
+                        | PolicyClip::Gspo { .. }
+                        | PolicyClip::Unclipped => false,
                         PolicyClip::Advantage { alpha } => {
                             ((r * a).abs() - alpha).abs() < 0.05 * alpha
                         }
@@ -336,6 +371,17 @@ fn acpo_with_infinite_alpha_is_the_unclipped_cpi_objective() {
         out.stats.acpo_clipfrac_upper + out.stats.acpo_clipfrac_lower,
         0.0
     );
+    // The unclipped control (issue #23) is the same objective, token by token.
+    let control = loss::policy_loss(
+        &PolicyClip::Unclipped,
+        &bt.log_prob,
+        &bt.old,
+        &bt.adv,
+        &bt.mask,
+        &agg,
+    )
+    .expect("loss");
+    assert_eq!(host(&control.per_token), host(&out.per_token));
 }
 
 #[test]

@@ -642,3 +642,42 @@ fn gradient_checkpointing_trains_the_same_run_bit_for_bit() {
         assert_eq!(last(&a), last(&b), "{name}: the trained weights differ");
     }
 }
+
+/// Issue #23: the clipping family trains through the same code path at smoke scale, each
+/// logging verl's clip metrics (PPO types: the critic's advantages are non-zero even where the
+/// tiny model solves nothing); GSPO at its published bounds (3e-4 / 4e-4) clips sequences once
+/// the second epoch is off-policy, the unclipped control never clips.
+#[test]
+fn cispo_gspo_and_the_unclipped_control_train_and_log_their_clip_fractions() {
+    let ws = workspace();
+    let ratio = "  clip_ratio_low: 0.2\n  clip_ratio_high: 0.2\n  clip_ratio_c: 3.0\n";
+    let cases = [
+        (
+            "cispo",
+            "  policy_loss: cispo\n  clip_ratio_low: 0.2\n  clip_ratio_high: 0.28\n",
+        ),
+        (
+            "gspo",
+            "  policy_loss: gspo\n  clip_ratio_low: 3.0e-4\n  clip_ratio_high: 4.0e-4\n",
+        ),
+        ("unclipped", "  policy_loss: unclipped\n"),
+    ];
+    let mut clipped = Vec::new();
+    for (mode, algorithm) in cases {
+        let edits = [(ratio, algorithm), ("epochs: 1", "epochs: 2")];
+        let (exp, text) = manifest(ws.path(), "smoke-ppo", &edits);
+        let dir = train(&exp, &text, &options(&ws.path().join(mode), false, None))
+            .unwrap_or_else(|e| panic!("{mode}: {e}"));
+        let m = metrics(&dir);
+        for l in &m {
+            assert!(l["actor/pg_loss"].is_finite(), "{mode}: {l:?}");
+            assert!((0.0..=1.0).contains(&l["actor/pg_clipfrac"]), "{mode}");
+            assert_eq!(l["actor/pg_clipfrac_lower"], 0.0, "{mode}: no dual clip");
+            // Both paper rules' disagreement is still measured on its batches.
+            assert!(l["actor/clip_disagree_ratio_zeroes"] >= 0.0);
+        }
+        clipped.push(m.iter().map(|l| l["actor/pg_clipfrac"]).sum::<f64>());
+    }
+    assert!(clipped[1] > 0.0, "GSPO at 3e-4 clips: {clipped:?}");
+    assert_eq!(clipped[2], 0.0, "the control never clips");
+}

@@ -498,8 +498,9 @@ fn the_parquet_files_are_verls_layout_and_read_back_as_the_problems() {
 }
 
 /// The plug-in's fixtures (integrations/verl/tests/fixtures/policy_loss.json): the Rust
-/// objectives' loss, per-token gradient and statistics on fixed inputs, for ACPO at two α and
-/// verl's `vanilla` ratio clip, in every aggregation mode verl has. The Python tests hold the
+/// objectives' loss, per-token gradient and statistics on fixed inputs, for ACPO at two α,
+/// verl's `vanilla` ratio clip, and its `cispo` and `gspo` (issue #23), in every aggregation
+/// mode verl has. The Python tests hold the
 /// plug-in's `acpo` loss (and verl's own, where verl is installed) to them. Regenerate with
 /// `ACPO_UPDATE_FIXTURES=1 cargo test --test it verl_plugin_fixtures`.
 fn plugin_fixtures() -> serde_json::Value {
@@ -541,6 +542,31 @@ fn plugin_fixtures() -> serde_json::Value {
                 eps_low: 0.2,
                 eps_high: 0.28,
                 dual_clip_c: 3.0,
+            },
+        ),
+        // Issue #23: verl's own CISPO and GSPO (GSPO at its paper's bounds and at PPO's).
+        (
+            "cispo",
+            serde_json::json!({"clip_ratio_low": 0.2, "clip_ratio_high": 0.28}),
+            PolicyClip::Cispo {
+                eps_low: 0.2,
+                eps_high: 0.28,
+            },
+        ),
+        (
+            "gspo",
+            serde_json::json!({"clip_ratio_low": 3e-4, "clip_ratio_high": 4e-4}),
+            PolicyClip::Gspo {
+                eps_low: 3e-4,
+                eps_high: 4e-4,
+            },
+        ),
+        (
+            "gspo",
+            serde_json::json!({"clip_ratio_low": 0.2, "clip_ratio_high": 0.28}),
+            PolicyClip::Gspo {
+                eps_low: 0.2,
+                eps_high: 0.28,
             },
         ),
     ];

@@ -2,8 +2,8 @@
 `python3 -m unittest discover integrations/verl/tests`:
 - the torch loss against fixtures written by acpo's Rust objectives (tests/it/verl.rs), loss
   and per-token gradient within 1e-6 in f64, every aggregation mode; skipped without torch;
-- verl's own `get_policy_loss_fn("acpo")` after importing the plug-in, and verl's `vanilla` loss
-  against acpo's ratio clip; skipped without verl;
+- verl's own `get_policy_loss_fn("acpo")` after importing the plug-in, and verl's `vanilla`,
+  `cispo` and `gspo` losses against acpo's (issue #23); skipped without verl;
 - the reward function through the acpo binary (`$ACPO_BIN`); skipped without it;
 - the 16 paper launches of `acpo export verl` composed against verl's own Hydra config, the -AC
   runs' policy-loss config built as `AcpoPolicyLossConfig` with α; skipped without verl/hydra.
@@ -132,6 +132,36 @@ class ThroughVerl(unittest.TestCase):
             )
             check_loss_and_gradient(self, loss, lp, c, f"verl vanilla, {c['loss_agg_mode']}")
             close(self, metrics["actor/pg_clipfrac"], c["metrics"]["actor/pg_clipfrac"], "pg_clipfrac")
+
+
+@unittest.skipUnless(verl_available(), "verl is not importable")
+class VerlsClippingFamily(unittest.TestCase):
+    """Issue #23: acpo's CISPO and GSPO are verl's, value, gradient and metrics (f32 Rust
+    against verl in f64), every aggregation mode. verl's own losses need a real ActorConfig."""
+
+    def test_verls_cispo_and_gspo_are_acpos(self):
+        from verl.trainer.ppo.core_algos import get_policy_loss_fn
+        from verl.workers.config import ActorConfig
+
+        for mode in ("cispo", "gspo"):
+            fn = get_policy_loss_fn(mode)
+            cases = [c for c in FIXTURES["cases"] if c["loss_mode"] == mode]
+            self.assertGreaterEqual(len(cases), 4, mode)
+            for c in cases:
+                old, lp, adv, mask = inputs()
+                lp.requires_grad_(True)
+                p = c["params"]
+                config = ActorConfig(strategy="fsdp", ppo_micro_batch_size_per_gpu=1,
+                                     ppo_mini_batch_size=4, rollout_n=1, clip_ratio=p["clip_ratio_low"],
+                                     **p)
+                loss, metrics = fn(
+                    old_log_prob=old, log_prob=lp, advantages=adv, response_mask=mask,
+                    loss_agg_mode=c["loss_agg_mode"], config=config, rollout_is_weights=None,
+                )
+                what = f"verl {mode} {p}, {c['loss_agg_mode']}"
+                check_loss_and_gradient(self, loss, lp, c, what)
+                for name in ("actor/pg_clipfrac", "actor/ppo_kl"):
+                    close(self, metrics[name], c["metrics"][name], f"{name}, {what}")
 
 
 def hydra_available():
