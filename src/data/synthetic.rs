@@ -141,13 +141,7 @@ impl Item {
             };
             work.push_str(&format!("{}{op}{}{}{}", s.a, s.b, d.pick(&EQUALS), s.value));
         }
-        let answer = &self.problem.answer;
-        match template {
-            PromptTemplate::Boxed => format!("{work}. The answer is $\\boxed{{{answer}}}$."),
-            PromptTemplate::Dapo | PromptTemplate::Answer | PromptTemplate::Raw => {
-                format!("{work}.\nAnswer: {answer}")
-            }
-        }
+        self.closed(work, template)
     }
 
     /// The canonical solution: every choice the first of its kind.
@@ -165,6 +159,11 @@ impl Item {
             })
             .collect::<Vec<_>>()
             .join(JOINS[0]);
+        self.closed(work, template)
+    }
+
+    /// `work` closed in the answer style `template` asks for.
+    fn closed(&self, work: String, template: PromptTemplate) -> String {
         let answer = &self.problem.answer;
         match template {
             PromptTemplate::Boxed => format!("{work}. The answer is $\\boxed{{{answer}}}$."),
