@@ -31,6 +31,11 @@ check path="experiments":
 reproduce artifact="table1" scale="mini" seeds="1":
     cargo run --release -- reproduce {{artifact}} --scale {{scale}} --seeds {{seeds}}
 
+# A grid over manifest fields x seeds, paired with a baseline (issue #23; REPRODUCE.md).
+[group('reproduce')]
+sweep spec:
+    cargo run --release -- sweep {{spec}}
+
 # Draw one figure from existing results (no training): accuracy, entropy or tails.
 [group('reproduce')]
 figure kind scale="mini":

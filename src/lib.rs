@@ -36,6 +36,7 @@ pub mod reward;
 pub mod rng;
 pub mod rollout;
 pub mod run;
+pub mod sweep;
 pub mod train;
 pub mod verify;
 pub mod verl;

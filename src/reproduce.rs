@@ -143,10 +143,25 @@ pub fn train_all(
     data: &DataLocation,
     asked_jobs: Option<usize>,
 ) -> Result<()> {
-    let (exps, texts): (Vec<Experiment>, Vec<String>) =
-        seeded(manifests, seeds)?.into_iter().unzip();
+    train_runs(seeded(manifests, seeds)?, results, data, asked_jobs)
+}
+
+/// Trains every run of `runs` (an experiment and the manifest text it keeps) that is not
+/// finished under `results`, as [`train_all`] does: what `reproduce` and `sweep` share.
+pub fn train_runs(
+    runs: Vec<(Experiment, String)>,
+    results: &Path,
+    data: &DataLocation,
+    asked_jobs: Option<usize>,
+) -> Result<()> {
+    let several_seeds = {
+        let names: std::collections::HashSet<&str> =
+            runs.iter().map(|(e, _)| e.name.as_str()).collect();
+        names.len() < runs.len()
+    };
+    let (exps, texts): (Vec<Experiment>, Vec<String>) = runs.into_iter().unzip();
     let label = |exp: &Experiment| {
-        if seeds > 1 {
+        if several_seeds {
             format!("{} (seed {})", exp.name, exp.seed)
         } else {
             exp.name.clone()

@@ -34,6 +34,12 @@ pub enum Command {
     Report(ReportArgs),
     /// Run whatever is missing for an artifact (train, eval), then regenerate it.
     Reproduce(ReproduceArgs),
+    /// A grid over manifest fields × seeds, each point paired with a baseline (issue #23).
+    ///
+    /// Trains what is missing under <results>/sweeps/<name>/ (side by side, resumable, like
+    /// reproduce), then writes sweep.md (per grid point the paired difference to the baseline
+    /// with its 95 % interval) and sweep.{png,svg}. A bad spec exits 2 naming its field.
+    Sweep(SweepArgs),
     /// Pack run directories into a compressed archive with a SHA256SUMS manifest.
     Archive(ArchiveArgs),
     /// Check an archive or results directory against its SHA256SUMS (exit 1 on any mismatch).
@@ -229,6 +235,22 @@ pub struct ReproduceArgs {
     /// curves.
     #[arg(long, default_value_t = 1)]
     pub seeds: usize,
+}
+
+#[derive(Debug, Args)]
+pub struct SweepArgs {
+    /// The sweep spec (YAML: name, base, baseline, seeds, grid; src/sweep.rs documents it).
+    pub spec: PathBuf,
+    /// Results root (the sweep writes <results>/sweeps/<name>/).
+    #[arg(long, default_value = "results")]
+    pub results: PathBuf,
+    /// Directory with the benchmark and training JSONL files, for real-data runs [default:
+    /// $ACPO_DATA_DIR, else ~/.cache/acpo/data].
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
+    /// Runs trained at once (as for reproduce).
+    #[arg(long)]
+    pub jobs: Option<usize>,
 }
 
 #[derive(Debug, Args)]

@@ -68,6 +68,15 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             fill_doc(args.doc.as_deref(), &root)
         }
         Command::Reproduce(args) => reproduce(&args),
+        Command::Sweep(args) => {
+            let data = data_dir(&args.data_dir);
+            let (root, written) = acpo::sweep::run(&args.spec, &args.results, &data, args.jobs)?;
+            for w in written {
+                println!("wrote {}", w.display());
+            }
+            println!("sweep runs under {}", root.display());
+            Ok(Outcome::Success)
+        }
         Command::Archive(args) => {
             let contents = acpo::archive::Contents {
                 checkpoints: !args.no_checkpoints,

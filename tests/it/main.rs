@@ -13,6 +13,7 @@ mod objectives;
 mod optim;
 mod pmd;
 mod report;
+mod sweep;
 mod train;
 mod verify;
 mod verl;

@@ -1,0 +1,183 @@
+//! `acpo sweep` (issue #23): the spec and its refusals, the plan, a run with resume, the report.
+
+use std::path::{Path, PathBuf};
+
+use acpo::sweep::{plan, Spec, SweepError};
+
+/// The smoke GRPO-AC and GRPO manifests with their model in `ws`, and a spec over them.
+fn workspace(grid: &str, seeds: usize) -> (tempfile::TempDir, PathBuf) {
+    let ws = crate::train::workspace();
+    for name in ["smoke-grpo-ac", "smoke-grpo"] {
+        let (_, text) = crate::train::manifest(ws.path(), name, &[]);
+        std::fs::write(ws.path().join(format!("{name}.yaml")), text).expect("manifest");
+    }
+    let spec = ws.path().join("spec.yaml");
+    write_spec(&spec, ws.path(), grid, seeds);
+    (ws, spec)
+}
+
+fn write_spec(spec: &Path, ws: &Path, grid: &str, seeds: usize) {
+    std::fs::write(
+        spec,
+        format!(
+            "name: t\nbase: {}\nbaseline: {}\nseeds: {seeds}\ngrid:\n{grid}",
+            ws.join("smoke-grpo-ac.yaml").display(),
+            ws.join("smoke-grpo.yaml").display()
+        ),
+    )
+    .expect("spec");
+}
+
+fn refusal(spec_text_grid: &str, seeds: usize) -> String {
+    let (ws, spec) = workspace(spec_text_grid, seeds);
+    let err = Spec::load(&spec).and_then(|s| plan(&s, &spec).map(|_| ()));
+    drop(ws);
+    err.expect_err("refused").to_string()
+}
+
+#[test]
+fn bad_specs_are_refused_naming_the_field() {
+    let cases = [
+        ("  algorithm.alpha: [1, 2]\n", 0, "`seeds`"),
+        ("  {}\n", 1, "`grid`"),
+        ("  algorithm.alpha: []\n", 1, "`grid.algorithm.alpha`"),
+        ("  seed: [1, 2]\n", 1, "`grid.seed`"),
+        // not in the manifest format: the manifest's own refusal names it
+        ("  algorithm.alfa: [1]\n", 1, "algorithm.alfa"),
+        // a GRPO manifest has no critic to put a learning rate in
+        ("  critic.optim.lr: [1.0e-3]\n", 1, "`grid.critic.optim.lr`"),
+        // a value the manifest refuses is the grid field's fault
+        ("  algorithm.alpha: [-1]\n", 1, "`grid.algorithm.alpha`"),
+    ];
+    for (grid, seeds, field) in cases {
+        let msg = refusal(grid, seeds);
+        assert!(msg.contains(field), "{grid}: {msg}");
+    }
+    // An unknown spec field is a parse error that names it.
+    let (ws, spec) = workspace("  algorithm.alpha: [1]\n", 1);
+    let text = std::fs::read_to_string(&spec).expect("spec") + "repeats: 3\n";
+    std::fs::write(&spec, text).expect("spec");
+    let err = Spec::load(&spec).expect_err("unknown field");
+    assert!(matches!(err, SweepError::Parse { .. }) && err.to_string().contains("repeats"));
+    drop(ws);
+    // Through the binary: exit 2, one line naming the field.
+    let (ws, spec) = workspace("  algorithm.alpha: []\n", 1);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_acpo"))
+        .args(["sweep", spec.to_str().expect("utf8"), "--results"])
+        .arg(ws.path().join("r"))
+        .output()
+        .expect("acpo runs");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("`grid.algorithm.alpha`"), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+}
+
+#[test]
+fn the_plan_is_the_grid_times_the_seeds_and_baselines_take_only_their_fields() {
+    let (_ws, spec_path) = workspace(
+        "  algorithm.alpha: [0.5, 1.0e9]\n  actor.mini_batch_size: [2, 4]\n",
+        3,
+    );
+    let spec = Spec::load(&spec_path).expect("spec");
+    let variants = plan(&spec, &spec_path).expect("plan");
+    let points: Vec<_> = variants.iter().filter(|v| v.point.is_some()).collect();
+    assert_eq!(points.len(), 4 * 3);
+    // the baseline has no α: it varies only with the mini-batch size (2 manifests × 3 seeds)
+    let baselines: Vec<_> = variants.iter().filter(|v| v.point.is_none()).collect();
+    assert_eq!(baselines.len(), 2 * 3);
+    for v in &variants {
+        assert!(v.exp.name.starts_with("t-"), "{}", v.exp.name);
+        assert!((1..=3).contains(&v.exp.seed));
+        if let Some(k) = v.point {
+            let values = &spec.points()[k];
+            let alpha = match v.exp.algorithm.clip {
+                acpo::manifest::PolicyClip::Advantage { alpha } => alpha,
+                other => panic!("{other:?}"),
+            };
+            assert_eq!(values[1].1.yaml(), if alpha == 0.5 { "0.5" } else { "1e9" });
+            assert_eq!(values[0].1.yaml(), v.exp.actor.mini_batch_size.to_string());
+            // its pair: the baseline with the same mini-batch size and seed
+            let pair = baselines
+                .iter()
+                .find(|b| b.baseline == v.baseline && b.exp.seed == v.exp.seed)
+                .expect("paired");
+            assert_eq!(pair.exp.actor.mini_batch_size, v.exp.actor.mini_batch_size);
+        }
+    }
+    // every run is distinct
+    let mut fps: Vec<String> = variants.iter().map(|v| v.exp.fingerprint()).collect();
+    fps.sort();
+    fps.dedup();
+    assert_eq!(fps.len(), variants.len());
+}
+
+#[test]
+fn a_sweep_trains_resumes_and_reports_the_paired_differences() {
+    let (ws, spec) = workspace("  algorithm.alpha: [0.5, 2.0]\n", 2);
+    let results = ws.path().join("r");
+    let data = acpo::data::DataLocation::Dir(ws.path().join("no-data"));
+    let (root, written) = acpo::sweep::run(&spec, &results, &data, Some(2)).expect("sweep");
+    let table = std::fs::read_to_string(root.join("sweep.md")).expect("sweep.md");
+    assert!(written.iter().any(|w| w.ends_with("sweep.svg")));
+    let rows: Vec<&str> = table
+        .lines()
+        .filter(|l| l.starts_with("| 0.5 |") || l.starts_with("| 2.0 |"))
+        .collect();
+    assert_eq!(rows.len(), 2, "{table}");
+    for r in &rows {
+        assert!(r.contains("| 2 |"), "two seeds: {r}");
+    }
+    // 2 points × 2 seeds + 1 baseline × 2 seeds
+    let run_dirs = || -> Vec<PathBuf> {
+        let mut d: Vec<PathBuf> = std::fs::read_dir(root.join("smoke"))
+            .expect("runs")
+            .map(|e| e.expect("e").path())
+            .filter(|p| p.is_dir())
+            .collect();
+        d.sort();
+        d
+    };
+    assert_eq!(run_dirs().len(), 6, "{:?}", run_dirs());
+    // A second call reuses every finished run: nothing is rewritten.
+    let stamp = |p: PathBuf| std::fs::metadata(p).expect("m").modified().expect("t");
+    let stamps = || -> Vec<_> {
+        run_dirs()
+            .into_iter()
+            .map(|d| stamp(d.join("provenance.json")))
+            .collect()
+    };
+    let before = stamps();
+    acpo::sweep::run(&spec, &results, &data, Some(2)).expect("again");
+    assert_eq!(before, stamps(), "finished runs are reused");
+    assert_eq!(
+        std::fs::read_to_string(root.join("sweep.md")).expect("again"),
+        table
+    );
+    // The pairing, against a hand computation: give grid point 0's seed-1 run a best of 25 %
+    // (the smoke model solves nothing, so every other run has 0).
+    let spec_v = Spec::load(&spec).expect("spec");
+    let variants = plan(&spec_v, &spec).expect("plan");
+    let target = variants
+        .iter()
+        .find(|v| v.point == Some(0) && v.exp.seed == 1)
+        .expect("p0 seed 1");
+    let eval = acpo::run::RunDir::of(&target.exp, &root).eval();
+    let text = std::fs::read_to_string(&eval).expect("eval.jsonl");
+    let mut lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json"))
+        .collect();
+    lines[1]["weighted_accuracy"] = serde_json::json!(0.25);
+    let text: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
+    std::fs::write(&eval, text.join("\n") + "\n").expect("write");
+    let points = acpo::sweep::point_results(&spec_v, &variants, &root).expect("results");
+    let (p0, p1) = (&points[0], &points[1]);
+    let mean = |i: &Option<acpo::report::seeds::Interval>| i.as_ref().expect("interval").mean;
+    assert!((mean(&p0.best) - 12.5).abs() < 1e-9);
+    assert!((mean(&p0.delta_best) - 12.5).abs() < 1e-9, "paired: (25 + 0) / 2");
+    let half = p0.delta_best.as_ref().and_then(|i| i.half_width).expect("two seeds");
+    // t(1) = 12.706, sd of {25, 0} = 17.68, n = 2
+    assert!((half - 12.706 * (312.5f64 / 2.0).sqrt()).abs() < 1e-2, "{half}");
+    assert_eq!(mean(&p1.delta_best), 0.0);
+}
