@@ -1337,10 +1337,12 @@ impl Validator<'_> {
         })
     }
 
-    fn algorithm(&self, raw: &raw::Algorithm) -> Checked<Algorithm> {
+    /// What the policy loss clips: α for the -AC variants, else the baseline's `policy_loss`
+    /// with its ratio bounds (issue #23's family).
+    fn policy_clip(&self, raw: &raw::Algorithm) -> Checked<PolicyClip> {
         let kind = raw.name;
         let for_kind = format!("for {kind}");
-        let clip = if kind.is_advantage_clipped() {
+        Ok(if kind.is_advantage_clipped() {
             let not_ratio = format!("for {kind}: -AC variants clip r·A, not the ratio (use alpha)");
             self.forbidden("algorithm.clip_ratio_low", &raw.clip_ratio_low, &not_ratio)?;
             self.forbidden(
@@ -1423,7 +1425,13 @@ impl Validator<'_> {
                     PolicyClip::Unclipped
                 }
             }
-        };
+        })
+    }
+
+    fn algorithm(&self, raw: &raw::Algorithm) -> Checked<Algorithm> {
+        let kind = raw.name;
+        let for_kind = format!("for {kind}");
+        let clip = self.policy_clip(raw)?;
         let advantage = if kind.is_ppo_type() {
             let why = format!("for {kind}: it has no group-normalised advantage");
             self.forbidden(

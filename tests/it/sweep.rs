@@ -175,9 +175,19 @@ fn a_sweep_trains_resumes_and_reports_the_paired_differences() {
     let (p0, p1) = (&points[0], &points[1]);
     let mean = |i: &Option<acpo::report::seeds::Interval>| i.as_ref().expect("interval").mean;
     assert!((mean(&p0.best) - 12.5).abs() < 1e-9);
-    assert!((mean(&p0.delta_best) - 12.5).abs() < 1e-9, "paired: (25 + 0) / 2");
-    let half = p0.delta_best.as_ref().and_then(|i| i.half_width).expect("two seeds");
+    assert!(
+        (mean(&p0.delta_best) - 12.5).abs() < 1e-9,
+        "paired: (25 + 0) / 2"
+    );
+    let half = p0
+        .delta_best
+        .as_ref()
+        .and_then(|i| i.half_width)
+        .expect("two seeds");
     // t(1) = 12.706, sd of {25, 0} = 17.68, n = 2
-    assert!((half - 12.706 * (312.5f64 / 2.0).sqrt()).abs() < 1e-2, "{half}");
+    assert!(
+        (half - 12.706 * (312.5f64 / 2.0).sqrt()).abs() < 1e-2,
+        "{half}"
+    );
     assert_eq!(mean(&p1.delta_best), 0.0);
 }
