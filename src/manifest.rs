@@ -1366,13 +1366,21 @@ impl Validator<'_> {
                 &raw.alpha,
                 &format!("for {kind}: alpha is the advantage-clipping threshold of the -AC variants only"),
             )?;
-            let eps = || -> Checked<(f64, f64)> {
+            // CISPO's lower bound may be switched off, as its authors and verl's example do
+            // (clip_ratio_low 10: a weight bound below 0 never binds); the other rules need
+            // 1 − ε_low > 0.
+            let eps = |no_lower_bound: bool| -> Checked<(f64, f64)> {
                 let eps_low =
                     self.required("algorithm.clip_ratio_low", raw.clip_ratio_low, &for_kind)?;
                 let eps_high =
                     self.required("algorithm.clip_ratio_high", raw.clip_ratio_high, &for_kind)?;
+                let (low_max, low_range) = if no_lower_bound {
+                    (f64::MAX, "[0, inf)")
+                } else {
+                    (1.0, "[0, 1]")
+                };
                 let eps_low =
-                    self.finite_in("algorithm.clip_ratio_low", eps_low, 0.0, 1.0, "[0, 1]")?;
+                    self.finite_in("algorithm.clip_ratio_low", eps_low, 0.0, low_max, low_range)?;
                 let eps_high = self.finite_in(
                     "algorithm.clip_ratio_high",
                     eps_high,
@@ -1380,7 +1388,7 @@ impl Validator<'_> {
                     f64::MAX,
                     "[0, inf)",
                 )?;
-                if eps_low >= 1.0 {
+                if !no_lower_bound && eps_low >= 1.0 {
                     return self.fail(
                         "algorithm.clip_ratio_low",
                         format!("must be < 1 so the lower ratio bound 1 - eps stays positive, got {eps_low}"),
@@ -1390,7 +1398,7 @@ impl Validator<'_> {
             };
             match raw.policy_loss.unwrap_or(PolicyLossMode::Vanilla) {
                 PolicyLossMode::Vanilla => {
-                    let (eps_low, eps_high) = eps()?;
+                    let (eps_low, eps_high) = eps(false)?;
                     let c = self.required("algorithm.clip_ratio_c", raw.clip_ratio_c, &for_kind)?;
                     if !c.is_finite() || c <= 1.0 {
                         return self.fail(
@@ -1410,7 +1418,7 @@ impl Validator<'_> {
                         &raw.clip_ratio_c,
                         "with policy_loss: cispo or gspo (verl's have no dual clip)",
                     )?;
-                    let (eps_low, eps_high) = eps()?;
+                    let (eps_low, eps_high) = eps(mode == PolicyLossMode::Cispo)?;
                     if mode == PolicyLossMode::Cispo {
                         PolicyClip::Cispo { eps_low, eps_high }
                     } else {

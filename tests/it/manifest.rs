@@ -654,6 +654,21 @@ fn the_clipping_family_is_selected_by_policy_loss() {
             eps_high: 0.2
         }
     );
+    // CISPO as its authors and verl's example run it: no lower bound (ε_low 10), ε_high 0.2.
+    let wide = validate(set(
+        set(no_c.clone(), "algorithm.policy_loss", json!("cispo")),
+        "algorithm.clip_ratio_low",
+        json!(10.0),
+    ))
+    .expect("CISPO without a lower bound");
+    assert_eq!(
+        wide.algorithm.clip,
+        PolicyClip::Cispo {
+            eps_low: 10.0,
+            eps_high: 0.2
+        }
+    );
+    assert!(validate(set(ppo.clone(), "algorithm.clip_ratio_low", json!(10.0))).is_err());
     let gspo = validate(set(
         set(
             set(no_c.clone(), "algorithm.policy_loss", json!("gspo")),

@@ -553,6 +553,15 @@ fn plugin_fixtures() -> serde_json::Value {
                 eps_high: 0.28,
             },
         ),
+        // ... and as verl's CISPO example runs it: no lower bound
+        (
+            "cispo",
+            serde_json::json!({"clip_ratio_low": 10.0, "clip_ratio_high": 0.2}),
+            PolicyClip::Cispo {
+                eps_low: 10.0,
+                eps_high: 0.2,
+            },
+        ),
         (
             "gspo",
             serde_json::json!({"clip_ratio_low": 3e-4, "clip_ratio_high": 4e-4}),
