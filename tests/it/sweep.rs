@@ -191,3 +191,35 @@ fn a_sweep_trains_resumes_and_reports_the_paired_differences() {
     );
     assert_eq!(mean(&p1.delta_best), 0.0);
 }
+
+/// The inputs of issue #23's study (tools/make_study.py): every spec in sweeps/ loads and plans
+/// into valid manifests, with the grid the issue asks for.
+#[test]
+fn the_study_specs_plan_the_issues_grid() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let cwd = std::env::current_dir().expect("cwd");
+    assert_eq!(cwd, repo, "spec paths are relative to the repository root");
+    let mut total = 0;
+    for family in ["grpo", "ppo"] {
+        let ac = repo.join(format!("sweeps/study-{family}-ac.yaml"));
+        let spec = Spec::load(&ac).expect("spec");
+        let runs = plan(&spec, &ac).expect("plan");
+        // α ∈ {0.5, 1, 2, 3, 5, no clip} × {1, 4, 16} mini-batches per step × 3 seeds, and
+        // the baseline at the three degrees × 3 seeds
+        assert_eq!(runs.len(), 6 * 3 * 3 + 3 * 3, "{family}");
+        let degrees: std::collections::BTreeSet<usize> = runs
+            .iter()
+            .map(|v| v.exp.trainer.batch_size / v.exp.actor.mini_batch_size)
+            .collect();
+        assert_eq!(degrees.into_iter().collect::<Vec<_>>(), [1, 4, 16]);
+        total += runs.len();
+        for loss in ["cispo", "gspo"] {
+            let path = repo.join(format!("sweeps/study-{family}-{loss}.yaml"));
+            let spec = Spec::load(&path).expect("spec");
+            let runs = plan(&spec, &path).expect("plan");
+            assert_eq!(runs.len(), 2 * 3 * 3, "{family} {loss}");
+            total += runs.len();
+        }
+    }
+    assert_eq!(total, 2 * (63 + 36));
+}
