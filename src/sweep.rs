@@ -489,21 +489,35 @@ pub fn markdown(spec: &Spec, points: &[PointResult]) -> String {
     s
 }
 
-/// The figure: Δ best against the first grid field, one line per value of the other fields,
-/// with its 95 % band.
+/// The figure: Δ best against the first grid field (on log10 where it spans orders of
+/// magnitude), one line per value of the other fields, with its 95 % band.
 pub fn figure(spec: &Spec, points: &[PointResult], stem: &Path) -> Result<Vec<PathBuf>> {
     use crate::plot::{write_figure, Panel, Series};
     let Some(x_field) = spec.grid.keys().next() else {
         return Ok(Vec::new());
     };
-    let mut lines: BTreeMap<String, Vec<&PointResult>> = BTreeMap::new();
+    // A field spanning orders of magnitude (α up to 1e9, "no clip") is drawn on log10.
+    let xs: Vec<f64> = points
+        .iter()
+        .filter_map(|p| p.values[0].1.number())
+        .collect();
+    let (lo, hi) = xs
+        .iter()
+        .fold((f64::INFINITY, 0.0f64), |(l, h), &x| (l.min(x), h.max(x)));
+    let log_x = lo > 0.0 && hi / lo >= 100.0;
+    let x_of = |v: &GridValue| v.number().map(|x| if log_x { x.log10() } else { x });
+    // One line per combination of the other fields, in the spec's order of their values.
+    let mut lines: Vec<(String, Vec<&PointResult>)> = Vec::new();
     for p in points {
         let label = p.values[1..]
             .iter()
             .map(|(f, v)| format!("{f} = {}", v.yaml()))
             .collect::<Vec<_>>()
             .join(", ");
-        lines.entry(label).or_default().push(p);
+        match lines.iter_mut().find(|(l, _)| *l == label) {
+            Some((_, ps)) => ps.push(p),
+            None => lines.push((label, vec![p])),
+        }
     }
     let palette = [
         plotters::style::RGBColor(31, 119, 180),
@@ -511,6 +525,9 @@ pub fn figure(spec: &Spec, points: &[PointResult], stem: &Path) -> Result<Vec<Pa
         plotters::style::RGBColor(44, 160, 44),
         plotters::style::RGBColor(214, 39, 40),
         plotters::style::RGBColor(148, 103, 189),
+        plotters::style::RGBColor(140, 86, 75),
+        plotters::style::RGBColor(227, 119, 194),
+        plotters::style::RGBColor(127, 127, 127),
     ];
     let series = lines
         .into_iter()
@@ -519,7 +536,7 @@ pub fn figure(spec: &Spec, points: &[PointResult], stem: &Path) -> Result<Vec<Pa
             let mut points = Vec::new();
             let mut band = Vec::new();
             for p in ps {
-                if let (Some(x), Some(d)) = (p.values[0].1.number(), &p.delta_best) {
+                if let (Some(x), Some(d)) = (x_of(&p.values[0].1), &p.delta_best) {
                     points.push((x, d.mean));
                     let h = d.half_width.unwrap_or(0.0);
                     band.push((x, d.mean - h, d.mean + h));
@@ -539,7 +556,11 @@ pub fn figure(spec: &Spec, points: &[PointResult], stem: &Path) -> Result<Vec<Pa
         .collect();
     let panel = Panel {
         title: format!("{}: Δ best weighted accuracy vs the baseline", spec.name),
-        x_desc: x_field.clone(),
+        x_desc: if log_x {
+            format!("log10 {x_field}")
+        } else {
+            x_field.clone()
+        },
         y_desc: "Δ points (95 % CI)".into(),
         series,
         marks: vec![],
