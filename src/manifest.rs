@@ -557,20 +557,6 @@ pub enum PolicyClip {
     Unclipped,
 }
 
-impl PolicyClip {
-    /// The ratio bounds of the rules that have them (PPO's, CISPO's, GSPO's).
-    pub fn ratio_bounds(&self) -> Option<(f64, f64)> {
-        match *self {
-            PolicyClip::Ratio {
-                eps_low, eps_high, ..
-            }
-            | PolicyClip::Cispo { eps_low, eps_high }
-            | PolicyClip::Gspo { eps_low, eps_high } => Some((eps_low, eps_high)),
-            PolicyClip::Advantage { .. } | PolicyClip::Unclipped => None,
-        }
-    }
-}
-
 /// How advantages are estimated.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub enum AdvantageEstimator {
@@ -814,6 +800,22 @@ impl Experiment {
             }),
             None => Ok(()),
         }
+    }
+
+    /// This run (parsed from `text`) and its `seeds − 1` seed variants, seeds s, s + 1, …
+    /// ([`Experiment::with_seed`]), each with the manifest text it keeps: what `reproduce
+    /// --seeds` and `sweep` train.
+    pub fn seeds(
+        &self,
+        text: &str,
+        seeds: usize,
+        path: &Path,
+    ) -> Result<Vec<(Experiment, String)>, ManifestError> {
+        let mut out = vec![(self.clone(), text.to_string())];
+        for k in 1..seeds as u64 {
+            out.push(Experiment::with_seed(text, self.seed + k, path)?);
+        }
+        Ok(out)
     }
 
     /// The same manifest with another run seed (`acpo reproduce --seeds`): the text with its

@@ -123,11 +123,7 @@ pub fn seeded(manifests: &[PathBuf], seeds: usize) -> Result<Vec<(Experiment, St
     for path in manifests {
         let exp = Experiment::load(path)?;
         let text = io(path, std::fs::read_to_string(path))?;
-        let others = (1..seeds as u64)
-            .map(|k| Experiment::with_seed(&text, exp.seed + k, path))
-            .collect::<std::result::Result<Vec<_>, _>>()?;
-        out.push((exp, text));
-        out.extend(others);
+        out.extend(exp.seeds(&text, seeds, path)?);
     }
     Ok(out)
 }

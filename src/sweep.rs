@@ -330,22 +330,16 @@ fn seeded(
         }
         e => SweepError::Manifest(e),
     })?;
-    let mut out = vec![Variant {
-        point,
-        baseline,
-        exp: first.clone(),
-        text: named.clone(),
-    }];
-    for s in 1..spec.seeds as u64 {
-        let (exp, text) = Experiment::with_seed(&named, first.seed + s, &path)?;
-        out.push(Variant {
+    Ok(first
+        .seeds(&named, spec.seeds, &path)?
+        .into_iter()
+        .map(|(exp, text)| Variant {
             point,
             baseline,
             exp,
             text,
-        });
-    }
-    Ok(out)
+        })
+        .collect())
 }
 
 /// Best and final weighted accuracy of a finished run.
@@ -380,6 +374,7 @@ pub fn point_results(spec: &Spec, variants: &[Variant], root: &Path) -> Result<V
                 .map(Path::to_owned)
         })
         .collect();
+    scales.sort();
     scales.dedup();
     for scale in scales.iter().filter(|d| d.exists()) {
         for r in crate::report::load_results(scale)? {
