@@ -557,6 +557,36 @@ pub enum PolicyClip {
     Unclipped,
 }
 
+/// The rule and its bounds in one short phrase (`acpo check`, sweep reports): `alpha=2`,
+/// `eps=0.2/0.28`, `cispo eps=10/0.2`, ...
+impl fmt::Display for PolicyClip {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            PolicyClip::Ratio {
+                eps_low, eps_high, ..
+            } => write!(f, "eps={}/{}", short(eps_low), short(eps_high)),
+            PolicyClip::Advantage { alpha } => write!(f, "alpha={}", short(alpha)),
+            PolicyClip::Cispo { eps_low, eps_high } => {
+                write!(f, "cispo eps={}/{}", short(eps_low), short(eps_high))
+            }
+            PolicyClip::Gspo { eps_low, eps_high } => {
+                write!(f, "gspo eps={}/{}", short(eps_low), short(eps_high))
+            }
+            PolicyClip::Unclipped => f.write_str("unclipped"),
+        }
+    }
+}
+
+/// A number as a manifest would write it: 0.2, 2, and 1e9 or 3e-4 rather than 1000000000 or
+/// 0.0003.
+pub fn short(x: f64) -> String {
+    if x != 0.0 && !(1e-3..1e5).contains(&x.abs()) {
+        format!("{x:e}")
+    } else {
+        format!("{x}")
+    }
+}
+
 /// How advantages are estimated.
 #[derive(Debug, Clone, Copy, PartialEq, Serialize)]
 pub enum AdvantageEstimator {
@@ -883,15 +913,6 @@ impl Experiment {
             ModelSource::Hub { repo, revision } => format!("{repo}@{revision}"),
             ModelSource::Dir(dir) => dir.display().to_string(),
         };
-        let clip = match self.algorithm.clip {
-            PolicyClip::Ratio {
-                eps_low, eps_high, ..
-            } => format!("eps={eps_low}/{eps_high}"),
-            PolicyClip::Advantage { alpha } => format!("alpha={alpha}"),
-            PolicyClip::Cispo { eps_low, eps_high } => format!("cispo eps={eps_low}/{eps_high}"),
-            PolicyClip::Gspo { eps_low, eps_high } => format!("gspo eps={eps_low}/{eps_high}"),
-            PolicyClip::Unclipped => "unclipped".into(),
-        };
         format!(
             "{name:<36} {scale:<5} {algo:<7} {model:<34} n={n} batch={b}/{mb} lr={lr:e} {clip} steps={steps} avg@{k} fp={fp}",
             name = self.name,
@@ -901,6 +922,7 @@ impl Experiment {
             b = self.trainer.batch_size,
             mb = self.actor.mini_batch_size,
             lr = self.actor.optim.lr,
+            clip = self.algorithm.clip,
             steps = self.trainer.total_steps,
             k = self.eval.sampling.n,
             fp = self.short_fingerprint(),

@@ -139,23 +139,38 @@ pub fn train_all(
     data: &DataLocation,
     asked_jobs: Option<usize>,
 ) -> Result<()> {
-    train_runs(seeded(manifests, seeds)?, results, data, asked_jobs)
+    let runs = seeded(manifests, seeds)?
+        .into_iter()
+        .map(|(exp, text)| Job {
+            exp,
+            text,
+            results: results.to_owned(),
+        })
+        .collect();
+    train_runs(runs, data, asked_jobs)
 }
 
-/// Trains every run of `runs` (an experiment and the manifest text it keeps) that is not
-/// finished under `results`, as [`train_all`] does: what `reproduce` and `sweep` share.
-pub fn train_runs(
-    runs: Vec<(Experiment, String)>,
-    results: &Path,
-    data: &DataLocation,
-    asked_jobs: Option<usize>,
-) -> Result<()> {
+/// One run for [`train_runs`]: its experiment, the manifest text its directory keeps, and the
+/// results root its directory goes under.
+#[derive(Debug, Clone)]
+pub struct Job {
+    pub exp: Experiment,
+    pub text: String,
+    pub results: PathBuf,
+}
+
+/// Trains every run of `runs` that is not finished under its results root, as [`train_all`]
+/// does: what `reproduce` and `sweep` share.
+pub fn train_runs(runs: Vec<Job>, data: &DataLocation, asked_jobs: Option<usize>) -> Result<()> {
     let several_seeds = {
         let names: std::collections::HashSet<&str> =
-            runs.iter().map(|(e, _)| e.name.as_str()).collect();
+            runs.iter().map(|j| j.exp.name.as_str()).collect();
         names.len() < runs.len()
     };
-    let (exps, texts): (Vec<Experiment>, Vec<String>) = runs.into_iter().unzip();
+    let (exps, places): (Vec<Experiment>, Vec<(String, PathBuf)>) = runs
+        .into_iter()
+        .map(|j| (j.exp, (j.text, j.results)))
+        .unzip();
     let label = |exp: &Experiment| {
         if several_seeds {
             format!("{} (seed {})", exp.name, exp.seed)
@@ -171,7 +186,7 @@ pub fn train_runs(
     }
     let started = Instant::now();
     let mut progress = Vec::new();
-    for exp in &exps {
+    for (exp, (_, results)) in exps.iter().zip(&places) {
         let run = RunDir::of(exp, results);
         progress.push(Progress {
             checkpoint: io(run.path(), run.latest_checkpoint())?.map(|c| c.0),
@@ -208,7 +223,7 @@ pub fn train_runs(
     let runs_started = Instant::now();
     queue.run(plan.runs.len(), &|k| {
         let (i, done) = plan.runs[k];
-        let (exp, text) = (&exps[i], &texts[i]);
+        let (exp, (text, results)) = (&exps[i], &places[i]);
         let what = if done.is_some() {
             "resuming"
         } else {

@@ -1,7 +1,9 @@
-//! `acpo sweep SPEC.yaml` (issue #23): a grid over manifest fields × seeds from one base
+//! `acpo sweep SPEC.yaml...` (issue #23): a grid over manifest fields × seeds from one base
 //! manifest, each grid point paired seed by seed with a baseline, trained side by side and
 //! resumable like `reproduce` ([`crate::reproduce::train_runs`]), and a report of the paired
-//! difference to the baseline per grid point, as a table and a figure.
+//! difference to the baseline per grid point, as a table and a figure. Several specs train
+//! together (a baseline run they share, once) and can be compared in one table and figure:
+//! per baseline, each rule's difference by the off-policy degree ([`Compare`]).
 //!
 //! A spec:
 //!
@@ -20,7 +22,8 @@
 //! manifest, so a field the manifest format does not have is refused with its name. The
 //! baseline takes a point's values of the fields its own manifest has (the off-policy degree,
 //! say) and keeps its own elsewhere (it has no α); grid points that give it the same values
-//! share its runs. Paths in the spec are relative to the working directory, like a manifest's.
+//! share its runs, which live in `<results>/sweeps/baselines/` for every sweep to reuse. Paths in
+//! the spec are relative to the working directory, like a manifest's.
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
@@ -29,7 +32,7 @@ use serde::Deserialize;
 
 use crate::manifest::{Experiment, ManifestError};
 use crate::report::seeds::Interval;
-use crate::report::{ReportError, RunResult};
+use crate::report::ReportError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum SweepError {
@@ -41,6 +44,12 @@ pub enum SweepError {
     },
     #[error("{}: {reason}", path.display())]
     Parse { path: PathBuf, reason: String },
+    #[error("{}: {count} of the sweeps' runs are not there (the first: {first})", path.display())]
+    Missing {
+        path: PathBuf,
+        count: usize,
+        first: String,
+    },
     #[error(transparent)]
     Manifest(#[from] ManifestError),
     #[error(transparent)]
@@ -88,7 +97,7 @@ impl GridValue {
             GridValue::Int(i) => i.to_string(),
             // 1e9 and 5e-4 as written, not 1000000000.0 and 0.0005 (both YAML floats)
             GridValue::Float(x) if *x != 0.0 && !(1e-3..1e5).contains(&x.abs()) => {
-                format!("{x:e}")
+                crate::manifest::short(*x)
             }
             GridValue::Float(x) => format!("{x:?}"),
             GridValue::Text(s) => s.clone(),
@@ -123,13 +132,11 @@ impl Spec {
                 reason: reason.into(),
             })
         };
-        let name_ok = !spec.name.is_empty()
-            && spec
-                .name
-                .chars()
-                .all(|c| c.is_ascii_alphanumeric() || "-_".contains(c));
-        if !name_ok {
+        if !valid_name(&spec.name) {
             return fail("name", "letters, digits, '-' and '_' only, not empty");
+        }
+        if spec.name == BASELINES {
+            return fail("name", "`baselines` holds every sweep's baseline runs");
         }
         if spec.seeds == 0 {
             return fail("seeds", "at least 1");
@@ -233,6 +240,26 @@ fn has_field(text: &str, path: &str) -> bool {
     set_field(text, path, "0").is_some_and(|t| t.lines().count() == text.lines().count())
 }
 
+/// The directory under `<results>/sweeps/` that every sweep's baseline runs share: sweeps
+/// with one baseline manifest (the study's ACPO, CISPO and GSPO sweeps of a family) train each
+/// of its runs once.
+pub const BASELINES: &str = "baselines";
+
+/// The fields that set the off-policy degree, the policy updates per training step
+/// ([`crate::manifest::ActorSpec::updates_per_step`]): a comparison's columns.
+const DEGREE_FIELDS: [&str; 3] = [
+    "actor.mini_batch_size",
+    "actor.epochs",
+    "trainer.batch_size",
+];
+
+fn valid_name(name: &str) -> bool {
+    !name.is_empty()
+        && name
+            .chars()
+            .all(|c| c.is_ascii_alphanumeric() || "-_".contains(c))
+}
+
 /// One run of the sweep: a grid point's (or the baseline's) manifest at one seed.
 #[derive(Debug, Clone)]
 pub struct Variant {
@@ -244,8 +271,60 @@ pub struct Variant {
     pub text: String,
 }
 
+/// A spec and its plan.
+#[derive(Debug, Clone)]
+pub struct Sweep {
+    pub spec: Spec,
+    pub path: PathBuf,
+    pub variants: Vec<Variant>,
+}
+
+impl Sweep {
+    pub fn load(path: &Path) -> Result<Sweep> {
+        let spec = Spec::load(path)?;
+        let variants = plan(&spec, path)?;
+        Ok(Sweep {
+            spec,
+            path: path.to_owned(),
+            variants,
+        })
+    }
+
+    /// The results root of a run under `sweeps` (`<results>/sweeps/`): the sweep's own
+    /// directory for a grid point's run, the shared [`BASELINES`] for a baseline's.
+    pub fn home(&self, v: &Variant, sweeps: &Path) -> PathBuf {
+        match v.point {
+            Some(_) => sweeps.join(&self.spec.name),
+            None => sweeps.join(BASELINES),
+        }
+    }
+}
+
+/// Loads and plans several specs; two of one name would share a directory and are refused.
+pub fn load_all(paths: &[PathBuf]) -> Result<Vec<Sweep>> {
+    let mut out: Vec<Sweep> = Vec::new();
+    for path in paths {
+        let sweep = Sweep::load(path)?;
+        if let Some(other) = out.iter().find(|o| o.spec.name == sweep.spec.name) {
+            return Err(SweepError::Spec {
+                path: path.clone(),
+                field: "name".into(),
+                reason: format!(
+                    "`{}` is {}'s name too",
+                    sweep.spec.name,
+                    other.path.display()
+                ),
+            });
+        }
+        out.push(sweep);
+    }
+    Ok(out)
+}
+
 /// Every run of the sweep, grid points first: their manifests are validated, so a field the
-/// format does not know is refused here, naming it.
+/// format does not know is refused here, naming it. A grid point's runs are named
+/// `<sweep>-p<k>`; a baseline's keep the baseline manifest's name, so that sweeps sharing it
+/// share its runs (their fingerprints tell its variants apart).
 pub fn plan(spec: &Spec, spec_path: &Path) -> Result<Vec<Variant>> {
     let read = |p: &Path| {
         std::fs::read_to_string(p).map_err(|source| SweepError::Io {
@@ -289,11 +368,17 @@ pub fn plan(spec: &Spec, spec_path: &Path) -> Result<Vec<Variant>> {
             }
         };
         let name = format!("{}-p{k}", spec.name);
-        out.extend(seeded(&text, &name, spec, spec_path, Some(k), paired)?);
+        out.extend(seeded(
+            &text,
+            Some(&name),
+            spec,
+            spec_path,
+            Some(k),
+            paired,
+        )?);
     }
     for (i, t) in baselines.iter().enumerate() {
-        let name = format!("{}-baseline{i}", spec.name);
-        out.extend(seeded(t, &name, spec, spec_path, None, Some(i))?);
+        out.extend(seeded(t, None, spec, spec_path, None, Some(i))?);
     }
     Ok(out)
 }
@@ -302,21 +387,29 @@ fn parent(field: &str) -> &str {
     field.rsplit_once('.').map_or(field, |(p, _)| p)
 }
 
-/// `text` renamed to `name` at the spec's seeds, validated.
+/// `text` (renamed to `name`, if given) at the spec's seeds, validated.
 fn seeded(
     text: &str,
-    name: &str,
+    name: Option<&str>,
     spec: &Spec,
     spec_path: &Path,
     point: Option<usize>,
     baseline: Option<usize>,
 ) -> Result<Vec<Variant>> {
-    let path = spec_path.with_file_name(format!("{name}.yaml"));
-    let named = set_field(text, "name", name).ok_or_else(|| SweepError::Spec {
-        path: spec_path.to_owned(),
-        field: "base".into(),
-        reason: "the manifest has no top-level `name`".into(),
-    })?;
+    let (named, path) = match name {
+        Some(name) => (
+            set_field(text, "name", name).ok_or_else(|| SweepError::Spec {
+                path: spec_path.to_owned(),
+                field: "base".into(),
+                reason: "the manifest has no top-level `name`".into(),
+            })?,
+            spec_path.with_file_name(format!("{name}.yaml")),
+        ),
+        None => (
+            text.to_string(),
+            spec.baseline.clone().unwrap_or_else(|| spec.base.clone()),
+        ),
+    };
     let first = Experiment::from_yaml(&named, &path).map_err(|e| match e {
         // A field the grid put in is reported as the spec's.
         ManifestError::Invalid { field, reason, .. }
@@ -342,19 +435,58 @@ fn seeded(
         .collect())
 }
 
-/// Best and final weighted accuracy of a finished run.
-fn accuracies(r: &RunResult) -> Option<(f64, f64)> {
-    let best = r.best()?.weighted_accuracy;
-    let last = r.evals.iter().max_by_key(|e| e.step)?.weighted_accuracy;
-    Some((best, last))
+/// Best and final weighted accuracy of each finished run, by its directory's name
+/// ([`crate::run::RunDir::name_of`], the name archives keep).
+pub type Finished = BTreeMap<String, (f64, f64)>;
+
+/// The finished runs in `dirs`, each a directory of run directories (missing ones skipped).
+pub fn finished(dirs: &[PathBuf]) -> Result<Finished> {
+    let mut out = Finished::new();
+    for dir in dirs.iter().filter(|d| d.exists()) {
+        for r in crate::report::load_results(dir)? {
+            let best = r.best().map(|e| e.weighted_accuracy);
+            let last = r.evals.iter().max_by_key(|e| e.step);
+            if let (Some(best), Some(last), Some(name)) = (best, last, r.dir.file_name()) {
+                let name = name.to_string_lossy().into_owned();
+                out.insert(name, (best, last.weighted_accuracy));
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The directories that hold the sweeps' runs once trained under `sweeps`
+/// (`<results>/sweeps/`): each home's scale directory.
+pub fn trained_dirs(sweeps: &[Sweep], root: &Path) -> Vec<PathBuf> {
+    let mut dirs: Vec<PathBuf> = sweeps
+        .iter()
+        .flat_map(|s| {
+            s.variants.iter().filter_map(move |v| {
+                crate::run::RunDir::of(&v.exp, &s.home(v, root))
+                    .path()
+                    .parent()
+                    .map(Path::to_owned)
+            })
+        })
+        .collect();
+    dirs.sort();
+    dirs.dedup();
+    dirs
 }
 
 /// One grid point's results: its values, and per seed its and its baseline's accuracies.
 #[derive(Debug, Clone)]
 pub struct PointResult {
     pub values: Vec<(String, GridValue)>,
-    /// (best, final) weighted accuracy of the point's runs, in points.
+    /// The rule the point trains, e.g. `GRPO-AC alpha=0.5` or `GRPO cispo eps=10/0.2`.
+    pub rule: String,
+    /// Policy updates per training step (mini-batches × epochs): the off-policy degree.
+    pub updates_per_step: usize,
+    /// The paired baseline's method and manifest name, e.g. `GRPO (study-xs-grpo)`.
+    pub baseline: Option<String>,
+    /// Best weighted accuracy of the point's runs and of their baselines, in points.
     pub best: Option<Interval>,
+    pub baseline_best: Option<Interval>,
     /// Paired by seed: the point's minus its baseline's, in points.
     pub delta_best: Option<Interval>,
     pub delta_final: Option<Interval>,
@@ -362,89 +494,184 @@ pub struct PointResult {
 }
 
 /// The sweep's table: per grid point, its best accuracy and the paired differences to the
-/// baseline over seeds (Student's t, as `seeds.md`). `root` is the sweep's results root.
-pub fn point_results(spec: &Spec, variants: &[Variant], root: &Path) -> Result<Vec<PointResult>> {
-    let mut found: BTreeMap<PathBuf, (f64, f64)> = BTreeMap::new();
-    let mut scales: Vec<PathBuf> = variants
-        .iter()
-        .filter_map(|v| {
-            crate::run::RunDir::of(&v.exp, root)
-                .path()
-                .parent()
-                .map(Path::to_owned)
-        })
-        .collect();
-    scales.sort();
-    scales.dedup();
-    for scale in scales.iter().filter(|d| d.exists()) {
-        for r in crate::report::load_results(scale)? {
-            if let Some(acc) = accuracies(&r) {
-                found.insert(r.dir.clone(), acc);
-            }
-        }
-    }
-    let load = |v: &Variant| {
-        found
-            .get(crate::run::RunDir::of(&v.exp, root).path())
-            .copied()
-    };
+/// baseline over seeds (Student's t, as `seeds.md`), from the runs `finished` has.
+pub fn point_results(sweep: &Sweep, finished: &Finished) -> Vec<PointResult> {
+    let load = |v: &Variant| finished.get(&crate::run::RunDir::name_of(&v.exp)).copied();
+    let describe =
+        |exp: &Experiment| format!("{} {}", exp.algorithm.kind.paper_name(), exp.algorithm.clip);
     let mut out = Vec::new();
-    for (k, values) in spec.points().into_iter().enumerate() {
-        let (mut best, mut d_best, mut d_final) = (Vec::new(), Vec::new(), Vec::new());
-        for v in variants.iter().filter(|v| v.point == Some(k)) {
-            let Some((b, f)) = load(v) else { continue };
-            best.push(100.0 * b);
-            let pair = variants.iter().find(|w| {
+    for (k, values) in sweep.spec.points().into_iter().enumerate() {
+        let runs: Vec<&Variant> = sweep
+            .variants
+            .iter()
+            .filter(|v| v.point == Some(k))
+            .collect();
+        let first = &runs[0].exp;
+        let mut baseline = None;
+        let (mut best, mut b_best, mut d_best, mut d_final) =
+            (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        for v in runs {
+            let pair = sweep.variants.iter().find(|w| {
                 w.point.is_none() && w.baseline == v.baseline && w.exp.seed == v.exp.seed
             });
+            if let Some(w) = pair {
+                baseline = Some(format!(
+                    "{} ({})",
+                    w.exp.algorithm.kind.paper_name(),
+                    w.exp.name
+                ));
+            }
+            let Some((b, f)) = load(v) else { continue };
+            best.push(100.0 * b);
             if let Some((pb, pf)) = pair.and_then(load) {
+                b_best.push(100.0 * pb);
                 d_best.push(100.0 * (b - pb));
                 d_final.push(100.0 * (f - pf));
             }
         }
         out.push(PointResult {
             values,
+            rule: describe(first),
+            updates_per_step: first.actor.updates_per_step(first.trainer.batch_size),
+            baseline,
             seeds: best.len(),
             best: Interval::of(&best),
+            baseline_best: Interval::of(&b_best),
             delta_best: Interval::of(&d_best),
             delta_final: Interval::of(&d_final),
         });
     }
-    Ok(out)
+    out
 }
 
-/// Where a sweep's runs and report live: `<results>/sweeps/<name>/`.
-pub fn root(spec: &Spec, results: &Path) -> PathBuf {
-    results.join("sweeps").join(&spec.name)
+/// Where the runs of [`run`] come from.
+pub enum Source<'a> {
+    /// Train what is not finished under `<results>/sweeps/` (side by side, resumed).
+    Train {
+        data: &'a crate::data::DataLocation,
+        jobs: Option<usize>,
+    },
+    /// Report from a directory of finished run directories (an unpacked archive) without
+    /// training; every planned run must be there.
+    Finished(&'a Path),
 }
 
-/// Plans the sweep, trains what is missing (`reproduce`'s queue: side by side, finished runs
-/// reused, interrupted ones resumed), and writes `sweep.md` and the figure in its root.
+/// A comparison across the sweeps of one call (`--compare NAME`): per baseline, each rule's
+/// paired difference by policy updates per step, as `<reports>/NAME.md` and
+/// `<figures>/NAME.{png,svg}`.
+pub struct Compare<'a> {
+    pub name: &'a str,
+    pub figures: &'a Path,
+}
+
+/// Trains (or finds) every run of `sweeps` and writes each sweep's `sweep.md` and figure under
+/// `<reports>/<name>/`, and the comparison if asked. Returns the reports' root (`<results>/
+/// sweeps/`, or `<runs>/sweeps/` for [`Source::Finished`]: the block root of `--doc`) and the
+/// files written.
 pub fn run(
-    spec_path: &Path,
+    sweeps: &[Sweep],
+    source: Source,
     results: &Path,
-    data: &crate::data::DataLocation,
-    jobs: Option<usize>,
+    compare: Option<Compare>,
 ) -> Result<(PathBuf, Vec<PathBuf>)> {
-    let spec = Spec::load(spec_path)?;
-    let variants = plan(&spec, spec_path)?;
-    let root = root(&spec, results);
-    let runs = variants
-        .iter()
-        .map(|v| (v.exp.clone(), v.text.clone()))
-        .collect();
-    crate::reproduce::train_runs(runs, &root, data, jobs)?;
-    let points = point_results(&spec, &variants, &root)?;
-    let table = root.join("sweep.md");
-    std::fs::create_dir_all(&root)
-        .and_then(|()| crate::atomic::write(&table, markdown(&spec, &points).as_bytes()))
-        .map_err(|source| SweepError::Io {
-            path: table.clone(),
-            source,
-        })?;
-    let mut written = vec![table];
-    written.extend(figure(&spec, &points, &root.join("sweep"))?);
-    Ok((root, written))
+    if let Some(c) = &compare {
+        if !valid_name(c.name) {
+            return Err(SweepError::Spec {
+                path: PathBuf::from("--compare"),
+                field: c.name.into(),
+                reason: "letters, digits, '-' and '_' only, not empty".into(),
+            });
+        }
+    }
+    let (reports, finished) = match source {
+        Source::Train { data, jobs } => {
+            let root = results.join("sweeps");
+            let mut jobs_list: Vec<crate::reproduce::Job> = Vec::new();
+            let mut seen = std::collections::HashSet::new();
+            for s in sweeps {
+                for v in &s.variants {
+                    let home = s.home(v, &root);
+                    if seen.insert(crate::run::RunDir::of(&v.exp, &home).path().to_owned()) {
+                        jobs_list.push(crate::reproduce::Job {
+                            exp: v.exp.clone(),
+                            text: v.text.clone(),
+                            results: home,
+                        });
+                    }
+                }
+            }
+            crate::reproduce::train_runs(jobs_list, data, jobs)?;
+            let finished = finished(&trained_dirs(sweeps, &root))?;
+            (root, finished)
+        }
+        Source::Finished(runs) => {
+            let finished = finished(&[runs.to_owned()])?;
+            let missing: Vec<String> = sweeps
+                .iter()
+                .flat_map(|s| &s.variants)
+                .map(|v| crate::run::RunDir::name_of(&v.exp))
+                .filter(|n| !finished.contains_key(n))
+                .collect();
+            if let Some(first) = missing.first() {
+                return Err(SweepError::Missing {
+                    path: runs.to_owned(),
+                    count: missing.len(),
+                    first: first.clone(),
+                });
+            }
+            (runs.join("sweeps"), finished)
+        }
+    };
+    let mut written = Vec::new();
+    let mut all = Vec::new();
+    for s in sweeps {
+        let points = point_results(s, &finished);
+        let dir = reports.join(&s.spec.name);
+        written.push(put(&dir.join("sweep.md"), &markdown(&s.spec, &points))?);
+        written.extend(figure(&s.spec, &points, &dir.join("sweep"))?);
+        all.push((s, points));
+    }
+    if let Some(c) = compare {
+        let panels = comparison(&all)?;
+        let (seeds, names): (Vec<usize>, Vec<&str>) = all
+            .iter()
+            .map(|(s, _)| (s.spec.seeds, s.spec.name.as_str()))
+            .unzip();
+        written.push(put(
+            &reports.join(format!("{}.md", c.name)),
+            &comparison_markdown(&panels, &names, &seeds),
+        )?);
+        written.extend(comparison_figure(&panels, c.name, &c.figures.join(c.name))?);
+    }
+    Ok((reports, written))
+}
+
+fn put(path: &Path, text: &str) -> Result<PathBuf> {
+    let io = |source| SweepError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir).map_err(io)?;
+    }
+    crate::atomic::write(path, text.as_bytes()).map_err(io)?;
+    Ok(path.to_owned())
+}
+
+fn plain(i: &Option<Interval>) -> String {
+    match i {
+        Some(Interval {
+            mean,
+            half_width: Some(h),
+            ..
+        }) => format!("{mean:.1} [{:.1}, {:.1}]", mean - h, mean + h),
+        Some(i) => format!("{:.1}", i.mean),
+        None => "—".into(),
+    }
+}
+
+fn signed(i: &Option<Interval>) -> String {
+    i.as_ref().map_or("—".into(), |i| i.show(1))
 }
 
 /// The table as Markdown.
@@ -454,35 +681,208 @@ pub fn markdown(spec: &Spec, points: &[PointResult]) -> String {
     for f in &fields {
         s.push_str(&format!("{f} | "));
     }
-    s.push_str("seeds | best [95 % CI] | Δ best vs baseline [95 % CI] | Δ final vs baseline [95 % CI] |\n|");
+    s.push_str("seeds | best [95 % CI] | baseline best | Δ best vs baseline [95 % CI] | Δ final vs baseline [95 % CI] |\n|");
     s.push_str(&"---|".repeat(fields.len()));
-    s.push_str("---:|---:|---:|---:|\n");
-    let show = |i: &Option<Interval>| i.as_ref().map_or("—".into(), |i| i.show(1));
-    let plain = |i: &Option<Interval>| match i {
-        Some(Interval {
-            mean,
-            half_width: Some(h),
-            ..
-        }) => format!("{mean:.1} [{:.1}, {:.1}]", mean - h, mean + h),
-        Some(i) => format!("{:.1}", i.mean),
-        None => "—".into(),
-    };
+    s.push_str("---:|---:|---:|---:|---:|\n");
     for p in points {
         s.push_str("| ");
         for (_, v) in &p.values {
             s.push_str(&format!("{} | ", v.yaml()));
         }
         s.push_str(&format!(
-            "{} | {} | {} | {} |\n",
+            "{} | {} | {} | {} | {} |\n",
             p.seeds,
             plain(&p.best),
-            show(&p.delta_best),
-            show(&p.delta_final)
+            plain(&p.baseline_best),
+            signed(&p.delta_best),
+            signed(&p.delta_final)
         ));
     }
-    s.push_str("\nWeighted accuracy in points. Δ = grid point − baseline, paired by seed; intervals are Student's t over seeds.\n");
+    let against = points
+        .iter()
+        .find_map(|p| p.baseline.as_deref())
+        .map_or(String::new(), |b| format!(" The baseline is {b}."));
+    s.push_str(&format!("\nWeighted accuracy in points. Δ = grid point − baseline, paired by seed; intervals are Student's t over seeds.{against}\n"));
     s
 }
+
+/// A comparison's panel: one baseline, its rules (rows) by updates per step (columns).
+struct ComparisonPanel<'a> {
+    baseline: String,
+    columns: Vec<usize>,
+    rows: Vec<(String, BTreeMap<usize, &'a PointResult>)>,
+}
+
+/// The sweeps' points grouped by baseline; a row is a rule with the grid values that are
+/// neither the algorithm's (in the rule) nor the off-policy degree's (the columns).
+fn comparison<'a>(all: &'a [(&Sweep, Vec<PointResult>)]) -> Result<Vec<ComparisonPanel<'a>>> {
+    let mut panels: Vec<ComparisonPanel> = Vec::new();
+    for (sweep, points) in all {
+        for p in points {
+            let Some(baseline) = &p.baseline else {
+                continue;
+            };
+            let mut row = p.rule.clone();
+            for (f, v) in &p.values {
+                if !f.starts_with("algorithm.") && !DEGREE_FIELDS.contains(&f.as_str()) {
+                    row.push_str(&format!(", {f}={}", v.yaml()));
+                }
+            }
+            let panel = match panels.iter().position(|q| q.baseline == *baseline) {
+                Some(i) => &mut panels[i],
+                None => {
+                    panels.push(ComparisonPanel {
+                        baseline: baseline.clone(),
+                        columns: Vec::new(),
+                        rows: Vec::new(),
+                    });
+                    panels.last_mut().expect("just pushed")
+                }
+            };
+            if !panel.columns.contains(&p.updates_per_step) {
+                panel.columns.push(p.updates_per_step);
+                panel.columns.sort_unstable();
+            }
+            let cells = match panel.rows.iter().position(|(r, _)| *r == row) {
+                Some(i) => &mut panel.rows[i].1,
+                None => {
+                    panel.rows.push((row.clone(), BTreeMap::new()));
+                    &mut panel.rows.last_mut().expect("just pushed").1
+                }
+            };
+            if cells.insert(p.updates_per_step, p).is_some() {
+                return Err(SweepError::Spec {
+                    path: sweep.path.clone(),
+                    field: "grid".into(),
+                    reason: format!(
+                        "two grid points are `{row}` at {} updates per step: a comparison needs one",
+                        p.updates_per_step
+                    ),
+                });
+            }
+        }
+    }
+    Ok(panels)
+}
+
+fn updates(u: usize) -> String {
+    if u == 1 {
+        "1 update / step".into()
+    } else {
+        format!("{u} updates / step")
+    }
+}
+
+fn comparison_markdown(panels: &[ComparisonPanel], names: &[&str], seeds: &[usize]) -> String {
+    let mut s = String::new();
+    let table = |s: &mut String,
+                 panel: &ComparisonPanel,
+                 first: Option<&str>,
+                 cell: &dyn Fn(&PointResult) -> String| {
+        s.push_str("| |");
+        for &u in &panel.columns {
+            s.push_str(&format!(" {} |", updates(u)));
+        }
+        s.push_str("\n|---|");
+        s.push_str(&"---:|".repeat(panel.columns.len()));
+        s.push('\n');
+        if let Some(label) = first {
+            s.push_str(&format!("| {label} |"));
+            for u in &panel.columns {
+                let b = panel
+                    .rows
+                    .iter()
+                    .find_map(|(_, c)| c.get(u))
+                    .map(|p| plain(&p.baseline_best));
+                s.push_str(&format!(" {} |", b.unwrap_or_else(|| "—".into())));
+            }
+            s.push('\n');
+        }
+        for (row, cells) in &panel.rows {
+            s.push_str(&format!("| {row} |"));
+            for u in &panel.columns {
+                s.push_str(&format!(
+                    " {} |",
+                    cells.get(u).map_or("—".into(), |p| cell(p))
+                ));
+            }
+            s.push('\n');
+        }
+    };
+    for panel in panels {
+        s.push_str(&format!("#### Against {}\n\nΔ best weighted accuracy (the rule's best evaluation − the baseline's, paired by seed):\n\n", panel.baseline));
+        table(
+            &mut s,
+            panel,
+            Some(&format!("{}: its own best", panel.baseline)),
+            &|p| signed(&p.delta_best),
+        );
+        s.push_str("\nΔ final weighted accuracy (the last evaluation):\n\n");
+        table(&mut s, panel, None, &|p| signed(&p.delta_final));
+        s.push('\n');
+    }
+    let mut seeds: Vec<usize> = seeds.to_vec();
+    seeds.sort_unstable();
+    seeds.dedup();
+    let seeds = seeds
+        .iter()
+        .map(usize::to_string)
+        .collect::<Vec<_>>()
+        .join(" or ");
+    s.push_str(&format!("Points of weighted accuracy, mean [95 % CI], Student's t over {seeds} seeds; from the sweeps {}.\n", names.join(", ")));
+    s
+}
+
+/// The comparison's figure: per baseline, Δ best against the policy updates per step (log2),
+/// one line per rule with its 95 % band.
+fn comparison_figure(panels: &[ComparisonPanel], title: &str, stem: &Path) -> Result<Vec<PathBuf>> {
+    let drawn = panels
+        .iter()
+        .map(|panel| {
+            let series = panel
+                .rows
+                .iter()
+                .enumerate()
+                .map(|(i, (row, cells))| {
+                    let at = cells.iter().filter_map(|(&u, p)| {
+                        p.delta_best.as_ref().map(|d| ((u as f64).log2(), d))
+                    });
+                    crate::plot::Series {
+                        label: row.clone(),
+                        color: PALETTE[i % PALETTE.len()],
+                        points: at.clone().map(|(x, d)| (x, d.mean)).collect(),
+                        band: at
+                            .map(|(x, d)| {
+                                let h = d.half_width.unwrap_or(0.0);
+                                (x, d.mean - h, d.mean + h)
+                            })
+                            .collect(),
+                    }
+                })
+                .collect();
+            crate::plot::Panel {
+                title: format!("against {}", panel.baseline),
+                x_desc: "log2 policy updates per step".into(),
+                y_desc: "Δ best, points (95 % CI)".into(),
+                series,
+                ..crate::plot::Panel::default()
+            }
+        })
+        .collect::<Vec<_>>();
+    let cols = drawn.len().clamp(1, 2);
+    Ok(crate::plot::write_figure(stem, title, &drawn, cols).map_err(ReportError::from)?)
+}
+
+const PALETTE: [plotters::style::RGBColor; 8] = [
+    plotters::style::RGBColor(31, 119, 180),
+    plotters::style::RGBColor(255, 127, 14),
+    plotters::style::RGBColor(44, 160, 44),
+    plotters::style::RGBColor(214, 39, 40),
+    plotters::style::RGBColor(148, 103, 189),
+    plotters::style::RGBColor(140, 86, 75),
+    plotters::style::RGBColor(227, 119, 194),
+    plotters::style::RGBColor(127, 127, 127),
+];
 
 /// The figure: Δ best against the first grid field (on log10 where it spans orders of
 /// magnitude), one line per value of the other fields, with its 95 % band.
@@ -514,16 +914,6 @@ pub fn figure(spec: &Spec, points: &[PointResult], stem: &Path) -> Result<Vec<Pa
             None => lines.push((label, vec![p])),
         }
     }
-    let palette = [
-        plotters::style::RGBColor(31, 119, 180),
-        plotters::style::RGBColor(255, 127, 14),
-        plotters::style::RGBColor(44, 160, 44),
-        plotters::style::RGBColor(214, 39, 40),
-        plotters::style::RGBColor(148, 103, 189),
-        plotters::style::RGBColor(140, 86, 75),
-        plotters::style::RGBColor(227, 119, 194),
-        plotters::style::RGBColor(127, 127, 127),
-    ];
     let series = lines
         .into_iter()
         .enumerate()
@@ -543,7 +933,7 @@ pub fn figure(spec: &Spec, points: &[PointResult], stem: &Path) -> Result<Vec<Pa
                 } else {
                     label
                 },
-                color: palette[i % palette.len()],
+                color: PALETTE[i % PALETTE.len()],
                 points,
                 band,
             }

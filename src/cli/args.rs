@@ -239,11 +239,29 @@ pub struct ReproduceArgs {
 
 #[derive(Debug, Args)]
 pub struct SweepArgs {
-    /// The sweep spec (YAML: name, base, baseline, seeds, grid; src/sweep.rs documents it).
-    pub spec: PathBuf,
-    /// Results root (the sweep writes <results>/sweeps/<name>/).
+    /// Sweep specs (YAML: name, base, baseline, seeds, grid; src/sweep.rs documents it). Their
+    /// runs are trained together; baseline runs they share are trained once.
+    #[arg(required = true)]
+    pub specs: Vec<PathBuf>,
+    /// Results root (the sweeps write <results>/sweeps/<name>/ and share
+    /// <results>/sweeps/baselines/).
     #[arg(long, default_value = "results")]
     pub results: PathBuf,
+    /// Report from this archive (verified, then unpacked into <results>/from-<stem>/) or
+    /// directory of finished runs, without training; every planned run must be in it.
+    #[arg(long)]
+    pub from: Option<PathBuf>,
+    /// Also compare the sweeps: per baseline, each rule's paired difference by policy updates
+    /// per step, as <reports>/NAME.md and <figures>/NAME.{png,svg}.
+    #[arg(long, value_name = "NAME")]
+    pub compare: Option<String>,
+    /// Where the comparison's figure goes.
+    #[arg(long, default_value = "figures")]
+    pub figures: PathBuf,
+    /// Also fill this Markdown file's `<!-- begin: NAME -->` … `<!-- end: NAME -->` blocks with
+    /// the reports (NAME relative to the reports' root: `study.md`, `study-grpo-ac/sweep.md`).
+    #[arg(long)]
+    pub doc: Option<PathBuf>,
     /// Directory with the benchmark and training JSONL files, for real-data runs [default:
     /// $ACPO_DATA_DIR, else ~/.cache/acpo/data].
     #[arg(long)]

@@ -68,15 +68,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             fill_doc(args.doc.as_deref(), &root)
         }
         Command::Reproduce(args) => reproduce(&args),
-        Command::Sweep(args) => {
-            let data = data_dir(&args.data_dir);
-            let (root, written) = acpo::sweep::run(&args.spec, &args.results, &data, args.jobs)?;
-            for w in written {
-                println!("wrote {}", w.display());
-            }
-            println!("sweep runs under {}", root.display());
-            Ok(Outcome::Success)
-        }
+        Command::Sweep(args) => sweep(&args),
         Command::Archive(args) => {
             let contents = acpo::archive::Contents {
                 checkpoints: !args.no_checkpoints,
@@ -328,6 +320,37 @@ fn reproduce(args: &ReproduceArgs) -> anyhow::Result<Outcome> {
         args.scale == Scale::Paper,
     )?;
     fill_doc(args.doc.as_deref(), &root)
+}
+
+fn sweep(args: &args::SweepArgs) -> anyhow::Result<Outcome> {
+    let sweeps = acpo::sweep::load_all(&args.specs)?;
+    let data = data_dir(&args.data_dir);
+    let unpacked;
+    let source = match &args.from {
+        Some(from) => {
+            let found = acpo::reproduce::from_archive(from, &args.results)?;
+            println!("{}: {}", from.display(), found.verification.describe());
+            match found.root {
+                Some(root) => unpacked = root,
+                None => return Ok(Outcome::CheckFailed),
+            }
+            acpo::sweep::Source::Finished(&unpacked)
+        }
+        None => acpo::sweep::Source::Train {
+            data: &data,
+            jobs: args.jobs,
+        },
+    };
+    let compare = args.compare.as_deref().map(|name| acpo::sweep::Compare {
+        name,
+        figures: &args.figures,
+    });
+    let (reports, written) = acpo::sweep::run(&sweeps, source, &args.results, compare)?;
+    for w in written {
+        println!("wrote {}", w.display());
+    }
+    println!("sweep reports under {}", reports.display());
+    fill_doc(args.doc.as_deref(), &reports)
 }
 
 /// `--doc FILE`: the generated files quoted into FILE's marked blocks.

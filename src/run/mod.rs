@@ -40,12 +40,13 @@ impl RunDir {
     /// The run directory of `exp` under the results root.
     pub fn of(exp: &Experiment, results: &Path) -> RunDir {
         RunDir {
-            root: results.join(exp.scale.name()).join(format!(
-                "{}-{}",
-                exp.name,
-                exp.short_fingerprint()
-            )),
+            root: results.join(exp.scale.name()).join(RunDir::name_of(exp)),
         }
+    }
+
+    /// The directory's own name, `<name>-<fingerprint>`: what archives keep of it.
+    pub fn name_of(exp: &Experiment) -> String {
+        format!("{}-{}", exp.name, exp.short_fingerprint())
     }
 
     /// An existing directory read as a run directory.

@@ -87,7 +87,13 @@ fn the_plan_is_the_grid_times_the_seeds_and_baselines_take_only_their_fields() {
     let baselines: Vec<_> = variants.iter().filter(|v| v.point.is_none()).collect();
     assert_eq!(baselines.len(), 2 * 3);
     for v in &variants {
-        assert!(v.exp.name.starts_with("t-"), "{}", v.exp.name);
+        // grid points are named after the sweep, baseline runs keep their manifest's name
+        let expected = if v.point.is_some() {
+            "t-p"
+        } else {
+            "smoke-grpo"
+        };
+        assert!(v.exp.name.starts_with(expected), "{}", v.exp.name);
         assert!((1..=3).contains(&v.exp.seed));
         if let Some(k) = v.point {
             let values = &spec.points()[k];
@@ -117,7 +123,16 @@ fn a_sweep_trains_resumes_and_reports_the_paired_differences() {
     let (ws, spec) = workspace("  algorithm.alpha: [0.5, 2.0]\n", 2);
     let results = ws.path().join("r");
     let data = acpo::data::DataLocation::Dir(ws.path().join("no-data"));
-    let (root, written) = acpo::sweep::run(&spec, &results, &data, Some(2)).expect("sweep");
+    let train = || {
+        let sweeps = acpo::sweep::load_all(std::slice::from_ref(&spec)).expect("spec");
+        let source = acpo::sweep::Source::Train {
+            data: &data,
+            jobs: Some(2),
+        };
+        acpo::sweep::run(&sweeps, source, &results, None).expect("sweep")
+    };
+    let (reports, written) = train();
+    let root = reports.join("t");
     let table = std::fs::read_to_string(root.join("sweep.md")).expect("sweep.md");
     assert!(written.iter().any(|w| w.ends_with("sweep.svg")));
     let rows: Vec<&str> = table
@@ -128,10 +143,11 @@ fn a_sweep_trains_resumes_and_reports_the_paired_differences() {
     for r in &rows {
         assert!(r.contains("| 2 |"), "two seeds: {r}");
     }
-    // 2 points × 2 seeds + 1 baseline × 2 seeds
+    // 2 points × 2 seeds in the sweep's directory, 1 baseline × 2 seeds in the shared one
     let run_dirs = || -> Vec<PathBuf> {
-        let mut d: Vec<PathBuf> = std::fs::read_dir(root.join("smoke"))
-            .expect("runs")
+        let mut d: Vec<PathBuf> = ["t", acpo::sweep::BASELINES]
+            .iter()
+            .flat_map(|home| std::fs::read_dir(reports.join(home).join("smoke")).expect("runs"))
             .map(|e| e.expect("e").path())
             .filter(|p| p.is_dir())
             .collect();
@@ -139,6 +155,13 @@ fn a_sweep_trains_resumes_and_reports_the_paired_differences() {
         d
     };
     assert_eq!(run_dirs().len(), 6, "{:?}", run_dirs());
+    assert_eq!(
+        run_dirs()
+            .iter()
+            .filter(|d| d.starts_with(reports.join(acpo::sweep::BASELINES)))
+            .count(),
+        2
+    );
     // A second call reuses every finished run: nothing is rewritten.
     let stamp = |p: PathBuf| std::fs::metadata(p).expect("m").modified().expect("t");
     let stamps = || -> Vec<_> {
@@ -148,7 +171,7 @@ fn a_sweep_trains_resumes_and_reports_the_paired_differences() {
             .collect()
     };
     let before = stamps();
-    acpo::sweep::run(&spec, &results, &data, Some(2)).expect("again");
+    train();
     assert_eq!(before, stamps(), "finished runs are reused");
     assert_eq!(
         std::fs::read_to_string(root.join("sweep.md")).expect("again"),
@@ -156,9 +179,9 @@ fn a_sweep_trains_resumes_and_reports_the_paired_differences() {
     );
     // The pairing, against a hand computation: give grid point 0's seed-1 run a best of 25 %
     // (the smoke model solves nothing, so every other run has 0).
-    let spec_v = Spec::load(&spec).expect("spec");
-    let variants = plan(&spec_v, &spec).expect("plan");
-    let target = variants
+    let sweep = acpo::sweep::Sweep::load(&spec).expect("spec");
+    let target = sweep
+        .variants
         .iter()
         .find(|v| v.point == Some(0) && v.exp.seed == 1)
         .expect("p0 seed 1");
@@ -171,7 +194,9 @@ fn a_sweep_trains_resumes_and_reports_the_paired_differences() {
     lines[1]["weighted_accuracy"] = serde_json::json!(0.25);
     let text: Vec<String> = lines.iter().map(|l| l.to_string()).collect();
     std::fs::write(&eval, text.join("\n") + "\n").expect("write");
-    let points = acpo::sweep::point_results(&spec_v, &variants, &root).expect("results");
+    let dirs = acpo::sweep::trained_dirs(std::slice::from_ref(&sweep), &reports);
+    let finished = acpo::sweep::finished(&dirs).expect("results");
+    let points = acpo::sweep::point_results(&sweep, &finished);
     let (p0, p1) = (&points[0], &points[1]);
     let mean = |i: &Option<acpo::report::seeds::Interval>| i.as_ref().expect("interval").mean;
     assert!((mean(&p0.best) - 12.5).abs() < 1e-9);
