@@ -36,6 +36,19 @@ reproduce artifact="table1" scale="mini" seeds="1":
 sweep spec:
     cargo run --release -- sweep {{spec}}
 
+# Issue #23's study of the clipping family: the six sweeps of sweeps/ (162 runs, about 40 minutes
+# on 2 cores), compared per family by policy updates per step (results/sweeps/study.md and
+# figures/study.{png,svg}).
+[group('reproduce')]
+study:
+    cargo run --release -- sweep sweeps/study-*.yaml --compare study
+
+# Rebuild the study's reports from the shipped archive (verified first), no training, and
+# refresh its blocks in REPRODUCE.md and figures/study.{png,svg}.
+[group('reproduce')]
+study-from-archive archive="results/study.tar.gz":
+    cargo run --release -- sweep sweeps/study-*.yaml --compare study --from {{archive}} --doc REPRODUCE.md
+
 # Draw one figure from existing results (no training): accuracy, entropy or tails.
 [group('reproduce')]
 figure kind scale="mini":

@@ -435,9 +435,20 @@ fn seeded(
         .collect())
 }
 
-/// Best and final weighted accuracy of each finished run, by its directory's name
-/// ([`crate::run::RunDir::name_of`], the name archives keep).
-pub type Finished = BTreeMap<String, (f64, f64)>;
+/// What a sweep's report reads of a finished run.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Outcome {
+    /// Best and final (last evaluation's) weighted accuracy, as fractions.
+    pub best: f64,
+    pub last: f64,
+    /// The share of update tokens its own clip acted on, averaged over its steps
+    /// ([`crate::run::metric::own_clip`]).
+    pub own_clip: Option<f64>,
+}
+
+/// Each finished run's outcome, by its directory's name ([`crate::run::RunDir::name_of`], the
+/// name archives keep).
+pub type Finished = BTreeMap<String, Outcome>;
 
 /// The finished runs in `dirs`, each a directory of run directories (missing ones skipped).
 pub fn finished(dirs: &[PathBuf]) -> Result<Finished> {
@@ -447,8 +458,21 @@ pub fn finished(dirs: &[PathBuf]) -> Result<Finished> {
             let best = r.best().map(|e| e.weighted_accuracy);
             let last = r.evals.iter().max_by_key(|e| e.step);
             if let (Some(best), Some(last), Some(name)) = (best, last, r.dir.file_name()) {
-                let name = name.to_string_lossy().into_owned();
-                out.insert(name, (best, last.weighted_accuracy));
+                let key = crate::run::metric::own_clip(r.algorithm);
+                let clips: Vec<f64> = crate::report::load_metrics(&r.dir)?
+                    .iter()
+                    .filter_map(|m| m.get(key).copied())
+                    .collect();
+                let own_clip =
+                    (!clips.is_empty()).then(|| clips.iter().sum::<f64>() / clips.len() as f64);
+                out.insert(
+                    name.to_string_lossy().into_owned(),
+                    Outcome {
+                        best,
+                        last: last.weighted_accuracy,
+                        own_clip,
+                    },
+                );
             }
         }
     }
@@ -484,9 +508,15 @@ pub struct PointResult {
     pub updates_per_step: usize,
     /// The paired baseline's method and manifest name, e.g. `GRPO (study-xs-grpo)`.
     pub baseline: Option<String>,
-    /// Best weighted accuracy of the point's runs and of their baselines, in points.
+    /// Best weighted accuracy of the point's runs and of their baselines, and the baselines'
+    /// final, in points.
     pub best: Option<Interval>,
     pub baseline_best: Option<Interval>,
+    pub baseline_final: Option<Interval>,
+    /// How often the point's own clip acted and its baseline's, in % of update tokens (the
+    /// mean over steps, then over seeds).
+    pub own_clip: Option<Interval>,
+    pub baseline_clip: Option<Interval>,
     /// Paired by seed: the point's minus its baseline's, in points.
     pub delta_best: Option<Interval>,
     pub delta_final: Option<Interval>,
@@ -496,7 +526,7 @@ pub struct PointResult {
 /// The sweep's table: per grid point, its best accuracy and the paired differences to the
 /// baseline over seeds (Student's t, as `seeds.md`), from the runs `finished` has.
 pub fn point_results(sweep: &Sweep, finished: &Finished) -> Vec<PointResult> {
-    let load = |v: &Variant| finished.get(&crate::run::RunDir::name_of(&v.exp)).copied();
+    let load = |v: &Variant| finished.get(&crate::run::RunDir::name_of(&v.exp));
     let describe =
         |exp: &Experiment| format!("{} {}", exp.algorithm.kind.paper_name(), exp.algorithm.clip);
     let mut out = Vec::new();
@@ -510,6 +540,7 @@ pub fn point_results(sweep: &Sweep, finished: &Finished) -> Vec<PointResult> {
         let mut baseline = None;
         let (mut best, mut b_best, mut d_best, mut d_final) =
             (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+        let (mut b_final, mut clip, mut b_clip) = (Vec::new(), Vec::new(), Vec::new());
         for v in runs {
             let pair = sweep.variants.iter().find(|w| {
                 w.point.is_none() && w.baseline == v.baseline && w.exp.seed == v.exp.seed
@@ -521,12 +552,15 @@ pub fn point_results(sweep: &Sweep, finished: &Finished) -> Vec<PointResult> {
                     w.exp.name
                 ));
             }
-            let Some((b, f)) = load(v) else { continue };
-            best.push(100.0 * b);
-            if let Some((pb, pf)) = pair.and_then(load) {
-                b_best.push(100.0 * pb);
-                d_best.push(100.0 * (b - pb));
-                d_final.push(100.0 * (f - pf));
+            let Some(run) = load(v) else { continue };
+            best.push(100.0 * run.best);
+            clip.extend(run.own_clip.map(|c| 100.0 * c));
+            if let Some(paired) = pair.and_then(load) {
+                b_best.push(100.0 * paired.best);
+                b_final.push(100.0 * paired.last);
+                b_clip.extend(paired.own_clip.map(|c| 100.0 * c));
+                d_best.push(100.0 * (run.best - paired.best));
+                d_final.push(100.0 * (run.last - paired.last));
             }
         }
         out.push(PointResult {
@@ -537,6 +571,9 @@ pub fn point_results(sweep: &Sweep, finished: &Finished) -> Vec<PointResult> {
             seeds: best.len(),
             best: Interval::of(&best),
             baseline_best: Interval::of(&b_best),
+            baseline_final: Interval::of(&b_final),
+            own_clip: Interval::of(&clip),
+            baseline_clip: Interval::of(&b_clip),
             delta_best: Interval::of(&d_best),
             delta_final: Interval::of(&d_final),
         });
@@ -670,6 +707,13 @@ fn plain(i: &Option<Interval>) -> String {
     }
 }
 
+/// A share in % of tokens, with two decimals (a clip often acts on a few tokens in ten
+/// thousand).
+fn share(i: &Option<Interval>) -> String {
+    i.as_ref()
+        .map_or("—".into(), |i| format!("{:.2} %", i.mean))
+}
+
 fn signed(i: &Option<Interval>) -> String {
     i.as_ref().map_or("—".into(), |i| i.show(1))
 }
@@ -681,28 +725,30 @@ pub fn markdown(spec: &Spec, points: &[PointResult]) -> String {
     for f in &fields {
         s.push_str(&format!("{f} | "));
     }
-    s.push_str("seeds | best [95 % CI] | baseline best | Δ best vs baseline [95 % CI] | Δ final vs baseline [95 % CI] |\n|");
+    s.push_str("seeds | best [95 % CI] | baseline best | Δ best vs baseline [95 % CI] | Δ final vs baseline [95 % CI] | own clip active | baseline's clip active |\n|");
     s.push_str(&"---|".repeat(fields.len()));
-    s.push_str("---:|---:|---:|---:|---:|\n");
+    s.push_str("---:|---:|---:|---:|---:|---:|---:|\n");
     for p in points {
         s.push_str("| ");
         for (_, v) in &p.values {
             s.push_str(&format!("{} | ", v.yaml()));
         }
         s.push_str(&format!(
-            "{} | {} | {} | {} | {} |\n",
+            "{} | {} | {} | {} | {} | {} | {} |\n",
             p.seeds,
             plain(&p.best),
             plain(&p.baseline_best),
             signed(&p.delta_best),
-            signed(&p.delta_final)
+            signed(&p.delta_final),
+            share(&p.own_clip),
+            share(&p.baseline_clip)
         ));
     }
     let against = points
         .iter()
         .find_map(|p| p.baseline.as_deref())
         .map_or(String::new(), |b| format!(" The baseline is {b}."));
-    s.push_str(&format!("\nWeighted accuracy in points. Δ = grid point − baseline, paired by seed; intervals are Student's t over seeds.{against}\n"));
+    s.push_str(&format!("\nWeighted accuracy in points. Δ = grid point − baseline, paired by seed; intervals are Student's t over seeds. Clip active: the share of update tokens the run's own clip acted on, the mean over its steps, then its seeds.{against}\n"));
     s
 }
 
@@ -773,52 +819,60 @@ fn updates(u: usize) -> String {
     }
 }
 
+/// A cell of a comparison's table, from one grid point.
+type Cell<'a> = &'a dyn Fn(&PointResult) -> String;
+
+/// One table of a panel: a first row of the baseline's own numbers (taken from any rule's
+/// point at that degree: they share its runs), then a row per rule.
+fn comparison_table(s: &mut String, panel: &ComparisonPanel, first: (&str, Cell), cell: Cell) {
+    s.push_str("| |");
+    for &u in &panel.columns {
+        s.push_str(&format!(" {} |", updates(u)));
+    }
+    s.push_str("\n|---|");
+    s.push_str(&"---:|".repeat(panel.columns.len()));
+    s.push('\n');
+    let (label, of_baseline) = first;
+    s.push_str(&format!("| {label} |"));
+    for u in &panel.columns {
+        let b = panel.rows.iter().find_map(|(_, c)| c.get(u));
+        s.push_str(&format!(" {} |", b.map_or("—".into(), |p| of_baseline(p))));
+    }
+    s.push('\n');
+    for (row, cells) in &panel.rows {
+        s.push_str(&format!("| {row} |"));
+        for u in &panel.columns {
+            s.push_str(&format!(
+                " {} |",
+                cells.get(u).map_or("—".into(), |p| cell(p))
+            ));
+        }
+        s.push('\n');
+    }
+}
+
 fn comparison_markdown(panels: &[ComparisonPanel], names: &[&str], seeds: &[usize]) -> String {
     let mut s = String::new();
-    let table = |s: &mut String,
-                 panel: &ComparisonPanel,
-                 first: Option<&str>,
-                 cell: &dyn Fn(&PointResult) -> String| {
-        s.push_str("| |");
-        for &u in &panel.columns {
-            s.push_str(&format!(" {} |", updates(u)));
-        }
-        s.push_str("\n|---|");
-        s.push_str(&"---:|".repeat(panel.columns.len()));
-        s.push('\n');
-        if let Some(label) = first {
-            s.push_str(&format!("| {label} |"));
-            for u in &panel.columns {
-                let b = panel
-                    .rows
-                    .iter()
-                    .find_map(|(_, c)| c.get(u))
-                    .map(|p| plain(&p.baseline_best));
-                s.push_str(&format!(" {} |", b.unwrap_or_else(|| "—".into())));
-            }
-            s.push('\n');
-        }
-        for (row, cells) in &panel.rows {
-            s.push_str(&format!("| {row} |"));
-            for u in &panel.columns {
-                s.push_str(&format!(
-                    " {} |",
-                    cells.get(u).map_or("—".into(), |p| cell(p))
-                ));
-            }
-            s.push('\n');
-        }
-    };
     for panel in panels {
-        s.push_str(&format!("#### Against {}\n\nΔ best weighted accuracy (the rule's best evaluation − the baseline's, paired by seed):\n\n", panel.baseline));
-        table(
+        let b = &panel.baseline;
+        s.push_str(&format!("#### Against {b}\n\nΔ best weighted accuracy (the rule's best evaluation − the baseline's, paired by seed):\n\n"));
+        let best = format!("{b}: its own best");
+        comparison_table(&mut s, panel, (&best, &|p| plain(&p.baseline_best)), &|p| {
+            signed(&p.delta_best)
+        });
+        s.push_str("\nΔ final weighted accuracy (the last evaluation − the baseline's):\n\n");
+        let last = format!("{b}: its own final");
+        comparison_table(
             &mut s,
             panel,
-            Some(&format!("{}: its own best", panel.baseline)),
-            &|p| signed(&p.delta_best),
+            (&last, &|p| plain(&p.baseline_final)),
+            &|p| signed(&p.delta_final),
         );
-        s.push_str("\nΔ final weighted accuracy (the last evaluation):\n\n");
-        table(&mut s, panel, None, &|p| signed(&p.delta_final));
+        s.push_str("\nHow often each rule's own clip acted (% of update tokens, the mean over steps, then seeds):\n\n");
+        let clip = format!("{b}: its ratio clip");
+        comparison_table(&mut s, panel, (&clip, &|p| share(&p.baseline_clip)), &|p| {
+            share(&p.own_clip)
+        });
         s.push('\n');
     }
     let mut seeds: Vec<usize> = seeds.to_vec();

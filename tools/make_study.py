@@ -1,6 +1,7 @@
 #!/usr/bin/env python3
 """Writes the inputs of issue #23's study: experiments/study/*.yaml (base manifests) and
 sweeps/study-*.yaml (the `acpo sweep` specs). Run from the repository root; commit the output.
+The study itself runs with `just study` (REPRODUCE.md, "The study").
 
 The bases are the mini scale's xs manifests (tools/make_mini_manifests.py) with two changes the
 grid needs: the micro-batch divides the smallest mini-batch of the grid (1 prompt's responses for

@@ -436,11 +436,7 @@ pub fn regime_markdown(runs: &[RunResult]) -> Result<String> {
                     .map_or("—".into(), |e| format!("{e:.3}"))
             };
             let pct = |v: Option<f64>| v.map_or("—".into(), |v| format!("{:.3} %", 100.0 * v));
-            let own = if r.algorithm.is_advantage_clipped() {
-                "actor/acpo_clipfrac"
-            } else {
-                "actor/pg_clipfrac"
-            };
+            let own = crate::run::metric::own_clip(r.algorithm);
             let prompts = figures::run_tails(&r.dir)?.map_or("—".into(), |(_, p)| {
                 let n = p.iter().sum::<usize>().max(1) as f64;
                 format!(

@@ -28,6 +28,16 @@ pub mod metric {
     pub const ACTOR_GRAD_NORM: &str = "actor/grad_norm";
     pub const CRITIC_GRAD_NORM: &str = "critic/grad_norm";
     pub const STEP_SECONDS: &str = "timing_s/step";
+
+    /// The share of update tokens the run's own clip acted on: ACPO's clip of r·Â for the -AC
+    /// methods, the ratio clip (or CISPO's, GSPO's) for the others.
+    pub fn own_clip(kind: crate::manifest::AlgorithmKind) -> &'static str {
+        if kind.is_advantage_clipped() {
+            "actor/acpo_clipfrac"
+        } else {
+            "actor/pg_clipfrac"
+        }
+    }
 }
 
 /// A run directory and the names of everything in it.

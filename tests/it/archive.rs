@@ -260,6 +260,66 @@ fn shipped_archive_verifies_and_rebuilds_the_tables_quoted_in_reproduce() {
     );
 }
 
+/// Issue #23's study, shipped as results/study.tar.gz (REPRODUCE.md, "Beyond the paper"): it
+/// verifies, and the six sweeps' reports and their comparison rebuilt from it are exactly the
+/// blocks REPRODUCE.md quotes, and figures/study.svg is the comparison's figure.
+#[test]
+fn shipped_study_archive_rebuilds_the_study_quoted_in_reproduce() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let shipped = repo.join("results/study.tar.gz");
+    let sha = acpo::checksum::sha256_file(&shipped).expect("hash");
+    let sidecar =
+        std::fs::read_to_string(repo.join("results/study.tar.gz.sha256")).expect("sidecar");
+    assert_eq!(sidecar, format!("{sha}  study.tar.gz\n"));
+    let guide = std::fs::read_to_string(repo.join("REPRODUCE.md")).expect("REPRODUCE.md");
+    assert!(
+        guide.contains(&sha),
+        "REPRODUCE.md quotes the archive's SHA-256 {sha}"
+    );
+
+    let tmp = tempfile::tempdir().expect("tmp");
+    let results = tmp.path().join("results");
+    let figures = tmp.path().join("figures");
+    let mut args = vec!["sweep".to_string()];
+    for family in ["grpo", "ppo"] {
+        for rule in ["ac", "cispo", "gspo"] {
+            args.push(format!("sweeps/study-{family}-{rule}.yaml"));
+        }
+    }
+    let path = |p: &Path| p.to_str().expect("utf8").to_string();
+    args.extend([
+        "--compare".into(),
+        "study".into(),
+        "--from".into(),
+        path(&shipped),
+        "--results".into(),
+        path(&results),
+        "--figures".into(),
+        path(&figures),
+    ]);
+    let args: Vec<&str> = args.iter().map(String::as_str).collect();
+    // The specs name their manifests relative to the repository root.
+    let out = acpo(&args, repo);
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let root = results.join("from-study/sweeps");
+    let (filled, blocks) = acpo::report::splice(&guide, &root).expect("splice");
+    assert_eq!(blocks, 7, "study.md and the six sweep.md are quoted");
+    assert_eq!(
+        filled, guide,
+        "REPRODUCE.md's study blocks differ from what the archive gives: run `just study-from-archive`"
+    );
+    assert_eq!(
+        std::fs::read(figures.join("study.svg")).expect("rebuilt figure"),
+        std::fs::read(repo.join("figures/study.svg")).expect("shipped figure"),
+        "figures/study.svg is not the archive's: run `just study-from-archive`"
+    );
+}
+
 #[test]
 fn reproduce_from_an_archive_unpacks_into_an_emptied_directory() {
     let tmp = tempfile::tempdir().expect("tmp");

@@ -248,3 +248,144 @@ fn the_study_specs_plan_the_issues_grid() {
     }
     assert_eq!(total, 2 * (63 + 36));
 }
+
+/// Two sweeps against one baseline (as the study's ACPO and CISPO sweeps of a family): the
+/// baseline's runs train once, in the shared directory; `--compare` tables every rule by policy
+/// updates per step; an archive of the runs rebuilds the same reports with `--from` (through
+/// the binary, filling a document's blocks), and one that lacks runs is refused, exit 2.
+#[test]
+fn sweeps_share_their_baseline_compare_and_rebuild_from_an_archive() {
+    let (ws, ac) = workspace(
+        "  algorithm.alpha: [0.5, 2.0]\n  actor.mini_batch_size: [4, 1]\n",
+        1,
+    );
+    let ws = ws.path();
+    let grpo = std::fs::read_to_string(ws.join("smoke-grpo.yaml")).expect("grpo");
+    let cispo_base = grpo
+        .replace("name: smoke-grpo\n", "name: smoke-grpo-cispo\n")
+        .replace("  clip_ratio_c: 3.0\n", "  policy_loss: cispo\n");
+    assert_ne!(cispo_base, grpo);
+    std::fs::write(ws.join("smoke-grpo-cispo.yaml"), cispo_base).expect("cispo");
+    let cispo = ws.join("cispo.yaml");
+    std::fs::write(
+        &cispo,
+        format!(
+            "name: t-cispo\nbase: {}\nbaseline: {}\nseeds: 1\ngrid:\n  actor.mini_batch_size: [4, 1]\n",
+            ws.join("smoke-grpo-cispo.yaml").display(),
+            ws.join("smoke-grpo.yaml").display()
+        ),
+    )
+    .expect("spec");
+    let specs = [ac, cispo];
+    let sweeps = acpo::sweep::load_all(&specs).expect("specs");
+    let data = acpo::data::DataLocation::Dir(ws.join("no-data"));
+    let results = ws.join("r");
+    let f1 = ws.join("f1");
+    let compare = acpo::sweep::Compare {
+        name: "cmp",
+        figures: &f1,
+    };
+    let source = acpo::sweep::Source::Train {
+        data: &data,
+        jobs: Some(2),
+    };
+    let (reports, _) = acpo::sweep::run(&sweeps, source, &results, Some(compare)).expect("run");
+    assert_eq!(reports, results.join("sweeps"));
+    let count = |home: &str| {
+        std::fs::read_dir(reports.join(home).join("smoke"))
+            .expect("runs")
+            .filter(|e| e.as_ref().is_ok_and(|e| e.path().is_dir()))
+            .count()
+    };
+    // 4 + 2 grid points; the baseline at its two mini-batch sizes, trained once for both
+    assert_eq!(
+        (count("t"), count("t-cispo"), count(acpo::sweep::BASELINES)),
+        (4, 2, 2)
+    );
+    let table = std::fs::read_to_string(reports.join("cmp.md")).expect("cmp.md");
+    assert!(table.contains("#### Against GRPO (smoke-grpo)"), "{table}");
+    assert!(
+        table.contains("| | 1 update / step | 4 updates / step |"),
+        "{table}"
+    );
+    for row in [
+        "| GRPO (smoke-grpo): its own best |",
+        "| GRPO-AC alpha=0.5 |",
+        "| GRPO-AC alpha=2 |",
+        "| GRPO cispo eps=0.2/0.28 |",
+    ] {
+        assert!(table.contains(row), "{row}: {table}");
+    }
+    assert!(ws.join("f1/cmp.svg").exists() && ws.join("f1/cmp.png").exists());
+
+    // Pack every run (without checkpoints) and rebuild through the binary.
+    let mut dirs: Vec<PathBuf> = acpo::sweep::trained_dirs(&sweeps, &reports)
+        .iter()
+        .flat_map(|d| std::fs::read_dir(d).expect("dir"))
+        .map(|e| e.expect("e").path())
+        .filter(|p| p.is_dir())
+        .collect();
+    dirs.sort();
+    assert_eq!(dirs.len(), 8);
+    let archive = ws.join("all.tar.gz");
+    let contents = acpo::archive::Contents { checkpoints: false };
+    acpo::archive::archive(&dirs, &archive, contents).expect("archive");
+    let doc = ws.join("DOC.md");
+    let blank = "# x\n\n<!-- begin: cmp.md -->\n<!-- end: cmp.md -->\n\n<!-- begin: t/sweep.md -->\n<!-- end: t/sweep.md -->\n";
+    std::fs::write(&doc, blank).expect("doc");
+    let sweep_from = |archive: &Path, out: &str| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_acpo"))
+            .args(["sweep", "--compare", "cmp", "--from"])
+            .arg(archive)
+            .arg("--results")
+            .arg(ws.join(out))
+            .arg("--figures")
+            .arg(ws.join("f2"))
+            .arg("--doc")
+            .arg(&doc)
+            .args(&specs)
+            .current_dir(ws)
+            .output()
+            .expect("acpo runs")
+    };
+    let out = sweep_from(&archive, "r2");
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rebuilt = ws.join("r2/from-all/sweeps");
+    for f in ["cmp.md", "t/sweep.md", "t-cispo/sweep.md"] {
+        assert_eq!(
+            std::fs::read_to_string(rebuilt.join(f)).expect("rebuilt"),
+            std::fs::read_to_string(reports.join(f)).expect("trained"),
+            "{f}"
+        );
+    }
+    assert_eq!(
+        std::fs::read(ws.join("f2/cmp.svg")).expect("svg"),
+        std::fs::read(ws.join("f1/cmp.svg")).expect("svg")
+    );
+    let filled = std::fs::read_to_string(&doc).expect("doc");
+    assert!(filled.contains(&format!(
+        "<!-- begin: cmp.md -->\n{}\n<!-- end: cmp.md -->",
+        table.trim_end()
+    )));
+    assert!(filled.contains("| 4 | 0.5 | 1 |"), "{filled}");
+
+    // Without the CISPO sweep's runs the archive cannot give its report.
+    let partial = ws.join("partial.tar.gz");
+    let kept: Vec<PathBuf> = dirs
+        .into_iter()
+        .filter(|d| !d.starts_with(reports.join("t-cispo")))
+        .collect();
+    acpo::archive::archive(&kept, &partial, contents).expect("archive");
+    let out = sweep_from(&partial, "r3");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("2 of the sweeps' runs are not there") && stderr.contains("t-cispo-p"),
+        "{stderr}"
+    );
+}
