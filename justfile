@@ -36,7 +36,7 @@ reproduce artifact="table1" scale="mini" seeds="1":
 sweep spec:
     cargo run --release -- sweep {{spec}}
 
-# Issue #23's study of the clipping family: the six sweeps of sweeps/ (162 runs, about 40 minutes
+# Issue #23's study of the clipping family: the six sweeps of sweeps/ (162 runs, under half an hour
 # on 2 cores), compared per family by policy updates per step (results/sweeps/study.md and
 # figures/study.{png,svg}).
 [group('reproduce')]

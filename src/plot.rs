@@ -87,8 +87,20 @@ pub struct Panel {
     pub x_range: Option<(f64, f64)>,
     /// x positions marked with dashed vertical lines (e.g. ±α).
     pub marks: Vec<f64>,
-    /// The legend in the upper right corner instead of the middle.
-    pub legend_top_right: bool,
+    /// Where the legend goes (series with an empty label have no entry; with none, no legend).
+    pub legend: Legend,
+    /// Draw each series' band as error bars at its points (series offset along x so that their
+    /// bars do not overlap) instead of a shaded area: for a few x values and many series.
+    pub error_bars: bool,
+}
+
+/// A legend's corner.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Legend {
+    #[default]
+    Middle,
+    UpperRight,
+    LowerLeft,
 }
 
 impl Panel {
@@ -187,7 +199,28 @@ fn draw_panels<DB: DrawingBackend>(
                     );
                     chart.draw_series(dash).map_err(|e| e.to_string())?;
                 }
-                for s in p.series.iter().filter(|s| !s.band.is_empty()) {
+                if p.error_bars {
+                    // a vertical bar with caps a fiftieth of the x range wide
+                    let cap = (x1 - x0) / 100.0;
+                    for s in &p.series {
+                        let bars = s.band.iter().flat_map(|&(x, lo, hi)| {
+                            [
+                                vec![(x, lo), (x, hi)],
+                                vec![(x - cap, lo), (x + cap, lo)],
+                                vec![(x - cap, hi), (x + cap, hi)],
+                            ]
+                        });
+                        let style = s.color.stroke_width(1);
+                        chart
+                            .draw_series(bars.map(|line| PathElement::new(line, style)))
+                            .map_err(|e| e.to_string())?;
+                    }
+                }
+                for s in p
+                    .series
+                    .iter()
+                    .filter(|s| !s.band.is_empty() && !p.error_bars)
+                {
                     let outline: Vec<(f64, f64)> = s
                         .band
                         .iter()
@@ -212,24 +245,33 @@ fn draw_panels<DB: DrawingBackend>(
                         })
                         .map(|(x, y)| (x, if p.log_y && y <= 0.0 { floor } else { y }))
                         .collect();
-                    chart
+                    let drawn = chart
                         .draw_series(LineSeries::new(points, color.stroke_width(2)))
-                        .map_err(|e| e.to_string())?
-                        .label(s.label.as_str())
-                        .legend(move |(x, y)| {
+                        .map_err(|e| e.to_string())?;
+                    if !s.label.is_empty() {
+                        drawn.label(s.label.as_str()).legend(move |(x, y)| {
                             PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(3))
                         });
+                    }
                 }
-                let mut labels = chart.configure_series_labels();
-                if p.legend_top_right {
-                    labels.position(SeriesLabelPosition::UpperRight);
+                if p.series.iter().any(|s| !s.label.is_empty()) {
+                    let mut labels = chart.configure_series_labels();
+                    match p.legend {
+                        Legend::Middle => {}
+                        Legend::UpperRight => {
+                            labels.position(SeriesLabelPosition::UpperRight);
+                        }
+                        Legend::LowerLeft => {
+                            labels.position(SeriesLabelPosition::LowerLeft);
+                        }
+                    }
+                    labels
+                        .label_font(("sans-serif", 14))
+                        .border_style(BLACK)
+                        .background_style(WHITE.mix(0.85))
+                        .draw()
+                        .map_err(|e| e.to_string())?;
                 }
-                labels
-                    .label_font(("sans-serif", 14))
-                    .border_style(BLACK)
-                    .background_style(WHITE.mix(0.85))
-                    .draw()
-                    .map_err(|e| e.to_string())?;
             }};
         }
         if p.log_y {

@@ -887,44 +887,69 @@ fn comparison_markdown(panels: &[ComparisonPanel], names: &[&str], seeds: &[usiz
     s
 }
 
-/// The comparison's figure: per baseline, Δ best against the policy updates per step (log2),
-/// one line per rule with its 95 % band.
+/// The comparison's figure: per baseline, Δ best and Δ final against the policy updates per
+/// step (log2), one line per rule with its 95 % intervals as error bars (the rules side by side
+/// at each degree; the legend once per baseline, right of the Δ final panel's data).
 fn comparison_figure(panels: &[ComparisonPanel], title: &str, stem: &Path) -> Result<Vec<PathBuf>> {
-    let drawn = panels
-        .iter()
-        .map(|panel| {
+    type Of = fn(&PointResult) -> &Option<Interval>;
+    let measures: [(&str, Of, bool); 2] = [
+        ("best", |p| &p.delta_best, false),
+        ("final", |p| &p.delta_final, true),
+    ];
+    let mut drawn = Vec::new();
+    for panel in panels {
+        let n = panel.rows.len();
+        let right = panel
+            .columns
+            .iter()
+            .map(|&u| (u as f64).log2())
+            .fold(0.0, f64::max);
+        for (name, of, legend) in measures {
             let series = panel
                 .rows
                 .iter()
                 .enumerate()
                 .map(|(i, (row, cells))| {
-                    let at = cells.iter().filter_map(|(&u, p)| {
-                        p.delta_best.as_ref().map(|d| ((u as f64).log2(), d))
-                    });
+                    // side by side: the rules spread over ±0.2 around each degree
+                    let dodge = if n > 1 {
+                        0.4 * (i as f64 / (n - 1) as f64 - 0.5)
+                    } else {
+                        0.0
+                    };
+                    let at: Vec<(f64, &Interval)> = cells
+                        .iter()
+                        .filter_map(|(&u, p)| {
+                            of(p).as_ref().map(|d| ((u as f64).log2() + dodge, d))
+                        })
+                        .collect();
                     crate::plot::Series {
-                        label: row.clone(),
+                        label: if legend { row.clone() } else { String::new() },
                         color: PALETTE[i % PALETTE.len()],
-                        points: at.clone().map(|(x, d)| (x, d.mean)).collect(),
+                        points: at.iter().map(|(x, d)| (*x, d.mean)).collect(),
                         band: at
+                            .iter()
                             .map(|(x, d)| {
                                 let h = d.half_width.unwrap_or(0.0);
-                                (x, d.mean - h, d.mean + h)
+                                (*x, d.mean - h, d.mean + h)
                             })
                             .collect(),
                     }
                 })
                 .collect();
-            crate::plot::Panel {
-                title: format!("against {}", panel.baseline),
+            drawn.push(crate::plot::Panel {
+                title: format!("Δ {name} against {}", panel.baseline),
                 x_desc: "log2 policy updates per step".into(),
-                y_desc: "Δ best, points (95 % CI)".into(),
+                y_desc: format!("Δ {name}, points (95 % CI)"),
                 series,
+                // room on the right for the legend, off the bars
+                x_range: Some((-0.5, right + 5.5)),
+                legend: crate::plot::Legend::UpperRight,
+                error_bars: true,
                 ..crate::plot::Panel::default()
-            }
-        })
-        .collect::<Vec<_>>();
-    let cols = drawn.len().clamp(1, 2);
-    Ok(crate::plot::write_figure(stem, title, &drawn, cols).map_err(ReportError::from)?)
+            });
+        }
+    }
+    Ok(crate::plot::write_figure(stem, title, &drawn, 2).map_err(ReportError::from)?)
 }
 
 const PALETTE: [plotters::style::RGBColor; 8] = [

@@ -264,7 +264,8 @@ pub fn tails(runs: &[RunResult], out: &Path) -> Result<(Vec<PathBuf>, String)> {
                 zero_at_axis: true,
                 x_range: Some((-half, half)),
                 marks: alphas.iter().flat_map(|a| [-a, *a]).collect(),
-                legend_top_right: true,
+                legend: crate::plot::Legend::UpperRight,
+                error_bars: false,
                 series: per_method
                     .iter()
                     .map(|(alg, h)| Series {

@@ -192,6 +192,21 @@ fn an_archive_without_checkpoints_verifies_and_holds_no_checkpoint_file() {
     assert!(run.join("checkpoints/step_000001/state.json").exists());
 }
 
+/// A shipped archive's SHA-256 is the one its sidecar `results/<name>.sha256` gives and the
+/// one REPRODUCE.md quotes; returns REPRODUCE.md.
+fn checksum_is_quoted(repo: &Path, name: &str) -> String {
+    let sha = acpo::checksum::sha256_file(&repo.join("results").join(name)).expect("hash");
+    let sidecar =
+        std::fs::read_to_string(repo.join(format!("results/{name}.sha256"))).expect("sidecar");
+    assert_eq!(sidecar, format!("{sha}  {name}\n"));
+    let guide = std::fs::read_to_string(repo.join("REPRODUCE.md")).expect("REPRODUCE.md");
+    assert!(
+        guide.contains(&sha),
+        "REPRODUCE.md quotes {name}'s SHA-256 {sha}"
+    );
+    guide
+}
+
 /// The archive shipped in the repository (REPRODUCE.md, tiers 1–2): it verifies, rebuilds
 /// Table 1-mini, the speedups, the regime, the paired differences over seeds and the verdict,
 /// and those are exactly the blocks REPRODUCE.md quotes, whose SHA-256 line matches the file.
@@ -207,15 +222,7 @@ fn shipped_archive_verifies_and_rebuilds_the_tables_quoted_in_reproduce() {
         String::from_utf8_lossy(&ok.stdout)
     );
 
-    let sha = acpo::checksum::sha256_file(&shipped).expect("hash");
-    let sidecar =
-        std::fs::read_to_string(repo.join("results/mini.tar.gz.sha256")).expect("sidecar");
-    assert_eq!(sidecar, format!("{sha}  mini.tar.gz\n"));
-    let guide = std::fs::read_to_string(repo.join("REPRODUCE.md")).expect("REPRODUCE.md");
-    assert!(
-        guide.contains(&sha),
-        "REPRODUCE.md quotes the archive's SHA-256 {sha}"
-    );
+    let guide = checksum_is_quoted(repo, "mini.tar.gz");
 
     let tmp = tempfile::tempdir().expect("tmp");
     let out = acpo(
@@ -267,15 +274,7 @@ fn shipped_archive_verifies_and_rebuilds_the_tables_quoted_in_reproduce() {
 fn shipped_study_archive_rebuilds_the_study_quoted_in_reproduce() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
     let shipped = repo.join("results/study.tar.gz");
-    let sha = acpo::checksum::sha256_file(&shipped).expect("hash");
-    let sidecar =
-        std::fs::read_to_string(repo.join("results/study.tar.gz.sha256")).expect("sidecar");
-    assert_eq!(sidecar, format!("{sha}  study.tar.gz\n"));
-    let guide = std::fs::read_to_string(repo.join("REPRODUCE.md")).expect("REPRODUCE.md");
-    assert!(
-        guide.contains(&sha),
-        "REPRODUCE.md quotes the archive's SHA-256 {sha}"
-    );
+    let guide = checksum_is_quoted(repo, "study.tar.gz");
 
     let tmp = tempfile::tempdir().expect("tmp");
     let results = tmp.path().join("results");
@@ -313,11 +312,18 @@ fn shipped_study_archive_rebuilds_the_study_quoted_in_reproduce() {
         filled, guide,
         "REPRODUCE.md's study blocks differ from what the archive gives: run `just study-from-archive`"
     );
-    assert_eq!(
-        std::fs::read(figures.join("study.svg")).expect("rebuilt figure"),
-        std::fs::read(repo.join("figures/study.svg")).expect("shipped figure"),
-        "figures/study.svg is not the archive's: run `just study-from-archive`"
-    );
+    // The figure's text is laid out with the font found at run time (src/plot.rs), so its bytes
+    // are compared only where that is DejaVu Sans at the place the shipped one was drawn with
+    // (CI's); its numbers are the study.md block's, checked above everywhere.
+    let rebuilt = std::fs::read(figures.join("study.svg")).expect("rebuilt figure");
+    let dejavu = Path::new("/usr/share/fonts/truetype/dejavu/DejaVuSans.ttf");
+    if std::env::var_os("ACPO_FONT").is_none() && dejavu.exists() {
+        assert_eq!(
+            rebuilt,
+            std::fs::read(repo.join("figures/study.svg")).expect("shipped figure"),
+            "figures/study.svg is not the archive's: run `just study-from-archive`"
+        );
+    }
 }
 
 #[test]

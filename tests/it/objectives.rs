@@ -938,3 +938,39 @@ fn the_two_clip_rules_disagreement_matches_a_scalar_reference() {
     )
     .is_err());
 }
+
+/// GSPO's cap (verl's `compute_policy_loss_gspo`): a sequence whose mean log-ratio exceeds 10
+/// is valued at s = e^10 and gets no gradient, while the other sequences train as usual. The
+/// fixture's inputs never reach the cap, so this checks it by hand.
+#[test]
+fn gspo_caps_the_sequence_log_ratio_at_ten_with_no_gradient_there() {
+    let dev = Device::Cpu;
+    // row 0: log π − log π_old = 11 on each token, Â = −1 (the unclipped term −Â·s is the
+    // larger, so only the cap stops its gradient); row 1: 0.1, Â = +1, inside the clip range
+    let lp =
+        Var::from_tensor(&Tensor::new(&[[11f32, 11.0, 11.0], [0.1, 0.1, 0.1]], &dev).expect("lp"))
+            .expect("var");
+    let old = Tensor::zeros((2, 3), candle_core::DType::F32, &dev).expect("old");
+    let adv = Tensor::new(&[[-1f32, -1.0, -1.0], [1.0, 1.0, 1.0]], &dev).expect("adv");
+    let mask = Tensor::ones((2, 3), candle_core::DType::F32, &dev).expect("mask");
+    let (per_token, stats) =
+        loss::gspo_loss(lp.as_tensor(), &old, &adv, &mask, 0.2, 0.28).expect("gspo");
+    let values = host(&per_token);
+    let (capped, inside) = (10f64.exp(), 0.1f64.exp());
+    for t in 0..3 {
+        assert!(close(values[0][t] as f64, capped, 1e-6), "{values:?}");
+        assert!(close(values[1][t] as f64, -inside, 1e-6), "{values:?}");
+    }
+    assert_eq!(stats.pg_clipfrac, 0.0, "neither row is clipped");
+    let grads = per_token
+        .sum_all()
+        .expect("sum")
+        .backward()
+        .expect("backward");
+    let g = host(grads.get(lp.as_tensor()).expect("gradient"));
+    assert_eq!(g[0], [0.0; 3], "no gradient beyond the cap");
+    for x in &g[1] {
+        // d(−Â·s)/d log π_t = −Â·s at each token
+        assert!(close(*x as f64, -inside, 1e-6), "{g:?}");
+    }
+}

@@ -247,6 +247,20 @@ fn the_study_specs_plan_the_issues_grid() {
         }
     }
     assert_eq!(total, 2 * (63 + 36));
+    // The three sweeps of a family share its baseline's 9 runs: 162 distinct runs in all.
+    let specs: Vec<PathBuf> = ["grpo", "ppo"]
+        .iter()
+        .flat_map(|f| {
+            ["ac", "cispo", "gspo"].map(|r| repo.join(format!("sweeps/study-{f}-{r}.yaml")))
+        })
+        .collect();
+    let sweeps = acpo::sweep::load_all(&specs).expect("specs");
+    let distinct: std::collections::BTreeSet<String> = sweeps
+        .iter()
+        .flat_map(|s| &s.variants)
+        .map(|v| acpo::run::RunDir::name_of(&v.exp))
+        .collect();
+    assert_eq!(distinct.len(), 162);
 }
 
 /// Two sweeps against one baseline (as the study's ACPO and CISPO sweeps of a family): the
