@@ -175,6 +175,12 @@ impl QwenConfig {
             .unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
     }
 
+    /// Bytes of K and V one sequence position holds in the cache, over every layer, at
+    /// `elem_size` bytes per value.
+    pub fn kv_bytes_per_position(&self, elem_size: usize) -> usize {
+        2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim() * elem_size
+    }
+
     pub fn rope_theta(&self) -> f64 {
         self.rope_theta
             .or_else(|| {

@@ -523,8 +523,7 @@ pub fn bench_generate(m: &Subject, opts: &SpeedOptions) -> Result<Measurement> {
     // Per decode step: every weight once (the compute dtype), and each sequence's cache so far,
     // on average prompt + N/2 positions of K and V in every layer.
     let elem = precision.compute.size_in_bytes() as f64;
-    let kv_per_position =
-        2.0 * (cfg.num_hidden_layers * cfg.num_key_value_heads * cfg.head_dim()) as f64 * elem;
+    let kv_per_position = cfg.kv_bytes_per_position(precision.compute.size_in_bytes()) as f64;
     let context = shape.prompt_len as f64 + shape.new_tokens as f64 / 2.0;
     let bytes_per_step =
         params.count() as f64 * elem + shape.batch as f64 * context * kv_per_position;
