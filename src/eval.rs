@@ -134,27 +134,13 @@ pub fn summarize(step: usize, benchmarks: Vec<BenchResult>) -> EvalSummary {
     }
 }
 
-/// Sequences per sampler call. Results do not depend on it (a completion depends only on its
-/// prompt and its key: [`rollout::generate`]); it bounds the KV cache's memory, which is
-/// allocated once per call for the longest prompt and every new token. On the CPU a call's fixed
-/// costs (its prefill, the tail where few sequences are left) weigh on a small model's
-/// evaluation, so it takes as many sequences as fit [`CPU_EVAL_KV_BYTES`], at most
-/// [`CPU_EVAL_MAX_BATCH`]; a GPU keeps 64, the batch its measurements used (docs/CUDA.md).
-fn generate_batch(model: &Qwen, positions: usize) -> usize {
-    if !model.device().is_cpu() {
-        return 64;
-    }
-    let per_sequence = model
-        .config()
-        .kv_bytes_per_position(model.dtype().size_in_bytes())
-        * positions.max(1);
-    (CPU_EVAL_KV_BYTES / per_sequence.max(1)).clamp(1, CPU_EVAL_MAX_BATCH)
-}
-
-/// The KV cache one evaluation call may hold on the CPU: 1 GiB.
-const CPU_EVAL_KV_BYTES: usize = 1 << 30;
-/// Beyond this, a larger call saves nothing measurable at the mini scale.
-const CPU_EVAL_MAX_BATCH: usize = 1024;
+/// Sequences per sampler call: bounds KV-cache memory. It is part of what a result depends
+/// on, at the last bit: a call's prompts are left-padded to its longest, and the padding changes
+/// the prefill's floating-point sums, so a completion whose next token is a near tie can differ
+/// with the batch. 64 on every device, as every shipped result was made (REPRODUCE.md, "Known
+/// sources of nondeterminism"; on the CPU 1024 per call made an xs run a fifth faster, the l
+/// and m runs not, docs/PERFORMANCE.md).
+const GENERATE_BATCH: usize = 64;
 
 /// Evaluates `model` on the benchmarks of `exp`'s eval section (from its data suite, with its
 /// seed). Returns the summary and every sample.
@@ -202,9 +188,7 @@ pub fn evaluate(
             .flat_map(|p| (0..k).map(move |s| (p, s)))
             .collect();
         let mut correct = vec![vec![false; k]; problems.len()];
-        let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
-        let per_call = generate_batch(model, longest + spec.max_new_tokens);
-        for (done, chunk) in jobs.chunks(per_call).enumerate() {
+        for (done, chunk) in jobs.chunks(GENERATE_BATCH).enumerate() {
             let batch: Vec<Vec<u32>> = chunk.iter().map(|(p, _)| prompts[*p].clone()).collect();
             let keys: Vec<[u64; 4]> = chunk
                 .iter()
@@ -231,7 +215,7 @@ pub fn evaluate(
             }
             progress(
                 b.name(),
-                ((done + 1) * per_call).min(jobs.len()),
+                ((done + 1) * GENERATE_BATCH).min(jobs.len()),
                 jobs.len(),
             );
         }
