@@ -145,6 +145,41 @@ impl Panel {
     }
 }
 
+/// How a series' band is drawn: a shaded area, or error bars (a vertical line with two caps).
+enum BandShape {
+    Bar(Vec<(f64, f64)>),
+    Area(Vec<(f64, f64)>),
+}
+
+/// The panel's bands as shapes with their series' colours; `x_span` sizes the bars' caps (a
+/// fiftieth of the x range wide).
+fn band_shapes(p: &Panel, x_span: f64) -> Vec<(BandShape, RGBColor)> {
+    let cap = x_span / 100.0;
+    let mut out = Vec::new();
+    for s in p.series.iter().filter(|s| !s.band.is_empty()) {
+        if p.error_bars {
+            for &(x, lo, hi) in &s.band {
+                for line in [
+                    vec![(x, lo), (x, hi)],
+                    vec![(x - cap, lo), (x + cap, lo)],
+                    vec![(x - cap, hi), (x + cap, hi)],
+                ] {
+                    out.push((BandShape::Bar(line), s.color));
+                }
+            }
+        } else {
+            let outline = s
+                .band
+                .iter()
+                .map(|&(x, _, hi)| (x, hi))
+                .chain(s.band.iter().rev().map(|&(x, lo, _)| (x, lo)))
+                .collect();
+            out.push((BandShape::Area(outline), s.color));
+        }
+    }
+    out
+}
+
 fn draw_panels<DB: DrawingBackend>(
     root: &DrawingArea<DB, Shift>,
     title: &str,
@@ -199,40 +234,16 @@ fn draw_panels<DB: DrawingBackend>(
                     );
                     chart.draw_series(dash).map_err(|e| e.to_string())?;
                 }
-                if p.error_bars {
-                    // a vertical bar with caps a fiftieth of the x range wide
-                    let cap = (x1 - x0) / 100.0;
-                    for s in &p.series {
-                        let bars = s.band.iter().flat_map(|&(x, lo, hi)| {
-                            [
-                                vec![(x, lo), (x, hi)],
-                                vec![(x - cap, lo), (x + cap, lo)],
-                                vec![(x - cap, hi), (x + cap, hi)],
-                            ]
-                        });
-                        let style = s.color.stroke_width(1);
-                        chart
-                            .draw_series(bars.map(|line| PathElement::new(line, style)))
-                            .map_err(|e| e.to_string())?;
-                    }
-                }
-                for s in p
-                    .series
-                    .iter()
-                    .filter(|s| !s.band.is_empty() && !p.error_bars)
-                {
-                    let outline: Vec<(f64, f64)> = s
-                        .band
-                        .iter()
-                        .map(|&(x, _, hi)| (x, hi))
-                        .chain(s.band.iter().rev().map(|&(x, lo, _)| (x, lo)))
-                        .collect();
-                    chart
-                        .draw_series(std::iter::once(Polygon::new(
-                            outline,
-                            s.color.mix(0.18).filled(),
-                        )))
-                        .map_err(|e| e.to_string())?;
+                for (shape, color) in band_shapes(p, x1 - x0) {
+                    let drawn = match shape {
+                        BandShape::Bar(line) => {
+                            chart.draw_series([PathElement::new(line, color.stroke_width(1))])
+                        }
+                        BandShape::Area(outline) => {
+                            chart.draw_series([Polygon::new(outline, color.mix(0.18).filled())])
+                        }
+                    };
+                    drawn.map_err(|e| e.to_string())?;
                 }
                 for s in &p.series {
                     let color = s.color;
