@@ -145,12 +145,9 @@ enum Tok {
     Env(String, String),
 }
 
-/// Splits LaTeX / plain math into tokens.
-///
-/// Length: this is a lexer — one loop with one arm per kind of lexeme (numbers, identifiers,
-/// `\commands` with their argument forms, `\text{}`, environments, relations, operators). The
-/// arms share the cursor and the output; cut into functions they would only pass both around,
-/// and the whole grammar would no longer be readable in one place.
+/// Splits LaTeX / plain math into tokens: one loop with an arm per kind of lexeme. Numbers
+/// ([`lex_number`]) and `\commands` ([`lex_command`]) have their own lexers, which return where
+/// the lexeme ends; words, relations and operators are lexed here.
 fn tokenize(s: &str) -> Result<Vec<Tok>, ParseError> {
     let chars: Vec<char> = s.chars().collect();
     let mut out = Vec::new();
@@ -169,159 +166,11 @@ fn tokenize(s: &str) -> Result<Vec<Tok>, ParseError> {
             _ => {}
         }
         if c.is_ascii_digit() || (c == '.' && chars.get(i + 1).is_some_and(char::is_ascii_digit)) {
-            let mut j = i;
-            let mut num = String::new();
-            while j < chars.len() {
-                let d = chars[j];
-                if d.is_ascii_digit() || d == '.' {
-                    num.push(d);
-                    j += 1;
-                } else if d == ',' && brackets == 0 && thousands_group(&chars, j) {
-                    j += 1; // 7,425,000
-                } else if d == ' ' && space_group(&chars, j) {
-                    j += 1; // 1 000
-                } else {
-                    break;
-                }
-            }
-            // A decimal comma (1000,99 / 0,111) when the whole number is written that way.
-            if j < chars.len()
-                && chars[j] == ','
-                && brackets == 0
-                && !num.contains('.')
-                && decimal_comma(&chars, j, &num)
-            {
-                num.push('.');
-                j += 1;
-                while j < chars.len() && chars[j].is_ascii_digit() {
-                    num.push(chars[j]);
-                    j += 1;
-                }
-            }
-            if num.matches('.').count() > 1 {
-                return perr(format!("malformed number `{num}`"));
-            }
-            // Scientific notation: 4.5e33, 1E-7 (an `e` glued to the number, then digits).
-            if matches!(chars.get(j), Some('e' | 'E')) {
-                let mut k = j + 1;
-                if matches!(chars.get(k), Some('+' | '-')) {
-                    k += 1;
-                }
-                let start = k;
-                while k < chars.len() && chars[k].is_ascii_digit() {
-                    k += 1;
-                }
-                if k > start && k - start <= 4 && chars.get(k).is_none_or(|c| !c.is_alphanumeric())
-                {
-                    let exp: String = chars[j + 1..k].iter().collect();
-                    out.push(Tok::Num(num));
-                    out.push(Tok::Op('*'));
-                    out.push(Tok::Num("10".into()));
-                    out.push(Tok::Op('^'));
-                    out.push(Tok::Op('{'));
-                    if let Some(e) = exp.strip_prefix('-') {
-                        out.push(Tok::Op('-'));
-                        out.push(Tok::Num(e.into()));
-                    } else {
-                        out.push(Tok::Num(exp.trim_start_matches('+').into()));
-                    }
-                    out.push(Tok::Op('}'));
-                    i = k;
-                    continue;
-                }
-            }
-            out.push(Tok::Num(num));
-            i = j;
+            i = lex_number(&chars, i, brackets, &mut out)?;
             continue;
         }
         if c == '\\' {
-            let mut j = i + 1;
-            while j < chars.len() && chars[j].is_ascii_alphabetic() {
-                j += 1;
-            }
-            if j == i + 1 {
-                // \\ (matrix row) or an escaped symbol
-                let sym = chars.get(i + 1).copied().unwrap_or(' ');
-                out.push(Tok::Op(if sym == '\\' { '⏎' } else { sym }));
-                i += 2;
-                continue;
-            }
-            let name: String = chars[i + 1..j].iter().collect();
-            match name.as_str() {
-                "text" | "textbf" | "textit" | "mathrm" | "textnormal" | "mbox" | "mathbf"
-                | "operatorname" | "mathit" | "textrm" => {
-                    let (content, next) = braced(&chars, j)?;
-                    let c = content.trim().to_string();
-                    match c.as_str() {
-                        "and" | "or" | "," => out.push(Tok::Op(',')),
-                        _ if c.chars().count() == 1 || name == "operatorname" => {
-                            out.extend(tokenize(&c)?);
-                        }
-                        _ => out.push(Tok::Text(c)),
-                    }
-                    i = next;
-                }
-                "begin" => {
-                    let (env, next) = braced(&chars, j)?;
-                    let end_tag: Vec<char> = format!("\\end{{{env}}}").chars().collect();
-                    let mut k = next;
-                    let mut found = None;
-                    while k + end_tag.len() <= chars.len() {
-                        if chars[k..k + end_tag.len()] == end_tag[..] {
-                            found = Some(k);
-                            break;
-                        }
-                        k += 1;
-                    }
-                    let Some(e) = found else {
-                        return perr(format!("\\begin{{{env}}} without \\end"));
-                    };
-                    let mut body: String = chars[next..e].iter().collect();
-                    if env == "array" {
-                        // drop the column spec {cc}
-                        if let Some(rest) = body.trim_start().strip_prefix('{') {
-                            body = rest
-                                .split_once('}')
-                                .map(|x| x.1.to_string())
-                                .unwrap_or_default();
-                        }
-                    }
-                    out.push(Tok::Env(env, body));
-                    i = e + end_tag.len();
-                }
-                "cdot" | "times" | "ast" => {
-                    out.push(Tok::Op('*'));
-                    i = j;
-                }
-                "div" => {
-                    out.push(Tok::Op('/'));
-                    i = j;
-                }
-                "pm" | "mp" => {
-                    out.push(Tok::Op('±'));
-                    i = j;
-                }
-                "in" => {
-                    out.push(Tok::Rel(RelOp::In));
-                    i = j;
-                }
-                "cup" => {
-                    out.push(Tok::Op('∪'));
-                    i = j;
-                }
-                "mid" | "vert" | "lvert" | "rvert" => {
-                    out.push(Tok::Op('|'));
-                    i = j;
-                }
-                "implies" | "Rightarrow" | "therefore" => {
-                    out.push(Tok::Op(','));
-                    i = j;
-                }
-                _ => {
-                    out.push(Tok::Cmd(name));
-                    i = j;
-                }
-            }
+            i = lex_command(&chars, i, &mut out)?;
             continue;
         }
         if c.is_alphabetic() {
@@ -362,6 +211,169 @@ fn tokenize(s: &str) -> Result<Vec<Tok>, ParseError> {
         i += 1;
     }
     Ok(out)
+}
+
+/// A number from `chars[i]`: digits with thousands groups (7,425,000 / 1 000), a decimal point
+/// or a decimal comma, and scientific notation (4.5e33 as 4.5 * 10^{33}). Returns where it ends.
+fn lex_number(
+    chars: &[char],
+    i: usize,
+    brackets: usize,
+    out: &mut Vec<Tok>,
+) -> Result<usize, ParseError> {
+    let mut j = i;
+    let mut num = String::new();
+    while j < chars.len() {
+        let d = chars[j];
+        if d.is_ascii_digit() || d == '.' {
+            num.push(d);
+            j += 1;
+        } else if d == ',' && brackets == 0 && thousands_group(chars, j) {
+            j += 1; // 7,425,000
+        } else if d == ' ' && space_group(chars, j) {
+            j += 1; // 1 000
+        } else {
+            break;
+        }
+    }
+    // A decimal comma (1000,99 / 0,111) when the whole number is written that way.
+    if j < chars.len()
+        && chars[j] == ','
+        && brackets == 0
+        && !num.contains('.')
+        && decimal_comma(chars, j, &num)
+    {
+        num.push('.');
+        j += 1;
+        while j < chars.len() && chars[j].is_ascii_digit() {
+            num.push(chars[j]);
+            j += 1;
+        }
+    }
+    if num.matches('.').count() > 1 {
+        return perr(format!("malformed number `{num}`"));
+    }
+    // Scientific notation: 4.5e33, 1E-7 (an `e` glued to the number, then digits).
+    if matches!(chars.get(j), Some('e' | 'E')) {
+        let mut k = j + 1;
+        if matches!(chars.get(k), Some('+' | '-')) {
+            k += 1;
+        }
+        let start = k;
+        while k < chars.len() && chars[k].is_ascii_digit() {
+            k += 1;
+        }
+        if k > start && k - start <= 4 && chars.get(k).is_none_or(|c| !c.is_alphanumeric()) {
+            let exp: String = chars[j + 1..k].iter().collect();
+            out.push(Tok::Num(num));
+            out.push(Tok::Op('*'));
+            out.push(Tok::Num("10".into()));
+            out.push(Tok::Op('^'));
+            out.push(Tok::Op('{'));
+            if let Some(e) = exp.strip_prefix('-') {
+                out.push(Tok::Op('-'));
+                out.push(Tok::Num(e.into()));
+            } else {
+                out.push(Tok::Num(exp.trim_start_matches('+').into()));
+            }
+            out.push(Tok::Op('}'));
+            return Ok(k);
+        }
+    }
+    out.push(Tok::Num(num));
+    Ok(j)
+}
+
+/// A `\command` from `chars[i]`: text-like commands with their braced argument, environments
+/// up to their `\end`, operators and relations spelled as commands. Returns where it ends.
+fn lex_command(chars: &[char], i: usize, out: &mut Vec<Tok>) -> Result<usize, ParseError> {
+    let mut j = i + 1;
+    while j < chars.len() && chars[j].is_ascii_alphabetic() {
+        j += 1;
+    }
+    if j == i + 1 {
+        // \\ (matrix row) or an escaped symbol
+        let sym = chars.get(i + 1).copied().unwrap_or(' ');
+        out.push(Tok::Op(if sym == '\\' { '⏎' } else { sym }));
+        return Ok(i + 2);
+    }
+    let name: String = chars[i + 1..j].iter().collect();
+    let next = match name.as_str() {
+        "text" | "textbf" | "textit" | "mathrm" | "textnormal" | "mbox" | "mathbf"
+        | "operatorname" | "mathit" | "textrm" => {
+            let (content, next) = braced(chars, j)?;
+            let c = content.trim().to_string();
+            match c.as_str() {
+                "and" | "or" | "," => out.push(Tok::Op(',')),
+                _ if c.chars().count() == 1 || name == "operatorname" => {
+                    out.extend(tokenize(&c)?);
+                }
+                _ => out.push(Tok::Text(c)),
+            }
+            next
+        }
+        "begin" => {
+            let (env, next) = braced(chars, j)?;
+            let end_tag: Vec<char> = format!("\\end{{{env}}}").chars().collect();
+            let mut k = next;
+            let mut found = None;
+            while k + end_tag.len() <= chars.len() {
+                if chars[k..k + end_tag.len()] == end_tag[..] {
+                    found = Some(k);
+                    break;
+                }
+                k += 1;
+            }
+            let Some(e) = found else {
+                return perr(format!("\\begin{{{env}}} without \\end"));
+            };
+            let mut body: String = chars[next..e].iter().collect();
+            if env == "array" {
+                // drop the column spec {cc}
+                if let Some(rest) = body.trim_start().strip_prefix('{') {
+                    body = rest
+                        .split_once('}')
+                        .map(|x| x.1.to_string())
+                        .unwrap_or_default();
+                }
+            }
+            out.push(Tok::Env(env, body));
+            e + end_tag.len()
+        }
+        "cdot" | "times" | "ast" => {
+            out.push(Tok::Op('*'));
+            j
+        }
+        "div" => {
+            out.push(Tok::Op('/'));
+            j
+        }
+        "pm" | "mp" => {
+            out.push(Tok::Op('±'));
+            j
+        }
+        "in" => {
+            out.push(Tok::Rel(RelOp::In));
+            j
+        }
+        "cup" => {
+            out.push(Tok::Op('∪'));
+            j
+        }
+        "mid" | "vert" | "lvert" | "rvert" => {
+            out.push(Tok::Op('|'));
+            j
+        }
+        "implies" | "Rightarrow" | "therefore" => {
+            out.push(Tok::Op(','));
+            j
+        }
+        _ => {
+            out.push(Tok::Cmd(name));
+            j
+        }
+    };
+    Ok(next)
 }
 
 fn thousands_group(chars: &[char], comma: usize) -> bool {
