@@ -95,11 +95,12 @@ impl GridValue {
         match self {
             GridValue::Bool(b) => b.to_string(),
             GridValue::Int(i) => i.to_string(),
-            // 1e9 and 5e-4 as written, not 1000000000.0 and 0.0005 (both YAML floats)
-            GridValue::Float(x) if *x != 0.0 && !(1e-3..1e5).contains(&x.abs()) => {
-                crate::manifest::short(*x)
-            }
-            GridValue::Float(x) => format!("{x:?}"),
+            // 1e9 and 5e-4 as written, not 1000000000.0 and 0.0005, but 2.0, not 2 (all YAML
+            // floats)
+            GridValue::Float(x) => match crate::manifest::short(*x) {
+                e if e.contains('e') => e,
+                _ => format!("{x:?}"),
+            },
             GridValue::Text(s) => s.clone(),
         }
     }
@@ -664,7 +665,7 @@ pub fn run(
     for s in sweeps {
         let points = point_results(s, &finished);
         let dir = reports.join(&s.spec.name);
-        written.push(put(&dir.join("sweep.md"), &markdown(&s.spec, &points))?);
+        written.push(put(&dir, "sweep.md", &markdown(&s.spec, &points))?);
         written.extend(figure(&s.spec, &points, &dir.join("sweep"))?);
         all.push((s, points));
     }
@@ -675,7 +676,8 @@ pub fn run(
             .map(|(s, _)| (s.spec.seeds, s.spec.name.as_str()))
             .unzip();
         written.push(put(
-            &reports.join(format!("{}.md", c.name)),
+            &reports,
+            &format!("{}.md", c.name),
             &comparison_markdown(&panels, &names, &seeds),
         )?);
         written.extend(comparison_figure(&panels, c.name, &c.figures.join(c.name))?);
@@ -683,28 +685,16 @@ pub fn run(
     Ok((reports, written))
 }
 
-fn put(path: &Path, text: &str) -> Result<PathBuf> {
-    let io = |source| SweepError::Io {
-        path: path.to_owned(),
+/// Writes `dir/name` atomically, creating `dir`.
+fn put(dir: &Path, name: &str, text: &str) -> Result<PathBuf> {
+    crate::atomic::write_in(dir, name, text.as_bytes()).map_err(|source| SweepError::Io {
+        path: dir.join(name),
         source,
-    };
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir).map_err(io)?;
-    }
-    crate::atomic::write(path, text.as_bytes()).map_err(io)?;
-    Ok(path.to_owned())
+    })
 }
 
 fn plain(i: &Option<Interval>) -> String {
-    match i {
-        Some(Interval {
-            mean,
-            half_width: Some(h),
-            ..
-        }) => format!("{mean:.1} [{:.1}, {:.1}]", mean - h, mean + h),
-        Some(i) => format!("{:.1}", i.mean),
-        None => "—".into(),
-    }
+    i.as_ref().map_or("—".into(), |i| i.show_unsigned(1))
 }
 
 /// A share in % of tokens, with two decimals (a clip often acts on a few tokens in ten
@@ -926,13 +916,7 @@ fn comparison_figure(panels: &[ComparisonPanel], title: &str, stem: &Path) -> Re
                         label: if legend { row.clone() } else { String::new() },
                         color: PALETTE[i % PALETTE.len()],
                         points: at.iter().map(|(x, d)| (*x, d.mean)).collect(),
-                        band: at
-                            .iter()
-                            .map(|(x, d)| {
-                                let h = d.half_width.unwrap_or(0.0);
-                                (*x, d.mean - h, d.mean + h)
-                            })
-                            .collect(),
+                        band: at.iter().map(|(x, d)| d.band_at(*x)).collect(),
                     }
                 })
                 .collect();
@@ -1002,8 +986,7 @@ pub fn figure(spec: &Spec, points: &[PointResult], stem: &Path) -> Result<Vec<Pa
             for p in ps {
                 if let (Some(x), Some(d)) = (x_of(&p.values[0].1), &p.delta_best) {
                     points.push((x, d.mean));
-                    let h = d.half_width.unwrap_or(0.0);
-                    band.push((x, d.mean - h, d.mean + h));
+                    band.push(d.band_at(x));
                 }
             }
             Series {

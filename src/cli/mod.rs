@@ -294,14 +294,10 @@ fn report(artifact: Artifact, root: &Path, figures: &Path, paper: bool) -> anyho
 fn reproduce(args: &ReproduceArgs) -> anyhow::Result<Outcome> {
     let scale = args.scale.name();
     let root = match &args.from {
-        Some(from) => {
-            let found = acpo::reproduce::from_archive(from, &args.results)?;
-            println!("{}: {}", from.display(), found.verification.describe());
-            match found.root {
-                Some(root) => root,
-                None => return Ok(Outcome::CheckFailed),
-            }
-        }
+        Some(from) => match unpack(from, &args.results)? {
+            Some(root) => root,
+            None => return Ok(Outcome::CheckFailed),
+        },
         None => {
             let dir = args.experiments.join(scale);
             let manifests = acpo::manifest::discover(&dir)?;
@@ -328,12 +324,10 @@ fn sweep(args: &args::SweepArgs) -> anyhow::Result<Outcome> {
     let unpacked;
     let source = match &args.from {
         Some(from) => {
-            let found = acpo::reproduce::from_archive(from, &args.results)?;
-            println!("{}: {}", from.display(), found.verification.describe());
-            match found.root {
-                Some(root) => unpacked = root,
+            unpacked = match unpack(from, &args.results)? {
+                Some(root) => root,
                 None => return Ok(Outcome::CheckFailed),
-            }
+            };
             acpo::sweep::Source::Finished(&unpacked)
         }
         None => acpo::sweep::Source::Train {
@@ -351,6 +345,14 @@ fn sweep(args: &args::SweepArgs) -> anyhow::Result<Outcome> {
     }
     println!("sweep reports under {}", reports.display());
     fill_doc(args.doc.as_deref(), &reports)
+}
+
+/// `--from ARCHIVE`: verifies it (saying what it found) and unpacks it under `results`; the
+/// finished runs' directory, or None when the verification failed.
+fn unpack(from: &Path, results: &Path) -> anyhow::Result<Option<PathBuf>> {
+    let found = acpo::reproduce::from_archive(from, results)?;
+    println!("{}: {}", from.display(), found.verification.describe());
+    Ok(found.root)
 }
 
 /// `--doc FILE`: the generated files quoted into FILE's marked blocks.

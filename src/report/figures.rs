@@ -56,9 +56,8 @@ fn method_series(
                         .map(|p| p.iter().find(|q| q.0 == x).map(|q| q.1))
                         .collect();
                     if let Some(i) = ys.and_then(|ys| super::seeds::Interval::of(&ys)) {
-                        let h = i.half_width.unwrap_or(0.0);
                         mean.push((x, i.mean));
-                        band.push((x, i.mean - h, i.mean + h));
+                        band.push(i.band_at(x));
                     }
                 }
                 out.push(Series {

@@ -63,18 +63,40 @@ impl Interval {
         })
     }
 
-    /// `mean [lo, hi]` with `digits` decimals (the mean alone from one value).
+    /// `mean [lo, hi]` with `digits` decimals and signs (the mean alone from one value): a
+    /// difference.
     pub fn show(&self, digits: usize) -> String {
+        self.written(digits, true)
+    }
+
+    /// As [`Interval::show`], without signs: a level, such as an accuracy.
+    pub fn show_unsigned(&self, digits: usize) -> String {
+        self.written(digits, false)
+    }
+
+    fn written(&self, digits: usize, signed: bool) -> String {
+        let num = |v: f64| {
+            if signed {
+                format!("{v:+.digits$}")
+            } else {
+                format!("{v:.digits$}")
+            }
+        };
         match self.half_width {
             Some(h) => format!(
-                "{:+.d$} [{:+.d$}, {:+.d$}]",
-                self.mean,
-                self.mean - h,
-                self.mean + h,
-                d = digits
+                "{} [{}, {}]",
+                num(self.mean),
+                num(self.mean - h),
+                num(self.mean + h)
             ),
-            None => format!("{:+.d$}", self.mean, d = digits),
+            None => num(self.mean),
         }
+    }
+
+    /// `(x, lo, hi)`: the interval as a figure's band at `x` (zero-width from one value).
+    pub fn band_at(&self, x: f64) -> (f64, f64, f64) {
+        let h = self.half_width.unwrap_or(0.0);
+        (x, self.mean - h, self.mean + h)
     }
 }
 
