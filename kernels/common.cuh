@@ -1,7 +1,11 @@
 // Shared helpers of acpo's kernels: f32/bf16 loads and stores with f32 arithmetic, and block
 // reductions. Every kernel computes in f32 whatever it reads and writes (the CPU twins do too).
 #pragma once
+#ifdef ACPO_EMU
+#include "check/cuda_emu.hpp"  // the CPU emulator (kernels/check/): no CUDA headers there
+#else
 #include <cuda_bf16.h>
+#endif
 #include <stdint.h>
 
 __device__ __forceinline__ float to_f(float x) { return x; }

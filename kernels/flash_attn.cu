@@ -11,7 +11,8 @@
 // K and V rows are `cap` columns apart (a KV cache's buffer, of which the first S are keys);
 // the backward takes cap == S.
 //
-// Version 1 is correctness-first: CUDA cores, no tensor-core MMA. One warp owns one row:
+// These are the row kernels: CUDA cores, any head dim up to 128, f32 or bf16; the oracle of the
+// tensor-core kernels (flash_mma.cu), which take bf16 at head dim 64 and 128. One warp owns a row:
 // - forward and dQ: a query row. The block's FA_WARPS rows share tiles of FA_TILE keys in shared
 //   memory; lane l scores key l of the tile; online softmax over the tiles;
 // - dK/dV: a key row. The block's FA_WARPS keys share tiles of FA_TILE query rows of every query
@@ -19,12 +20,10 @@
 // Sums run in a fixed order and there are no atomics, so a result is the same on every run.
 // Tiles that causality hides from every row of a block are skipped. They would add exp(-1e9)
 // = 0, unless the block holds a row that sees no key: then it reads every key.
-#include "common.cuh"
+#include "flash.cuh"
 
-#define FA_MAXD 128
 #define FA_TILE 32
 #define FA_WARPS 4
-#define FA_MASKED (-1e9f)
 #define FA_CHUNKS (FA_MAXD / 32)
 
 // first[b] = the first valid key of sequence b (S when there is none).
@@ -36,15 +35,6 @@ extern "C" __global__ void flash_first_valid(const uint8_t* __restrict__ valid, 
     if (row[j]) best = fmaxf(best, -(float)j);
   best = block_max(best);
   if (threadIdx.x == 0) first[blockIdx.x] = (int)(-best);
-}
-
-__device__ __forceinline__ float fa_bias(const uint8_t* valid_b, int j, int i, int past) {
-  return (valid_b[j] && j <= past + i) ? 0.0f : FA_MASKED;
-}
-
-// Whether the block whose first query row is row0 holds a row that sees no key.
-__device__ __forceinline__ bool fa_blind_rows(int first, int past, int row0) {
-  return first > past + row0;
 }
 
 template <typename T>
@@ -435,208 +425,6 @@ __device__ void fd_combine(const float* __restrict__ part, T* __restrict__ o,
   }
 }
 
-// ---------------------------------------------------------------------------------------------
-// Forward on tensor cores (bf16, head dim 64 or 128; issue #20's prefill): FA2's forward with
-// mma.sync.m16n8k16 (bf16 in, f32 accumulate). A block of 4 warps takes 64 query rows of one
-// (sequence, head), 16 per warp; K and V tiles of 64 keys are staged in shared memory as bf16.
-// S = Q·Kᵀ and O += P·V run on tensor cores; P goes from S's accumulator fragments to the A
-// operand of the second product in registers, rounded to bf16 as FA2 does, while the row sums
-// l are kept from the f32 probabilities. Masking, the tiles causality skips and the statistics
-// {m, 1/l} are the scalar forward's, so the backward reads them unchanged.
-//
-// Fragment layouts (PTX ISA, mma.m16n8k16, .bf16): with g = lane / 4 and t = lane % 4,
-// A holds rows g and g + 8, columns 2t, 2t + 1, 2t + 8, 2t + 9; B holds rows (k) 2t, 2t + 1,
-// 2t + 8, 2t + 9 of column (n) g; C holds rows g and g + 8, columns 2t and 2t + 1.
-#define FM_ROWS 64
-#define FM_KEYS 64
-#define FM_PAD 8
-
-__device__ __forceinline__ void mma_bf16_16816(float c[4], const uint32_t a[4], uint32_t b0,
-                                               uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, "
-      "{%8,%9}, {%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// Two bf16 as one register: lo in the low half (the lower column or row index).
-__device__ __forceinline__ uint32_t fm_pack(float lo, float hi) {
-  __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-
-__device__ __forceinline__ uint32_t fm_pack_bf16(__nv_bfloat16 lo, __nv_bfloat16 hi) {
-  __nv_bfloat162 v;
-  v.x = lo;
-  v.y = hi;
-  return *reinterpret_cast<uint32_t*>(&v);
-}
-
-__device__ __forceinline__ uint32_t fm_ld32(const __nv_bfloat16* p) {
-  return *reinterpret_cast<const uint32_t*>(p);
-}
-
-template <int D>
-__device__ void fm_load_tile(__nv_bfloat16 (*dst)[FA_MAXD + FM_PAD], const __nv_bfloat16* src,
-                             int j0, int n) {
-  constexpr int VEC = D / 8;  // 16-byte vectors per row
-  for (int x = threadIdx.x; x < FM_KEYS * VEC; x += blockDim.x) {
-    const int jj = x / VEC, c = (x % VEC) * 8, j = j0 + jj;
-    uint4 val = make_uint4(0, 0, 0, 0);
-    if (j < n) val = *reinterpret_cast<const uint4*>(src + (size_t)j * D + c);
-    *reinterpret_cast<uint4*>(&dst[jj][c]) = val;
-  }
-}
-
-// grid (ceil(Tq / FM_ROWS), H, B), block 128.
-template <int D>
-__device__ void fm_forward(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
-                           const __nv_bfloat16* __restrict__ v, const uint8_t* __restrict__ valid,
-                           const int* __restrict__ first, __nv_bfloat16* __restrict__ o,
-                           float* __restrict__ stats, int H, int KV, int Tq, int S, int cap,
-                           int past, float scale) {
-  __shared__ __align__(16) __nv_bfloat16 ks[FM_KEYS][FA_MAXD + FM_PAD];
-  __shared__ __align__(16) __nv_bfloat16 vs[FM_KEYS][FA_MAXD + FM_PAD];
-  constexpr int KC = D / 16, DN = D / 8, NT = FM_KEYS / 8;
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
-  const int bi = blockIdx.z, hi = blockIdx.y, g = hi / (H / KV);
-  const int row0 = blockIdx.x * FM_ROWS;
-  const int r0 = row0 + warp * 16 + gq, r1 = r0 + 8;  // this thread's two query positions
-  const __nv_bfloat16* qb = q + ((size_t)bi * H + hi) * Tq * D;
-  const __nv_bfloat16* kb = k + ((size_t)bi * KV + g) * cap * D;
-  const __nv_bfloat16* vb = v + ((size_t)bi * KV + g) * cap * D;
-  const uint8_t* valid_b = valid + (size_t)bi * S;
-  uint32_t qa[KC][4];
-#pragma unroll
-  for (int kc = 0; kc < KC; ++kc) {
-    const int c = kc * 16 + 2 * tq;
-    qa[kc][0] = r0 < Tq ? fm_ld32(qb + (size_t)r0 * D + c) : 0u;
-    qa[kc][1] = r1 < Tq ? fm_ld32(qb + (size_t)r1 * D + c) : 0u;
-    qa[kc][2] = r0 < Tq ? fm_ld32(qb + (size_t)r0 * D + c + 8) : 0u;
-    qa[kc][3] = r1 < Tq ? fm_ld32(qb + (size_t)r1 * D + c + 8) : 0u;
-  }
-  float oacc[DN][4];
-#pragma unroll
-  for (int dn = 0; dn < DN; ++dn) oacc[dn][0] = oacc[dn][1] = oacc[dn][2] = oacc[dn][3] = 0.0f;
-  float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
-  const int last = min(Tq - 1, row0 + FM_ROWS - 1);
-  const int kend = fa_blind_rows(first[bi], past, row0) ? S : min(S, past + last + 1);
-  for (int j0 = 0; j0 < kend; j0 += FM_KEYS) {
-    __syncthreads();
-    fm_load_tile<D>(ks, kb, j0, S);
-    fm_load_tile<D>(vs, vb, j0, S);
-    __syncthreads();
-    float sacc[NT][4];
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt) {
-      sacc[nt][0] = sacc[nt][1] = sacc[nt][2] = sacc[nt][3] = 0.0f;
-#pragma unroll
-      for (int kc = 0; kc < KC; ++kc) {
-        const __nv_bfloat16* kr = &ks[nt * 8 + gq][kc * 16 + 2 * tq];
-        mma_bf16_16816(sacc[nt], qa[kc], fm_ld32(kr), fm_ld32(kr + 8));
-      }
-    }
-    float mx0 = -INFINITY, mx1 = -INFINITY;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const int j = j0 + nt * 8 + 2 * tq + (e & 1);
-        const int i = e < 2 ? r0 : r1;
-        const float sc = j < kend ? sacc[nt][e] * scale + fa_bias(valid_b, j, i, past) : -INFINITY;
-        sacc[nt][e] = sc;
-        if (e < 2)
-          mx0 = fmaxf(mx0, sc);
-        else
-          mx1 = fmaxf(mx1, sc);
-      }
-    // a row's 64 scores are spread over the 4 threads of its quad
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
-    mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
-    mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
-    const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
-    const float al0 = mn0 == -INFINITY ? 1.0f : expf(m0 - mn0);
-    const float al1 = mn1 == -INFINITY ? 1.0f : expf(m1 - mn1);
-    float ps0 = 0.0f, ps1 = 0.0f;
-#pragma unroll
-    for (int nt = 0; nt < NT; ++nt)
-#pragma unroll
-      for (int e = 0; e < 4; ++e) {
-        const float mn = e < 2 ? mn0 : mn1;
-        const float p = sacc[nt][e] == -INFINITY ? 0.0f : expf(sacc[nt][e] - mn);
-        sacc[nt][e] = p;
-        if (e < 2)
-          ps0 += p;
-        else
-          ps1 += p;
-      }
-    ps0 += __shfl_xor_sync(0xffffffffu, ps0, 1);
-    ps0 += __shfl_xor_sync(0xffffffffu, ps0, 2);
-    ps1 += __shfl_xor_sync(0xffffffffu, ps1, 1);
-    ps1 += __shfl_xor_sync(0xffffffffu, ps1, 2);
-    l0 = l0 * al0 + ps0;
-    l1 = l1 * al1 + ps1;
-    m0 = mn0;
-    m1 = mn1;
-#pragma unroll
-    for (int dn = 0; dn < DN; ++dn) {
-      oacc[dn][0] *= al0;
-      oacc[dn][1] *= al0;
-      oacc[dn][2] *= al1;
-      oacc[dn][3] *= al1;
-    }
-#pragma unroll
-    for (int kc = 0; kc < FM_KEYS / 16; ++kc) {
-      const uint32_t pa[4] = {fm_pack(sacc[2 * kc][0], sacc[2 * kc][1]),
-                              fm_pack(sacc[2 * kc][2], sacc[2 * kc][3]),
-                              fm_pack(sacc[2 * kc + 1][0], sacc[2 * kc + 1][1]),
-                              fm_pack(sacc[2 * kc + 1][2], sacc[2 * kc + 1][3])};
-      const int kk = kc * 16 + 2 * tq;
-#pragma unroll
-      for (int dn = 0; dn < DN; ++dn) {
-        const int dd = dn * 8 + gq;
-        mma_bf16_16816(oacc[dn], pa, fm_pack_bf16(vs[kk][dd], vs[kk + 1][dd]),
-                       fm_pack_bf16(vs[kk + 8][dd], vs[kk + 9][dd]));
-      }
-    }
-  }
-  const float inv0 = 1.0f / l0, inv1 = 1.0f / l1;
-  __nv_bfloat16* ob = o + ((size_t)bi * H + hi) * Tq * D;
-#pragma unroll
-  for (int dn = 0; dn < DN; ++dn) {
-    const int d = dn * 8 + 2 * tq;
-    if (r0 < Tq)
-      *reinterpret_cast<__nv_bfloat162*>(ob + (size_t)r0 * D + d) =
-          __floats2bfloat162_rn(oacc[dn][0] * inv0, oacc[dn][1] * inv0);
-    if (r1 < Tq)
-      *reinterpret_cast<__nv_bfloat162*>(ob + (size_t)r1 * D + d) =
-          __floats2bfloat162_rn(oacc[dn][2] * inv1, oacc[dn][3] * inv1);
-  }
-  if (tq == 0) {
-    float* sb = stats + 2 * (((size_t)bi * H + hi) * Tq);
-    if (r0 < Tq) {
-      sb[2 * r0] = m0;
-      sb[2 * r0 + 1] = inv0;
-    }
-    if (r1 < Tq) {
-      sb[2 * r1] = m1;
-      sb[2 * r1 + 1] = inv1;
-    }
-  }
-}
-
-#define FM_INSTANCE(DIM)                                                                     \
-  extern "C" __global__ void __launch_bounds__(128) flash_fwd_mma_d##DIM##_bf16(            \
-      const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,                \
-      const uint8_t* valid, const int* first, __nv_bfloat16* o, float* stats, FA_ARGS) {    \
-    fm_forward<DIM>(q, k, v, valid, first, o, stats, H, KV, Tq, S, cap, past, scale);       \
-  }
-
-#define FA_ARGS int H, int KV, int Tq, int S, int cap, int D, int past, float scale
-#define FA_PASS H, KV, Tq, S, cap, D, past, scale
-
 #define FA_INSTANCES(T, SFX)                                                                  \
   extern "C" __global__ void flash_fwd_##SFX(const T* q, const T* k, const T* v,              \
                                              const uint8_t* valid, const int* first, T* o,    \
@@ -670,5 +458,3 @@ __device__ void fm_forward(const __nv_bfloat16* __restrict__ q, const __nv_bfloa
 
 FA_INSTANCES(float, f32)
 FA_INSTANCES(__nv_bfloat16, bf16)
-FM_INSTANCE(64)
-FM_INSTANCE(128)

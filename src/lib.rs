@@ -17,6 +17,7 @@ pub mod archive;
 pub mod atomic;
 pub mod checksum;
 pub mod data;
+pub mod device;
 pub mod eval;
 pub mod fused;
 pub mod generate;

@@ -14,7 +14,6 @@ use std::path::Path;
 
 use candle_core::{DType, Tensor, Var};
 
-use crate::fused::AdamWConsts;
 use crate::manifest::OptimSpec;
 use crate::model::{ModelError, Params, Result};
 
@@ -39,6 +38,18 @@ impl Gradients {
 
     pub fn from_map(map: BTreeMap<String, Tensor>) -> Gradients {
         Gradients(map)
+    }
+
+    /// Adds the gradients of `params` that `store` holds (a whole backward's, or one layer's of
+    /// a checkpointed backward): a parameter's sum is the same whether its gradients arrive
+    /// this way, layer by layer, or as a micro-batch's [`Gradients::from_store`] then
+    /// [`Gradients::accumulate`], as long as each backward reaches it once.
+    pub fn add_store(
+        &mut self,
+        params: &Params,
+        store: &candle_core::backprop::GradStore,
+    ) -> Result<()> {
+        self.accumulate(Gradients::from_store(params, store)?)
     }
 
     /// Adds another micro-batch's gradients (accumulation is a sum).
@@ -379,6 +390,21 @@ fn fused_update(
     )))
 }
 
+/// The f32 constants of one AdamW update (what candle's affine maps multiply by and add): the
+/// one-pass update's on the CPU ([`fused_update`]) and in the CUDA kernel (kernels/adamw.cu).
+#[derive(Debug, Clone, Copy)]
+pub struct AdamWConsts {
+    pub scale: f32,
+    pub b1: f32,
+    pub one_minus_b1: f32,
+    pub b2: f32,
+    pub one_minus_b2: f32,
+    pub decay: f32,
+    pub inv_sqrt_bc2: f32,
+    pub eps: f32,
+    pub step: f32,
+}
+
 /// The f32 constants of the one-pass update for `h`.
 fn f32_consts(h: &Hyper) -> AdamWConsts {
     AdamWConsts {
@@ -417,7 +443,14 @@ fn cuda_update(
         .contiguous()?
         .apply_op3_no_bwd(&g, &mv, &CudaAdamW(f32_consts(h)))?;
     let part = |i: usize| out.get(i)?.reshape(p.shape());
-    Ok(Some((part(0)?.to_dtype(p.dtype())?, part(1)?, part(2)?)))
+    // The moments are copied out of `out`: as views they would keep its whole (3, N) buffer,
+    // 12 bytes a parameter where the moments need 8, alive until the next step (issue #33).
+    // The parameter is copied into the master's own storage by the caller (`Var::set`).
+    Ok(Some((
+        part(0)?.to_dtype(p.dtype())?,
+        part(1)?.copy()?,
+        part(2)?.copy()?,
+    )))
 }
 
 #[cfg(not(feature = "cuda"))]
@@ -462,7 +495,7 @@ impl candle_core::CustomOp3 for CudaAdamW {
         mv: &candle_core::CudaStorage,
         lmv: &candle_core::Layout,
     ) -> candle_core::Result<(candle_core::CudaStorage, candle_core::Shape)> {
-        crate::fused::cuda::adamw(p, lp, g, lg, mv, lmv, &self.0)
+        cuda::adamw(p, lp, g, lg, mv, lmv, &self.0)
     }
 }
 
@@ -547,5 +580,67 @@ mod tests {
             eps: 1e-8,
         };
         assert!(fused_update(&var, None, &z, &z, &h).unwrap().is_none());
+    }
+}
+
+/// The CUDA launch of `kernels/adamw.cu`; the CPU twin is [`fused_update`].
+#[cfg(feature = "cuda")]
+mod cuda {
+    use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
+    use candle_core::cuda_backend::WrapErr;
+    use candle_core::{CudaStorage, DType, Layout, Result, Shape};
+
+    use crate::fused::launch::{dtype_of, elems_config, kernel, ptx, suffix, view, with_type};
+
+    const PTX: (&str, &str) = ptx!("adamw");
+
+    /// One AdamW update of `p` (f32 or bf16) with the fp32 gradient `g` and moments `mv` `(2, N)`:
+    /// `[p; m; v]` as `(3, N)` in f32.
+    pub fn adamw(
+        p: &CudaStorage,
+        lp: &Layout,
+        g: &CudaStorage,
+        lg: &Layout,
+        mv: &CudaStorage,
+        lmv: &Layout,
+        c: &super::AdamWConsts,
+    ) -> Result<(CudaStorage, Shape)> {
+        let what = "acpo-adamw";
+        let sfx = suffix(dtype_of(p), what)?;
+        with_type!(dtype_of(p), T, {
+            let dev = &p.device;
+            let pv = view::<T>(p, lp, what)?;
+            let (gv, mvv) = (view::<f32>(g, lg, what)?, view::<f32>(mv, lmv, what)?);
+            let len = pv.len();
+            if gv.len() != len || mvv.len() != 2 * len {
+                candle_core::bail!(
+                    "{what}: {len} parameters, {} gradients, {} moments",
+                    gv.len(),
+                    mvv.len()
+                );
+            }
+            let mut out = unsafe { dev.alloc::<f32>(3 * len) }?;
+            let f = kernel!(dev, &format!("adamw_{sfx}"), PTX)?;
+            let mut b = f.builder();
+            b.arg(&pv)
+                .arg(&gv)
+                .arg(&mvv)
+                .arg(&mut out)
+                .arg(&len)
+                .arg(&c.scale)
+                .arg(&c.b1)
+                .arg(&c.one_minus_b1)
+                .arg(&c.b2)
+                .arg(&c.one_minus_b2)
+                .arg(&c.decay)
+                .arg(&c.inv_sqrt_bc2)
+                .arg(&c.eps)
+                .arg(&c.step);
+            unsafe { b.launch(elems_config(len)) }.w()?;
+            Ok((
+                CudaStorage::wrap_cuda_slice(out, dev.clone()),
+                Shape::from((3, len)),
+            ))
+        })
     }
 }

@@ -99,7 +99,7 @@ step "cuda tests" 300 cuda_tests.log "$bin/it" cuda:: --test-threads=1 --nocaptu
 grep -E '^(test |skipped|thread |test result)|relative error' "$res/cuda_tests.log" | tee -a "$res/summary.txt"
 # The flash kernels alone against a float64 reference, and timed beside the row kernel.
 step "flash kernels check" 90 flash_kernels_check.log bash -c \
-    "nvcc -O3 -std=c++17 -arch=sm_90 -Ikernels tools/flash_kernels_check.cu -o $bin/fa && $bin/fa"
+    "nvcc -O3 -std=c++17 -arch=sm_90 -Ikernels kernels/check/flash_check.cu -o $bin/fa && $bin/fa"
 tail -14 "$res/flash_kernels_check.log" | tee -a "$res/summary.txt"
 fi
 

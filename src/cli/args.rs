@@ -348,6 +348,11 @@ pub struct BenchArgs {
     /// train-step: gradient checkpointing per decoder layer.
     #[arg(long)]
     pub checkpointing: bool,
+    /// train-step: trace the device's memory by phase through the timed steps (forward, head,
+    /// each layer's recompute, gradients, optimizer), beside the named tensors the step holds by
+    /// arithmetic, in train-step.md and train-step.json.
+    #[arg(long)]
+    pub trace: bool,
     /// memory-plan: the manifests of the runs.
     #[arg(long, default_value = "experiments/paper")]
     pub experiments: PathBuf,

@@ -403,6 +403,7 @@ fn speed_options(args: &args::BenchArgs) -> anyhow::Result<acpo::perf::SpeedOpti
             micro_batch,
             kernels,
             checkpointing: args.checkpointing,
+            trace: args.trace,
         },
         sample: acpo::perf::SampleShape {
             batch: args.batch.unwrap_or(acpo::perf::BATCH),

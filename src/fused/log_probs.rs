@@ -59,7 +59,7 @@ impl CustomOp2 for TokenLogProbs {
         s2: &candle_core::CudaStorage,
         l2: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        super::cuda::token_log_probs(s1, l1, s2, l2)
+        cuda::token_log_probs(s1, l1, s2, l2)
     }
 
     fn bwd(
@@ -119,7 +119,7 @@ impl CustomOp3 for TokenLogProbsBwd {
         s3: &candle_core::CudaStorage,
         l3: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        super::cuda::token_log_probs_bwd(s1, l1, s2, l2, s3, l3)
+        cuda::token_log_probs_bwd(s1, l1, s2, l2, s3, l3)
     }
 }
 
@@ -132,4 +132,72 @@ pub fn token_log_probs(z: &Tensor, t: &Tensor) -> Result<Tensor> {
     let z2 = z.contiguous()?.reshape(((), v))?;
     let t1 = t.to_dtype(DType::U32)?.contiguous()?.flatten_all()?;
     z2.apply_op2(&t1, TokenLogProbs)?.reshape(dims)
+}
+
+/// The CUDA launches of `kernels/log_probs.cu` (the `cuda` feature); the CPU twin is this file's `cpu_fwd`.
+#[cfg(feature = "cuda")]
+pub(crate) mod cuda {
+    use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
+    use candle_core::cuda_backend::WrapErr;
+    use candle_core::{CudaStorage, Layout, Result, Shape};
+
+    use crate::fused::launch::{kernel, ptx, rows_config, view};
+
+    const PTX: (&str, &str) = ptx!("log_probs");
+
+    pub fn token_log_probs(
+        z: &CudaStorage,
+        lz: &Layout,
+        t: &CudaStorage,
+        lt: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let what = "acpo-token-log-probs";
+        let dev = &z.device;
+        let (zv, tv) = (view::<f32>(z, lz, what)?, view::<u32>(t, lt, what)?);
+        let v = lz.dims().last().copied().unwrap_or(1);
+        let rows = tv.len();
+        let mut lp = unsafe { dev.alloc::<f32>(rows) }?;
+        let f = kernel!(dev, "token_log_probs_f32", PTX)?;
+        let v_i = v as i32;
+        let mut b = f.builder();
+        b.arg(&zv).arg(&tv).arg(&mut lp).arg(&v_i);
+        if rows > 0 {
+            unsafe { b.launch(rows_config(rows)?) }.w()?;
+        }
+        Ok((
+            CudaStorage::wrap_cuda_slice(lp, dev.clone()),
+            Shape::from(rows),
+        ))
+    }
+
+    pub fn token_log_probs_bwd(
+        z: &CudaStorage,
+        lz: &Layout,
+        t: &CudaStorage,
+        lt: &Layout,
+        g: &CudaStorage,
+        lg: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let what = "acpo-token-log-probs-bwd";
+        let dev = &z.device;
+        let (zv, tv, gv) = (
+            view::<f32>(z, lz, what)?,
+            view::<u32>(t, lt, what)?,
+            view::<f32>(g, lg, what)?,
+        );
+        let v = lz.dims().last().copied().unwrap_or(1);
+        let rows = tv.len();
+        let mut dz = unsafe { dev.alloc::<f32>(zv.len()) }?;
+        let f = kernel!(dev, "token_log_probs_bwd_f32", PTX)?;
+        let v_i = v as i32;
+        let mut b = f.builder();
+        b.arg(&zv).arg(&tv).arg(&gv).arg(&mut dz).arg(&v_i);
+        if rows > 0 {
+            unsafe { b.launch(rows_config(rows)?) }.w()?;
+        }
+        Ok((
+            CudaStorage::wrap_cuda_slice(dz, dev.clone()),
+            lz.shape().clone(),
+        ))
+    }
 }

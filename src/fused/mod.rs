@@ -26,12 +26,13 @@
 //! Every op lives in its own file beside its composed reference path (other devices, other
 //! dtypes) — the twin a CUDA kernel is tested against too — and the tests in
 //! `tests/it/fused.rs` compare values and gradients of the two. With the `cuda` feature each op
-//! also has a `cuda_fwd` launching its kernel from `kernels/` ([`cuda`], f32 and bf16 storage),
-//! tested against the CPU op in `tests/it/cuda.rs`.
+//! also has a `cuda_fwd` launching its kernel from `kernels/` (f32 and bf16 storage) from a
+//! `cuda` module in the op's own file (`launch` holds what the launches share), tested against
+//! the CPU op in `tests/it/cuda.rs`.
 
-#[cfg(feature = "cuda")]
-pub mod cuda;
 mod flash;
+#[cfg(feature = "cuda")]
+pub(crate) mod launch;
 mod log_probs;
 mod rms_norm;
 mod rope;
@@ -57,21 +58,6 @@ use rayon::prelude::*;
 /// Output elements below which an op runs on the calling thread, where handing rows to the
 /// pool costs more than the work; the same threshold as candle's own element-wise ops.
 const PAR_MIN_ELEMS: usize = 1 << 16;
-
-/// The f32 constants of one AdamW update (what candle's affine maps multiply by and add): the
-/// one-pass update's on the CPU (`optim`) and in the CUDA kernel (kernels/adamw.cu).
-#[derive(Debug, Clone, Copy)]
-pub struct AdamWConsts {
-    pub scale: f32,
-    pub b1: f32,
-    pub one_minus_b1: f32,
-    pub b2: f32,
-    pub one_minus_b2: f32,
-    pub decay: f32,
-    pub inv_sqrt_bc2: f32,
-    pub eps: f32,
-    pub step: f32,
-}
 
 /// Whether the fused CPU path applies to `t`.
 pub fn applies(t: &Tensor) -> bool {

@@ -46,7 +46,7 @@ impl CustomOp2 for RmsNorm {
         s2: &candle_core::CudaStorage,
         l2: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        super::cuda::rms_norm_fwd(s1, l1, s2, l2, self.eps)
+        cuda::rms_norm_fwd(s1, l1, s2, l2, self.eps)
     }
 
     fn bwd(
@@ -131,7 +131,7 @@ impl CustomOp3 for RmsNormBwd {
         s3: &candle_core::CudaStorage,
         l3: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        super::cuda::rms_norm_bwd(s1, l1, s2, l2, s3, l3, self.eps)
+        cuda::rms_norm_bwd(s1, l1, s2, l2, s3, l3, self.eps)
     }
 }
 
@@ -152,4 +152,103 @@ pub fn rms_norm_composed(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
     let var = x32.sqr()?.mean_keepdim(D::Minus1)?;
     let normed = x32.broadcast_div(&(var + eps)?.sqrt()?)?;
     normed.to_dtype(dtype)?.broadcast_mul(w)
+}
+
+/// The CUDA launches of `kernels/rms_norm.cu` (the `cuda` feature); the CPU twin is this file's `cpu_fwd`.
+#[cfg(feature = "cuda")]
+pub(crate) mod cuda {
+    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, PushKernelArg};
+    use candle_core::cuda_backend::WrapErr;
+    use candle_core::{CudaStorage, DType, Layout, Result, Shape};
+
+    use crate::fused::launch::{
+        dtype_of, elems_config, kernel, ptx, rows_config, suffix, view, with_type,
+    };
+
+    const PTX: (&str, &str) = ptx!("rms_norm");
+
+    pub fn rms_norm_fwd(
+        x: &CudaStorage,
+        lx: &Layout,
+        w: &CudaStorage,
+        lw: &Layout,
+        eps: f32,
+    ) -> Result<(CudaStorage, Shape)> {
+        let what = "acpo-rms-norm";
+        let sfx = suffix(dtype_of(x), what)?;
+        with_type!(dtype_of(x), T, {
+            let dev = &x.device;
+            let (xv, wv) = (view::<T>(x, lx, what)?, view::<T>(w, lw, what)?);
+            let n = wv.len();
+            let rows = xv.len() / n.max(1);
+            // SAFETY: every element is written by the kernel (each row's block covers the row).
+            let mut y = unsafe { dev.alloc::<T>(xv.len()) }?;
+            let f = kernel!(dev, &format!("rms_norm_fwd_{sfx}"), PTX)?;
+            let n_i = n as i32;
+            let mut b = f.builder();
+            b.arg(&xv).arg(&wv).arg(&mut y).arg(&n_i).arg(&eps);
+            // SAFETY: the arguments match the kernel's signature in kernels/rms_norm.cu.
+            if rows > 0 {
+                unsafe { b.launch(rows_config(rows)?) }.w()?;
+            }
+            Ok((
+                CudaStorage::wrap_cuda_slice(y, dev.clone()),
+                lx.shape().clone(),
+            ))
+        })
+    }
+
+    /// `[dx; dw]` as `(rows + 1, n)`, the CPU twin's layout.
+    pub fn rms_norm_bwd(
+        x: &CudaStorage,
+        lx: &Layout,
+        w: &CudaStorage,
+        lw: &Layout,
+        dy: &CudaStorage,
+        ldy: &Layout,
+        eps: f32,
+    ) -> Result<(CudaStorage, Shape)> {
+        let what = "acpo-rms-norm-bwd";
+        let sfx = suffix(dtype_of(x), what)?;
+        with_type!(dtype_of(x), T, {
+            let dev = &x.device;
+            let (xv, wv, dyv) = (
+                view::<T>(x, lx, what)?,
+                view::<T>(w, lw, what)?,
+                view::<T>(dy, ldy, what)?,
+            );
+            let n = wv.len();
+            let rows = xv.len() / n.max(1);
+            // SAFETY: the dx kernel writes rows 0..rows, the dw kernel the last row.
+            let mut out = unsafe { dev.alloc::<T>((rows + 1) * n) }?;
+            let mut rs: CudaSlice<f32> = unsafe { dev.alloc::<f32>(rows.max(1)) }?;
+            let n_i = n as i32;
+            let rows_i = rows as i32;
+            let f = kernel!(dev, &format!("rms_norm_bwd_dx_{sfx}"), PTX)?;
+            let mut b = f.builder();
+            b.arg(&xv)
+                .arg(&wv)
+                .arg(&dyv)
+                .arg(&mut out)
+                .arg(&mut rs)
+                .arg(&n_i)
+                .arg(&eps);
+            if rows > 0 {
+                unsafe { b.launch(rows_config(rows)?) }.w()?;
+            }
+            let f = kernel!(dev, &format!("rms_norm_bwd_dw_{sfx}"), PTX)?;
+            let mut b = f.builder();
+            b.arg(&xv)
+                .arg(&dyv)
+                .arg(&rs)
+                .arg(&mut out)
+                .arg(&rows_i)
+                .arg(&n_i);
+            unsafe { b.launch(elems_config(n)) }.w()?;
+            Ok((
+                CudaStorage::wrap_cuda_slice(out, dev.clone()),
+                Shape::from((rows + 1, n)),
+            ))
+        })
+    }
 }

@@ -72,7 +72,7 @@ impl CustomOp3 for Rope {
                 l3.dims()
             );
         }
-        super::cuda::rope(s1, l1, s2, l2, s3, l3)
+        cuda::rope(s1, l1, s2, l2, s3, l3)
     }
 
     fn bwd(
@@ -107,4 +107,57 @@ pub fn rope_composed(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     let x2 = x.narrow(D::Minus1, half, half)?;
     let rotated = Tensor::cat(&[&x2.neg()?, &x1], D::Minus1)?;
     x.broadcast_mul(cos)? + rotated.broadcast_mul(sin)?
+}
+
+/// The CUDA launches of `kernels/rope.cu` (the `cuda` feature); the CPU twin is this file's `cpu_fwd`.
+#[cfg(feature = "cuda")]
+pub(crate) mod cuda {
+    use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
+    use candle_core::cuda_backend::WrapErr;
+    use candle_core::{CudaStorage, DType, Layout, Result, Shape};
+
+    use crate::fused::launch::{dtype_of, elems_config, kernel, ptx, suffix, view, with_type};
+
+    const PTX: (&str, &str) = ptx!("rope");
+
+    /// The rotation of `x` `(B, H, T, D)` by `cos`, `sign · sin` `(B, 1, T, D)`.
+    pub fn rope(
+        x: &CudaStorage,
+        lx: &Layout,
+        cos: &CudaStorage,
+        lc: &Layout,
+        sin: &CudaStorage,
+        ls: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let what = "acpo-rope";
+        let sfx = suffix(dtype_of(x), what)?;
+        let (_, h, t, d) = lx.shape().dims4()?;
+        with_type!(dtype_of(x), T, {
+            let dev = &x.device;
+            let (xv, cv, sv) = (
+                view::<T>(x, lx, what)?,
+                view::<T>(cos, lc, what)?,
+                view::<T>(sin, ls, what)?,
+            );
+            let pairs = xv.len() / 2;
+            let mut y = unsafe { dev.alloc::<T>(xv.len()) }?;
+            let f = kernel!(dev, &format!("rope_{sfx}"), PTX)?;
+            let (h_i, t_i, d_i, sign) = (h as i32, t as i32, d as i32, 1.0f32);
+            let mut b = f.builder();
+            b.arg(&xv)
+                .arg(&cv)
+                .arg(&sv)
+                .arg(&mut y)
+                .arg(&h_i)
+                .arg(&t_i)
+                .arg(&d_i)
+                .arg(&sign)
+                .arg(&pairs);
+            unsafe { b.launch(elems_config(pairs)) }.w()?;
+            Ok((
+                CudaStorage::wrap_cuda_slice(y, dev.clone()),
+                lx.shape().clone(),
+            ))
+        })
+    }
 }

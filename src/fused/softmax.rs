@@ -76,7 +76,7 @@ impl CustomOp2 for ScaledMaskedSoftmax {
                 l2.dims()
             );
         }
-        super::cuda::attention_softmax(s1, l1, s2, l2, self.scale)
+        cuda::attention_softmax(s1, l1, s2, l2, self.scale)
     }
 
     fn bwd(
@@ -113,4 +113,53 @@ pub fn attention_probs(scores: &Tensor, bias: &Tensor, scale: f64) -> Result<Ten
 /// The reference: scale, add the mask, softmax, from basic ops.
 pub fn attention_probs_composed(scores: &Tensor, bias: &Tensor, scale: f64) -> Result<Tensor> {
     softmax_last_composed(&(scores * scale)?.broadcast_add(&bias.unsqueeze(2)?)?)
+}
+
+/// The CUDA launches of `kernels/softmax.cu` (the `cuda` feature); the CPU twin is this file's `cpu_fwd`.
+#[cfg(feature = "cuda")]
+pub(crate) mod cuda {
+    use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
+    use candle_core::cuda_backend::WrapErr;
+    use candle_core::{CudaStorage, DType, Layout, Result, Shape};
+
+    use crate::fused::launch::{dtype_of, kernel, ptx, rows_config, suffix, view, with_type};
+
+    const PTX: (&str, &str) = ptx!("softmax");
+
+    /// softmax(x·scale + bias) over rows of `n`, `bias` `(B, T, n)`.
+    pub fn attention_softmax(
+        x: &CudaStorage,
+        lx: &Layout,
+        bias: &CudaStorage,
+        lb: &Layout,
+        scale: f32,
+    ) -> Result<(CudaStorage, Shape)> {
+        let what = "acpo-attention-softmax";
+        let sfx = suffix(dtype_of(x), what)?;
+        let (bsz, t, n) = lb.shape().dims3()?;
+        with_type!(dtype_of(x), T, {
+            let dev = &x.device;
+            let (xv, bv) = (view::<T>(x, lx, what)?, view::<T>(bias, lb, what)?);
+            let rows = xv.len() / n.max(1);
+            let per_b = rows / bsz.max(1);
+            let mut y = unsafe { dev.alloc::<T>(xv.len()) }?;
+            let f = kernel!(dev, &format!("attention_softmax_{sfx}"), PTX)?;
+            let (t_i, n_i) = (t as i32, n as i32);
+            let mut b = f.builder();
+            b.arg(&xv)
+                .arg(&bv)
+                .arg(&mut y)
+                .arg(&t_i)
+                .arg(&n_i)
+                .arg(&per_b)
+                .arg(&scale);
+            if rows > 0 {
+                unsafe { b.launch(rows_config(rows)?) }.w()?;
+            }
+            Ok((
+                CudaStorage::wrap_cuda_slice(y, dev.clone()),
+                lx.shape().clone(),
+            ))
+        })
+    }
 }

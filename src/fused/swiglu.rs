@@ -46,7 +46,7 @@ impl CustomOp2 for SwiGlu {
         s2: &candle_core::CudaStorage,
         l2: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        super::cuda::swiglu_fwd(s1, l1, s2, l2)
+        cuda::swiglu_fwd(s1, l1, s2, l2)
     }
 
     fn bwd(
@@ -118,7 +118,7 @@ impl CustomOp3 for SwiGluBwd {
         s3: &candle_core::CudaStorage,
         l3: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        super::cuda::swiglu_bwd(s1, l1, s2, l2, s3, l3)
+        cuda::swiglu_bwd(s1, l1, s2, l2, s3, l3)
     }
 }
 
@@ -133,4 +133,71 @@ pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
 /// The reference: candle's silu, then the product.
 pub fn swiglu_composed(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
     gate.silu()? * up
+}
+
+/// The CUDA launches of `kernels/swiglu.cu` (the `cuda` feature); the CPU twin is this file's `cpu_fwd`.
+#[cfg(feature = "cuda")]
+pub(crate) mod cuda {
+    use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
+    use candle_core::cuda_backend::WrapErr;
+    use candle_core::{CudaStorage, DType, Layout, Result, Shape};
+
+    use crate::fused::launch::{dtype_of, elems_config, kernel, ptx, suffix, view, with_type};
+
+    const PTX: (&str, &str) = ptx!("swiglu");
+
+    pub fn swiglu_fwd(
+        g: &CudaStorage,
+        lg: &Layout,
+        u: &CudaStorage,
+        lu: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let what = "acpo-swiglu";
+        let sfx = suffix(dtype_of(g), what)?;
+        with_type!(dtype_of(g), T, {
+            let dev = &g.device;
+            let (gv, uv) = (view::<T>(g, lg, what)?, view::<T>(u, lu, what)?);
+            let len = gv.len();
+            let mut y = unsafe { dev.alloc::<T>(len) }?;
+            let f = kernel!(dev, &format!("swiglu_fwd_{sfx}"), PTX)?;
+            let mut b = f.builder();
+            b.arg(&gv).arg(&uv).arg(&mut y).arg(&len);
+            unsafe { b.launch(elems_config(len)) }.w()?;
+            Ok((
+                CudaStorage::wrap_cuda_slice(y, dev.clone()),
+                lg.shape().clone(),
+            ))
+        })
+    }
+
+    /// `[dg; du]` as `(2, N)`.
+    pub fn swiglu_bwd(
+        g: &CudaStorage,
+        lg: &Layout,
+        u: &CudaStorage,
+        lu: &Layout,
+        dy: &CudaStorage,
+        ldy: &Layout,
+    ) -> Result<(CudaStorage, Shape)> {
+        let what = "acpo-swiglu-bwd";
+        let sfx = suffix(dtype_of(g), what)?;
+        with_type!(dtype_of(g), T, {
+            let dev = &g.device;
+            let (gv, uv, dyv) = (
+                view::<T>(g, lg, what)?,
+                view::<T>(u, lu, what)?,
+                view::<T>(dy, ldy, what)?,
+            );
+            let len = gv.len();
+            let mut out = unsafe { dev.alloc::<T>(2 * len) }?;
+            let f = kernel!(dev, &format!("swiglu_bwd_{sfx}"), PTX)?;
+            let mut b = f.builder();
+            b.arg(&gv).arg(&uv).arg(&dyv).arg(&mut out).arg(&len);
+            unsafe { b.launch(elems_config(len)) }.w()?;
+            Ok((
+                CudaStorage::wrap_cuda_slice(out, dev.clone()),
+                Shape::from((2, len)),
+            ))
+        })
+    }
 }

@@ -702,6 +702,33 @@ impl Qwen {
     where
         E: From<super::ModelError> + From<candle_core::Error>,
     {
+        let mut all: Option<candle_core::backprop::GradStore> = None;
+        let kept = self.checkpointed_backward_into(ids, positions, key_valid, head, |store| {
+            match all.as_mut() {
+                Some(a) => a.extend(store)?,
+                None => all = Some(store),
+            }
+            Ok(())
+        })?;
+        let all = all.expect("invariant: the head's backward reaches the sink first");
+        Ok((all, kept))
+    }
+
+    /// [`Qwen::checkpointed_backward`] handing each backward's gradients to `sink` as soon as it
+    /// is done (the head's, each layer's, last to first, then the embedding's) instead of
+    /// keeping them: a trainer that adds them into its sums holds one layer's gradients besides
+    /// the sums, not a whole model's. Every parameter's gradient reaches `sink` in one store.
+    pub fn checkpointed_backward_into<T, E>(
+        &self,
+        ids: &Tensor,
+        positions: &Tensor,
+        key_valid: &Tensor,
+        head: impl FnOnce(&Qwen, &Tensor) -> std::result::Result<(Tensor, T), E>,
+        mut sink: impl FnMut(candle_core::backprop::GradStore) -> std::result::Result<(), E>,
+    ) -> std::result::Result<T, E>
+    where
+        E: From<super::ModelError> + From<candle_core::Error>,
+    {
         let (mask, cos, sin) = self.layer_inputs(positions, key_valid, 0, ids.dim(1)?)?;
         let x0 = self.embed.forward(ids)?;
         let none = KvCache::default().layer(0);
@@ -711,6 +738,7 @@ impl Qwen {
             let y = block.detached().forward(&x, &cos, &sin, &mask, &none)?.0;
             inputs.push(std::mem::replace(&mut x, y));
         }
+        crate::device::mark(|| "forward without a graph: every layer's input kept".into());
         // With tied embeddings, the head reads the lm_head through a leaf of its own, and its
         // gradient joins the embedding's in the last backward below. Both then reach the weight
         // in the plain backward's order: the lm_head's share first, then the rows the
@@ -728,22 +756,27 @@ impl Qwen {
         let (loss, kept) = head(&head_model, &head_model.norm.forward(last.as_tensor())?)?;
         let mut grads = loss.backward()?;
         let mut g = take_grad(&mut grads, last.as_tensor())?;
-        for (block, input) in self.blocks.iter().zip(inputs).rev() {
+        // (A head that never read the lm_head, the critic's, left no gradient to join.)
+        let g_lm = lm_leaf.and_then(|leaf| grads.remove(leaf.as_tensor()));
+        sink(grads)?;
+        crate::device::mark(|| "head: the loss, its backward to the last layer".into());
+        for (i, (block, input)) in self.blocks.iter().zip(inputs).enumerate().rev() {
             let input = candle_core::Var::from_tensor(&input)?;
             let y = block
                 .forward(input.as_tensor(), &cos, &sin, &mask, &none)?
                 .0;
             let mut layer = (y * &g)?.sum_all()?.backward()?;
             g = take_grad(&mut layer, input.as_tensor())?;
-            grads.extend(layer)?;
+            sink(layer)?;
+            crate::device::mark(|| format!("layer {i}: recomputed and backpropagated"));
         }
         let mut tail = (x0 * g)?.sum_all()?;
-        // (A head that never read the lm_head, the critic's, left no gradient to join.)
-        if let Some(g_lm) = lm_leaf.and_then(|leaf| grads.remove(leaf.as_tensor())) {
+        if let Some(g_lm) = g_lm {
             tail = (tail + (&self.lm_head.weight * g_lm.detach())?.sum_all()?)?;
         }
-        grads.extend(tail.backward()?)?;
-        Ok((grads, kept))
+        sink(tail.backward()?)?;
+        crate::device::mark(|| "embedding: backpropagated".into());
+        Ok(kept)
     }
 
     /// Logits `(..., V)` from hidden states `(..., H)`, in f32.

@@ -1,12 +1,5 @@
-//! Memory: the high-water mark of a piece of work on its device, and the arithmetic of the
-//! paper runs (issue #19).
-//!
-//! - On CUDA, the high-water mark is read from the allocator itself: candle allocates with
-//!   `cuMemAllocAsync` from the device's default memory pool, whose `USED_MEM_HIGH` attribute is
-//!   the most memory its allocations held at once. It is PyTorch's `max_memory_allocated`.
-//! - On the CPU, it is the process's peak resident set (`VmHWM`), reset through
-//!   `/proc/self/clear_refs`. It also counts what is not the model's: the binary, the allocator's
-//!   caches.
+//! Memory arithmetic of training (issue #19): what the paper runs need on one GPU. The device's
+//! own readings (the meter and the per-phase trace) are [`crate::device`]'s.
 //!
 //! [`plan`] is the arithmetic behind docs/CUDA.md's table of the paper runs. It gives the bytes
 //! per parameter of training with fp32 masters, and an activation model of the GPU path (flash
@@ -15,127 +8,10 @@
 
 use std::path::Path;
 
-use candle_core::Device;
 use serde::Serialize;
 
 use crate::manifest::Experiment;
 use crate::model::QwenConfig;
-
-/// The peak-memory meter of one device.
-pub struct PeakMeter {
-    device: Device,
-}
-
-impl PeakMeter {
-    pub fn new(device: &Device) -> PeakMeter {
-        PeakMeter {
-            device: device.clone(),
-        }
-    }
-
-    /// What the meter reads: `cuda allocator` or `cpu peak RSS`.
-    pub fn source(&self) -> &'static str {
-        if self.device.is_cuda() {
-            "cuda allocator high-water mark"
-        } else {
-            "process peak resident set"
-        }
-    }
-
-    /// Starts a measurement: the high-water mark is reset to what is in use now.
-    pub fn reset(&self) {
-        if self.device.is_cuda() {
-            cuda::reset(&self.device);
-        } else {
-            // Writing 5 resets VmHWM to the current RSS (Linux ≥ 4.0); elsewhere the peak
-            // is the process's since it started.
-            let _ = std::fs::write("/proc/self/clear_refs", "5");
-        }
-    }
-
-    /// Bytes in use now; None where the device cannot say.
-    pub fn current(&self) -> Option<u64> {
-        if self.device.is_cuda() {
-            cuda::used(&self.device, false)
-        } else {
-            proc_status_kib("VmRSS:").map(|k| k * 1024)
-        }
-    }
-
-    /// The most bytes in use at once since [`PeakMeter::reset`].
-    pub fn peak(&self) -> Option<u64> {
-        if self.device.is_cuda() {
-            cuda::used(&self.device, true)
-        } else {
-            proc_status_kib("VmHWM:").map(|k| k * 1024)
-        }
-    }
-}
-
-fn proc_status_kib(key: &str) -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = text.lines().find(|l| l.starts_with(key))?;
-    line[key.len()..].split_whitespace().next()?.parse().ok()
-}
-
-#[cfg(feature = "cuda")]
-mod cuda {
-    use candle_core::cuda_backend::cudarc::driver::sys;
-    use candle_core::Device;
-
-    /// The default memory pool of the device `device` runs on.
-    fn pool(device: &Device) -> Option<sys::CUmemoryPool> {
-        let Device::Cuda(dev) = device else {
-            return None;
-        };
-        let cu_device = dev.cuda_stream().context().cu_device();
-        let mut pool = std::mem::MaybeUninit::uninit();
-        // SAFETY: the out-pointer is valid; the driver writes a pool handle on success.
-        let ok = unsafe { sys::cuDeviceGetDefaultMemPool(pool.as_mut_ptr(), cu_device) };
-        // SAFETY: written on success.
-        (ok == sys::CUresult::CUDA_SUCCESS).then(|| unsafe { pool.assume_init() })
-    }
-
-    pub(super) fn used(device: &Device, high: bool) -> Option<u64> {
-        let pool = pool(device)?;
-        device.synchronize().ok()?;
-        let attr = if high {
-            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH
-        } else {
-            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT
-        };
-        let mut value: u64 = 0;
-        // SAFETY: the attribute is a cuuint64_t, written into `value`.
-        let ok = unsafe { sys::cuMemPoolGetAttribute(pool, attr, (&mut value as *mut u64).cast()) };
-        (ok == sys::CUresult::CUDA_SUCCESS).then_some(value)
-    }
-
-    pub(super) fn reset(device: &Device) {
-        if let Some(pool) = pool(device) {
-            let _ = device.synchronize();
-            let mut zero: u64 = 0;
-            // SAFETY: resetting USED_MEM_HIGH takes a cuuint64_t zero.
-            unsafe {
-                sys::cuMemPoolSetAttribute(
-                    pool,
-                    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
-                    (&mut zero as *mut u64).cast(),
-                );
-            }
-        }
-    }
-}
-
-#[cfg(not(feature = "cuda"))]
-mod cuda {
-    use candle_core::Device;
-
-    pub(super) fn used(_: &Device, _: bool) -> Option<u64> {
-        None
-    }
-
-    pub(super) fn reset(_: &Device) {}
-}
 
 /// Bytes per parameter of a trained model with fp32 masters and AdamW: master (4), the compute
 /// copy the forward reads (2 in bf16, none in f32), the fp32 gradient (4), and the two fp32
@@ -222,6 +98,45 @@ fn activations(
         0
     };
     layers + vocab
+}
+
+/// The tensors a train step of one micro-batch of `b` sequences of `t` tokens holds at its
+/// peak, by arithmetic, named: what a measured trace (`acpo bench train-step --trace`) is read
+/// against. The state (masters, moments, the compute copy, the gradients) is exact; the rest
+/// follows [`activations`]' model.
+pub fn step_tensors(
+    cfg: &QwenConfig,
+    b: u64,
+    t: u64,
+    bf16: bool,
+    checkpointing: bool,
+    flash: bool,
+    vocab_chunks: bool,
+) -> Vec<(&'static str, u64)> {
+    let n = parameters(cfg, false);
+    let (h, l) = (cfg.hidden_size as u64, cfg.num_hidden_layers as u64);
+    let mut out = vec![
+        ("fp32 masters", 4 * n),
+        ("AdamW moments (fp32)", 8 * n),
+        ("fp32 gradients", 4 * n),
+    ];
+    if bf16 {
+        out.push(("bf16 compute copy of the weights", 2 * n));
+    }
+    let all = activations(cfg, b, t, checkpointing, flash, true);
+    let vocab = activations(cfg, b, t, checkpointing, flash, true)
+        - activations(cfg, b, t, checkpointing, flash, false);
+    if checkpointing {
+        let inputs = 2 * b * t * h * l;
+        out.push(("every layer's input (checkpointing)", inputs));
+        out.push(("one layer's activations (recompute)", all - vocab - inputs));
+    } else {
+        out.push(("every layer's activations", all - vocab));
+    }
+    if vocab_chunks {
+        out.push(("vocabulary-chunk temporaries", vocab));
+    }
+    out
 }
 
 fn model_memory(cfg: &QwenConfig, b: u64, t: u64, bf16: bool, critic: bool) -> ModelMemory {

@@ -138,6 +138,8 @@ pub struct StepShape {
     /// None: the device's default kernels ([`Kernels::for_device`]).
     pub kernels: Option<Kernels>,
     pub checkpointing: bool,
+    /// Trace the device's memory by phase through the timed steps ([`crate::device::mark`]).
+    pub trace: bool,
 }
 
 impl Default for StepShape {
@@ -151,6 +153,7 @@ impl Default for StepShape {
             micro_batch: TRAIN_MICRO_BATCH,
             kernels: None,
             checkpointing: false,
+            trace: false,
         }
     }
 }
@@ -371,6 +374,10 @@ pub struct Measurement {
     /// Generate: the decode steps' memory traffic against the device's copy bandwidth.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub roofline: Option<Roofline>,
+    /// Train step with `--trace`: the device's memory at the end of each phase of the timed
+    /// steps, and its peak during the phase.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub trace: Option<Vec<crate::device::Mark>>,
 }
 
 /// How close decoding runs to the memory roofline: each decode step must read every weight
@@ -414,7 +421,7 @@ pub fn copy_bandwidth(target: &Target) -> Result<f64> {
 /// The memory of a train step: the measured peak and its parts.
 #[derive(Debug, Clone, Serialize)]
 pub struct StepMemory {
-    /// What `peak` reads ([`memory::PeakMeter::source`]).
+    /// What `peak` reads ([`crate::device::PeakMeter::source`]).
     pub source: &'static str,
     /// The most bytes in use at once during the timed steps.
     pub peak: Option<u64>,
@@ -428,6 +435,8 @@ pub struct StepMemory {
     pub optimizer: u64,
     /// Peak − before − gradients: activations and temporaries.
     pub activations: Option<u64>,
+    /// What the step holds at its peak by arithmetic ([`memory::step_tensors`]), in bytes.
+    pub named: Vec<(&'static str, u64)>,
 }
 
 fn prompt_ids(vocab: usize, batch: usize, len: usize) -> Vec<Vec<u32>> {
@@ -559,6 +568,7 @@ pub fn bench_generate(m: &Subject, opts: &SpeedOptions) -> Result<Measurement> {
         mfu: None,
         memory: None,
         roofline: Some(roofline),
+        trace: None,
     })
 }
 
@@ -624,6 +634,7 @@ pub fn bench_long_tail(m: &Subject, opts: &SpeedOptions) -> Result<[Measurement;
         mfu: None,
         memory: None,
         roofline: None,
+        trace: None,
     };
     waves()?;
     let w = median(
@@ -705,15 +716,24 @@ pub fn bench_train_step(m: &Subject, opts: &SpeedOptions) -> Result<Measurement>
         Ok(start.elapsed().as_secs_f64())
     };
     step()?;
-    let meter = memory::PeakMeter::new(&dev);
+    let meter = crate::device::PeakMeter::new(&dev);
     let before = meter.current();
     meter.reset();
+    if shape.trace {
+        crate::device::start(&dev);
+        crate::device::mark(|| "before the step: masters and optimizer state".into());
+    }
     let secs = median(
         (0..opts.repeats)
             .map(|_| step())
             .collect::<Result<Vec<_>>>()?,
     );
-    let peak = meter.peak();
+    // A trace resets the meter at each mark: the peak of the steps is the largest phase's.
+    let trace = shape.trace.then(crate::device::finish);
+    let peak = match &trace {
+        Some(marks) => marks.iter().filter_map(|m| m.peak).max(),
+        None => meter.peak(),
+    };
     let n = params.count() as u64;
     let bf16 = precision.compute != precision.master;
     let grads = 4 * n;
@@ -755,8 +775,18 @@ pub fn bench_train_step(m: &Subject, opts: &SpeedOptions) -> Result<Measurement>
             grads,
             optimizer: 8 * n,
             activations: peak.zip(before).map(|(p, b)| p.saturating_sub(b + grads)),
+            named: memory::step_tensors(
+                cfg,
+                shape.micro_batch as u64,
+                t as u64,
+                bf16,
+                shape.checkpointing,
+                kernels.flash_attention,
+                kernels.vocab_chunk.is_some(),
+            ),
         }),
         roofline: None,
+        trace,
     })
 }
 
@@ -847,6 +877,7 @@ pub fn bench_attention(m: &Subject, opts: &SpeedOptions) -> Result<Measurement> 
         mfu: peak_flops(target).map(|peak| 3.5 * fwd_flops / both / peak),
         memory: None,
         roofline: None,
+        trace: None,
     })
 }
 
@@ -954,6 +985,48 @@ pub fn markdown(title: &str, rows: &[Measurement]) -> String {
         s.push_str(&format!(
             "\nPeak memory: the {} over the timed steps.\n",
             m.source
+        ));
+    }
+    for r in rows {
+        if let (Some(trace), Some(mem)) = (&r.trace, &r.memory) {
+            s.push_str(&trace_markdown(&r.model, trace, mem));
+        }
+    }
+    s
+}
+
+/// A train step's memory trace: each phase's bytes in use at its end and its peak, then the
+/// named tensors the step holds by arithmetic and how much of the measured peak they explain.
+fn trace_markdown(model: &str, trace: &[crate::device::Mark], mem: &StepMemory) -> String {
+    let gib = |b: Option<u64>| b.map_or_else(|| "—".into(), memory::gib);
+    let mut s = format!(
+        "\n## Memory by phase: {model}\n\nRead at the end of each phase of the timed steps ({}); the peak is the most in use during the phase.\n\n| phase | in use at its end (GiB) | peak during it (GiB) |\n|---|---:|---:|\n",
+        mem.source
+    );
+    for m in trace {
+        s.push_str(&format!(
+            "| {} | {} | {} |\n",
+            m.phase,
+            gib(m.live),
+            gib(m.peak)
+        ));
+    }
+    let named: u64 = mem.named.iter().map(|(_, b)| b).sum();
+    s.push_str("\n| named tensor (arithmetic) | GiB |\n|---|---:|\n");
+    for (name, bytes) in &mem.named {
+        s.push_str(&format!("| {name} | {} |\n", memory::gib(*bytes)));
+    }
+    s.push_str(&format!(
+        "| **all of them** | **{}** |\n",
+        memory::gib(named)
+    ));
+    if let Some(peak) = mem.peak {
+        s.push_str(&format!(
+            "\nThe measured peak, {} GiB, is {:.0} % of the named tensors' {} GiB; {} GiB are not named.\n",
+            memory::gib(peak),
+            100.0 * peak as f64 / named.max(1) as f64,
+            memory::gib(named),
+            memory::gib(peak.saturating_sub(named)),
         ));
     }
     s

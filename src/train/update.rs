@@ -125,9 +125,9 @@ impl ActorOutcome {
     }
 }
 
-/// What one policy micro-batch hands back to be folded, in order, into the mini-batch.
+/// What one policy micro-batch hands back, besides its gradients, to be folded in order into
+/// the mini-batch.
 struct MicroOut {
-    grads: Gradients,
     pg_loss: f64,
     stats: loss::PolicyStats,
     entropy_sum: f64,
@@ -161,25 +161,26 @@ pub fn actor(
     for (i, (rows, agg)) in plan.mini_batches(layout)?.into_iter().enumerate() {
         let record = i < per_epoch && tails.is_some();
         let model = Qwen::new(cfg, policy, false)?.with_kernels(plan.kernels);
+        crate::device::mark(|| format!("actor mini-batch {i}: the compute copy of the weights"));
         let start = rows.start;
-        let micro_outs =
-            parallel::map_micro_batches(rows, plan.micro, plan.side_by_side, |ms, len| {
-                policy_micro_batch(
-                    &model,
-                    policy,
-                    layout.rows(ms, len)?,
-                    old_log_probs.narrow(0, ms, len)?,
-                    advantages.narrow(0, ms, len)?,
-                    &agg,
-                    plan,
-                    record,
-                )
-            });
         let mut grads = Gradients::default();
+        let micro_outs = micro_batches(rows, plan, &mut grads, |ms, len, sums| {
+            policy_micro_batch(
+                &model,
+                policy,
+                sums,
+                layout.rows(ms, len)?,
+                old_log_probs.narrow(0, ms, len)?,
+                advantages.narrow(0, ms, len)?,
+                &agg,
+                plan,
+                record,
+            )
+        })?;
+        drop(model);
         let mut ratios = Vec::new();
         let mut stats = PolicyStats::default();
-        for (k, micro) in micro_outs.into_iter().enumerate() {
-            let mut micro = micro?;
+        for (k, mut micro) in micro_outs.into_iter().enumerate() {
             ratios.append(&mut micro.ratios);
             if let (Some((ra, mask)), Some(t)) = (&micro.ratio_adv, tails.as_deref_mut()) {
                 t.record(start + k * plan.micro, ra, mask);
@@ -188,10 +189,10 @@ pub fn actor(
             out.entropy_tokens += micro.stats.tokens;
             out.pg_loss += micro.pg_loss;
             stats = stats.merge(&micro.stats);
-            grads.accumulate(micro.grads)?;
         }
         out.grad_norms
             .push(apply_update(opt, &grads, step, metric::ACTOR_GRAD_NORM)?);
+        crate::device::mark(|| format!("actor mini-batch {i}: the optimizer step"));
         out.stats = out.stats.merge(&stats);
         if i == 0 {
             out.first = RatioQuantiles::of(&ratios);
@@ -204,11 +205,45 @@ pub fn actor(
     Ok(out)
 }
 
-/// Policy loss − entropy bonus of one micro-batch, and its gradients.
+/// The micro-batches of `rows`, each through `f(start, len, sums)`, their gradients summed into
+/// `grads` in micro-batch order, and their other results in that order. Side by side (the CPU),
+/// each micro-batch adds into sums of its own, added to `grads` in order when all are done; one
+/// after another (a GPU), each adds straight into `grads` as its backward goes, so one set of
+/// gradients is alive besides the sums rather than one per micro-batch. A parameter's sum is
+/// the same either way: `((g₁ + g₂) + g₃) …`.
+fn micro_batches<R: Send>(
+    rows: std::ops::Range<usize>,
+    plan: &UpdatePlan,
+    grads: &mut Gradients,
+    f: impl Fn(usize, usize, &mut Gradients) -> Result<R> + Sync,
+) -> Result<Vec<R>> {
+    let mut out = Vec::new();
+    if plan.side_by_side {
+        let each = parallel::map_micro_batches(rows, plan.micro, true, |ms, len| {
+            let mut own = Gradients::default();
+            f(ms, len, &mut own).map(|r| (r, own))
+        });
+        for (k, micro) in each.into_iter().enumerate() {
+            let (r, own) = micro?;
+            grads.accumulate(own)?;
+            crate::device::mark(|| format!("micro-batch {k}: its gradients added up"));
+            out.push(r);
+        }
+    } else {
+        for (k, ms) in rows.clone().step_by(plan.micro).enumerate() {
+            out.push(f(ms, plan.micro.min(rows.end - ms), grads)?);
+            crate::device::mark(|| format!("micro-batch {k}: its gradients added up"));
+        }
+    }
+    Ok(out)
+}
+
+/// Policy loss − entropy bonus of one micro-batch, its gradients added into `sums`.
 #[allow(clippy::too_many_arguments)]
 fn policy_micro_batch(
     model: &Qwen,
     policy: &Params,
+    sums: &mut Gradients,
     part: Layout,
     old: Tensor,
     adv: Tensor,
@@ -260,7 +295,6 @@ fn policy_micro_batch(
             total = (total - (agg.apply(&ent, &part.mask)? * plan.entropy_coeff)?)?;
         }
         let kept = MicroOut {
-            grads: Gradients::default(),
             pg_loss: out.loss.to_scalar::<f32>()? as f64,
             stats: out.stats,
             entropy_sum,
@@ -269,24 +303,34 @@ fn policy_micro_batch(
         };
         Ok((total, kept))
     };
-    let (store, mut kept) = backward(model, &part, plan.checkpointing, head)?;
-    kept.grads = Gradients::from_store(policy, &store)?;
-    Ok(kept)
+    backward(model, &part, plan.checkpointing, head, policy, sums)
 }
 
-/// The backward of `head`'s loss through the model on `part`: plain, or checkpointed per layer.
+/// The backward of `head`'s loss through the model on `part`, plain or checkpointed per layer,
+/// the gradients of `params` added into `sums` (a checkpointed one's layer by layer).
 fn backward<T>(
     model: &Qwen,
     part: &Layout,
     checkpointing: bool,
     head: impl FnOnce(&Qwen, &Tensor) -> Result<(Tensor, T)>,
-) -> Result<(candle_core::backprop::GradStore, T)> {
+    params: &Params,
+    sums: &mut Gradients,
+) -> Result<T> {
     if checkpointing {
-        return model.checkpointed_backward(&part.ids, &part.positions, &part.valid, head);
+        return model.checkpointed_backward_into(
+            &part.ids,
+            &part.positions,
+            &part.valid,
+            head,
+            |store| Ok(sums.add_store(params, &store)?),
+        );
     }
     let (hidden, _) = model.forward_hidden(&part.ids, &part.positions, &part.valid, None)?;
     let (loss, kept) = head(model, &hidden)?;
-    Ok((loss.backward()?, kept))
+    crate::device::mark(|| "forward with a graph, and the loss".into());
+    sums.add_store(params, &loss.backward()?)?;
+    crate::device::mark(|| "backward".into());
+    Ok(kept)
 }
 
 /// The critic's totals over a step's mini-batches.
@@ -316,41 +360,41 @@ pub fn critic(
     let mut out = CriticOutcome::default();
     for (rows, agg) in plan.mini_batches(layout)? {
         let critic = Critic::new(cfg, params, false)?.with_kernels(plan.kernels);
-        let micro_outs = parallel::map_micro_batches(
-            rows,
-            plan.micro,
-            plan.side_by_side,
-            |ms, len| -> Result<_> {
-                let part = layout.rows(ms, len)?;
-                let head = |_: &Qwen, hidden: &Tensor| -> Result<_> {
-                    let values = critic.values(&part.response_of(hidden)?)?;
-                    let v = loss::value_loss(
-                        &values,
-                        &old_values.narrow(0, ms, len)?,
-                        &returns.narrow(0, ms, len)?,
-                        &part.mask,
-                        cliprange,
-                        &agg,
-                    )?;
-                    let kept = (v.loss.to_scalar::<f32>()? as f64, v.clipfrac, v.tokens);
-                    Ok((v.loss, kept))
-                };
-                let (store, (loss, clipfrac, tokens)) =
-                    backward(&critic.backbone, &part, plan.checkpointing, head)?;
-                let grads = Gradients::from_store(params, &store)?;
-                Ok((grads, loss, clipfrac, tokens))
-            },
-        );
+        crate::device::mark(|| "critic: the compute copy of the weights".into());
         let mut grads = Gradients::default();
-        for micro in micro_outs {
-            let (g, loss, clipfrac, tokens) = micro?;
+        let micro_outs = micro_batches(rows, plan, &mut grads, |ms, len, sums| {
+            let part = layout.rows(ms, len)?;
+            let head = |_: &Qwen, hidden: &Tensor| -> Result<_> {
+                let values = critic.values(&part.response_of(hidden)?)?;
+                let v = loss::value_loss(
+                    &values,
+                    &old_values.narrow(0, ms, len)?,
+                    &returns.narrow(0, ms, len)?,
+                    &part.mask,
+                    cliprange,
+                    &agg,
+                )?;
+                let kept = (v.loss.to_scalar::<f32>()? as f64, v.clipfrac, v.tokens);
+                Ok((v.loss, kept))
+            };
+            backward(
+                &critic.backbone,
+                &part,
+                plan.checkpointing,
+                head,
+                params,
+                sums,
+            )
+        })?;
+        for (loss, clipfrac, tokens) in micro_outs {
             out.vf_loss += loss;
             out.vf_clipped_tokens += clipfrac * tokens;
             out.vf_tokens += tokens;
-            grads.accumulate(g)?;
         }
+        drop(critic);
         out.grad_norms
             .push(apply_update(opt, &grads, step, metric::CRITIC_GRAD_NORM)?);
+        crate::device::mark(|| "critic: the optimizer step".into());
     }
     Ok(out)
 }

@@ -507,12 +507,13 @@ fn cuda_logits_and_greedy_tokens_match_transformers() {
     }
 }
 
-/// Flash attention (kernels/flash_attn.cu) against its CPU twin, forward and backward: left
-/// padding with query rows that see no key, a decode step after a cache, tiles cut mid-way,
-/// grouped-query heads, head dims 8 to 128. In bf16 the cases of head dim 64 and 128 with more
-/// than one query position run the tensor-core forward; one query position runs the split-K
-/// decode kernel (several splits, up to 7 query heads per KV head, and a row that sees no key);
-/// the backward reads either's statistics.
+/// Flash attention against its CPU twin, forward and backward: left padding with query rows that
+/// see no key, a decode step after a cache, tiles cut mid-way, grouped-query heads, head dims 8
+/// to 128. In f32 and at the other head dims the row kernels run (kernels/flash_attn.cu); in
+/// bf16 at head dim 64 and 128 with more than one query position the tensor-core forward and
+/// backward (kernels/flash_mma.cu: padding over whole key blocks, blocks with blind rows,
+/// several tiles); one query position runs the split-K decode kernel (several splits, up to 7
+/// query heads per KV head, and a row that sees no key), whose statistics the backward reads.
 #[test]
 fn flash_attention_forward_and_backward_match_the_cpu_twin() {
     let Some(gpu) = gpu("flash_attention_forward_and_backward_match_the_cpu_twin") else {
@@ -528,6 +529,8 @@ fn flash_attention_forward_and_backward_match_the_cpu_twin() {
         (5, [2, 4, 1, 129, 70, 64, 100]),
         (6, [3, 14, 2, 1, 1300, 128, 900]),
         (7, [2, 2, 1, 1, 40, 32, 41]),
+        (8, [2, 2, 1, 200, 0, 64, 130]),
+        (9, [2, 4, 2, 257, 0, 128, 0]),
     ] {
         let s = past + t;
         let valid: Vec<u8> = (0..b * s)

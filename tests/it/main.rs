@@ -5,6 +5,7 @@ mod cli;
 mod cuda;
 mod eval;
 mod fused;
+mod kernels;
 mod layout;
 mod manifest;
 mod mini;

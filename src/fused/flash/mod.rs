@@ -23,9 +23,11 @@
 //! are no atomics, so a result is the same on every run.
 //!
 //! The CPU twin here computes every row exactly: all S scores, then max, exp and sum. The CUDA
-//! kernels (`kernels/flash_attn.cu`) use FA2's online softmax over tiles of 32 keys, and skip
-//! the tiles that causality hides from every row of a block. Their results agree with the twin
-//! to float tolerance (tests/it/cuda.rs).
+//! kernels use FA2's online softmax over tiles of keys, and skip the tiles hidden from every row
+//! of a block: the row kernels (`kernels/flash_attn.cu`, any dtype, head dim ≤ 128) and the
+//! tensor-core kernels (`kernels/flash_mma.cu`, bf16 at head dim 64 and 128, forward and
+//! backward); [`cuda`] launches them and says which takes a call. Their results agree with the
+//! twin to float tolerance (tests/it/cuda.rs; kernels/check/flash_check.cu without this build).
 
 use std::sync::Mutex;
 
@@ -34,6 +36,9 @@ use candle_core::Device;
 use candle_core::{op::BackpropOp, Storage};
 
 use super::*;
+
+#[cfg(feature = "cuda")]
+mod cuda;
 
 /// The largest head dimension the kernels take (the paper's models use 128). Larger heads use
 /// the composed attention.
@@ -367,8 +372,7 @@ impl CustomOp3 for FlashAttention {
         let Storage::Cuda(valid) = &*valid else {
             candle_core::bail!("{}: key_valid is not on the GPU", self.name());
         };
-        let (o, stats) =
-            super::cuda::flash_fwd(&self.dims, (s1, l1), (s2, l2), (s3, l3), (valid, lv))?;
+        let (o, stats) = cuda::flash_fwd(&self.dims, (s1, l1), (s2, l2), (s3, l3), (valid, lv))?;
         let dims = &self.dims;
         self.keep_stats(Tensor::from_storage(
             Storage::Cuda(stats),
@@ -446,7 +450,7 @@ impl FlashAttention {
                 _ => candle_core::bail!("{}: backward inputs are not on one GPU", self.name()),
             }
         }
-        let (dq, dk, dv) = super::cuda::flash_bwd(
+        let (dq, dk, dv) = cuda::flash_bwd(
             &self.dims, cuda[0], cuda[1], cuda[2], cuda[3], cuda[4], cuda[5], cuda[6],
         )?;
         let wrap = |s, t: &Tensor| {

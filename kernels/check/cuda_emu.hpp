@@ -1,0 +1,440 @@
+// A CPU emulator of the CUDA subset acpo's kernels use, so that the kernels of kernels/ (their
+// tensor-core paths included) are checked on a machine without a GPU: CI, and every session
+// that was not lent one. kernels/check/*.cu built with `g++ -DACPO_EMU` run here what
+// `nvcc` runs on a GPU; tests/it/kernels.rs does that in `cargo test`.
+//
+// What it models, and how:
+// - A block's threads are cooperative contexts (ucontext) on one OS thread. One block runs at a
+//   time, so `__shared__` is a function-level static (one copy, shared by the block's threads).
+//   The threads run in an order drawn from a seed at every block, and each runs until it
+//   reaches a barrier or a warp collective. In the schedules that lag (S.schedule & 1), one warp
+//   of each block runs only when every other thread waits: the others race ahead to the next
+//   barrier, so a kernel that overwrites shared memory a slower warp still reads, or reads what
+//   a slower warp has not written (a missing __syncthreads), computes a wrong result.
+// - __syncthreads: every live thread of the block arrives; a thread that has returned no longer
+//   counts (as on sm_70 and later).
+// - Warp collectives (shuffles, ldmatrix, mma.sync, __syncwarp): every live lane of the warp
+//   deposits its operands; the last to arrive computes every lane's result. A lane that returns
+//   while its warp waits in a collective, or a collective some live lanes never reach, stops
+//   the program with a message (both are undefined behaviour on a GPU).
+// - mma.sync.m16n8k16 (bf16 in, f32 accumulate) and ldmatrix (.x1/.x2/.x4, .trans) by the PTX
+//   ISA's fragment layouts. The accumulation adds the 16 products to C in k order in f32; a
+//   tensor core adds them in its own order: results agree to f32 rounding, not bit for bit.
+// - cp.async: a copy lands when cp.async.wait_group retires its group (or the thread exits), or,
+//   in the schedules that land early (S.schedule & 2), when it is issued: a kernel that reads a
+//   stage before waiting for it reads stale data in the first, and one that reloads a stage
+//   before every warp is done with it corrupts a slower warp's operands in the second.
+// - Device memory is host memory; launches run to completion (no streams, no events).
+//
+// What it does not model: timing, occupancy, bank conflicts, register limits, memory ordering
+// across blocks (blocks run one after another), or any instruction not defined here (a kernel
+// using one fails to compile here rather than run wrongly).
+#pragma once
+#include <ucontext.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <vector>
+
+#define __global__
+#define __device__
+#define __host__
+#define __forceinline__ inline
+#define __noinline__
+#define __restrict__ __restrict
+#define __shared__ static
+#define __align__(n) __attribute__((aligned(n)))
+#define __launch_bounds__(...)
+
+using std::max;
+using std::min;
+
+struct dim3 {
+  unsigned x, y, z;
+  dim3(unsigned x_ = 1, unsigned y_ = 1, unsigned z_ = 1) : x(x_), y(y_), z(z_) {}
+};
+struct uint4 {
+  unsigned x, y, z, w;
+};
+inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
+
+// bf16 as CUDA stores it: the high half of an f32, rounded to nearest even.
+struct __nv_bfloat16 {
+  uint16_t bits;
+};
+struct __nv_bfloat162 {
+  __nv_bfloat16 x, y;
+};
+inline float __bfloat162float(__nv_bfloat16 h) {
+  uint32_t u = (uint32_t)h.bits << 16;
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+}
+inline __nv_bfloat16 __float2bfloat16_rn(float f) {
+  uint32_t u;
+  std::memcpy(&u, &f, 4);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return {0x7fc0};  // NaN
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return {(uint16_t)(u >> 16)};
+}
+inline __nv_bfloat16 __float2bfloat16(float f) { return __float2bfloat16_rn(f); }
+inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) {
+  return {__float2bfloat16_rn(a), __float2bfloat16_rn(b)};
+}
+inline float __fmul_rn(float a, float b) { return a * b; }
+inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __expf(float x) { return std::exp(x); }
+inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
+inline float __fdividef(float a, float b) { return a / b; }
+
+namespace emu {
+
+[[noreturn]] inline void fail(const char* what) {
+  std::fprintf(stderr, "cuda_emu: %s\n", what);
+  std::exit(3);
+}
+
+struct Copy {
+  void* dst;
+  const void* src;
+  int bytes;   // bytes read from src
+  int fill;    // bytes written (the rest zero-filled)
+};
+
+struct Thread {
+  ucontext_t ctx;
+  dim3 idx;
+  bool done = false;
+  // what the thread waits for: 0 nothing, 1 the block barrier, 2 its warp's collective
+  int waits = 0;
+  unsigned wait_gen = 0;
+  std::vector<std::vector<Copy>> groups{std::vector<Copy>()};  // cp.async groups, last open
+};
+
+// One warp collective's operands and results per lane, double-buffered by generation parity:
+// a lane that leaves collective g and enters g + 1 writes the other buffer, so lanes still
+// reading g's results see them.
+struct Warp {
+  int arrived = 0;
+  unsigned gen = 0;
+  uint64_t in[2][32][12];
+  uint32_t out[2][32][4];
+};
+
+struct State {
+  dim3 grid, block, bidx;
+  int cur = -1, n = 0, live = 0;
+  std::vector<Thread> th;
+  std::vector<Warp> warps;
+  std::vector<char> stacks;
+  ucontext_t sched;
+  int arrived = 0;
+  unsigned barrier_gen = 0;
+  std::vector<unsigned char> dyn;
+  size_t dyn_bytes = 0;
+  const std::function<void()>* body = nullptr;
+  uint64_t rng = 0x9e3779b97f4a7c15ull;
+  // bit 0: one warp per block lags; bit 1: cp.async copies land when issued
+  int schedule = 0;
+  int lag = -1;  // the lagging warp of the block that runs
+};
+inline State S;
+inline constexpr size_t STACK = 256 * 1024;
+inline constexpr size_t CANARY = 256;
+
+inline Thread& me() { return S.th[S.cur]; }
+inline int lane() { return S.cur & 31; }
+inline int live_lanes(int w) {
+  int n = 0;
+  for (int l = 0; l < 32 && w * 32 + l < S.n; ++l) n += !S.th[w * 32 + l].done;
+  return n;
+}
+inline void yield() { swapcontext(&me().ctx, &S.sched); }
+inline void land(const std::vector<Copy>& group) {
+  for (const Copy& c : group) {
+    std::memcpy(c.dst, c.src, c.bytes);
+    std::memset((char*)c.dst + c.bytes, 0, c.fill - c.bytes);
+  }
+}
+// cp.async.wait_group keep: the committed groups (all but the open last one) land, oldest
+// first, until at most `keep` are pending.
+inline void retire_groups(Thread& t, size_t keep) {
+  while (t.groups.size() - 1 > keep) {
+    land(t.groups.front());
+    t.groups.erase(t.groups.begin());
+  }
+}
+
+inline void barrier() {
+  Thread& t = me();
+  if (++S.arrived == S.live) {
+    S.arrived = 0;
+    ++S.barrier_gen;
+    return;
+  }
+  t.waits = 1;
+  t.wait_gen = S.barrier_gen;
+  yield();
+}
+
+// The collective: this lane's operands in, this lane's results out; `op(in, out)` runs once,
+// on the last lane to arrive, over every lane's operands.
+template <typename Op>
+inline void collective(const uint64_t* in, int n_in, uint32_t* out, int n_out, Op op) {
+  Thread& t = me();
+  Warp& w = S.warps[S.cur >> 5];
+  const int p = w.gen & 1;
+  std::memcpy(w.in[p][lane()], in, n_in * sizeof(uint64_t));
+  if (++w.arrived == live_lanes(S.cur >> 5)) {
+    if (live_lanes(S.cur >> 5) != std::min(32, S.n - (S.cur & ~31)))
+      fail("a warp collective with lanes that have returned (undefined on a GPU)");
+    op(w.in[p], w.out[p]);
+    w.arrived = 0;
+    ++w.gen;
+  } else {
+    t.waits = 2;
+    t.wait_gen = w.gen;
+    yield();
+  }
+  std::memcpy(out, w.out[p][lane()], n_out * sizeof(uint32_t));
+}
+
+inline bool runnable(const Thread& t) {
+  if (t.done) return false;
+  if (t.waits == 1) return S.barrier_gen != t.wait_gen;
+  if (t.waits == 2) return S.warps[(&t - S.th.data()) >> 5].gen != t.wait_gen;
+  return true;
+}
+
+inline void entry() {
+  (*S.body)();
+  Thread& t = me();
+  for (const auto& g : t.groups) land(g);  // an exiting thread's copies still land
+  t.done = true;
+  --S.live;
+  Warp& w = S.warps[S.cur >> 5];
+  if (w.arrived > 0) fail("a lane returned while its warp waits in a collective");
+  if (S.arrived > 0 && S.arrived == S.live) {  // the barrier the others wait at is complete
+    S.arrived = 0;
+    ++S.barrier_gen;
+  }
+  swapcontext(&t.ctx, &S.sched);
+}
+
+inline uint64_t next_rand() {
+  S.rng ^= S.rng << 13;
+  S.rng ^= S.rng >> 7;
+  S.rng ^= S.rng << 17;
+  return S.rng;
+}
+
+inline void run_block() {
+  const int n = S.n;
+  if (S.stacks.size() < (size_t)n * STACK) S.stacks.resize((size_t)n * STACK);
+  S.th.assign(n, Thread());
+  S.warps.assign((n + 31) / 32, Warp());
+  S.live = n;
+  S.arrived = 0;
+  for (int i = 0; i < n; ++i) {
+    Thread& t = S.th[i];
+    t.idx = dim3(i % S.block.x, (i / S.block.x) % S.block.y, i / (S.block.x * S.block.y));
+    getcontext(&t.ctx);
+    t.ctx.uc_stack.ss_sp = S.stacks.data() + (size_t)i * STACK;
+    t.ctx.uc_stack.ss_size = STACK;
+    t.ctx.uc_link = nullptr;
+    makecontext(&t.ctx, entry, 0);
+  }
+  std::vector<int> order(n);
+  for (int i = 0; i < n; ++i) order[i] = i;
+  for (int i = n - 1; i > 0; --i) std::swap(order[i], order[next_rand() % (i + 1)]);
+  S.lag = (S.schedule & 1) ? (int)(next_rand() % ((n + 31) / 32)) : -1;
+  auto run = [&](bool lagging) {
+    bool progress = false;
+    for (int i : order) {
+      Thread& t = S.th[i];
+      if ((i >> 5 == S.lag) != lagging || !runnable(t)) continue;
+      t.waits = 0;
+      S.cur = i;
+      swapcontext(&S.sched, &t.ctx);
+      progress = true;
+    }
+    return progress;
+  };
+  while (S.live > 0)
+    if (!run(false) && !run(true))
+      fail("deadlock: threads wait at a barrier or collective others never reach");
+  S.cur = -1;
+}
+
+inline unsigned char* dynamic_smem() {
+  // 16-byte aligned, as `extern __shared__ __align__(16)` is on a GPU
+  uintptr_t p = (uintptr_t)S.dyn.data();
+  return (unsigned char*)((p + 15) & ~(uintptr_t)15);
+}
+
+// Runs `body` (the kernel call) for every thread of every block, blocks in order.
+inline void launch(dim3 grid, dim3 block, size_t dyn_bytes, const std::function<void()>& body) {
+  S.grid = grid;
+  S.block = block;
+  S.n = block.x * block.y * block.z;
+  if (S.n <= 0 || S.n > 1024) fail("a block of more than 1024 threads");
+  S.dyn.assign(dyn_bytes + 16 + CANARY, 0xA5);  // poisoned: a kernel must write what it reads
+  S.dyn_bytes = dyn_bytes;
+  S.body = &body;
+  for (unsigned z = 0; z < grid.z; ++z)
+    for (unsigned y = 0; y < grid.y; ++y)
+      for (unsigned x = 0; x < grid.x; ++x) {
+        S.bidx = dim3(x, y, z);
+        run_block();
+        // the canary past the launch's dynamic shared memory must be intact
+        const unsigned char* end = dynamic_smem() + dyn_bytes;
+        for (size_t c = 0; c < CANARY; ++c)
+          if (end[c] != 0xA5) fail("a kernel wrote past its dynamic shared memory");
+      }
+}
+
+// ---- warp primitives
+
+template <typename T>
+inline T shfl(T v, int src, bool xor_mode) {
+  static_assert(sizeof(T) <= 8, "a shuffle moves up to 8 bytes");
+  uint64_t in[2] = {0, (uint64_t)(unsigned)src | (xor_mode ? 1ull << 32 : 0)};
+  std::memcpy(&in[0], &v, sizeof(T));
+  uint32_t out[2];
+  collective(in, 2, out, 2, [](uint64_t (*i)[12], uint32_t (*o)[4]) {
+    for (int l = 0; l < 32; ++l) {
+      const int arg = (int)(i[l][1] & 0xffffffffu);
+      const int from = (i[l][1] >> 32) ? (l ^ arg) & 31 : arg & 31;
+      std::memcpy(o[l], &i[from][0], 8);
+    }
+  });
+  T r;
+  std::memcpy(&r, out, sizeof(T));
+  return r;
+}
+
+inline void syncwarp() {
+  uint64_t in[1] = {0};
+  uint32_t out[1];
+  collective(in, 1, out, 0, [](uint64_t (*)[12], uint32_t (*)[4]) {});
+}
+
+// ldmatrix.sync.aligned.m8n8.{x1,x2,x4}{.trans}.shared.b16: lanes 8i..8i+7 give the row
+// addresses of matrix i; lane t receives, of each matrix, row t/4, columns 2(t%4) and
+// 2(t%4)+1 (with .trans: rows 2(t%4) and 2(t%4)+1 of column t/4).
+inline void ldmatrix(uint32_t* r, int num, bool trans, const void* row) {
+  uint64_t in[1] = {(uint64_t)(uintptr_t)row};
+  uint32_t out[4];
+  auto op = [num, trans](uint64_t (*i)[12], uint32_t (*o)[4]) {
+    for (int t = 0; t < 32; ++t)
+      for (int m = 0; m < num; ++m) {
+        uint16_t e[2];
+        for (int h = 0; h < 2; ++h) {
+          const int rr = trans ? 2 * (t % 4) + h : t / 4, cc = trans ? t / 4 : 2 * (t % 4) + h;
+          const uint16_t* base = (const uint16_t*)(uintptr_t)i[8 * m + rr][0];
+          e[h] = base[cc];
+        }
+        o[t][m] = (uint32_t)e[0] | ((uint32_t)e[1] << 16);
+      }
+  };
+  collective(in, 1, out, num, op);
+  for (int m = 0; m < num; ++m) r[m] = out[m];
+}
+
+inline float bf_lo(uint32_t v) { return __bfloat162float({(uint16_t)(v & 0xffff)}); }
+inline float bf_hi(uint32_t v) { return __bfloat162float({(uint16_t)(v >> 16)}); }
+
+// mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32, with g = lane / 4, t = lane % 4:
+// A (16 x 16): a0 = (g, 2t..2t+1), a1 = (g+8, 2t..), a2 = (g, 2t+8..), a3 = (g+8, 2t+8..);
+// B (16 x 8): b0 = rows 2t, 2t+1 of column g, b1 = rows 2t+8, 2t+9;
+// C, D (16 x 8): c0, c1 = (g, 2t), (g, 2t+1); c2, c3 = (g+8, 2t), (g+8, 2t+1).
+inline void mma_16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  uint64_t in[10];
+  for (int k = 0; k < 4; ++k) in[k] = a[k];
+  in[4] = b0;
+  in[5] = b1;
+  for (int k = 0; k < 4; ++k) {
+    uint32_t u;
+    std::memcpy(&u, &c[k], 4);
+    in[6 + k] = u;
+  }
+  uint32_t out[4];
+  collective(in, 10, out, 4, [](uint64_t (*i)[12], uint32_t (*o)[4]) {
+    float A[16][16], B[16][8], C[16][8];
+    for (int l = 0; l < 32; ++l) {
+      const int g = l / 4, t = l % 4;
+      const uint32_t a[4] = {(uint32_t)i[l][0], (uint32_t)i[l][1], (uint32_t)i[l][2],
+                             (uint32_t)i[l][3]};
+      A[g][2 * t] = bf_lo(a[0]), A[g][2 * t + 1] = bf_hi(a[0]);
+      A[g + 8][2 * t] = bf_lo(a[1]), A[g + 8][2 * t + 1] = bf_hi(a[1]);
+      A[g][2 * t + 8] = bf_lo(a[2]), A[g][2 * t + 9] = bf_hi(a[2]);
+      A[g + 8][2 * t + 8] = bf_lo(a[3]), A[g + 8][2 * t + 9] = bf_hi(a[3]);
+      const uint32_t b0 = (uint32_t)i[l][4], b1 = (uint32_t)i[l][5];
+      B[2 * t][g] = bf_lo(b0), B[2 * t + 1][g] = bf_hi(b0);
+      B[2 * t + 8][g] = bf_lo(b1), B[2 * t + 9][g] = bf_hi(b1);
+      for (int k = 0; k < 4; ++k) {
+        float f;
+        const uint32_t u = (uint32_t)i[l][6 + k];
+        std::memcpy(&f, &u, 4);
+        C[g + (k >= 2 ? 8 : 0)][2 * t + (k & 1)] = f;
+      }
+    }
+    for (int l = 0; l < 32; ++l) {
+      const int g = l / 4, t = l % 4;
+      for (int k = 0; k < 4; ++k) {
+        const int row = g + (k >= 2 ? 8 : 0), col = 2 * t + (k & 1);
+        float acc = C[row][col];
+        for (int kk = 0; kk < 16; ++kk) acc += A[row][kk] * B[kk][col];
+        std::memcpy(&o[l][k], &acc, 4);
+      }
+    }
+  });
+  for (int k = 0; k < 4; ++k) std::memcpy(&c[k], &out[k], 4);
+}
+
+inline uint32_t ballot(bool pred) {
+  uint64_t in[1] = {pred ? 1ull : 0ull};
+  uint32_t out[1];
+  collective(in, 1, out, 1, [](uint64_t (*i)[12], uint32_t (*o)[4]) {
+    uint32_t bits = 0;
+    for (int l = 0; l < 32; ++l) bits |= (uint32_t)(i[l][0] & 1) << l;
+    for (int l = 0; l < 32; ++l) o[l][0] = bits;
+  });
+  return out[0];
+}
+
+inline unsigned dynamic_smem_bytes() { return (unsigned)S.dyn_bytes; }
+
+inline void cp_async(void* dst, const void* src, int bytes, int fill) {
+  const Copy c{dst, src, bytes, fill};
+  if (S.schedule & 2)
+    land({c});
+  else
+    me().groups.back().push_back(c);
+}
+inline void cp_async_commit() { me().groups.emplace_back(); }
+inline void cp_async_wait(int keep) { retire_groups(me(), (size_t)keep); }
+
+}  // namespace emu
+
+#define threadIdx (emu::me().idx)
+#define blockIdx (emu::S.bidx)
+#define blockDim (emu::S.block)
+#define gridDim (emu::S.grid)
+
+inline void __syncthreads() { emu::barrier(); }
+inline void __syncwarp(unsigned = 0xffffffffu) { emu::syncwarp(); }
+template <typename T>
+inline T __shfl_sync(unsigned, T v, int src, int = 32) {
+  return emu::shfl(v, src, false);
+}
+template <typename T>
+inline T __shfl_xor_sync(unsigned, T v, int mask, int = 32) {
+  return emu::shfl(v, mask, true);
+}

@@ -1,0 +1,232 @@
+//! The device's memory, as the work on it sees it: a meter of the bytes in use and their
+//! high-water mark, and a trace of both by phase (issue #33: where a train step's peak comes
+//! from; issue #34: each phase of a run's peak).
+//!
+//! - On CUDA the meter reads the allocator itself: candle allocates with `cuMemAllocAsync` from
+//!   the device's default memory pool, whose `USED_MEM_CURRENT` and `USED_MEM_HIGH` attributes
+//!   are what its allocations hold now and at most (PyTorch's `memory_allocated` and
+//!   `max_memory_allocated`).
+//! - On the CPU it reads the process's resident set (`VmRSS`) and its peak (`VmHWM`, reset
+//!   through `/proc/self/clear_refs`). That counts what is not the model's too (the binary, the
+//!   allocator's caches), and an allocator that keeps freed pages (the binary's, `main.rs`) keeps
+//!   them in the resident set: on the CPU a trace shows growth, not release.
+//!
+//! A trace is process-wide and off by default: [`mark`] costs one atomic load when no trace is
+//! running, so the model and the trainer mark their phases unconditionally and a benchmark (or a
+//! run) turns tracing on around the work it measures.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Mutex;
+
+use candle_core::Device;
+use serde::Serialize;
+
+/// The memory meter of one device.
+#[derive(Clone)]
+pub struct PeakMeter {
+    device: Device,
+}
+
+impl PeakMeter {
+    pub fn new(device: &Device) -> PeakMeter {
+        PeakMeter {
+            device: device.clone(),
+        }
+    }
+
+    /// What the meter reads: the CUDA allocator or the process's resident set.
+    pub fn source(&self) -> &'static str {
+        if self.device.is_cuda() {
+            "cuda allocator high-water mark"
+        } else {
+            "process peak resident set"
+        }
+    }
+
+    /// Starts a measurement: the high-water mark is reset to what is in use now.
+    pub fn reset(&self) {
+        if self.device.is_cuda() {
+            cuda::reset(&self.device);
+        } else {
+            // Writing 5 resets VmHWM to the current RSS (Linux ≥ 4.0); elsewhere the peak
+            // is the process's since it started.
+            let _ = std::fs::write("/proc/self/clear_refs", "5");
+        }
+    }
+
+    /// Bytes in use now; None where the device cannot say.
+    pub fn current(&self) -> Option<u64> {
+        if self.device.is_cuda() {
+            cuda::used(&self.device, false)
+        } else {
+            proc_status_kib("VmRSS:").map(|k| k * 1024)
+        }
+    }
+
+    /// The most bytes in use at once since [`PeakMeter::reset`].
+    pub fn peak(&self) -> Option<u64> {
+        if self.device.is_cuda() {
+            cuda::used(&self.device, true)
+        } else {
+            proc_status_kib("VmHWM:").map(|k| k * 1024)
+        }
+    }
+
+    /// Bytes the device can still hand out (CUDA: what the driver reports free plus what the
+    /// pool holds unused); None on the CPU.
+    pub fn free(&self) -> Option<u64> {
+        cuda::free(&self.device)
+    }
+}
+
+fn proc_status_kib(key: &str) -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = text.lines().find(|l| l.starts_with(key))?;
+    line[key.len()..].split_whitespace().next()?.parse().ok()
+}
+
+/// One reading of a trace: the bytes in use when `phase` ended, and the most in use at once
+/// since the previous reading (during the phase).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Mark {
+    pub phase: String,
+    pub live: Option<u64>,
+    pub peak: Option<u64>,
+}
+
+struct Trace {
+    meter: PeakMeter,
+    marks: Vec<Mark>,
+}
+
+static TRACING: AtomicBool = AtomicBool::new(false);
+static TRACE: Mutex<Option<Trace>> = Mutex::new(None);
+
+/// Starts tracing `device`'s memory (replacing a trace already running): the high-water mark is
+/// reset, and every [`mark`] until [`finish`] is recorded.
+pub fn start(device: &Device) {
+    let meter = PeakMeter::new(device);
+    meter.reset();
+    *TRACE.lock().unwrap_or_else(|p| p.into_inner()) = Some(Trace {
+        meter,
+        marks: Vec::new(),
+    });
+    TRACING.store(true, Ordering::Release);
+}
+
+/// The end of phase `phase()` in a running trace: reads the memory in use and the peak since
+/// the previous mark, then resets the peak. Costs one atomic load when no trace runs (`phase` is
+/// not called).
+pub fn mark(phase: impl FnOnce() -> String) {
+    if !TRACING.load(Ordering::Acquire) {
+        return;
+    }
+    if let Some(trace) = TRACE.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
+        let (live, peak) = (trace.meter.current(), trace.meter.peak());
+        trace.marks.push(Mark {
+            phase: phase(),
+            live,
+            peak,
+        });
+        trace.meter.reset();
+    }
+}
+
+/// Stops the trace and returns its marks (none when no trace ran).
+pub fn finish() -> Vec<Mark> {
+    TRACING.store(false, Ordering::Release);
+    TRACE
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .take()
+        .map(|t| t.marks)
+        .unwrap_or_default()
+}
+
+#[cfg(feature = "cuda")]
+mod cuda {
+    use candle_core::cuda_backend::cudarc::driver::sys;
+    use candle_core::Device;
+
+    /// The default memory pool of the device `device` runs on.
+    fn pool(device: &Device) -> Option<sys::CUmemoryPool> {
+        let Device::Cuda(dev) = device else {
+            return None;
+        };
+        let cu_device = dev.cuda_stream().context().cu_device();
+        let mut pool = std::mem::MaybeUninit::uninit();
+        // SAFETY: the out-pointer is valid; the driver writes a pool handle on success.
+        let ok = unsafe { sys::cuDeviceGetDefaultMemPool(pool.as_mut_ptr(), cu_device) };
+        // SAFETY: written on success.
+        (ok == sys::CUresult::CUDA_SUCCESS).then(|| unsafe { pool.assume_init() })
+    }
+
+    fn attribute(pool: sys::CUmemoryPool, attr: sys::CUmemPool_attribute) -> Option<u64> {
+        let mut value: u64 = 0;
+        // SAFETY: these attributes are cuuint64_t, written into `value`.
+        let ok = unsafe { sys::cuMemPoolGetAttribute(pool, attr, (&mut value as *mut u64).cast()) };
+        (ok == sys::CUresult::CUDA_SUCCESS).then_some(value)
+    }
+
+    pub(super) fn used(device: &Device, high: bool) -> Option<u64> {
+        let pool = pool(device)?;
+        device.synchronize().ok()?;
+        attribute(
+            pool,
+            if high {
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH
+            } else {
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT
+            },
+        )
+    }
+
+    pub(super) fn reset(device: &Device) {
+        if let Some(pool) = pool(device) {
+            let _ = device.synchronize();
+            let mut zero: u64 = 0;
+            // SAFETY: resetting USED_MEM_HIGH takes a cuuint64_t zero.
+            unsafe {
+                sys::cuMemPoolSetAttribute(
+                    pool,
+                    sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_HIGH,
+                    (&mut zero as *mut u64).cast(),
+                );
+            }
+        }
+    }
+
+    /// Free device memory plus what the pool reserves but does not use.
+    pub(super) fn free(device: &Device) -> Option<u64> {
+        let Device::Cuda(dev) = device else {
+            return None;
+        };
+        device.synchronize().ok()?;
+        let (free, _total) = dev.cuda_stream().context().mem_get_info().ok()?;
+        let pool = pool(device)?;
+        let reserved = attribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+        )?;
+        let used = attribute(
+            pool,
+            sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_USED_MEM_CURRENT,
+        )?;
+        Some(free as u64 + reserved.saturating_sub(used))
+    }
+}
+
+#[cfg(not(feature = "cuda"))]
+mod cuda {
+    use candle_core::Device;
+
+    pub(super) fn used(_: &Device, _: bool) -> Option<u64> {
+        None
+    }
+
+    pub(super) fn reset(_: &Device) {}
+
+    pub(super) fn free(_: &Device) -> Option<u64> {
+        None
+    }
+}

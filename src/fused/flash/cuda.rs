@@ -1,0 +1,385 @@
+//! The CUDA launches of flash attention (the `cuda` feature), and which kernel takes a call:
+//! - `kernels/flash_mma.cu`, the tensor-core forward and backward (FA2 on `mma.sync`): bf16 at
+//!   head dim 64 or 128, every operand 16-byte aligned, more than one query position;
+//! - the split-K decode of `kernels/flash_attn.cu` for one query position;
+//! - the row kernels of `kernels/flash_attn.cu` for everything else (f32, other head dims), the
+//!   oracle of the tensor-core kernels.
+//!
+//! The CPU twin and the semantics are in the parent module; `tests/it/cuda.rs` holds every path
+//! to it, and `kernels/check/flash_check.cu` checks and times the kernels without this build.
+
+use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute_enum;
+use candle_core::cuda_backend::cudarc::driver::{
+    CudaFunction, CudaSlice, CudaView, LaunchArgs, LaunchConfig, PushKernelArg,
+};
+use candle_core::cuda_backend::{CudaDType, CudaDevice, WrapErr};
+use candle_core::{CudaStorage, DType, Layout, Result};
+
+use super::{FlashDims, FLASH_MAX_HEAD_DIM};
+use crate::fused::launch::{dtype_of, grid_dim, kernel, ptx, rows_config, suffix, view, with_type};
+
+const ROW_PTX: (&str, &str) = ptx!("flash_attn");
+const MMA_PTX: (&str, &str) = ptx!("flash_mma");
+
+type Arg<'a> = (&'a CudaStorage, &'a Layout);
+
+/// Warps (rows) per block of the row kernels: FA_WARPS in flash_attn.cu.
+const ROW_WARPS: usize = 4;
+/// Rows per block, threads per block, columns per tile and row padding of the tensor-core
+/// kernels: FM_ROWS, FM_THREADS, FM_COLS and FM_PAD in flash.cuh.
+const MMA_ROWS: usize = 64;
+const MMA_THREADS: u32 = 128;
+const MMA_COLS: usize = 64;
+const MMA_PAD: usize = 8;
+/// Keys per split of the decode kernel (FD_SPLIT) and the most query heads per KV head it
+/// takes (FD_MAXG); a model with more uses the row kernel.
+const DECODE_SPLIT: usize = 256;
+const DECODE_MAX_GROUP: usize = 8;
+/// Shared memory a kernel gets without asking for more.
+const DEFAULT_SMEM: u32 = 48 * 1024;
+
+/// Dynamic shared memory of the tensor-core forward and dQ kernels, and of the dK/dV kernel:
+/// `fm_smem_fwd` and `fm_smem_dkdv` in flash.cuh (a kernel given less traps).
+fn mma_smem_fwd(d: usize) -> u32 {
+    (4 * MMA_COLS * (d + MMA_PAD) * 2 + 4 * 4) as u32
+}
+fn mma_smem_dkdv(d: usize) -> u32 {
+    (6 * MMA_COLS * (d + MMA_PAD) * 2 + 2 * MMA_COLS * 3 * 4) as u32
+}
+
+/// The tensor-core kernels' head dim for these inputs, if they take them: bf16, head dim 64 or
+/// 128, each operand starting on 16 bytes (cp.async and ldmatrix move 16 bytes at a time).
+fn mma_dim(dims: &FlashDims, dtype: DType, operands: &[&Layout]) -> Option<usize> {
+    let aligned = operands.iter().all(|l| l.start_offset() % 8 == 0);
+    (dtype == DType::BF16 && matches!(dims.d, 64 | 128) && aligned).then_some(dims.d)
+}
+
+fn row_grid(rows: usize, y: usize, z: usize) -> Result<LaunchConfig> {
+    Ok(LaunchConfig {
+        grid_dim: (
+            grid_dim(rows.div_ceil(ROW_WARPS), "flash attention")?,
+            y as u32,
+            z as u32,
+        ),
+        block_dim: (32 * ROW_WARPS as u32, 1, 1),
+        shared_mem_bytes: 0,
+    })
+}
+
+/// A tensor-core launch over `rows` rows in blocks of 64, with `smem` bytes of dynamic shared
+/// memory (the kernel's limit raised to it first).
+fn mma_grid(rows: usize, y: usize, z: usize, smem: u32) -> Result<LaunchConfig> {
+    Ok(LaunchConfig {
+        grid_dim: (
+            grid_dim(rows.div_ceil(MMA_ROWS), "flash attention")?,
+            y as u32,
+            z as u32,
+        ),
+        block_dim: (MMA_THREADS, 1, 1),
+        shared_mem_bytes: smem,
+    })
+}
+
+/// Allows kernel `f` `smem` bytes of dynamic shared memory (more than the default needs asking).
+fn allow_smem(f: &CudaFunction, smem: u32) -> Result<()> {
+    if smem > DEFAULT_SMEM {
+        f.set_attribute(
+            CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )
+        .w()?;
+    }
+    Ok(())
+}
+
+/// The first valid key of each sequence (`S` when none): `(B)` i32.
+fn first_valid(dims: &FlashDims, valid: Arg) -> Result<CudaSlice<i32>> {
+    let what = "acpo-flash-attention";
+    let dev = &valid.0.device;
+    let vv = view::<u8>(valid.0, valid.1, what)?;
+    // SAFETY: one block per sequence writes its entry.
+    let mut first = unsafe { dev.alloc::<i32>(dims.b.max(1)) }?;
+    let f = kernel!(dev, "flash_first_valid", ROW_PTX)?;
+    let s_i = dims.s as i32;
+    let mut b = f.builder();
+    b.arg(&vv).arg(&s_i).arg(&mut first);
+    if dims.b > 0 {
+        // SAFETY: the arguments match flash_first_valid in kernels/flash_attn.cu.
+        unsafe { b.launch(rows_config(dims.b)?) }.w()?;
+    }
+    Ok(first)
+}
+
+/// The shape arguments every flash kernel ends with (`FA_ARGS` in flash.cuh).
+struct FlashInts {
+    h: i32,
+    kv: i32,
+    t: i32,
+    s: i32,
+    cap: i32,
+    d: i32,
+    past: i32,
+    scale: f32,
+}
+
+impl FlashInts {
+    fn of(dims: &FlashDims) -> FlashInts {
+        FlashInts {
+            h: dims.h as i32,
+            kv: dims.kv as i32,
+            t: dims.t as i32,
+            s: dims.s as i32,
+            cap: dims.cap as i32,
+            d: dims.d as i32,
+            past: dims.past as i32,
+            scale: dims.scale,
+        }
+    }
+
+    fn push<'a>(&'a self, b: &mut LaunchArgs<'a>) {
+        b.arg(&self.h)
+            .arg(&self.kv)
+            .arg(&self.t)
+            .arg(&self.s)
+            .arg(&self.cap)
+            .arg(&self.d)
+            .arg(&self.past)
+            .arg(&self.scale);
+    }
+}
+
+/// O (the storage dtype of q) and the statistics [m, 1/Σ] of each query row `(B, H, T, 2)` in f32.
+pub fn flash_fwd(
+    dims: &FlashDims,
+    q: Arg,
+    k: Arg,
+    v: Arg,
+    valid: Arg,
+) -> Result<(CudaStorage, CudaStorage)> {
+    let what = "acpo-flash-attention";
+    let dtype = dtype_of(q.0);
+    let sfx = suffix(dtype, what)?;
+    with_type!(dtype, T, {
+        let dev = &q.0.device;
+        let (qv, kv, vv) = (
+            view::<T>(q.0, q.1, what)?,
+            view::<T>(k.0, k.1, what)?,
+            view::<T>(v.0, v.1, what)?,
+        );
+        let validv = view::<u8>(valid.0, valid.1, what)?;
+        let first = first_valid(dims, valid)?;
+        let rows = dims.rows();
+        // SAFETY: every query row is written by the kernel that owns it, O and statistics.
+        let mut o = unsafe { dev.alloc::<T>(rows * dims.d) }?;
+        let mut stats = unsafe { dev.alloc::<f32>(2 * rows.max(1)) }?;
+        let n = FlashInts::of(dims);
+        if rows == 0 {
+            // nothing to compute (and no block may read an empty row)
+        } else if dims.t == 1 && dims.h / dims.kv <= DECODE_MAX_GROUP {
+            decode(
+                dev,
+                dims,
+                &n,
+                (&qv, &kv, &vv),
+                &validv,
+                &first,
+                &mut o,
+                &mut stats,
+                sfx,
+            )?;
+        } else {
+            // The tensor-core forward where it applies, else the row kernel: the same arguments.
+            let (f, cfg) = match mma_dim(dims, dtype, &[q.1, k.1, v.1]) {
+                Some(d) => {
+                    let smem = mma_smem_fwd(d);
+                    let f = kernel!(dev, &format!("flash_fwd_mma_d{d}_bf16"), MMA_PTX)?;
+                    allow_smem(&f, smem)?;
+                    (f, mma_grid(dims.t, dims.h, dims.b, smem)?)
+                }
+                None => (
+                    kernel!(dev, &format!("flash_fwd_{sfx}"), ROW_PTX)?,
+                    row_grid(dims.t, dims.h, dims.b)?,
+                ),
+            };
+            let mut b = f.builder();
+            b.arg(&qv)
+                .arg(&kv)
+                .arg(&vv)
+                .arg(&validv)
+                .arg(&first)
+                .arg(&mut o)
+                .arg(&mut stats);
+            n.push(&mut b);
+            // SAFETY: the arguments match flash_fwd_* (flash_attn.cu) and flash_fwd_mma_*
+            // (flash_mma.cu), the same list.
+            unsafe { b.launch(cfg) }.w()?;
+        }
+        Ok((
+            CudaStorage::wrap_cuda_slice(o, dev.clone()),
+            CudaStorage::wrap_cuda_slice(stats, dev.clone()),
+        ))
+    })
+}
+
+/// One decode step's attention (T = 1): split-K partials over [`DECODE_SPLIT`] keys per block,
+/// each KV head read once for all its query heads, then their merge in split order.
+#[allow(clippy::too_many_arguments)]
+fn decode<T: CudaDType>(
+    dev: &CudaDevice,
+    dims: &FlashDims,
+    n: &FlashInts,
+    (q, k, v): (&CudaView<T>, &CudaView<T>, &CudaView<T>),
+    valid: &CudaView<u8>,
+    first: &CudaSlice<i32>,
+    o: &mut CudaSlice<T>,
+    stats: &mut CudaSlice<f32>,
+    sfx: &str,
+) -> Result<()> {
+    let nsplit = dims.s.div_ceil(DECODE_SPLIT).max(1);
+    // SAFETY: every (row, split) partial is written by its block, empty splits included.
+    let mut part = unsafe { dev.alloc::<f32>(dims.b * dims.h * nsplit * (2 + dims.d)) }?;
+    let nsplit_i = nsplit as i32;
+    let f = kernel!(dev, &format!("flash_decode_split_{sfx}"), ROW_PTX)?;
+    let mut b = f.builder();
+    b.arg(q)
+        .arg(k)
+        .arg(v)
+        .arg(valid)
+        .arg(first)
+        .arg(&mut part)
+        .arg(&nsplit_i);
+    n.push(&mut b);
+    let cfg = LaunchConfig {
+        grid_dim: (
+            grid_dim(nsplit, "flash decode")?,
+            dims.kv as u32,
+            dims.b as u32,
+        ),
+        block_dim: (32 * ROW_WARPS as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: the arguments match flash_decode_split_* in kernels/flash_attn.cu.
+    unsafe { b.launch(cfg) }.w()?;
+    let (h_i, d_i) = (dims.h as i32, dims.d as i32);
+    let f = kernel!(dev, &format!("flash_decode_combine_{sfx}"), ROW_PTX)?;
+    let mut b = f.builder();
+    b.arg(&part)
+        .arg(o)
+        .arg(stats)
+        .arg(&nsplit_i)
+        .arg(&h_i)
+        .arg(&d_i);
+    let cfg = LaunchConfig {
+        grid_dim: (dims.h as u32, dims.b as u32, 1),
+        block_dim: (FLASH_MAX_HEAD_DIM as u32, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: the arguments match flash_decode_combine_* in kernels/flash_attn.cu.
+    unsafe { b.launch(cfg) }.w()?;
+    Ok(())
+}
+
+/// dQ, dK, dV (the storage dtype of q): δ = rowsum(dO ⊙ O) by the row kernel, then dQ and
+/// dK/dV by the tensor-core kernels where they apply, else by the row kernels.
+#[allow(clippy::too_many_arguments)]
+pub fn flash_bwd(
+    dims: &FlashDims,
+    q: Arg,
+    k: Arg,
+    v: Arg,
+    o: Arg,
+    dout: Arg,
+    stats: Arg,
+    valid: Arg,
+) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
+    let what = "acpo-flash-attention-bwd";
+    let dtype = dtype_of(q.0);
+    let sfx = suffix(dtype, what)?;
+    with_type!(dtype, T, {
+        let dev = &q.0.device;
+        let (qv, kv, vv, ov, dov) = (
+            view::<T>(q.0, q.1, what)?,
+            view::<T>(k.0, k.1, what)?,
+            view::<T>(v.0, v.1, what)?,
+            view::<T>(o.0, o.1, what)?,
+            view::<T>(dout.0, dout.1, what)?,
+        );
+        let statsv = view::<f32>(stats.0, stats.1, what)?;
+        let validv = view::<u8>(valid.0, valid.1, what)?;
+        let first = first_valid(dims, valid)?;
+        let rows = dims.rows();
+        let keys = dims.b * dims.kv * dims.s;
+        let n = FlashInts::of(dims);
+        // SAFETY: each kernel writes every row it owns.
+        let mut delta = unsafe { dev.alloc::<f32>(rows.max(1)) }?;
+        let mut dq = unsafe { dev.alloc::<T>(rows * dims.d) }?;
+        let mut dk = unsafe { dev.alloc::<T>(keys * dims.d) }?;
+        let mut dv = unsafe { dev.alloc::<T>(keys * dims.d) }?;
+        if rows > 0 {
+            let f = kernel!(dev, &format!("flash_delta_{sfx}"), ROW_PTX)?;
+            let rows_i = rows as i32;
+            let mut b = f.builder();
+            b.arg(&ov).arg(&dov).arg(&mut delta).arg(&rows_i).arg(&n.d);
+            // SAFETY: the arguments match flash_delta_* in kernels/flash_attn.cu.
+            unsafe { b.launch(row_grid(rows, 1, 1)?) }.w()?;
+
+            let mma = mma_dim(dims, dtype, &[q.1, k.1, v.1, o.1, dout.1]);
+            let (f, cfg) = match mma {
+                Some(d) => {
+                    let smem = mma_smem_fwd(d);
+                    let f = kernel!(dev, &format!("flash_dq_mma_d{d}_bf16"), MMA_PTX)?;
+                    allow_smem(&f, smem)?;
+                    (f, mma_grid(dims.t, dims.h, dims.b, smem)?)
+                }
+                None => (
+                    kernel!(dev, &format!("flash_dq_{sfx}"), ROW_PTX)?,
+                    row_grid(dims.t, dims.h, dims.b)?,
+                ),
+            };
+            let mut b = f.builder();
+            b.arg(&qv)
+                .arg(&kv)
+                .arg(&vv)
+                .arg(&dov)
+                .arg(&statsv)
+                .arg(&delta)
+                .arg(&validv)
+                .arg(&first);
+            b.arg(&mut dq);
+            n.push(&mut b);
+            // SAFETY: the arguments match flash_dq_* and flash_dq_mma_* (the same list).
+            unsafe { b.launch(cfg) }.w()?;
+
+            let (f, cfg) = match mma {
+                Some(d) => {
+                    let smem = mma_smem_dkdv(d);
+                    let f = kernel!(dev, &format!("flash_dkdv_mma_d{d}_bf16"), MMA_PTX)?;
+                    allow_smem(&f, smem)?;
+                    (f, mma_grid(dims.s, dims.kv, dims.b, smem)?)
+                }
+                None => (
+                    kernel!(dev, &format!("flash_dkdv_{sfx}"), ROW_PTX)?,
+                    row_grid(dims.s, dims.kv, dims.b)?,
+                ),
+            };
+            let mut b = f.builder();
+            b.arg(&qv)
+                .arg(&kv)
+                .arg(&vv)
+                .arg(&dov)
+                .arg(&statsv)
+                .arg(&delta)
+                .arg(&validv)
+                .arg(&first);
+            b.arg(&mut dk).arg(&mut dv);
+            n.push(&mut b);
+            // SAFETY: the arguments match flash_dkdv_* and flash_dkdv_mma_* (the same list).
+            unsafe { b.launch(cfg) }.w()?;
+        }
+        Ok((
+            CudaStorage::wrap_cuda_slice(dq, dev.clone()),
+            CudaStorage::wrap_cuda_slice(dk, dev.clone()),
+            CudaStorage::wrap_cuda_slice(dv, dev.clone()),
+        ))
+    })
+}
