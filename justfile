@@ -106,6 +106,7 @@ pack-gpu-suite: build-cuda
     git rev-parse HEAD > target/gpu/commit
     pwd > target/gpu/built-in
     if [ -n "${ACPO_QWEN3_TOKENIZER:-}" ]; then mkdir -p target/gpu/qwen3-tokenizer && cp "$ACPO_QWEN3_TOKENIZER"/tokenizer*.json target/gpu/qwen3-tokenizer/; fi
+    if [ -n "${ACPO_DATA_DIR:-}" ]; then mkdir -p target/gpu/data && cp "$ACPO_DATA_DIR"/*.jsonl target/gpu/data/; fi
 
 # Every GPU check and benchmark on this machine's GPU (after `just pack-gpu-suite`), raw results
 # in results/gpu/<device>-<date>/ (tools/gpu_suite.sh; a section runs alone with SECTION=...).

@@ -134,12 +134,13 @@ pub fn summarize(step: usize, benchmarks: Vec<BenchResult>) -> EvalSummary {
     }
 }
 
-/// Sequences per sampler call: bounds KV-cache memory. It is part of what a result depends
-/// on, at the last bit: a call's prompts are left-padded to its longest, and the padding changes
-/// the prefill's floating-point sums, so a completion whose next token is a near tie can differ
-/// with the batch. 64 on every device, as every shipped result was made (REPRODUCE.md, "Known
-/// sources of nondeterminism"; on the CPU 1024 per call made an xs run a fifth faster, the l
-/// and m runs not, docs/PERFORMANCE.md).
+/// Sequences per sampler call on the CPU: bounds KV-cache memory. It is part of what a result
+/// depends on, at the last bit: a call's prompts are left-padded to its longest, and the padding
+/// changes the prefill's floating-point sums, so a completion whose next token is a near tie can
+/// differ with the batch. 64, as every shipped result was made (REPRODUCE.md, "Known sources of
+/// nondeterminism"; 1024 per call made an xs run a fifth faster, the l and m runs not,
+/// docs/PERFORMANCE.md). On a GPU a benchmark's samples go in one call that decodes as many at
+/// once as the device's memory holds ([`rollout::device_slots`], issue #34).
 const GENERATE_BATCH: usize = 64;
 
 /// Evaluates `model` on the benchmarks of `exp`'s eval section (from its data suite, with its
@@ -153,7 +154,7 @@ pub fn evaluate(
     mut progress: impl FnMut(&str, usize, usize),
 ) -> Result<(EvalSummary, Vec<SampleRecord>), EvalError> {
     let (spec, suite, seed) = (&exp.eval, exp.data.suite, exp.seed);
-    let request = SampleRequest::new(SamplingParams {
+    let mut request = SampleRequest::new(SamplingParams {
         temperature: spec.sampling.temperature,
         top_p: spec.sampling.top_p,
         top_k: spec.sampling.top_k,
@@ -187,8 +188,14 @@ pub fn evaluate(
         let jobs: Vec<(usize, usize)> = (0..problems.len())
             .flat_map(|p| (0..k).map(move |s| (p, s)))
             .collect();
+        let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+        request.max_batch = rollout::device_slots(model, longest + spec.max_new_tokens);
+        let per_call = match request.max_batch {
+            Some(_) => jobs.len().max(1),
+            None => GENERATE_BATCH,
+        };
         let mut correct = vec![vec![false; k]; problems.len()];
-        for (done, chunk) in jobs.chunks(GENERATE_BATCH).enumerate() {
+        for (done, chunk) in jobs.chunks(per_call).enumerate() {
             let batch: Vec<Vec<u32>> = chunk.iter().map(|(p, _)| prompts[*p].clone()).collect();
             let keys: Vec<[u64; 4]> = chunk
                 .iter()
@@ -215,7 +222,7 @@ pub fn evaluate(
             }
             progress(
                 b.name(),
-                ((done + 1) * GENERATE_BATCH).min(jobs.len()),
+                ((done + 1) * per_call).min(jobs.len()),
                 jobs.len(),
             );
         }

@@ -192,6 +192,44 @@ fn download(repo: &str, revision: &str, cache_dir: &Path) -> Result<PathBuf> {
         .to_owned())
 }
 
+/// The directory holding a hub model's `tokenizer.json` and `tokenizer_config.json` (from the
+/// cache, downloaded unless offline): its tokenizer without its weights.
+pub fn tokenizer_files(repo: &str, revision: &str, opts: &HubOptions) -> Result<PathBuf> {
+    const FILES: [&str; 2] = ["tokenizer.json", "tokenizer_config.json"];
+    let hub_repo = Repo::with_revision(repo.into(), RepoType::Model, revision.into());
+    let mut found = Vec::new();
+    for f in FILES {
+        let path = if opts.offline {
+            Cache::new(opts.cache_dir.clone())
+                .repo(hub_repo.clone())
+                .get(f)
+                .ok_or_else(|| {
+                    hub_error(
+                        repo,
+                        revision,
+                        format!(
+                            "{f} is not in the offline cache {} (HF_HUB_OFFLINE is set)",
+                            opts.cache_dir.display()
+                        ),
+                    )
+                })?
+        } else {
+            hf_hub::api::sync::ApiBuilder::from_env()
+                .with_cache_dir(opts.cache_dir.clone())
+                .build()
+                .map_err(|e| hub_error(repo, revision, e.to_string()))?
+                .repo(hub_repo.clone())
+                .get(f)
+                .map_err(|e| hub_error(repo, revision, format!("{f}: {e}")))?
+        };
+        found.push(path);
+    }
+    Ok(found[0]
+        .parent()
+        .expect("invariant: a cached file has a parent")
+        .to_owned())
+}
+
 /// A dataset file from the hub cache (downloaded unless offline).
 pub fn dataset_file(repo: &str, file: &str, opts: &HubOptions) -> Result<PathBuf> {
     let hub_repo = Repo::with_revision(repo.into(), RepoType::Dataset, "main".into());

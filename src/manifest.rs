@@ -238,6 +238,9 @@ pub mod raw {
         pub tails_every: usize,
         /// PPO types (n = 1): extra samples per prompt that estimate its pass rate at tail steps.
         pub difficulty_probe_k: usize,
+        /// Evaluate the starting policy before the first step (verl's name; default true).
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        pub val_before_train: Option<bool>,
     }
 
     #[derive(Debug, Clone, Deserialize, Serialize)]
@@ -266,6 +269,11 @@ pub enum Scale {
     Smoke,
     Mini,
     Paper,
+    /// A paper manifest at its own shapes on random weights, batch sizes divided (issue #34,
+    /// `acpo pipeline`): what a paper run costs on a GPU and whether it fits, never accuracy.
+    /// Its manifests are derived, never kept in `experiments/`.
+    #[value(skip)]
+    Pipeline,
 }
 
 impl Scale {
@@ -275,6 +283,7 @@ impl Scale {
             Scale::Smoke => "smoke",
             Scale::Mini => "mini",
             Scale::Paper => "paper",
+            Scale::Pipeline => "pipeline",
         }
     }
 }
@@ -516,14 +525,36 @@ pub struct ModelInitSpec {
     pub warm_start: Option<WarmStartSpec>,
 }
 
-/// The tokenizer written with a created model.
+/// The tokenizer written with a created model: one the project makes (`char`, `bpe`), or a real
+/// model's files (`{dir: …}` or `{repo: …, revision: …}`: its `tokenizer.json` and
+/// `tokenizer_config.json`, chat template included; issue #34's paper-shape runs on random
+/// weights use the real Qwen tokenizer). Written back as read, so the manifests of `char` and
+/// `bpe` keep their fingerprints.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum InitTokenizer {
+    Kind(TokenizerKind),
+    Files(TokenizerFiles),
+}
+
+/// A tokenizer the project builds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
-pub enum InitTokenizer {
+pub enum TokenizerKind {
     /// One token per printable ASCII character (smoke: a random policy already writes digits).
     Char,
     /// Byte-level BPE trained on the synthetic task's corpus, digits split one per token.
     Bpe,
+}
+
+/// Where a real tokenizer's files are.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum TokenizerFiles {
+    /// A directory holding `tokenizer.json` and `tokenizer_config.json`.
+    Dir { dir: PathBuf },
+    /// Those files of a hub model (from the cache, downloaded unless offline).
+    Hub { repo: String, revision: String },
 }
 
 /// Supervised fine-tune on worked solutions of the synthetic training set (issue #8): each
@@ -670,6 +701,17 @@ pub struct TrainerSpec {
     /// 0 = no tail histograms.
     pub tails_every: usize,
     pub difficulty_probe_k: usize,
+    /// Evaluate the starting policy before the first step; None: yes (left out of the
+    /// fingerprint when unset, so manifests without it keep theirs).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub val_before_train: Option<bool>,
+}
+
+impl TrainerSpec {
+    /// Whether the starting policy is evaluated before the first step.
+    pub fn evaluates_at_start(&self) -> bool {
+        self.val_before_train.unwrap_or(true)
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -1334,10 +1376,26 @@ impl Validator<'_> {
                         })
                     }
                 };
+                match &i.tokenizer {
+                    Some(InitTokenizer::Files(TokenizerFiles::Dir { dir }))
+                        if dir.as_os_str().is_empty() =>
+                    {
+                        return self.fail("model.init.tokenizer.dir", "must not be empty")
+                    }
+                    Some(InitTokenizer::Files(TokenizerFiles::Hub { repo, revision }))
+                        if repo.is_empty() || revision.is_empty() =>
+                    {
+                        return self.fail(
+                            "model.init.tokenizer",
+                            "a hub tokenizer needs a repo and a revision",
+                        )
+                    }
+                    _ => {}
+                }
                 Some(ModelInitSpec {
                     config: i.config.clone(),
                     seed: i.seed,
-                    tokenizer: i.tokenizer,
+                    tokenizer: i.tokenizer.clone(),
                     warm_start,
                 })
             }
@@ -1693,6 +1751,7 @@ impl Validator<'_> {
             reward: raw.reward,
             tails_every: raw.tails_every,
             difficulty_probe_k: raw.difficulty_probe_k,
+            val_before_train: raw.val_before_train,
         })
     }
 

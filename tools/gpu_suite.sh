@@ -9,11 +9,15 @@
 # generate and the costed paper plan (#19, #20); then continuous batching on long-tailed lengths
 # and the peak memory at 9k with each saving turned off.
 #
-#   bash tools/gpu_suite.sh [checks|tests|paper|sampling|extra|all]   (default all)
+#   bash tools/gpu_suite.sh [checks|tests|paper|sampling|extra|pipeline|all]   (default all)
 #
 # Sections: checks = tests (the CUDA tests) + parity + the built-in benches; paper = the
 # train-step and attention comparisons + sampling (HF generate, acpo generate, the paper plan);
-# extra = long-tailed sampling and peak memory with each saving off. Shapes that a first GPU
+# extra = long-tailed sampling and peak memory with each saving off, the train step's memory
+# by phase (--trace); pipeline = `acpo pipeline` on qwen3-1.7b-grpo and qwen3-1.7b-ppo (paper
+# shapes, random weights, batch sizes / PIPE_DIVISOR (default 64), PIPE_STEPS steps (default 2),
+# one evaluation of PIPE_EVAL_LIMIT problems per benchmark (default 1)), one run after the other
+# so that one run's checkpoint is on the disk at a time, then one report of both. Shapes that a first GPU
 # showed too slow for one call come from the environment: GEN_NEW (new tokens of the sampling
 # comparison, default 1024), TORCH_CACHES (default static), LT_BATCH / LT_NEW / LT_SLOTS (long
 # tail, default 256 / 1024 / 64), MEM_LEN (default 9220, "" for none), TRAIN_LENS (the train
@@ -30,7 +34,7 @@
 #   run(command="bash tools/gpu_suite.sh checks", carry=["target/gpu"])
 set -uo pipefail
 section="${1:-all}"
-case "$section" in checks|tests|paper|sampling|extra|all) ;; *) echo "usage: $0 [checks|tests|paper|sampling|extra|all]" >&2; exit 2;; esac
+case "$section" in checks|tests|paper|sampling|extra|pipeline|all) ;; *) echo "usage: $0 [checks|tests|paper|sampling|extra|pipeline|all]" >&2; exit 2;; esac
 repo=$(pwd)
 start=$(date +%s)
 deadline=$((start + ${SUITE_SECONDS:-540}))
@@ -197,6 +201,30 @@ mem_len=${MEM_LEN-9220}
         --out "$res/paper-$mem_len-$name"
     tail -2 "$res/acpo-train-$mem_len-$name.log" | tee -a "$res/summary.txt"
 done
+# Where the train step's memory goes, phase by phase (issue #33).
+step "acpo train-step qwen3-1.7b 2x2048 --trace" 120 acpo-train-trace.log \
+    "$bin/acpo" bench train-step --config "$cfg" --device cuda --dtype bf16 --seq-len 2048 \
+    --prompt-len 1024 --micro-batch 2 --repeats 1 --checkpointing --trace --out "$res/paper-trace"
+tail -4 "$res/acpo-train-trace.log" | tee -a "$res/summary.txt"
+fi
+
+if [ "$section" = pipeline ] || [ "$section" = all ]; then
+# A paper run end to end at its shapes on random weights (issue #34), with the real tokenizer
+# and the prepared data packed into target/gpu (`just pack-gpu-suite`).
+pipe=(--divisor "${PIPE_DIVISOR:-64}" --steps "${PIPE_STEPS:-2}" --eval-limit "${PIPE_EVAL_LIMIT:-1}"
+      --tokenizer target/gpu/qwen3-tokenizer --data-dir target/gpu/data --results "$res/pipeline-results"
+      --models "$bin/models")
+for run in qwen3-1.7b-grpo qwen3-1.7b-ppo; do
+    step "acpo pipeline $run" 540 "pipeline-$run.log" \
+        "$bin/acpo" pipeline "experiments/paper/$run.yaml" "${pipe[@]}" --out "$res/pipeline-$run"
+    tail -3 "$res/pipeline-$run.log" | tee -a "$res/summary.txt"
+    # the checkpoint's weights go before the next run's (64 GB of disk); its metrics stay
+    find "$res/pipeline-results" -name '*.safetensors' -path '*checkpoints*' -delete
+done
+step "acpo pipeline report" 60 pipeline-report.log \
+    "$bin/acpo" pipeline experiments/paper/qwen3-1.7b-grpo.yaml experiments/paper/qwen3-1.7b-ppo.yaml \
+    "${pipe[@]}" --report-only --out "$res/pipeline"
+tail -3 "$res/pipeline-report.log" | tee -a "$res/summary.txt"
 fi
 save
 echo "raw results: ${OUT:-$res}"

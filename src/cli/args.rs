@@ -46,6 +46,15 @@ pub enum Command {
     Verify(VerifyArgs),
     /// Measure speed and memory, writing a report.
     Bench(BenchArgs),
+    /// Paper runs at their own shapes on random weights, end to end, phase by phase (issue #34).
+    ///
+    /// Each manifest's model is replaced by random weights of its config (with the real
+    /// tokenizer) and its batch sizes divided by --divisor, everything else kept; the derived
+    /// runs train for --steps steps under <results>/pipeline/ (resumable), then pipeline.md gives
+    /// every phase's seconds, tokens/s and peak memory, and pipeline-plan.md the GPU-hours of the
+    /// paper runs costed from them. Random weights run every response to its limit: the worst
+    /// case.
+    Pipeline(PipelineArgs),
     /// Clipped policy mirror descent on tabular MDPs against the paper's bounds (Section 4).
     Pmd(PmdArgs),
     /// Model utilities (write a seeded random model in HF layout).
@@ -174,6 +183,54 @@ pub struct EvalArgs {
     /// Where to write samples.jsonl and summary.json.
     #[arg(long)]
     pub out: PathBuf,
+}
+
+#[derive(Debug, Args)]
+pub struct PipelineArgs {
+    /// Paper manifests (a model from the hub: `model.repo`).
+    #[arg(required = true)]
+    pub manifests: Vec<PathBuf>,
+    /// Divide the prompts per step and per mini-batch by this (it must divide both).
+    #[arg(long, default_value_t = 64)]
+    pub divisor: usize,
+    /// Training steps; the evaluation and the checkpoint come after the last.
+    #[arg(long, default_value_t = 2)]
+    pub steps: usize,
+    /// Problems per benchmark in the evaluation (the first ones).
+    #[arg(long, default_value_t = 1)]
+    pub eval_limit: usize,
+    /// A directory with the real tokenizer.json and tokenizer_config.json [default: the
+    /// manifest's hub repo's, from the hub cache].
+    #[arg(long)]
+    pub tokenizer: Option<PathBuf>,
+    /// The model configs, named after the hub repo (`qwen3-1.7b.json`).
+    #[arg(long, default_value = "experiments/paper/configs")]
+    pub configs: PathBuf,
+    /// Where the random models are created (one per config).
+    #[arg(long, default_value = "models/pipeline")]
+    pub models: PathBuf,
+    /// Replace every run's model config by this one: a quick check of the pipeline on a
+    /// small model (the paper's shapes are its point).
+    #[arg(long)]
+    pub config: Option<PathBuf>,
+    /// Run on this device instead of each manifest's.
+    #[arg(long, value_enum)]
+    pub device: Option<acpo::manifest::Device>,
+    /// The paper runs the plan costs.
+    #[arg(long, default_value = "experiments/paper")]
+    pub paper: PathBuf,
+    /// Results root (the runs go under <results>/pipeline/).
+    #[arg(long, default_value = "results")]
+    pub results: PathBuf,
+    /// Where pipeline.md and pipeline-plan.md go [default: <results>/pipeline].
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+    /// Train nothing: report the runs' metrics already under <results>/pipeline/.
+    #[arg(long)]
+    pub report_only: bool,
+    /// The prepared datasets [default: $ACPO_DATA_DIR, else ~/.cache/acpo/data].
+    #[arg(long)]
+    pub data_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]
@@ -409,6 +466,10 @@ pub enum ModelCommand {
         /// the config's vocab_size (≥ 258).
         #[arg(long, conflicts_with = "char_tokenizer")]
         bpe_tokenizer: bool,
+        /// Also copy a real tokenizer: the tokenizer.json and tokenizer_config.json of this
+        /// directory (its vocabulary must fit the config's vocab_size).
+        #[arg(long, conflicts_with_all = ["char_tokenizer", "bpe_tokenizer"])]
+        tokenizer_from: Option<PathBuf>,
     },
     /// Teacher-forced log-probabilities and entropies of token sequences (JSONL `{"ids": [...]}`
     /// per line), one forward pass each: what transformers computes, for parity checks.

@@ -108,17 +108,46 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             fill_doc(args.doc.as_deref(), &args.out)
         }
         Command::Pmd(args) => pmd(&args),
+        Command::Pipeline(args) => {
+            let d = acpo::perf::pipeline::Derivation {
+                divisor: args.divisor,
+                steps: args.steps,
+                eval_limit: args.eval_limit,
+                tokenizer: args.tokenizer.clone(),
+                configs: args.configs.clone(),
+                models: args.models.clone(),
+                config: args.config.clone(),
+                device: args.device,
+            };
+            let out = args
+                .out
+                .clone()
+                .unwrap_or_else(|| args.results.join("pipeline"));
+            let report = acpo::perf::pipeline::run(
+                &args.manifests,
+                &d,
+                &args.results,
+                &data_dir(&args.data_dir),
+                &args.paper,
+                &out,
+                args.report_only,
+            )?;
+            println!("report: {}", report.display());
+            Ok(Outcome::Success)
+        }
         Command::Model(ModelCommand::Init {
             config,
             out,
             seed,
             char_tokenizer,
             bpe_tokenizer,
+            tokenizer_from,
         }) => {
-            use acpo::manifest::InitTokenizer;
-            let kind = match (char_tokenizer, bpe_tokenizer) {
-                (true, _) => Some(InitTokenizer::Char),
-                (_, true) => Some(InitTokenizer::Bpe),
+            use acpo::manifest::{InitTokenizer, TokenizerFiles, TokenizerKind};
+            let kind = match (char_tokenizer, bpe_tokenizer, tokenizer_from) {
+                (true, _, _) => Some(InitTokenizer::Kind(TokenizerKind::Char)),
+                (_, true, _) => Some(InitTokenizer::Kind(TokenizerKind::Bpe)),
+                (_, _, Some(dir)) => Some(InitTokenizer::Files(TokenizerFiles::Dir { dir })),
                 _ => None,
             };
             println!("{}", acpo::model::init::create(&config, &out, seed, kind)?);

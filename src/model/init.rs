@@ -9,7 +9,7 @@ use std::path::Path;
 use candle_core::{DType, Device, Tensor, Var};
 
 use super::{write_atomic, ModelError, Params, QwenConfig, Result};
-use crate::manifest::InitTokenizer;
+use crate::manifest::{InitTokenizer, TokenizerFiles, TokenizerKind};
 use crate::rng::SplitMix64;
 
 fn normal(
@@ -212,12 +212,55 @@ pub fn write_char_tokenizer(out: &Path) -> Result<()> {
     write_atomic(&out.join("tokenizer_config.json"), json(&cfg).as_bytes())
 }
 
+/// The directory of a real tokenizer's files.
+pub fn tokenizer_dir(files: &TokenizerFiles) -> Result<std::path::PathBuf> {
+    let dir = match files {
+        TokenizerFiles::Dir { dir } => dir.clone(),
+        TokenizerFiles::Hub { repo, revision } => {
+            crate::hub::tokenizer_files(repo, revision, &crate::hub::HubOptions::from_env())?
+        }
+    };
+    for f in TOKENIZER_FILES {
+        if !dir.join(f).is_file() {
+            return Err(ModelError::Tokenizer {
+                path: dir.join(f),
+                reason: "not found (model.init.tokenizer names a directory with tokenizer.json and tokenizer_config.json)".into(),
+            });
+        }
+    }
+    Ok(dir)
+}
+
+/// The files a real tokenizer is copied from.
+pub const TOKENIZER_FILES: [&str; 2] = ["tokenizer.json", "tokenizer_config.json"];
+
+/// The tokens of the tokenizer in `dir` (special tokens included).
+fn tokenizer_size(dir: &Path) -> Result<usize> {
+    let path = dir.join("tokenizer.json");
+    let tok = tokenizers::Tokenizer::from_file(&path).map_err(|e| ModelError::Tokenizer {
+        path: path.clone(),
+        reason: e.to_string(),
+    })?;
+    Ok(tok.get_vocab_size(true))
+}
+
 /// Fails, writing nothing, when a model with `vocab_size` embedding rows (from the config at
-/// `config`) cannot hold a tokenizer of `kind`.
-pub fn check_tokenizer_fits(kind: InitTokenizer, vocab_size: usize, config: &Path) -> Result<()> {
+/// `config`) cannot hold the tokenizer `kind` names.
+pub fn check_tokenizer_fits(kind: &InitTokenizer, vocab_size: usize, config: &Path) -> Result<()> {
     let (need, what) = match kind {
-        InitTokenizer::Char => (CHAR_VOCAB, "the character tokenizer's"),
-        InitTokenizer::Bpe => (BPE_MIN_VOCAB, "a byte-level BPE's minimum"),
+        InitTokenizer::Kind(TokenizerKind::Char) => {
+            (CHAR_VOCAB, "the character tokenizer's".into())
+        }
+        InitTokenizer::Kind(TokenizerKind::Bpe) => {
+            (BPE_MIN_VOCAB, "a byte-level BPE's minimum".into())
+        }
+        InitTokenizer::Files(files) => {
+            let dir = tokenizer_dir(files)?;
+            (
+                tokenizer_size(&dir)?,
+                format!("the tokenizer of {}'s", dir.display()),
+            )
+        }
     };
     if vocab_size < need {
         return Err(ModelError::Config {
@@ -228,23 +271,34 @@ pub fn check_tokenizer_fits(kind: InitTokenizer, vocab_size: usize, config: &Pat
     Ok(())
 }
 
-/// Writes the tokenizer of `kind` for a model with `vocab_size` embedding rows into `out`
-/// (`char`, or `bpe` trained on the synthetic task's corpus); returns its size, which is at
-/// most `vocab_size`.
+/// Writes the tokenizer `kind` names for a model with `vocab_size` embedding rows into `out`
+/// (`char`; `bpe` trained on the synthetic task's corpus; or a real tokenizer's files copied);
+/// returns its size, which is at most `vocab_size`.
 pub fn write_tokenizer(
-    kind: InitTokenizer,
+    kind: &InitTokenizer,
     out: &Path,
     vocab_size: usize,
     config: &Path,
 ) -> Result<usize> {
     check_tokenizer_fits(kind, vocab_size, config)?;
     match kind {
-        InitTokenizer::Char => {
+        InitTokenizer::Kind(TokenizerKind::Char) => {
             write_char_tokenizer(out)?;
             Ok(CHAR_VOCAB)
         }
-        InitTokenizer::Bpe => {
+        InitTokenizer::Kind(TokenizerKind::Bpe) => {
             write_bpe_tokenizer(out, &crate::data::synthetic::tokenizer_corpus(), vocab_size)
+        }
+        InitTokenizer::Files(files) => {
+            let dir = tokenizer_dir(files)?;
+            for f in TOKENIZER_FILES {
+                let bytes = std::fs::read(dir.join(f)).map_err(|source| ModelError::Io {
+                    path: dir.join(f),
+                    source,
+                })?;
+                write_atomic(&out.join(f), &bytes)?;
+            }
+            tokenizer_size(out)
         }
     }
 }
@@ -330,12 +384,15 @@ pub fn create(
     tokenizer: Option<InitTokenizer>,
 ) -> Result<Created> {
     let vocab_size = QwenConfig::load(config)?.vocab_size;
-    if let Some(kind) = tokenizer {
+    if let Some(kind) = &tokenizer {
         check_tokenizer_fits(kind, vocab_size, config)?;
     }
     let params = write_random_model(config, out, seed)?;
     let tokenizer = match tokenizer {
-        Some(kind) => Some((kind, write_tokenizer(kind, out, vocab_size, config)?)),
+        Some(kind) => {
+            let size = write_tokenizer(&kind, out, vocab_size, config)?;
+            Some((kind, size))
+        }
         None => None,
     };
     Ok(Created {
@@ -345,6 +402,14 @@ pub fn create(
         seed,
         tokenizer,
     })
+}
+
+/// Where a real tokenizer came from, for a message.
+pub fn tokenizer_source(files: &TokenizerFiles) -> String {
+    match files {
+        TokenizerFiles::Dir { dir } => dir.display().to_string(),
+        TokenizerFiles::Hub { repo, revision } => format!("{repo}@{revision}"),
+    }
 }
 
 /// What `acpo model init` wrote.
@@ -360,8 +425,12 @@ pub struct Created {
 
 impl std::fmt::Display for Created {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        if let Some((kind, size)) = self.tokenizer {
-            let name = format!("{kind:?}").to_lowercase();
+        if let Some((kind, size)) = &self.tokenizer {
+            let name = match kind {
+                InitTokenizer::Kind(TokenizerKind::Char) => "character".to_string(),
+                InitTokenizer::Kind(TokenizerKind::Bpe) => "BPE".to_string(),
+                InitTokenizer::Files(files) => format!("copied ({})", tokenizer_source(files)),
+            };
             writeln!(f, "wrote a {name} tokenizer with {size} tokens")?;
         }
         write!(

@@ -5,6 +5,7 @@
 //! Targets live here, not in timed tests: a report states what was measured on which machine.
 
 pub mod memory;
+pub mod pipeline;
 pub mod plan;
 pub mod verifier;
 
@@ -42,6 +43,17 @@ pub enum PerfError {
     NoRepeats,
     #[error("{0}")]
     Shape(String),
+    #[error(transparent)]
+    Manifest(#[from] crate::manifest::ManifestError),
+    /// Boxed: it carries a training error.
+    #[error(transparent)]
+    Reproduce(Box<crate::reproduce::ReproduceError>),
+}
+
+impl From<crate::reproduce::ReproduceError> for PerfError {
+    fn from(e: crate::reproduce::ReproduceError) -> Self {
+        PerfError::Reproduce(Box::new(e))
+    }
 }
 
 impl From<crate::train::TrainError> for PerfError {

@@ -75,6 +75,38 @@ pub struct SampleRequest<'a> {
     /// Per prompt, at most this many new tokens (below `params.max_new_tokens`; at least one is
     /// always drawn); None: the params' limit for all.
     pub limits: Option<Vec<usize>>,
+    /// Where the engine adds what its prefills and decode steps took ([`GenStats`]).
+    pub stats: Option<&'a std::sync::Mutex<GenStats>>,
+}
+
+/// What a sampler call did: seconds and tokens of its prefills, and of its decode steps (each
+/// drawing and appending one token per sequence), summed over the groups sampled side by side
+/// on the CPU (so there the seconds can add up to more than the call's).
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct GenStats {
+    pub prefill_seconds: f64,
+    /// Prompt tokens prefilled (padding not counted).
+    pub prefill_tokens: usize,
+    pub decode_seconds: f64,
+    /// Tokens drawn.
+    pub decode_tokens: usize,
+}
+
+/// Sequences to decode at once on `model`'s device (issue #34): on CUDA, as many as half the
+/// device's free memory holds at `positions` cached positions each (the KV cache in the model's
+/// dtype, and a row of logits and its sampling temporaries); the other half stays for the copy
+/// a joining prompt's merge makes and a step's activations. At least 1. None on the CPU, which
+/// keeps its batching (every shipped result was sampled that way).
+pub fn device_slots(model: &Qwen, positions: usize) -> Option<usize> {
+    let device = model.device();
+    if !device.is_cuda() {
+        return None;
+    }
+    let free = crate::device::PeakMeter::new(device).free()?;
+    let cfg = model.config();
+    let per_row =
+        cfg.kv_bytes_per_position(model.dtype().size_in_bytes()) * positions + 16 * cfg.vocab_size;
+    Some(((free / 2) as usize / per_row.max(1)).max(1))
 }
 
 impl<'a> SampleRequest<'a> {
@@ -86,7 +118,14 @@ impl<'a> SampleRequest<'a> {
             pad_id: 0,
             max_batch: None,
             limits: None,
+            stats: None,
         }
+    }
+
+    /// Add what the engine's prefills and decode steps take to `stats`.
+    pub fn stats(mut self, stats: &'a std::sync::Mutex<GenStats>) -> SampleRequest<'a> {
+        self.stats = Some(stats);
+        self
     }
 
     /// Prompt i gets at most `limits[i]` new tokens (capped by the params' limit).
@@ -278,7 +317,20 @@ fn generate_group(
     let mut waiting: std::collections::VecDeque<usize> = (0..prompts.len()).collect();
     let first: Vec<usize> = waiting.drain(..slots.min(prompts.len())).collect();
     let reserve = params.max_new_tokens;
-    let mut batch = prefill(model, prompts, first, pad_id, reserve)?;
+    let started = std::time::Instant::now();
+    let mut timed = GenStats::default();
+    // A prefill, timed (on a GPU, until its work is done) and counted.
+    let mut prefill_timed = |rows: Vec<usize>| -> Result<Batch> {
+        let t = std::time::Instant::now();
+        timed.prefill_tokens += rows.iter().map(|&i| prompts[i].len()).sum::<usize>();
+        let b = prefill(model, prompts, rows, pad_id, reserve)?;
+        if request.stats.is_some() && model.device().is_cuda() {
+            model.device().synchronize()?;
+        }
+        timed.prefill_seconds += t.elapsed().as_secs_f64();
+        Ok(b)
+    };
+    let mut batch = prefill_timed(first)?;
     let mut next_pos: Vec<u32> = prompts.iter().map(|p| p.len() as u32).collect();
 
     loop {
@@ -315,13 +367,20 @@ fn generate_group(
         batch = match (next, joining.is_empty()) {
             (Some(b), true) => b,
             (next, _) => {
-                let joined = prefill(model, prompts, joining, pad_id, reserve)?;
+                let joined = prefill_timed(joining)?;
                 match next {
                     Some(b) => merge(b, joined)?,
                     None => joined,
                 }
             }
         };
+    }
+    if let Some(stats) = request.stats {
+        let mut s = stats.lock().unwrap_or_else(|p| p.into_inner());
+        s.prefill_seconds += timed.prefill_seconds;
+        s.prefill_tokens += timed.prefill_tokens;
+        s.decode_seconds += started.elapsed().as_secs_f64() - timed.prefill_seconds;
+        s.decode_tokens += out.iter().map(|c| c.tokens.len()).sum::<usize>();
     }
     Ok(out)
 }

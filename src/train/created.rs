@@ -34,8 +34,23 @@ pub fn init_fingerprint(init: &crate::manifest::ModelInitSpec) -> Result<String>
             path: init.config.clone(),
             source,
         })?;
+    // A real tokenizer counts by its files' contents, not where they are.
+    let tokenizer = match &init.tokenizer {
+        Some(crate::manifest::InitTokenizer::Files(files)) => {
+            let dir = init::tokenizer_dir(files)?;
+            let mut digest = <sha2::Sha256 as sha2::Digest>::new();
+            for f in init::TOKENIZER_FILES {
+                let bytes = io(&dir.join(f), std::fs::read(dir.join(f)))?;
+                sha2::Digest::update(&mut digest, &bytes);
+            }
+            serde_json::json!({
+                "files_sha256": crate::manifest::hex(&sha2::Digest::finalize(digest))
+            })
+        }
+        other => serde_json::to_value(other).expect("invariant: a tokenizer kind is JSON"),
+    };
     let key = serde_json::json!({
-        "config": config, "seed": init.seed, "tokenizer": init.tokenizer,
+        "config": config, "seed": init.seed, "tokenizer": tokenizer,
         "warm_start": init.warm_start, "synthetic": data::synthetic::VERSION,
     });
     Ok(crate::manifest::hex(
@@ -71,7 +86,7 @@ pub fn ensure_model(exp: &Experiment, mut on_event: impl FnMut(Event<'_>)) -> Re
     }
     let params = init::write_random_model(&init.config, &tmp, init.seed)?;
     let cfg = QwenConfig::load(&tmp.join("config.json"))?;
-    let tokenizer_vocab = match init.tokenizer {
+    let tokenizer_vocab = match &init.tokenizer {
         None => None,
         Some(kind) => Some(init::write_tokenizer(
             kind,

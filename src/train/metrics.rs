@@ -15,26 +15,124 @@ use crate::manifest::{Experiment, PolicyClip};
 use crate::rollout::{Completion, FinishReason};
 use crate::run::metric;
 
-/// Wall-clock seconds of a step's phases (never part of a result's numbers).
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct Timings {
-    pub gen: f64,
-    pub old_log_prob_and_adv: f64,
-    pub update: f64,
-    pub step: f64,
+/// A step's phases in the order they ran (issue #34): wall-clock seconds (never part of a
+/// result's numbers), the tokens each processed, and on CUDA the device's peak memory during
+/// each. A phase's metrics take verl's names where verl has one: `timing_s/gen`,
+/// `timing_s/reward`, `timing_s/old_log_prob`, `timing_s/values`, `timing_s/adv`,
+/// `timing_s/update_actor`, `timing_s/update_critic`, `timing_s/testing`,
+/// `timing_s/save_checkpoint`, `timing_s/step`; ours: `timing_s/gen_prefill` and
+/// `timing_s/gen_decode` (the rollout's two parts), `timing_s/probe` (the PPO types' difficulty
+/// probe), `perf/tokens_per_s/<phase>` and `perf/max_memory_allocated_gb/<phase>` (verl has the
+/// step's alone).
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct Phases(pub Vec<Phase>);
+
+/// One phase of a step.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Phase {
+    pub name: &'static str,
+    pub seconds: f64,
+    /// Tokens the phase processed (generated, scored, trained on), where that means something.
+    pub tokens: Option<f64>,
+    /// The most device memory in use during the phase (CUDA only).
+    pub peak_bytes: Option<u64>,
 }
 
-impl Timings {
-    /// The phases of a step that started at `t0`, sampled until `t_rollout` and prepared the
-    /// update until `t_prep`, updated until now.
-    pub fn since(t0: Instant, t_rollout: f64, t_prep: f64) -> Timings {
-        let t_update = t0.elapsed().as_secs_f64();
-        Timings {
-            gen: t_rollout,
-            old_log_prob_and_adv: t_prep - t_rollout,
-            update: t_update - t_prep,
-            step: t0.elapsed().as_secs_f64(),
+impl Phases {
+    /// The phase called `name`, if it ran.
+    pub fn get(&self, name: &str) -> Option<&Phase> {
+        self.0.iter().find(|p| p.name == name)
+    }
+
+    /// Every phase's metrics, verl's names where verl has one.
+    pub fn metrics(&self) -> Vec<(String, f64)> {
+        let mut out = Vec::new();
+        for p in &self.0 {
+            out.push((format!("timing_s/{}", p.name), p.seconds));
+            if let Some(t) = p.tokens.filter(|_| p.seconds > 0.0) {
+                out.push((format!("perf/tokens_per_s/{}", p.name), t / p.seconds));
+            }
+            if let Some(b) = p.peak_bytes {
+                out.push((
+                    format!("perf/max_memory_allocated_gb/{}", p.name),
+                    b as f64 / 1e9,
+                ));
+            }
         }
+        out
+    }
+}
+
+/// Times a step's phases one after the other: each [`PhaseClock::lap`] closes the phase that
+/// ran since the previous one. On CUDA it waits for the device first (the work of a phase is
+/// queued, not done, when its last call returns), and reads and resets the allocator's
+/// high-water mark.
+pub struct PhaseClock {
+    meter: Option<crate::device::PeakMeter>,
+    device: candle_core::Device,
+    start: Instant,
+    last: Instant,
+    phases: Phases,
+}
+
+impl PhaseClock {
+    pub fn start(device: &candle_core::Device) -> PhaseClock {
+        let meter = device
+            .is_cuda()
+            .then(|| crate::device::PeakMeter::new(device));
+        if let Some(m) = &meter {
+            m.reset();
+        }
+        let now = Instant::now();
+        PhaseClock {
+            meter,
+            device: device.clone(),
+            start: now,
+            last: now,
+            phases: Phases::default(),
+        }
+    }
+
+    /// Closes phase `name`, which processed `tokens`.
+    pub fn lap(&mut self, name: &'static str, tokens: Option<usize>) {
+        if self.device.is_cuda() {
+            let _ = self.device.synchronize();
+        }
+        let now = Instant::now();
+        let peak_bytes = self.meter.as_ref().and_then(|m| {
+            let peak = m.peak();
+            m.reset();
+            peak
+        });
+        self.phases.0.push(Phase {
+            name,
+            seconds: now.duration_since(self.last).as_secs_f64(),
+            tokens: tokens.map(|t| t as f64),
+            peak_bytes,
+        });
+        self.last = now;
+    }
+
+    /// Adds a phase measured apart (the rollout's prefill and decode, out of the engine).
+    pub fn add(&mut self, phase: Phase) {
+        self.phases.0.push(phase);
+    }
+
+    /// The phases closed so far.
+    pub fn phases(&self) -> &Phases {
+        &self.phases
+    }
+
+    /// The phases so far and the whole step as `step`.
+    pub fn finish(mut self) -> Phases {
+        let peak = self.phases.0.iter().filter_map(|p| p.peak_bytes).max();
+        self.phases.0.push(Phase {
+            name: "step",
+            seconds: self.start.elapsed().as_secs_f64(),
+            tokens: None,
+            peak_bytes: peak,
+        });
+        self.phases
     }
 }
 
@@ -67,7 +165,7 @@ pub struct StepMetrics {
     pub grad_norm: f64,
     pub lr: f64,
     pub critic: Option<CriticMetrics>,
-    pub timings: Timings,
+    pub phases: Phases,
     pub tokens_per_s: f64,
     /// r and |r·Â| in the first mini-batch and in the later ones.
     pub first: Option<RatioQuantiles>,
@@ -95,7 +193,7 @@ impl StepMetrics {
         actor: &ActorOutcome,
         critic: Option<(CriticOutcome, &Tensor, &Tensor)>,
         mask: &Tensor,
-        timings: Timings,
+        phases: Phases,
     ) -> Result<StepMetrics> {
         let updates = actor.updates().max(1) as f64;
         let lengths: Vec<f64> = completions.iter().map(|c| c.tokens.len() as f64).collect();
@@ -128,8 +226,9 @@ impl StepMetrics {
             grad_norm: mean(&actor.grad_norms),
             lr: exp.actor.optim.lr,
             critic,
-            timings,
-            tokens_per_s: lengths.iter().sum::<f64>() / timings.step.max(1e-9),
+            tokens_per_s: lengths.iter().sum::<f64>()
+                / phases.get("step").map_or(0.0, |p| p.seconds).max(1e-9),
+            phases,
             first: actor.first,
             later: actor.later,
             later_policy: actor.later_stats,
@@ -235,22 +334,16 @@ impl StepMetrics {
                 ("critic/vf_explained_var", c.explained_var),
             ]);
         }
-        let t = &self.timings;
-        out.extend([
-            ("timing_s/gen", t.gen),
-            ("timing_s/old_log_prob_and_adv", t.old_log_prob_and_adv),
-            ("timing_s/update", t.update),
-            (metric::STEP_SECONDS, t.step),
-            ("perf/tokens_per_s", self.tokens_per_s),
-        ]);
+        out.push(("perf/tokens_per_s", self.tokens_per_s));
         out
     }
 
-    /// The metrics line of `metrics.jsonl`.
+    /// The metrics line of `metrics.jsonl`: the named metrics and every phase's.
     pub fn to_verl(&self) -> BTreeMap<String, f64> {
         self.named()
             .into_iter()
             .map(|(k, v)| (k.to_string(), v))
+            .chain(self.phases.metrics())
             .collect()
     }
 

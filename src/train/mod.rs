@@ -361,14 +361,29 @@ impl Trainer {
             step: state.step,
             total,
         });
-        if state.step == 0 && resumed_from.is_none() {
-            self.evaluate(0, opts, &mut eval_lines, on_event)?;
+        if state.step == 0 && resumed_from.is_none() && self.exp.trainer.evaluates_at_start() {
+            let accuracy = self.evaluate(0, opts, &mut eval_lines)?.0;
+            on_event(Event::Eval {
+                step: 0,
+                weighted_accuracy: accuracy,
+            });
         }
         while state.step < stop_at {
             state.step += 1;
             let step = state.step;
             let (metrics, tails) = self.train_step(step, &mut state.cursor)?;
-            let metrics = metrics.to_verl();
+            let mut metrics = metrics.to_verl();
+            // Evaluation, then the step's line (with the evaluation's time), then the
+            // checkpoint: the line is on disk before the checkpoint that a resume starts from.
+            let mut after = metrics::PhaseClock::start(&self.device);
+            let eval = if step.is_multiple_of(self.exp.trainer.eval_every) || step == total {
+                let (accuracy, tokens) = self.evaluate(step, opts, &mut eval_lines)?;
+                after.lap("testing", Some(tokens));
+                Some(accuracy)
+            } else {
+                None
+            };
+            metrics.extend(after.phases().metrics());
             metrics_lines.push(to_json(&metrics));
             write_atomic(
                 &self.run.metrics(),
@@ -386,8 +401,11 @@ impl Trainer {
                 total,
                 metrics: &metrics,
             });
-            if step.is_multiple_of(self.exp.trainer.eval_every) || step == total {
-                self.evaluate(step, opts, &mut eval_lines, on_event)?;
+            if let Some(accuracy) = eval {
+                on_event(Event::Eval {
+                    step,
+                    weighted_accuracy: accuracy,
+                });
             }
             if step.is_multiple_of(self.exp.trainer.checkpoint_every) || step == stop_at {
                 checkpoint::save(
@@ -396,6 +414,15 @@ impl Trainer {
                     self.models(),
                     &self.actor_opt,
                     self.critic_opt.as_ref(),
+                )?;
+                after.lap("save_checkpoint", None);
+                metrics.extend(after.phases().metrics());
+                *metrics_lines
+                    .last_mut()
+                    .expect("invariant: this step's line") = to_json(&metrics);
+                write_atomic(
+                    &self.run.metrics(),
+                    run::join_lines(&metrics_lines).as_bytes(),
                 )?;
             }
         }
@@ -443,17 +470,16 @@ impl Trainer {
         prov
     }
 
-    /// Evaluates the current policy, appends the summary to `eval.jsonl` (rewritten
-    /// atomically) and reports it.
+    /// Evaluates the current policy and appends the summary to `eval.jsonl` (rewritten
+    /// atomically); returns its weighted accuracy and the tokens it generated.
     fn evaluate(
         &self,
         step: usize,
         opts: &TrainOptions,
         eval_lines: &mut Vec<String>,
-        on_event: &mut dyn FnMut(Event<'_>),
-    ) -> Result<()> {
+    ) -> Result<(f64, usize)> {
         let model = Qwen::new(&self.cfg, &self.policy, true)?;
-        let (summary, _) = crate::eval::evaluate(
+        let (summary, records) = crate::eval::evaluate(
             &model,
             &self.tokenizer,
             &self.exp,
@@ -463,11 +489,8 @@ impl Trainer {
         )?;
         eval_lines.push(to_json(&summary));
         write_atomic(&self.run.eval(), run::join_lines(eval_lines).as_bytes())?;
-        on_event(Event::Eval {
-            step,
-            weighted_accuracy: summary.weighted_accuracy,
-        });
-        Ok(())
+        let tokens = records.iter().map(|r| r.num_tokens).sum();
+        Ok((summary.weighted_accuracy, tokens))
     }
 }
 

@@ -67,7 +67,7 @@ impl Trainer {
         } else if k > 0 {
             // k extra samples per prompt, judged like rollouts.
             let (indices, prompts) = (&rollout.indices, &rollout.prompts);
-            let outs = self.sample_each(sampler, step, indices, prompts, k, PROBE_STREAM)?;
+            let outs = self.sample_each(sampler, step, indices, prompts, k, PROBE_STREAM, None)?;
             Some(pass_rates(&self.judge_all(indices, &outs, k)?, k))
         } else {
             None

@@ -1,11 +1,9 @@
 //! One RL step, phase by phase (the module doc of [`super`] lists them).
 
-use std::time::Instant;
-
 use candle_core::Tensor;
 
 use super::batch::{self, layout, DataCursor, Layout, LOGIT_CHUNK};
-use super::metrics::{StepMetrics, Timings};
+use super::metrics::{Phase, PhaseClock, StepMetrics};
 use super::update::{self, UpdatePlan};
 use super::{Result, Trainer};
 use crate::algo::advantage;
@@ -39,22 +37,34 @@ impl Trainer {
         step: usize,
         cursor: &mut DataCursor,
     ) -> Result<(StepMetrics, Option<Tails>)> {
-        let t0 = Instant::now();
+        let mut clock = PhaseClock::start(&self.device);
         let sampler = Qwen::new(&self.cfg, &self.policy, true)?;
-        let rollout = self.rollout(&sampler, step, cursor)?;
-        let t_rollout = t0.elapsed().as_secs_f64();
+        let gen = std::sync::Mutex::new(rollout::GenStats::default());
+        let rollout = self.rollout(&sampler, step, cursor, &gen)?;
+        let generated: usize = rollout.completions.iter().map(|c| c.tokens.len()).sum();
+        clock.lap("gen", Some(generated));
         let rewards = self.reward(&rollout)?;
+        clock.lap("reward", Some(rollout.completions.len()));
         let mut tails = self.probe(&sampler, step, &rollout, &rewards.correct)?;
+        if tails.is_some() {
+            clock.lap("probe", None);
+        }
         let all = self.layout(&rollout)?;
-        let critic = self
-            .critic
-            .as_ref()
-            .map(|c| Critic::new(&self.cfg, c, true))
-            .transpose()?;
         let plan = self.update_plan();
-        let (old_log_probs, old_values) = old_log_probs(&sampler, critic.as_ref(), &all, &plan)?;
+        let tokens = all.ids.elem_count();
+        let old_log_probs = old_log_probs(&sampler, &all, &plan)?;
+        drop(sampler);
+        clock.lap("old_log_prob", Some(tokens));
+        let old_values = match &self.critic {
+            Some(c) => {
+                let values = values(&Critic::new(&self.cfg, c, true)?, &all, &plan)?;
+                clock.lap("values", Some(tokens));
+                Some(values)
+            }
+            None => None,
+        };
         let (advantages, returns) = self.advantages(&rewards.scores, old_values.as_ref(), &all)?;
-        let t_prep = t0.elapsed().as_secs_f64();
+        clock.lap("adv", None);
         let actor = update::actor(
             &self.cfg,
             &self.policy,
@@ -66,17 +76,21 @@ impl Trainer {
             step,
             tails.as_mut(),
         )?;
+        clock.lap("update_actor", Some(tokens * plan.epochs));
         let critic = match (&self.critic, &mut self.critic_opt, &returns, &old_values) {
             (Some(params), Some(opt), Some(returns), Some(old_values)) => {
                 let cliprange = self.exp.critic.as_ref().map_or(0.5, |c| c.cliprange_value);
                 let out = update::critic(
                     &self.cfg, params, opt, &all, old_values, returns, cliprange, &plan, step,
                 )?;
+                clock.lap("update_critic", Some(tokens * plan.epochs));
                 Some((out, returns, old_values))
             }
             _ => None,
         };
-        let timings = Timings::since(t0, t_rollout, t_prep);
+        let gen = gen.into_inner().unwrap_or_else(|p| p.into_inner());
+        let mut phases = clock.finish();
+        phases.0.extend(split_gen(&phases, &gen));
         let metrics = StepMetrics::new(
             step,
             &self.exp,
@@ -85,14 +99,21 @@ impl Trainer {
             &actor,
             critic,
             &all.mask,
-            timings,
+            phases,
         )?;
         metrics.check_finite()?;
         Ok((metrics, tails.map(|t| t.tails)))
     }
 
-    /// The next batch of prompts and n responses each from the current policy.
-    fn rollout(&mut self, sampler: &Qwen, step: usize, cursor: &mut DataCursor) -> Result<Rollout> {
+    /// The next batch of prompts and n responses each from the current policy; the engine adds
+    /// what its prefills and decode steps took to `stats`.
+    fn rollout(
+        &mut self,
+        sampler: &Qwen,
+        step: usize,
+        cursor: &mut DataCursor,
+        stats: &std::sync::Mutex<rollout::GenStats>,
+    ) -> Result<Rollout> {
         let (n, seed) = (self.exp.rollout.n, self.exp.seed);
         let indices = batch::next_batch(
             cursor,
@@ -105,7 +126,7 @@ impl Trainer {
             .iter()
             .map(|&i| self.prompt(i))
             .collect::<Result<Vec<_>>>()?;
-        let completions = self.sample_each(sampler, step, &indices, &prompts, n, 0)?;
+        let completions = self.sample_each(sampler, step, &indices, &prompts, n, 0, Some(stats))?;
         Ok(Rollout {
             indices,
             prompts,
@@ -115,6 +136,9 @@ impl Trainer {
 
     /// `per_prompt` completions of each prompt (problem `indices[i]`, tokens `prompts[i]`), in
     /// that order, sample s of problem p drawn on the stream (seed, step, p, first_stream + s).
+    /// On a GPU as many decode at once as its free memory holds ([`rollout::device_slots`]),
+    /// each waiting prompt taking a finished one's place; on the CPU all at once, as before.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn sample_each(
         &self,
         sampler: &Qwen,
@@ -123,6 +147,7 @@ impl Trainer {
         prompts: &[Vec<u32>],
         per_prompt: usize,
         first_stream: u64,
+        stats: Option<&std::sync::Mutex<rollout::GenStats>>,
     ) -> Result<Vec<Completion>> {
         let seed = self.exp.seed;
         let batch: Vec<Vec<u32>> = prompts
@@ -135,12 +160,17 @@ impl Trainer {
                 (0..per_prompt as u64).map(move |s| [seed, step as u64, p as u64, first_stream + s])
             })
             .collect();
-        Ok(rollout::generate(
-            sampler,
-            &batch,
-            &keys,
-            &self.sample_request(),
-        )?)
+        let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+        let mut request = self.sample_request();
+        if let Some(slots) =
+            rollout::device_slots(sampler, longest + self.exp.data.max_response_length)
+        {
+            request = request.max_batch(slots);
+        }
+        if let Some(stats) = stats {
+            request = request.stats(stats);
+        }
+        Ok(rollout::generate(sampler, &batch, &keys, &request)?)
     }
 
     /// Whether each completion is correct: completion r answers problem `indices[r / per_prompt]`.
@@ -241,16 +271,11 @@ impl Trainer {
     }
 }
 
-/// Old log-probs of the responses under the sampling policy, and the critic's values, recomputed
-/// by micro-batches as verl does.
-pub fn old_log_probs(
-    sampler: &Qwen,
-    critic: Option<&Critic>,
-    all: &Layout,
-    plan: &UpdatePlan,
-) -> Result<(Tensor, Option<Tensor>)> {
+/// Old log-probs of the responses under the sampling policy, recomputed by micro-batches as
+/// verl does.
+pub fn old_log_probs(sampler: &Qwen, all: &Layout, plan: &UpdatePlan) -> Result<Tensor> {
     let rows = all.targets.dim(0)?;
-    let olds = parallel::map_micro_batches(
+    let lps = parallel::map_micro_batches(
         0..rows,
         plan.micro,
         plan.side_by_side,
@@ -259,23 +284,58 @@ pub fn old_log_probs(
             let h = part.response_hidden(sampler)?;
             let (lp, _) =
                 sampler.token_log_probs(&h, &part.targets, plan.temperature, LOGIT_CHUNK, false)?;
-            let values = match critic {
-                Some(c) => Some(c.values(&part.response_hidden(&c.backbone)?)?),
-                None => None,
-            };
-            Ok((lp, values))
+            Ok(lp)
         },
     );
-    let (mut lps, mut values) = (Vec::new(), Vec::new());
-    for r in olds {
-        let (lp, v) = r?;
-        lps.push(lp);
-        values.extend(v);
-    }
-    let values = if values.is_empty() {
-        None
-    } else {
-        Some(Tensor::cat(&values, 0)?)
+    Ok(Tensor::cat(
+        &lps.into_iter().collect::<Result<Vec<_>>>()?,
+        0,
+    )?)
+}
+
+/// The critic's values of the responses' positions (PPO types), by micro-batches.
+pub fn values(critic: &Critic, all: &Layout, plan: &UpdatePlan) -> Result<Tensor> {
+    let rows = all.targets.dim(0)?;
+    let values = parallel::map_micro_batches(
+        0..rows,
+        plan.micro,
+        plan.side_by_side,
+        |start, len| -> Result<_> {
+            let part = all.rows(start, len)?;
+            Ok(critic.values(&part.response_hidden(&critic.backbone)?)?)
+        },
+    );
+    Ok(Tensor::cat(
+        &values.into_iter().collect::<Result<Vec<_>>>()?,
+        0,
+    )?)
+}
+
+/// The rollout's wall-clock split into its prefills and its decode steps, in the proportion of
+/// the engine's own times for them ([`rollout::GenStats`]; on the CPU the groups sampled side
+/// by side add up their times), with their tokens.
+fn split_gen(phases: &super::metrics::Phases, gen: &rollout::GenStats) -> Vec<Phase> {
+    let Some(wall) = phases.get("gen").map(|p| p.seconds) else {
+        return Vec::new();
     };
-    Ok((Tensor::cat(&lps, 0)?, values))
+    let busy = gen.prefill_seconds + gen.decode_seconds;
+    let share = if busy > 0.0 {
+        gen.prefill_seconds / busy
+    } else {
+        0.0
+    };
+    vec![
+        Phase {
+            name: "gen_prefill",
+            seconds: wall * share,
+            tokens: Some(gen.prefill_tokens as f64),
+            peak_bytes: None,
+        },
+        Phase {
+            name: "gen_decode",
+            seconds: wall * (1.0 - share),
+            tokens: Some(gen.decode_tokens as f64),
+            peak_bytes: None,
+        },
+    ]
 }

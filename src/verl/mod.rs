@@ -661,7 +661,16 @@ fn trainer_fields(l: &mut Launch, t: &raw::Trainer) {
         &["trainer.total_steps"],
     );
     l.set("trainer.test_freq", t.eval_every, &["trainer.eval_every"]);
-    l.set("trainer.val_before_train", true, &["trainer.eval_every"]);
+    // verl evaluates before training unless told not to, as acpo does
+    let from: &[&str] = match t.val_before_train {
+        Some(_) => &["trainer.eval_every", "trainer.val_before_train"],
+        None => &["trainer.eval_every"],
+    };
+    l.set(
+        "trainer.val_before_train",
+        t.val_before_train.unwrap_or(true),
+        from,
+    );
     l.set(
         "trainer.save_freq",
         t.checkpoint_every,

@@ -12,6 +12,7 @@ mod mini;
 mod model;
 mod objectives;
 mod optim;
+mod pipeline;
 mod pmd;
 mod report;
 mod sweep;
