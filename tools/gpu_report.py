@@ -220,21 +220,51 @@ def generate(root, lines):
                 f"| {fmt(cont['tokens_per_second'])} | {cont['tokens_per_second'] / waves['tokens_per_second']:.2f}× |"]
     check = latest(root, "flash_kernels_check.log")
     if check:
-        timed = [l for l in check.read_text().splitlines() if " ms, " in l]
-        if timed:
-            out += ["", f"The attention kernels alone (`tools/flash_kernels_check.cu`, {check.relative_to(root).parts[0]}; "
-                    "B sequences, H query heads over KV heads, T query positions after `past` cached keys, "
-                    "head dim D, bf16; GB/s counts K and V once):", "",
-                    "| kernel | shape | time | bandwidth | arithmetic |", "|---|---|---:|---:|---:|"]
-            for l in timed:
-                name, rest = l.split(None, 1)
-                shape, nums = rest.split(": ", 1)
-                ms, gbs, tf = (x.strip() for x in nums.split(","))
-                out.append(f"| {name} | {shape} | {ms} | {gbs.replace(' (K/V once)', '')} | {tf} |")
-            out += ["", "decode: the split-K decode kernel (one query position); mma64/mma128: the tensor-core "
-                    "forward (bf16, head dim 64/128, several query positions); scalar: the row kernel (one warp "
-                    "per query row), the only forward before, timed in the same run."]
+        out += flash_kernels(check, root)
     return out or ["sampling: not run"]
+
+
+def flash_kernels(check, root):
+    """The standalone check's timings: the first harness's lines (`name shape: ms, GB/s, TFLOP/s`,
+    forwards only) or kernels/check/flash_check.cu's (`time name shape: forward …; backward …;
+    forward + backward …`)."""
+    lines = check.read_text().splitlines()
+    old = [l for l in lines if " ms, " in l and not l.startswith("time ")]
+    new = [l for l in lines if l.startswith("time ")]
+    run = check.relative_to(root).parts[0]
+    out = []
+    if old:
+        out += ["", f"The attention kernels alone (the standalone check, `tools/flash_kernels_check.cu` then, "
+                f"`kernels/check/flash_check.cu` now; {run}; B sequences, H query heads over KV heads, "
+                "T query positions after `past` cached keys, head dim D, bf16; GB/s counts K and V once):", "",
+                "| kernel | shape | time | bandwidth | arithmetic |", "|---|---|---:|---:|---:|"]
+        for l in old:
+            name, rest = l.split(None, 1)
+            shape, nums = rest.split(": ", 1)
+            ms, gbs, tf = (x.strip() for x in nums.split(","))
+            out.append(f"| {name} | {shape} | {ms} | {gbs.replace(' (K/V once)', '')} | {tf} |")
+        out += ["", "decode: the split-K decode kernel (one query position); mma64/mma128: the tensor-core "
+                "forward (bf16, head dim 64/128, several query positions); scalar: the row kernel (one warp "
+                "per query row), the only forward before, timed in the same run."]
+    if new:
+        out += ["", f"The attention kernels alone (`kernels/check/flash_check.cu`, {run}; B sequences, H query "
+                "heads over KV heads, T query positions after `past` cached keys, head dim D, bf16; median of 7 "
+                "runs; TFLOP/s as FA2 counts them, the backward 2.5× the forward's):", "",
+                "| kernel | shape | forward | forward TFLOP/s | backward | backward TFLOP/s | forward + backward | TFLOP/s |",
+                "|---|---|---:|---:|---:|---:|---:|---:|"]
+        for l in new:
+            head, rest = l[len("time "):].split(" B", 1)
+            shape, parts = ("B" + rest).split(": ", 1)
+            fields = {}
+            for part in parts.split("; "):
+                key, value = part.split(" ", 1) if not part.startswith("forward + backward") else (
+                    "both", part[len("forward + backward "):])
+                fields[key] = [x.strip() for x in value.split(",")]
+            fwd, bwd, both = fields.get("forward"), fields.get("backward"), fields.get("both")
+            out.append(f"| {head.strip()} | {shape} | {fwd[0]} | {fwd[-1].replace(' TFLOP/s', '')} | "
+                       f"{bwd[0] if bwd else '—'} | {bwd[-1].replace(' TFLOP/s', '') if bwd else '—'} | "
+                       f"{both[0] if both else '—'} | {both[-1].replace(' TFLOP/s', '') if both else '—'} |")
+    return out
 
 
 def unfinished(lines):
@@ -319,9 +349,49 @@ def targets(root):
     plan = latest(root, "paper-plan.json")
     rows.append(("#20", "a costed plan of the 16 paper runs from measured rates", "docs/CUDA.md" if plan else "not run",
                  "measured" if plan else "no"))
+    rows += later_targets(root, acpo)
     out = ["| issue | target | measured | met |", "|---|---|---|---|"]
     out += [f"| {i} | {t} | {m} | {ok} |" for i, t, m, ok in rows]
     return "\n".join(out)
+
+
+def later_targets(root, generate):
+    """Issues #33 and #34's targets (the tensor-core attention, the step's speed and memory, a
+    paper run end to end, decode at 60 % of the roofline), where the run has what they need."""
+    rows = []
+    torch = load(latest(root, "torch-attention-9220.json"))
+    d = latest(root, "attention-9220")
+    acpo = load(d / "attention.json")[0] if d and (d / "attention.json").exists() else None
+    m = re.search(r"forward \+ backward ([\d.]+) s \(([\d.]+) TFLOP/s\)", acpo["shape"]) if acpo else None
+    if torch and m:
+        r = float(m.group(1)) / torch["forward_backward_s"]
+        rows.append(("#33", "one layer's attention forward + backward at 2 × 9,220 within 2× of torch's sdpa",
+                     f"{r:.1f}× torch's time ({float(m.group(2)):.0f} TFLOP/s; FA2's published 220–330)",
+                     "yes" if r <= 2 else "no"))
+    a, t, oom = train_runs(root, 9220)
+    if t:
+        peak = "out of memory" if oom else (f"{a['memory']['peak'] / 2**30:.1f} GiB" if a else "not run")
+        ok = a is not None and a["memory"]["peak"] <= t["peak_bytes"]
+        rows.append(("#33", f"2 × 9,220 fits with peak ≤ the twin's {t['peak_bytes'] / 2**30:.1f} GiB",
+                     peak, "yes" if ok else "no"))
+    if generate:
+        f = generate["roofline"]["fraction"]
+        rows.append(("#34", "decoding at ≥ 60 % of the HBM roofline", f"{100 * f:.1f} %",
+                     "yes" if f >= 0.6 else "no"))
+    pipe = latest(root, "pipeline")
+    if pipe and (pipe / "pipeline.json").exists():
+        runs = load(pipe / "pipeline.json")
+        done = sorted(r["paper_run"] for r in runs)
+        rows.append(("#34", "qwen3-1.7b-grpo and -ppo run at paper shape on one GPU, no out-of-memory",
+                     ", ".join(f"{r['paper_run']} ({r['steps']} steps)" for r in runs),
+                     "yes" if done == ["qwen3-1.7b-grpo", "qwen3-1.7b-ppo"] else "no"))
+    if pipe and (pipe / "pipeline-plan.json").exists():
+        grpo = next((r for r in load(pipe / "pipeline-plan.json") if r["run"] == "qwen3-1.7b-grpo"), None)
+        if grpo:
+            rows.append(("#34", "the plan for qwen3-1.7b-grpo ≤ 48 GPU-hours on one H100",
+                         f"{grpo['gpu_hours_at_limit']:.0f} at the limit, {grpo['gpu_hours_at_half']:.0f} at half",
+                         "yes" if grpo["gpu_hours_at_half"] <= 48 else "no"))
+    return rows
 
 
 def fill(doc, name, body, check=False):

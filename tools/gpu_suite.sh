@@ -212,6 +212,7 @@ if [ "$section" = pipeline ] || [ "$section" = all ]; then
 # A paper run end to end at its shapes on random weights (issue #34), with the real tokenizer
 # and the prepared data packed into target/gpu (`just pack-gpu-suite`).
 pipe=(--divisor "${PIPE_DIVISOR:-64}" --steps "${PIPE_STEPS:-2}" --eval-limit "${PIPE_EVAL_LIMIT:-1}"
+      --micro-batch "${PIPE_MICRO:-2}"
       --tokenizer target/gpu/qwen3-tokenizer --data-dir target/gpu/data --results "$res/pipeline-results"
       --models "$bin/models")
 for run in qwen3-1.7b-grpo qwen3-1.7b-ppo; do

@@ -216,6 +216,10 @@ pub struct PipelineArgs {
     /// Run on this device instead of each manifest's.
     #[arg(long, value_enum)]
     pub device: Option<acpo::manifest::Device>,
+    /// Sequences per micro-batch (memory only) [default: the manifest's, made to divide the
+    /// divided mini-batch].
+    #[arg(long)]
+    pub micro_batch: Option<usize>,
     /// The paper runs the plan costs.
     #[arg(long, default_value = "experiments/paper")]
     pub paper: PathBuf,

@@ -118,6 +118,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                 models: args.models.clone(),
                 config: args.config.clone(),
                 device: args.device,
+                micro_batch: args.micro_batch,
             };
             let out = args
                 .out

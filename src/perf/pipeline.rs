@@ -39,6 +39,9 @@ pub struct Derivation {
     pub config: Option<PathBuf>,
     /// Another device for every run; None: each manifest's own.
     pub device: Option<crate::manifest::Device>,
+    /// Sequences per micro-batch (memory only: the loss aggregates exactly across them); None:
+    /// the manifest's, reduced to divide the smaller mini-batch.
+    pub micro_batch: Option<usize>,
 }
 
 fn invalid(path: &Path, field: &str, reason: impl Into<String>) -> PerfError {
@@ -131,7 +134,10 @@ pub fn derive(text: &str, path: &Path, d: &Derivation) -> Result<(Experiment, St
     m.trainer.batch_size /= d.divisor;
     m.actor.mini_batch_size /= d.divisor;
     let responses = m.actor.mini_batch_size * m.rollout.n;
-    m.actor.micro_batch_size = m.actor.micro_batch_size.map(|mb| gcd(mb, responses));
+    m.actor.micro_batch_size = d
+        .micro_batch
+        .or(m.actor.micro_batch_size)
+        .map(|mb| gcd(mb, responses));
     m.trainer.total_steps = d.steps;
     // one evaluation, after the last step
     m.trainer.val_before_train = Some(false);

@@ -20,6 +20,7 @@ fn derivation(tokenizer: &Path, models: &Path) -> Derivation {
         models: models.to_owned(),
         config: None,
         device: None,
+        micro_batch: None,
     }
 }
 
