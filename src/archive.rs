@@ -390,6 +390,11 @@ pub fn unpack(archive: &Path, dest: &Path) -> Result<()> {
             return Err(unreadable("an entry points outside the archive".into()));
         }
     }
+    // The tar reader stops at its end-of-archive blocks; reading the gzip stream to its end
+    // checks its trailer (CRC-32 and size), so a corrupt trailer is caught without a sidecar.
+    let mut rest = tar.into_inner();
+    std::io::copy(&mut rest, &mut std::io::sink())
+        .map_err(|e| unreadable(format!("corrupt archive: {e}")))?;
     Ok(())
 }
 
@@ -452,9 +457,34 @@ fn tempdir_near(path: &Path) -> Result<PathBuf> {
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos())
         .unwrap_or(0);
-    let dir = parent.join(format!(".acpo-staging-{}-{stamp}", std::process::id()));
+    remove_stale_staging(parent);
+    let dir = parent.join(format!("{STAGING}{}-{stamp}", std::process::id()));
     io(&dir, std::fs::create_dir_all(&dir))?;
     Ok(dir)
+}
+
+/// The name prefix of staging directories: `.acpo-staging-<pid>-<nanoseconds>`.
+const STAGING: &str = ".acpo-staging-";
+
+/// Removes the staging directories in `parent` whose process is gone (a killed `verify` or
+/// `archive` leaves one): the next start cleans up after it. Best effort: what cannot be
+/// removed stays.
+fn remove_stale_staging(parent: &Path) {
+    let Ok(entries) = std::fs::read_dir(parent) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let pid = name
+            .strip_prefix(STAGING)
+            .and_then(|rest| rest.split('-').next())
+            .and_then(|p| p.parse::<u32>().ok());
+        let gone = pid
+            .is_some_and(|p| p != std::process::id() && !Path::new(&format!("/proc/{p}")).exists());
+        if gone && Path::new("/proc/self").exists() {
+            let _ = std::fs::remove_dir_all(entry.path());
+        }
+    }
 }
 
 fn copy_tree(from: &Path, to: &Path) -> Result<()> {

@@ -62,6 +62,72 @@ pub fn write_in(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<PathBuf
     Ok(path)
 }
 
+/// The hidden sibling of `dir` where a command builds what it will put at `dir`
+/// (`.name.what`), so that an interrupted command leaves `dir` as it was.
+pub fn staging(dir: &Path, what: &str) -> PathBuf {
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy())
+        .unwrap_or_default();
+    dir.with_file_name(format!(".{name}.{what}"))
+}
+
+/// A directory being built beside `dir` ([`staging`]): removed when dropped, on every way out,
+/// unless [`StagedDir::commit`] put it in place.
+pub struct StagedDir {
+    path: PathBuf,
+    done: bool,
+}
+
+impl StagedDir {
+    /// A fresh staging directory for `dir` (what an interrupted run left there is removed).
+    pub fn new(dir: &Path, what: &str) -> std::io::Result<StagedDir> {
+        let path = staging(dir, what);
+        if path.exists() {
+            std::fs::remove_dir_all(&path)?;
+        }
+        std::fs::create_dir_all(&path)?;
+        Ok(StagedDir { path, done: false })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Puts the complete staged directory at `dir` ([`commit_dir`]).
+    pub fn commit(mut self, dir: &Path) -> std::io::Result<()> {
+        commit_dir(&self.path, dir)?;
+        self.done = true;
+        Ok(())
+    }
+}
+
+impl Drop for StagedDir {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = std::fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+/// Puts the complete directory `stage` at `dir`. An earlier `dir` (the caller's own: an earlier
+/// run of the same command) is moved aside first and removed once the new one is in place.
+pub fn commit_dir(stage: &Path, dir: &Path) -> std::io::Result<()> {
+    let old = staging(dir, "replaced");
+    if old.exists() {
+        std::fs::remove_dir_all(&old)?;
+    }
+    let replacing = dir.exists();
+    if replacing {
+        std::fs::rename(dir, &old)?;
+    }
+    commit(stage, dir)?;
+    if replacing {
+        std::fs::remove_dir_all(&old)?;
+    }
+    Ok(())
+}
+
 /// Saves tensors as safetensors to `path` atomically.
 pub fn save_safetensors(
     tensors: &std::collections::HashMap<String, candle_core::Tensor>,

@@ -79,6 +79,29 @@ impl PeakMeter {
     }
 }
 
+/// Bytes the host can still hand out without swapping (`MemAvailable` of /proc/meminfo); None
+/// where the system does not say.
+pub fn host_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line["MemAvailable:".len()..]
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()?;
+    Some(kib * 1024)
+}
+
+/// Bytes `device` can still hand out: the host's available memory on the CPU, the free device
+/// memory on CUDA; None where it cannot say.
+pub fn available(device: &Device) -> Option<u64> {
+    if device.is_cuda() {
+        PeakMeter::new(device).free()
+    } else {
+        host_available()
+    }
+}
+
 fn proc_status_kib(key: &str) -> Option<u64> {
     let text = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = text.lines().find(|l| l.starts_with(key))?;

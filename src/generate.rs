@@ -164,6 +164,7 @@ pub fn generate(opts: &GenerateOptions) -> Result<Vec<Generated>> {
         .iter()
         .map(|p| encode(&loaded, p, opts.chat))
         .collect::<Result<Vec<_>>>()?;
+    check_size(opts, &loaded, &model, &encoded)?;
     let (mut batch, mut keys, mut index) = (Vec::new(), Vec::<SampleKey>::new(), Vec::new());
     for (pi, ids) in encoded.iter().enumerate() {
         for si in 0..opts.n {
@@ -188,6 +189,59 @@ pub fn generate(opts: &GenerateOptions) -> Result<Vec<Generated>> {
         });
     }
     Ok(out)
+}
+
+/// The most sequences one call samples (`prompts × --n`).
+pub const MAX_SEQUENCES: usize = 1 << 20;
+
+/// Refuses, before anything is sampled, prompts that with `--max-new-tokens` run past the
+/// model's positions, and sequence counts or lengths whose memory the device does not have
+/// (issue #35): the KV cache of every sequence and the prefill's attention.
+fn check_size(
+    opts: &GenerateOptions,
+    loaded: &LoadedModel,
+    model: &Qwen,
+    encoded: &[Vec<u32>],
+) -> Result<()> {
+    let cfg = &loaded.cfg;
+    let limit = cfg
+        .max_position_embeddings
+        .unwrap_or(crate::model::MAX_POSITIONS);
+    for (i, ids) in encoded.iter().enumerate() {
+        if ids.len().saturating_add(opts.max_new_tokens) > limit {
+            return Err(GenerateError::Flag(format!(
+                "prompt {i}: {} tokens + --max-new-tokens {} run past the model's max_position_embeddings ({limit}, {})",
+                ids.len(),
+                opts.max_new_tokens,
+                loaded.dir.join("config.json").display()
+            )));
+        }
+    }
+    let sequences = encoded.len().saturating_mul(opts.n);
+    if sequences > MAX_SEQUENCES {
+        return Err(GenerateError::Flag(format!(
+            "--n {}: {} prompts × {} = {sequences} sequences, more than the {MAX_SEQUENCES} one call samples",
+            opts.n,
+            encoded.len(),
+            opts.n
+        )));
+    }
+    let longest = encoded.iter().map(Vec::len).max().unwrap_or(0);
+    let composed = !model.kernels().flash_attention;
+    let need = cfg.forward_bytes(
+        sequences,
+        longest,
+        opts.max_new_tokens,
+        model.dtype().size_in_bytes(),
+        composed,
+    );
+    crate::model::budget::check(model.device(), need, || {
+        format!(
+            "sampling {sequences} sequences of up to {longest} + {} tokens (--n, --max-new-tokens)",
+            opts.max_new_tokens
+        )
+    })?;
+    Ok(())
 }
 
 /// A prompt's token ids, checked against the model's vocabulary.

@@ -885,7 +885,20 @@ impl Experiment {
     ) -> Result<Vec<(Experiment, String)>, ManifestError> {
         let mut out = vec![(self.clone(), text.to_string())];
         for k in 1..seeds as u64 {
-            out.push(Experiment::with_seed(text, self.seed + k, path)?);
+            let seed = self
+                .seed
+                .checked_add(k)
+                .ok_or_else(|| ManifestError::Invalid {
+                    path: path.to_owned(),
+                    field: "seed".into(),
+                    reason: format!(
+                        "{} + {} more seeds runs past the largest seed ({})",
+                        self.seed,
+                        seeds - 1,
+                        u64::MAX
+                    ),
+                })?;
+            out.push(Experiment::with_seed(text, seed, path)?);
         }
         Ok(out)
     }
@@ -1789,8 +1802,13 @@ pub struct CheckReport {
 }
 
 /// Validates every manifest under `paths` (files, or directories searched for `*.yaml`);
-/// run names must be unique across them. Every file is checked, whatever the others say.
-pub fn check_all(paths: &[PathBuf]) -> Result<CheckReport, ManifestError> {
+/// run names must be unique across them, and `model` checks what a manifest names beyond
+/// itself (the model's config: `model::check_manifest_model`). Every file is checked, whatever
+/// the others say.
+pub fn check_all(
+    paths: &[PathBuf],
+    model: &dyn Fn(&Experiment) -> Result<(), String>,
+) -> Result<CheckReport, ManifestError> {
     let mut files = Vec::new();
     for path in paths {
         files.extend(discover(path)?);
@@ -1810,6 +1828,10 @@ pub fn check_all(paths: &[PathBuf]) -> Result<CheckReport, ManifestError> {
                         experiment.name,
                         other.display()
                     ));
+                    continue;
+                }
+                if let Err(reason) = model(&experiment) {
+                    report.errors.push(format!("{}: {reason}", file.display()));
                     continue;
                 }
                 report.valid.push(experiment.summary());

@@ -66,6 +66,10 @@ pub enum SweepError {
 
 type Result<T> = std::result::Result<T, SweepError>;
 
+/// The most runs one spec may plan (its grid points × seeds): the study's largest sweep plans
+/// 54, and beyond this planning alone takes minutes and gigabytes.
+pub const MAX_RUNS: usize = 4096;
+
 /// A sweep as written.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -101,8 +105,16 @@ impl GridValue {
                 e if e.contains('e') => e,
                 _ => format!("{x:?}"),
             },
-            GridValue::Text(s) => s.clone(),
+            // One YAML scalar whatever the text holds (issue #35: a value never adds fields):
+            // plain when it is a word YAML reads as a string, else double-quoted.
+            GridValue::Text(s) if plain_word(s) => s.clone(),
+            GridValue::Text(s) => serde_json::to_string(s).expect("invariant: a string is JSON"),
         }
+    }
+
+    /// The value in a Markdown table cell: its YAML, with `|` and line breaks escaped.
+    fn cell(&self) -> String {
+        self.yaml().replace('|', "\\|").replace('\n', " ")
     }
 
     /// A number for the figure's x axis.
@@ -144,6 +156,18 @@ impl Spec {
         }
         if spec.grid.is_empty() {
             return fail("grid", "no field to vary");
+        }
+        // The runs the spec plans, counted before any is made (issue #35).
+        let runs = spec
+            .grid
+            .values()
+            .try_fold(spec.seeds, |n, values| n.checked_mul(values.len()))
+            .filter(|&n| n <= MAX_RUNS);
+        if runs.is_none() {
+            return fail(
+                "grid",
+                &format!("grid points × seeds come to more than {MAX_RUNS} runs"),
+            );
         }
         for (field, values) in &spec.grid {
             if values.is_empty() {
@@ -384,6 +408,16 @@ pub fn plan(spec: &Spec, spec_path: &Path) -> Result<Vec<Variant>> {
     Ok(out)
 }
 
+/// Whether `s` is a word YAML reads back as this string: a letter, then letters, digits, `-`
+/// and `_`, and not one of YAML's booleans or null.
+fn plain_word(s: &str) -> bool {
+    let mut chars = s.chars();
+    chars.next().is_some_and(|c| c.is_ascii_alphabetic())
+        && chars.all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_')
+        && !["true", "false", "null", "yes", "no", "on", "off", "y", "n"]
+            .contains(&s.to_ascii_lowercase().as_str())
+}
+
 fn parent(field: &str) -> &str {
     field.rsplit_once('.').map_or(field, |(p, _)| p)
 }
@@ -397,6 +431,8 @@ fn seeded(
     point: Option<usize>,
     baseline: Option<usize>,
 ) -> Result<Vec<Variant>> {
+    // Errors name the manifest the text came from (the base, or the baseline), a file that is
+    // there, not the grid point's name.
     let (named, path) = match name {
         Some(name) => (
             set_field(text, "name", name).ok_or_else(|| SweepError::Spec {
@@ -404,25 +440,28 @@ fn seeded(
                 field: "base".into(),
                 reason: "the manifest has no top-level `name`".into(),
             })?,
-            spec_path.with_file_name(format!("{name}.yaml")),
+            spec.base.clone(),
         ),
         None => (
             text.to_string(),
             spec.baseline.clone().unwrap_or_else(|| spec.base.clone()),
         ),
     };
-    let first = Experiment::from_yaml(&named, &path).map_err(|e| match e {
+    let first = Experiment::from_yaml(&named, &path).map_err(|e| {
         // A field the grid put in is reported as the spec's.
-        ManifestError::Invalid { field, reason, .. }
-            if spec.grid.keys().any(|g| field.starts_with(g.as_str())) =>
-        {
-            SweepError::Spec {
+        let field = e.field().map(str::to_owned);
+        match field.filter(|f| spec.grid.keys().any(|g| f.starts_with(g.as_str()))) {
+            Some(field) => SweepError::Spec {
                 path: spec_path.to_owned(),
                 field: format!("grid.{field}"),
-                reason,
-            }
+                reason: match e {
+                    ManifestError::Invalid { reason, .. } => reason,
+                    ManifestError::Parse { message, .. } => message,
+                    other => other.to_string(),
+                },
+            },
+            None => SweepError::Manifest(e),
         }
-        e => SweepError::Manifest(e),
     })?;
     Ok(first
         .seeds(&named, spec.seeds, &path)?
@@ -447,8 +486,9 @@ pub struct Outcome {
     pub own_clip: Option<f64>,
 }
 
-/// Each finished run's outcome, by its directory's name ([`crate::run::RunDir::name_of`], the
-/// name archives keep).
+/// Each finished run's outcome, by the fingerprint of the manifest its directory holds: a run
+/// is found by what it ran, whatever its directory is called (issue #35: two directories
+/// swapped in an archive are reported under their own grid points).
 pub type Finished = BTreeMap<String, Outcome>;
 
 /// The finished runs in `dirs`, each a directory of run directories (missing ones skipped).
@@ -458,7 +498,7 @@ pub fn finished(dirs: &[PathBuf]) -> Result<Finished> {
         for r in crate::report::load_results(dir)? {
             let best = r.best().map(|e| e.weighted_accuracy);
             let last = r.evals.iter().max_by_key(|e| e.step);
-            if let (Some(best), Some(last), Some(name)) = (best, last, r.dir.file_name()) {
+            if let (Some(best), Some(last)) = (best, last) {
                 let key = crate::run::metric::own_clip(r.algorithm);
                 let clips: Vec<f64> = crate::report::load_metrics(&r.dir)?
                     .iter()
@@ -467,7 +507,7 @@ pub fn finished(dirs: &[PathBuf]) -> Result<Finished> {
                 let own_clip =
                     (!clips.is_empty()).then(|| clips.iter().sum::<f64>() / clips.len() as f64);
                 out.insert(
-                    name.to_string_lossy().into_owned(),
+                    r.fingerprint.clone(),
                     Outcome {
                         best,
                         last: last.weighted_accuracy,
@@ -527,7 +567,7 @@ pub struct PointResult {
 /// The sweep's table: per grid point, its best accuracy and the paired differences to the
 /// baseline over seeds (Student's t, as `seeds.md`), from the runs `finished` has.
 pub fn point_results(sweep: &Sweep, finished: &Finished) -> Vec<PointResult> {
-    let load = |v: &Variant| finished.get(&crate::run::RunDir::name_of(&v.exp));
+    let load = |v: &Variant| finished.get(&v.exp.fingerprint());
     let describe =
         |exp: &Experiment| format!("{} {}", exp.algorithm.kind.paper_name(), exp.algorithm.clip);
     let mut out = Vec::new();
@@ -647,8 +687,8 @@ pub fn run(
             let missing: Vec<String> = sweeps
                 .iter()
                 .flat_map(|s| &s.variants)
+                .filter(|v| !finished.contains_key(&v.exp.fingerprint()))
                 .map(|v| crate::run::RunDir::name_of(&v.exp))
-                .filter(|n| !finished.contains_key(n))
                 .collect();
             if let Some(first) = missing.first() {
                 return Err(SweepError::Missing {
@@ -721,7 +761,7 @@ pub fn markdown(spec: &Spec, points: &[PointResult]) -> String {
     for p in points {
         s.push_str("| ");
         for (_, v) in &p.values {
-            s.push_str(&format!("{} | ", v.yaml()));
+            s.push_str(&format!("{} | ", v.cell()));
         }
         s.push_str(&format!(
             "{} | {} | {} | {} | {} | {} | {} |\n",
@@ -761,7 +801,7 @@ fn comparison<'a>(all: &'a [(&Sweep, Vec<PointResult>)]) -> Result<Vec<Compariso
             let mut row = p.rule.clone();
             for (f, v) in &p.values {
                 if !f.starts_with("algorithm.") && !DEGREE_FIELDS.contains(&f.as_str()) {
-                    row.push_str(&format!(", {f}={}", v.yaml()));
+                    row.push_str(&format!(", {f}={}", v.cell()));
                 }
             }
             let panel = match panels.iter().position(|q| q.baseline == *baseline) {
@@ -1058,5 +1098,13 @@ mod tests {
         assert_eq!(GridValue::Float(0.5).yaml(), "0.5");
         assert_eq!(GridValue::Int(16).yaml(), "16");
         assert_eq!(GridValue::Text("cispo".into()).yaml(), "cispo");
+        // anything else is one quoted scalar: it cannot add fields or turn into a number
+        assert_eq!(
+            GridValue::Text("x\nalgorithm:\n  alpha: 9".into()).yaml(),
+            r#""x\nalgorithm:\n  alpha: 9""#
+        );
+        assert_eq!(GridValue::Text("true".into()).yaml(), r#""true""#);
+        assert_eq!(GridValue::Text("1e3".into()).yaml(), r#""1e3""#);
+        assert_eq!(GridValue::Text("a | b".into()).cell(), r#""a \| b""#);
     }
 }

@@ -35,7 +35,8 @@ fn print_written(files: &[PathBuf]) {
 pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
     match cli.command {
         Command::Check(args) => {
-            let report = acpo::manifest::check_all(&args.paths).context("cannot list manifests")?;
+            let report = acpo::manifest::check_all(&args.paths, &acpo::model::check_manifest_model)
+                .context("cannot list manifests")?;
             report.valid.iter().for_each(|l| println!("ok  {l}"));
             report.errors.iter().for_each(|e| eprintln!("invalid  {e}"));
             match (report.files, report.errors.len()) {
@@ -191,6 +192,12 @@ fn import(cmd: ImportCommand) -> anyhow::Result<Outcome> {
         done.samples,
         done.dir.display()
     );
+    if done.non_finite > 0 {
+        println!(
+            "{} metric values verl logged as NaN or infinite are left out of metrics.jsonl and listed in provenance.json (non_finite_metrics)",
+            done.non_finite
+        );
+    }
     Ok(Outcome::Success)
 }
 
@@ -205,36 +212,25 @@ fn export(cmd: ExportCommand) -> anyhow::Result<Outcome> {
         data,
         data_dir: dir,
     } = cmd;
-    let manifest = manifest.as_path();
-    let (exp, raw) = Experiment::load_with_raw(manifest)?;
     let target = acpo::verl::Target {
         gpus_per_node: gpus,
         nodes,
     };
-    let launch = acpo::verl::launch(&raw, &target);
-    let out = out.unwrap_or_else(|| Path::new("results/verl").join(&raw.name));
-    std::fs::create_dir_all(&out).with_context(|| format!("cannot create {}", out.display()))?;
-    let script = out.join("launch.sh");
-    write_atomic(
-        &script,
-        launch.script(&manifest.display().to_string()).as_bytes(),
-    )?;
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755))
-            .with_context(|| format!("cannot make {} executable", script.display()))?;
-    }
-    let fields = out.join("fields.md");
-    write_atomic(&fields, launch.accounts().as_bytes())?;
-    for n in launch.unsupported() {
+    let out = match out {
+        Some(out) => out,
+        None => {
+            let name = Experiment::load(&manifest)?.name;
+            Path::new("results/verl").join(name)
+        }
+    };
+    let from = data_dir(&dir);
+    let done = acpo::verl::export(&manifest, &out, &target, data.then_some(&from))?;
+    for n in &done.unsupported {
         println!("unsupported by verl: {} ({})", n.field, n.why);
     }
-    print_written(&[script, fields]);
-    if data {
-        for w in acpo::verl::data::write_parquet(&exp, &data_dir(&dir), &out.join("data"))? {
-            println!("wrote {} ({} rows)", w.path.display(), w.rows);
-        }
+    print_written(&[done.script, done.fields]);
+    for w in &done.data {
+        println!("wrote {} ({} rows)", w.path.display(), w.rows);
     }
     Ok(Outcome::Success)
 }
@@ -345,21 +341,33 @@ fn reproduce(args: &ReproduceArgs) -> anyhow::Result<Outcome> {
         &args.figures,
         args.scale == Scale::Paper,
     )?;
+    reseal(args.from.as_deref(), &root)?;
     fill_doc(args.doc.as_deref(), &root)
+}
+
+/// After reports were written into an archive's unpacked directory (`--from ARCHIVE`), its
+/// top-level SHA256SUMS is made again over the runs and the reports, so `acpo verify` of the
+/// directory holds (each run keeps the archive's own sums, still checked). A directory given
+/// as `--from` is the user's and is left as it is.
+fn reseal(from: Option<&Path>, unpacked: &Path) -> anyhow::Result<()> {
+    if from.is_some_and(|f| !f.is_dir()) {
+        acpo::archive::write_sums(unpacked)?;
+    }
+    Ok(())
 }
 
 fn sweep(args: &args::SweepArgs) -> anyhow::Result<Outcome> {
     let sweeps = acpo::sweep::load_all(&args.specs)?;
     let data = data_dir(&args.data_dir);
-    let unpacked;
-    let source = match &args.from {
-        Some(from) => {
-            unpacked = match unpack(from, &args.results)? {
-                Some(root) => root,
-                None => return Ok(Outcome::CheckFailed),
-            };
-            acpo::sweep::Source::Finished(&unpacked)
-        }
+    let unpacked = match &args.from {
+        Some(from) => match unpack(from, &args.results)? {
+            Some(root) => Some(root),
+            None => return Ok(Outcome::CheckFailed),
+        },
+        None => None,
+    };
+    let source = match &unpacked {
+        Some(root) => acpo::sweep::Source::Finished(root),
         None => acpo::sweep::Source::Train {
             data: &data,
             jobs: args.jobs,
@@ -370,6 +378,9 @@ fn sweep(args: &args::SweepArgs) -> anyhow::Result<Outcome> {
         figures: &args.figures,
     });
     let (reports, written) = acpo::sweep::run(&sweeps, source, &args.results, compare)?;
+    if let Some(root) = &unpacked {
+        reseal(args.from.as_deref(), root)?;
+    }
     for w in written {
         println!("wrote {}", w.display());
     }
@@ -390,7 +401,7 @@ fn fill_doc(doc: Option<&Path>, root: &Path) -> anyhow::Result<Outcome> {
     if let Some(doc) = doc {
         let text = std::fs::read_to_string(doc)
             .with_context(|| format!("cannot read {}", doc.display()))?;
-        let (text, blocks) = acpo::report::splice(&text, root)?;
+        let (text, blocks) = acpo::report::splice(doc, &text, root)?;
         write_atomic(doc, text.as_bytes())?;
         println!("filled {blocks} generated blocks of {}", doc.display());
     }

@@ -151,6 +151,15 @@ pub fn add_value_head(policy: &Params, cfg: &QwenConfig, seed: u64) -> Result<Pa
 /// Writes `config.json` + `model.safetensors` for a random model into `out`.
 pub fn write_random_model(config_path: &Path, out: &Path, seed: u64) -> Result<Params> {
     let cfg = QwenConfig::load(config_path)?;
+    // the f32 weights, and the largest tensor (the embedding) again while it is written
+    let need = cfg.weight_bytes(4) + 4 * cfg.vocab_size as u128 * cfg.hidden_size as u128;
+    super::budget::check(&Device::Cpu, need, || {
+        format!(
+            "a random model of {} ({} parameters in f32)",
+            config_path.display(),
+            cfg.parameter_count()
+        )
+    })?;
     std::fs::create_dir_all(out).map_err(|source| ModelError::Io {
         path: out.to_owned(),
         source,

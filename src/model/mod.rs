@@ -10,6 +10,7 @@
 //! - [`init`]: a seeded random model in HF layout (tests and the mini scale).
 //! - [`load`]: the one loader (files, device, dtype, tokenizer) every command uses.
 
+pub mod budget;
 pub mod init;
 pub mod load;
 pub mod qwen;
@@ -51,6 +52,12 @@ pub enum ModelError {
     Hub(#[from] crate::hub::HubError),
     #[error("device {asked}: {reason}")]
     Device { asked: &'static str, reason: String },
+    #[error("{what} needs about {need} GiB of memory; this machine has {have} GiB available")]
+    TooLarge {
+        what: String,
+        need: String,
+        have: String,
+    },
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
 }
@@ -65,6 +72,17 @@ pub enum Family {
     /// q/k RMSNorm over head_dim, `head_dim` from the config, biases per `attention_bias`.
     Qwen3,
 }
+
+/// Bounds on a config's sizes ([`QwenConfig::from_json`] refuses beyond them): far above any
+/// Qwen's (vocabulary 151,936, width 8,192 and 29,568, 80 layers, 64 heads of 128, 131,072
+/// positions, 72 B parameters), far below what overflows or cannot be allocated.
+pub const MAX_VOCAB: usize = 1 << 21;
+pub const MAX_WIDTH: usize = 1 << 18;
+pub const MAX_LAYERS: usize = 1 << 10;
+pub const MAX_HEADS: usize = 1 << 10;
+pub const MAX_HEAD_DIM: usize = 1 << 12;
+pub const MAX_POSITIONS: usize = 1 << 22;
+pub const MAX_PARAMETERS: u64 = 1 << 40;
 
 /// `config.json` of a Qwen2 / Qwen3 causal LM.
 #[derive(Debug, Clone, Deserialize)]
@@ -119,6 +137,7 @@ impl QwenConfig {
             serde_json::from_value(raw.clone()).map_err(|e| bad(e.to_string()))?;
         cfg.raw = raw;
         cfg.family().map_err(bad)?;
+        cfg.check_sizes().map_err(bad)?;
         if cfg.num_attention_heads == 0
             || cfg.num_key_value_heads == 0
             || !cfg
@@ -158,6 +177,82 @@ impl QwenConfig {
             ));
         }
         Ok(cfg)
+    }
+
+    /// Refuses sizes no Qwen has and any model could not hold in memory (issue #35), before
+    /// anything is allocated: every dimension positive and under its bound, the norm's ε and
+    /// RoPE's θ positive and finite, and the parameter count (computed without overflow) under
+    /// [`MAX_PARAMETERS`]. The message names the field.
+    fn check_sizes(&self) -> std::result::Result<(), String> {
+        let dims = [
+            ("vocab_size", self.vocab_size, MAX_VOCAB),
+            ("hidden_size", self.hidden_size, MAX_WIDTH),
+            ("intermediate_size", self.intermediate_size, MAX_WIDTH),
+            ("num_hidden_layers", self.num_hidden_layers, MAX_LAYERS),
+            ("num_attention_heads", self.num_attention_heads, MAX_HEADS),
+            ("num_key_value_heads", self.num_key_value_heads, MAX_HEADS),
+            ("head_dim", self.head_dim(), MAX_HEAD_DIM),
+        ];
+        for (field, value, max) in dims {
+            if value == 0 || value > max {
+                return Err(format!("{field} must be in 1..={max}, got {value}"));
+            }
+        }
+        if let Some(p) = self.max_position_embeddings {
+            if p == 0 || p > MAX_POSITIONS {
+                return Err(format!(
+                    "max_position_embeddings must be in 1..={MAX_POSITIONS}, got {p}"
+                ));
+            }
+        }
+        if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {
+            return Err(format!(
+                "rms_norm_eps must be positive and finite, got {}",
+                self.rms_norm_eps
+            ));
+        }
+        let theta = self.rope_theta();
+        if !(theta.is_finite() && theta > 0.0) {
+            return Err(format!(
+                "rope_theta must be positive and finite, got {theta}"
+            ));
+        }
+        let n = self.parameter_count();
+        if n > MAX_PARAMETERS as u128 {
+            return Err(format!(
+                "these sizes make {n} parameters, more than the {MAX_PARAMETERS} any model here may have"
+            ));
+        }
+        Ok(())
+    }
+
+    /// Parameters of the model (the shapes `init::layout` writes), in u128 so that no sizes can
+    /// overflow it.
+    pub fn parameter_count(&self) -> u128 {
+        let (v, h, i) = (
+            self.vocab_size as u128,
+            self.hidden_size as u128,
+            self.intermediate_size as u128,
+        );
+        let (nh, nkv, hd) = (
+            self.num_attention_heads as u128,
+            self.num_key_value_heads as u128,
+            self.head_dim() as u128,
+        );
+        let qwen3 = self.model_type == "qwen3";
+        let bias = if self.qkv_bias() {
+            (nh + 2 * nkv) * hd
+        } else {
+            0
+        };
+        let layer = 2 * h
+            + (nh + 2 * nkv) * hd * h
+            + h * nh * hd
+            + bias
+            + if qwen3 { 2 * hd } else { 0 }
+            + 3 * h * i;
+        let head = if self.tie_word_embeddings { 0 } else { v * h };
+        v * h + self.num_hidden_layers as u128 * layer + h + head
     }
 
     pub fn family(&self) -> std::result::Result<Family, String> {
@@ -317,6 +412,20 @@ impl Params {
         } else {
             vec![dir.join("model.safetensors")]
         };
+        let mut bytes: u128 = 0;
+        for file in &files {
+            let len = std::fs::metadata(file).map_err(|_| ModelError::Weights {
+                path: file.clone(),
+                reason: "weights file not found".into(),
+            })?;
+            bytes += len.len() as u128;
+        }
+        // stored in bf16 at the least: loaded in f32 they take at most twice their files
+        budget::check(
+            device,
+            bytes * (dtype.size_in_bytes() as u128).max(2) / 2,
+            || format!("the weights of {}", dir.display()),
+        )?;
         let mut vars = BTreeMap::new();
         for file in &files {
             if !file.exists() {
@@ -449,6 +558,23 @@ pub fn device(asked: crate::manifest::Device) -> Result<Device> {
 /// An error's first line: candle's CUDA errors carry a backtrace after it.
 fn first_line(e: &candle_core::Error) -> String {
     e.to_string().lines().next().unwrap_or_default().to_string()
+}
+
+/// Checks the model config a manifest names on this machine (a model directory's config.json,
+/// or the config a missing one is created from): `acpo check` refuses sizes `train` would.
+pub fn check_manifest_model(exp: &crate::manifest::Experiment) -> std::result::Result<(), String> {
+    let (field, config) = match (&exp.model.source, &exp.model.init) {
+        (crate::manifest::ModelSource::Dir(dir), _) if dir.join("config.json").is_file() => {
+            ("model.dir", dir.join("config.json"))
+        }
+        (crate::manifest::ModelSource::Dir(_), Some(init)) => {
+            ("model.init.config", init.config.clone())
+        }
+        _ => return Ok(()),
+    };
+    QwenConfig::load(&config)
+        .map(|_| ())
+        .map_err(|e| format!("field `{field}`: {e}"))
 }
 
 /// The compute dtype of a manifest's `model.dtype`.

@@ -106,6 +106,19 @@ pub fn score_file(
                     .ok_or_else(|| bad(format!("`{v}` is not a token id below {}", cfg.vocab_size)))
             })
             .collect::<std::result::Result<_, _>>()?;
+        let limit = cfg.max_position_embeddings.unwrap_or(super::MAX_POSITIONS);
+        if ids.len() > limit {
+            return Err(bad(format!(
+                "{} tokens, beyond the model's max_position_embeddings ({limit}, {})",
+                ids.len(),
+                dir.join("config.json").display()
+            )));
+        }
+        let composed = !model.kernels().flash_attention;
+        let need = cfg.forward_bytes(1, ids.len(), 0, model.dtype().size_in_bytes(), composed);
+        super::budget::check(model.device(), need, || {
+            format!("{}:{line}: scoring {} tokens", input.display(), ids.len())
+        })?;
         let scored = teacher_forced(&model, &ids).map_err(|e| bad(e.to_string()))?;
         out.push_str(&serde_json::to_string(&scored).expect("invariant: scores are JSON"));
         out.push('\n');

@@ -43,6 +43,9 @@ type Result<T> = std::result::Result<T, ReportError>;
 #[derive(Debug, Clone)]
 pub struct RunResult {
     pub dir: PathBuf,
+    /// The fingerprint of the manifest the directory holds: what a run is matched by (a
+    /// directory's name can be anything).
+    pub fingerprint: String,
     pub model: String,
     pub algorithm: AlgorithmKind,
     /// The run's seed (`acpo reproduce --seeds`: several runs of one manifest).
@@ -103,10 +106,28 @@ pub fn load_results(root: &Path) -> Result<Vec<RunResult>> {
                 path: evals.clone(),
                 reason: format!("line {}: {e}", i + 1),
             })?;
+            // an accuracy is a fraction: anything else is a corrupt or foreign file
+            let fractions = std::iter::once(("weighted_accuracy", s.weighted_accuracy)).chain(
+                s.benchmarks
+                    .iter()
+                    .map(|b| (b.benchmark.as_str(), b.avg_at_k)),
+            );
+            for (what, x) in fractions {
+                if !(0.0..=1.0).contains(&x) {
+                    return Err(ReportError::Invalid {
+                        path: evals.clone(),
+                        reason: format!(
+                            "line {}: the accuracy of {what} is {x}, not a fraction in [0, 1]",
+                            i + 1
+                        ),
+                    });
+                }
+            }
             summaries.push(s);
         }
         out.push(RunResult {
             dir,
+            fingerprint: exp.fingerprint(),
             model: exp.model.source.label(),
             algorithm: exp.algorithm.kind,
             seed: exp.seed,
@@ -608,33 +629,41 @@ pub fn write(
     Ok((shown, written))
 }
 
-/// Fills each block `<!-- begin: NAME -->` … `<!-- end: NAME -->` of a Markdown document with
-/// the generated file `root/NAME` (e.g. `table1.md`), so docs quote generated files instead of
-/// hand-typed numbers. Returns the new text and the number of blocks filled. A block naming a
-/// file `root` does not have is left as it is (another generator fills it: the GPU blocks come
-/// from tools/gpu_report.py, the memory plan from `acpo bench`), but a document none of whose
-/// blocks `root` can fill is an error (a wrong root or a misspelt name).
-pub fn splice(doc: &str, root: &Path) -> Result<(String, usize)> {
+/// Fills each block `<!-- begin: NAME -->` … `<!-- end: NAME -->` of the Markdown document
+/// `doc` (read from `doc_path`) with the generated file `root/NAME` (e.g. `table1.md`), so docs
+/// quote generated files instead of hand-typed numbers. Returns the new text and the number of
+/// blocks filled. A block naming a file `root` does not have is left as it is (another
+/// generator fills it: the GPU blocks come from tools/gpu_report.py, the memory plan from `acpo
+/// bench`), but a document none of whose blocks `root` can fill is an error (a wrong root or a
+/// misspelt name). NAME is a relative path that stays inside `root` (issue #35: a block naming
+/// `/etc/hostname` or `../x` is refused, links leading out of `root` too); errors name the
+/// document.
+pub fn splice(doc_path: &Path, doc: &str, root: &Path) -> Result<(String, usize)> {
+    let invalid = |reason: String| ReportError::Invalid {
+        path: doc_path.to_owned(),
+        reason,
+    };
     let mut out = String::with_capacity(doc.len());
     let mut rest = doc;
     let mut filled = 0;
     let mut seen = Vec::new();
     while let Some(i) = rest.find("<!-- begin: ") {
         let after = &rest[i + "<!-- begin: ".len()..];
-        let name_end = after.find(" -->").ok_or_else(|| ReportError::Invalid {
-            path: root.to_owned(),
-            reason: "a `<!-- begin: NAME` marker is not closed by ` -->`".into(),
-        })?;
+        let name_end = after
+            .find(" -->")
+            .ok_or_else(|| invalid("a `<!-- begin: NAME` marker is not closed by ` -->`".into()))?;
         let name = &after[..name_end];
         let end_marker = format!("<!-- end: {name} -->");
         let body_start = i + "<!-- begin: ".len() + name_end + " -->".len();
         let j = rest[body_start..]
             .find(&end_marker)
-            .ok_or_else(|| ReportError::Invalid {
-                path: root.to_owned(),
-                reason: format!("no `{end_marker}` after `<!-- begin: {name} -->`"),
-            })?;
-        let path = root.join(name);
+            .ok_or_else(|| invalid(format!("no `{end_marker}` after `<!-- begin: {name} -->`")))?;
+        let path = block_file(root, name).ok_or_else(|| {
+            invalid(format!(
+                "block `{name}` is not a file inside the reports folder {}",
+                root.display()
+            ))
+        })?;
         if !path.exists() {
             let block_end = body_start + j + end_marker.len();
             out.push_str(&rest[..block_end]);
@@ -655,14 +684,30 @@ pub fn splice(doc: &str, root: &Path) -> Result<(String, usize)> {
         filled += 1;
     }
     if filled == 0 && !seen.is_empty() {
-        return Err(ReportError::Invalid {
-            path: root.to_owned(),
-            reason: format!(
-                "has none of the document's generated blocks ({})",
-                seen.join(", ")
-            ),
-        });
+        return Err(invalid(format!(
+            "none of its generated blocks ({}) is in the reports folder {}",
+            seen.join(", "),
+            root.display()
+        )));
     }
     out.push_str(rest);
     Ok((out, filled))
+}
+
+/// `root/name` when `name` is a relative path of plain components that, links followed, stays
+/// inside `root`; None otherwise.
+fn block_file(root: &Path, name: &str) -> Option<PathBuf> {
+    let rel = Path::new(name);
+    let plain = !name.is_empty()
+        && rel
+            .components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)));
+    if !plain {
+        return None;
+    }
+    let path = root.join(rel);
+    match (path.canonicalize(), root.canonicalize()) {
+        (Ok(real), Ok(base)) if !real.starts_with(&base) => None,
+        _ => Some(path),
+    }
 }

@@ -26,6 +26,10 @@ pub struct Provenance {
     /// The engine that trained the run when it was not acpo's (`verl` for `acpo import verl`).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub engine: Option<String>,
+    /// Metrics the engine logged as non-finite (verl's file logger writes NaN and ±∞ as null),
+    /// with the steps: left out of metrics.jsonl, never read as a number.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub non_finite_metrics: BTreeMap<String, Vec<usize>>,
 }
 
 pub fn now_unix() -> u64 {
@@ -140,5 +144,6 @@ fn provenance(exp: &Experiment, device: &str) -> Provenance {
         finished_utc: None,
         steps_done: 0,
         engine: None,
+        non_finite_metrics: BTreeMap::new(),
     }
 }

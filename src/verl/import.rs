@@ -1,12 +1,23 @@
 //! verl's logs of a run → our run directory, so that `acpo report` and `acpo archive` read a
 //! verl-trained run as they read ours (issue #21).
 //!
-//! Inputs, as verl 0.9.1 writes them:
+//! Inputs, as verl 0.9.1 writes them (read in its source, `verl/utils/tracking.py` and
+//! `verl/trainer/ppo/ray_trainer.py`):
 //! - the file logger (`trainer.logger=[...,file]`): one JSON line per step,
-//!   `{"step": N, "data": {"actor/pg_loss": ..., "val-core/...": ..., ...}}`;
+//!   `{"step": N, "data": {"actor/pg_loss": ..., "val-core/...": ..., ...}}`, written with
+//!   orjson, which writes NaN and ±∞ as `null`; with `trainer.val_before_train` (the export's
+//!   launch sets it) a first line at step 0 holds the initial validation alone. A logger on
+//!   Python's `json` writes bare `NaN` / `Infinity` instead: read as `null` too
+//!   ([`crate::jsonl::read`]). Non-finite metrics go into the provenance by step, never into
+//!   metrics.jsonl as numbers;
 //! - `trainer.validation_data_dir`: `<step>.jsonl`, one line per validation sample with `input`,
 //!   `output`, `gts`, `score`, `step` and the extra keys the reward function returned. The
 //!   `acpo_verl` reward function returns `data_source` (the benchmark) and `problem_id`.
+//!
+//! The inputs are regular files streamed line by line (a paper run's dumps reach gigabytes;
+//! a pipe would never end). The run is built in a staging directory beside `--out` and renamed
+//! into place when complete: `--out` must not exist, or be a sealed run this command made (it is
+//! then replaced); nothing else is written into.
 //!
 //! Outputs: `manifest.yaml`, `fingerprint`, `metrics.jsonl` (verl's numeric metrics: ours were
 //! named after verl's, so names carry over; `reward/acc/mean`, which verl does not log, is
@@ -25,11 +36,20 @@ use crate::run::{metric, Provenance, RunDir};
 /// verl's mean sequence score, from which our accuracy metric is derived.
 const VERL_SCORE: &str = "critic/score/mean";
 
+/// The longest line read from verl's logs: a validation sample holds a prompt and a response of
+/// up to 8k tokens, far below this.
+const MAX_LINE: usize = 64 << 20;
+
 /// Why verl's logs could not be imported.
 #[derive(Debug, thiserror::Error)]
 pub enum ImportError {
     #[error("cannot read {path}: {source}")]
-    Io {
+    Read {
+        path: PathBuf,
+        source: crate::jsonl::ReadError,
+    },
+    #[error("cannot write {path}: {source}")]
+    Write {
         path: PathBuf,
         source: std::io::Error,
     },
@@ -56,40 +76,71 @@ pub struct Imported {
     pub steps: usize,
     pub evaluations: usize,
     pub samples: usize,
+    /// Metric values verl logged as non-finite (left out of metrics.jsonl, listed in the
+    /// provenance).
+    pub non_finite: usize,
 }
 
-fn read(path: &Path) -> Result<String> {
-    std::fs::read_to_string(path).map_err(|source| ImportError::Io {
+fn write(path: &Path, bytes: &[u8]) -> Result<()> {
+    crate::atomic::write(path, bytes).map_err(|source| ImportError::Write {
         path: path.to_owned(),
         source,
     })
 }
 
-fn write(path: &Path, bytes: &[u8]) -> Result<()> {
-    crate::atomic::write(path, bytes).map_err(|source| ImportError::Io {
-        path: path.to_owned(),
-        source,
+/// Whether an import may go to `out`: a new directory, or a sealed run an earlier import made
+/// (true: it is replaced).
+fn destination(out: &Path) -> Result<bool> {
+    if out.file_name().is_none() {
+        return Err(ImportError::Invalid {
+            path: out.to_owned(),
+            reason: "--out must name a new directory".into(),
+        });
+    }
+    if !out.exists() {
+        return Ok(false);
+    }
+    let run = RunDir::at(out);
+    let imported = std::fs::read(run.provenance())
+        .ok()
+        .and_then(|b| serde_json::from_slice::<Provenance>(&b).ok())
+        .is_some_and(|p| p.engine.as_deref() == Some("verl"));
+    if out.is_dir() && imported && run.is_sealed() {
+        return Ok(true);
+    }
+    Err(ImportError::Invalid {
+        path: out.to_owned(),
+        reason: "exists and is not a run `acpo import verl` made: import into a new directory (nothing was written)".into(),
     })
 }
 
 /// Imports the verl run of `manifest` from its file-logger `metrics` and its `validation`
-/// directory into the run directory `out` (created; it must not hold a run already).
+/// directory into the run directory `out`: a new directory, or a sealed run an earlier import
+/// made, which is replaced. Everything is built in a staging directory beside `out` and renamed
+/// into place when complete.
 pub fn import(manifest: &Path, metrics: &Path, validation: &Path, out: &Path) -> Result<Imported> {
     let exp = Experiment::load(manifest)?;
-    let steps = metrics_lines(metrics, exp.trainer.reward)?;
+    let (steps, non_finite) = metrics_lines(metrics, exp.trainer.reward)?;
     let evals = evaluations(&exp, validation)?;
-    let run = RunDir::at(out);
-    if run.manifest().exists() {
-        return Err(ImportError::Invalid {
-            path: out.to_owned(),
-            reason: "holds a run already: import into a new directory".into(),
-        });
-    }
-    std::fs::create_dir_all(out).map_err(|source| ImportError::Io {
-        path: out.to_owned(),
-        source,
+    destination(out)?;
+    let written = |path: &Path, r: std::io::Result<()>| {
+        r.map_err(|source| ImportError::Write {
+            path: path.to_owned(),
+            source,
+        })
+    };
+    let staged =
+        crate::atomic::StagedDir::new(out, "import").map_err(|source| ImportError::Write {
+            path: crate::atomic::staging(out, "import"),
+            source,
+        })?;
+    let stage = staged.path().to_owned();
+    let run = RunDir::at(&stage);
+    let text = std::fs::read_to_string(manifest).map_err(|source| ImportError::Read {
+        path: manifest.to_owned(),
+        source: source.into(),
     })?;
-    write(&run.manifest(), read(manifest)?.as_bytes())?;
+    write(&run.manifest(), text.as_bytes())?;
     write(&run.fingerprint(), exp.fingerprint().as_bytes())?;
     let lines: Vec<String> = steps
         .iter()
@@ -106,15 +157,18 @@ pub fn import(manifest: &Path, metrics: &Path, validation: &Path, out: &Path) ->
     provenance.hardware = BTreeMap::from([("engine".into(), "verl (imported logs)".into())]);
     provenance.data.insert(
         "verl metrics".into(),
-        crate::checksum::sha256_file(metrics).map_err(|source| ImportError::Io {
+        crate::checksum::sha256_file(metrics).map_err(|source| ImportError::Read {
             path: metrics.to_owned(),
-            source,
+            source: source.into(),
         })?,
     );
+    provenance.non_finite_metrics = non_finite.clone();
     provenance.finish(steps.len());
     let json = serde_json::to_string_pretty(&provenance).expect("invariant: provenance is JSON");
     write(&run.provenance(), json.as_bytes())?;
-    crate::archive::write_sums(out)?;
+    crate::archive::write_sums(&stage)?;
+    // The commit: the staged run takes `out`'s place (an earlier import's, moved aside first).
+    written(out, staged.commit(out))?;
     Ok(Imported {
         dir: out.to_owned(),
         steps: steps.len(),
@@ -124,36 +178,61 @@ pub fn import(manifest: &Path, metrics: &Path, validation: &Path, out: &Path) ->
             .flat_map(|e| &e.benchmarks)
             .map(|b| b.problems * b.k)
             .sum(),
+        non_finite: non_finite.values().map(Vec::len).sum(),
     })
 }
 
-/// The JSON values of a JSONL file's lines, each with its line number and an error maker that
-/// names the file and the line.
-fn json_lines(
-    path: &Path,
-    text: &str,
-) -> Result<Vec<(serde_json::Value, impl Fn(String) -> ImportError)>> {
-    crate::jsonl::values(text)
-        .map(|(line, v)| {
-            let path = path.to_owned();
-            let bad = move |reason: String| ImportError::Line {
-                path: path.clone(),
-                line,
-                reason,
-            };
-            let v = v.map_err(|e| bad(format!("not JSON: {e}")))?;
-            Ok((v, bad))
-        })
-        .collect()
+/// Why a stream of lines stopped: the file, or what a line held.
+enum Stop {
+    Read(crate::jsonl::ReadError),
+    Import(ImportError),
 }
 
+impl From<crate::jsonl::ReadError> for Stop {
+    fn from(e: crate::jsonl::ReadError) -> Stop {
+        Stop::Read(e)
+    }
+}
+
+/// Every JSON line of the file `path`, streamed to `f` with an error maker naming the line.
+fn json_lines(
+    path: &Path,
+    mut f: impl FnMut(serde_json::Value, &dyn Fn(String) -> ImportError) -> Result<()>,
+) -> Result<()> {
+    crate::jsonl::read(path, MAX_LINE, |line| {
+        let bad = |reason: String| ImportError::Line {
+            path: path.to_owned(),
+            line: line.number,
+            reason,
+        };
+        line.value
+            .map_err(|e| bad(format!("not JSON: {e}")))
+            .and_then(|v| f(v, &bad))
+            .map_err(Stop::Import)
+    })
+    .map_err(|stop| match stop {
+        Stop::Read(source) => ImportError::Read {
+            path: path.to_owned(),
+            source,
+        },
+        Stop::Import(e) => e,
+    })
+}
+
+/// Steps and metric names verl logged as non-finite.
+type NonFinite = BTreeMap<String, Vec<usize>>;
+
 /// verl's file-logger lines as our metrics lines: numeric values (`reward/acc/mean` derived),
-/// validation metrics left out, `training/global_step` added; steps strictly increasing.
-fn metrics_lines(path: &Path, reward: RewardKind) -> Result<Vec<BTreeMap<String, f64>>> {
-    let text = read(path)?;
+/// validation metrics left out, `training/global_step` added; steps strictly increasing after
+/// an initial validation at step 0. Null values (verl's NaN and ±∞) are returned apart.
+fn metrics_lines(
+    path: &Path,
+    reward: RewardKind,
+) -> Result<(Vec<BTreeMap<String, f64>>, NonFinite)> {
     let mut out: Vec<BTreeMap<String, f64>> = Vec::new();
-    let mut last = 0;
-    for (v, bad) in json_lines(path, &text)? {
+    let mut non_finite = NonFinite::new();
+    let mut last: Option<usize> = None;
+    json_lines(path, |v, bad| {
         let step = v
             .get("step")
             .and_then(serde_json::Value::as_u64)
@@ -162,19 +241,28 @@ fn metrics_lines(path: &Path, reward: RewardKind) -> Result<Vec<BTreeMap<String,
             .get("data")
             .and_then(serde_json::Value::as_object)
             .ok_or_else(|| bad("no object `data`".into()))?;
-        if step <= last {
+        if let Some(last) = last.filter(|&l| step <= l) {
             return Err(bad(format!(
                 "step {step} after step {last}: verl's file logger truncates on restart, so a run's steps only grow"
             )));
         }
-        last = step;
+        last = Some(step);
+        if step == 0 {
+            // the initial validation (val_before_train): its samples are in 0.jsonl
+            return Ok(());
+        }
         let mut m = BTreeMap::new();
         for (k, v) in data {
             if k.starts_with("val-") {
                 continue; // re-judged into eval.jsonl
             }
-            if let Some(x) = v.as_f64() {
-                m.insert(k.clone(), x);
+            match v {
+                serde_json::Value::Null => non_finite.entry(k.clone()).or_default().push(step),
+                v => {
+                    if let Some(x) = v.as_f64() {
+                        m.insert(k.clone(), x);
+                    }
+                }
             }
         }
         if let Some(&score) = m.get(VERL_SCORE) {
@@ -187,21 +275,22 @@ fn metrics_lines(path: &Path, reward: RewardKind) -> Result<Vec<BTreeMap<String,
         }
         m.insert(metric::STEP.to_owned(), step as f64);
         out.push(m);
-    }
+        Ok(())
+    })?;
     if out.is_empty() {
         return Err(ImportError::Invalid {
             path: path.to_owned(),
-            reason: "no steps".into(),
+            reason: "no training steps".into(),
         });
     }
-    Ok(out)
+    Ok((out, non_finite))
 }
 
 /// Every `<step>.jsonl` of the validation directory, re-judged: one evaluation per step.
 fn evaluations(exp: &Experiment, dir: &Path) -> Result<Vec<EvalSummary>> {
-    let entries = std::fs::read_dir(dir).map_err(|source| ImportError::Io {
+    let entries = std::fs::read_dir(dir).map_err(|source| ImportError::Read {
         path: dir.to_owned(),
-        source,
+        source: source.into(),
     })?;
     let mut files: Vec<(usize, PathBuf)> = entries
         .filter_map(|e| e.ok().map(|e| e.path()))
@@ -226,10 +315,9 @@ fn evaluations(exp: &Experiment, dir: &Path) -> Result<Vec<EvalSummary>> {
 /// One validation dump: each sample judged by our verifier against its gold answer, grouped
 /// by benchmark and problem; every problem must have the manifest's k samples.
 fn evaluation(exp: &Experiment, step: usize, path: &Path) -> Result<EvalSummary> {
-    let text = read(path)?;
     // benchmark → problem id → verdicts
     let mut judged: BTreeMap<String, BTreeMap<String, Vec<bool>>> = BTreeMap::new();
-    for (v, bad) in json_lines(path, &text)? {
+    json_lines(path, |v, bad| {
         let field = |name: &str| -> Result<String> {
             match v.get(name) {
                 Some(serde_json::Value::String(s)) => Ok(s.clone()),
@@ -259,7 +347,8 @@ fn evaluation(exp: &Experiment, step: usize, path: &Path) -> Result<EvalSummary>
             .entry(problem)
             .or_default()
             .push(verdict.correct);
-    }
+        Ok(())
+    })?;
     let k = exp.eval.sampling.n;
     let mut results = Vec::new();
     for b in &exp.eval.benchmarks {

@@ -17,6 +17,7 @@ pub mod data;
 pub mod import;
 
 use std::fmt::Write as _;
+use std::path::{Path, PathBuf};
 
 use crate::manifest::{raw, DType, DataSuite, Device, LossAggMode, PolicyLossMode, RewardKind};
 
@@ -188,6 +189,121 @@ const ROLLOUT: &str = "actor_rollout_ref.rollout";
 const MODEL: &str = "actor_rollout_ref.model";
 
 /// `m` as a verl launch on `target`.
+/// Why a run could not be exported.
+#[derive(Debug, thiserror::Error)]
+pub enum ExportError {
+    #[error("{0}")]
+    Flag(String),
+    #[error("{path}: {reason}")]
+    Invalid { path: PathBuf, reason: String },
+    #[error("cannot write {path}: {source}")]
+    Write {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Manifest(#[from] crate::manifest::ManifestError),
+    #[error(transparent)]
+    Data(#[from] crate::data::DataError),
+}
+
+/// What an export wrote.
+#[derive(Debug, Clone)]
+pub struct Exported {
+    pub script: PathBuf,
+    pub fields: PathBuf,
+    pub data: Vec<data::Written>,
+    pub unsupported: Vec<Note>,
+}
+
+/// The files an export puts in its directory: what it may replace.
+const EXPORT_FILES: [&str; 3] = ["launch.sh", "fields.md", "data"];
+
+/// `acpo export verl`: the launch of `manifest` on `target` (`launch.sh`) and its
+/// field-by-field account (`fields.md`), with `data` the parquet files (`data/`), in `out`.
+/// Everything is built in a staging directory beside `out` and renamed into place when
+/// complete; `out` must be new or an earlier export (issue #35: a dataset that fails leaves
+/// nothing half written).
+pub fn export(
+    manifest: &Path,
+    out: &Path,
+    target: &Target,
+    with_data: Option<&crate::data::DataLocation>,
+) -> Result<Exported, ExportError> {
+    if target.gpus_per_node == 0 || target.nodes == 0 {
+        return Err(ExportError::Flag(
+            "--gpus and --nodes must be at least 1".into(),
+        ));
+    }
+    let (exp, raw) = crate::manifest::Experiment::load_with_raw(manifest)?;
+    let ours = out.is_dir()
+        && std::fs::read_dir(out).is_ok_and(|entries| {
+            entries
+                .flatten()
+                .all(|e| EXPORT_FILES.contains(&e.file_name().to_string_lossy().as_ref()))
+        })
+        && out.join("launch.sh").is_file();
+    if out.file_name().is_none() || (out.exists() && !ours) {
+        return Err(ExportError::Invalid {
+            path: out.to_owned(),
+            reason: "exists and is not an earlier `acpo export verl`: export into a new directory (nothing was written)".into(),
+        });
+    }
+    let launch = launch(&raw, target);
+    let written = |path: &Path, r: std::io::Result<()>| {
+        r.map_err(|source| ExportError::Write {
+            path: path.to_owned(),
+            source,
+        })
+    };
+    let staged =
+        crate::atomic::StagedDir::new(out, "export").map_err(|source| ExportError::Write {
+            path: crate::atomic::staging(out, "export"),
+            source,
+        })?;
+    let stage = staged.path().to_owned();
+    let script = stage.join("launch.sh");
+    written(
+        &script,
+        crate::atomic::write(
+            &script,
+            launch.script(&manifest.display().to_string()).as_bytes(),
+        ),
+    )?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        written(
+            &script,
+            std::fs::set_permissions(&script, std::fs::Permissions::from_mode(0o755)),
+        )?;
+    }
+    let fields = stage.join("fields.md");
+    written(
+        &fields,
+        crate::atomic::write(&fields, launch.accounts().as_bytes()),
+    )?;
+    let data = match with_data {
+        Some(from) => data::write_parquet(&exp, from, &stage.join("data"))?,
+        None => Vec::new(),
+    };
+    written(out, staged.commit(out))?;
+    Ok(Exported {
+        script: out.join("launch.sh"),
+        fields: out.join("fields.md"),
+        data: data
+            .into_iter()
+            .map(|w| data::Written {
+                path: out
+                    .join("data")
+                    .join(w.path.file_name().unwrap_or_default()),
+                rows: w.rows,
+            })
+            .collect(),
+        unsupported: launch.unsupported().cloned().collect(),
+    })
+}
+
 pub fn launch(m: &raw::Manifest, target: &Target) -> Launch {
     let mut l = Launch {
         name: m.name.clone(),

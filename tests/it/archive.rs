@@ -256,7 +256,15 @@ fn shipped_archive_verifies_and_rebuilds_the_tables_quoted_in_reproduce() {
         "the 16 mini runs at seeds 1 to 5"
     );
     assert!(tmp.path().join("figures/from-mini/accuracy.png").exists());
-    let (filled, blocks) = acpo::report::splice(&guide, &root).expect("splice");
+    // Issue #35: the unpacked directory, its reports written in, still verifies.
+    let verified = acpo(&["verify", root.to_str().expect("u")], tmp.path());
+    assert!(
+        verified.status.success(),
+        "{}",
+        String::from_utf8_lossy(&verified.stdout)
+    );
+    let (filled, blocks) =
+        acpo::report::splice(Path::new("GUIDE.md"), &guide, &root).expect("splice");
     assert_eq!(
         blocks, 6,
         "table1.md, speedup.md, tails.md, regime.md, seeds.md and verdict.md are quoted"
@@ -306,7 +314,8 @@ fn shipped_study_archive_rebuilds_the_study_quoted_in_reproduce() {
         String::from_utf8_lossy(&out.stderr)
     );
     let root = results.join("from-study/sweeps");
-    let (filled, blocks) = acpo::report::splice(&guide, &root).expect("splice");
+    let (filled, blocks) =
+        acpo::report::splice(Path::new("GUIDE.md"), &guide, &root).expect("splice");
     assert_eq!(blocks, 7, "study.md and the six sweep.md are quoted");
     assert_eq!(
         filled, guide,
@@ -667,4 +676,100 @@ fn a_kill_at_any_commit_leaves_the_old_file_whole() {
     failed_check(&acpo(&verify, tmp.path()), "sha256");
     assert!(acpo(&make, tmp.path()).status.success());
     assert_eq!(acpo(&verify, tmp.path()).status.code(), Some(0));
+}
+
+/// Issue #35, item 8: a corrupt gzip trailer fails `verify` without the sidecar; a staging
+/// directory a killed `verify` left is removed at the next start; `export verl` refuses
+/// `--gpus 0` / `--nodes 0` and a directory it did not make, and a dataset that fails leaves
+/// no half export.
+#[test]
+fn archives_and_exports_leave_nothing_half_done() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let run = fake_run(tmp.path(), "run-a");
+    let archive = tmp.path().join("runs.tar.gz");
+    let packed = acpo(
+        &[
+            "archive",
+            run.to_str().expect("u"),
+            "--out",
+            archive.to_str().expect("u"),
+        ],
+        tmp.path(),
+    );
+    assert!(
+        packed.status.success(),
+        "{}",
+        String::from_utf8_lossy(&packed.stderr)
+    );
+    std::fs::remove_file(tmp.path().join("runs.tar.gz.sha256")).expect("no sidecar");
+    let mut bytes = std::fs::read(&archive).expect("r");
+    let n = bytes.len();
+    bytes[n - 6] ^= 0xFF; // inside the gzip trailer's CRC-32
+    std::fs::write(&archive, &bytes).expect("w");
+    let scratch = tmp.path().join("scratch");
+    std::fs::create_dir_all(&scratch).expect("mkdir");
+    // a staging directory of a process that is gone
+    let stale = scratch.join(".acpo-staging-4000000-1");
+    std::fs::create_dir_all(stale.join("x")).expect("mkdir");
+    let checked = std::process::Command::new(env!("CARGO_BIN_EXE_acpo"))
+        .args(["verify", archive.to_str().expect("u")])
+        .env("TMPDIR", &scratch)
+        .output()
+        .expect("acpo runs");
+    assert_eq!(checked.status.code(), Some(1));
+    assert!(
+        String::from_utf8_lossy(&checked.stdout).contains("corrupt archive"),
+        "{}",
+        String::from_utf8_lossy(&checked.stdout)
+    );
+    assert!(
+        !stale.exists(),
+        "the dead process's staging directory is removed"
+    );
+    assert!(
+        std::fs::read_dir(&scratch).expect("ls").next().is_none(),
+        "verify leaves nothing behind"
+    );
+
+    let manifest =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments/paper/qwen3-1.7b-grpo.yaml");
+    let export = |extra: &[&str], out: &Path| {
+        let mut args = vec![
+            "export",
+            "verl",
+            manifest.to_str().expect("u"),
+            "--out",
+            out.to_str().expect("u"),
+        ];
+        args.extend(extra);
+        acpo(&args, tmp.path())
+    };
+    for flags in [["--gpus", "0"], ["--nodes", "0"]] {
+        let out = tmp.path().join("e0");
+        let refused = export(&flags, &out);
+        assert_eq!(refused.status.code(), Some(2));
+        assert!(String::from_utf8_lossy(&refused.stderr).contains("at least 1"));
+        assert!(!out.exists());
+    }
+    // a dataset that is not there: nothing of the export is written
+    let empty = tmp.path().join("no-data");
+    std::fs::create_dir_all(&empty).expect("mkdir");
+    let out = tmp.path().join("e1");
+    let failed = export(&["--data", "--data-dir", empty.to_str().expect("u")], &out);
+    assert_eq!(failed.status.code(), Some(2));
+    assert!(!out.exists() && !tmp.path().join(".e1.export").exists());
+    // an export, then again over it (its own), then into a directory of the user's
+    assert!(export(&[], &out).status.success());
+    assert!(out.join("launch.sh").is_file() && out.join("fields.md").is_file());
+    assert!(export(&[], &out).status.success());
+    let mine = tmp.path().join("mine");
+    std::fs::create_dir_all(&mine).expect("mkdir");
+    std::fs::write(mine.join("notes.txt"), "keep").expect("w");
+    let refused = export(&[], &mine);
+    assert_eq!(refused.status.code(), Some(2));
+    assert_eq!(
+        std::fs::read_to_string(mine.join("notes.txt")).expect("r"),
+        "keep"
+    );
+    assert!(!mine.join("launch.sh").exists());
 }

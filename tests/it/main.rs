@@ -5,6 +5,7 @@ mod cli;
 mod cuda;
 mod eval;
 mod fused;
+mod hostile;
 mod kernels;
 mod layout;
 mod manifest;

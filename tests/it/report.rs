@@ -320,7 +320,8 @@ fn splice_fills_its_blocks_and_leaves_other_generators_blocks_alone() {
     std::fs::write(tmp.path().join("table1.md"), "| new |\n").expect("w");
     let doc = "a\n<!-- begin: table1.md -->\nold\n<!-- end: table1.md -->\nb\n\
                <!-- begin: gpu-results.md -->\nkept\n<!-- end: gpu-results.md -->\nc\n";
-    let (text, filled) = acpo::report::splice(doc, tmp.path()).expect("splice");
+    let (text, filled) =
+        acpo::report::splice(Path::new("DOC.md"), doc, tmp.path()).expect("splice");
     assert_eq!(filled, 1);
     assert_eq!(
         text,
@@ -329,11 +330,39 @@ fn splice_fills_its_blocks_and_leaves_other_generators_blocks_alone() {
     );
     // A document none of whose blocks the directory can fill: a wrong root or a misspelt name.
     let err = acpo::report::splice(
+        Path::new("DOC.md"),
         "<!-- begin: tabel1.md -->\n<!-- end: tabel1.md -->\n",
         tmp.path(),
     )
     .expect_err("nothing to fill");
-    assert!(err.to_string().contains("tabel1.md"), "{err}");
+    assert!(
+        err.to_string().contains("tabel1.md") && err.to_string().starts_with("DOC.md"),
+        "{err}"
+    );
+    // Issue #35: a block's name is a file inside the reports folder, never a path out of it
+    // (an absolute path, `..`, or a link leading out), and the error names the document.
+    let outside = tmp.path().join("outside.md");
+    std::fs::write(&outside, "secret\n").expect("w");
+    let reports = tmp.path().join("reports");
+    std::fs::create_dir_all(&reports).expect("mkdir");
+    std::fs::write(reports.join("table1.md"), "| new |\n").expect("w");
+    std::os::unix::fs::symlink(&outside, reports.join("link.md")).expect("link");
+    for name in [
+        outside.to_str().expect("utf8").to_string(),
+        "../outside.md".into(),
+        "link.md".into(),
+    ] {
+        let doc = format!(
+            "<!-- begin: table1.md -->\n<!-- end: table1.md -->\n<!-- begin: {name} -->\nx\n<!-- end: {name} -->\n"
+        );
+        let err = acpo::report::splice(Path::new("DOC.md"), &doc, &reports)
+            .expect_err("a block out of the reports")
+            .to_string();
+        assert!(
+            err.starts_with("DOC.md") && err.contains("not a file inside the reports folder"),
+            "{name}: {err}"
+        );
+    }
 }
 
 #[test]

@@ -53,6 +53,64 @@ fn bad_specs_are_refused_naming_the_field() {
         let msg = refusal(grid, seeds);
         assert!(msg.contains(field), "{grid}: {msg}");
     }
+    // Issue #35: a text value is one YAML scalar, so it cannot add a field (here `alpha: 9`
+    // under `algorithm`); the manifest refuses it as the value of its own field.
+    let msg = refusal(
+        "  algorithm.policy_loss: [\"cispo\\nalgorithm:\\n  alpha: 9\"]\n",
+        1,
+    );
+    assert!(msg.contains("`grid.algorithm.policy_loss`"), "{msg}");
+    // Planning is bounded: a million grid points are refused before any is made.
+    let thousand = (0..1000)
+        .map(|i| i.to_string())
+        .collect::<Vec<_>>()
+        .join(", ");
+    let started = std::time::Instant::now();
+    let msg = refusal(
+        &format!("  algorithm.alpha: [{thousand}]\n  actor.epochs: [{thousand}]\n"),
+        1,
+    );
+    assert!(msg.contains("`grid`") && msg.contains("4096 runs"), "{msg}");
+    assert!(started.elapsed() < std::time::Duration::from_secs(20));
+    // A seed at the top of its range cannot be followed by more seeds: refused, not wrapped.
+    let (ws, spec) = workspace("  algorithm.alpha: [1]\n", 2);
+    let base = ws.path().join("smoke-grpo-ac.yaml");
+    let text = std::fs::read_to_string(&base).expect("base");
+    let top = text
+        .lines()
+        .map(|l| {
+            if l.starts_with("seed:") {
+                format!("seed: {}", u64::MAX)
+            } else {
+                l.to_string()
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("\n");
+    std::fs::write(&base, top + "\n").expect("w");
+    let err = Spec::load(&spec)
+        .and_then(|s| plan(&s, &spec).map(|_| ()))
+        .expect_err("wraps")
+        .to_string();
+    assert!(
+        err.contains("`seed`") && err.contains("largest seed"),
+        "{err}"
+    );
+    drop(ws);
+    // A grid point's manifest error names a file that is there (the base), not the point's.
+    let (ws, spec) = workspace("  algorithm.alpha: [1]\n", 1);
+    let base = ws.path().join("smoke-grpo-ac.yaml");
+    let text = std::fs::read_to_string(&base).expect("base");
+    std::fs::write(&base, text.replace("  n: 4", "  n: 0")).expect("w");
+    let err = Spec::load(&spec)
+        .and_then(|s| plan(&s, &spec).map(|_| ()))
+        .expect_err("bad base")
+        .to_string();
+    assert!(
+        err.contains(&base.display().to_string()) && !err.contains("t-p0"),
+        "{err}"
+    );
+    drop(ws);
     // An unknown spec field is a parse error that names it.
     let (ws, spec) = workspace("  algorithm.alpha: [1]\n", 1);
     let text = std::fs::read_to_string(&spec).expect("spec") + "repeats: 3\n";
@@ -400,6 +458,71 @@ fn sweeps_share_their_baseline_compare_and_rebuild_from_an_archive() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         stderr.contains("2 of the sweeps' runs are not there") && stderr.contains("t-cispo-p"),
+        "{stderr}"
+    );
+
+    // Issue #35: runs are matched by the manifests they hold, not by their directories' names:
+    // two directories swapped inside an archive rebuild the same reports.
+    let unpacked = ws.join("unpacked");
+    std::fs::create_dir_all(&unpacked).expect("mkdir");
+    acpo::archive::unpack(&archive, &unpacked).expect("unpack");
+    let t_runs: Vec<PathBuf> = {
+        let mut v: Vec<PathBuf> = std::fs::read_dir(&unpacked)
+            .expect("ls")
+            .map(|e| e.expect("e").path())
+            .filter(|p| {
+                p.file_name()
+                    .is_some_and(|n| n.to_string_lossy().starts_with("t-p"))
+            })
+            .collect();
+        v.sort();
+        v
+    };
+    let (a, b) = (&t_runs[0], &t_runs[1]);
+    let tmp = unpacked.join("swap");
+    std::fs::rename(a, &tmp).expect("mv");
+    std::fs::rename(b, a).expect("mv");
+    std::fs::rename(&tmp, b).expect("mv");
+    let runs: Vec<PathBuf> = std::fs::read_dir(&unpacked)
+        .expect("ls")
+        .map(|e| e.expect("e").path())
+        .filter(|p| p.is_dir())
+        .collect();
+    let swapped = ws.join("swapped.tar.gz");
+    acpo::archive::archive(&runs, &swapped, contents).expect("archive");
+    let out = sweep_from(&swapped, "r4");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        std::fs::read_to_string(ws.join("r4/from-swapped/sweeps/t/sweep.md")).expect("rebuilt"),
+        std::fs::read_to_string(reports.join("t/sweep.md")).expect("trained"),
+        "the swapped runs are reported under their own grid points"
+    );
+    // An accuracy that is not a fraction (resealed, so the checksums pass) is refused, naming
+    // the file.
+    let eval = a.join("eval.jsonl");
+    let text = std::fs::read_to_string(&eval).expect("eval");
+    let first: serde_json::Value =
+        serde_json::from_str(text.lines().next().expect("a line")).expect("json");
+    let accuracy = first["weighted_accuracy"].to_string();
+    let text = text.replacen(
+        &format!("\"weighted_accuracy\":{accuracy}"),
+        "\"weighted_accuracy\":1e308",
+        1,
+    );
+    assert!(text.contains("1e308"));
+    std::fs::write(&eval, text).expect("w");
+    acpo::archive::write_sums(a).expect("reseal");
+    let corrupt = ws.join("corrupt.tar.gz");
+    acpo::archive::archive(&runs, &corrupt, contents).expect("archive");
+    let out = sweep_from(&corrupt, "r5");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("eval.jsonl") && stderr.contains("not a fraction in [0, 1]"),
         "{stderr}"
     );
 }

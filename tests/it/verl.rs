@@ -245,23 +245,30 @@ fn export_verl_writes_an_executable_launch_and_refuses_bad_manifests() {
 fn write_verl_logs(dir: &Path, k: usize, accuracy_shift: usize) -> (PathBuf, PathBuf) {
     use std::fmt::Write as _;
     let metrics = dir.join("metrics.jsonl");
+    // As verl 0.9.1's file logger writes them (orjson): the initial validation alone at step 0
+    // (val_before_train), then one line per step with the validation metrics at test steps, a
+    // NaN written as null.
     let mut text = String::new();
+    let val = serde_json::json!({"step": 0, "data": {"val-core/math500/acc/mean@4": 0.5}});
+    writeln!(text, "{val}").expect("w");
     for step in 1..=20u32 {
-        let line = serde_json::json!({
+        let mut line = serde_json::json!({
             "step": step,
             "data": {
                 "actor/pg_loss": -0.01 * f64::from(step),
                 "actor/entropy": 0.5 - 0.01 * f64::from(step),
                 "actor/pg_clipfrac": 0.001,
-                "actor/grad_norm": 0.3,
+                "actor/grad_norm": if step == 7 { serde_json::Value::Null } else { 0.3.into() },
                 "critic/score/mean": 0.4 + 0.01 * f64::from(step),
                 "response_length/mean": 900.0,
                 "timing_s/step": 61.5,
                 "training/epoch": 0,
-                "val-core/math500/acc/mean@4": 0.5,
                 "some/text": "not a number",
             }
         });
+        if step % 10 == 0 {
+            line["data"]["val-core/math500/acc/mean@4"] = 0.5.into();
+        }
         writeln!(text, "{line}").expect("w");
     }
     std::fs::write(&metrics, text).expect("metrics");
@@ -415,9 +422,19 @@ fn verl_logs_import_into_a_run_that_report_turns_into_table1_and_curves() {
             out.to_str().expect("u"),
         ])
     };
+    // Importing again over a run it made replaces it; over anything else it writes nothing.
     let again = import_into(&results.join("paper/qwen3-1.7b-grpo-verl"));
-    assert_eq!(again.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&again.stderr).contains("holds a run already"));
+    assert!(
+        again.status.success(),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    assert!(acpo::run::RunDir::at(results.join("paper/qwen3-1.7b-grpo-verl")).is_sealed());
+    let not_a_run = import_into(&results.join("paper"));
+    assert_eq!(not_a_run.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&not_a_run.stderr).contains("is not a run `acpo import verl` made")
+    );
     let dump = logs.join("validation/0.jsonl");
     let text =
         std::fs::read_to_string(&dump)
@@ -702,4 +719,127 @@ fn the_verl_plugins_python_tests_pass() {
             format_args!("{}", line.trim()),
         );
     }
+}
+
+/// Issue #35, items 3, 4 and 8: verl's logs in every shape it writes them (orjson's null for NaN,
+/// Python json's bare NaN, the initial validation at step 0) import, the non-finite values
+/// listed in the provenance, never as numbers; `--out` is written only when it is new or a run
+/// an earlier import made, so a directory of other files, a run's files without its manifest
+/// and `/` are left as they were; a pipe in the validation directory is refused, not waited on;
+/// a failed import leaves nothing, and a retry succeeds; a write failure says so.
+#[test]
+fn verl_import_reads_every_shape_of_verls_logs_and_writes_only_what_it_owns() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let manifest =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments/paper/qwen3-1.7b-grpo.yaml");
+    let exp = Experiment::load(&manifest).expect("manifest");
+    let logs = tmp.path().join("logs");
+    std::fs::create_dir_all(&logs).expect("mkdir");
+    let (metrics, validation) = write_verl_logs(&logs, exp.eval.sampling.n, 0);
+    // Python's json writes a NaN bare: read as null, like orjson's
+    let text = std::fs::read_to_string(&metrics).expect("m");
+    let text = text.replacen(
+        "\"actor/pg_clipfrac\":0.001",
+        "\"actor/pg_clipfrac\":NaN",
+        1,
+    );
+    assert!(text.contains("NaN"));
+    std::fs::write(&metrics, text).expect("w");
+    let import_into = |out: &Path| {
+        acpo(&[
+            "import",
+            "verl",
+            "--manifest",
+            manifest.to_str().expect("u"),
+            "--metrics",
+            metrics.to_str().expect("u"),
+            "--validation-dir",
+            validation.to_str().expect("u"),
+            "--out",
+            out.to_str().expect("u"),
+        ])
+    };
+    let out = tmp.path().join("run");
+    let ok = import_into(&out);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(String::from_utf8_lossy(&ok.stdout).contains("2 metric values verl logged as NaN"));
+    let prov: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(out.join("provenance.json")).expect("p")).expect("j");
+    assert_eq!(
+        prov["non_finite_metrics"]["actor/grad_norm"],
+        serde_json::json!([7])
+    );
+    assert_eq!(
+        prov["non_finite_metrics"]["actor/pg_clipfrac"],
+        serde_json::json!([1])
+    );
+    let lines = acpo::report::load_metrics(&out).expect("metrics");
+    assert!(
+        !lines[6].contains_key("actor/grad_norm") && !lines[0].contains_key("actor/pg_clipfrac")
+    );
+    assert_eq!(lines[1]["actor/pg_clipfrac"], 0.001);
+
+    // A directory of other files: refused, untouched.
+    let other = tmp.path().join("other");
+    std::fs::create_dir_all(other.join("sub")).expect("mkdir");
+    std::fs::write(other.join("sub/keep.txt"), "mine").expect("w");
+    let refused = import_into(&other);
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("is not a run `acpo import verl` made")
+    );
+    let names: Vec<_> = std::fs::read_dir(&other)
+        .expect("ls")
+        .map(|e| e.expect("e").file_name())
+        .collect();
+    assert_eq!(names, ["sub"], "nothing added beside the user's files");
+    // A run's files without its manifest: refused, not overwritten.
+    let half = tmp.path().join("half");
+    std::fs::create_dir_all(&half).expect("mkdir");
+    std::fs::write(half.join("metrics.jsonl"), "{}\n").expect("w");
+    assert_eq!(import_into(&half).status.code(), Some(2));
+    assert_eq!(
+        std::fs::read_to_string(half.join("metrics.jsonl")).expect("r"),
+        "{}\n"
+    );
+    // `/`: refused.
+    assert_eq!(import_into(Path::new("/")).status.code(), Some(2));
+
+    // A failed import leaves nothing; fixed, the retry succeeds.
+    let dump = validation.join("10.jsonl");
+    let good = std::fs::read_to_string(&dump).expect("dump");
+    std::fs::write(&dump, good.replacen("\"problem_id\"", "\"pid\"", 1)).expect("w");
+    let fresh = tmp.path().join("fresh");
+    let failed = import_into(&fresh);
+    assert_eq!(failed.status.code(), Some(2));
+    assert!(!fresh.exists() && !tmp.path().join(".fresh.import").exists());
+    std::fs::write(&dump, &good).expect("w");
+    assert!(import_into(&fresh).status.success());
+
+    // A pipe named like a dump: refused at once, never read.
+    let fifo = validation.join("7.jsonl");
+    let made = std::process::Command::new("mkfifo").arg(&fifo).status();
+    if made.is_ok_and(|s| s.success()) {
+        let started = std::time::Instant::now();
+        let piped = import_into(&tmp.path().join("piped"));
+        assert_eq!(piped.status.code(), Some(2));
+        assert!(String::from_utf8_lossy(&piped.stderr).contains("not a regular file"));
+        assert!(started.elapsed() < std::time::Duration::from_secs(30));
+        std::fs::remove_file(&fifo).expect("rm");
+    }
+
+    // A write that fails says it could not write (here: --out under a file).
+    let file = tmp.path().join("a-file");
+    std::fs::write(&file, "x").expect("w");
+    let unwritable = import_into(&file.join("run"));
+    assert_eq!(unwritable.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&unwritable.stderr).contains("cannot write"),
+        "{}",
+        String::from_utf8_lossy(&unwritable.stderr)
+    );
 }
