@@ -46,7 +46,7 @@ fn main() {
 
 /// Compiles every `kernels/*.cu` to PTX in OUT_DIR (the `cuda` feature; docs/CUDA.md): PTX for
 /// compute capability 9.0, which the driver of a Hopper GPU compiles at load. nvcc is `$NVCC`,
-/// else `$CUDA_ROOT/bin/nvcc`, else the one on PATH (`tools/cuda-toolkit.sh` sets these up).
+/// else `$CUDA_ROOT/bin/nvcc`, else the one on PATH (`tools/gpu/cuda-toolkit.sh` sets these up).
 fn compile_kernels() {
     let out = std::path::PathBuf::from(std::env::var("OUT_DIR").expect("cargo sets OUT_DIR"));
     let nvcc = std::env::var_os("NVCC")
@@ -80,7 +80,7 @@ fn compile_kernels() {
             .status()
             .unwrap_or_else(|e| {
                 panic!(
-                    "cannot run {} to compile {}: {e} (eval \"$(tools/cuda-toolkit.sh)\" first, docs/CUDA.md)",
+                    "cannot run {} to compile {}: {e} (eval \"$(tools/gpu/cuda-toolkit.sh)\" first, docs/CUDA.md)",
                     nvcc.display(),
                     src.display()
                 )

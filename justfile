@@ -74,7 +74,7 @@ from-archive archive="results/mini.tar.gz":
 # target/release/acpo with the kernels of kernels/ (docs/CUDA.md).
 [group('cuda')]
 build-cuda:
-    eval "$(tools/cuda-toolkit.sh)" && cargo build --release --features cuda
+    eval "$(tools/gpu/cuda-toolkit.sh)" && cargo build --release --features cuda
 
 # The CUDA binary stripped and xz-compressed for a GPU machine: target/acpo-cuda.xz.
 [group('cuda')]
@@ -86,20 +86,20 @@ pack-cuda: build-cuda
 # The test suite with the cuda feature: the GPU tests run where a GPU is, and skip elsewhere.
 [group('cuda')]
 test-cuda:
-    eval "$(tools/cuda-toolkit.sh)" && cargo test --features cuda
+    eval "$(tools/gpu/cuda-toolkit.sh)" && cargo test --features cuda
 
 # What CI checks of the CUDA path: every kernels/*.cu compiles to PTX and the feature type-checks.
 [group('cuda')]
 check-cuda:
-    eval "$(tools/cuda-toolkit.sh)" && cargo check --features cuda --all-targets
+    eval "$(tools/gpu/cuda-toolkit.sh)" && cargo check --features cuda --all-targets
 
 # The CUDA binary and the CUDA test binary, stripped and compressed into target/gpu/ with the
-# commit and build path, for `tools/gpu_suite.sh` on a GPU machine (docs/CUDA.md).
+# commit and build path, for `tools/gpu/suite.sh` on a GPU machine (docs/CUDA.md).
 [group('cuda')]
 pack-gpu-suite: build-cuda
     mkdir -p target/gpu
     strip -o target/gpu/acpo-cuda "${CARGO_TARGET_DIR:-target}/release/acpo" && xz -9 -f target/gpu/acpo-cuda
-    eval "$(tools/cuda-toolkit.sh)" && cargo test --features cuda --no-run --message-format=json \
+    eval "$(tools/gpu/cuda-toolkit.sh)" && cargo test --features cuda --no-run --message-format=json \
       | python3 -c 'import json,sys; [print(m["executable"]) for m in map(json.loads, sys.stdin) if m.get("executable") and m["target"]["name"] == "it"]' \
       | head -1 | xargs -I{} strip -o target/gpu/it-cuda {}
     xz -9 -f target/gpu/it-cuda
@@ -109,15 +109,29 @@ pack-gpu-suite: build-cuda
     if [ -n "${ACPO_DATA_DIR:-}" ]; then mkdir -p target/gpu/data && cp "$ACPO_DATA_DIR"/*.jsonl target/gpu/data/; fi
 
 # Every GPU check and benchmark on this machine's GPU (after `just pack-gpu-suite`), raw results
-# in results/gpu/<device>-<date>/ (tools/gpu_suite.sh; a section runs alone with SECTION=...).
+# in results/gpu/<device>-<date>/ (tools/gpu/suite.sh; a section runs alone with SECTION=...).
 [group('cuda')]
 gpu-suite SECTION="all":
-    SUITE_SECONDS=100000 bash tools/gpu_suite.sh {{SECTION}}
+    SUITE_SECONDS=100000 bash tools/gpu/suite.sh {{SECTION}}
 
-# The GPU blocks of docs/CUDA.md and REPRODUCE.md from one run of the GPU suite.
+# The GPU blocks of docs/CUDA.md and REPRODUCE.md from one run of the GPU suite: its report
+# files (gpu-results.md, gpu-targets.md), then the docs' blocks filled from them.
 [group('cuda')]
 gpu-report DIR:
-    python3 tools/gpu_report.py {{DIR}} --doc docs/CUDA.md --doc REPRODUCE.md
+    python3 tools/gpu/report.py {{DIR}}
+    cargo run --release -- doc docs/CUDA.md REPRODUCE.md --from {{DIR}}
+
+# Fill the generated blocks of documents from a folder of reports (`acpo doc`; --check: exit 1
+# when a block is stale).
+[group('reproduce')]
+doc from *docs:
+    cargo run --release -- doc {{docs}} --from {{from}}
+
+# Two result directories of the same runs compared (eval, metrics less timings, tails): what a
+# change that must not move a number is checked with (tools/checks/compare_runs.py).
+[group('dev')]
+compare-runs base new scale="mini":
+    python3 tools/checks/compare_runs.py {{base}} {{new}} {{scale}}
 
 # The acpo_verl plug-in's tests with torch and verl 0.9.1 from PyPI in a venv
 # (~/.cache/acpo/verl-venv; several GB: torch, verl and its dependencies), against the fixtures

@@ -1,4 +1,4 @@
-//! Atomic file writes (DESIGN.md: every file a run writes is complete or absent): write a
+//! Atomic file writes (docs/ARCHITECTURE.md: every file a run writes is complete or absent): write a
 //! temporary file beside the target, then rename it over the target ([`commit`], the one commit
 //! point of every file the harness writes).
 

@@ -21,5 +21,10 @@ pub fn sha256_file(path: &Path) -> std::io::Result<String> {
         }
         h.update(&buf[..n]);
     }
-    Ok(crate::manifest::hex(&h.finalize()))
+    Ok(crate::checksum::hex(&h.finalize()))
+}
+
+/// Bytes as lowercase hexadecimal (a digest's usual form).
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

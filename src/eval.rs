@@ -14,8 +14,9 @@ use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
 
+use crate::data::DataSuite;
 use crate::data::{self, DataLocation, Problem};
-use crate::manifest::{DataSuite, Experiment};
+use crate::manifest::Experiment;
 use crate::model::load::eos_ids;
 use crate::model::qwen::Qwen;
 use crate::model::tokenizer::{Message, Tokenizer};
@@ -236,7 +237,7 @@ pub fn evaluate(
 /// (`samples.jsonl`) and the summary (`summary.json`) into `out`.
 pub fn evaluate_into(
     exp: &Experiment,
-    model: Option<crate::manifest::ModelSource>,
+    model: Option<crate::hub::ModelSource>,
     hub: &crate::hub::HubOptions,
     data: &DataLocation,
     step: usize,
@@ -295,7 +296,7 @@ const EVAL_STREAM: u64 = 0xE7A1_0000_0000_0000;
 /// Token ids of a problem under a prompt template, optionally in the chat template.
 pub fn encode_prompt(
     tokenizer: &Tokenizer,
-    template: crate::manifest::PromptTemplate,
+    template: crate::data::PromptTemplate,
     chat: bool,
     problem: &str,
 ) -> crate::model::Result<Vec<u32>> {

@@ -4,7 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::hub::HubOptions;
-use crate::manifest::{self, ModelSource};
+use crate::hub::ModelSource;
 use crate::model::load::{self, LoadedModel};
 use crate::model::qwen::Qwen;
 use crate::model::tokenizer::Message;
@@ -71,10 +71,10 @@ pub struct GenerateOptions {
     /// Wrap each prompt in the model's chat template.
     #[arg(long)]
     pub chat: bool,
-    #[arg(long, value_enum, default_value_t = manifest::Device::Cpu)]
-    pub device: manifest::Device,
-    #[arg(long, value_enum, default_value_t = manifest::DType::F32)]
-    pub dtype: manifest::DType,
+    #[arg(long, value_enum, default_value_t = crate::model::spec::Device::Cpu)]
+    pub device: crate::model::spec::Device,
+    #[arg(long, value_enum, default_value_t = crate::model::spec::DType::F32)]
+    pub dtype: crate::model::spec::DType,
 }
 
 /// One completion.

@@ -8,9 +8,9 @@
 
 use std::path::{Path, PathBuf};
 
-use hf_hub::{Cache, Repo, RepoType};
+use serde::Serialize;
 
-use crate::manifest::ModelSource;
+use hf_hub::{Cache, Repo, RepoType};
 
 /// Why a hub repository (or a local model directory standing in for one) cannot be used.
 #[derive(Debug, thiserror::Error)]
@@ -38,6 +38,27 @@ const REQUIRED: [&str; 2] = ["config.json", "tokenizer.json"];
 const OPTIONAL: [&str; 2] = ["tokenizer_config.json", "generation_config.json"];
 const INDEX: &str = "model.safetensors.index.json";
 const SINGLE: &str = "model.safetensors";
+
+/// Where a model's files are: a hub revision (through the cache) or a local directory.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub enum ModelSource {
+    Hub { repo: String, revision: String },
+    Dir(PathBuf),
+}
+
+impl ModelSource {
+    /// The model's name: the hub repo's (`Qwen/Qwen3-1.7B` → `Qwen3-1.7B`), or the model
+    /// directory's.
+    pub fn label(&self) -> String {
+        match self {
+            ModelSource::Hub { repo, .. } => repo.rsplit('/').next().unwrap_or(repo).to_string(),
+            ModelSource::Dir(d) => d.file_name().map_or_else(
+                || d.display().to_string(),
+                |n| n.to_string_lossy().to_string(),
+            ),
+        }
+    }
+}
 
 #[derive(Debug, Clone)]
 pub struct HubOptions {

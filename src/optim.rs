@@ -14,8 +14,27 @@ use std::path::Path;
 
 use candle_core::{DType, Tensor, Var};
 
-use crate::manifest::OptimSpec;
 use crate::model::{ModelError, Params, Result};
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LrSchedule {
+    /// Constant after an optional linear warmup (the paper's setting).
+    Constant,
+}
+
+/// The optimizer of a model, as a manifest sets it (`actor.optim`, `critic.optim`).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct OptimSpec {
+    pub lr: f64,
+    pub lr_schedule: LrSchedule,
+    pub warmup_steps: usize,
+    pub grad_clip: f64,
+    pub weight_decay: f64,
+    pub betas: [f64; 2],
+    pub eps: f64,
+}
 
 /// Gradients by parameter name, in f32. A missing entry is a zero gradient.
 #[derive(Debug, Clone, Default)]

@@ -14,7 +14,8 @@ use std::time::Instant;
 use crate::archive::{self, ArchiveError};
 use crate::data::DataLocation;
 use crate::hub::HubOptions;
-use crate::manifest::{Device, Experiment, ManifestError};
+use crate::manifest::{Experiment, ManifestError};
+use crate::model::spec::Device;
 use crate::run::RunDir;
 use crate::train::{self, TrainError, TrainOptions, Trainer};
 
@@ -346,7 +347,7 @@ pub fn from_archive(from: &Path, results: &Path) -> Result<FromArchive> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::manifest::ModelSource;
+    use crate::hub::ModelSource;
 
     /// The four smoke runs: they share one created model.
     fn smoke() -> Vec<Experiment> {

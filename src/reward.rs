@@ -1,13 +1,23 @@
-//! The reward (paper Section 5, DESIGN.md: the verifier is the only judge): a response's tokens
+//! The reward (paper Section 5, docs/ARCHITECTURE.md: the verifier is the only judge): a response's tokens
 //! are decoded, judged by [`crate::verify::verify`] against the gold answer, and scored 1 / 0
 //! (`binary`, Math-Verify's score) or ±1 (`signed`, verl's DAPO scorer). Training rollouts, the
 //! difficulty probe, the evaluator and `acpo score` all judge through this module.
 
+use serde::{Deserialize, Serialize};
 use std::path::{Path, PathBuf};
 
-use crate::manifest::RewardKind;
 use crate::model::tokenizer::Tokenizer;
 use crate::verify::{self, Verdict};
+
+/// The reward for a verified answer. The paper does not say which scale it used.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum RewardKind {
+    /// 1 correct, 0 otherwise (Math-Verify's score).
+    Binary,
+    /// +1 correct, −1 otherwise (verl's DAPO scorer).
+    Signed,
+}
 
 /// A decoded response and its verdict.
 #[derive(Debug, Clone)]

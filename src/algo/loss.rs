@@ -9,7 +9,7 @@
 use candle_core::{DType, Result, Tensor, D};
 
 use super::check_same_shape;
-use crate::manifest::{AlgorithmKind, LossAggMode, PolicyClip};
+use crate::algo::method::{AlgorithmKind, LossAggMode, PolicyClip};
 
 /// How per-token losses of one micro-batch are reduced so that summing the results over the
 /// micro-batches of a mini-batch gives the mini-batch loss (gradient accumulation is a sum).

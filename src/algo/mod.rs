@@ -1,10 +1,12 @@
-//! The objectives' math: the one place it lives (DESIGN.md). The trainer, and any CUDA kernel,
+//! The objectives' math: the one place it lives (docs/ARCHITECTURE.md). The trainer, and any CUDA kernel,
 //! call these functions or are tested against them.
 //!
 //! All tensors are `(B, T)` over response tokens — B responses, T = the padded response length —
 //! with a `response_mask` of 1.0 on valid tokens and 0.0 on padding. Padding never changes any
 //! output: masked entries are ignored on input and written as 0 on output.
 //!
+//! - [`method`]: the paper's vocabulary of objectives — the four methods, what each clips, how
+//!   losses aggregate, how advantages are estimated — which manifests parse into.
 //! - [`advantage`]: GAE with batch whitening (PPO types) and group-normalised advantages (GRPO
 //!   types), paper Section 2.
 //! - [`loss`]: the policy loss with its clip rules as named functions — PPO's ratio clip
@@ -35,6 +37,7 @@
 
 pub mod advantage;
 pub mod loss;
+pub mod method;
 pub mod prop1;
 pub mod token;
 

@@ -4,7 +4,8 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
-use acpo::manifest::{Device, Scale};
+use acpo::manifest::Scale;
+use acpo::model::spec::Device;
 use acpo::perf::BenchKind;
 use acpo::report::Artifact;
 
@@ -40,6 +41,12 @@ pub enum Command {
     /// reproduce), then writes sweep.md (per grid point the paired difference to the baseline
     /// with its 95 % interval) and sweep.{png,svg}. A bad spec exits 2 naming its field.
     Sweep(SweepArgs),
+    /// Fill Markdown documents' generated blocks from a folder of generated files.
+    ///
+    /// Each `<!-- begin: NAME -->` … `<!-- end: NAME -->` block whose file NAME the folder has
+    /// gets that file's text; blocks another folder fills are left alone. With --check nothing
+    /// is written, and the exit code is 1 when a block is out of date.
+    Doc(DocArgs),
     /// Pack run directories into a compressed archive with a SHA256SUMS manifest.
     Archive(ArchiveArgs),
     /// Check an archive or results directory against its SHA256SUMS (exit 1 on any mismatch).
@@ -215,7 +222,7 @@ pub struct PipelineArgs {
     pub config: Option<PathBuf>,
     /// Run on this device instead of each manifest's.
     #[arg(long, value_enum)]
-    pub device: Option<acpo::manifest::Device>,
+    pub device: Option<acpo::model::spec::Device>,
     /// Sequences per micro-batch (memory only) [default: the manifest's, made to divide the
     /// divided mini-batch].
     #[arg(long)]
@@ -257,6 +264,19 @@ pub struct ReportArgs {
     /// with the generated files (table1.md, speedup.md, ...).
     #[arg(long)]
     pub doc: Option<PathBuf>,
+}
+
+#[derive(Debug, Args)]
+pub struct DocArgs {
+    /// The Markdown documents to fill.
+    #[arg(required = true)]
+    pub docs: Vec<PathBuf>,
+    /// The folder of generated files the blocks name (e.g. results/gpu/<run>/).
+    #[arg(long)]
+    pub from: PathBuf,
+    /// Write nothing; exit 1 when a block differs from its file.
+    #[arg(long)]
+    pub check: bool,
 }
 
 #[derive(Debug, Args)]
@@ -372,7 +392,7 @@ pub struct BenchArgs {
     pub device: Device,
     /// Dtype of the speed benchmarks (bf16: fp32 masters, bf16 arithmetic).
     #[arg(long, value_enum, default_value = "f32")]
-    pub dtype: acpo::manifest::DType,
+    pub dtype: acpo::model::spec::DType,
     /// An HF config.json to measure, on seeded random weights, instead of the built-in sizes.
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -488,6 +508,6 @@ pub enum ModelCommand {
         #[arg(long, value_enum, default_value = "cpu")]
         device: Device,
         #[arg(long, value_enum, default_value = "f32")]
-        dtype: acpo::manifest::DType,
+        dtype: acpo::model::spec::DType,
     },
 }

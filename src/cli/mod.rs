@@ -35,8 +35,7 @@ fn print_written(files: &[PathBuf]) {
 pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
     match cli.command {
         Command::Check(args) => {
-            let report = acpo::manifest::check_all(&args.paths, &acpo::model::check_manifest_model)
-                .context("cannot list manifests")?;
+            let report = acpo::manifest::check_all(&args.paths).context("cannot list manifests")?;
             report.valid.iter().for_each(|l| println!("ok  {l}"));
             report.errors.iter().for_each(|e| eprintln!("invalid  {e}"));
             match (report.files, report.errors.len()) {
@@ -47,6 +46,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             Ok(Outcome::Success)
         }
         Command::Train(args) => train(&args),
+        Command::Doc(args) => doc(&args),
         Command::Generate(args) => generate(&args),
         Command::Score(args) => {
             let scored = acpo::reward::score_file(&args.input)?;
@@ -145,7 +145,7 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
             bpe_tokenizer,
             tokenizer_from,
         }) => {
-            use acpo::manifest::{InitTokenizer, TokenizerFiles, TokenizerKind};
+            use acpo::model::init::{InitTokenizer, TokenizerFiles, TokenizerKind};
             let kind = match (char_tokenizer, bpe_tokenizer, tokenizer_from) {
                 (true, _, _) => Some(InitTokenizer::Kind(TokenizerKind::Char)),
                 (_, true, _) => Some(InitTokenizer::Kind(TokenizerKind::Bpe)),
@@ -281,7 +281,7 @@ fn eval(args: &EvalArgs) -> anyhow::Result<Outcome> {
         false => data_dir(&args.data_dir),
     };
     let progress = |b: &str, done, total| eprint!("\r{b}: {done}/{total} samples   ");
-    let model = args.model.clone().map(acpo::manifest::ModelSource::Dir);
+    let model = args.model.clone().map(acpo::hub::ModelSource::Dir);
     let summary =
         acpo::eval::evaluate_into(&exp, model, &hub, &data, args.step, &args.out, progress)?;
     eprintln!();
@@ -399,13 +399,39 @@ fn unpack(from: &Path, results: &Path) -> anyhow::Result<Option<PathBuf>> {
 /// `--doc FILE`: the generated files quoted into FILE's marked blocks.
 fn fill_doc(doc: Option<&Path>, root: &Path) -> anyhow::Result<Outcome> {
     if let Some(doc) = doc {
-        let text = std::fs::read_to_string(doc)
-            .with_context(|| format!("cannot read {}", doc.display()))?;
-        let (text, blocks) = acpo::report::splice(doc, &text, root)?;
-        write_atomic(doc, text.as_bytes())?;
-        println!("filled {blocks} generated blocks of {}", doc.display());
+        for f in acpo::report::doc::fill(&[doc.to_owned()], root, false)? {
+            println!(
+                "filled {} generated blocks of {}",
+                f.blocks,
+                f.doc.display()
+            );
+        }
     }
     Ok(Outcome::Success)
+}
+
+/// `acpo doc`: documents filled from a folder, or (`--check`) told whether they are current.
+fn doc(args: &args::DocArgs) -> anyhow::Result<Outcome> {
+    let filled = acpo::report::doc::fill(&args.docs, &args.from, args.check)?;
+    let mut stale = Vec::new();
+    for f in &filled {
+        match (args.check, f.changed) {
+            (true, true) => stale.push(f.doc.display().to_string()),
+            (true, false) => println!("{}: {} generated blocks current", f.doc.display(), f.blocks),
+            (false, _) => println!(
+                "filled {} generated blocks of {}",
+                f.blocks,
+                f.doc.display()
+            ),
+        }
+    }
+    if !stale.is_empty() {
+        eprintln!(
+            "generated blocks out of date (rerun without --check): {}",
+            stale.join(", ")
+        );
+    }
+    Ok(Outcome::of(stale.is_empty()))
 }
 
 /// The speed benchmarks' options from the command line; the train-step shape keeps the

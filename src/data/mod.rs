@@ -12,14 +12,16 @@ pub mod dapo;
 pub mod math500;
 pub mod minerva;
 pub mod olympiad;
+mod suite;
 pub mod synthetic;
+
+pub use suite::{Benchmark, DataSpec, DataSuite, PromptTemplate};
 
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
 use crate::hub::HubOptions;
-use crate::manifest::{Benchmark, PromptTemplate};
 
 /// One problem with its gold answer.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]

@@ -26,7 +26,7 @@
 use std::collections::HashSet;
 
 use super::Problem;
-use crate::manifest::{Benchmark, PromptTemplate};
+use crate::data::{Benchmark, PromptTemplate};
 use crate::rng::SplitMix64;
 
 /// Version of the generator; bump whenever any problem, solution or split changes.

@@ -4,13 +4,45 @@
 //! ~ N(0, initializer_range²) (default 0.02), biases 0, RMSNorm weights 1.
 
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor, Var};
 
 use super::{write_atomic, ModelError, Params, QwenConfig, Result};
-use crate::manifest::{InitTokenizer, TokenizerFiles, TokenizerKind};
 use crate::rng::SplitMix64;
+use serde::{Deserialize, Serialize};
+
+/// The tokenizer written with a created model: one the project makes (`char`, `bpe`), or a real
+/// model's files (`{dir: …}` or `{repo: …, revision: …}`: its `tokenizer.json` and
+/// `tokenizer_config.json`, chat template included; issue #34's paper-shape runs on random
+/// weights use the real Qwen tokenizer). Written back as read, so the manifests of `char` and
+/// `bpe` keep their fingerprints.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum InitTokenizer {
+    Kind(TokenizerKind),
+    Files(TokenizerFiles),
+}
+
+/// A tokenizer the project builds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum TokenizerKind {
+    /// One token per printable ASCII character (smoke: a random policy already writes digits).
+    Char,
+    /// Byte-level BPE trained on the synthetic task's corpus, digits split one per token.
+    Bpe,
+}
+
+/// Where a real tokenizer's files are.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum TokenizerFiles {
+    /// A directory holding `tokenizer.json` and `tokenizer_config.json`.
+    Dir { dir: PathBuf },
+    /// Those files of a hub model (from the cache, downloaded unless offline).
+    Hub { repo: String, revision: String },
+}
 
 fn normal(
     rng: &mut SplitMix64,
@@ -451,4 +483,25 @@ impl std::fmt::Display for Created {
             self.dir.display()
         )
     }
+}
+
+/// A seeded random model written by `acpo model init` when the model directory is missing,
+/// optionally with a tokenizer and a supervised warm start (smoke and mini scales).
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct ModelInitSpec {
+    pub config: PathBuf,
+    pub seed: u64,
+    pub tokenizer: Option<InitTokenizer>,
+    pub warm_start: Option<WarmStartSpec>,
+}
+
+/// Supervised fine-tune on worked solutions of the synthetic training set (issue #8): each
+/// model starts RL with partial accuracy, the regime where RL has signal.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct WarmStartSpec {
+    pub steps: usize,
+    pub batch_size: usize,
+    pub lr: f64,
+    pub warmup_steps: usize,
+    pub max_response_length: usize,
 }

@@ -7,8 +7,8 @@ use candle_core::Device;
 
 use super::tokenizer::Tokenizer;
 use super::{Params, Precision, QwenConfig, Result};
+use crate::hub::ModelSource;
 use crate::hub::{self, HubOptions};
-use crate::manifest::{self, ModelSource};
 
 /// A model's files, config, tokenizer and weights on their device.
 pub struct LoadedModel {
@@ -24,7 +24,7 @@ pub struct LoadedModel {
 pub fn load(
     source: &ModelSource,
     hub: &HubOptions,
-    device: manifest::Device,
+    device: crate::model::spec::Device,
     precision: Precision,
 ) -> Result<LoadedModel> {
     let dir = hub::resolve(source, hub)?;

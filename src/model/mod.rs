@@ -15,6 +15,7 @@ pub mod init;
 pub mod load;
 pub mod qwen;
 pub mod score;
+pub mod spec;
 pub mod tokenizer;
 
 use std::collections::BTreeMap;
@@ -325,7 +326,7 @@ pub struct Precision {
 
 impl Precision {
     /// fp32 masters, the manifest's dtype for the arithmetic.
-    pub fn training(dtype: crate::manifest::DType) -> Precision {
+    pub fn training(dtype: crate::model::spec::DType) -> Precision {
         Precision {
             master: DType::F32,
             compute: self::dtype(dtype),
@@ -333,7 +334,7 @@ impl Precision {
     }
 
     /// Weights and arithmetic in the manifest's dtype.
-    pub fn inference(dtype: crate::manifest::DType) -> Precision {
+    pub fn inference(dtype: crate::model::spec::DType) -> Precision {
         Precision {
             master: self::dtype(dtype),
             compute: self::dtype(dtype),
@@ -518,8 +519,8 @@ pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
 
 /// The device a manifest asks for. `cuda` needs a binary built with the `cuda` feature and a
 /// visible GPU; `auto` takes CUDA when both allow it, else the CPU.
-pub fn device(asked: crate::manifest::Device) -> Result<Device> {
-    use crate::manifest::Device as D;
+pub fn device(asked: crate::model::spec::Device) -> Result<Device> {
+    use crate::model::spec::Device as D;
     match asked {
         D::Cpu => Ok(Device::Cpu),
         D::Cuda if cfg!(feature = "cuda") => {
@@ -560,28 +561,11 @@ fn first_line(e: &candle_core::Error) -> String {
     e.to_string().lines().next().unwrap_or_default().to_string()
 }
 
-/// Checks the model config a manifest names on this machine (a model directory's config.json,
-/// or the config a missing one is created from): `acpo check` refuses sizes `train` would.
-pub fn check_manifest_model(exp: &crate::manifest::Experiment) -> std::result::Result<(), String> {
-    let (field, config) = match (&exp.model.source, &exp.model.init) {
-        (crate::manifest::ModelSource::Dir(dir), _) if dir.join("config.json").is_file() => {
-            ("model.dir", dir.join("config.json"))
-        }
-        (crate::manifest::ModelSource::Dir(_), Some(init)) => {
-            ("model.init.config", init.config.clone())
-        }
-        _ => return Ok(()),
-    };
-    QwenConfig::load(&config)
-        .map(|_| ())
-        .map_err(|e| format!("field `{field}`: {e}"))
-}
-
 /// The compute dtype of a manifest's `model.dtype`.
-pub fn dtype(dtype: crate::manifest::DType) -> DType {
+pub fn dtype(dtype: crate::model::spec::DType) -> DType {
     match dtype {
-        crate::manifest::DType::F32 => DType::F32,
-        crate::manifest::DType::Bf16 => DType::BF16,
-        crate::manifest::DType::F16 => DType::F16,
+        crate::model::spec::DType::F32 => DType::F32,
+        crate::model::spec::DType::Bf16 => DType::BF16,
+        crate::model::spec::DType::F16 => DType::F16,
     }
 }

@@ -1,7 +1,7 @@
 //! Teacher-forced scoring: the log-probability of each next token of given sequences and the
 //! policy's entropy at each position, from one forward pass, as HF transformers computes them
 //! (`acpo model logprobs`). The parity checks against transformers on any device run through
-//! it (`tools/gpu_parity.py`).
+//! it (`tools/gpu/parity.py`).
 
 use std::path::{Path, PathBuf};
 
@@ -9,7 +9,6 @@ use candle_core::Tensor;
 
 use super::qwen::Qwen;
 use super::{ModelError, Params, Precision, QwenConfig, Result};
-use crate::manifest;
 
 /// One sequence's scores: `log_probs[i]` = log p(ids[i + 1] | ids[..=i]), `entropy[i]` the
 /// entropy (nats) of the distribution at position i; both `ids.len() − 1` long.
@@ -74,8 +73,8 @@ pub enum ScoreError {
 pub fn score_file(
     dir: &Path,
     input: &Path,
-    device: manifest::Device,
-    dtype: manifest::DType,
+    device: crate::model::spec::Device,
+    dtype: crate::model::spec::DType,
 ) -> std::result::Result<String, ScoreError> {
     let text = std::fs::read_to_string(input).map_err(|source| ScoreError::Io {
         path: input.to_owned(),

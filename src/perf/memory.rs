@@ -12,6 +12,7 @@ use serde::Serialize;
 
 use crate::manifest::Experiment;
 use crate::model::QwenConfig;
+use crate::report::table::{Align::Left, Align::Right, Table};
 
 /// Bytes per parameter of a trained model with fp32 masters and AdamW: master (4), the compute
 /// copy the forward reads (2 in bf16, none in f32), the fp32 gradient (4), and the two fp32
@@ -155,8 +156,8 @@ fn model_memory(cfg: &QwenConfig, b: u64, t: u64, bf16: bool, critic: bool) -> M
 pub fn plan(manifests: &[Experiment], configs: &Path) -> crate::model::Result<Vec<RunMemory>> {
     let mut out = Vec::new();
     for exp in manifests {
-        let cfg = super::plan::model_config(exp, configs)?;
-        let bf16 = exp.model.dtype == crate::manifest::DType::Bf16;
+        let cfg = model_config(exp, configs)?;
+        let bf16 = exp.model.dtype == crate::model::spec::DType::Bf16;
         let t = (exp.data.max_prompt_length + exp.data.max_response_length) as u64;
         let b = exp.actor.micro_batch_size as u64;
         let policy = model_memory(&cfg, b, t, bf16, false);
@@ -194,31 +195,45 @@ pub const H100_USABLE_GIB: f64 = 78.0;
 
 /// The plan as a Markdown table.
 pub fn plan_markdown(rows: &[RunMemory]) -> String {
-    let mut s = String::from(
-        "| run | micro-batch × tokens | policy params | policy state | critic state | activations (all savings) | no checkpointing | no flash | total | fits one 80 GB H100 |\n|---|---|---:|---:|---:|---:|---:|---:|---:|---|\n",
-    );
+    let mut t = Table::new([
+        ("run", Left),
+        ("micro-batch × tokens", Left),
+        ("policy params", Right),
+        ("policy state", Right),
+        ("critic state", Right),
+        ("activations (all savings)", Right),
+        ("no checkpointing", Right),
+        ("no flash", Right),
+        ("total", Right),
+        ("fits one 80 GB H100", Left),
+    ]);
     for r in rows {
         let critic = r.critic.as_ref();
         let act = |f: fn(&ModelMemory) -> u64| gib(f(&r.policy).max(critic.map_or(0, f)));
         let fits = r.total as f64 / (1u64 << 30) as f64 <= H100_USABLE_GIB;
-        s.push_str(&format!(
-            "| {} | {} × {} | {:.2} B | {} | {} | {} | {} | {} | {} | {} |\n",
-            r.run,
-            r.micro_batch,
-            r.seq_len,
-            r.policy.parameters as f64 / 1e9,
+        t.row([
+            r.run.clone(),
+            format!("{} × {}", r.micro_batch, r.seq_len),
+            format!("{:.2} B", r.policy.parameters as f64 / 1e9),
             gib(r.policy.state),
             critic.map_or_else(|| "—".into(), |c| gib(c.state)),
             act(|m| m.activations),
             act(|m| m.activations_no_checkpointing),
             act(|m| m.activations_no_flash),
             gib(r.total),
-            if fits { "yes" } else { "no: verl (FSDP)" },
-        ));
+            if fits { "yes" } else { "no: verl (FSDP)" }.into(),
+        ]);
     }
+    let mut s = t.to_string();
     s.push_str(&format!(
         "\nGiB = 2^30 bytes. State = {} bytes per parameter (fp32 master, bf16 compute copy, fp32 gradient, two fp32 AdamW moments). Activations are estimates for one micro-batch (`perf::memory`); the larger of the actor's and the critic's, which never run together. An H100 offers about {H100_USABLE_GIB} GiB to a process.\n",
         state_bytes_per_param(true)
     ));
     s
+}
+
+/// The model config of a manifest, from `configs` by its model's name (`qwen3-1.7b.json`).
+pub fn model_config(exp: &Experiment, configs: &Path) -> crate::model::Result<QwenConfig> {
+    let file = exp.model.source.label().to_lowercase();
+    QwenConfig::load(&configs.join(format!("{file}.json")))
 }

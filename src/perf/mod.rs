@@ -1,6 +1,6 @@
 //! Speed benchmarks (`acpo bench generate|train-step`): tokens per second of the sampler and of
 //! one policy-gradient training step, on random Qwen3 models of two sizes. The same
-//! configurations and shapes are measured for PyTorch/transformers by `tools/bench_torch.py`.
+//! configurations and shapes are measured for PyTorch/transformers by `tools/twins/bench_torch.py`.
 //!
 //! Targets live here, not in timed tests: a report states what was measured on which machine.
 
@@ -15,10 +15,12 @@ use std::time::Instant;
 use candle_core::{DType, Device, Tensor};
 use serde::Serialize;
 
-use crate::manifest::{LossAggMode, LrSchedule, OptimSpec, PolicyClip};
+use crate::algo::method::{LossAggMode, PolicyClip};
 use crate::model::qwen::{Kernels, Qwen};
 use crate::model::{init, ModelError, QwenConfig};
 use crate::optim::AdamW;
+use crate::optim::{LrSchedule, OptimSpec};
+use crate::report::table::{Align::Left, Align::Right, Table};
 use crate::rollout::{self, SampleRequest, SamplingParams};
 use crate::train::batch::Layout;
 use crate::train::update::{self, UpdatePlan};
@@ -314,7 +316,7 @@ pub const MODELS: [BenchModel; 2] = [
     },
 ];
 
-/// Shapes shared with tools/bench_torch.py.
+/// Shapes shared with tools/twins/bench_torch.py.
 pub const BATCH: usize = 8;
 pub const PROMPT_LEN: usize = 32;
 pub const NEW_TOKENS: usize = 64;
@@ -341,7 +343,7 @@ impl BenchModel {
 #[derive(Debug, Clone)]
 pub struct Target {
     pub device: Device,
-    pub dtype: crate::manifest::DType,
+    pub dtype: crate::model::spec::DType,
 }
 
 impl Target {
@@ -349,7 +351,7 @@ impl Target {
     pub fn cpu() -> Target {
         Target {
             device: Device::Cpu,
-            dtype: crate::manifest::DType::F32,
+            dtype: crate::model::spec::DType::F32,
         }
     }
 
@@ -711,7 +713,10 @@ pub fn bench_train_step(m: &Subject, opts: &SpeedOptions) -> Result<Measurement>
         agg_mode: LossAggMode::TokenMean,
         horizon: r,
         clip,
-        compared: crate::algo::loss::compared_rules(crate::manifest::AlgorithmKind::GrpoAc, &clip),
+        compared: crate::algo::loss::compared_rules(
+            crate::algo::method::AlgorithmKind::GrpoAc,
+            &clip,
+        ),
         temperature: 1.0,
         entropy_coeff: 0.0,
         side_by_side: dev.is_cpu(),
@@ -946,7 +951,7 @@ fn peak_flops(target: &Target) -> Option<f64> {
         return None;
     }
     Some(match target.dtype {
-        crate::manifest::DType::Bf16 => 989.4e12,
+        crate::model::spec::DType::Bf16 => 989.4e12,
         _ => 66.9e12,
     })
 }
@@ -959,22 +964,35 @@ fn median(mut xs: Vec<f64>) -> f64 {
 /// Markdown table of measurements.
 pub fn markdown(title: &str, rows: &[Measurement]) -> String {
     let mut s = format!(
-        "# {title}\n\nMachine: {} CPU threads available. Built-in shapes: batch {BATCH}, prompt {PROMPT_LEN}, new tokens {NEW_TOKENS}, train sequence {TRAIN_SEQ_LEN}.\n\n| model | parameters | what | target | shape | tokens | seconds (median) | tokens/s | MFU | peak memory (GiB) | activations (GiB) | of the memory roofline |\n|---|---:|---|---|---|---:|---:|---:|---:|---:|---:|---:|\n",
+        "# {title}\n\nMachine: {} CPU threads available. Built-in shapes: batch {BATCH}, prompt {PROMPT_LEN}, new tokens {NEW_TOKENS}, train sequence {TRAIN_SEQ_LEN}.\n\n",
         std::thread::available_parallelism().map_or(1, |n| n.get())
     );
+    let mut t = Table::new([
+        ("model", Left),
+        ("parameters", Right),
+        ("what", Left),
+        ("target", Left),
+        ("shape", Left),
+        ("tokens", Right),
+        ("seconds (median)", Right),
+        ("tokens/s", Right),
+        ("MFU", Right),
+        ("peak memory (GiB)", Right),
+        ("activations (GiB)", Right),
+        ("of the memory roofline", Right),
+    ]);
     for r in rows {
         let mem = r.memory.as_ref();
         let gib = |b: Option<u64>| b.map_or_else(|| "—".into(), memory::gib);
-        s.push_str(&format!(
-            "| {} | {} | {} | {} | {} | {} | {:.4} | {:.1} | {} | {} | {} | {} |\n",
-            r.model,
-            r.parameters,
-            r.what,
-            r.target,
-            r.shape.as_deref().unwrap_or("built-in"),
-            r.tokens,
-            r.seconds,
-            r.tokens_per_second,
+        t.row([
+            r.model.clone(),
+            r.parameters.to_string(),
+            r.what.to_string(),
+            r.target.to_string(),
+            r.shape.as_deref().unwrap_or("built-in").to_string(),
+            r.tokens.to_string(),
+            format!("{:.4}", r.seconds),
+            format!("{:.1}", r.tokens_per_second),
             r.mfu
                 .map_or_else(|| "—".into(), |m| format!("{:.1} %", 100.0 * m)),
             gib(mem.and_then(|m| m.peak)),
@@ -991,8 +1009,9 @@ pub fn markdown(title: &str, rows: &[Measurement]) -> String {
                     f.prefill_seconds
                 )
             ),
-        ));
+        ]);
     }
+    s.push_str(&t.to_string());
     if let Some(m) = rows.iter().find_map(|r| r.memory.as_ref()) {
         s.push_str(&format!(
             "\nPeak memory: the {} over the timed steps.\n",
@@ -1012,26 +1031,29 @@ pub fn markdown(title: &str, rows: &[Measurement]) -> String {
 fn trace_markdown(model: &str, trace: &[crate::device::Mark], mem: &StepMemory) -> String {
     let gib = |b: Option<u64>| b.map_or_else(|| "—".into(), memory::gib);
     let mut s = format!(
-        "\n## Memory by phase: {model}\n\nRead at the end of each phase of the timed steps ({}); the peak is the most in use during the phase.\n\n| phase | in use at its end (GiB) | peak during it (GiB) |\n|---|---:|---:|\n",
+        "\n## Memory by phase: {model}\n\nRead at the end of each phase of the timed steps ({}); the peak is the most in use during the phase.\n\n",
         mem.source
     );
+    let mut phases = Table::new([
+        ("phase", Left),
+        ("in use at its end (GiB)", Right),
+        ("peak during it (GiB)", Right),
+    ]);
     for m in trace {
-        s.push_str(&format!(
-            "| {} | {} | {} |\n",
-            m.phase,
-            gib(m.live),
-            gib(m.peak)
-        ));
+        phases.row([m.phase.clone(), gib(m.live), gib(m.peak)]);
     }
+    s.push_str(&phases.to_string());
     let named: u64 = mem.named.iter().map(|(_, b)| b).sum();
-    s.push_str("\n| named tensor (arithmetic) | GiB |\n|---|---:|\n");
+    let mut tensors = Table::new([("named tensor (arithmetic)", Left), ("GiB", Right)]);
     for (name, bytes) in &mem.named {
-        s.push_str(&format!("| {name} | {} |\n", memory::gib(*bytes)));
+        tensors.row([name.to_string(), memory::gib(*bytes)]);
     }
-    s.push_str(&format!(
-        "| **all of them** | **{}** |\n",
-        memory::gib(named)
-    ));
+    tensors.row([
+        "**all of them**".to_string(),
+        format!("**{}**", memory::gib(named)),
+    ]);
+    s.push('\n');
+    s.push_str(&tensors.to_string());
     if let Some(peak) = mem.peak {
         s.push_str(&format!(
             "\nThe measured peak, {} GiB, is {:.0} % of the named tensors' {} GiB; {} GiB are not named.\n",

@@ -1,6 +1,6 @@
 //! `acpo bench verifier`: answers per second of the verifier on every benchmark's gold answers,
 //! each as a boxed answer, an `Answer:` line and a wrong answer; the pairs are written out so
-//! `tools/bench_math_verify.py` times Math-Verify on the very same pairs. It also reports the most
+//! `tools/twins/bench_math_verify.py` times Math-Verify on the very same pairs. It also reports the most
 //! work ([`verify::work`]) any of those answers needs, against the budget, and the slowest of
 //! [`hostile_answers`], the inputs built to stall a verifier.
 
@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use super::{write_report, Result};
+use crate::data::Benchmark;
 use crate::data::{self, DataLocation};
-use crate::manifest::Benchmark;
 use crate::rng::SplitMix64;
 use crate::verify;
 
@@ -190,7 +190,7 @@ pub fn bench(data: &DataLocation, out: &Path, repeats: usize) -> Result<PathBuf>
             "# acpo bench verifier\n\n{} pairs (4 benchmarks' golds x boxed / Answer: / wrong), best of {repeats}: {best:.3} s, **{rate:.0} answers/s**; {as_constructed} judged as constructed.\n\n\
              Work budget {} units per answer; the most a real answer needs (these pairs and DAPO-Math-17k's golds): {most} units ({headroom:.0}x headroom).\n\n\
              {} hostile answers (`perf::verifier::hostile_answers`): {hostile_seconds:.3} s in all, the slowest {:.1} ms, {cut_short} ended by the budget with an error verdict.\n\n\
-             Compare with Math-Verify: `python3 tools/bench_math_verify.py {}`\n",
+             Compare with Math-Verify: `python3 tools/twins/bench_math_verify.py {}`\n",
             pairs.len(),
             verify::work::BUDGET,
             hostile.len(),

@@ -25,7 +25,8 @@ use mdp::{Mdp, Policy};
 use serde::Serialize;
 
 use crate::algo::prop1::{acpo_retains, ppo_retains};
-use crate::plot::{write_figure, Panel, PlotError, Series};
+use crate::report::plot::{write_figure, Panel, PlotError, Series};
+use crate::report::table::{Align::Left, Table};
 
 /// Why the theory check's outputs could not be written.
 #[derive(Debug, thiserror::Error)]
@@ -588,11 +589,24 @@ fn markdown(cfg: &Config, rows: &[Row], prop1: &[Prop1]) -> String {
         cfg.seed + cfg.mdps - 1,
         cfg.iterations
     );
-    let _ = writeln!(
-        s,
-        "| part | α | μ | η₀ | runs | max F_0 | max F_N | min bound_N | worst F/bound | κ (min) | ρ (max) | holds | monotone |"
+    let mut table = Table::new(
+        [
+            "part",
+            "α",
+            "μ",
+            "η₀",
+            "runs",
+            "max F_0",
+            "max F_N",
+            "min bound_N",
+            "worst F/bound",
+            "κ (min)",
+            "ρ (max)",
+            "holds",
+            "monotone",
+        ]
+        .map(|h| (h, Left)),
     );
-    let _ = writeln!(s, "|---|---|---|---|---|---|---|---|---|---|---|---|---|");
     let mut keys: Vec<(&str, String, String, String)> = Vec::new();
     for r in rows {
         let k = (
@@ -622,46 +636,59 @@ fn markdown(cfg: &Config, rows: &[Row], prop1: &[Prop1]) -> String {
         let min =
             |f: &dyn Fn(&Row) -> f64| group.iter().map(|r| f(r)).fold(f64::INFINITY, f64::min);
         let rho = max(&|r| r.rho.unwrap_or(f64::NEG_INFINITY));
-        let _ =
-            writeln!(
-            s,
-            "| {} | {} | {} | {} | {} | {:.3e} | {:.3e} | {:.3e} | {:.3} | {:.3} | {} | {} | {} |",
-            k.0,
+        let yes = |all: bool| if all { "yes" } else { "**NO**" }.to_string();
+        table.row([
+            k.0.to_string(),
             k.1,
             k.2,
             k.3,
-            group.len(),
-            max(&|r| r.f0),
-            max(&|r| r.f_n),
-            min(&|r| r.bound_n),
-            max(&|r| r.worst_ratio),
-            min(&|r| r.kappa),
-            if !rho.is_finite() { "–".into() } else { format!("{rho:.3}") },
-            if group.iter().all(|r| r.holds) { "yes" } else { "**NO**" },
-            if group.iter().all(|r| r.monotone) { "yes" } else { "**NO**" },
-        );
+            group.len().to_string(),
+            format!("{:.3e}", max(&|r| r.f0)),
+            format!("{:.3e}", max(&|r| r.f_n)),
+            format!("{:.3e}", min(&|r| r.bound_n)),
+            format!("{:.3}", max(&|r| r.worst_ratio)),
+            format!("{:.3}", min(&|r| r.kappa)),
+            if rho.is_finite() {
+                format!("{rho:.3}")
+            } else {
+                "–".into()
+            },
+            yes(group.iter().all(|r| r.holds)),
+            yes(group.iter().all(|r| r.monotone)),
+        ]);
     }
+    s.push_str(&table.to_string());
     let _ = writeln!(
         s,
         "\n## Proposition 1\n\n200,000 synthetic (r, Â, ‖∇log π‖²) samples; ACPO's α is set so that \
-         P(|r·Â| ≤ α) equals PPO's retention probability.\n\n\
-         | ε (PPO) | retention | matched α | E‖G_ACPO‖² | E‖G_PPO‖² | ACPO ≤ PPO |\n|---|---|---|---|---|---|"
+         P(|r·Â| ≤ α) equals PPO's retention probability.\n"
+    );
+    let mut table = Table::new(
+        [
+            "ε (PPO)",
+            "retention",
+            "matched α",
+            "E‖G_ACPO‖²",
+            "E‖G_PPO‖²",
+            "ACPO ≤ PPO",
+        ]
+        .map(|h| (h, Left)),
     );
     for p in prop1 {
-        let _ = writeln!(
-            s,
-            "| {} | {:.4} | {:.4} | {:.5} | {:.5} | {} |",
-            p.eps,
-            p.retention,
-            p.alpha,
-            p.second_moment_acpo,
-            p.second_moment_ppo,
+        table.row([
+            p.eps.to_string(),
+            format!("{:.4}", p.retention),
+            format!("{:.4}", p.alpha),
+            format!("{:.5}", p.second_moment_acpo),
+            format!("{:.5}", p.second_moment_ppo),
             if p.second_moment_acpo <= p.second_moment_ppo {
                 "yes"
             } else {
                 "**NO**"
             }
-        );
+            .to_string(),
+        ]);
     }
+    s.push_str(&table.to_string());
     s
 }

@@ -1,15 +1,16 @@
 //! The paper's figures from `results/` (PNG and SVG, plotters): weighted accuracy vs step per
 //! model (Fig. 1), per-benchmark accuracy per model (appendix figures), policy entropy over the
 //! first 100 steps (Fig. 2), and r·Â distributions by prompt difficulty (Fig. 3). Every method
-//! has one colour everywhere; drawing is [`crate::plot`]'s.
+//! has one colour everywhere; drawing is [`crate::report::plot`]'s.
 
 use plotters::prelude::RGBColor;
-use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
+use super::table::{Align::Left, Align::Right, Table};
 use super::{model_order, ReportError, RunResult};
-use crate::manifest::{AlgorithmKind, Benchmark};
-use crate::plot::{write_figure, Panel, Series};
+use crate::algo::method::AlgorithmKind;
+use crate::data::Benchmark;
+use crate::report::plot::{write_figure, Panel, Series};
 use crate::run::tails::{Histogram, Tails};
 use crate::run::{metric, RunDir};
 
@@ -218,10 +219,13 @@ pub fn tails(runs: &[RunResult], out: &Path) -> Result<(Vec<PathBuf>, String)> {
         "hard prompts (0–30 %)",
     ];
     let mut files = Vec::new();
-    let mut table = String::from(
-        "| model | prompts | method | tokens | share with abs(r·Â) > α |\n|---|---|---|---:|---:|\n",
-    );
-    let mut rows = 0;
+    let mut table = Table::new([
+        ("model", Left),
+        ("prompts", Left),
+        ("method", Left),
+        ("tokens", Right),
+        ("share with abs(r·Â) > α", Right),
+    ]);
     for m in model_order(runs.iter().map(|r| r.model.clone())) {
         let mut per_method = Vec::new();
         for r in runs_of(runs, &m) {
@@ -263,7 +267,7 @@ pub fn tails(runs: &[RunResult], out: &Path) -> Result<(Vec<PathBuf>, String)> {
                 zero_at_axis: true,
                 x_range: Some((-half, half)),
                 marks: alphas.iter().flat_map(|a| [-a, *a]).collect(),
-                legend: crate::plot::Legend::UpperRight,
+                legend: crate::report::plot::Legend::UpperRight,
                 error_bars: false,
                 series: per_method
                     .iter()
@@ -284,16 +288,17 @@ pub fn tails(runs: &[RunResult], out: &Path) -> Result<(Vec<PathBuf>, String)> {
             .collect();
         for (i, title) in DIFFICULTY.iter().enumerate() {
             for (alg, h) in &per_method {
-                rows += 1;
-                let _ = writeln!(
-                    table,
-                    "| {m} | {} | {} | {} | {:.3} % (α = {}) |",
-                    title.split(' ').next().unwrap_or(title),
-                    alg.paper_name(),
-                    h[i].count,
-                    100.0 * h[i].tail_mass(alpha_of(*alg)),
-                    alpha_of(*alg)
-                );
+                table.row([
+                    m.clone(),
+                    title.split(' ').next().unwrap_or(title).to_string(),
+                    alg.paper_name().into(),
+                    h[i].count.to_string(),
+                    format!(
+                        "{:.3} % (α = {})",
+                        100.0 * h[i].tail_mass(alpha_of(*alg)),
+                        alpha_of(*alg)
+                    ),
+                ]);
             }
         }
         files.extend(write_figure(
@@ -303,7 +308,12 @@ pub fn tails(runs: &[RunResult], out: &Path) -> Result<(Vec<PathBuf>, String)> {
             3,
         )?);
     }
-    Ok((files, if rows == 0 { String::new() } else { table }))
+    let table = if table.is_empty() {
+        String::new()
+    } else {
+        table.to_string()
+    };
+    Ok((files, table))
 }
 
 fn slug(s: &str) -> String {

@@ -1,4 +1,4 @@
-//! The paper's artifacts from `results/` only (DESIGN.md: the report never trains or evaluates).
+//! The paper's artifacts from `results/` only (docs/ARCHITECTURE.md: the report never trains or evaluates).
 //!
 //! - Table 1: for each run the eval step with the best weighted accuracy and its per-benchmark
 //!   Avg@k; rows grouped by model in the paper's order (PPO, PPO-AC, GRPO, GRPO-AC); in each
@@ -8,8 +8,11 @@
 //!   weighted accuracy, against the baseline's own step; averaged per family (the paper reports
 //!   6.25× over PPO and 1.7× over GRPO). Computed, never typed.
 
+pub mod doc;
 pub mod figures;
+pub mod plot;
 pub mod seeds;
+pub mod table;
 
 /// The paper's reported Table 1 (`paper/table1.csv`; its source is in `paper/README.md`).
 pub const PAPER_TABLE1: &str = include_str!("../../paper/table1.csv");
@@ -17,9 +20,12 @@ pub const PAPER_TABLE1: &str = include_str!("../../paper/table1.csv");
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use crate::algo::method::AlgorithmKind;
+use crate::data::Benchmark;
 use crate::eval::EvalSummary;
-use crate::manifest::{AlgorithmKind, Benchmark, Experiment};
+use crate::manifest::Experiment;
 use crate::run::RunDir;
+use table::{Align::Left, Align::Right, Table};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
@@ -34,7 +40,7 @@ pub enum ReportError {
     #[error(transparent)]
     Manifest(#[from] crate::manifest::ManifestError),
     #[error(transparent)]
-    Plot(#[from] crate::plot::PlotError),
+    Plot(#[from] crate::report::plot::PlotError),
 }
 
 type Result<T> = std::result::Result<T, ReportError>;
@@ -132,7 +138,7 @@ pub fn load_results(root: &Path) -> Result<Vec<RunResult>> {
             algorithm: exp.algorithm.kind,
             seed: exp.seed,
             alpha: match exp.algorithm.clip {
-                crate::manifest::PolicyClip::Advantage { alpha } => Some(alpha),
+                crate::algo::method::PolicyClip::Advantage { alpha } => Some(alpha),
                 _ => None,
             },
             evals: summaries,
@@ -282,23 +288,30 @@ fn cell(v: Option<f64>, bold: bool, md: bool) -> String {
 }
 
 pub fn markdown(groups: &[Group]) -> String {
-    let mut s = format!(
-        "| {} | best step |\n|---|---:|---:|---:|---:|---:|---:|\n",
-        HEADER.join(" | ")
-    );
+    let numbers = HEADER[1..]
+        .iter()
+        .chain(&["best step"])
+        .map(|h| (*h, Right));
+    let mut t = Table::new([(HEADER[0], Left)].into_iter().chain(numbers));
     for g in groups {
-        s.push_str(&format!("| **{}** (avg@{}) | | | | | | |\n", g.model, g.k));
+        let title = format!("**{}** (avg@{})", g.model, g.k);
+        t.row(
+            [title]
+                .into_iter()
+                .chain(std::iter::repeat_n(String::new(), 6)),
+        );
         for r in &g.rows {
-            let cells: Vec<String> = (0..5).map(|c| cell(r.values[c], r.bold[c], true)).collect();
-            s.push_str(&format!(
-                "| {} | {} | {} |\n",
-                r.method.paper_name(),
-                cells.join(" | "),
-                r.step
-            ));
+            let cells = (0..5).map(|c| cell(r.values[c], r.bold[c], true));
+            let method = r.method.paper_name().to_string();
+            t.row(
+                [method]
+                    .into_iter()
+                    .chain(cells)
+                    .chain([r.step.to_string()]),
+            );
         }
     }
-    s
+    t.to_string()
 }
 
 pub fn latex(groups: &[Group]) -> String {
@@ -365,9 +378,14 @@ pub fn compare_paper(groups: &[Group], paper_csv: &str) -> String {
             );
         }
     }
-    let mut s = String::from(
-        "| model | method | column | paper | ours | Δ |\n|---|---|---|---:|---:|---:|\n",
-    );
+    let mut t = Table::new([
+        ("model", Left),
+        ("method", Left),
+        ("column", Left),
+        ("paper", Right),
+        ("ours", Right),
+        ("Δ", Right),
+    ]);
     for g in groups {
         for r in &g.rows {
             let Some(p) = paper.get(&(g.model.clone(), r.method.paper_name().to_string())) else {
@@ -375,17 +393,19 @@ pub fn compare_paper(groups: &[Group], paper_csv: &str) -> String {
             };
             for (c, name) in HEADER[1..].iter().enumerate() {
                 if let (Some(ours), Some(theirs)) = (r.values[c], p.get(c)) {
-                    s.push_str(&format!(
-                        "| {} | {} | {name} | {theirs:.1} | {ours:.1} | {:+.1} |\n",
-                        g.model,
-                        r.method.paper_name(),
-                        ours - theirs
-                    ));
+                    t.row([
+                        g.model.clone(),
+                        r.method.paper_name().into(),
+                        name.to_string(),
+                        format!("{theirs:.1}"),
+                        format!("{ours:.1}"),
+                        format!("{:+.1}", ours - theirs),
+                    ]);
                 }
             }
         }
     }
-    s
+    t.to_string()
 }
 
 /// Steps for an -AC run to reach its baseline's best weighted accuracy.
@@ -439,10 +459,21 @@ pub fn speedups(runs: &[RunResult]) -> Vec<Speedup> {
 /// of |r·Â|, and its prompts' spread over difficulty at the tail steps (means over steps of
 /// `metrics.jsonl`; "—" where the run logged no such metric, e.g. runs older than it).
 pub fn regime_markdown(runs: &[RunResult]) -> Result<String> {
-    let mut s = String::from(
-        "| model | method | steps | entropy, first step | entropy, last step | own clip active, all / later mini-batches | ppo_kl | later: ratio clip zeroes, ACPO keeps | later: ACPO zeroes, ratio clip keeps | r p1–p99, first mini-batch | r p1–p99, later ones | \\|r·Â\\| p99, first / later | prompts easy / medium / hard |\n\
-         |---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|\n",
-    );
+    let mut t = Table::new([
+        ("model", Left),
+        ("method", Left),
+        ("steps", Right),
+        ("entropy, first step", Right),
+        ("entropy, last step", Right),
+        ("own clip active, all / later mini-batches", Right),
+        ("ppo_kl", Right),
+        ("later: ratio clip zeroes, ACPO keeps", Right),
+        ("later: ACPO zeroes, ratio clip keeps", Right),
+        ("r p1–p99, first mini-batch", Right),
+        ("r p1–p99, later ones", Right),
+        ("\\|r·Â\\| p99, first / later", Right),
+        ("prompts easy / medium / hard", Right),
+    ]);
     for model in model_order(runs.iter().map(|r| r.model.clone())) {
         let mut of_model: Vec<&RunResult> = runs.iter().filter(|r| r.model == model).collect();
         of_model.sort_by_key(|r| AlgorithmKind::ALL.iter().position(|a| *a == r.algorithm));
@@ -478,25 +509,28 @@ pub fn regime_markdown(runs: &[RunResult]) -> Result<String> {
                 mean(&format!("actor/ratio_adv_abs_p99_{at}"))
                     .map_or("—".into(), |v| format!("{v:.2}"))
             };
-            s.push_str(&format!(
-                "| {model} | {} | {} | {} | {} | {} / {} | {} | {} | {} | {} | {} | {} / {} | {prompts} |\n",
-                r.algorithm.paper_name(),
-                lines.len(),
+            t.row([
+                model.clone(),
+                r.algorithm.paper_name().into(),
+                lines.len().to_string(),
                 entropy(lines.first()),
                 entropy(lines.last()),
-                pct(mean(own)),
-                pct(mean(&format!("{own}_later"))),
+                format!(
+                    "{} / {}",
+                    pct(mean(own)),
+                    pct(mean(&format!("{own}_later")))
+                ),
                 mean("actor/ppo_kl").map_or("—".into(), |v| format!("{v:.1e}")),
                 pct(mean("actor/clip_disagree_ratio_zeroes_later")),
                 pct(mean("actor/clip_disagree_acpo_zeroes_later")),
                 range("first"),
                 range("later"),
-                tail("first"),
-                tail("later"),
-            ));
+                format!("{} / {}", tail("first"), tail("later")),
+                prompts,
+            ]);
         }
     }
-    Ok(s)
+    Ok(t.to_string())
 }
 
 /// Mean speedup per baseline family over the models where it is defined.
@@ -510,18 +544,25 @@ pub fn mean_speedup(all: &[Speedup], baseline: AlgorithmKind) -> Option<f64> {
 }
 
 pub fn speedup_markdown(all: &[Speedup]) -> String {
-    let mut s = String::from("| model | vs | baseline best (weighted) | at step | -AC reaches it at step | speedup |\n|---|---|---:|---:|---:|---:|\n");
+    let mut t = Table::new([
+        ("model", Left),
+        ("vs", Left),
+        ("baseline best (weighted)", Right),
+        ("at step", Right),
+        ("-AC reaches it at step", Right),
+        ("speedup", Right),
+    ]);
     for x in all {
-        s.push_str(&format!(
-            "| {} | {} | {:.1} | {} | {} | {} |\n",
-            x.model,
-            x.baseline.paper_name(),
-            100.0 * x.baseline_best,
-            x.baseline_step,
+        t.row([
+            x.model.clone(),
+            x.baseline.paper_name().into(),
+            format!("{:.1}", 100.0 * x.baseline_best),
+            x.baseline_step.to_string(),
             x.ac_step.map_or("never".into(), |v| v.to_string()),
-            x.speedup.map_or("n/a".into(), |v| format!("{v:.2}×"))
-        ));
+            x.speedup.map_or("n/a".into(), |v| format!("{v:.2}×")),
+        ]);
     }
+    let mut s = t.to_string();
     for base in [AlgorithmKind::Ppo, AlgorithmKind::Grpo] {
         let m = mean_speedup(all, base).map_or("n/a".into(), |v| format!("{v:.2}×"));
         s.push_str(&format!("\nMean speedup over {}: {m}", base.paper_name()));
@@ -627,87 +668,4 @@ pub fn write(
         written.extend(t);
     }
     Ok((shown, written))
-}
-
-/// Fills each block `<!-- begin: NAME -->` … `<!-- end: NAME -->` of the Markdown document
-/// `doc` (read from `doc_path`) with the generated file `root/NAME` (e.g. `table1.md`), so docs
-/// quote generated files instead of hand-typed numbers. Returns the new text and the number of
-/// blocks filled. A block naming a file `root` does not have is left as it is (another
-/// generator fills it: the GPU blocks come from tools/gpu_report.py, the memory plan from `acpo
-/// bench`), but a document none of whose blocks `root` can fill is an error (a wrong root or a
-/// misspelt name). NAME is a relative path that stays inside `root` (issue #35: a block naming
-/// `/etc/hostname` or `../x` is refused, links leading out of `root` too); errors name the
-/// document.
-pub fn splice(doc_path: &Path, doc: &str, root: &Path) -> Result<(String, usize)> {
-    let invalid = |reason: String| ReportError::Invalid {
-        path: doc_path.to_owned(),
-        reason,
-    };
-    let mut out = String::with_capacity(doc.len());
-    let mut rest = doc;
-    let mut filled = 0;
-    let mut seen = Vec::new();
-    while let Some(i) = rest.find("<!-- begin: ") {
-        let after = &rest[i + "<!-- begin: ".len()..];
-        let name_end = after
-            .find(" -->")
-            .ok_or_else(|| invalid("a `<!-- begin: NAME` marker is not closed by ` -->`".into()))?;
-        let name = &after[..name_end];
-        let end_marker = format!("<!-- end: {name} -->");
-        let body_start = i + "<!-- begin: ".len() + name_end + " -->".len();
-        let j = rest[body_start..]
-            .find(&end_marker)
-            .ok_or_else(|| invalid(format!("no `{end_marker}` after `<!-- begin: {name} -->`")))?;
-        let path = block_file(root, name).ok_or_else(|| {
-            invalid(format!(
-                "block `{name}` is not a file inside the reports folder {}",
-                root.display()
-            ))
-        })?;
-        if !path.exists() {
-            let block_end = body_start + j + end_marker.len();
-            out.push_str(&rest[..block_end]);
-            rest = &rest[block_end..];
-            seen.push(name.to_owned());
-            continue;
-        }
-        let body = std::fs::read_to_string(&path).map_err(|source| ReportError::Io {
-            path: path.clone(),
-            source,
-        })?;
-        out.push_str(&rest[..body_start]);
-        out.push('\n');
-        out.push_str(body.trim_end());
-        out.push('\n');
-        out.push_str(&end_marker);
-        rest = &rest[body_start + j + end_marker.len()..];
-        filled += 1;
-    }
-    if filled == 0 && !seen.is_empty() {
-        return Err(invalid(format!(
-            "none of its generated blocks ({}) is in the reports folder {}",
-            seen.join(", "),
-            root.display()
-        )));
-    }
-    out.push_str(rest);
-    Ok((out, filled))
-}
-
-/// `root/name` when `name` is a relative path of plain components that, links followed, stays
-/// inside `root`; None otherwise.
-fn block_file(root: &Path, name: &str) -> Option<PathBuf> {
-    let rel = Path::new(name);
-    let plain = !name.is_empty()
-        && rel
-            .components()
-            .all(|c| matches!(c, std::path::Component::Normal(_)));
-    if !plain {
-        return None;
-    }
-    let path = root.join(rel);
-    match (path.canonicalize(), root.canonicalize()) {
-        (Ok(real), Ok(base)) if !real.starts_with(&base) => None,
-        _ => Some(path),
-    }
 }

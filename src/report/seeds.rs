@@ -11,9 +11,10 @@
 
 use std::collections::BTreeSet;
 
+use super::table::{Align::Left, Align::Right, Table};
 use super::{load_metrics, model_order, Result, RunResult};
+use crate::algo::method::AlgorithmKind;
 use crate::eval::EvalSummary;
-use crate::manifest::AlgorithmKind;
 use crate::run::metric;
 
 /// The 0.975 quantile of Student's t with `df` degrees of freedom: a two-sided 95 % interval.
@@ -254,9 +255,14 @@ fn direction(i: &Interval) -> &'static str {
 /// difference lies above 0 in the paper's direction, "contradicted" when below, "not resolved"
 /// when it holds 0. Every number comes from [`pairs`].
 pub fn verdict_markdown(all: &[PairStats]) -> String {
-    let mut s = String::from(
-        "| claim (paper) | model | -AC vs | paired by seed | mean [95 % CI] | verdict |\n|---|---|---|---|---:|---|\n",
-    );
+    let mut t = Table::new([
+        ("claim (paper)", Left),
+        ("model", Left),
+        ("-AC vs", Left),
+        ("paired by seed", Left),
+        ("mean [95 % CI]", Right),
+        ("verdict", Left),
+    ]);
     let mut tally: Vec<(&str, [usize; 3])> = Vec::new();
     let mut count = |claim: &'static str, verdict: &str| {
         let i = match verdict {
@@ -280,11 +286,14 @@ pub fn verdict_markdown(all: &[PairStats]) -> String {
         let base = p.baseline.paper_name();
         let v = direction(&p.best_diff);
         count(ACCURACY, v);
-        s.push_str(&format!(
-            "| {ACCURACY} | {} | {base} | Δ best weighted accuracy, points | {} | {v} |\n",
-            p.model,
-            p.best_diff.show(1)
-        ));
+        t.row([
+            ACCURACY.into(),
+            p.model.clone(),
+            base.into(),
+            "Δ best weighted accuracy, points".into(),
+            p.best_diff.show(1),
+            v.to_string(),
+        ]);
         let n = p.seeds.len();
         let (sooner, not_sooner) = (p.earlier, p.later + n - p.reached);
         let pv = sign_test(sooner, not_sooner);
@@ -294,24 +303,36 @@ pub fn verdict_markdown(all: &[PairStats]) -> String {
             _ => "not resolved",
         };
         count(SPEED, v);
-        s.push_str(&format!(
-            "| {SPEED} | {} | {base} | seeds where -AC reaches it before / at / after the baseline's step / never | {sooner} / {} / {} / {} of {n} | {v} (sign test, p = {}) |\n",
-            p.model,
-            p.same,
-            p.later,
-            n - p.reached,
-            pv.map_or("—".into(), |p| format!("{p:.3}")),
-        ));
+        t.row([
+            SPEED.into(),
+            p.model.clone(),
+            base.into(),
+            "seeds where -AC reaches it before / at / after the baseline's step / never".into(),
+            format!(
+                "{sooner} / {} / {} / {} of {n}",
+                p.same,
+                p.later,
+                n - p.reached
+            ),
+            format!(
+                "{v} (sign test, p = {})",
+                pv.map_or("—".into(), |p| format!("{p:.3}"))
+            ),
+        ]);
         if let Some(e) = &p.entropy_diff {
             let v = direction(e);
             count(ENTROPY, v);
-            s.push_str(&format!(
-                "| {ENTROPY} | {} | {base} | Δ entropy at the last step, nats per token | {} | {v} |\n",
-                p.model,
-                e.show(3)
-            ));
+            t.row([
+                ENTROPY.into(),
+                p.model.clone(),
+                base.into(),
+                "Δ entropy at the last step, nats per token".into(),
+                e.show(3),
+                v.to_string(),
+            ]);
         }
     }
+    let mut s = t.to_string();
     s.push('\n');
     for (claim, [yes, no, open]) in tally {
         s.push_str(&format!(
@@ -350,10 +371,18 @@ pub fn first_seed(runs: &[RunResult]) -> Vec<RunResult> {
 
 /// seeds.md: each matched pair over its seeds.
 pub fn markdown(all: &[PairStats]) -> String {
-    let mut s = String::from(
-        "| model | -AC vs | seeds | baseline best | -AC best | Δ best [95 % CI] | Δ final [95 % CI] | -AC reaches the baseline's best | at step [95 % CI] | baseline's best step [95 % CI] |\n\
-         |---|---|---|---:|---:|---:|---:|---:|---:|---:|\n",
-    );
+    let mut t = Table::new([
+        ("model", Left),
+        ("-AC vs", Left),
+        ("seeds", Left),
+        ("baseline best", Right),
+        ("-AC best", Right),
+        ("Δ best [95 % CI]", Right),
+        ("Δ final [95 % CI]", Right),
+        ("-AC reaches the baseline's best", Right),
+        ("at step [95 % CI]", Right),
+        ("baseline's best step [95 % CI]", Right),
+    ]);
     for p in all {
         let seeds = match (p.seeds.first(), p.seeds.last()) {
             (Some(a), Some(b)) if p.seeds.len() > 1 => format!("{} ({a}–{b})", p.seeds.len()),
@@ -364,20 +393,20 @@ pub fn markdown(all: &[PairStats]) -> String {
             Some(h) => format!("{:.1} [{:.1}, {:.1}]", i.mean, i.mean - h, i.mean + h),
             None => format!("{:.1}", i.mean),
         };
-        s.push_str(&format!(
-            "| {} | {} | {seeds} | {:.1} | {:.1} | {} | {} | {} of {} | {} | {} |\n",
-            p.model,
-            p.baseline.paper_name(),
-            p.baseline_best,
-            p.ac_best,
+        t.row([
+            p.model.clone(),
+            p.baseline.paper_name().into(),
+            seeds,
+            format!("{:.1}", p.baseline_best),
+            format!("{:.1}", p.ac_best),
             p.best_diff.show(1),
             p.final_diff.show(1),
-            p.reached,
-            p.seeds.len(),
+            format!("{} of {}", p.reached, p.seeds.len()),
             p.ac_step.as_ref().map_or("—".into(), steps),
             steps(&p.baseline_step),
-        ));
+        ]);
     }
+    let mut s = t.to_string();
     s.push_str(
         "\nWeighted accuracy in points. Δ = (-AC) − (baseline), seed by seed; the interval is Student's t over seeds (n − 1 degrees of freedom). \
          A pair's difference is resolved at 95 % when its interval excludes 0. \

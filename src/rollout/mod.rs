@@ -477,3 +477,14 @@ fn hits_stop_string(tokens: &[u32], stop: &StopCriteria) -> bool {
     let text = decode(tail);
     stop.stop_strings.iter().any(|s| text.contains(s.as_str()))
 }
+
+/// Sampling settings, shared by training rollouts and evaluation.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Sampling {
+    /// Responses per prompt.
+    pub n: usize,
+    /// 0 means greedy (evaluation only).
+    pub temperature: f64,
+    pub top_p: f64,
+    pub top_k: Option<usize>,
+}

@@ -1,4 +1,4 @@
-//! The run directory: what `train` writes, what `report` and `archive` read (DESIGN.md).
+//! The run directory: what `train` writes, what `report` and `archive` read (docs/ARCHITECTURE.md).
 //!
 //! `<results>/<scale>/<name>-<fingerprint12>/` holds `manifest.yaml`, `fingerprint`,
 //! `provenance.json`, `metrics.jsonl` (one line per step, verl's metric names), `eval.jsonl` (one
@@ -31,7 +31,7 @@ pub mod metric {
 
     /// The share of update tokens the run's own clip acted on: ACPO's clip of r·Â for the -AC
     /// methods, the ratio clip (or CISPO's, GSPO's) for the others.
-    pub fn own_clip(kind: crate::manifest::AlgorithmKind) -> &'static str {
+    pub fn own_clip(kind: crate::algo::method::AlgorithmKind) -> &'static str {
         if kind.is_advantage_clipped() {
             "actor/acpo_clipfrac"
         } else {

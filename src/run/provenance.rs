@@ -6,7 +6,8 @@ use std::collections::BTreeMap;
 use serde::{Deserialize, Serialize};
 
 use crate::data;
-use crate::manifest::{DataSuite, Experiment};
+use crate::data::DataSuite;
+use crate::manifest::Experiment;
 
 /// `provenance.json` of a run: where its numbers came from.
 #[derive(Debug, Clone, Serialize, Deserialize)]

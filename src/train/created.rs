@@ -27,7 +27,7 @@ pub struct InitRecord {
 
 /// SHA-256 over what determines a created model: the config file's JSON, seed, tokenizer,
 /// warm start and the synthetic task's version. Paths do not count.
-pub fn init_fingerprint(init: &crate::manifest::ModelInitSpec) -> Result<String> {
+pub fn init_fingerprint(init: &crate::model::init::ModelInitSpec) -> Result<String> {
     let text = io(&init.config, std::fs::read_to_string(&init.config))?;
     let config: serde_json::Value =
         serde_json::from_str(&text).map_err(|source| TrainError::Json {
@@ -36,7 +36,7 @@ pub fn init_fingerprint(init: &crate::manifest::ModelInitSpec) -> Result<String>
         })?;
     // A real tokenizer counts by its files' contents, not where they are.
     let tokenizer = match &init.tokenizer {
-        Some(crate::manifest::InitTokenizer::Files(files)) => {
+        Some(crate::model::init::InitTokenizer::Files(files)) => {
             let dir = init::tokenizer_dir(files)?;
             let mut digest = <sha2::Sha256 as sha2::Digest>::new();
             for f in init::TOKENIZER_FILES {
@@ -44,7 +44,7 @@ pub fn init_fingerprint(init: &crate::manifest::ModelInitSpec) -> Result<String>
                 sha2::Digest::update(&mut digest, &bytes);
             }
             serde_json::json!({
-                "files_sha256": crate::manifest::hex(&sha2::Digest::finalize(digest))
+                "files_sha256": crate::checksum::hex(&sha2::Digest::finalize(digest))
             })
         }
         other => serde_json::to_value(other).expect("invariant: a tokenizer kind is JSON"),
@@ -53,7 +53,7 @@ pub fn init_fingerprint(init: &crate::manifest::ModelInitSpec) -> Result<String>
         "config": config, "seed": init.seed, "tokenizer": tokenizer,
         "warm_start": init.warm_start, "synthetic": data::synthetic::VERSION,
     });
-    Ok(crate::manifest::hex(
+    Ok(crate::checksum::hex(
         &<sha2::Sha256 as sha2::Digest>::digest(key.to_string().as_bytes()),
     ))
 }
@@ -65,7 +65,7 @@ pub fn init_fingerprint(init: &crate::manifest::ModelInitSpec) -> Result<String>
 /// match their SHA256SUMS: a cache keyed by fingerprint, checked on every use.
 pub fn ensure_model(exp: &Experiment, mut on_event: impl FnMut(Event<'_>)) -> Result<()> {
     let (dir, init) = match (&exp.model.source, &exp.model.init) {
-        (crate::manifest::ModelSource::Dir(dir), Some(init)) => (dir, init),
+        (crate::hub::ModelSource::Dir(dir), Some(init)) => (dir, init),
         _ => return Ok(()),
     };
     let fp = init_fingerprint(init)?;

@@ -7,11 +7,11 @@ use std::time::Instant;
 
 use candle_core::{DType, Tensor};
 
-use super::step::Rewards;
-use super::update::{ActorOutcome, CriticOutcome, RatioQuantiles};
+use super::outcomes::{ActorOutcome, CriticOutcome, RatioQuantiles, Rewards};
 use super::{Result, TrainError};
 use crate::algo::loss::PolicyStats;
-use crate::manifest::{Experiment, PolicyClip};
+use crate::algo::method::PolicyClip;
+use crate::manifest::Experiment;
 use crate::rollout::{Completion, FinishReason};
 use crate::run::metric;
 

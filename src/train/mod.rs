@@ -20,6 +20,7 @@ pub mod batch;
 pub mod checkpoint;
 pub mod created;
 pub mod metrics;
+pub mod outcomes;
 pub mod probe;
 pub mod step;
 pub mod update;
@@ -30,9 +31,11 @@ use std::path::{Path, PathBuf};
 
 use candle_core::Device;
 
+use crate::data::DataSuite;
 use crate::data::{self, DataLocation, Problem};
 use crate::hub::HubOptions;
-use crate::manifest::{DataSuite, Experiment, ModelSource};
+use crate::hub::ModelSource;
+use crate::manifest::Experiment;
 use crate::model::load::{self, LoadedModel};
 use crate::model::qwen::Qwen;
 use crate::model::tokenizer::Tokenizer;

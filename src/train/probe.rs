@@ -3,7 +3,7 @@
 //! prompt (PPO types, n = 1) drawn on random streams no rollout uses. The prompts' tokens'
 //! r·Â are then binned by difficulty ([`Tails`]).
 
-use super::step::Rollout;
+use super::outcomes::Rollout;
 use super::{Result, Trainer};
 use crate::model::qwen::Qwen;
 use crate::run::tails::{Difficulty, Tails};

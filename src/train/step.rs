@@ -4,31 +4,16 @@ use candle_core::Tensor;
 
 use super::batch::{self, layout, DataCursor, Layout, LOGIT_CHUNK};
 use super::metrics::{Phase, PhaseClock, StepMetrics};
+use super::outcomes::{Rewards, Rollout};
 use super::update::{self, UpdatePlan};
 use super::{Result, Trainer};
 use crate::algo::advantage;
-use crate::manifest::AdvantageEstimator;
+use crate::algo::method::AdvantageEstimator;
 use crate::model::qwen::{Critic, Qwen};
 use crate::parallel;
 use crate::reward;
 use crate::rollout::{self, Completion, SampleKey, SampleRequest, SamplingParams};
 use crate::run::tails::Tails;
-
-/// The step's prompts and the responses sampled for them.
-pub(super) struct Rollout {
-    /// Training-problem index of each prompt.
-    pub indices: Vec<usize>,
-    /// Token ids of each prompt.
-    pub prompts: Vec<Vec<u32>>,
-    /// Response r answers prompt r / n.
-    pub completions: Vec<Completion>,
-}
-
-/// The verifier's judgement of each response and its reward.
-pub(super) struct Rewards {
-    pub correct: Vec<bool>,
-    pub scores: Vec<f32>,
-}
 
 impl Trainer {
     /// One RL step; returns its metrics and, at tail steps, the r·Â histograms.

@@ -10,10 +10,11 @@
 use candle_core::Tensor;
 
 use super::batch::{Layout, LOGIT_CHUNK};
+use super::outcomes::{ActorOutcome, CriticOutcome, RatioQuantiles};
 use super::probe::TailRecorder;
 use super::{Result, TrainError};
 use crate::algo::loss::{self, Aggregation, PolicyStats};
-use crate::manifest::{LossAggMode, PolicyClip};
+use crate::algo::method::{LossAggMode, PolicyClip};
 use crate::model::qwen::{Critic, Kernels, Qwen};
 use crate::model::{Params, QwenConfig};
 use crate::optim::{AdamW, Gradients};
@@ -64,64 +65,6 @@ impl UpdatePlan {
             }
         }
         Ok(out)
-    }
-}
-
-/// The actor's totals over a step's mini-batches.
-#[derive(Debug, Clone, Default)]
-pub struct ActorOutcome {
-    /// Sum of the mini-batches' policy losses.
-    pub pg_loss: f64,
-    pub stats: PolicyStats,
-    pub entropy_sum: f64,
-    pub entropy_tokens: f64,
-    /// Gradient norm before clipping, per mini-batch.
-    pub grad_norms: Vec<f64>,
-    /// r and |r·Â| over the response tokens of the step's first mini-batch (on-policy) and of
-    /// the later ones (issue #22: how far off-policy the later updates are).
-    pub first: Option<RatioQuantiles>,
-    pub later: Option<RatioQuantiles>,
-    /// The clip statistics of the later, off-policy mini-batches alone (issue #22's regime
-    /// target: the ratio clip acts there on >= 0.1 % of tokens).
-    pub later_stats: PolicyStats,
-}
-
-/// Quantiles (nearest rank) of the importance ratio r and of |r·Â| over a set of tokens, as
-/// each token's gradient is taken.
-#[derive(Debug, Clone, Copy, PartialEq)]
-pub struct RatioQuantiles {
-    pub ratio_p01: f64,
-    pub ratio_p99: f64,
-    pub ratio_adv_abs_p99: f64,
-}
-
-impl RatioQuantiles {
-    /// From (r, |r·Â|) pairs; None for no token.
-    pub fn of(values: &[(f32, f32)]) -> Option<RatioQuantiles> {
-        if values.is_empty() {
-            return None;
-        }
-        let sorted = |mut v: Vec<f32>| {
-            v.sort_by(f32::total_cmp);
-            v
-        };
-        let at = |v: &[f32], p: f64| {
-            let rank = ((p * v.len() as f64).ceil() as usize).clamp(1, v.len());
-            v[rank - 1] as f64
-        };
-        let r = sorted(values.iter().map(|x| x.0).collect());
-        let ra = sorted(values.iter().map(|x| x.1).collect());
-        Some(RatioQuantiles {
-            ratio_p01: at(&r, 0.01),
-            ratio_p99: at(&r, 0.99),
-            ratio_adv_abs_p99: at(&ra, 0.99),
-        })
-    }
-}
-
-impl ActorOutcome {
-    pub fn updates(&self) -> usize {
-        self.grad_norms.len()
     }
 }
 
@@ -331,17 +274,6 @@ fn backward<T>(
     sums.add_store(params, &loss.backward()?)?;
     crate::device::mark(|| "backward".into());
     Ok(kept)
-}
-
-/// The critic's totals over a step's mini-batches.
-#[derive(Debug, Clone, Default)]
-pub struct CriticOutcome {
-    /// Sum of the mini-batches' value losses.
-    pub vf_loss: f64,
-    /// Σ clip fraction × tokens, and the tokens.
-    pub vf_clipped_tokens: f64,
-    pub vf_tokens: f64,
-    pub grad_norms: Vec<f64>,
 }
 
 /// The critic's update of one step, mini-batch by mini-batch as the actor's.

@@ -17,11 +17,13 @@ use serde::Serialize;
 use super::batch::{epoch_order, layout, LOGIT_CHUNK};
 use super::{Result, TrainError};
 use crate::data::synthetic;
-use crate::manifest::{LrSchedule, OptimSpec, PromptTemplate, WarmStartSpec};
+use crate::data::PromptTemplate;
+use crate::model::init::WarmStartSpec;
 use crate::model::qwen::Qwen;
 use crate::model::tokenizer::Tokenizer;
 use crate::model::{Params, QwenConfig};
 use crate::optim::{AdamW, Gradients};
+use crate::optim::{LrSchedule, OptimSpec};
 
 /// What the warm start did; written to `warm_start.json` beside the weights.
 #[derive(Debug, Clone, Serialize)]

@@ -1,4 +1,4 @@
-//! The one judge of answers (DESIGN.md): the training reward and the evaluator both call
+//! The one judge of answers (docs/ARCHITECTURE.md): the training reward and the evaluator both call
 //! [`verify`]. It follows Math-Verify (the paper's verifier) in what it accepts:
 //!
 //! - the answer is extracted from the response ([`extract`]), the gold's format decides how the

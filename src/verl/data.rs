@@ -11,7 +11,8 @@ use std::path::{Path, PathBuf};
 use polars::prelude::*;
 
 use crate::data::{self, DataError, DataLocation, Problem};
-use crate::manifest::{DataSuite, Experiment, PromptTemplate};
+use crate::data::{DataSuite, PromptTemplate};
+use crate::manifest::Experiment;
 
 /// `data_source` of the training rows.
 pub const TRAIN_SOURCE: &str = "dapo-math-17k";

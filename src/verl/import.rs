@@ -30,7 +30,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::eval::{bench_result, summarize, EvalSummary};
-use crate::manifest::{Experiment, RewardKind};
+use crate::manifest::Experiment;
+use crate::reward::RewardKind;
 use crate::run::{metric, Provenance, RunDir};
 
 /// verl's mean sequence score, from which our accuracy metric is derived.

@@ -19,7 +19,12 @@ pub mod import;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use crate::manifest::{raw, DType, DataSuite, Device, LossAggMode, PolicyLossMode, RewardKind};
+use crate::algo::method::{LossAggMode, PolicyLossMode};
+use crate::data::DataSuite;
+use crate::manifest::raw;
+use crate::model::spec::{DType, Device};
+use crate::report::table::{Align::Left, Table};
+use crate::reward::RewardKind;
 
 /// verl's configuration the overrides are written against.
 pub const VERL_VERSION: &str = "0.9.1";
@@ -151,7 +156,7 @@ impl Launch {
     /// Every field's account as a Markdown table (what `acpo export verl` writes beside the
     /// script).
     pub fn accounts(&self) -> String {
-        let mut s = String::from("| manifest field | verl |\n|---|---|\n");
+        let mut t = Table::new([("manifest field", Left), ("verl", Left)]);
         let mut rows: Vec<(&str, String)> = Vec::new();
         for o in &self.overrides {
             for f in &o.from {
@@ -169,9 +174,9 @@ impl Launch {
         }
         rows.sort_by(|a, b| a.0.cmp(b.0));
         for (field, what) in rows {
-            let _ = writeln!(s, "| {field} | {what} |");
+            t.row([field.to_string(), what]);
         }
-        s
+        t.to_string()
     }
 }
 

@@ -264,7 +264,7 @@ fn shipped_archive_verifies_and_rebuilds_the_tables_quoted_in_reproduce() {
         String::from_utf8_lossy(&verified.stdout)
     );
     let (filled, blocks) =
-        acpo::report::splice(Path::new("GUIDE.md"), &guide, &root).expect("splice");
+        acpo::report::doc::splice(Path::new("GUIDE.md"), &guide, &root).expect("splice");
     assert_eq!(
         blocks, 6,
         "table1.md, speedup.md, tails.md, regime.md, seeds.md and verdict.md are quoted"
@@ -315,7 +315,7 @@ fn shipped_study_archive_rebuilds_the_study_quoted_in_reproduce() {
     );
     let root = results.join("from-study/sweeps");
     let (filled, blocks) =
-        acpo::report::splice(Path::new("GUIDE.md"), &guide, &root).expect("splice");
+        acpo::report::doc::splice(Path::new("GUIDE.md"), &guide, &root).expect("splice");
     assert_eq!(blocks, 7, "study.md and the six sweep.md are quoted");
     assert_eq!(
         filled, guide,

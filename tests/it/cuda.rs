@@ -262,9 +262,9 @@ fn adamw_on_cuda_is_the_cpu_update_bit_for_bit() {
 fn adamw_steps(device: &Device, grad_clip: f64) -> Vec<Vec<f32>> {
     use acpo::model::Params;
     use acpo::optim::{AdamW, Gradients};
-    let spec = acpo::manifest::OptimSpec {
+    let spec = acpo::optim::OptimSpec {
         lr: 1e-3,
-        lr_schedule: acpo::manifest::LrSchedule::Constant,
+        lr_schedule: acpo::optim::LrSchedule::Constant,
         warmup_steps: 0,
         grad_clip,
         weight_decay: 0.01,
@@ -442,7 +442,7 @@ fn the_gpu_sampler_draws_the_cpu_samplers_tokens() {
 }
 
 /// acpo on CUDA against HF transformers (tests/fixtures/model_reference.json, made by
-/// tools/ref_model.py): the logits of a random Qwen3 and a sharded random Qwen2 in f32 and in
+/// tools/oracles/ref_model.py): the logits of a random Qwen3 and a sharded random Qwen2 in f32 and in
 /// bf16, and in f32 the greedy continuation token for token, through the KV cache.
 #[test]
 fn cuda_logits_and_greedy_tokens_match_transformers() {
@@ -465,7 +465,10 @@ fn cuda_logits_and_greedy_tokens_match_transformers() {
             &Device::Cpu,
         )
         .expect("want");
-        for dtype in [acpo::manifest::DType::F32, acpo::manifest::DType::Bf16] {
+        for dtype in [
+            acpo::model::spec::DType::F32,
+            acpo::model::spec::DType::Bf16,
+        ] {
             let p = Precision::inference(dtype);
             let params = Params::load_dir(&dir, p.master, &gpu)
                 .expect("weights")

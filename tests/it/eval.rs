@@ -3,10 +3,10 @@
 use std::path::Path;
 use std::process::Command;
 
+use acpo::data::Benchmark;
 use acpo::data::{self, DataError, DataLocation};
 use acpo::eval::{bench_result, pass_at, summarize};
 use acpo::hub::HubOptions;
-use acpo::manifest::Benchmark;
 
 fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -161,6 +161,7 @@ fn hub_datasets_load_from_the_offline_cache_jsonl_and_parquet() {
         "test.jsonl",
         hub_jsonl.as_bytes(),
     );
+    // The hub's parquet schema for 4 problems (tools/generators/make_hub_fixture.py writes it).
     let parquet = std::fs::read(repo().join("tests/fixtures/hub/dapo-math-17k-tiny.parquet"))
         .expect("fixture");
     cache_file(

@@ -1,4 +1,4 @@
-//! The integration tests: one binary (see STYLE.md), one module per area.
+//! The integration tests: one binary (one link, one place to look), one module per area.
 
 mod archive;
 mod cli;

@@ -2,9 +2,10 @@
 
 use std::path::{Path, PathBuf};
 
-use acpo::manifest::{
-    raw, AdvantageEstimator, AlgorithmKind, Benchmark, Experiment, ModelSource, PolicyClip, Scale,
-};
+use acpo::algo::method::{AdvantageEstimator, AlgorithmKind, PolicyClip};
+use acpo::data::Benchmark;
+use acpo::hub::ModelSource;
+use acpo::manifest::{raw, Experiment, Scale};
 use serde_json::Value;
 
 fn repo_path(rel: &str) -> PathBuf {

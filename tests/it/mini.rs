@@ -4,8 +4,10 @@
 use std::collections::HashSet;
 use std::path::Path;
 
+use acpo::algo::method::{AlgorithmKind, PolicyClip};
 use acpo::data::synthetic;
-use acpo::manifest::{AlgorithmKind, Benchmark, Experiment, PolicyClip, PromptTemplate};
+use acpo::data::{Benchmark, PromptTemplate};
+use acpo::manifest::Experiment;
 
 fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -317,10 +319,7 @@ fn the_16_mini_manifests_mirror_the_paper_design() {
             }
             other => panic!("{}: unexpected {other:?}", e.name),
         }
-        assert_eq!(
-            e.actor.optim.lr_schedule,
-            acpo::manifest::LrSchedule::Constant
-        );
+        assert_eq!(e.actor.optim.lr_schedule, acpo::optim::LrSchedule::Constant);
         let init = e.model.init.as_ref().expect("mini models are created");
         assert!(init.warm_start.is_some(), "{}: warm start", e.name);
         assert_eq!(e.eval.benchmarks.len(), 4);

@@ -1,4 +1,4 @@
-//! src/model and src/rollout against transformers: `tools/ref_model.py` (torch + transformers,
+//! src/model and src/rollout against transformers: `tools/oracles/ref_model.py` (torch + transformers,
 //! CPU, f32) wrote the tiny checkpoints in tests/fixtures/tiny-qwen{2,3}/ and
 //! tests/fixtures/model_reference.json.
 
@@ -114,7 +114,7 @@ pub(crate) fn bf16_logits_rel_err(name: &str, device: &Device) -> f64 {
     let ids = ids_of(&r["input_ids"]);
     let dir = fixtures().join(name);
     let cfg = QwenConfig::load(&dir.join("config.json")).expect("config");
-    let p = acpo::model::Precision::inference(acpo::manifest::DType::Bf16);
+    let p = acpo::model::Precision::inference(acpo::model::spec::DType::Bf16);
     let params = Params::load_dir(&dir, p.master, device)
         .expect("weights")
         .with_compute(p.compute);
@@ -606,7 +606,7 @@ fn hub_models_resolve_from_the_offline_cache_with_a_clear_error_when_absent() {
         offline: true,
     };
     for revision in ["main", commit] {
-        let source = acpo::manifest::ModelSource::Hub {
+        let source = acpo::hub::ModelSource::Hub {
             repo: "acme/tiny".into(),
             revision: revision.into(),
         };
@@ -614,7 +614,7 @@ fn hub_models_resolve_from_the_offline_cache_with_a_clear_error_when_absent() {
         assert_eq!(dir, snap);
         Params::load_dir(&dir, DType::F32, &Device::Cpu).expect("weights load");
     }
-    let missing = acpo::manifest::ModelSource::Hub {
+    let missing = acpo::hub::ModelSource::Hub {
         repo: "acme/absent".into(),
         revision: "main".into(),
     };
@@ -661,7 +661,7 @@ fn bf16_compute_trains_fp32_masters() {
     use acpo::model::Precision;
     let dir = fixtures().join("tiny-qwen3");
     let cfg = QwenConfig::load(&dir.join("config.json")).expect("config");
-    let precision = Precision::training(acpo::manifest::DType::Bf16);
+    let precision = Precision::training(acpo::model::spec::DType::Bf16);
     assert_eq!(
         (precision.master, precision.compute),
         (DType::F32, DType::BF16)
@@ -728,9 +728,9 @@ fn bf16_compute_trains_fp32_masters() {
         assert!(g.is_finite() && g > 0.0, "{name}: gradient {g}");
     }
     // One AdamW step of the trainer's optimizer: moments and the update in fp32.
-    let spec = acpo::manifest::OptimSpec {
+    let spec = acpo::optim::OptimSpec {
         lr: 1e-6,
-        lr_schedule: acpo::manifest::LrSchedule::Constant,
+        lr_schedule: acpo::optim::LrSchedule::Constant,
         warmup_steps: 0,
         grad_clip: 1.0,
         weight_decay: 0.0,

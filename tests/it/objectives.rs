@@ -1,9 +1,9 @@
-//! src/algo against an independent reference: `tools/ref_objectives.py` (numpy, float64,
+//! src/algo against an independent reference: `tools/oracles/ref_objectives.py` (numpy, float64,
 //! textbook min/max/clip form of verl's formulas) wrote `tests/fixtures/objectives.json`.
-//! Rerun it with `python3 tools/ref_objectives.py > tests/fixtures/objectives.json`.
+//! Rerun it with `python3 tools/oracles/ref_objectives.py > tests/fixtures/objectives.json`.
 
+use acpo::algo::method::{LossAggMode, PolicyClip};
 use acpo::algo::{advantage, loss, token};
-use acpo::manifest::{LossAggMode, PolicyClip};
 use candle_core::{Device, Tensor, Var};
 use serde_json::Value;
 

@@ -1,10 +1,10 @@
-//! Our AdamW against PyTorch (tools/ref_adamw.py wrote tests/fixtures/adamw.json).
+//! Our AdamW against PyTorch (tools/oracles/ref_adamw.py wrote tests/fixtures/adamw.json).
 
 use std::collections::BTreeMap;
 
-use acpo::manifest::{LrSchedule, OptimSpec};
 use acpo::model::Params;
 use acpo::optim::{AdamW, Gradients};
+use acpo::optim::{LrSchedule, OptimSpec};
 use candle_core::{Device, Tensor, Var};
 use serde_json::Value;
 

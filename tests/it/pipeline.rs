@@ -3,7 +3,9 @@
 
 use std::path::Path;
 
-use acpo::manifest::{Experiment, InitTokenizer, ModelSource, Scale, TokenizerFiles};
+use acpo::hub::ModelSource;
+use acpo::manifest::{Experiment, Scale};
+use acpo::model::init::{InitTokenizer, TokenizerFiles};
 use acpo::perf::pipeline::{derive, run_phases, Derivation};
 
 fn repo() -> &'static Path {
@@ -109,7 +111,7 @@ fn pipeline_runs_train_and_report_every_phase() {
     let results = dir.path().join("results");
     let mut d = derivation(&tokenizer, &dir.path().join("models"));
     d.config = Some(repo().join("tests/fixtures/pipeline-qwen3.json"));
-    d.device = Some(acpo::manifest::Device::Cpu);
+    d.device = Some(acpo::model::spec::Device::Cpu);
     let mut jobs = Vec::new();
     let mut names = Vec::new();
     for name in ["qwen3-1.7b-grpo", "qwen3-1.7b-ppo"] {
@@ -123,7 +125,7 @@ fn pipeline_runs_train_and_report_every_phase() {
             ("eval.max_new_tokens", "6"),
             ("eval.k", "2"),
         ] {
-            short = acpo::sweep::set_field(&short, field, value).expect(field);
+            short = acpo::manifest::edit::set_field(&short, field, value).expect(field);
         }
         let exp = Experiment::from_yaml(&short, &path).expect("short manifest");
         names.push((exp.clone(), name));
@@ -173,7 +175,7 @@ fn pipeline_runs_train_and_report_every_phase() {
         measured.push(phases);
     }
     let out = dir.path().join("report");
-    acpo::perf::plan::pipeline_plan(
+    acpo::perf::pipeline::pipeline_plan(
         &measured,
         &repo().join("experiments/paper"),
         &repo().join("experiments/paper/configs"),

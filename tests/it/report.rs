@@ -3,8 +3,9 @@
 
 use std::path::Path;
 
+use acpo::algo::method::AlgorithmKind;
+use acpo::data::Benchmark;
 use acpo::eval::{bench_result, summarize};
-use acpo::manifest::{AlgorithmKind, Benchmark};
 use acpo::report;
 
 /// Writes a fake run: the paper manifest of (model, algo) and eval lines of
@@ -321,7 +322,7 @@ fn splice_fills_its_blocks_and_leaves_other_generators_blocks_alone() {
     let doc = "a\n<!-- begin: table1.md -->\nold\n<!-- end: table1.md -->\nb\n\
                <!-- begin: gpu-results.md -->\nkept\n<!-- end: gpu-results.md -->\nc\n";
     let (text, filled) =
-        acpo::report::splice(Path::new("DOC.md"), doc, tmp.path()).expect("splice");
+        acpo::report::doc::splice(Path::new("DOC.md"), doc, tmp.path()).expect("splice");
     assert_eq!(filled, 1);
     assert_eq!(
         text,
@@ -329,7 +330,7 @@ fn splice_fills_its_blocks_and_leaves_other_generators_blocks_alone() {
          <!-- begin: gpu-results.md -->\nkept\n<!-- end: gpu-results.md -->\nc\n"
     );
     // A document none of whose blocks the directory can fill: a wrong root or a misspelt name.
-    let err = acpo::report::splice(
+    let err = acpo::report::doc::splice(
         Path::new("DOC.md"),
         "<!-- begin: tabel1.md -->\n<!-- end: tabel1.md -->\n",
         tmp.path(),
@@ -355,7 +356,7 @@ fn splice_fills_its_blocks_and_leaves_other_generators_blocks_alone() {
         let doc = format!(
             "<!-- begin: table1.md -->\n<!-- end: table1.md -->\n<!-- begin: {name} -->\nx\n<!-- end: {name} -->\n"
         );
-        let err = acpo::report::splice(Path::new("DOC.md"), &doc, &reports)
+        let err = acpo::report::doc::splice(Path::new("DOC.md"), &doc, &reports)
             .expect_err("a block out of the reports")
             .to_string();
         assert!(

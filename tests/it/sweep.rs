@@ -156,7 +156,7 @@ fn the_plan_is_the_grid_times_the_seeds_and_baselines_take_only_their_fields() {
         if let Some(k) = v.point {
             let values = &spec.points()[k];
             let alpha = match v.exp.algorithm.clip {
-                acpo::manifest::PolicyClip::Advantage { alpha } => alpha,
+                acpo::algo::method::PolicyClip::Advantage { alpha } => alpha,
                 other => panic!("{other:?}"),
             };
             assert_eq!(values[1].1.yaml(), if alpha == 0.5 { "0.5" } else { "1e9" });
@@ -275,7 +275,7 @@ fn a_sweep_trains_resumes_and_reports_the_paired_differences() {
     assert_eq!(mean(&p1.delta_best), 0.0);
 }
 
-/// The inputs of issue #23's study (tools/make_study.py): every spec in sweeps/ loads and plans
+/// The inputs of issue #23's study (tools/generators/make_study.py): every spec in sweeps/ loads and plans
 /// into valid manifests, with the grid the issue asks for.
 #[test]
 fn the_study_specs_plan_the_issues_grid() {

@@ -273,7 +273,7 @@ fn ppo_clips_the_ratio_once_mini_batches_are_off_policy() {
 /// Nearest-rank quantiles of r and |r·Â| (issue #22's regime diagnostics).
 #[test]
 fn ratio_quantiles_take_the_nearest_rank() {
-    use acpo::train::update::RatioQuantiles;
+    use acpo::train::outcomes::RatioQuantiles;
     // r = 0.01, 0.02, …, 1.00 (shuffled), |r·Â| = 100 r
     let values: Vec<(f32, f32)> = (1..=100)
         .map(|i| ((i * 37) % 100 + 1) as f32 / 100.0)

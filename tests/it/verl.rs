@@ -522,7 +522,7 @@ fn the_parquet_files_are_verls_layout_and_read_back_as_the_problems() {
 /// `ACPO_UPDATE_FIXTURES=1 cargo test --test it verl_plugin_fixtures`.
 fn plugin_fixtures() -> serde_json::Value {
     use acpo::algo::loss::{policy_loss, Aggregation};
-    use acpo::manifest::{LossAggMode, PolicyClip};
+    use acpo::algo::method::{LossAggMode, PolicyClip};
     use candle_core::{Device, Tensor, Var};
     let (b, t) = (3usize, 7usize);
     let mut rng = acpo::rng::SplitMix64::new(2024);

@@ -9,7 +9,7 @@ Writes into tests/fixtures/:
                          template rendered by transformers for a user message.
 
 Run once (not in CI), from the repository root, with torch + transformers from PyPI:
-  python3 tools/ref_model.py
+  python3 tools/oracles/ref_model.py
 """
 import json
 import os
@@ -34,7 +34,7 @@ models = {
 }
 
 ids = torch.tensor([[5, 17, 99, 3, 64, 2, 127, 40, 8, 11], [1, 2, 3, 4, 5, 6, 7, 8, 9, 10]])
-reference = {"generator": f"tools/ref_model.py (torch {torch.__version__}, transformers {transformers.__version__})",
+reference = {"generator": f"tools/oracles/ref_model.py (torch {torch.__version__}, transformers {transformers.__version__})",
              "input_ids": ids.tolist(), "models": {}}
 for name, (cls, cfg) in models.items():
     cfg._attn_implementation = "eager"

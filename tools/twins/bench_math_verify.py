@@ -2,7 +2,7 @@
 """Math-Verify on the pairs `acpo bench verifier` timed: throughput and agreement with acpo.
 
   cargo run --release -- bench verifier --out results/bench
-  python3 tools/bench_math_verify.py results/bench/verifier_pairs.jsonl
+  python3 tools/twins/bench_math_verify.py results/bench/verifier_pairs.jsonl
 
 Needs `pip install math-verify`. Math-Verify's default configuration (gold parsed with
 LatexExtractionConfig + ExprExtractionConfig, prediction likewise), one call per pair, timed

@@ -5,7 +5,7 @@ for byte, timings aside: metrics lines lose timing_s/* and perf/*; provenance.js
 times, commit and hardware; init.json its created_utc; SHA256SUMS files (which hash the timed
 files) are skipped. Exit 0 when nothing differs.
 
-    python3 tools/compare_runs.py BASE_DIR NEW_DIR mini
+    python3 tools/checks/compare_runs.py BASE_DIR NEW_DIR mini
 """
 import sys, os, json, hashlib
 if len(sys.argv) != 4:

@@ -4,7 +4,7 @@ Qwen3-0.6B shape written by `acpo model init`: teacher-forced log-probabilities 
 in f32 and bf16 (the greedy continuation and the tiny models' logits are checked by the CUDA
 tests against transformers' fixtures). Writes parity.json under OUT and prints a table.
 
-    python3 tools/gpu_parity.py --acpo ACPO_CUDA_BINARY --out OUT [--tokenizer DIR]
+    python3 tools/gpu/parity.py --acpo ACPO_CUDA_BINARY --out OUT [--tokenizer DIR]
 
 Needs torch + transformers (the GPU machines have them). With --tokenizer (the real Qwen3
 tokenizer directory) the sequences are tokenized benchmark-like texts; without it, random ids.

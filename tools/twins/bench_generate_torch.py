@@ -6,7 +6,7 @@ T = 1 with no early stop. Median of --repeats after a warm-up; new tokens per se
 does, the prefill alone is also timed (the same prompts, one new token), and the decode steps'
 rate is batch x (N - 1) over the run's time less the prefill's.
 
-  python3 tools/bench_generate_torch.py --config experiments/paper/configs/qwen3-1.7b.json \\
+  python3 tools/twins/bench_generate_torch.py --config experiments/paper/configs/qwen3-1.7b.json \\
       --batch 64 --prompt-len 1024 --new-tokens 1024 --json out.json
 """
 import argparse

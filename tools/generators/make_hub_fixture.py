@@ -2,7 +2,7 @@
 """Writes tests/fixtures/hub/dapo-math-17k-tiny.parquet: the verl schema of the hub's
 BytedTsinghua-SIA/DAPO-Math-17k parquet (data_source, prompt = [{content, role}], ability,
 reward_model = {ground_truth, style}, extra_info = {index}) for 4 problems, the block repeated
-3 times as the release repeats it 100 times. Run once with pyarrow: python3 tools/make_hub_fixture.py
+3 times as the release repeats it 100 times. Run once with pyarrow: python3 tools/generators/make_hub_fixture.py
 """
 import os
 import pyarrow as pa

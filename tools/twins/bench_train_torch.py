@@ -9,7 +9,7 @@ Mixed precision as verl's FSDP runs it: fp32 master weights and AdamW state, bf1
 Attention: --attn sdpa (PyTorch picks its flash backend for bf16) or flash_attention_2 when
 the flash-attn package is installed. --checkpointing turns on HF gradient checkpointing.
 
-  python3 tools/bench_train_torch.py --config experiments/paper/configs/qwen3-1.7b.json \\
+  python3 tools/twins/bench_train_torch.py --config experiments/paper/configs/qwen3-1.7b.json \\
       --seq-len 9220 --prompt-len 1024 --micro-batch 2 --checkpointing --json out.json
 
 Prints one Markdown row; reports tokens/s, MFU (same FLOP count as acpo: perf::train_flops)

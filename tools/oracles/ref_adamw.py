@@ -3,7 +3,7 @@
 constant-with-warmup schedule (transformers' get_constant_schedule_with_warmup: the factor is
 t / warmup for the t-th step, t = 0, 1, …, then 1). Writes tests/fixtures/adamw.json.
 
-  python3 tools/ref_adamw.py      # torch from PyPI, CPU, float32
+  python3 tools/oracles/ref_adamw.py      # torch from PyPI, CPU, float32
 """
 import json
 import torch
@@ -28,6 +28,6 @@ for s in range(cfg["steps"]):
                       params=[p.detach().clone().tolist() for p in params],
                       exp_avg=[opt.state[p]["exp_avg"].tolist() for p in params],
                       exp_avg_sq=[opt.state[p]["exp_avg_sq"].tolist() for p in params]))
-json.dump(dict(generator=f"tools/ref_adamw.py (torch {torch.__version__})", config=cfg, init=init, steps=steps),
+json.dump(dict(generator=f"tools/oracles/ref_adamw.py (torch {torch.__version__})", config=cfg, init=init, steps=steps),
           open("tests/fixtures/adamw.json", "w"))
 print("wrote tests/fixtures/adamw.json")

@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
-"""PyTorch/transformers counterpart of `acpo bench generate|train-step` (src/speed.rs): the same
+"""PyTorch/transformers counterpart of `acpo bench generate|train-step` (src/perf/mod.rs): the same
 random Qwen3 configurations and shapes, on CPU, f32, median of 3 after a warm-up.
 
-  python3 tools/bench_torch.py                 # prints a Markdown table
-  python3 tools/bench_torch.py --json out.json # also writes the rows as JSON (bench_compare.py)
-  python3 tools/bench_torch.py --tiny-only     # only the tiny model (seconds instead of minutes)
+  python3 tools/twins/bench_torch.py                 # prints a Markdown table
+  python3 tools/twins/bench_torch.py --json out.json # also writes the rows as JSON (bench_compare.py)
+  python3 tools/twins/bench_torch.py --tiny-only     # only the tiny model (seconds instead of minutes)
 Needs torch + transformers (PyPI). Threads: torch's default (all cores), like candle.
 """
 import json

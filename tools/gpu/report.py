@@ -1,13 +1,15 @@
 #!/usr/bin/env python3
-"""The GPU rows of docs/CUDA.md and REPRODUCE.md from one run of tools/gpu_suite.sh (issue #24):
+"""The GPU rows of docs/CUDA.md and REPRODUCE.md from one run of tools/gpu/suite.sh (issue #24):
 reads every raw file under a results/gpu/<device>-<date>/ directory (one sub-directory per device
 call; where a check ran in several calls, the later call's result counts) and writes there
 gpu-results.md (every measurement) and gpu-targets.md (the CUDA issues' targets beside what was
-measured); with --doc FILE also fills whichever of FILE's `<!-- begin: NAME -->` …
-`<!-- end: NAME -->` blocks it has. Every number comes from the raw files.
+measured). Every number comes from the raw files. The docs quote the two files through their
+`<!-- begin: NAME -->` blocks, filled by the binary's one filler (`acpo doc`, src/report/doc.rs):
 
-    python3 tools/gpu_report.py results/gpu/NVIDIA-H100-80GB-HBM3-20261123 \\
-        --doc docs/CUDA.md --doc REPRODUCE.md
+    python3 tools/gpu/report.py results/gpu/NVIDIA-H100-80GB-HBM3-20261123
+    acpo doc docs/CUDA.md REPRODUCE.md --from results/gpu/NVIDIA-H100-80GB-HBM3-20261123
+
+With --check it writes nothing and exits 1 when the committed files differ from the raw results.
 
 Standard library only.
 """
@@ -127,7 +129,7 @@ def train_step(root, lines):
     out.append("")
     out.append("Qwen3-1.7B shape, random weights, bf16 with fp32 masters, prompt 1,024, gradient "
                "checkpointing on both sides; acpo with flash attention and vocabulary chunks of 8,192, "
-               "torch with sdpa (`tools/bench_train_torch.py`).")
+               "torch with sdpa (`tools/twins/bench_train_torch.py`).")
     return out
 
 
@@ -394,48 +396,27 @@ def later_targets(root, generate):
     return rows
 
 
-def fill(doc, name, body, check=False):
-    """Puts `body` in doc's NAME block; with `check`, only says whether it is there already."""
-    text = doc.read_text()
-    begin, end = f"<!-- begin: {name} -->", f"<!-- end: {name} -->"
-    if end not in text:
-        sys.exit(f"error: {doc} has {begin} without {end}")
-    head, rest = text.split(begin, 1)
-    _, tail = rest.split(end, 1)
-    new = f"{head}{begin}\n{body.strip()}\n{end}{tail}"
-    if check:
-        return new == text
-    doc.write_text(new)
-    return True
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("results", type=Path)
-    ap.add_argument("--doc", type=Path, action="append", default=[])
     ap.add_argument("--check", action="store_true",
-                    help="write nothing; exit 1 if a --doc's blocks differ from the results")
+                    help="write nothing; exit 1 if gpu-results.md or gpu-targets.md differ from the raw results")
     args = ap.parse_args()
     if not args.results.is_dir():
         print(f"error: {args.results} is not a directory of GPU suite results", file=sys.stderr)
         return 2
-    body = report(args.results)
-    brief = targets(args.results)
-    if not args.check:
-        (args.results / "gpu-results.md").write_text(body)
-        (args.results / "gpu-targets.md").write_text(brief + "\n")
-    stale = []
-    for doc in args.doc:
-        text = doc.read_text()
-        for name, block in (("gpu-targets.md", brief), ("gpu-results.md", body)):
-            if f"<!-- begin: {name} -->" in text and not fill(doc, name, block, args.check):
-                stale.append(f"{doc}: {name}")
-    if stale:
-        print("error: generated GPU blocks out of date (rerun without --check): " + ", ".join(stale),
-              file=sys.stderr)
-        return 1
-    if not args.check:
-        print(brief)
+    files = {"gpu-results.md": report(args.results), "gpu-targets.md": targets(args.results) + "\n"}
+    if args.check:
+        stale = [name for name, text in files.items()
+                 if not (args.results / name).is_file() or (args.results / name).read_text() != text]
+        if stale:
+            print(f"error: {args.results}: {', '.join(stale)} out of date with the raw results "
+                  "(rerun without --check)", file=sys.stderr)
+            return 1
+        return 0
+    for name, text in files.items():
+        (args.results / name).write_text(text)
+    print(files["gpu-targets.md"], end="")
     return 0
 
 

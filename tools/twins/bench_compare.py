@@ -2,10 +2,10 @@
 """acpo vs PyTorch/transformers on the same configurations (issue #4's speed targets), measured
 in alternation so that a noisy machine (a shared VM) slows both sides alike.
 
-  python3 tools/bench_compare.py --acpo target/release/acpo --python /path/to/venv/bin/python \\
+  python3 tools/twins/bench_compare.py --acpo target/release/acpo --python /path/to/venv/bin/python \\
       [--rounds 3] [--out results/bench] [--tiny-only]
 
-Each round runs `acpo bench train-step`, `acpo bench generate` and tools/bench_torch.py once;
+Each round runs `acpo bench train-step`, `acpo bench generate` and tools/twins/bench_torch.py once;
 the table gives the median over rounds of each side's tokens/s (each itself a median of 3) and
 their ratio, and is written to OUT/compare.md with the raw rounds in OUT/compare.json.
 Targets: train step >= 1.0x PyTorch CPU, generation >= 2x HF `generate`.
@@ -49,7 +49,7 @@ with tempfile.TemporaryDirectory() as tmp:
 
 lines = [f"# acpo vs PyTorch (CPU, f32), median of {args.rounds} alternating rounds\n",
          f"Machine: {os.cpu_count()} CPU threads. acpo: `acpo bench train-step|generate`; PyTorch: "
-         "`tools/bench_torch.py` (transformers `generate` for generation).\n",
+         "`tools/twins/bench_torch.py` (transformers `generate` for generation).\n",
          "| model | what | acpo tokens/s | PyTorch tokens/s | ratio | target | met |",
          "|---|---|---:|---:|---:|---:|---|"]
 for key in rounds[0]["acpo"]:

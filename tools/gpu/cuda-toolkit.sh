@@ -2,7 +2,7 @@
 # Sets up the pinned CUDA 13.0 toolkit from NVIDIA's PyPI wheels, on a machine with or without a
 # GPU, and prints the environment a `--features cuda` build needs (docs/CUDA.md).
 #
-#   eval "$(tools/cuda-toolkit.sh [DIR])"      # DIR defaults to ~/.cache/acpo/cuda-13.0
+#   eval "$(tools/gpu/cuda-toolkit.sh [DIR])"      # DIR defaults to ~/.cache/acpo/cuda-13.0
 #
 # Why these pins: the GPU machines' driver (580, CUDA 13.0) cannot JIT PTX newer than nvcc 13.0
 # emits (13.5 writes PTX 9.5), and candle-core's `cuda` feature links libcuda, libcudart,

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Every GPU check of issues #18-#20 (and #24) on one GPU machine, raw results in one directory:
 # the machine, the CUDA test suite (every kernel against its CPU twin, acpo against transformers'
-# fixtures, the four algorithms and resume on CUDA), tools/gpu_parity.py (a Qwen3-0.6B-shaped
+# fixtures, the four algorithms and resume on CUDA), tools/gpu/parity.py (a Qwen3-0.6B-shaped
 # random model against transformers on the same GPU, with the real Qwen3 tokenizer when
 # target/gpu/qwen3-tokenizer is there), the speed benchmarks on CUDA in f32 and bf16 beside the
-# CPU's; the paper-shape train step of Qwen3-1.7B against tools/bench_train_torch.py at 2k and 9k
+# CPU's; the paper-shape train step of Qwen3-1.7B against tools/twins/bench_train_torch.py at 2k and 9k
 # tokens, flash attention against torch's sdpa, sampling at batch 64 × (1k + 1k) beside HF
 # generate and the costed paper plan (#19, #20); then continuous batching on long-tailed lengths
 # and the peak memory at 9k with each saving turned off.
 #
-#   bash tools/gpu_suite.sh [checks|tests|paper|sampling|extra|pipeline|all]   (default all)
+#   bash tools/gpu/suite.sh [checks|tests|paper|sampling|extra|pipeline|all]   (default all)
 #
 # Sections: checks = tests (the CUDA tests) + parity + the built-in benches; paper = the
 # train-step and attention comparisons + sampling (HF generate, acpo generate, the paper plan);
@@ -31,7 +31,7 @@
 #
 # Needs target/gpu/acpo-cuda.xz and target/gpu/it-cuda.xz, made on any machine by
 # `just pack-gpu-suite` and carried with the working tree:
-#   run(command="bash tools/gpu_suite.sh checks", carry=["target/gpu"])
+#   run(command="bash tools/gpu/suite.sh checks", carry=["target/gpu"])
 set -uo pipefail
 section="${1:-all}"
 case "$section" in checks|tests|paper|sampling|extra|pipeline|all) ;; *) echo "usage: $0 [checks|tests|paper|sampling|extra|pipeline|all]" >&2; exit 2;; esac
@@ -112,7 +112,7 @@ if [ "$section" = checks ] || [ "$section" = all ]; then
 tokenizer=()
 [ -f target/gpu/qwen3-tokenizer/tokenizer.json ] && tokenizer=(--tokenizer target/gpu/qwen3-tokenizer)
 step "parity against transformers (Qwen3-0.6B shape)" 150 parity.log \
-    python3 tools/gpu_parity.py --acpo "$bin/acpo" --out "$res/parity" "${tokenizer[@]}"
+    python3 tools/gpu/parity.py --acpo "$bin/acpo" --out "$res/parity" "${tokenizer[@]}"
 tail -4 "$res/parity.log" | tee -a "$res/summary.txt"
 
 # The built-in sizes (issue #4's tiny and ~100M models) on CUDA, and on this machine's CPU.
@@ -132,7 +132,7 @@ if [ "$section" = paper ] || [ "$section" = all ]; then
 # checkpointing (what fits at 9k), GRPO micro-batch of 2, prompt 1,024.
 for len in ${TRAIN_LENS:-2048 9220}; do
     step "torch train-step qwen3-1.7b 2x$len" 150 "torch-train-$len.log" \
-        python3 tools/bench_train_torch.py --config "$cfg" --seq-len "$len" --prompt-len 1024 \
+        python3 tools/twins/bench_train_torch.py --config "$cfg" --seq-len "$len" --prompt-len 1024 \
         --micro-batch 2 --checkpointing --repeats 2 --json "$res/torch-train-$len.json"
     tail -2 "$res/torch-train-$len.log" | tee -a "$res/summary.txt"
     step "acpo train-step qwen3-1.7b 2x$len" 150 "acpo-train-$len.log" \
@@ -144,7 +144,7 @@ done
 # The attention kernel alone against torch's sdpa (flash backend), same shapes.
 for len in ${TRAIN_LENS:-2048 9220}; do
     step "torch sdpa attention qwen3-1.7b 2x$len" 60 "torch-attention-$len.log" \
-        python3 tools/bench_attention_torch.py --config "$cfg" --seq-len "$len" \
+        python3 tools/twins/bench_attention_torch.py --config "$cfg" --seq-len "$len" \
         --micro-batch 2 --json "$res/torch-attention-$len.json"
     tail -1 "$res/torch-attention-$len.log" | tee -a "$res/summary.txt"
     step "acpo flash attention qwen3-1.7b 2x$len" 60 "acpo-attention-$len.log" \
@@ -161,7 +161,7 @@ if [ "$section" = paper ] || [ "$section" = sampling ] || [ "$section" = all ]; 
 new=${GEN_NEW:-1024}
 for cache in ${TORCH_CACHES:-static}; do
     step "torch generate ($cache cache) qwen3-1.7b 64x(1024+$new)" 240 "torch-generate-$cache.log" \
-        python3 tools/bench_generate_torch.py --config "$cfg" --batch 64 --prompt-len 1024 \
+        python3 tools/twins/bench_generate_torch.py --config "$cfg" --batch 64 --prompt-len 1024 \
         --new-tokens "$new" --repeats 1 --cache "$cache" --json "$res/torch-generate-$cache.json"
     tail -1 "$res/torch-generate-$cache.log" | tee -a "$res/summary.txt"
 done

@@ -5,7 +5,7 @@
 query heads with enable_gqa), forward and forward + backward, median of --repeats after a
 warm-up. Reports the same FLOP count as acpo (4*B*H*T^2*D/2 forward, 3.5x for both).
 
-  python3 tools/bench_attention_torch.py --config experiments/paper/configs/qwen3-1.7b.json \\
+  python3 tools/twins/bench_attention_torch.py --config experiments/paper/configs/qwen3-1.7b.json \\
       --seq-len 9220 --micro-batch 2 --json out.json
 """
 import argparse

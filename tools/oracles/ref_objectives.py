@@ -10,7 +10,7 @@ textbook min / max / clip form, with the deviations documented in src/algo/mod.r
   3. seq-mean-token-sum-norm divides by a fixed horizon and the number of sequences;
   4. outputs at padding positions are 0.
 
-Run once (not in CI):  python3 tools/ref_objectives.py > tests/fixtures/objectives.json
+Run once (not in CI):  python3 tools/oracles/ref_objectives.py > tests/fixtures/objectives.json
 Needs only numpy.
 """
 import json
@@ -275,7 +275,7 @@ for clip in [dict(kind="ratio", eps_low=0.2, eps_high=0.2, dual_clip_c=3.0),
                        stats=stats, loss={m: aggregated(per_token, m) for m in MODES}))
 
 fixture = dict(
-    generator="tools/ref_objectives.py (numpy %s)" % np.__version__,
+    generator="tools/oracles/ref_objectives.py (numpy %s)" % np.__version__,
     inputs=dict(mask=mask.tolist(), log_prob=log_prob.tolist(), old_log_prob=old_lp.tolist(),
                 advantages=adv.tolist(), values=values.tolist(), old_values=old_values.tolist(),
                 returns=returns.tolist(), scores=scores.tolist(), token_rewards=token_rewards.tolist(),

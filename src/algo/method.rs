@@ -1,0 +1,150 @@
+//! The methods the paper compares and the choices that define their objectives: the four
+//! methods of Table 1 ([`AlgorithmKind`]), what each clips ([`PolicyClip`]: PPO's ratio clip,
+//! ACPO's advantage clip of eq. 5, and the clipping family of issue #23), how token losses are
+//! aggregated ([`LossAggMode`]), how advantages are estimated ([`AdvantageEstimator`]). The
+//! objectives' math in [`super::loss`] and [`super::advantage`] is written in these terms;
+//! manifests parse and validate them, and define none.
+
+use std::fmt;
+
+use serde::{Deserialize, Serialize};
+
+/// The four methods of Table 1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize)]
+pub enum AlgorithmKind {
+    #[serde(rename = "ppo")]
+    Ppo,
+    #[serde(rename = "ppo-ac")]
+    PpoAc,
+    #[serde(rename = "grpo")]
+    Grpo,
+    #[serde(rename = "grpo-ac")]
+    GrpoAc,
+}
+
+impl AlgorithmKind {
+    pub const ALL: [AlgorithmKind; 4] = [Self::Ppo, Self::PpoAc, Self::Grpo, Self::GrpoAc];
+
+    /// PPO types learn a critic and use GAE; GRPO types normalise rewards within a prompt group.
+    pub fn is_ppo_type(self) -> bool {
+        matches!(self, Self::Ppo | Self::PpoAc)
+    }
+
+    /// -AC variants clip r·Â to [−α, α] (paper eq. 5) instead of clipping r.
+    pub fn is_advantage_clipped(self) -> bool {
+        matches!(self, Self::PpoAc | Self::GrpoAc)
+    }
+
+    /// The method's name as the paper writes it.
+    pub fn paper_name(self) -> &'static str {
+        match self {
+            Self::Ppo => "PPO",
+            Self::PpoAc => "PPO-AC",
+            Self::Grpo => "GRPO",
+            Self::GrpoAc => "GRPO-AC",
+        }
+    }
+}
+
+impl fmt::Display for AlgorithmKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Ppo => "ppo",
+            Self::PpoAc => "ppo-ac",
+            Self::Grpo => "grpo",
+            Self::GrpoAc => "grpo-ac",
+        })
+    }
+}
+
+/// A baseline's policy loss (verl's `actor.policy_loss.loss_mode`, issue #23): the ratio clip
+/// of PPO (`vanilla`), CISPO, GSPO, or no clip at all (an unclipped importance-sampling
+/// control, not a verl mode). The -AC variants always clip r·Â.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PolicyLossMode {
+    Vanilla,
+    Cispo,
+    Gspo,
+    Unclipped,
+}
+
+/// How per-token losses are reduced to the mini-batch loss (verl's `loss_agg_mode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum LossAggMode {
+    /// Mean over every valid token of the mini-batch, exact across micro-batches.
+    TokenMean,
+    /// verl's legacy path: the mean of per-micro-batch token means (for verl parity).
+    TokenMeanMicrobatch,
+    SeqMeanTokenSum,
+    SeqMeanTokenMean,
+    SeqMeanTokenSumNorm,
+}
+
+/// What is clipped in the policy loss.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub enum PolicyClip {
+    /// PPO/GRPO: clip r to [1−ε_low, 1+ε_high], with the dual clip c for Â < 0.
+    Ratio {
+        eps_low: f64,
+        eps_high: f64,
+        dual_clip_c: f64,
+    },
+    /// ACPO (paper eq. 5): clip r·Â to [−α, α].
+    Advantage { alpha: f64 },
+    /// CISPO (verl `cispo`): the importance weight clipped to [1−ε_low, 1+ε_high] and
+    /// detached, times Â·log π; every token keeps a gradient.
+    Cispo { eps_low: f64, eps_high: f64 },
+    /// GSPO (verl `gspo`): the sequence's length-normalised ratio, clipped PPO-style.
+    Gspo { eps_low: f64, eps_high: f64 },
+    /// No clip: −r·Â, the unclipped importance-sampling control.
+    Unclipped,
+}
+
+/// The rule and its bounds in one short phrase (`acpo check`, sweep reports): `alpha=2`,
+/// `eps=0.2/0.28`, `cispo eps=10/0.2`, ...
+impl fmt::Display for PolicyClip {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match *self {
+            PolicyClip::Ratio {
+                eps_low, eps_high, ..
+            } => write!(f, "eps={}/{}", short(eps_low), short(eps_high)),
+            PolicyClip::Advantage { alpha } => write!(f, "alpha={}", short(alpha)),
+            PolicyClip::Cispo { eps_low, eps_high } => {
+                write!(f, "cispo eps={}/{}", short(eps_low), short(eps_high))
+            }
+            PolicyClip::Gspo { eps_low, eps_high } => {
+                write!(f, "gspo eps={}/{}", short(eps_low), short(eps_high))
+            }
+            PolicyClip::Unclipped => f.write_str("unclipped"),
+        }
+    }
+}
+
+/// A number as a manifest would write it: 0.2, 2, and 1e9 or 3e-4 rather than 1000000000 or
+/// 0.0003.
+pub fn short(x: f64) -> String {
+    if x != 0.0 && !(1e-3..1e5).contains(&x.abs()) {
+        format!("{x:e}")
+    } else {
+        format!("{x}")
+    }
+}
+
+/// How advantages are estimated.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub enum AdvantageEstimator {
+    /// GAE over the response tokens with a learned critic, then batch whitening (PPO types).
+    Gae { gamma: f64, lam: f64, whiten: bool },
+    /// (s − mean)/(std + ε) within each prompt's group, or s − mean without std (GRPO types).
+    GroupNormalized { norm_by_std: bool },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Algorithm {
+    pub kind: AlgorithmKind,
+    pub clip: PolicyClip,
+    pub advantage: AdvantageEstimator,
+    pub loss_agg_mode: LossAggMode,
+}

@@ -1,0 +1,100 @@
+//! `acpo check`: every manifest under some paths validated, run names unique, each one's model
+//! config (where it is on this machine) one `train` would take.
+
+use std::path::{Path, PathBuf};
+
+use super::{Experiment, ManifestError};
+
+/// What `acpo check` found: a summary line per valid manifest, an error per invalid one.
+#[derive(Debug, Clone, Default)]
+pub struct CheckReport {
+    pub files: usize,
+    pub valid: Vec<String>,
+    pub errors: Vec<String>,
+}
+
+/// Checks the model config a manifest names on this machine (a model directory's config.json,
+/// or the config a missing one is created from): `acpo check` refuses sizes `train` would.
+fn check_model(exp: &Experiment) -> Result<(), String> {
+    let (field, config) = match (&exp.model.source, &exp.model.init) {
+        (crate::hub::ModelSource::Dir(dir), _) if dir.join("config.json").is_file() => {
+            ("model.dir", dir.join("config.json"))
+        }
+        (crate::hub::ModelSource::Dir(_), Some(init)) => ("model.init.config", init.config.clone()),
+        _ => return Ok(()),
+    };
+    crate::model::QwenConfig::load(&config)
+        .map(|_| ())
+        .map_err(|e| format!("field `{field}`: {e}"))
+}
+
+/// Validates every manifest under `paths` (files, or directories searched for `*.yaml`);
+/// run names must be unique across them, and each manifest's model config, where it is on this
+/// machine, must be one `train` would take. Every file is checked, whatever the others say.
+pub fn check_all(paths: &[PathBuf]) -> Result<CheckReport, ManifestError> {
+    let mut files = Vec::new();
+    for path in paths {
+        files.extend(discover(path)?);
+    }
+    let mut report = CheckReport {
+        files: files.len(),
+        ..CheckReport::default()
+    };
+    let mut names: std::collections::BTreeMap<String, PathBuf> = Default::default();
+    for file in &files {
+        match Experiment::load(file) {
+            Ok(experiment) => {
+                if let Some(other) = names.insert(experiment.name.clone(), file.clone()) {
+                    report.errors.push(format!(
+                        "{}: field `name`: `{}` is already the name of {}",
+                        file.display(),
+                        experiment.name,
+                        other.display()
+                    ));
+                    continue;
+                }
+                if let Err(reason) = check_model(&experiment) {
+                    report.errors.push(format!("{}: {reason}", file.display()));
+                    continue;
+                }
+                report.valid.push(experiment.summary());
+            }
+            Err(err) => report.errors.push(err.to_string()),
+        }
+    }
+    Ok(report)
+}
+
+/// Every `*.yaml` / `*.yml` file under `path` (or `path` itself), sorted for a stable order.
+pub fn discover(path: &Path) -> Result<Vec<PathBuf>, ManifestError> {
+    let io = |source| ManifestError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let meta = std::fs::metadata(path).map_err(io)?;
+    if meta.is_file() {
+        return Ok(vec![path.to_owned()]);
+    }
+    let mut found = Vec::new();
+    let mut stack = vec![path.to_owned()];
+    while let Some(dir) = stack.pop() {
+        let entries = std::fs::read_dir(&dir).map_err(|source| ManifestError::Io {
+            path: dir.clone(),
+            source,
+        })?;
+        for entry in entries {
+            let entry = entry.map_err(|source| ManifestError::Io {
+                path: dir.clone(),
+                source,
+            })?;
+            let p = entry.path();
+            if p.is_dir() {
+                stack.push(p);
+            } else if matches!(p.extension().and_then(|e| e.to_str()), Some("yaml" | "yml")) {
+                found.push(p);
+            }
+        }
+    }
+    found.sort();
+    Ok(found)
+}

@@ -1,0 +1,127 @@
+//! Generated blocks of Markdown documents: `<!-- begin: NAME -->` … `<!-- end: NAME -->` holds
+//! the file NAME of a folder of generated reports, so docs quote generated files and never
+//! hand-typed numbers. Every generator shares this one format and this one filler: `acpo
+//! report`, `reproduce`, `sweep`, `bench` and `pipeline` through their `--doc`, the GPU
+//! suite's report (tools/gpu/report.py writes its files, `acpo doc` fills them in).
+
+use std::path::{Path, PathBuf};
+
+use super::{ReportError, Result};
+
+/// Fills each block `<!-- begin: NAME -->` … `<!-- end: NAME -->` of the Markdown document
+/// `doc` (read from `doc_path`) with the generated file `root/NAME` (e.g. `table1.md`), so docs
+/// quote generated files instead of hand-typed numbers. Returns the new text and the number of
+/// blocks filled. A block naming a file `root` does not have is left as it is (another
+/// generator fills it: the GPU blocks come from the GPU suite's results, the memory plan from
+/// `acpo bench`), but a document none of whose blocks `root` can fill is an error (a wrong root or a
+/// misspelt name). NAME is a relative path that stays inside `root` (issue #35: a block naming
+/// `/etc/hostname` or `../x` is refused, links leading out of `root` too); errors name the
+/// document.
+pub fn splice(doc_path: &Path, doc: &str, root: &Path) -> Result<(String, usize)> {
+    let invalid = |reason: String| ReportError::Invalid {
+        path: doc_path.to_owned(),
+        reason,
+    };
+    let mut out = String::with_capacity(doc.len());
+    let mut rest = doc;
+    let mut filled = 0;
+    let mut seen = Vec::new();
+    while let Some(i) = rest.find("<!-- begin: ") {
+        let after = &rest[i + "<!-- begin: ".len()..];
+        let name_end = after
+            .find(" -->")
+            .ok_or_else(|| invalid("a `<!-- begin: NAME` marker is not closed by ` -->`".into()))?;
+        let name = &after[..name_end];
+        let end_marker = format!("<!-- end: {name} -->");
+        let body_start = i + "<!-- begin: ".len() + name_end + " -->".len();
+        let j = rest[body_start..]
+            .find(&end_marker)
+            .ok_or_else(|| invalid(format!("no `{end_marker}` after `<!-- begin: {name} -->`")))?;
+        let path = block_file(root, name).ok_or_else(|| {
+            invalid(format!(
+                "block `{name}` is not a file inside the reports folder {}",
+                root.display()
+            ))
+        })?;
+        if !path.exists() {
+            let block_end = body_start + j + end_marker.len();
+            out.push_str(&rest[..block_end]);
+            rest = &rest[block_end..];
+            seen.push(name.to_owned());
+            continue;
+        }
+        let body = std::fs::read_to_string(&path).map_err(|source| ReportError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        out.push_str(&rest[..body_start]);
+        out.push('\n');
+        out.push_str(body.trim_end());
+        out.push('\n');
+        out.push_str(&end_marker);
+        rest = &rest[body_start + j + end_marker.len()..];
+        filled += 1;
+    }
+    if filled == 0 && !seen.is_empty() {
+        return Err(invalid(format!(
+            "none of its generated blocks ({}) is in the reports folder {}",
+            seen.join(", "),
+            root.display()
+        )));
+    }
+    out.push_str(rest);
+    Ok((out, filled))
+}
+
+/// `root/name` when `name` is a relative path of plain components that, links followed, stays
+/// inside `root`; None otherwise.
+fn block_file(root: &Path, name: &str) -> Option<PathBuf> {
+    let rel = Path::new(name);
+    let plain = !name.is_empty()
+        && rel
+            .components()
+            .all(|c| matches!(c, std::path::Component::Normal(_)));
+    if !plain {
+        return None;
+    }
+    let path = root.join(rel);
+    match (path.canonicalize(), root.canonicalize()) {
+        (Ok(real), Ok(base)) if !real.starts_with(&base) => None,
+        _ => Some(path),
+    }
+}
+
+/// What [`fill`] did to one document.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Filled {
+    pub doc: PathBuf,
+    /// Blocks whose file the folder has.
+    pub blocks: usize,
+    /// Whether any of them differed from its file (with `check`, the document is stale).
+    pub changed: bool,
+}
+
+/// Fills the generated blocks of each of `docs` from the files in `root` ([`splice`]),
+/// writing each changed document atomically; with `check`, writes nothing and only says which
+/// would change.
+pub fn fill(docs: &[PathBuf], root: &Path, check: bool) -> Result<Vec<Filled>> {
+    let mut out = Vec::new();
+    for doc in docs {
+        let io = |source| ReportError::Io {
+            path: doc.clone(),
+            source,
+        };
+        let text = std::fs::read_to_string(doc).map_err(io)?;
+        let (new, blocks) = splice(doc, &text, root)?;
+        let changed = new != text;
+        if changed && !check {
+            crate::atomic::write(doc, new.as_bytes()).map_err(io)?;
+        }
+        out.push(Filled {
+            doc: doc.clone(),
+            blocks,
+            changed,
+        });
+    }
+    Ok(out)
+}
