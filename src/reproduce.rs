@@ -40,6 +40,8 @@ pub enum ReproduceError {
     NoJobs,
     #[error("--seeds must be at least 1")]
     NoSeeds,
+    #[error("--models: no manifest of this scale trains {wanted} (its models: {have})")]
+    NoSuchModel { wanted: String, have: String },
 }
 
 type Result<T> = std::result::Result<T, ReproduceError>;
@@ -112,6 +114,35 @@ pub fn jobs(asked: Option<usize>, exps: &[Experiment]) -> Result<usize> {
         None if all_cpu => Ok(std::thread::available_parallelism().map_or(1, |n| n.get())),
         None => Ok(1),
     }
+}
+
+/// The manifests among `manifests` whose model (as reports name it: `qwen3-mini-xs`,
+/// `Qwen/Qwen3-1.7B`) is one of `models`, in their order; every name must match one (a typo
+/// is an error listing the scale's models, never a silent empty run). Empty `models`: all.
+pub fn select_models(manifests: &[PathBuf], models: &[String]) -> Result<Vec<PathBuf>> {
+    if models.is_empty() {
+        return Ok(manifests.to_vec());
+    }
+    let mut labelled = Vec::new();
+    for path in manifests {
+        labelled.push((path.clone(), Experiment::load(path)?.model.source.label()));
+    }
+    for wanted in models {
+        if !labelled.iter().any(|(_, m)| m == wanted) {
+            let mut have: Vec<&str> = labelled.iter().map(|(_, m)| m.as_str()).collect();
+            have.sort_unstable();
+            have.dedup();
+            return Err(ReproduceError::NoSuchModel {
+                wanted: wanted.clone(),
+                have: have.join(", "),
+            });
+        }
+    }
+    Ok(labelled
+        .into_iter()
+        .filter(|(_, m)| models.contains(m))
+        .map(|(p, _)| p)
+        .collect())
 }
 
 /// The runs of `manifests` with `seeds` seeds each: a manifest's own seed s, then s + 1, …,

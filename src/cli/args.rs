@@ -316,6 +316,11 @@ pub struct ReproduceArgs {
     /// curves.
     #[arg(long, default_value_t = 1)]
     pub seeds: usize,
+    /// Only the manifests of these models, as the reports name them (comma-separated, e.g.
+    /// `qwen3-mini-xs,qwen3-mini-s`): nothing else is trained, and the report covers the runs
+    /// under --results. Default: every model of the scale.
+    #[arg(long, value_delimiter = ',', conflicts_with = "from")]
+    pub models: Vec<String>,
 }
 
 #[derive(Debug, Args)]

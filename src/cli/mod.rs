@@ -330,6 +330,7 @@ fn reproduce(args: &ReproduceArgs) -> anyhow::Result<Outcome> {
             if manifests.is_empty() {
                 bail!("{}: no manifests for scale {scale}", dir.display());
             }
+            let manifests = acpo::reproduce::select_models(&manifests, &args.models)?;
             let data = data_dir(&args.data_dir);
             acpo::reproduce::train_all(&manifests, args.seeds, &args.results, &data, args.jobs)?;
             args.results.join(scale)

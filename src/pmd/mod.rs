@@ -25,7 +25,7 @@ use mdp::{Mdp, Policy};
 use serde::Serialize;
 
 use crate::algo::prop1::{acpo_retains, ppo_retains};
-use crate::report::plot::{write_figure, Panel, PlotError, Series};
+use crate::report::plot::{tint, write_figure, Panel, PlotError, Series, Ticks, PALETTE};
 use crate::report::table::{Align::Left, Table};
 
 /// Why the theory check's outputs could not be written.
@@ -477,12 +477,7 @@ fn fmt_alpha(a: f64) -> String {
 pub fn report(cfg: &Config, out: &Path) -> Result<Report, PmdError> {
     let mut rows = Vec::new();
     let mut panels: Vec<Panel> = Vec::new();
-    let colors = [
-        plotters::style::RGBColor(31, 119, 180),
-        plotters::style::RGBColor(255, 127, 14),
-        plotters::style::RGBColor(44, 160, 44),
-        plotters::style::RGBColor(120, 120, 120),
-    ];
+    let colors = [PALETTE[0], PALETTE[1], PALETTE[2], PALETTE[7]];
     for i in 0..cfg.mdps {
         let seed = cfg.seed.wrapping_add(i);
         let m = Mdp::random(seed, cfg.states, cfg.actions, cfg.gamma, 3);
@@ -505,18 +500,15 @@ pub fn report(cfg: &Config, out: &Path) -> Result<Report, PmdError> {
                                 setting.eta0
                             ),
                             x_desc: "iteration N".into(),
-                            y_desc: "F_N (solid), bound (light)".into(),
+                            x_ticks: Ticks::Integers,
+                            y_desc: "F(N) (dark), its bound (light)".into(),
                             log_y: true,
                             series: Vec::new(),
                             ..Panel::default()
                         });
                     }
                     let c = colors[ai];
-                    let light = plotters::style::RGBColor(
-                        ((c.0 as u16 + 2 * 255) / 3) as u8,
-                        ((c.1 as u16 + 2 * 255) / 3) as u8,
-                        ((c.2 as u16 + 2 * 255) / 3) as u8,
-                    );
+                    let light = tint(c, 2.0 / 3.0);
                     let pts = |v: &[f64]| -> Vec<(f64, f64)> {
                         v.iter()
                             .enumerate()
@@ -525,7 +517,7 @@ pub fn report(cfg: &Config, out: &Path) -> Result<Report, PmdError> {
                             .collect()
                     };
                     panels[pi].series.push(Series {
-                        label: format!("F_N, α={}", fmt_alpha(alpha)),
+                        label: format!("F(N), α={}", fmt_alpha(alpha)),
                         color: c,
                         points: pts(&t.f),
                         band: Vec::new(),
@@ -550,7 +542,7 @@ pub fn report(cfg: &Config, out: &Path) -> Result<Report, PmdError> {
     })?;
     let mut files = write_figure(
         &out.join("pmd"),
-        "Clipped policy mirror descent: F_N against Theorems 1-2",
+        "Clipped policy mirror descent: F(N) against Theorems 1–2",
         &panels,
         2,
     )?;

@@ -10,19 +10,19 @@ use super::table::{Align::Left, Align::Right, Table};
 use super::{model_order, ReportError, RunResult};
 use crate::algo::method::AlgorithmKind;
 use crate::data::Benchmark;
-use crate::report::plot::{write_figure, Panel, Series};
+use crate::report::plot::{write_figure, Legend, Panel, Series, Ticks, PALETTE};
 use crate::run::tails::{Histogram, Tails};
 use crate::run::{metric, RunDir};
 
 type Result<T> = std::result::Result<T, ReportError>;
 
-/// One colour per method, in every figure.
+/// One colour per method, in every figure (the sweeps' too): the palette's first four.
 pub fn method_color(m: AlgorithmKind) -> RGBColor {
     match m {
-        AlgorithmKind::Ppo => RGBColor(31, 119, 180),
-        AlgorithmKind::PpoAc => RGBColor(255, 127, 14),
-        AlgorithmKind::Grpo => RGBColor(44, 160, 44),
-        AlgorithmKind::GrpoAc => RGBColor(214, 39, 40),
+        AlgorithmKind::Ppo => PALETTE[0],
+        AlgorithmKind::PpoAc => PALETTE[1],
+        AlgorithmKind::Grpo => PALETTE[2],
+        AlgorithmKind::GrpoAc => PALETTE[3],
     }
 }
 
@@ -87,6 +87,7 @@ pub fn accuracy(runs: &[RunResult], out: &Path) -> Result<Vec<PathBuf>> {
         .map(|m| Panel {
             title: m.clone(),
             x_desc: "training step".into(),
+            x_ticks: Ticks::Integers,
             y_desc: "weighted accuracy (%)".into(),
             log_y: false,
             series: method_series(runs, m, |r| {
@@ -110,6 +111,7 @@ pub fn accuracy(runs: &[RunResult], out: &Path) -> Result<Vec<PathBuf>> {
             .map(|b| Panel {
                 title: b.name().into(),
                 x_desc: "training step".into(),
+                x_ticks: Ticks::Integers,
                 y_desc: "Avg@k (%)".into(),
                 log_y: false,
                 series: method_series(runs, m, |r| {
@@ -154,6 +156,7 @@ pub fn entropy(runs: &[RunResult], out: &Path) -> Result<Vec<PathBuf>> {
         .map(|m| Panel {
             title: m.clone(),
             x_desc: "training step".into(),
+            x_ticks: Ticks::Integers,
             y_desc: "policy entropy (nats)".into(),
             log_y: false,
             series: method_series(runs, m, |r| curves[&r.dir].clone()),
@@ -267,7 +270,9 @@ pub fn tails(runs: &[RunResult], out: &Path) -> Result<(Vec<PathBuf>, String)> {
                 zero_at_axis: true,
                 x_range: Some((-half, half)),
                 marks: alphas.iter().flat_map(|a| [-a, *a]).collect(),
-                legend: crate::report::plot::Legend::UpperRight,
+                // each label carries this panel's counts and tail masses
+                legend: Legend::BelowPanel,
+                x_ticks: Ticks::Auto,
                 error_bars: false,
                 series: per_method
                     .iter()

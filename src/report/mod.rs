@@ -637,6 +637,7 @@ pub fn write(
         let md = seeds::markdown(&pairs);
         written.push(put("seeds.md", &md)?);
         written.push(put("verdict.md", &seeds::verdict_markdown(&pairs))?);
+        written.push(put("power.md", &seeds::power_markdown(&pairs))?);
         shown.push_str(&md);
     }
     if artifact.wants(Artifact::Speedup) {

@@ -37,6 +37,54 @@ pub fn t_975(df: usize) -> f64 {
     }
 }
 
+/// The 0.80 quantile of Student's t with `df` degrees of freedom: 80 % power in a sample-size
+/// calculation. Tabulated to 30 as [`t_975`], the Cornish–Fisher expansion beyond.
+pub fn t_80(df: usize) -> f64 {
+    const TABLE: [f64; 30] = [
+        1.376, 1.061, 0.978, 0.941, 0.920, 0.906, 0.896, 0.889, 0.883, 0.879, 0.876, 0.873, 0.870,
+        0.868, 0.866, 0.865, 0.863, 0.862, 0.861, 0.860, 0.859, 0.858, 0.858, 0.857, 0.856, 0.856,
+        0.855, 0.855, 0.854, 0.854,
+    ];
+    match df {
+        0 => f64::NAN,
+        1..=30 => TABLE[df - 1],
+        _ => {
+            let (z, v) = (0.841_621_f64, df as f64);
+            z + (z.powi(3) + z) / (4.0 * v)
+                + (5.0 * z.powi(5) + 16.0 * z.powi(3) + 3.0 * z) / (96.0 * v * v)
+        }
+    }
+}
+
+/// The size of the effect the paper reports for a family, in points of weighted accuracy: the
+/// yardstick of the power analysis and of the equivalence bounds (issue #38). Table 1's gains
+/// are 0.6–1.5 points for GRPO-AC over GRPO and 1.6–4.0 for PPO-AC over PPO; 1 and 2 points
+/// are the round sizes at the low end of each family's range.
+pub fn paper_effect(baseline: AlgorithmKind) -> f64 {
+    if baseline.is_ppo_type() {
+        2.0
+    } else {
+        1.0
+    }
+}
+
+/// The fewest seeds whose paired t test (two-sided, 5 %) finds a true difference of `effect`
+/// points with 80 % power, when the paired differences have standard deviation `sd`: the
+/// smallest n ≥ 2 with (t₀.₉₇₅,ₙ₋₁ + t₀.₈₀,ₙ₋₁)·sd/√n ≤ effect. None above 10,000 (or when `sd`
+/// or `effect` is not positive and finite).
+pub fn seeds_needed(sd: f64, effect: f64) -> Option<usize> {
+    if !(sd.is_finite() && effect.is_finite() && effect > 0.0 && sd >= 0.0) {
+        return None;
+    }
+    (2..=10_000).find(|&n| detectable(sd, n) <= effect)
+}
+
+/// The smallest difference `n` seeds detect with 80 % power at 5 % (two-sided), in the units
+/// of `sd`.
+pub fn detectable(sd: f64, n: usize) -> f64 {
+    (t_975(n - 1) + t_80(n - 1)) * sd / (n as f64).sqrt()
+}
+
 /// A mean over seeds and its 95 % t interval (none from one value).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Interval {
@@ -62,6 +110,17 @@ impl Interval {
             mean,
             half_width,
         })
+    }
+
+    /// The sample standard deviation the interval came from (None for n < 2).
+    pub fn sd(&self) -> Option<f64> {
+        self.half_width
+            .map(|h| h * (self.n as f64).sqrt() / t_975(self.n - 1))
+    }
+
+    /// The interval's upper end: with the lower, the bound the data put on the effect at 95 %.
+    pub fn upper(&self) -> Option<f64> {
+        self.half_width.map(|h| self.mean + h)
     }
 
     /// `mean [lo, hi]` with `digits` decimals and signs (the mean alone from one value): a
@@ -240,14 +299,23 @@ pub fn sign_test(a: usize, b: usize) -> Option<f64> {
     Some((2.0 * tail).min(1.0))
 }
 
-/// What an interval says about a difference the paper expects to be positive.
-fn direction(i: &Interval) -> &'static str {
+/// What an interval says about a difference the paper expects to be positive: its sign when
+/// it excludes 0; when it holds 0 and its upper end lies below the paper's `effect`, the data
+/// rule out a gain of the paper's size ("bounded below the paper's size"); else not resolved.
+fn direction(i: &Interval, effect: Option<f64>) -> &'static str {
     match i.half_width {
         Some(h) if i.mean - h > 0.0 => "reproduced",
         Some(h) if i.mean + h < 0.0 => "contradicted",
+        Some(h) if effect.is_some_and(|e| i.mean + h < e) => "bounded below the paper's size",
         Some(_) => "not resolved",
         None => "one seed: no interval",
     }
+}
+
+/// The bound an interval puts on a gain: "< +0.8" (its upper end), at 95 %.
+fn bound(i: &Interval, digits: usize) -> String {
+    i.upper()
+        .map_or("—".into(), |u| format!("gain < {u:+.digits$}"))
 }
 
 /// verdict.md (issue #22, item 5): for each claim of the paper that seeds can test, per
@@ -261,19 +329,22 @@ pub fn verdict_markdown(all: &[PairStats]) -> String {
         ("-AC vs", Left),
         ("paired by seed", Left),
         ("mean [95 % CI]", Right),
+        ("bound at 95 %", Right),
+        ("paper's size", Right),
         ("verdict", Left),
     ]);
-    let mut tally: Vec<(&str, [usize; 3])> = Vec::new();
+    let mut tally: Vec<(&str, [usize; 4])> = Vec::new();
     let mut count = |claim: &'static str, verdict: &str| {
         let i = match verdict {
             "reproduced" => 0,
             "contradicted" => 1,
-            _ => 2,
+            "bounded below the paper's size" => 2,
+            _ => 3,
         };
         match tally.iter_mut().find(|(c, _)| *c == claim) {
             Some((_, t)) => t[i] += 1,
             None => {
-                let mut t = [0; 3];
+                let mut t = [0; 4];
                 t[i] = 1;
                 tally.push((claim, t));
             }
@@ -284,7 +355,8 @@ pub fn verdict_markdown(all: &[PairStats]) -> String {
     const ENTROPY: &str = "slower entropy collapse (Fig. 2)";
     for p in all {
         let base = p.baseline.paper_name();
-        let v = direction(&p.best_diff);
+        let effect = paper_effect(p.baseline);
+        let v = direction(&p.best_diff, Some(effect));
         count(ACCURACY, v);
         t.row([
             ACCURACY.into(),
@@ -292,6 +364,8 @@ pub fn verdict_markdown(all: &[PairStats]) -> String {
             base.into(),
             "Δ best weighted accuracy, points".into(),
             p.best_diff.show(1),
+            bound(&p.best_diff, 1),
+            format!("+{effect}"),
             v.to_string(),
         ]);
         let n = p.seeds.len();
@@ -314,13 +388,16 @@ pub fn verdict_markdown(all: &[PairStats]) -> String {
                 p.later,
                 n - p.reached
             ),
+            "—".into(),
+            "—".into(),
             format!(
                 "{v} (sign test, p = {})",
                 pv.map_or("—".into(), |p| format!("{p:.3}"))
             ),
         ]);
         if let Some(e) = &p.entropy_diff {
-            let v = direction(e);
+            // the paper gives no size for the entropy gap: a bound, no equivalence verdict
+            let v = direction(e, None);
             count(ENTROPY, v);
             t.row([
                 ENTROPY.into(),
@@ -328,18 +405,21 @@ pub fn verdict_markdown(all: &[PairStats]) -> String {
                 base.into(),
                 "Δ entropy at the last step, nats per token".into(),
                 e.show(3),
+                bound(e, 3),
+                "—".into(),
                 v.to_string(),
             ]);
         }
     }
     let mut s = t.to_string();
     s.push('\n');
-    for (claim, [yes, no, open]) in tally {
+    for (claim, [yes, no, below, open]) in tally {
         s.push_str(&format!(
-            "- {claim}: reproduced in {yes}, contradicted in {no}, not resolved in {open} of {} pairs.\n",
-            yes + no + open
+            "- {claim}: reproduced in {yes}, contradicted in {no}, bounded below the paper's size in {below}, not resolved in {open} of {} pairs.\n",
+            yes + no + below + open
         ));
     }
+    s.push_str("- Bound at 95 %: the upper end of the paired two-sided 95 % interval (a one-sided 97.5 % bound); a larger gain is ruled out. \"Bounded below the paper's size\": the interval holds 0 and its upper end is below the paper's gain for the family (+1 point GRPO-AC, +2 points PPO-AC: the low end of Table 1's 0.6–1.5 and 1.6–4.0), so a gain as large as the paper's is ruled out here.\n");
     s.push_str("- r·Â tails by difficulty (Fig. 3): descriptive only, from the first seed (tails.md); no test across seeds.\n");
     s
 }
@@ -367,6 +447,47 @@ pub fn first_seed(runs: &[RunResult]) -> Vec<RunResult> {
         }
     }
     out
+}
+
+/// power.md (issue #38): per matched pair, the standard deviation of its paired differences
+/// over the seeds at hand, the smallest difference those seeds detect (80 % power, 5 %
+/// two-sided), and the seeds a paired t test needs to detect the paper's size of gain for the
+/// family (+1 point GRPO-AC, +2 points PPO-AC) with 80 % power at 5 %.
+pub fn power_markdown(all: &[PairStats]) -> String {
+    let mut t = Table::new([
+        ("model", Left),
+        ("-AC vs", Left),
+        ("seeds", Right),
+        ("sd of Δ best", Right),
+        ("sd of Δ final", Right),
+        ("detectable Δ best at these seeds", Right),
+        ("paper's size", Right),
+        ("seeds for it, best", Right),
+        ("seeds for it, final", Right),
+    ]);
+    let needed = |sd: Option<f64>, effect: f64| {
+        sd.and_then(|sd| seeds_needed(sd, effect))
+            .map_or("> 10,000".into(), |n| n.to_string())
+    };
+    for p in all {
+        let effect = paper_effect(p.baseline);
+        let (sd_best, sd_final) = (p.best_diff.sd(), p.final_diff.sd());
+        let show = |x: Option<f64>| x.map_or("—".into(), |x| format!("{x:.2}"));
+        t.row([
+            p.model.clone(),
+            p.baseline.paper_name().to_string(),
+            p.seeds.len().to_string(),
+            show(sd_best),
+            show(sd_final),
+            show(sd_best.map(|sd| detectable(sd, p.seeds.len()))),
+            format!("+{effect}"),
+            needed(sd_best, effect),
+            needed(sd_final, effect),
+        ]);
+    }
+    let mut s = t.to_string();
+    s.push_str("\nPoints of weighted accuracy. sd: the sample standard deviation of the paired differences (-AC − baseline, seed by seed). Detectable: (t₀.₉₇₅ + t₀.₈₀)·sd/√n, the smallest true gain these n seeds find with 80 % power in a two-sided paired t test at 5 %. Seeds for it: the smallest n with that detectable gain at or below the paper's size for the family, assuming the sd stays as measured.\n");
+    s
 }
 
 /// seeds.md: each matched pair over its seeds.
@@ -427,6 +548,24 @@ mod tests {
         assert!((t_975(40) - 2.0211).abs() < 1e-3, "{}", t_975(40));
         assert!((t_975(100) - 1.9840).abs() < 1e-3, "{}", t_975(100));
         assert!(t_975(0).is_nan());
+    }
+
+    #[test]
+    fn sample_sizes_match_the_textbook_formula() {
+        // sd = effect: the classic paired design needs 10 pairs (8 by the normal
+        // approximation (1.96 + 0.84)^2 = 7.85, more with t's heavier tails).
+        assert_eq!(seeds_needed(1.0, 1.0), Some(10));
+        assert!(detectable(1.0, 10) <= 1.0 && detectable(1.0, 9) > 1.0);
+        // twice the noise, four times the seeds (about)
+        let n = seeds_needed(2.0, 1.0).expect("n");
+        assert!((33..=35).contains(&n), "{n}");
+        assert_eq!(seeds_needed(f64::NAN, 1.0), None);
+        assert_eq!(seeds_needed(1.0, 0.0), None);
+        // the interval's own sd comes back
+        let i = Interval::of(&[1.0, 2.0, 4.0, 7.0]).expect("interval");
+        let sd = (((1.0f64 - 3.5).powi(2) + 2.25 + 0.25 + 12.25) / 3.0).sqrt();
+        assert!((i.sd().expect("sd") - sd).abs() < 1e-12);
+        assert!((t_80(1000) - 0.8422).abs() < 1e-3);
     }
 
     #[test]

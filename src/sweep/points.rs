@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::{GridValue, Result, Sweep, Variant};
+use crate::algo::method::{AlgorithmKind, PolicyClip};
 use crate::manifest::Experiment;
 use crate::report::seeds::Interval;
 
@@ -78,6 +79,9 @@ pub struct PointResult {
     pub values: Vec<(String, GridValue)>,
     /// The rule the point trains, e.g. `GRPO-AC alpha=0.5` or `GRPO cispo eps=10/0.2`.
     pub rule: String,
+    /// Its method and clip, typed (the figures colour a rule by them).
+    pub kind: AlgorithmKind,
+    pub clip: PolicyClip,
     /// Policy updates per training step (mini-batches × epochs): the off-policy degree.
     pub updates_per_step: usize,
     /// The paired baseline's method and manifest name, e.g. `GRPO (study-xs-grpo)`.
@@ -140,6 +144,8 @@ pub fn point_results(sweep: &Sweep, finished: &Finished) -> Vec<PointResult> {
         out.push(PointResult {
             values,
             rule: describe(first),
+            kind: first.algorithm.kind,
+            clip: first.algorithm.clip,
             updates_per_step: first.actor.updates_per_step(first.trainer.batch_size),
             baseline,
             seeds: best.len(),

@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 
 use super::points::PointResult;
 use super::{GridValue, Result, Spec, Sweep, SweepError, DEGREE_FIELDS};
-use crate::report::plot::{write_figure, Panel, Series};
+use crate::algo::method::PolicyClip;
+use crate::report::figures::method_color;
+use crate::report::plot::{shade, tint, write_figure, Panel, Series, Ticks, PALETTE};
 use crate::report::seeds::Interval;
 use crate::report::table::{Align::Left, Align::Right, Table};
 use crate::report::ReportError;
@@ -194,32 +196,33 @@ pub(super) fn comparison_markdown(
 }
 
 /// The comparison's figure: per baseline, Δ best and Δ final against the policy updates per
-/// step (log2), one line per rule with its 95 % intervals as error bars (the rules side by side
-/// at each degree; the legend once per baseline, right of the Δ final panel's data).
+/// step (on a log2 axis labelled with the counts), one line per rule with its 95 % intervals
+/// as error bars (the rules side by side at each degree), one legend below the panels.
 pub(super) fn comparison_figure(
     panels: &[ComparisonPanel],
     title: &str,
     stem: &Path,
 ) -> Result<Vec<PathBuf>> {
     type Of = fn(&PointResult) -> &Option<Interval>;
-    let measures: [(&str, Of, bool); 2] = [
-        ("best", |p| &p.delta_best, false),
-        ("final", |p| &p.delta_final, true),
-    ];
+    let measures: [(&str, Of); 2] = [("best", |p| &p.delta_best), ("final", |p| &p.delta_final)];
     let mut drawn = Vec::new();
     for panel in panels {
         let n = panel.rows.len();
-        let right = panel
+        let colors = rule_colors(panel);
+        let log2 = |u: usize| (u as f64).log2();
+        let right = panel.columns.iter().map(|&u| log2(u)).fold(0.0, f64::max);
+        let ticks: Vec<(f64, String)> = panel
             .columns
             .iter()
-            .map(|&u| (u as f64).log2())
-            .fold(0.0, f64::max);
-        for (name, of, legend) in measures {
+            .map(|&u| (log2(u), u.to_string()))
+            .collect();
+        for (name, of) in measures {
             let series = panel
                 .rows
                 .iter()
+                .zip(&colors)
                 .enumerate()
-                .map(|(i, (row, cells))| {
+                .map(|(i, ((row, cells), &color))| {
                     // side by side: the rules spread over ±0.2 around each degree
                     let dodge = if n > 1 {
                         0.4 * (i as f64 / (n - 1) as f64 - 0.5)
@@ -228,44 +231,79 @@ pub(super) fn comparison_figure(
                     };
                     let at: Vec<(f64, &Interval)> = cells
                         .iter()
-                        .filter_map(|(&u, p)| {
-                            of(p).as_ref().map(|d| ((u as f64).log2() + dodge, d))
-                        })
+                        .filter_map(|(&u, p)| of(p).as_ref().map(|d| (log2(u) + dodge, d)))
                         .collect();
-                    crate::report::plot::Series {
-                        label: if legend { row.clone() } else { String::new() },
-                        color: PALETTE[i % PALETTE.len()],
+                    Series {
+                        label: row.clone(),
+                        color,
                         points: at.iter().map(|(x, d)| (*x, d.mean)).collect(),
                         band: at.iter().map(|(x, d)| d.band_at(*x)).collect(),
                     }
                 })
                 .collect();
-            drawn.push(crate::report::plot::Panel {
+            drawn.push(Panel {
                 title: format!("Δ {name} against {}", panel.baseline),
-                x_desc: "log2 policy updates per step".into(),
+                x_desc: "policy updates per step (log scale)".into(),
                 y_desc: format!("Δ {name}, points (95 % CI)"),
                 series,
-                // room on the right for the legend, off the bars
-                x_range: Some((-0.5, right + 5.5)),
-                legend: crate::report::plot::Legend::UpperRight,
+                x_range: Some((-0.5, right + 0.5)),
+                x_ticks: Ticks::Named(ticks.clone()),
                 error_bars: true,
-                ..crate::report::plot::Panel::default()
+                ..Panel::default()
             });
         }
     }
-    Ok(crate::report::plot::write_figure(stem, title, &drawn, 2).map_err(ReportError::from)?)
+    Ok(write_figure(stem, title, &drawn, 2).map_err(ReportError::from)?)
 }
 
-const PALETTE: [plotters::style::RGBColor; 8] = [
-    plotters::style::RGBColor(31, 119, 180),
-    plotters::style::RGBColor(255, 127, 14),
-    plotters::style::RGBColor(44, 160, 44),
-    plotters::style::RGBColor(214, 39, 40),
-    plotters::style::RGBColor(148, 103, 189),
-    plotters::style::RGBColor(140, 86, 75),
-    plotters::style::RGBColor(227, 119, 194),
-    plotters::style::RGBColor(127, 127, 127),
-];
+/// A colour per rule of a comparison panel, the methods' colours kept: ACPO's rules in its
+/// -AC method's colour from light (smallest α) to dark (largest), the ratio clip in its
+/// method's, CISPO, GSPO and the unclipped control in the palette's next colours.
+fn rule_colors(panel: &ComparisonPanel) -> Vec<plotters::style::RGBColor> {
+    fn first<'p>(cells: &BTreeMap<usize, &'p PointResult>) -> Option<&'p PointResult> {
+        cells.values().next().copied()
+    }
+    let mut alphas: Vec<f64> = panel
+        .rows
+        .iter()
+        .filter_map(|(_, cells)| match first(cells)?.clip {
+            PolicyClip::Advantage { alpha } => Some(alpha),
+            _ => None,
+        })
+        .collect();
+    alphas.sort_by(f64::total_cmp);
+    alphas.dedup();
+    panel
+        .rows
+        .iter()
+        .map(|(_, cells)| {
+            let Some(p) = first(cells) else {
+                return PALETTE[7];
+            };
+            match p.clip {
+                PolicyClip::Advantage { alpha } => {
+                    let rank = alphas.iter().position(|a| *a == alpha).unwrap_or(0) as f64;
+                    let t = if alphas.len() > 1 {
+                        rank / (alphas.len() - 1) as f64
+                    } else {
+                        0.5
+                    };
+                    // light tint → the colour itself → a dark shade
+                    let c = method_color(p.kind);
+                    if t < 0.5 {
+                        tint(c, 0.6 * (1.0 - 2.0 * t))
+                    } else {
+                        shade(c, 0.55 * (2.0 * t - 1.0))
+                    }
+                }
+                PolicyClip::Ratio { .. } => method_color(p.kind),
+                PolicyClip::Cispo { .. } => PALETTE[4],
+                PolicyClip::Gspo { .. } => PALETTE[5],
+                PolicyClip::Unclipped => PALETTE[7],
+            }
+        })
+        .collect()
+}
 
 /// The figure: Δ best against the first grid field (on log10 where it spans orders of
 /// magnitude), one line per value of the other fields, with its 95 % band.
@@ -320,13 +358,28 @@ pub fn figure(spec: &Spec, points: &[PointResult], stem: &Path) -> Result<Vec<Pa
             }
         })
         .collect();
+    // On log10, ticks at the decades, labelled with the field's own values (0.1, 1, 1e9).
+    let x_ticks = if log_x {
+        let (lo, hi) = (lo.log10().floor() as i32, hi.log10().ceil() as i32);
+        Ticks::Named(
+            (lo..=hi)
+                .map(|k| {
+                    let decade: f64 = format!("1e{k}").parse().expect("a decade parses");
+                    (f64::from(k), crate::algo::method::short(decade))
+                })
+                .collect(),
+        )
+    } else {
+        Ticks::Auto
+    };
     let panel = Panel {
         title: format!("{}: Δ best weighted accuracy vs the baseline", spec.name),
         x_desc: if log_x {
-            format!("log10 {x_field}")
+            format!("{x_field} (log scale)")
         } else {
             x_field.clone()
         },
+        x_ticks,
         y_desc: "Δ points (95 % CI)".into(),
         series,
         marks: vec![],

@@ -805,7 +805,24 @@ fn trainer_fields(l: &mut Launch, t: &raw::Trainer) {
     );
     l.set(
         "reward.custom_reward_function.name",
-        "compute_score",
+        "compute_score_batch",
+        &["trainer.reward"],
+    );
+    // A chunk of responses judged by one `acpo score` process (issue #37), through the
+    // plug-in's reward-loop manager, not one process per response (verl's `naive`).
+    l.set(
+        "reward.reward_manager.source",
+        "importlib",
+        &["trainer.reward"],
+    );
+    l.set(
+        "reward.reward_manager.name",
+        "AcpoBatchRewardManager",
+        &["trainer.reward"],
+    );
+    l.set(
+        "reward.reward_manager.module.path",
+        "$PLUGIN/acpo_verl/reward.py",
         &["trainer.reward"],
     );
     let kind = match t.reward {

@@ -300,6 +300,31 @@ fn figures_are_produced_and_not_blank() {
     assert!(
         svg.contains("<svg") && svg.contains("PPO-AC") && svg.contains("weighted accuracy (%)")
     );
+    // Publication conventions (issue #37): steps are whole numbers, the legend sits below the
+    // axes (never over the data), one per figure for the methods.
+    let texts = svg_texts(&svg);
+    let ticks: Vec<&str> = texts
+        .iter()
+        .map(|(_, t)| t.as_str())
+        .filter(|t| t.parse::<f64>().is_ok())
+        .collect();
+    assert!(ticks.iter().any(|t| *t == "0"), "{ticks:?}");
+    assert!(
+        !ticks.iter().any(|t| t.ends_with(".0")),
+        "float steps: {ticks:?}"
+    );
+    let axis = texts
+        .iter()
+        .filter(|(_, t)| t == "training step")
+        .map(|(y, _)| *y)
+        .fold(f64::NEG_INFINITY, f64::max);
+    let legend: Vec<f64> = texts
+        .iter()
+        .filter(|(_, t)| t.starts_with("PPO-AC"))
+        .map(|(y, _)| *y)
+        .collect();
+    assert_eq!(legend.len(), 1, "one legend per figure: {legend:?}");
+    assert!(legend[0] > axis, "the legend is below the panels' axes");
     // Fig. 3 as the paper draws it: ±α marked, each method's count and tail mass in its legend.
     let tails_svg = std::fs::read_to_string(out.join("tails_qwen3-8b.svg")).expect("svg");
     assert!(tails_svg.contains("beyond ±") && tails_svg.contains("(dashed: ±α)"));
@@ -517,4 +542,16 @@ fn several_seeds_give_paired_intervals_and_leave_table1_to_the_first_seed() {
     )
     .expect("one");
     assert!(!one.path().join("seeds.md").exists());
+}
+
+/// Each text element of a plotters SVG: its y and its text.
+pub(crate) fn svg_texts(svg: &str) -> Vec<(f64, String)> {
+    svg.split("<text ")
+        .skip(1)
+        .filter_map(|t| {
+            let y = t.split(" y=\"").nth(1)?.split('"').next()?.parse().ok()?;
+            let body = t.split_once('>')?.1.split("</text>").next()?.trim();
+            Some((y, body.to_string()))
+        })
+        .collect()
 }

@@ -389,6 +389,21 @@ fn sweeps_share_their_baseline_compare_and_rebuild_from_an_archive() {
         assert!(table.contains(row), "{row}: {table}");
     }
     assert!(ws.join("f1/cmp.svg").exists() && ws.join("f1/cmp.png").exists());
+    // The off-policy axis reads in updates per step at their log2 positions (1, 4), never
+    // an empty stretch of log2 values.
+    let labels: Vec<String> =
+        super::report::svg_texts(&std::fs::read_to_string(ws.join("f1/cmp.svg")).expect("svg"))
+            .into_iter()
+            .map(|(_, t)| t)
+            .collect();
+    assert!(
+        labels.iter().any(|t| t == "1") && labels.iter().any(|t| t == "4"),
+        "{labels:?}"
+    );
+    assert!(
+        !labels.iter().any(|t| t == "2.0" || t == "9.0"),
+        "{labels:?}"
+    );
 
     // Pack every run (without checkpoints) and rebuild through the binary.
     let mut dirs: Vec<PathBuf> = acpo::sweep::trained_dirs(&sweeps, &reports)

@@ -210,6 +210,71 @@ class Reward(unittest.TestCase):
         with self.assertRaises(ValueError):
             compute_score("x", "\\boxed{1}", "1", {}, kind="other")
 
+    def test_a_batch_is_one_judge_call_with_one_result_per_response(self):
+        from acpo_verl import reward
+
+        calls = []
+        real = reward.judge
+
+        def counting(responses, answers):
+            calls.append(len(responses))
+            return real(responses, answers)
+
+        reward.judge = counting
+        try:
+            got = reward.compute_score_batch(
+                ["math500", "minerva", "aime-like"],
+                ["\\boxed{\\frac{1}{2}}", "\\boxed{3}", "the answer is \\boxed{4}"],
+                ["0.5", "2", "4"],
+                [{"problem_id": "a"}, {"index": 7}, None],
+                kind="signed",
+            )
+        finally:
+            reward.judge = real
+        self.assertEqual(calls, [3])
+        self.assertEqual([g["score"] for g in got], [1.0, -1.0, 1.0])
+        self.assertEqual([g["problem_id"] for g in got], ["a", "7", ""])
+        self.assertEqual(reward.compute_score_batch([], [], [], []), [])
+        with self.assertRaises(ValueError):
+            reward.compute_score_batch(["a"], ["x", "y"], ["1", "2"], [{}, {}])
+
+    def test_the_coalescer_judges_concurrent_calls_together_and_fails_each_loudly(self):
+        import asyncio
+        from acpo_verl import reward
+
+        batches = []
+
+        def batch_fn(**kw):
+            batches.append(len(kw["solution_strs"]))
+            return reward.compute_score_batch(**kw, kind="binary")
+
+        async def chunk(coalescer, n):
+            # as verl's RewardLoopWorker.compute_score_batch: every response a task, then gather
+            tasks = [asyncio.ensure_future(coalescer.submit("math500", f"\\boxed{{{i}}}", "3", {"index": i}))
+                     for i in range(n)]
+            return await asyncio.gather(*tasks)
+
+        c = reward.Coalescer(batch_fn)
+        got = asyncio.run(chunk(c, 40))
+        self.assertEqual(batches, [40])
+        self.assertEqual([g["acc"] for g in got], [i == 3 for i in range(40)])
+
+        def failing(**kw):
+            raise RuntimeError("acpo score failed on response 1 of the batch")
+
+        with self.assertRaisesRegex(RuntimeError, "response 1"):
+            asyncio.run(chunk(reward.Coalescer(failing), 3))
+
+    def test_a_failing_judge_names_the_response(self):
+        from acpo_verl import reward
+
+        # A lone surrogate is escaped by json.dumps but is not text acpo score accepts: the
+        # batch fails, and the error names the response, never a silent 0.
+        with self.assertRaisesRegex(RuntimeError, "response 1 of the batch of 3"):
+            reward.compute_score_batch(
+                ["m"] * 3, ["\\boxed{1}", "odd \udc80", "\\boxed{2}"], ["1", "1", "2"], [{}] * 3
+            )
+
 
 if __name__ == "__main__":
     unittest.main()
