@@ -70,6 +70,20 @@ verify archive="results/mini.tar.gz":
 from-archive archive="results/mini.tar.gz":
     cargo run --release -- reproduce all --scale mini --from {{archive}} --doc REPRODUCE.md
 
+# Issue #38's powered runs (qwen3-mini-xs and -s at 20 seeds, REPRODUCE.md "Powered"): about half
+# an hour on 2 cores; then the archive.
+[group('reproduce')]
+powered:
+    cargo run --release -- reproduce all --scale mini --models qwen3-mini-xs,qwen3-mini-s --seeds 20 --results results/powered --figures figures/powered
+    cargo run --release -- archive results/powered/mini/*/ --out results/mini-powered.tar.gz --no-checkpoints
+
+# Rebuild the powered runs' reports from their shipped archive (verified first) and refresh the
+# `from-mini-powered/*` blocks of REPRODUCE.md (filled from results/, never the five-seed ones).
+[group('reproduce')]
+from-powered-archive archive="results/mini-powered.tar.gz":
+    cargo run --release -- reproduce all --scale mini --from {{archive}}
+    cargo run --release -- doc REPRODUCE.md --from results
+
 # Set up the pinned CUDA 13.0 toolkit from PyPI wheels (no GPU needed) and build the CUDA binary
 # target/release/acpo with the kernels of kernels/ (docs/CUDA.md).
 [group('cuda')]

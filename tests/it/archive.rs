@@ -207,6 +207,34 @@ fn checksum_is_quoted(repo: &Path, name: &str) -> String {
     guide
 }
 
+/// `acpo reproduce all --scale mini --from ARCHIVE` into a scratch results/ and figures/ under
+/// `tmp`; asserts it succeeded and returns the results root.
+fn rebuild_from(shipped: &Path, tmp: &Path) -> PathBuf {
+    let results = tmp.join("results");
+    let out = acpo(
+        &[
+            "reproduce",
+            "all",
+            "--scale",
+            "mini",
+            "--from",
+            shipped.to_str().expect("u"),
+            "--results",
+            results.to_str().expect("u"),
+            "--figures",
+            tmp.join("figures").to_str().expect("u"),
+        ],
+        tmp,
+    );
+    assert!(
+        out.status.success(),
+        "{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    results
+}
+
 /// The archive shipped in the repository (REPRODUCE.md, tiers 1–2): it verifies, rebuilds
 /// Table 1-mini, the speedups, the regime, the paired differences over seeds and the verdict,
 /// and those are exactly the blocks REPRODUCE.md quotes, whose SHA-256 line matches the file.
@@ -225,28 +253,7 @@ fn shipped_archive_verifies_and_rebuilds_the_tables_quoted_in_reproduce() {
     let guide = checksum_is_quoted(repo, "mini.tar.gz");
 
     let tmp = tempfile::tempdir().expect("tmp");
-    let out = acpo(
-        &[
-            "reproduce",
-            "all",
-            "--scale",
-            "mini",
-            "--from",
-            shipped.to_str().expect("u"),
-            "--results",
-            tmp.path().join("results").to_str().expect("u"),
-            "--figures",
-            tmp.path().join("figures").to_str().expect("u"),
-        ],
-        tmp.path(),
-    );
-    assert!(
-        out.status.success(),
-        "{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let root = tmp.path().join("results/from-mini");
+    let root = rebuild_from(&shipped, tmp.path()).join("from-mini");
     assert_eq!(
         std::fs::read_dir(&root)
             .expect("unpacked")
@@ -266,12 +273,45 @@ fn shipped_archive_verifies_and_rebuilds_the_tables_quoted_in_reproduce() {
     let (filled, blocks) =
         acpo::report::doc::splice(Path::new("GUIDE.md"), &guide, &root).expect("splice");
     assert_eq!(
-        blocks, 6,
-        "table1.md, speedup.md, tails.md, regime.md, seeds.md and verdict.md are quoted"
+        blocks, 7,
+        "table1.md, speedup.md, tails.md, regime.md, seeds.md, verdict.md and power.md are quoted"
     );
     assert_eq!(
         filled, guide,
         "REPRODUCE.md's generated blocks differ from what the archive gives: run `acpo reproduce all --scale mini --from results/mini.tar.gz --doc REPRODUCE.md`"
+    );
+}
+
+/// Issue #38's powered runs, shipped as results/mini-powered.tar.gz (REPRODUCE.md, "Powered"):
+/// the xs and s models at seeds 1 to 20; it verifies, its SHA-256 is quoted, and the paired
+/// differences, the verdict with its bounds and the power table rebuilt from it are exactly the
+/// `from-mini-powered/*` blocks REPRODUCE.md quotes (filled from the results root, so they
+/// never collide with the five-seed blocks).
+#[test]
+fn shipped_powered_archive_rebuilds_the_powered_verdict_quoted_in_reproduce() {
+    let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let shipped = repo.join("results/mini-powered.tar.gz");
+    let guide = checksum_is_quoted(repo, "mini-powered.tar.gz");
+    let tmp = tempfile::tempdir().expect("tmp");
+    let results = rebuild_from(&shipped, tmp.path());
+    let root = results.join("from-mini-powered");
+    assert_eq!(
+        std::fs::read_dir(&root)
+            .expect("unpacked")
+            .filter(|e| e.as_ref().is_ok_and(|e| e.path().is_dir()))
+            .count(),
+        160,
+        "2 models x 4 methods x 20 seeds"
+    );
+    let (filled, blocks) =
+        acpo::report::doc::splice(Path::new("GUIDE.md"), &guide, &results).expect("splice");
+    assert_eq!(
+        blocks, 3,
+        "from-mini-powered/{{seeds,verdict,power}}.md are quoted"
+    );
+    assert_eq!(
+        filled, guide,
+        "REPRODUCE.md's powered blocks differ from what the archive gives: run `just from-powered-archive`"
     );
 }
 

@@ -308,7 +308,7 @@ fn figures_are_produced_and_not_blank() {
         .map(|(_, t)| t.as_str())
         .filter(|t| t.parse::<f64>().is_ok())
         .collect();
-    assert!(ticks.iter().any(|t| *t == "0"), "{ticks:?}");
+    assert!(ticks.contains(&"0"), "{ticks:?}");
     assert!(
         !ticks.iter().any(|t| t.ends_with(".0")),
         "float steps: {ticks:?}"
@@ -506,13 +506,14 @@ fn several_seeds_give_paired_intervals_and_leave_table1_to_the_first_seed() {
             .unwrap_or_else(|| panic!("no {claim} row:\n{verdict}"))
             .to_string()
     };
-    assert!(
-        line("higher weighted accuracy").ends_with("| not resolved |"),
-        "{verdict}"
-    );
+    // Issue #38: the bound the data put on the gain, beside the paper's size for PPO-AC; the
+    // interval reaches above +2 here, so a gain of the paper's size stays open.
+    let accuracy = line("higher weighted accuracy");
+    assert!(accuracy.ends_with("| +2 | not resolved |"), "{accuracy}");
+    assert!(accuracy.contains("| gain < +"), "{accuracy}");
     let speed = line("reaches the baseline's best");
     assert!(
-        speed.contains("| 1 / 1 / 1 / 0 of 3 | not resolved (sign test, p = 1.000) |"),
+        speed.contains("| 1 / 1 / 1 / 0 of 3 | — | — | not resolved (sign test, p = 1.000) |"),
         "{speed}"
     );
     let entropy = line("slower entropy collapse");
@@ -522,7 +523,7 @@ fn several_seeds_give_paired_intervals_and_leave_table1_to_the_first_seed() {
         "{entropy}"
     );
     assert!(entropy.ends_with("| reproduced |"), "{entropy}");
-    assert!(verdict.contains("- higher weighted accuracy (Table 1): reproduced in 0, contradicted in 0, not resolved in 1 of 1 pairs."), "{verdict}");
+    assert!(verdict.contains("- higher weighted accuracy (Table 1): reproduced in 0, contradicted in 0, bounded below the paper's size in 0, not resolved in 1 of 1 pairs."), "{verdict}");
     for figure in ["accuracy.png", "entropy.png"] {
         let png = r
             .join("figures")
