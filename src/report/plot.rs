@@ -121,19 +121,23 @@ pub enum Ticks {
 }
 
 impl Ticks {
-    /// The tick positions for the axis [lo, hi].
-    fn positions(&self, lo: f64, hi: f64) -> Vec<f64> {
+    /// The tick positions for the axis [lo, hi], and their step (1 for named ticks, whose
+    /// labels do not depend on it).
+    fn positions(&self, lo: f64, hi: f64) -> (Vec<f64>, f64) {
         match self {
-            Ticks::Named(named) => named
-                .iter()
-                .map(|&(x, _)| x)
-                .filter(|x| *x >= lo && *x <= hi)
-                .collect(),
+            Ticks::Named(named) => (
+                named
+                    .iter()
+                    .map(|&(x, _)| x)
+                    .filter(|x| *x >= lo && *x <= hi)
+                    .collect(),
+                1.0,
+            ),
             Ticks::Auto | Ticks::Integers => {
                 let step = tick_step(hi - lo, matches!(self, Ticks::Integers));
                 let first = (lo / step - 1e-9).ceil() as i64;
                 let last = (hi / step + 1e-9).floor() as i64;
-                (first..=last).map(|k| k as f64 * step).collect()
+                ((first..=last).map(|k| k as f64 * step).collect(), step)
             }
         }
     }
@@ -471,11 +475,7 @@ fn draw_panels<DB: DrawingBackend>(
         } else {
             (y0 - pad, y1 + pad)
         };
-        let ticks = p.x_ticks.positions(x0, x1);
-        let step = match p.x_ticks {
-            Ticks::Named(_) => 1.0,
-            _ => tick_step(x1 - x0, p.x_ticks == Ticks::Integers),
-        };
+        let (ticks, step) = p.x_ticks.positions(x0, x1);
         let mut builder = ChartBuilder::on(&area);
         builder
             .caption(&p.title, ("sans-serif", 20))
@@ -623,19 +623,18 @@ mod tests {
     #[test]
     fn integer_ticks_are_whole_numbers_printed_as_integers() {
         let t = Ticks::Integers;
-        let at = t.positions(0.0, 32.0);
+        let (at, step) = t.positions(0.0, 32.0);
         assert_eq!(at, vec![0.0, 5.0, 10.0, 15.0, 20.0, 25.0, 30.0]);
-        assert_eq!(t.label(10.0, 5.0), "10");
+        assert_eq!(t.label(10.0, step), "10");
         // a short axis still steps by whole numbers
-        assert_eq!(t.positions(0.0, 3.0), vec![0.0, 1.0, 2.0, 3.0]);
+        assert_eq!(t.positions(0.0, 3.0).0, vec![0.0, 1.0, 2.0, 3.0]);
     }
 
     #[test]
     fn round_ticks_drop_trailing_zeros_and_negative_zero() {
         let t = Ticks::Auto;
-        let step = tick_step(1.2, false);
+        let (at, step) = t.positions(-0.6, 0.6);
         assert_eq!(step, 0.2);
-        let at = t.positions(-0.6, 0.6);
         let labels: Vec<String> = at.iter().map(|x| t.label(*x, step)).collect();
         assert_eq!(labels, ["-0.6", "-0.4", "-0.2", "0", "0.2", "0.4", "0.6"]);
     }
@@ -647,7 +646,7 @@ mod tests {
             (2.0, "4".into()),
             (4.0, "16".into()),
         ]);
-        assert_eq!(t.positions(-0.5, 3.0), vec![0.0, 2.0]);
+        assert_eq!(t.positions(-0.5, 3.0).0, vec![0.0, 2.0]);
         assert_eq!(t.label(2.0, 1.0), "4");
     }
 }

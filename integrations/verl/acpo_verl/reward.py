@@ -108,7 +108,6 @@ def compute_score_batch(data_sources, solution_strs, ground_truths, extra_infos=
 
 def compute_score(data_source, solution_str, ground_truth, extra_info=None, kind="binary", **_):
     """One response (one `acpo score` process): verl's per-response managers."""
-    _check_kind(kind)
     return compute_score_batch([data_source], [solution_str], [ground_truth], [extra_info], kind=kind)[0]
 
 

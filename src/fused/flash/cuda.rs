@@ -81,6 +81,27 @@ fn mma_grid(rows: usize, y: usize, z: usize, smem: u32) -> Result<LaunchConfig> 
 }
 
 /// Allows kernel `f` `smem` bytes of dynamic shared memory (more than the default needs asking).
+/// The kernel for `op` and its launch over `rows` × `y` × `z`: on tensor cores
+/// (`{op}_mma_d{d}_bf16`, its dynamic shared memory `smem(d)` allowed) where `mma` is `Some(d)`,
+/// else the row kernel `{op}_{sfx}`. Both take the same arguments. A macro because candle's
+/// loaded-kernel type, whose `builder` launches, cannot be named outside candle.
+macro_rules! pick {
+    ($dev:expr, $op:expr, $sfx:expr, $mma:expr, $smem:expr, ($rows:expr, $y:expr, $z:expr) $(,)?) => {
+        match $mma {
+            Some(d) => {
+                let smem = $smem(d);
+                let f = kernel!($dev, &format!("{}_mma_d{d}_bf16", $op), MMA_PTX)?;
+                allow_smem(&f, smem)?;
+                (f, mma_grid($rows, $y, $z, smem)?)
+            }
+            None => (
+                kernel!($dev, &format!("{}_{}", $op, $sfx), ROW_PTX)?,
+                row_grid($rows, $y, $z)?,
+            ),
+        }
+    };
+}
+
 fn allow_smem(f: &CudaFunction, smem: u32) -> Result<()> {
     if smem > DEFAULT_SMEM {
         f.set_attribute(
@@ -189,18 +210,14 @@ pub fn flash_fwd(
             )?;
         } else {
             // The tensor-core forward where it applies, else the row kernel: the same arguments.
-            let (f, cfg) = match mma_dim(dims, dtype, &[q.1, k.1, v.1]) {
-                Some(d) => {
-                    let smem = mma_smem_fwd(d);
-                    let f = kernel!(dev, &format!("flash_fwd_mma_d{d}_bf16"), MMA_PTX)?;
-                    allow_smem(&f, smem)?;
-                    (f, mma_grid(dims.t, dims.h, dims.b, smem)?)
-                }
-                None => (
-                    kernel!(dev, &format!("flash_fwd_{sfx}"), ROW_PTX)?,
-                    row_grid(dims.t, dims.h, dims.b)?,
-                ),
-            };
+            let (f, cfg) = pick!(
+                dev,
+                "flash_fwd",
+                sfx,
+                mma_dim(dims, dtype, &[q.1, k.1, v.1]),
+                mma_smem_fwd,
+                (dims.t, dims.h, dims.b),
+            );
             let mut b = f.builder();
             b.arg(&qv)
                 .arg(&kv)
@@ -324,18 +341,14 @@ pub fn flash_bwd(
             unsafe { b.launch(row_grid(rows, 1, 1)?) }.w()?;
 
             let mma = mma_dim(dims, dtype, &[q.1, k.1, v.1, o.1, dout.1]);
-            let (f, cfg) = match mma {
-                Some(d) => {
-                    let smem = mma_smem_fwd(d);
-                    let f = kernel!(dev, &format!("flash_dq_mma_d{d}_bf16"), MMA_PTX)?;
-                    allow_smem(&f, smem)?;
-                    (f, mma_grid(dims.t, dims.h, dims.b, smem)?)
-                }
-                None => (
-                    kernel!(dev, &format!("flash_dq_{sfx}"), ROW_PTX)?,
-                    row_grid(dims.t, dims.h, dims.b)?,
-                ),
-            };
+            let (f, cfg) = pick!(
+                dev,
+                "flash_dq",
+                sfx,
+                mma,
+                mma_smem_fwd,
+                (dims.t, dims.h, dims.b),
+            );
             let mut b = f.builder();
             b.arg(&qv)
                 .arg(&kv)
@@ -350,18 +363,14 @@ pub fn flash_bwd(
             // SAFETY: the arguments match flash_dq_* and flash_dq_mma_* (the same list).
             unsafe { b.launch(cfg) }.w()?;
 
-            let (f, cfg) = match mma {
-                Some(d) => {
-                    let smem = mma_smem_dkdv(d);
-                    let f = kernel!(dev, &format!("flash_dkdv_mma_d{d}_bf16"), MMA_PTX)?;
-                    allow_smem(&f, smem)?;
-                    (f, mma_grid(dims.s, dims.kv, dims.b, smem)?)
-                }
-                None => (
-                    kernel!(dev, &format!("flash_dkdv_{sfx}"), ROW_PTX)?,
-                    row_grid(dims.s, dims.kv, dims.b)?,
-                ),
-            };
+            let (f, cfg) = pick!(
+                dev,
+                "flash_dkdv",
+                sfx,
+                mma,
+                mma_smem_dkdv,
+                (dims.s, dims.kv, dims.b),
+            );
             let mut b = f.builder();
             b.arg(&qv)
                 .arg(&kv)
