@@ -201,7 +201,7 @@ pub fn verify_dir(root: &Path) -> Result<Report> {
     if !sums_path.is_file() {
         return Ok(unreadable(format!("{} has no {SUMS}", root.display())));
     }
-    let listed = match parse(&io(&sums_path, std::fs::read_to_string(&sums_path))?) {
+    let listed = match parse(&io(&sums_path, crate::files::read_to_string(&sums_path))?) {
         Ok(listed) => listed,
         Err(reason) => return Ok(unreadable(format!("{}: {reason}", sums_path.display()))),
     };
@@ -246,7 +246,7 @@ fn check_inner_sums(
 ) -> Result<()> {
     let dir = sums.trim_end_matches(SUMS);
     let path = root.join(sums);
-    let inner = match parse(&io(&path, std::fs::read_to_string(&path))?) {
+    let inner = match parse(&io(&path, crate::files::read_to_string(&path))?) {
         Ok(inner) => inner,
         Err(reason) => {
             report.differ.push(format!("{sums} ({reason})"));
@@ -352,7 +352,7 @@ pub fn unpack(archive: &Path, dest: &Path) -> Result<()> {
         path: archive.to_owned(),
         reason,
     };
-    let file = io(archive, std::fs::File::open(archive))?;
+    let file = io(archive, crate::files::open(archive))?;
     let compressed = io(archive, file.metadata())?.len();
     let limit = compressed
         .saturating_mul(UNPACK_RATIO)
@@ -437,7 +437,7 @@ impl Drop for Scratch {
 /// `<archive>.sha256`, when it is beside the archive, must name the archive's own digest.
 fn check_sidecar(archive: &Path, report: &mut Report) -> Result<()> {
     let side = PathBuf::from(format!("{}.sha256", archive.display()));
-    let Ok(text) = std::fs::read_to_string(&side) else {
+    let Ok(text) = crate::files::read_to_string(&side) else {
         return Ok(());
     };
     let listed = text.split_whitespace().next().unwrap_or("");

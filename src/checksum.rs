@@ -11,7 +11,7 @@ pub const SUMS: &str = "SHA256SUMS";
 
 /// SHA-256 of a file's bytes, as lowercase hex.
 pub fn sha256_file(path: &Path) -> std::io::Result<String> {
-    let mut f = std::fs::File::open(path)?;
+    let mut f = crate::files::open(path)?;
     let mut h = Sha256::new();
     let mut buf = vec![0u8; 1 << 16];
     loop {

@@ -79,9 +79,18 @@ impl PeakMeter {
     }
 }
 
-/// Bytes the host can still hand out without swapping (`MemAvailable` of /proc/meminfo); None
-/// where the system does not say.
+/// Bytes this process can still take from the host: the least of the system's available memory
+/// (`MemAvailable` of /proc/meminfo), what its memory cgroup's limit leaves (a SLURM job's or a
+/// container's, cgroup v2 or v1) and what its address-space limit (`ulimit -v`) leaves; None
+/// where none of them says.
 pub fn host_available() -> Option<u64> {
+    [meminfo_available(), cgroup_left(), address_space_left()]
+        .into_iter()
+        .flatten()
+        .min()
+}
+
+fn meminfo_available() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: u64 = line["MemAvailable:".len()..]
@@ -90,6 +99,60 @@ pub fn host_available() -> Option<u64> {
         .parse()
         .ok()?;
     Some(kib * 1024)
+}
+
+/// The memory cgroup's limit less its usage. v2: the `0::PATH` line of /proc/self/cgroup under
+/// /sys/fs/cgroup (`memory.max` is `max` when unlimited); v1: the memory controller's line.
+fn cgroup_left() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/self/cgroup").ok()?;
+    let read =
+        |path: String| -> Option<u64> { std::fs::read_to_string(path).ok()?.trim().parse().ok() };
+    for line in text.lines() {
+        let mut parts = line.splitn(3, ':');
+        let (_, controllers, path) = (parts.next()?, parts.next()?, parts.next()?);
+        let path = path.trim_end_matches('/');
+        let (limit, usage) = if controllers.is_empty() {
+            let dir = format!("/sys/fs/cgroup{path}");
+            (
+                read(format!("{dir}/memory.max")),
+                read(format!("{dir}/memory.current")),
+            )
+        } else if controllers.split(',').any(|c| c == "memory") {
+            // Inside a container the controller's mount is the cgroup itself, not the path.
+            let dir = [
+                "/sys/fs/cgroup/memory".to_string(),
+                format!("/sys/fs/cgroup/memory{path}"),
+            ]
+            .into_iter()
+            .find(|d| std::path::Path::new(&format!("{d}/memory.limit_in_bytes")).exists())?;
+            (
+                read(format!("{dir}/memory.limit_in_bytes")),
+                read(format!("{dir}/memory.usage_in_bytes")),
+            )
+        } else {
+            continue;
+        };
+        if let (Some(limit), Some(usage)) = (limit, usage) {
+            return Some(limit.saturating_sub(usage));
+        }
+    }
+    None
+}
+
+/// The address-space limit (`RLIMIT_AS`) less the process's virtual size; None when unlimited.
+fn address_space_left() -> Option<u64> {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit writes the struct it is given and reads nothing else.
+    if unsafe { libc::getrlimit(libc::RLIMIT_AS, &mut limit) } != 0
+        || limit.rlim_cur == libc::RLIM_INFINITY
+    {
+        return None;
+    }
+    let used = proc_status_kib("VmSize:")? * 1024;
+    Some(limit.rlim_cur.saturating_sub(used))
 }
 
 /// Bytes `device` can still hand out: the host's available memory on the CPU, the free device

@@ -98,15 +98,30 @@ impl GenerateOptions {
         }
     }
 
-    /// The prompts: `--prompt`, or the lines of `--input`.
+    /// The prompts: `--prompt`, or the lines of `--input`. A prompt whose encoding this machine
+    /// cannot hold is refused before any is encoded (issue #35): the tokenizer's memory grows
+    /// with the text, while a prompt's length in tokens is known only once it is encoded.
     pub fn prompts(&self) -> Result<Vec<String>> {
-        match (&self.prompt, &self.input) {
-            (Some(p), _) => Ok(vec![p.clone()]),
-            (None, Some(path)) => read_prompts(path),
-            (None, None) => Err(GenerateError::Flag(
-                "give --prompt TEXT or --input FILE".into(),
-            )),
+        let prompts = match (&self.prompt, &self.input) {
+            (Some(p), _) => vec![p.clone()],
+            (None, Some(path)) => read_prompts(path)?,
+            (None, None) => {
+                return Err(GenerateError::Flag(
+                    "give --prompt TEXT or --input FILE".into(),
+                ))
+            }
+        };
+        if let Some((i, longest)) = prompts.iter().enumerate().max_by_key(|(_, p)| p.len()) {
+            let need = crate::model::budget::encode_bytes(longest.len());
+            crate::model::budget::check(&candle_core::Device::Cpu, need, || {
+                let source = match &self.input {
+                    Some(path) => path.display().to_string(),
+                    None => "--prompt".into(),
+                };
+                format!("encoding prompt {i} of {source} ({} bytes)", longest.len())
+            })?;
         }
+        Ok(prompts)
     }
 
     /// Refuses settings the sampler cannot honour, naming the flag.
@@ -268,7 +283,7 @@ fn encode(loaded: &LoadedModel, prompt: &str, chat: bool) -> Result<Vec<u32>> {
 
 /// Prompts from a JSONL file with a `prompt` (or `problem`) string per line.
 pub fn read_prompts(path: &Path) -> Result<Vec<String>> {
-    let text = std::fs::read_to_string(path).map_err(|source| GenerateError::Io {
+    let text = crate::files::read_to_string(path).map_err(|source| GenerateError::Io {
         path: path.to_owned(),
         source,
     })?;

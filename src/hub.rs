@@ -182,7 +182,7 @@ fn download(repo: &str, revision: &str, cache_dir: &Path) -> Result<PathBuf> {
     }
     match r.get(INDEX) {
         Ok(index) => {
-            let text = std::fs::read_to_string(&index).map_err(|source| HubError::Io {
+            let text = crate::files::read_to_string(&index).map_err(|source| HubError::Io {
                 path: index.clone(),
                 source,
             })?;

@@ -20,8 +20,6 @@ pub fn values(text: &str) -> impl Iterator<Item = (usize, serde_json::Result<Val
 /// Why a JSONL file could not be streamed.
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
-    #[error("not a regular file (a pipe or a device would never end)")]
-    NotAFile,
     #[error("{0}")]
     Io(#[from] std::io::Error),
     #[error("line {line}: longer than {max} bytes")]
@@ -36,18 +34,14 @@ pub struct Line {
     pub non_finite: usize,
 }
 
-/// Streams the non-blank lines of the regular file `path`, each of at most `max_line` bytes,
+/// Streams the non-blank lines of the regular file `path` ([`crate::files`]), each of at most `max_line` bytes,
 /// to `f`; stops at the first error `f` returns.
 pub fn read<E: From<ReadError>>(
     path: &Path,
     max_line: usize,
     mut f: impl FnMut(Line) -> Result<(), E>,
 ) -> Result<(), E> {
-    let meta = std::fs::metadata(path).map_err(ReadError::Io)?;
-    if !meta.is_file() {
-        return Err(ReadError::NotAFile.into());
-    }
-    let file = std::fs::File::open(path).map_err(ReadError::Io)?;
+    let file = crate::files::open(path).map_err(ReadError::Io)?;
     let mut reader = std::io::BufReader::new(file);
     let mut buf = Vec::new();
     let mut number = 0;

@@ -243,10 +243,12 @@ impl AdamW {
             .first()
             .map(|v| v.device().clone())
             .unwrap_or(candle_core::Device::Cpu);
-        let mut tensors =
-            candle_core::safetensors::load(path, &device).map_err(|e| ModelError::Weights {
+        let mut tensors = crate::files::regular(path)
+            .map_err(|e| e.to_string())
+            .and_then(|()| candle_core::safetensors::load(path, &device).map_err(|e| e.to_string()))
+            .map_err(|reason| ModelError::Weights {
                 path: path.to_owned(),
-                reason: e.to_string(),
+                reason,
             })?;
         let missing = |name: &str| ModelError::Weights {
             path: path.to_owned(),

@@ -40,11 +40,18 @@ pub enum ReproduceError {
     NoJobs,
     #[error("--seeds must be at least 1")]
     NoSeeds,
+    #[error("--seeds {seeds}: {manifests} manifests × {seeds} seeds come to more than the {MAX_RUNS} runs one reproduction plans")]
+    TooManyRuns { seeds: usize, manifests: usize },
     #[error("--models: no manifest of this scale trains {wanted} (its models: {have})")]
     NoSuchModel { wanted: String, have: String },
 }
 
 type Result<T> = std::result::Result<T, ReproduceError>;
+
+/// The most runs one reproduction or one sweep spec may plan (issue #35): the paper's table is 16
+/// runs, the powered mini job 160, the study's largest sweep 54; beyond this, planning alone
+/// takes minutes and gigabytes before anything is trained.
+pub const MAX_RUNS: usize = 4096;
 
 impl From<TrainError> for ReproduceError {
     fn from(e: TrainError) -> Self {
@@ -151,10 +158,16 @@ pub fn seeded(manifests: &[PathBuf], seeds: usize) -> Result<Vec<(Experiment, St
     if seeds == 0 {
         return Err(ReproduceError::NoSeeds);
     }
+    if manifests.len().saturating_mul(seeds) > MAX_RUNS {
+        return Err(ReproduceError::TooManyRuns {
+            seeds,
+            manifests: manifests.len(),
+        });
+    }
     let mut out = Vec::new();
     for path in manifests {
         let exp = Experiment::load(path)?;
-        let text = io(path, std::fs::read_to_string(path))?;
+        let text = io(path, crate::files::read_to_string(path))?;
         out.extend(exp.seeds(&text, seeds, path)?);
     }
     Ok(out)

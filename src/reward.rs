@@ -86,7 +86,7 @@ impl ScoredFile {
 /// Judges responses made anywhere (vLLM, verl dumps): JSONL with a `response` and an `answer`
 /// string per line (a numeric answer is taken as written).
 pub fn score_file(path: &Path) -> Result<ScoredFile, ScoreError> {
-    let text = std::fs::read_to_string(path).map_err(|source| ScoreError::Io {
+    let text = crate::files::read_to_string(path).map_err(|source| ScoreError::Io {
         path: path.to_owned(),
         source,
     })?;

@@ -252,7 +252,10 @@ fn generate(args: &GenerateArgs) -> anyhow::Result<Outcome> {
 fn train(args: &TrainArgs) -> anyhow::Result<Outcome> {
     use acpo::train::{TrainOptions, Trainer};
     let experiment = Experiment::load(&args.manifest)?;
-    let text = std::fs::read_to_string(&args.manifest)
+    if let Err(reason) = experiment.check_model_config() {
+        bail!("{}: {reason}", args.manifest.display());
+    }
+    let text = acpo::files::read_to_string(&args.manifest)
         .with_context(|| format!("cannot read {}", args.manifest.display()))?;
     if args.max_steps == Some(0) {
         bail!("--max-steps must be at least 1");

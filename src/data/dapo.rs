@@ -31,7 +31,7 @@ pub fn read_parquet(path: &Path) -> Result<Vec<Problem>, DataError> {
         path: path.to_owned(),
         reason,
     };
-    let file = std::fs::File::open(path).map_err(|source| DataError::Io {
+    let file = crate::files::open(path).map_err(|source| DataError::Io {
         path: path.to_owned(),
         source,
     })?;

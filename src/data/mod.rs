@@ -227,7 +227,7 @@ fn read_jsonl(
     problem: &str,
     answer: &str,
 ) -> Result<Vec<Problem>, DataError> {
-    let text = std::fs::read_to_string(path).map_err(|source| DataError::Io {
+    let text = crate::files::read_to_string(path).map_err(|source| DataError::Io {
         path: path.to_owned(),
         source,
     })?;

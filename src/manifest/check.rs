@@ -13,8 +13,15 @@ pub struct CheckReport {
     pub errors: Vec<String>,
 }
 
-/// Checks the model config a manifest names on this machine (a model directory's config.json,
-/// or the config a missing one is created from): `acpo check` refuses sizes `train` would.
+impl Experiment {
+    /// Checks the model config this manifest names on this machine (a model directory's
+    /// config.json, or the config a missing one is created from), so that `acpo check` and the
+    /// start of `train` refuse the sizes model init would, naming the field (issue #35).
+    pub fn check_model_config(&self) -> Result<(), String> {
+        check_model(self)
+    }
+}
+
 fn check_model(exp: &Experiment) -> Result<(), String> {
     let (field, config) = match (&exp.model.source, &exp.model.init) {
         (crate::hub::ModelSource::Dir(dir), _) if dir.join("config.json").is_file() => {
@@ -74,6 +81,15 @@ pub fn discover(path: &Path) -> Result<Vec<PathBuf>, ManifestError> {
     let meta = std::fs::metadata(path).map_err(io)?;
     if meta.is_file() {
         return Ok(vec![path.to_owned()]);
+    }
+    if !meta.is_dir() {
+        return Err(ManifestError::Io {
+            path: path.to_owned(),
+            source: std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                crate::files::NOT_REGULAR,
+            ),
+        });
     }
     let mut found = Vec::new();
     let mut stack = vec![path.to_owned()];

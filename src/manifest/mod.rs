@@ -222,7 +222,7 @@ impl Experiment {
                 format!("not a manifest: only a regular file of at most {MAX_MANIFEST_BYTES} bytes is read"),
             )));
         }
-        let text = std::fs::read_to_string(path).map_err(io)?;
+        let text = crate::files::read_to_string(path).map_err(io)?;
         let experiment = Self::from_yaml(&text, path)?;
         if let Some((config, max_positions)) = experiment.local_max_positions() {
             experiment.check_context(path, max_positions, &config)?;
@@ -245,7 +245,7 @@ impl Experiment {
     /// derived values): what an export to another engine must account for field by field.
     pub fn load_with_raw(path: &Path) -> Result<(Experiment, raw::Manifest), ManifestError> {
         let experiment = Self::load(path)?;
-        let text = std::fs::read_to_string(path).map_err(|source| ManifestError::Io {
+        let text = crate::files::read_to_string(path).map_err(|source| ManifestError::Io {
             path: path.to_owned(),
             source,
         })?;
@@ -289,7 +289,7 @@ impl Experiment {
             ModelSource::Dir(_) => self.model.init.as_ref()?.config.clone(),
             ModelSource::Hub { .. } => return None,
         };
-        let text = std::fs::read_to_string(&config).ok()?;
+        let text = crate::files::read_to_string(&config).ok()?;
         let value: serde_json::Value = serde_json::from_str(&text).ok()?;
         let from_config = value["max_position_embeddings"].as_u64()? as usize;
         Some((config, from_config))

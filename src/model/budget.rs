@@ -49,6 +49,18 @@ impl QwenConfig {
     }
 }
 
+/// Bytes the `tokenizers` crate may hold while it encodes one text, per byte of that text: at
+/// most one token per byte after NFC normalisation (which at most triples a text), and its
+/// `Encoding` keeps about 200 bytes per token (ids, offsets, masks, the token strings: 10.5 M
+/// tokens peaked at 2.1 GB), rounded up to 256.
+const ENCODE_BYTES_PER_BYTE: u128 = 3 * 256;
+
+/// Bytes encoding a text of `text_bytes` bytes holds at most (host memory, whatever the model's
+/// device).
+pub fn encode_bytes(text_bytes: usize) -> u128 {
+    text_bytes as u128 * ENCODE_BYTES_PER_BYTE
+}
+
 /// Refuses `need` bytes on `device` when it offers fewer: `what` says what needs them (a field,
 /// a flag, a line of a file). Passes where the device cannot say what it offers.
 pub fn check(device: &Device, need: u128, what: impl FnOnce() -> String) -> Result<()> {
@@ -57,6 +69,11 @@ pub fn check(device: &Device, need: u128, what: impl FnOnce() -> String) -> Resu
             what: what(),
             need: gib(need),
             have: gib(have as u128),
+            place: if device.is_cuda() {
+                "on the GPU"
+            } else {
+                "to this process (the host's, within its cgroup and ulimit -v)"
+            },
         }),
         _ => Ok(()),
     }

@@ -278,10 +278,7 @@ pub const TOKENIZER_FILES: [&str; 2] = ["tokenizer.json", "tokenizer_config.json
 /// The tokens of the tokenizer in `dir` (special tokens included).
 fn tokenizer_size(dir: &Path) -> Result<usize> {
     let path = dir.join("tokenizer.json");
-    let tok = tokenizers::Tokenizer::from_file(&path).map_err(|e| ModelError::Tokenizer {
-        path: path.clone(),
-        reason: e.to_string(),
-    })?;
+    let tok = super::tokenizer::read_tokenizer_json(&path)?;
     Ok(tok.get_vocab_size(true))
 }
 
@@ -333,7 +330,7 @@ pub fn write_tokenizer(
         InitTokenizer::Files(files) => {
             let dir = tokenizer_dir(files)?;
             for f in TOKENIZER_FILES {
-                let bytes = std::fs::read(dir.join(f)).map_err(|source| ModelError::Io {
+                let bytes = crate::files::read(dir.join(f)).map_err(|source| ModelError::Io {
                     path: dir.join(f),
                     source,
                 })?;

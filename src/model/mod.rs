@@ -53,11 +53,12 @@ pub enum ModelError {
     Hub(#[from] crate::hub::HubError),
     #[error("device {asked}: {reason}")]
     Device { asked: &'static str, reason: String },
-    #[error("{what} needs about {need} GiB of memory; this machine has {have} GiB available")]
+    #[error("{what} needs about {need} GiB of memory; {have} GiB are available {place}")]
     TooLarge {
         what: String,
         need: String,
         have: String,
+        place: &'static str,
     },
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
@@ -121,7 +122,7 @@ pub struct QwenConfig {
 
 impl QwenConfig {
     pub fn load(path: &Path) -> Result<QwenConfig> {
-        let text = std::fs::read_to_string(path).map_err(|source| ModelError::Io {
+        let text = crate::files::read_to_string(path).map_err(|source| ModelError::Io {
             path: path.to_owned(),
             source,
         })?;
@@ -386,7 +387,7 @@ impl Params {
     pub fn load_dir(dir: &Path, dtype: DType, device: &Device) -> Result<Params> {
         let index = dir.join("model.safetensors.index.json");
         let files: Vec<PathBuf> = if index.exists() {
-            let text = std::fs::read_to_string(&index).map_err(|source| ModelError::Io {
+            let text = crate::files::read_to_string(&index).map_err(|source| ModelError::Io {
                 path: index.clone(),
                 source,
             })?;
@@ -435,10 +436,14 @@ impl Params {
                     reason: "weights file not found".into(),
                 });
             }
-            let tensors =
-                candle_core::safetensors::load(file, device).map_err(|e| ModelError::Weights {
+            let tensors = crate::files::regular(file)
+                .map_err(|e| e.to_string())
+                .and_then(|()| {
+                    candle_core::safetensors::load(file, device).map_err(|e| e.to_string())
+                })
+                .map_err(|reason| ModelError::Weights {
                     path: file.clone(),
-                    reason: e.to_string(),
+                    reason,
                 })?;
             for (name, t) in tensors {
                 let t = if t.dtype() == dtype {

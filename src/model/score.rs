@@ -76,7 +76,7 @@ pub fn score_file(
     device: crate::model::spec::Device,
     dtype: crate::model::spec::DType,
 ) -> std::result::Result<String, ScoreError> {
-    let text = std::fs::read_to_string(input).map_err(|source| ScoreError::Io {
+    let text = crate::files::read_to_string(input).map_err(|source| ScoreError::Io {
         path: input.to_owned(),
         source,
     })?;

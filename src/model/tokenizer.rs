@@ -40,21 +40,30 @@ impl std::fmt::Debug for Tokenizer {
     }
 }
 
+/// A `tokenizer.json` (a regular file: [`crate::files`]).
+pub(crate) fn read_tokenizer_json(path: &Path) -> Result<tokenizers::Tokenizer> {
+    crate::files::read_to_string(path)
+        .map_err(|e| e.to_string())
+        .and_then(|text| text.parse().map_err(|e: tokenizers::Error| e.to_string()))
+        .map_err(|reason| ModelError::Tokenizer {
+            path: path.to_owned(),
+            reason,
+        })
+}
+
 impl Tokenizer {
     /// Loads `tokenizer.json` and, when present, `tokenizer_config.json` from `dir`.
     pub fn load(dir: &Path) -> Result<Tokenizer> {
         let path = dir.join("tokenizer.json");
-        let inner = tokenizers::Tokenizer::from_file(&path).map_err(|e| ModelError::Tokenizer {
-            path: path.clone(),
-            reason: e.to_string(),
-        })?;
+        let inner = read_tokenizer_json(&path)?;
         let config_path = dir.join("tokenizer_config.json");
         let (mut chat_template, mut eos_token, mut pad_token) = (None, None, None);
         if config_path.exists() {
-            let text = std::fs::read_to_string(&config_path).map_err(|source| ModelError::Io {
-                path: config_path.clone(),
-                source,
-            })?;
+            let text =
+                crate::files::read_to_string(&config_path).map_err(|source| ModelError::Io {
+                    path: config_path.clone(),
+                    source,
+                })?;
             let v: serde_json::Value =
                 serde_json::from_str(&text).map_err(|e| ModelError::Tokenizer {
                     path: config_path.clone(),

@@ -207,7 +207,7 @@ pub struct RunPhases {
 /// The phases of the run in `dir` (its metrics.jsonl), averaged over its steps.
 pub fn run_phases(dir: &Path, exp: &Experiment, paper_run: &str) -> Result<RunPhases> {
     let run = RunDir::at(dir);
-    let text = std::fs::read_to_string(run.metrics()).map_err(|source| PerfError::Io {
+    let text = crate::files::read_to_string(run.metrics()).map_err(|source| PerfError::Io {
         path: run.metrics(),
         source,
     })?;
@@ -316,7 +316,7 @@ pub fn run(
 ) -> Result<PathBuf> {
     let mut jobs = Vec::new();
     for path in manifests {
-        let text = std::fs::read_to_string(path).map_err(|source| PerfError::Io {
+        let text = crate::files::read_to_string(path).map_err(|source| PerfError::Io {
             path: path.clone(),
             source,
         })?;

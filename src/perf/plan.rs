@@ -53,7 +53,7 @@ struct Rate {
 /// The first measurement in `dir/<name>.json` on CUDA in bf16.
 fn measured(dir: &Path, name: &str) -> Result<Rate> {
     let path = dir.join(format!("{name}.json"));
-    let text = std::fs::read_to_string(&path).map_err(|source| PerfError::Io {
+    let text = crate::files::read_to_string(&path).map_err(|source| PerfError::Io {
         path: path.clone(),
         source,
     })?;

@@ -191,7 +191,7 @@ pub fn run_tails(dir: &Path) -> Result<Option<([Histogram; 3], [usize; 3])>> {
         .collect();
     files.sort();
     for f in files {
-        let text = std::fs::read_to_string(&f).map_err(|source| ReportError::Io {
+        let text = crate::files::read_to_string(&f).map_err(|source| ReportError::Io {
             path: f.clone(),
             source,
         })?;

@@ -100,10 +100,10 @@ pub fn load_results(root: &Path) -> Result<Vec<RunResult>> {
         if !manifest.exists() || !evals.exists() {
             continue;
         }
-        let text = std::fs::read_to_string(&manifest).map_err(|e| io(&manifest, e))?;
+        let text = crate::files::read_to_string(&manifest).map_err(|e| io(&manifest, e))?;
         let exp = Experiment::from_yaml(&text, &manifest)?;
         let mut summaries = Vec::new();
-        for (i, line) in std::fs::read_to_string(&evals)
+        for (i, line) in crate::files::read_to_string(&evals)
             .map_err(|e| io(&evals, e))?
             .lines()
             .enumerate()
@@ -153,7 +153,7 @@ pub fn load_metrics(dir: &Path) -> Result<Vec<BTreeMap<String, f64>>> {
     if !path.exists() {
         return Ok(Vec::new());
     }
-    let text = std::fs::read_to_string(&path).map_err(|source| ReportError::Io {
+    let text = crate::files::read_to_string(&path).map_err(|source| ReportError::Io {
         path: path.clone(),
         source,
     })?;

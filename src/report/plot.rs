@@ -43,7 +43,7 @@ fn ensure_font() -> std::result::Result<(), String> {
             .chain(FONT_PLACES.iter().map(PathBuf::from))
             .collect();
         for path in &candidates {
-            if let Ok(bytes) = std::fs::read(path) {
+            if let Ok(bytes) = crate::files::read(path) {
                 let bytes: &'static [u8] = Box::leak(bytes.into_boxed_slice());
                 if plotters::style::register_font("sans-serif", FontStyle::Normal, bytes).is_ok() {
                     return Ok(());

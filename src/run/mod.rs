@@ -109,7 +109,7 @@ impl RunDir {
     /// Whether the run was sealed after its last step: provenance says when it finished and
     /// `SHA256SUMS` was written after that. A run killed in between is not finished.
     pub fn is_sealed(&self) -> bool {
-        let finished = std::fs::read(self.provenance())
+        let finished = crate::files::read(self.provenance())
             .ok()
             .and_then(|b| serde_json::from_slice::<Provenance>(&b).ok())
             .is_some_and(|p| p.finished_unix.is_some());
@@ -179,7 +179,7 @@ impl Checkpoint {
 
 /// The lines of a JSONL file, none if it does not exist.
 pub fn read_lines(path: &Path) -> std::io::Result<Vec<String>> {
-    match std::fs::read_to_string(path) {
+    match crate::files::read_to_string(path) {
         Ok(text) => Ok(text.lines().map(String::from).collect()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(Vec::new()),
         Err(e) => Err(e),

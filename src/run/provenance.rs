@@ -93,7 +93,7 @@ fn provenance(exp: &Experiment, device: &str) -> Provenance {
             .map_or(1, |n| n.get())
             .to_string(),
     );
-    if let Ok(m) = std::fs::read_to_string("/proc/meminfo") {
+    if let Ok(m) = crate::files::read_to_string("/proc/meminfo") {
         if let Some(line) = m.lines().find(|l| l.starts_with("MemTotal")) {
             hardware.insert(
                 "memory".into(),
@@ -101,7 +101,7 @@ fn provenance(exp: &Experiment, device: &str) -> Provenance {
             );
         }
     }
-    if let Ok(c) = std::fs::read_to_string("/proc/cpuinfo") {
+    if let Ok(c) = crate::files::read_to_string("/proc/cpuinfo") {
         if let Some(line) = c.lines().find(|l| l.starts_with("model name")) {
             hardware.insert(
                 "cpu".into(),

@@ -72,9 +72,8 @@ pub enum SweepError {
 
 type Result<T> = std::result::Result<T, SweepError>;
 
-/// The most runs one spec may plan (its grid points × seeds): the study's largest sweep plans
-/// 54, and beyond this planning alone takes minutes and gigabytes.
-pub const MAX_RUNS: usize = 4096;
+/// The most runs one spec may plan (its grid points × seeds): one bound with `reproduce`'s.
+pub use crate::reproduce::MAX_RUNS;
 
 /// A sweep as written.
 #[derive(Debug, Clone, Deserialize)]
@@ -136,7 +135,7 @@ impl GridValue {
 impl Spec {
     /// Reads and checks a spec: one clear error naming the field for anything wrong.
     pub fn load(path: &Path) -> Result<Spec> {
-        let text = std::fs::read_to_string(path).map_err(|source| SweepError::Io {
+        let text = crate::files::read_to_string(path).map_err(|source| SweepError::Io {
             path: path.to_owned(),
             source,
         })?;
@@ -295,7 +294,7 @@ pub fn load_all(paths: &[PathBuf]) -> Result<Vec<Sweep>> {
 /// share its runs (their fingerprints tell its variants apart).
 pub fn plan(spec: &Spec, spec_path: &Path) -> Result<Vec<Variant>> {
     let read = |p: &Path| {
-        std::fs::read_to_string(p).map_err(|source| SweepError::Io {
+        crate::files::read_to_string(p).map_err(|source| SweepError::Io {
             path: p.to_owned(),
             source,
         })

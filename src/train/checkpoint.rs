@@ -66,7 +66,7 @@ pub(super) fn restore(
     critic_opt: Option<&mut AdamW>,
 ) -> Result<CheckpointState> {
     let path = ckpt.state();
-    let state: CheckpointState = serde_json::from_slice(&io(&path, std::fs::read(&path))?)
+    let state: CheckpointState = serde_json::from_slice(&io(&path, crate::files::read(&path))?)
         .map_err(|source| TrainError::Json {
             path: path.clone(),
             source,

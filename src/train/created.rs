@@ -28,7 +28,7 @@ pub struct InitRecord {
 /// SHA-256 over what determines a created model: the config file's JSON, seed, tokenizer,
 /// warm start and the synthetic task's version. Paths do not count.
 pub fn init_fingerprint(init: &crate::model::init::ModelInitSpec) -> Result<String> {
-    let text = io(&init.config, std::fs::read_to_string(&init.config))?;
+    let text = io(&init.config, crate::files::read_to_string(&init.config))?;
     let config: serde_json::Value =
         serde_json::from_str(&text).map_err(|source| TrainError::Json {
             path: init.config.clone(),
@@ -40,7 +40,7 @@ pub fn init_fingerprint(init: &crate::model::init::ModelInitSpec) -> Result<Stri
             let dir = init::tokenizer_dir(files)?;
             let mut digest = <sha2::Sha256 as sha2::Digest>::new();
             for f in init::TOKENIZER_FILES {
-                let bytes = io(&dir.join(f), std::fs::read(dir.join(f)))?;
+                let bytes = io(&dir.join(f), crate::files::read(dir.join(f)))?;
                 sha2::Digest::update(&mut digest, &bytes);
             }
             serde_json::json!({
@@ -133,7 +133,7 @@ pub fn ensure_model(exp: &Experiment, mut on_event: impl FnMut(Event<'_>)) -> Re
 
 fn check_created_model(dir: &Path, fp: &str) -> Result<()> {
     let path = dir.join("init.json");
-    let record: InitRecord = match std::fs::read_to_string(&path) {
+    let record: InitRecord = match crate::files::read_to_string(&path) {
         Ok(text) => serde_json::from_str(&text).map_err(|source| TrainError::Json {
             path: path.clone(),
             source,

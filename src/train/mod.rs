@@ -464,7 +464,7 @@ impl Trainer {
         let mut prov = Provenance::start(&self.exp, &device_name(&self.device));
         prov.steps_done = step;
         if resumed {
-            let old = std::fs::read(self.run.provenance()).ok();
+            let old = crate::files::read(self.run.provenance()).ok();
             if let Some(old) = old.and_then(|b| serde_json::from_slice::<Provenance>(&b).ok()) {
                 prov.started_unix = old.started_unix;
                 prov.started_utc = old.started_utc;

@@ -102,7 +102,7 @@ fn destination(out: &Path) -> Result<bool> {
         return Ok(false);
     }
     let run = RunDir::at(out);
-    let imported = std::fs::read(run.provenance())
+    let imported = crate::files::read(run.provenance())
         .ok()
         .and_then(|b| serde_json::from_slice::<Provenance>(&b).ok())
         .is_some_and(|p| p.engine.as_deref() == Some("verl"));
@@ -137,7 +137,7 @@ pub fn import(manifest: &Path, metrics: &Path, validation: &Path, out: &Path) ->
         })?;
     let stage = staged.path().to_owned();
     let run = RunDir::at(&stage);
-    let text = std::fs::read_to_string(manifest).map_err(|source| ImportError::Read {
+    let text = crate::files::read_to_string(manifest).map_err(|source| ImportError::Read {
         path: manifest.to_owned(),
         source: source.into(),
     })?;

@@ -15,14 +15,37 @@ const MAX_TIME: Duration = Duration::from_secs(90);
 /// Runs the binary with `args`, returning its exit code; fails the test on a signal, a panic,
 /// a timeout or more than [`MAX_RSS`] resident.
 // The child is reaped by `wait4`, which also gives its peak resident set (`Child::wait` does not).
-#[allow(clippy::zombie_processes)]
 fn run(args: &[String], what: &str) -> i32 {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_acpo"))
+    run_within(args, what, None).0
+}
+
+/// [`run`], under an address-space limit (`ulimit -v`) when one is given; the exit code and
+/// what the command wrote to stderr.
+#[allow(clippy::zombie_processes)]
+fn run_within(args: &[String], what: &str, address_space: Option<u64>) -> (i32, String) {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_acpo"));
+    command
         .args(args)
         .stdout(Stdio::null())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("acpo runs");
+        .stderr(Stdio::piped());
+    if let Some(bytes) = address_space {
+        use std::os::unix::process::CommandExt;
+        let limit = libc::rlimit {
+            rlim_cur: bytes as libc::rlim_t,
+            rlim_max: bytes as libc::rlim_t,
+        };
+        // SAFETY: setrlimit is async-signal-safe and touches only the child's own limits.
+        unsafe {
+            command.pre_exec(move || {
+                if libc::setrlimit(libc::RLIMIT_AS, &limit) == 0 {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            });
+        }
+    }
+    let mut child = command.spawn().expect("acpo runs");
     let pid = child.id() as libc::pid_t;
     let started = Instant::now();
     let (status, rusage) = loop {
@@ -71,7 +94,7 @@ fn run(args: &[String], what: &str) -> i32 {
             "{what}: not one clear error: {stderr}"
         );
     }
-    code
+    (code, stderr)
 }
 
 /// A deterministic stream of choices (SplitMix64).
@@ -370,4 +393,355 @@ fn score_survives_hostile_answers() {
         );
         assert_eq!(code, 2, "{bad}");
     }
+}
+
+/// Issue #35, items 1 and 2, case by case as the issue names them: sizes that overflowed,
+/// zero sizes that panicked later, sizes whose memory no machine has, a negative ε or θ, a
+/// manifest naming such a config (`check` accepted it, `train` failed on an unnamed shape),
+/// inputs past the model's positions, sequence counts and a prompt whose encoding the process
+/// cannot hold: each refused with exit 2, one error naming the file and the field or flag.
+#[test]
+fn the_issues_named_sizes_and_inputs_are_refused_naming_the_field() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let configs: [(&str, serde_json::Value); 9] = [
+        ("hidden_size", serde_json::json!(1u64 << 63)),
+        ("intermediate_size", serde_json::json!(0)),
+        ("hidden_size", serde_json::json!(0)),
+        ("head_dim", serde_json::json!(0)),
+        ("hidden_size", serde_json::json!(1_000_000_000u64)),
+        ("vocab_size", serde_json::json!(1_000_000_000_000u64)),
+        ("num_hidden_layers", serde_json::json!(1_000_000)),
+        ("rms_norm_eps", serde_json::json!(-1e-6)),
+        ("rope_theta", serde_json::json!(-5.0)),
+    ];
+    for (i, (field, value)) in configs.iter().enumerate() {
+        let mut cfg = tiny_config();
+        cfg[*field] = value.clone();
+        if *field == "rope_theta" {
+            cfg.as_object_mut()
+                .expect("object")
+                .remove("rope_parameters");
+        }
+        let path = tmp.path().join(format!("config{i}.json"));
+        std::fs::write(&path, cfg.to_string()).expect("w");
+        let out = tmp.path().join(format!("m{i}"));
+        let (code, stderr) = run_within(
+            &[
+                "model".into(),
+                "init".into(),
+                "--config".into(),
+                s(&path),
+                "--out".into(),
+                s(&out),
+                "--char-tokenizer".into(),
+            ],
+            &format!("model init, {field} = {value}"),
+            None,
+        );
+        assert_eq!(code, 2, "{field} = {value}: {stderr}");
+        assert!(
+            stderr.contains(&format!("config{i}.json")) && stderr.contains(field),
+            "{field} = {value}: {stderr}"
+        );
+        assert!(!out.exists(), "nothing written for {field} = {value}");
+    }
+
+    // A manifest whose model is created from a zero-size config: `check` and `train` refuse it,
+    // naming the manifest's field and the config's.
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let manifest = tmp.path().join("zero/smoke-ppo.yaml");
+    std::fs::create_dir_all(manifest.parent().expect("dir")).expect("mkdir");
+    let text = std::fs::read_to_string(root.join("experiments/smoke/smoke-ppo.yaml"))
+        .expect("manifest")
+        .replace(
+            "config: experiments/smoke/tiny-qwen3.json",
+            &format!("config: {}", s(&tmp.path().join("config1.json"))),
+        )
+        .replace(
+            "dir: models/smoke-qwen3-tiny",
+            &format!("dir: {}", s(&tmp.path().join("absent"))),
+        );
+    std::fs::write(&manifest, text).expect("w");
+    for command in [
+        vec!["check".to_string(), s(&manifest)],
+        vec![
+            "train".into(),
+            s(&manifest),
+            "--out".into(),
+            s(&tmp.path().join("results")),
+        ],
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_acpo"))
+            .args(&command)
+            .output()
+            .expect("acpo runs");
+        let said = String::from_utf8_lossy(&out.stdout) + String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{command:?}: {said}");
+        assert!(
+            said.contains("model.init.config") && said.contains("intermediate_size"),
+            "{command:?}: {said}"
+        );
+    }
+    assert!(!tmp.path().join("absent").exists() && !tmp.path().join("results").exists());
+
+    // Inputs past the tiny model's 256 positions, and sizes of work: refused before any is done.
+    let model = tmp.path().join("tiny");
+    let cfg = tmp.path().join("tiny.json");
+    std::fs::write(&cfg, tiny_config().to_string()).expect("w");
+    let init: Vec<String> = ["model", "init", "--config", &s(&cfg), "--out", &s(&model)]
+        .iter()
+        .map(|a| a.to_string())
+        .chain(["--char-tokenizer".to_string()])
+        .collect();
+    assert_eq!(run(&init, "the tiny model"), 0);
+    let long = tmp.path().join("long.jsonl");
+    std::fs::write(
+        &long,
+        format!("{}\n", serde_json::json!({"ids": vec![5u32; 200_000]})),
+    )
+    .expect("w");
+    let big = tmp.path().join("big.jsonl");
+    std::fs::write(
+        &big,
+        format!("{}\n", serde_json::json!({"prompt": "y".repeat(10 << 20)})),
+    )
+    .expect("w");
+    let generate = |extra: &[&str]| -> Vec<String> {
+        ["generate", "--model", &s(&model)]
+            .iter()
+            .chain(extra)
+            .map(|a| a.to_string())
+            .collect()
+    };
+    let hundred_k = "x".repeat(100_000);
+    let cases: [(Vec<String>, Option<u64>, &str); 5] = [
+        (
+            ["model", "logprobs", "--model", &s(&model), "--input", &s(&long)]
+                .iter()
+                .map(|a| a.to_string())
+                .chain(["--output".into(), s(&tmp.path().join("lp.jsonl"))])
+                .collect(),
+            None,
+            "long.jsonl:1: 200000 tokens, beyond the model's max_position_embeddings",
+        ),
+        (
+            generate(&["--prompt", &hundred_k, "--max-new-tokens", "4"]),
+            None,
+            "prompt 0: 100000 tokens + --max-new-tokens 4 run past the model's max_position_embeddings",
+        ),
+        (
+            generate(&["--prompt", "2 + 2 =", "--n", "1000000000", "--max-new-tokens", "4"]),
+            None,
+            "--n 1000000000",
+        ),
+        (
+            generate(&["--prompt", "2 + 2 =", "--max-new-tokens", "1000000000"]),
+            None,
+            "--max-new-tokens 1000000000 run past the model's max_position_embeddings",
+        ),
+        // A 10 MB prompt's encoding needs more than a process limited to 3 GiB of address
+        // space may take: refused before the tokenizer runs.
+        (
+            generate(&["--input", &s(&big), "--max-new-tokens", "4"]),
+            Some(3 << 30),
+            "encoding prompt 0 of",
+        ),
+    ];
+    for (args, address_space, says) in cases {
+        let (code, stderr) = run_within(&args, says, address_space);
+        assert_eq!(code, 2, "{says}: {stderr}");
+        assert!(stderr.contains(says), "{says}: {stderr}");
+    }
+}
+
+/// A pipe named as any file a command reads (a prompt or id file, a config, a model's files, a
+/// manifest, a sweep spec, an archive, a document or one of its generated files) is refused at
+/// once with exit 2 naming it: opening a FIFO waits for a writer, so each of these hung before.
+/// Also the plans nothing could finish: `reproduce --seeds` beyond [`acpo::reproduce::MAX_RUNS`]
+/// runs, and `doc --from` a folder that is not there.
+#[test]
+fn a_pipe_named_as_any_input_is_refused_at_once() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let fifo = |path: &Path| {
+        std::fs::create_dir_all(path.parent().expect("dir")).expect("mkdir");
+        let made = Command::new("mkfifo").arg(path).status();
+        made.is_ok_and(|s| s.success())
+    };
+    let pipe = tmp.path().join("pipe");
+    if !fifo(&pipe) {
+        crate::skip(
+            "a_pipe_named_as_any_input_is_refused_at_once",
+            format_args!("no mkfifo"),
+        );
+        return;
+    }
+    let model = tmp.path().join("tiny");
+    let cfg = tmp.path().join("tiny.json");
+    std::fs::write(&cfg, tiny_config().to_string()).expect("w");
+    let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<String>>();
+    assert_eq!(
+        run(
+            &args(&[
+                "model",
+                "init",
+                "--config",
+                &s(&cfg),
+                "--out",
+                &s(&model),
+                "--char-tokenizer"
+            ]),
+            "the tiny model"
+        ),
+        0
+    );
+    // A model directory whose config, tokenizer or weights is a pipe.
+    let mut models = Vec::new();
+    for file in ["config.json", "tokenizer.json", "model.safetensors"] {
+        let copy = tmp.path().join(format!("piped-{file}"));
+        std::fs::create_dir_all(&copy).expect("mkdir");
+        for entry in std::fs::read_dir(&model).expect("ls") {
+            let entry = entry.expect("entry");
+            std::fs::copy(entry.path(), copy.join(entry.file_name())).expect("cp");
+        }
+        std::fs::remove_file(copy.join(file)).expect("rm");
+        assert!(fifo(&copy.join(file)));
+        models.push((copy, file));
+    }
+    let docs = tmp.path().join("docs");
+    std::fs::create_dir_all(&docs).expect("mkdir");
+    assert!(fifo(&docs.join("piped.md")));
+    let doc = tmp.path().join("doc.md");
+    std::fs::write(&doc, "<!-- begin: piped.md -->\n<!-- end: piped.md -->\n").expect("w");
+    let p = s(&pipe);
+    let mut cases: Vec<(Vec<String>, String)> = vec![
+        (args(&["score", "--input", &p]), p.clone()),
+        (
+            args(&["generate", "--model", &s(&model), "--input", &p]),
+            p.clone(),
+        ),
+        (
+            args(&[
+                "model",
+                "logprobs",
+                "--model",
+                &s(&model),
+                "--input",
+                &p,
+                "--output",
+            ])
+            .into_iter()
+            .chain([s(&tmp.path().join("lp.jsonl"))])
+            .collect(),
+            p.clone(),
+        ),
+        (
+            args(&["model", "init", "--config", &p, "--out"])
+                .into_iter()
+                .chain([s(&tmp.path().join("m")), "--char-tokenizer".into()])
+                .collect(),
+            p.clone(),
+        ),
+        (args(&["check", &p]), p.clone()),
+        (args(&["train", &p]), p.clone()),
+        (args(&["export", "verl", &p]), p.clone()),
+        (args(&["verify", &p]), p.clone()),
+        (args(&["sweep", &p]), p.clone()),
+        (
+            args(&[
+                "reproduce",
+                "all",
+                "--scale",
+                "mini",
+                "--from",
+                &p,
+                "--results",
+            ])
+            .into_iter()
+            .chain([s(&tmp.path().join("r"))])
+            .collect(),
+            p.clone(),
+        ),
+        (args(&["doc", &p, "--from", &s(&docs)]), p.clone()),
+        (
+            args(&["doc", &s(&doc), "--from", &s(&docs)]),
+            "piped.md".into(),
+        ),
+    ];
+    for (dir, file) in &models {
+        cases.push((
+            args(&[
+                "generate",
+                "--model",
+                &s(dir),
+                "--prompt",
+                "hi",
+                "--max-new-tokens",
+                "2",
+            ]),
+            file.to_string(),
+        ));
+    }
+    for (args, names) in cases {
+        let started = Instant::now();
+        let (code, stderr) = run_within(&args, &format!("{args:?}"), None);
+        assert_eq!(code, 2, "{args:?}: {stderr}");
+        assert!(
+            stderr.contains(&names) && stderr.contains("regular file"),
+            "{args:?}: {stderr}"
+        );
+        assert!(started.elapsed() < Duration::from_secs(30), "{args:?}");
+    }
+
+    // What the process was handed open is read as it is: the verl reward pipes its batch into
+    // `acpo score --input /dev/stdin`.
+    let mut child = Command::new(env!("CARGO_BIN_EXE_acpo"))
+        .args(["score", "--input", "/dev/stdin"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("acpo runs");
+    {
+        use std::io::Write as _;
+        let mut stdin = child.stdin.take().expect("stdin");
+        let line = serde_json::json!({"response": "\\boxed{4}", "answer": "4"});
+        writeln!(stdin, "{line}").expect("write");
+    }
+    let scored = child.wait_with_output().expect("score");
+    assert!(
+        scored.status.success()
+            && String::from_utf8_lossy(&scored.stdout).contains("\"correct\":true"),
+        "{}",
+        String::from_utf8_lossy(&scored.stderr)
+    );
+
+    let (code, stderr) = run_within(
+        &args(&[
+            "reproduce",
+            "all",
+            "--scale",
+            "mini",
+            "--seeds",
+            "1000000",
+            "--results",
+        ])
+        .into_iter()
+        .chain([s(&tmp.path().join("r"))])
+        .collect::<Vec<_>>(),
+        "reproduce --seeds 1000000",
+        None,
+    );
+    assert_eq!(code, 2, "{stderr}");
+    assert!(
+        stderr.contains("--seeds 1000000") && stderr.contains("4096 runs"),
+        "{stderr}"
+    );
+    assert!(!tmp.path().join("r").exists());
+    let (code, stderr) = run_within(
+        &args(&["doc", &s(&doc), "--from", &s(&tmp.path().join("absent"))]),
+        "doc --from a folder that is not there",
+        None,
+    );
+    assert_eq!(code, 2, "{stderr}");
+    assert!(stderr.contains("absent: not a folder"), "{stderr}");
 }

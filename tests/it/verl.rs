@@ -721,46 +721,70 @@ fn the_verl_plugins_python_tests_pass() {
     }
 }
 
-/// Issue #35, items 3, 4 and 8: verl's logs in every shape it writes them (orjson's null for NaN,
-/// Python json's bare NaN, the initial validation at step 0) import, the non-finite values
-/// listed in the provenance, never as numbers; `--out` is written only when it is new or a run
-/// an earlier import made, so a directory of other files, a run's files without its manifest
-/// and `/` are left as they were; a pipe in the validation directory is refused, not waited on;
-/// a failed import leaves nothing, and a retry succeeds; a write failure says so.
+/// A verl run's logs for the import tests: the paper's 1.7B GRPO manifest, its file-logger
+/// metrics and validation dumps in `tmp/logs`.
+struct VerlLogs {
+    manifest: PathBuf,
+    metrics: PathBuf,
+    validation: PathBuf,
+}
+
+impl VerlLogs {
+    fn write(tmp: &Path) -> VerlLogs {
+        let manifest =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments/paper/qwen3-1.7b-grpo.yaml");
+        let exp = Experiment::load(&manifest).expect("manifest");
+        let logs = tmp.join("logs");
+        std::fs::create_dir_all(&logs).expect("mkdir");
+        let (metrics, validation) = write_verl_logs(&logs, exp.eval.sampling.n, 0);
+        VerlLogs {
+            manifest,
+            metrics,
+            validation,
+        }
+    }
+
+    /// `acpo import verl` of these logs into `out`.
+    fn import_into(&self, out: &Path) -> std::process::Output {
+        acpo(&[
+            "import",
+            "verl",
+            "--manifest",
+            self.manifest.to_str().expect("u"),
+            "--metrics",
+            self.metrics.to_str().expect("u"),
+            "--validation-dir",
+            self.validation.to_str().expect("u"),
+            "--out",
+            out.to_str().expect("u"),
+        ])
+    }
+}
+
+/// Issue #35, item 3: verl's logs in every shape it writes them import: the initial validation
+/// at step 0 (val_before_train), orjson's null for a NaN, Python json's bare NaN; the
+/// non-finite values are listed in the provenance, never read as numbers.
 #[test]
-fn verl_import_reads_every_shape_of_verls_logs_and_writes_only_what_it_owns() {
+fn verl_import_reads_the_initial_validation_and_both_spellings_of_nan() {
     let tmp = tempfile::tempdir().expect("tmp");
-    let manifest =
-        Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments/paper/qwen3-1.7b-grpo.yaml");
-    let exp = Experiment::load(&manifest).expect("manifest");
-    let logs = tmp.path().join("logs");
-    std::fs::create_dir_all(&logs).expect("mkdir");
-    let (metrics, validation) = write_verl_logs(&logs, exp.eval.sampling.n, 0);
+    let logs = VerlLogs::write(tmp.path());
     // Python's json writes a NaN bare: read as null, like orjson's
-    let text = std::fs::read_to_string(&metrics).expect("m");
+    let text = std::fs::read_to_string(&logs.metrics).expect("m");
     let text = text.replacen(
         "\"actor/pg_clipfrac\":0.001",
         "\"actor/pg_clipfrac\":NaN",
         1,
     );
-    assert!(text.contains("NaN"));
-    std::fs::write(&metrics, text).expect("w");
-    let import_into = |out: &Path| {
-        acpo(&[
-            "import",
-            "verl",
-            "--manifest",
-            manifest.to_str().expect("u"),
-            "--metrics",
-            metrics.to_str().expect("u"),
-            "--validation-dir",
-            validation.to_str().expect("u"),
-            "--out",
-            out.to_str().expect("u"),
-        ])
-    };
+    assert!(
+        text.contains("NaN")
+            && text
+                .lines()
+                .next()
+                .is_some_and(|l| l.contains("\"step\":0"))
+    );
+    std::fs::write(&logs.metrics, text).expect("w");
     let out = tmp.path().join("run");
-    let ok = import_into(&out);
+    let ok = logs.import_into(&out);
     assert!(
         ok.status.success(),
         "{}",
@@ -782,50 +806,86 @@ fn verl_import_reads_every_shape_of_verls_logs_and_writes_only_what_it_owns() {
         !lines[6].contains_key("actor/grad_norm") && !lines[0].contains_key("actor/pg_clipfrac")
     );
     assert_eq!(lines[1]["actor/pg_clipfrac"], 0.001);
+}
 
-    // A directory of other files: refused, untouched.
+/// Issue #35, item 4: `--out` is written only when it is new or a run an earlier import made
+/// (then replaced whole): a directory of other files, a run's files without its manifest and `/`
+/// are refused and left as they were. The logs here are ones the importer read before the
+/// item-3 fixes too (no step 0, no NaN), so the test fails on those importers for item 4 alone.
+#[test]
+fn verl_import_writes_only_a_new_directory_or_its_own_earlier_import() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let logs = VerlLogs::write(tmp.path());
+    let text = std::fs::read_to_string(&logs.metrics).expect("m");
+    let text: String = text
+        .lines()
+        .skip(1)
+        .map(|l| l.replace("null", "0.3") + "\n")
+        .collect();
+    std::fs::write(&logs.metrics, text).expect("w");
+    std::fs::remove_file(logs.validation.join("0.jsonl")).expect("rm");
+    let out = tmp.path().join("run");
+    let first = logs.import_into(&out);
+    assert!(
+        first.status.success(),
+        "{}",
+        String::from_utf8_lossy(&first.stderr)
+    );
+    // An earlier import is the importer's own: replaced.
+    let again = logs.import_into(&out);
+    assert!(again.status.success());
+
+    // A directory of other files: refused, untouched (checked before the `/` case below, so an
+    // importer that writes into what it does not own fails here, never reaching `/`).
     let other = tmp.path().join("other");
     std::fs::create_dir_all(other.join("sub")).expect("mkdir");
     std::fs::write(other.join("sub/keep.txt"), "mine").expect("w");
-    let refused = import_into(&other);
-    assert_eq!(refused.status.code(), Some(2));
-    assert!(
-        String::from_utf8_lossy(&refused.stderr).contains("is not a run `acpo import verl` made")
-    );
+    let refused = logs.import_into(&other);
     let names: Vec<_> = std::fs::read_dir(&other)
         .expect("ls")
         .map(|e| e.expect("e").file_name())
         .collect();
     assert_eq!(names, ["sub"], "nothing added beside the user's files");
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("is not a run `acpo import verl` made")
+    );
     // A run's files without its manifest: refused, not overwritten.
     let half = tmp.path().join("half");
     std::fs::create_dir_all(&half).expect("mkdir");
     std::fs::write(half.join("metrics.jsonl"), "{}\n").expect("w");
-    assert_eq!(import_into(&half).status.code(), Some(2));
+    assert_eq!(logs.import_into(&half).status.code(), Some(2));
     assert_eq!(
         std::fs::read_to_string(half.join("metrics.jsonl")).expect("r"),
         "{}\n"
     );
     // `/`: refused.
-    assert_eq!(import_into(Path::new("/")).status.code(), Some(2));
+    assert_eq!(logs.import_into(Path::new("/")).status.code(), Some(2));
+}
 
-    // A failed import leaves nothing; fixed, the retry succeeds.
-    let dump = validation.join("10.jsonl");
+/// Issue #35, items 4 and 8: a failed import leaves nothing (staged beside `--out`, committed by
+/// rename) and a retry succeeds; a pipe in the validation directory is refused, not waited on;
+/// a write that fails says it could not write.
+#[test]
+fn verl_import_leaves_nothing_when_it_fails_and_never_waits_on_a_pipe() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let logs = VerlLogs::write(tmp.path());
+    let dump = logs.validation.join("10.jsonl");
     let good = std::fs::read_to_string(&dump).expect("dump");
     std::fs::write(&dump, good.replacen("\"problem_id\"", "\"pid\"", 1)).expect("w");
     let fresh = tmp.path().join("fresh");
-    let failed = import_into(&fresh);
+    let failed = logs.import_into(&fresh);
     assert_eq!(failed.status.code(), Some(2));
     assert!(!fresh.exists() && !tmp.path().join(".fresh.import").exists());
     std::fs::write(&dump, &good).expect("w");
-    assert!(import_into(&fresh).status.success());
+    assert!(logs.import_into(&fresh).status.success());
 
     // A pipe named like a dump: refused at once, never read.
-    let fifo = validation.join("7.jsonl");
+    let fifo = logs.validation.join("7.jsonl");
     let made = std::process::Command::new("mkfifo").arg(&fifo).status();
     if made.is_ok_and(|s| s.success()) {
         let started = std::time::Instant::now();
-        let piped = import_into(&tmp.path().join("piped"));
+        let piped = logs.import_into(&tmp.path().join("piped"));
         assert_eq!(piped.status.code(), Some(2));
         assert!(String::from_utf8_lossy(&piped.stderr).contains("not a regular file"));
         assert!(started.elapsed() < std::time::Duration::from_secs(30));
@@ -835,7 +895,7 @@ fn verl_import_reads_every_shape_of_verls_logs_and_writes_only_what_it_owns() {
     // A write that fails says it could not write (here: --out under a file).
     let file = tmp.path().join("a-file");
     std::fs::write(&file, "x").expect("w");
-    let unwritable = import_into(&file.join("run"));
+    let unwritable = logs.import_into(&file.join("run"));
     assert_eq!(unwritable.status.code(), Some(2));
     assert!(
         String::from_utf8_lossy(&unwritable.stderr).contains("cannot write"),

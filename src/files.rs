@@ -1,0 +1,50 @@
+//! Reading the files a user names, and those a command reads back (issue #35): regular files,
+//! or a descriptor the command was handed already open. A pipe or a device named like a
+//! manifest, a prompt file, an archive or a model's config would hold the command forever
+//! (opening a FIFO waits for a writer; `/dev/zero` never ends), so each read checks the kind
+//! first, without opening. `/dev/stdin`, `/dev/fd/N` and `/proc/self/fd/N` (a shell's `<(...)`,
+//! the verl reward's pipe into `acpo score --input /dev/stdin`) are open already and end when
+//! their writer closes them: read as they are.
+
+use std::fs::File;
+use std::io;
+use std::path::Path;
+
+/// Why a path is refused.
+pub const NOT_REGULAR: &str = "not a regular file (a pipe or a device would never end)";
+
+/// Ok when `path` is a regular file (links followed) or one of the descriptors the process was
+/// handed; its metadata error, or [`NOT_REGULAR`].
+pub fn regular(path: &Path) -> io::Result<()> {
+    if std::fs::metadata(path)?.is_file() || inherited(path) {
+        Ok(())
+    } else {
+        Err(io::Error::new(io::ErrorKind::InvalidInput, NOT_REGULAR))
+    }
+}
+
+/// Whether `path` names a descriptor this process already holds open.
+fn inherited(path: &Path) -> bool {
+    path == Path::new("/dev/stdin")
+        || ["/dev/fd", "/proc/self/fd"]
+            .iter()
+            .any(|dir| path.parent() == Some(Path::new(dir)))
+}
+
+/// [`std::fs::read_to_string`] of a regular file.
+pub fn read_to_string(path: impl AsRef<Path>) -> io::Result<String> {
+    regular(path.as_ref())?;
+    std::fs::read_to_string(path)
+}
+
+/// [`std::fs::read`] of a regular file.
+pub fn read(path: impl AsRef<Path>) -> io::Result<Vec<u8>> {
+    regular(path.as_ref())?;
+    std::fs::read(path)
+}
+
+/// [`File::open`] of a regular file.
+pub fn open(path: impl AsRef<Path>) -> io::Result<File> {
+    regular(path.as_ref())?;
+    File::open(path)
+}
