@@ -118,6 +118,19 @@ fn s(p: &Path) -> String {
     p.to_str().expect("utf8").to_string()
 }
 
+/// `acpo model init` of the config at `config` into `out`, with the character tokenizer.
+fn init_args(config: &Path, out: &Path) -> Vec<String> {
+    vec![
+        "model".into(),
+        "init".into(),
+        "--config".into(),
+        s(config),
+        "--out".into(),
+        s(out),
+        "--char-tokenizer".into(),
+    ]
+}
+
 /// The values a hostile config field takes.
 fn hostile_values() -> Vec<serde_json::Value> {
     use serde_json::json;
@@ -140,6 +153,15 @@ fn hostile_values() -> Vec<serde_json::Value> {
         json!({"rope_theta": -5.0, "rope_type": "default"}),
         json!({"rope_type": "yarn", "factor": 4.0}),
     ]
+}
+
+/// The tiny model (`tiny_config`, the character tokenizer) written into `dir/tiny`.
+fn tiny_model(dir: &Path) -> std::path::PathBuf {
+    let model = dir.join("tiny");
+    let cfg = dir.join("tiny.json");
+    std::fs::write(&cfg, tiny_config().to_string()).expect("w");
+    assert_eq!(run(&init_args(&cfg, &model), "the tiny model"), 0);
+    model
 }
 
 fn tiny_config() -> serde_json::Value {
@@ -187,18 +209,7 @@ fn model_init_survives_hostile_configs() {
         };
         std::fs::write(&path, text).expect("w");
         let out = tmp.path().join(format!("m{case}"));
-        let made = run(
-            &[
-                "model".into(),
-                "init".into(),
-                "--config".into(),
-                s(&path),
-                "--out".into(),
-                s(&out),
-                "--char-tokenizer".into(),
-            ],
-            &format!("model init, {field}"),
-        );
+        let made = run(&init_args(&path, &out), &format!("model init, {field}"));
         // what init accepts, the model commands run (zero sizes once panicked there)
         if made == 0 {
             run(
@@ -222,24 +233,7 @@ fn model_init_survives_hostile_configs() {
 #[test]
 fn logprobs_and_generate_survive_hostile_input() {
     let tmp = tempfile::tempdir().expect("tmp");
-    let model = tmp.path().join("tiny");
-    let cfg = tmp.path().join("tiny.json");
-    std::fs::write(&cfg, tiny_config().to_string()).expect("w");
-    assert_eq!(
-        run(
-            &[
-                "model".into(),
-                "init".into(),
-                "--config".into(),
-                s(&cfg),
-                "--out".into(),
-                s(&model),
-                "--char-tokenizer".into(),
-            ],
-            "the tiny model",
-        ),
-        0
-    );
+    let model = tiny_model(tmp.path());
     let long: Vec<u32> = vec![5; 300_000];
     let id_lines = [
         serde_json::json!({"ids": [5, 6, 7]}).to_string(),
@@ -426,15 +420,7 @@ fn the_issues_named_sizes_and_inputs_are_refused_naming_the_field() {
         std::fs::write(&path, cfg.to_string()).expect("w");
         let out = tmp.path().join(format!("m{i}"));
         let (code, stderr) = run_within(
-            &[
-                "model".into(),
-                "init".into(),
-                "--config".into(),
-                s(&path),
-                "--out".into(),
-                s(&out),
-                "--char-tokenizer".into(),
-            ],
+            &init_args(&path, &out),
             &format!("model init, {field} = {value}"),
             None,
         );
@@ -485,15 +471,7 @@ fn the_issues_named_sizes_and_inputs_are_refused_naming_the_field() {
     assert!(!tmp.path().join("absent").exists() && !tmp.path().join("results").exists());
 
     // Inputs past the tiny model's 256 positions, and sizes of work: refused before any is done.
-    let model = tmp.path().join("tiny");
-    let cfg = tmp.path().join("tiny.json");
-    std::fs::write(&cfg, tiny_config().to_string()).expect("w");
-    let init: Vec<String> = ["model", "init", "--config", &s(&cfg), "--out", &s(&model)]
-        .iter()
-        .map(|a| a.to_string())
-        .chain(["--char-tokenizer".to_string()])
-        .collect();
-    assert_eq!(run(&init, "the tiny model"), 0);
+    let model = tiny_model(tmp.path());
     let long = tmp.path().join("long.jsonl");
     std::fs::write(
         &long,
@@ -575,25 +553,8 @@ fn a_pipe_named_as_any_input_is_refused_at_once() {
         );
         return;
     }
-    let model = tmp.path().join("tiny");
-    let cfg = tmp.path().join("tiny.json");
-    std::fs::write(&cfg, tiny_config().to_string()).expect("w");
+    let model = tiny_model(tmp.path());
     let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<String>>();
-    assert_eq!(
-        run(
-            &args(&[
-                "model",
-                "init",
-                "--config",
-                &s(&cfg),
-                "--out",
-                &s(&model),
-                "--char-tokenizer"
-            ]),
-            "the tiny model"
-        ),
-        0
-    );
     // A model directory whose config, tokenizer or weights is a pipe.
     let mut models = Vec::new();
     for file in ["config.json", "tokenizer.json", "model.safetensors"] {
