@@ -50,7 +50,7 @@ pub fn splice(doc_path: &Path, doc: &str, root: &Path) -> Result<(String, usize)
             seen.push(name.to_owned());
             continue;
         }
-        let body = read_regular(&path).map_err(|source| ReportError::Io {
+        let body = crate::files::read_to_string(&path).map_err(|source| ReportError::Io {
             path: path.clone(),
             source,
         })?;
@@ -91,18 +91,6 @@ fn block_file(root: &Path, name: &str) -> Option<PathBuf> {
     }
 }
 
-/// The text of `path` when it is a regular file: a pipe or a device named like a document or a
-/// generated file would never end (issue #35).
-fn read_regular(path: &Path) -> std::io::Result<String> {
-    if !std::fs::metadata(path)?.is_file() {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "not a regular file (a pipe or a device would never end)",
-        ));
-    }
-    crate::files::read_to_string(path)
-}
-
 /// What [`fill`] did to one document.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Filled {
@@ -129,7 +117,7 @@ pub fn fill(docs: &[PathBuf], root: &Path, check: bool) -> Result<Vec<Filled>> {
             path: doc.clone(),
             source,
         };
-        let text = read_regular(doc).map_err(io)?;
+        let text = crate::files::read_to_string(doc).map_err(io)?;
         let (new, blocks) = splice(doc, &text, root)?;
         let changed = new != text;
         if changed && !check {
