@@ -18,21 +18,19 @@ impl Experiment {
     /// config.json, or the config a missing one is created from), so that `acpo check` and the
     /// start of `train` refuse the sizes model init would, naming the field (issue #35).
     pub fn check_model_config(&self) -> Result<(), String> {
-        check_model(self)
+        let (field, config) = match (&self.model.source, &self.model.init) {
+            (crate::hub::ModelSource::Dir(dir), _) if dir.join("config.json").is_file() => {
+                ("model.dir", dir.join("config.json"))
+            }
+            (crate::hub::ModelSource::Dir(_), Some(init)) => {
+                ("model.init.config", init.config.clone())
+            }
+            _ => return Ok(()),
+        };
+        crate::model::QwenConfig::load(&config)
+            .map(|_| ())
+            .map_err(|e| format!("field `{field}`: {e}"))
     }
-}
-
-fn check_model(exp: &Experiment) -> Result<(), String> {
-    let (field, config) = match (&exp.model.source, &exp.model.init) {
-        (crate::hub::ModelSource::Dir(dir), _) if dir.join("config.json").is_file() => {
-            ("model.dir", dir.join("config.json"))
-        }
-        (crate::hub::ModelSource::Dir(_), Some(init)) => ("model.init.config", init.config.clone()),
-        _ => return Ok(()),
-    };
-    crate::model::QwenConfig::load(&config)
-        .map(|_| ())
-        .map_err(|e| format!("field `{field}`: {e}"))
 }
 
 /// Validates every manifest under `paths` (files, or directories searched for `*.yaml`);
@@ -60,7 +58,7 @@ pub fn check_all(paths: &[PathBuf]) -> Result<CheckReport, ManifestError> {
                     ));
                     continue;
                 }
-                if let Err(reason) = check_model(&experiment) {
+                if let Err(reason) = experiment.check_model_config() {
                     report.errors.push(format!("{}: {reason}", file.display()));
                     continue;
                 }

@@ -173,6 +173,12 @@ impl TrainerSpec {
     pub fn evaluates_at_start(&self) -> bool {
         self.val_before_train.unwrap_or(true)
     }
+
+    /// Evaluations a run costs (the plans' count): one every `eval_every` steps and one at the
+    /// start (`eval_every` 0: at the start only).
+    pub fn evaluations(&self) -> usize {
+        self.total_steps.checked_div(self.eval_every).unwrap_or(0) + 1
+    }
 }
 
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -183,6 +189,16 @@ pub struct EvalSpec {
     pub prompt_template: PromptTemplate,
     pub apply_chat_template: bool,
     pub limit: Option<usize>,
+}
+
+impl EvalSpec {
+    /// Problems one evaluation scores: each benchmark's, at most `limit` of them.
+    pub fn problems(&self) -> usize {
+        self.benchmarks
+            .iter()
+            .map(|b| self.limit.map_or(b.size(), |l| l.min(b.size())))
+            .sum()
+    }
 }
 
 /// A number as a message shows it: plain when short, in exponent form when huge or tiny.

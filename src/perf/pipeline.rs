@@ -447,18 +447,8 @@ pub fn pipeline_plan(
             continue;
         };
         let scale = params / p;
-        let evals = exp
-            .trainer
-            .total_steps
-            .checked_div(exp.trainer.eval_every)
-            .unwrap_or(0)
-            + 1;
-        let problems: usize = exp
-            .eval
-            .benchmarks
-            .iter()
-            .map(|b| exp.eval.limit.map_or(b.size(), |l| l.min(b.size())))
-            .sum();
+        let evals = exp.trainer.evaluations();
+        let problems = exp.eval.problems();
         let checkpoints = exp
             .trainer
             .total_steps

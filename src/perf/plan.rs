@@ -103,14 +103,8 @@ pub fn paper_plan(
         let per_step_train =
             responses * (prompt + response) * (exp.actor.epochs as f64 + 1.0 / 3.0) * critic;
         let steps = exp.trainer.total_steps;
-        // Every eval_every steps and at the start (0: at the start only).
-        let evals = steps.checked_div(exp.trainer.eval_every).unwrap_or(0) + 1;
-        let problems: usize = exp
-            .eval
-            .benchmarks
-            .iter()
-            .map(|b| exp.eval.limit.map_or(b.size(), |l| l.min(b.size())))
-            .sum();
+        let evals = exp.trainer.evaluations();
+        let problems = exp.eval.problems();
         let eval_tokens = evals as f64
             * problems as f64
             * exp.eval.sampling.n as f64
