@@ -16,7 +16,9 @@
 pub mod algo;
 pub mod data;
 pub mod reward;
-pub mod verify;
+/// The one judge of answers: the crate `acpo-verify` (crates/acpo-verify), its own crate so the
+/// Python package and anyone else judge with it without the harness's dependencies.
+pub use acpo_verify as verify;
 
 // A run: its manifest, model, sampling, training and evaluation.
 pub mod eval;

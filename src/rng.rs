@@ -75,4 +75,22 @@ mod tests {
         );
         assert_eq!(SplitMix64::new(0).next_u64(), 0xE220_A839_7B1D_CDAF);
     }
+
+    /// The verifier's evaluation points (crates/acpo-verify, which has no dependency on this
+    /// crate) are the first draws of the streams keyed by (point, symbol, 0xA115): the numbers
+    /// every verdict on an expression with symbols was made with.
+    #[test]
+    fn the_verifiers_evaluation_points_are_these_streams() {
+        for k in 0..8usize {
+            for i in 0..8usize {
+                let want =
+                    0.35 + 2.1 * SplitMix64::from_key(&[k as u64, i as u64, 0xA115]).next_f64();
+                assert_eq!(
+                    acpo_verify::point(k, i).to_bits(),
+                    want.to_bits(),
+                    "point {k}, symbol {i}"
+                );
+            }
+        }
+    }
 }

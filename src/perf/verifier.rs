@@ -87,6 +87,31 @@ pub fn hostile_answers(n: usize) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The inputs of Math-Verify's own hang reports, as (name, gold, response): #65's power tower,
+/// which `parse` alone never finishes; the prose answer of its follow-up comment, both ways
+/// round; and #63's nested logarithms (the response's opening) with a power-tower answer, whose
+/// memory use crashed the machine despite the timeout.
+pub fn math_verify_issue_inputs() -> Vec<(&'static str, String, String)> {
+    let tower =
+        r"\boxed{\dfrac{5^{\left(5^{\left(5^{\left(5^5\right)}\right)} - 4\right)} - 5}{16}}";
+    let prose = "{@Neillier 1276915 4951077 ник增高人权 국 {1,1-3-10鼓励不停);5个_GENERAL2全校。 _HEADERS1 Orchestra}";
+    let logs = r"To determine the largest real number \( x \) for which the expression \(\log_{2^5}(\log_{2^4}(\log_{2^3}(\log_{2^2}(\log_{2^1}x))))\) is defined, we need to ensure that each logarithm in the nested expression is defined and positive. So \( x > 2^{2^{2^{2^{2^{5}}}}} \) and the answer is \boxed{2^{2^{2^{2^{2^{5}}}}}}";
+    vec![
+        ("math-verify#65", "1".into(), tower.into()),
+        (
+            "math-verify#65-comment",
+            "92.5857658508735".into(),
+            prose.into(),
+        ),
+        (
+            "math-verify#65-comment-swapped",
+            prose.into(),
+            r"\boxed{92.5857658508735}".into(),
+        ),
+        ("math-verify#63", "2^{4096}".into(), logs.into()),
+    ]
+}
+
 /// Times the verifier (best of `repeats`) and writes `verifier.{json,md}` and the pairs.
 pub fn bench(data: &DataLocation, out: &Path, repeats: usize) -> Result<PathBuf> {
     if repeats == 0 {
@@ -157,7 +182,12 @@ pub fn bench(data: &DataLocation, out: &Path, repeats: usize) -> Result<PathBuf>
     );
 
     // The hostile answers: the slowest one, and how many end on the budget.
-    let hostile = hostile_answers(8);
+    let mut hostile = hostile_answers(8);
+    hostile.extend(
+        math_verify_issue_inputs()
+            .into_iter()
+            .map(|(_, g, r)| (g, r)),
+    );
     let (mut slowest, mut slowest_answer, mut cut_short) = (0.0f64, String::new(), 0);
     let t_all = Instant::now();
     for (g, r) in &hostile {
@@ -189,7 +219,7 @@ pub fn bench(data: &DataLocation, out: &Path, repeats: usize) -> Result<PathBuf>
         format!(
             "# acpo bench verifier\n\n{} pairs (4 benchmarks' golds x boxed / Answer: / wrong), best of {repeats}: {best:.3} s, **{rate:.0} answers/s**; {as_constructed} judged as constructed.\n\n\
              Work budget {} units per answer; the most a real answer needs (these pairs and DAPO-Math-17k's golds): {most} units ({headroom:.0}x headroom).\n\n\
-             {} hostile answers (`perf::verifier::hostile_answers`): {hostile_seconds:.3} s in all, the slowest {:.1} ms, {cut_short} ended by the budget with an error verdict.\n\n\
+             {} hostile answers (`perf::verifier::hostile_answers` and `math_verify_issue_inputs`): {hostile_seconds:.3} s in all, the slowest {:.1} ms, {cut_short} ended by the budget with an error verdict.\n\n\
              Compare with Math-Verify: `python3 tools/twins/bench_math_verify.py {}`\n",
             pairs.len(),
             verify::work::BUDGET,

@@ -19,7 +19,7 @@ fn data_file(test: &str, rel: &str) -> Option<String> {
 /// from Math-Verify's own test suite, Apache-2.0) where we disagree
 /// with Math-Verify, each with the reason. Any change to this set fails the test, so an
 /// improvement is recorded here and a regression is caught.
-const KNOWN_DISAGREEMENTS: [(usize, &str); 13] = [
+const KNOWN_DISAGREEMENTS: [(usize, &str); 15] = [
     (
         31,
         "latex-only config: we fall back to the plain number when inline $ spans lines",
@@ -39,6 +39,16 @@ const KNOWN_DISAGREEMENTS: [(usize, &str); 13] = [
     (
         124,
         "the prediction is a product of matrices: needs matrix arithmetic",
+    ),
+    (
+        133,
+        "float_rounding=2 case (0.33 for 1/3); our one tolerance is 10^-6, monotone in the \
+         error (issue #47), and Math-Verify's default rounding (6) rejects it too",
+    ),
+    (
+        139,
+        "float_rounding=2 case (2.6667 for 8/3); our one tolerance is 10^-6, monotone in the \
+         error (issue #47), and Math-Verify's default rounding (6) rejects it too",
     ),
     (
         186,
@@ -74,7 +84,7 @@ fn agrees_with_math_verify_on_its_own_test_cases() {
         return;
     };
     let mut disagreements = Vec::new();
-    let mut n = 0;
+    let (mut n, mut at_defaults, mut differ_at_defaults) = (0, 0, 0);
     for (i, line) in text.lines().enumerate() {
         let v: Value = serde_json::from_str(line).expect("json");
         let (gold, pred) = (
@@ -82,9 +92,14 @@ fn agrees_with_math_verify_on_its_own_test_cases() {
             v["pred"].as_str().expect("pred"),
         );
         let expected = v["expected"].as_bool().expect("expected");
+        // the cases that ran Math-Verify with its default options, the ones we implement
+        let defaults =
+            v["precision"] == 6 && v["strict"] == true && v["allow_set_relation_comp"] == false;
         n += 1;
+        at_defaults += usize::from(defaults);
         if verify(gold, pred).correct != expected {
             disagreements.push(i);
+            differ_at_defaults += usize::from(defaults);
         }
     }
     assert_eq!(n, 268);
@@ -93,8 +108,11 @@ fn agrees_with_math_verify_on_its_own_test_cases() {
         disagreements, known,
         "the disagreement set changed: update KNOWN_DISAGREEMENTS with reasons"
     );
-    let agreement = 1.0 - known.len() as f64 / n as f64;
-    assert!(agreement >= 0.95, "agreement {agreement:.3}");
+    let agreement = 1.0 - differ_at_defaults as f64 / at_defaults as f64;
+    assert!(
+        agreement >= 0.95,
+        "agreement {agreement:.3} on the {at_defaults} cases at Math-Verify's defaults"
+    );
 }
 
 /// Golds whose `Answer: gold` form is not recognised, with the reason (all in the gold itself).
@@ -434,4 +452,139 @@ fn random_and_adversarial_input_never_panics_and_terminates() {
             start.elapsed()
         );
     }
+}
+
+/// Issue #47 item 7: the numeric tolerance is one rule, monotone in the error. For each gold,
+/// answers of known error in every form (decimals, powers, fractions, sums; exact or evaluated
+/// in f64) are accepted up to τ(gold) and rejected beyond, whatever their form: never a smaller
+/// error rejected where a larger one is accepted. The issue's cases near zero, all accepted now
+/// (each within 10^-6 of 0).
+#[test]
+fn the_numeric_tolerance_is_monotone_in_the_error() {
+    for (pred, why) in [
+        ("2^{-100000000}", "below f64's range"),
+        ("2^{-1000}", "exact, tiny"),
+        ("0.000001", "a decimal at the tolerance"),
+        ("10^{-9}", "a power of ten"),
+        ("\\frac{1}{10^{7}}", "a fraction"),
+    ] {
+        let v = verify("0", &format!("\\boxed{{{pred}}}"));
+        assert!(v.correct, "{pred} ({why}) against 0: {v:?}");
+    }
+    assert!(!verify("0", "\\boxed{0.0000011}").correct);
+    assert!(!verify("0", "\\boxed{2 \\cdot 10^{-6}}").correct);
+    // (gold, its value's form for building answers, τ(gold): 1e-6 for an integer, else
+    // 1e-6·max(|gold|, 1))
+    let golds = [
+        ("0", "0", 1e-6),
+        ("5", "5", 1e-6),
+        ("100000000000000000000", "10^{20}", 1e-6),
+        ("\\frac{1}{3}", "\\frac{1}{3}", 1e-6),
+        ("\\pi", "\\pi", 1e-6 * std::f64::consts::PI),
+        ("\\sqrt{2}", "\\sqrt{2}", 1e-6 * std::f64::consts::SQRT_2),
+        ("1234.5", "1234.5", 1e-6 * 1234.5),
+    ];
+    for (gold, value, tau) in golds {
+        // errors 10^-k for k = 1..=12 (k = 6 is the tolerance itself for |gold| <= 1: left out,
+        // where f64 round-off may fall either side), in four forms each
+        let mut judged: Vec<(f64, bool, String)> = Vec::new();
+        for k in (1..=12).filter(|&k| k != 6) {
+            for pred in [
+                format!("{value} + 10^{{-{k}}}"),
+                format!("{value} - 10^{{-{k}}}"),
+                format!("{value} + \\frac{{1}}{{10^{{{k}}}}}"),
+                format!("{value} - \\frac{{3}}{{3 \\cdot 10^{{{k}}}}}"),
+            ] {
+                let v = verify(gold, &format!("\\boxed{{{pred}}}"));
+                judged.push((10f64.powi(-k), v.correct, pred));
+            }
+        }
+        judged.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let largest_accepted = judged
+            .iter()
+            .filter(|j| j.1)
+            .map(|j| j.0)
+            .fold(0.0, f64::max);
+        for (error, correct, pred) in &judged {
+            if *error < largest_accepted {
+                assert!(
+                    correct,
+                    "gold {gold}: `{pred}` (error {error:e}) rejected, a larger error accepted"
+                );
+            }
+        }
+        // and the rule's own boundary
+        for (error, correct, pred) in &judged {
+            assert_eq!(
+                *correct,
+                *error <= tau,
+                "gold {gold}: `{pred}` (error {error:e}, tau {tau:e})"
+            );
+        }
+    }
+}
+
+/// The Python package's fixture (python/tests/fixtures/verifier.json): the project's hostile
+/// answers (`perf::verifier::hostile_answers`), the inputs of Math-Verify's hang reports
+/// (`perf::verifier::math_verify_issue_inputs`) and issue #47's cases near zero, each with this
+/// crate's verdict. The package's tests check that Python gets the same verdicts through
+/// `acpo.verify` and `acpo.score_batch`, from any thread; its benchmark times them.
+/// `ACPO_UPDATE_FIXTURES=1 cargo test --test it python_packages_verifier_fixture` rewrites it.
+#[test]
+fn the_python_packages_verifier_fixture_is_current() {
+    use acpo::perf::verifier::{hostile_answers, math_verify_issue_inputs};
+    let mut cases: Vec<(String, String, String)> = hostile_answers(8)
+        .into_iter()
+        .enumerate()
+        .map(|(i, (g, r))| (format!("hostile-{i}"), g, r))
+        .collect();
+    cases.extend(
+        math_verify_issue_inputs()
+            .into_iter()
+            .map(|(name, g, r)| (name.to_string(), g, r)),
+    );
+    for (i, pred) in [
+        "0.000001",
+        "10^{-9}",
+        "2^{-1000}",
+        "2^{-100000000}",
+        "0.0000011",
+    ]
+    .iter()
+    .enumerate()
+    {
+        cases.push((
+            format!("near-zero-{i}"),
+            "0".into(),
+            format!("\\boxed{{{pred}}}"),
+        ));
+    }
+    let rows: Vec<serde_json::Value> = cases
+        .iter()
+        .map(|(name, gold, response)| {
+            let v = verify(gold, response);
+            serde_json::json!({
+                "name": name, "gold": gold, "response": response,
+                "correct": v.correct, "error": v.error.is_some(),
+            })
+        })
+        .collect();
+    let text = serde_json::to_string_pretty(&serde_json::json!({
+        "written_by": "tests/it/verify.rs::the_python_packages_verifier_fixture_is_current",
+        "cases": rows,
+    }))
+    .expect("json")
+        + "\n";
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("python/tests/fixtures/verifier.json");
+    if std::env::var_os("ACPO_UPDATE_FIXTURES").is_some() {
+        std::fs::create_dir_all(path.parent().expect("dir")).expect("mkdir");
+        std::fs::write(&path, &text).expect("write");
+    }
+    let committed = std::fs::read_to_string(&path).expect("the committed fixture");
+    assert!(
+        committed == text,
+        "{} is stale: ACPO_UPDATE_FIXTURES=1 cargo test --test it python_packages_verifier_fixture",
+        path.display()
+    );
 }

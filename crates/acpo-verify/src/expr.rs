@@ -1171,14 +1171,6 @@ impl Expr {
             _ => false,
         }
     }
-
-    pub fn is_decimal(&self) -> Option<u32> {
-        match self {
-            Expr::Num { places, .. } => *places,
-            Expr::Neg(a) => a.is_decimal(),
-            _ => None,
-        }
-    }
 }
 
 /// Γ(x) by the Lanczos approximation (g = 7), enough for factorials and binomials.

@@ -3,13 +3,43 @@
 //!
 //! - the answer is extracted from the response ([`extract`]), the gold's format decides how the
 //!   two are compared ("gold decides");
-//! - numbers compare exactly as rationals (any size: DAPO answers exceed 2^64; `025` = `25`);
-//!   a decimal prediction with k < 6 places matches a gold rounded to k places, as Math-Verify
-//!   does (`0.33` for 1/3); otherwise values agree to a relative 1e-6;
-//! - expressions with symbols are compared at deterministic random points;
+//! - numbers are values, computed exactly as rationals where they are rational (any size: DAPO
+//!   answers exceed 2^64; `025` = `25`), and agree within one tolerance (below);
+//! - expressions with symbols are compared as functions, at deterministic random points, equal
+//!   within f64's round-off (10⁻⁹ relative) at each: no answer tolerance applies to a function
+//!   (`x^6 \cdot 10^7 + 1` is not `x^6 \cdot 10^7`);
 //! - lists and sets are unordered, tuples and intervals ordered with their bracket types,
 //!   `±` expands to both signs, equations compare by their right-hand side when the left is a
 //!   name (`k = 1` ~ `1`) and by proportionality otherwise, inequalities by direction.
+//!
+//! # Numeric tolerance
+//!
+//! An answer of value p matches a gold of value g when |p − g| ≤ τ(g), with
+//!
+//! - τ(g) = 10⁻⁶ when g is an integer (counts, AIME and DAPO answers: no neighbouring integer
+//!   ever matches, however large g is);
+//! - τ(g) = 10⁻⁶ · max(|g|, 1) otherwise (a fraction, a decimal, an irrational value: six
+//!   decimal places, or six significant digits above 1).
+//!
+//! The tolerance depends on the gold alone, never on how the answer is written, so the rule is
+//! monotone in the error: a smaller error is never rejected where a larger one is accepted
+//! (issue #47: `0.000001` against 0 was accepted and `10^{-9}` rejected; `2^{-1000}` rejected and
+//! `2^{-100000000}`, whose f64 value is 0, accepted). All four are accepted now. The error is
+//! computed exactly when both values are rational, else in f64 (round-off near 10⁻¹⁶ relative,
+//! far below τ); a value that overflows f64 is undecidable and matches nothing.
+//!
+//! Math-Verify's rule (0.9.0, `sympy_numeric_eq`) is not monotone, which is why it is not ours:
+//! where either side is a float it rounds both to 6 decimal places (against 1/3, `0.3333328` is
+//! accepted and the closer `0.3333335` rejected) and otherwise requires exact equality
+//! (`0.333333` is accepted for 1/3, `\frac{333333}{1000000}` is not). Two values that round alike
+//! differ by less than 10⁻⁶, so every float answer its rounding accepts, ours accepts; being
+//! monotone, ours also accepts every answer closer than that: `355/113` (off by 2.7·10⁻⁷) matches
+//! π as `3.141593` (off by 3.5·10⁻⁷) does; Math-Verify takes the second only. The rounding rule of
+//! earlier versions of this crate (a prediction with k < 6 decimals matched a gold rounded to k
+//! places: `0.33` for 1/3, `0.62` for 0.618, while the closer `0.6181` did not; Math-Verify 0.9.0
+//! rejects all three) is gone with it.
+//!
+//! # Bounds
 //!
 //! Every input terminates in bounded time and memory: extraction is linear, the parser has a
 //! length and depth limit, exact values a bit limit, and the whole judgement a work budget
@@ -33,11 +63,15 @@ pub struct Verdict {
     pub source: Option<extract::Source>,
     /// Why no comparison was possible (unparseable gold or answer), if that happened.
     pub error: Option<String>,
+    /// Whether that was because the gold answer does not parse: the example cannot be judged
+    /// at all (TRL's reward functions skip it), whatever the response says.
+    #[serde(skip)]
+    pub gold_unparsed: bool,
 }
 
-/// Relative tolerance when a decimal is involved (Math-Verify's 6-digit precision).
-const REL_TOL: f64 = 1e-6;
-/// Relative tolerance of evaluated expressions (f64 round-off, far below any real difference).
+/// The numeric tolerance: Math-Verify's six decimal places (module docs, "Numeric tolerance").
+pub const TOL: f64 = 1e-6;
+/// f64 round-off allowed where expressions with symbols are compared as functions, point by point.
 const EVAL_TOL: f64 = 1e-9;
 /// Random evaluation points for symbolic comparisons.
 const POINTS: usize = 6;
@@ -82,6 +116,7 @@ fn judge(gold: &str, response: &str) -> Verdict {
             extracted: Some(c.text.clone()),
             source: Some(c.source),
             error: None,
+            gold_unparsed: false,
         };
     }
     if golds.is_empty() {
@@ -93,6 +128,7 @@ fn judge(gold: &str, response: &str) -> Verdict {
                 "the gold answer `{}` could not be parsed",
                 truncate(gold)
             )),
+            gold_unparsed: true,
         };
     }
     let mut last_error = None;
@@ -103,6 +139,7 @@ fn judge(gold: &str, response: &str) -> Verdict {
                 extracted: Some(cand.text.clone()),
                 source: Some(cand.source),
                 error: None,
+                gold_unparsed: false,
             };
         }
         match parse(&cand.text) {
@@ -113,6 +150,7 @@ fn judge(gold: &str, response: &str) -> Verdict {
                     extracted: Some(cand.text.clone()),
                     source: Some(cand.source),
                     error: None,
+                    gold_unparsed: false,
                 };
             }
             Err(e) => last_error = Some(format!("answer `{}`: {e}", truncate(&cand.text))),
@@ -125,6 +163,7 @@ fn judge(gold: &str, response: &str) -> Verdict {
         error: last_error
             .or_else(|| Some("no answer found in the response".into()))
             .filter(|_| !preds.is_empty()),
+        gold_unparsed: false,
     }
 }
 
@@ -499,7 +538,7 @@ fn proportional(a: &Expr, b: &Expr, positive: bool) -> bool {
         let r = x / y;
         match ratio {
             None => ratio = Some(r),
-            Some(r0) if (r - r0).abs() > REL_TOL * r0.abs().max(1.0) => return false,
+            Some(r0) if (r - r0).abs() > TOL * r0.abs().max(1.0) => return false,
             _ => {}
         }
         good += 1;
@@ -511,56 +550,57 @@ fn proportional(a: &Expr, b: &Expr, positive: bool) -> bool {
 fn point_env(syms: &[String], k: usize) -> impl Fn(&str) -> f64 + '_ {
     move |name: &str| {
         let i = syms.iter().position(|s| s == name).unwrap_or(syms.len());
-        let mut r = crate::rng::SplitMix64::from_key(&[k as u64, i as u64, 0xA115]);
-        0.35 + 2.1 * r.next_f64()
+        point(k, i)
     }
 }
 
-/// Numbers and expressions: exact when both are rational, else numeric.
+/// The value of symbol `i` at evaluation point `k`, in [0.35, 2.45): away from 0 and 1, where
+/// different expressions often agree. The first draw of SplitMix64 keyed by `(k, i, 0xA115)`,
+/// the numbers `acpo::rng::SplitMix64::from_key` gives (a test of the acpo crate holds the two
+/// equal, so no verdict depends on which crate computes them).
+pub fn point(k: usize, i: usize) -> f64 {
+    const GOLDEN: u64 = 0x9E37_79B9_7F4A_7C15;
+    fn mix(mut z: u64) -> u64 {
+        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+        z ^ (z >> 31)
+    }
+    let state = [k as u64, i as u64, 0xA115]
+        .iter()
+        .fold(0x005E_ED0F_AC90_u64, |acc, x| {
+            mix(acc.wrapping_add(GOLDEN) ^ mix(x.wrapping_add(GOLDEN)))
+        });
+    let draw = mix(state.wrapping_add(GOLDEN));
+    0.35 + 2.1 * ((draw >> 11) as f64 * (1.0 / (1u64 << 53) as f64))
+}
+
+/// Numbers and expressions: a number within [`TOL`] of the gold (module docs, "Numeric
+/// tolerance"), the error computed exactly when both are rational, else in f64; expressions with
+/// symbols identical at [`POINTS`] random points.
 fn value_equal(g: &Expr, p: &Expr) -> bool {
     if let (Some(a), Some(b)) = (g.exact(), p.exact()) {
         if exact::same(&a, &b) {
             return true;
         }
-        // Math-Verify: a decimal prediction with fewer places matches the gold rounded to them.
-        if let Some(k) = p
-            .is_decimal()
-            .filter(|&k| k < 6 && g.is_decimal().is_none_or(|gk| gk > k))
-        {
-            return exact::round_to(&a, k).is_some_and(|r| exact::same(&r, &b));
-        }
-        // A long decimal against a fraction: equal to Math-Verify's 6-digit precision.
-        if p.is_decimal().is_some() || g.is_decimal().is_some() {
-            return close(
-                a.to_f64().unwrap_or(f64::NAN),
-                b.to_f64().unwrap_or(f64::NAN),
-                REL_TOL,
-            );
-        }
-        return false;
+        let Some(error) = exact::add(&b, &-&a) else {
+            return false; // the budget refused the subtraction: undecided, so not equal
+        };
+        // Rounding the exact error to f64 is monotone in it, so the rule stays monotone.
+        let error = error.to_f64().unwrap_or(f64::INFINITY).abs();
+        let gold = a.to_f64().unwrap_or(f64::INFINITY);
+        return error <= tolerance(gold, a.is_integer());
     }
     let mut syms = Vec::new();
     g.symbols(&mut syms);
     p.symbols(&mut syms);
     let infinite_meant = g.has_infinity() && p.has_infinity();
-    let tol = if g.is_decimal().is_some() || p.is_decimal().is_some() {
-        REL_TOL
-    } else {
-        EVAL_TOL
-    };
     if syms.is_empty() {
         let (x, y) = (g.eval(&|_| f64::NAN), p.eval(&|_| f64::NAN));
         if (x.is_infinite() || y.is_infinite()) && !infinite_meant {
             return false; // an overflow, not a value: undecidable here, so not equal
         }
-        if let Some(k) = p.is_decimal().filter(|&k| k < 6) {
-            if x.is_finite()
-                && (x * 10f64.powi(k as i32)).round() == (y * 10f64.powi(k as i32)).round()
-            {
-                return true;
-            }
-        }
-        return close(x, y, tol);
+        let integer = g.exact().is_some_and(|a| a.is_integer());
+        return within(x, y, integer);
     }
     let mut good = 0;
     for k in 0..POINTS {
@@ -569,7 +609,7 @@ fn value_equal(g: &Expr, p: &Expr) -> bool {
         if x.is_nan() && y.is_nan() {
             continue;
         }
-        if !close(x, y, tol) {
+        if !identical_at(x, y) {
             return false;
         }
         good += 1;
@@ -577,9 +617,28 @@ fn value_equal(g: &Expr, p: &Expr) -> bool {
     good >= 3
 }
 
-fn close(x: f64, y: f64, tol: f64) -> bool {
+/// How far from the gold value `g` an answer may be: [`TOL`] for an integer gold, [`TOL`]
+/// relative to |g| (at least [`TOL`]) for any other. It depends on the gold alone, never on how
+/// the answer is written, so a smaller error is never rejected where a larger one is accepted.
+fn tolerance(g: f64, integer: bool) -> f64 {
+    if integer {
+        TOL
+    } else {
+        TOL * g.abs().max(1.0)
+    }
+}
+
+/// Whether two expressions with symbols agree at one evaluation point: as functions they must be
+/// identical, so no answer tolerance applies, only f64's round-off ([`EVAL_TOL`] relative).
+fn identical_at(x: f64, y: f64) -> bool {
+    (x.is_finite() && y.is_finite() && (x - y).abs() <= EVAL_TOL * x.abs().max(1.0))
+        || (x.is_infinite() && x == y)
+}
+
+/// Whether `y` is within the tolerance of the gold value `x` (infinities only equal themselves).
+fn within(x: f64, y: f64, integer: bool) -> bool {
     if x.is_infinite() || y.is_infinite() {
         return x == y;
     }
-    x.is_finite() && y.is_finite() && (x - y).abs() <= tol * x.abs().max(1.0)
+    x.is_finite() && y.is_finite() && (x - y).abs() <= tolerance(x, integer)
 }
