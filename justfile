@@ -147,12 +147,23 @@ doc from *docs:
 compare-runs base new scale="mini":
     python3 tools/checks/compare_runs.py {{base}} {{new}} {{scale}}
 
-# The acpo_verl plug-in's tests with torch and verl 0.9.1 from PyPI in a venv
-# (~/.cache/acpo/verl-venv; several GB: torch, verl and its dependencies), against the fixtures
-# of acpo's Rust objectives and through verl's own registry (docs/VERL.md).
+# The Python package's tests (python/) in a fresh venv with the package installed from here,
+# as CI runs them.
+[group('dev')]
+test-python:
+    rm -rf target/python-venv && python3 -m venv target/python-venv
+    target/python-venv/bin/pip install --quiet --disable-pip-version-check ./python
+    target/python-venv/bin/python -m unittest discover -s python/tests -t python/tests -v
+
+# The Python package's tests with torch and verl 0.9.1 from PyPI in a venv
+# (~/.cache/acpo/verl-venv; several GB: torch, verl and its dependencies): the loss against the
+# fixtures of acpo's Rust objectives, the `verl.plugins` entry point, the reward in verl's reward
+# loop, the 16 paper launches composed against verl's config (docs/VERL.md).
 [group('verl')]
 test-verl:
     cargo build
     test -x ~/.cache/acpo/verl-venv/bin/python || python3 -m venv ~/.cache/acpo/verl-venv
     ~/.cache/acpo/verl-venv/bin/pip install --quiet --disable-pip-version-check torch verl==0.9.1 hydra-core
-    ACPO_VERL_PYTHON=~/.cache/acpo/verl-venv/bin/python cargo test --test it verl
+    ~/.cache/acpo/verl-venv/bin/pip install --quiet --disable-pip-version-check --force-reinstall --no-deps ./python
+    ACPO_BIN="${CARGO_TARGET_DIR:-target}/debug/acpo" ~/.cache/acpo/verl-venv/bin/python -m unittest discover -s python/tests -t python/tests -v
+    cargo test --test it verl

@@ -2,7 +2,7 @@
 //! verl's `examples/data_preprocess` (and of the hub's DAPO-Math-17k copy): `data_source`;
 //! `prompt`, the chat messages (one user turn, rendered with the manifest's prompt template:
 //! verl applies the model's chat template itself); `ability`; `reward_model` {`style`: "rule",
-//! `ground_truth`}; `extra_info` {`split`, `index`, `problem_id`}. The `acpo_verl` reward function
+//! `ground_truth`}; `extra_info` {`split`, `index`, `problem_id`}. The `acpo.verl` reward function
 //! judges `ground_truth` with our verifier and returns `data_source` and `problem_id`, which
 //! verl's validation dumps carry to `acpo import verl`.
 

@@ -12,7 +12,7 @@
 //!   metrics.jsonl as numbers;
 //! - `trainer.validation_data_dir`: `<step>.jsonl`, one line per validation sample with `input`,
 //!   `output`, `gts`, `score`, `step` and the extra keys the reward function returned. The
-//!   `acpo_verl` reward function returns `data_source` (the benchmark) and `problem_id`.
+//!   `acpo.verl` reward function returns `data_source` (the benchmark) and `problem_id`.
 //!
 //! The inputs are regular files streamed line by line (a paper run's dumps reach gigabytes;
 //! a pipe would never end). The run is built in a staging directory beside `--out` and renamed
@@ -324,7 +324,7 @@ fn evaluation(exp: &Experiment, step: usize, path: &Path) -> Result<EvalSummary>
                 Some(serde_json::Value::String(s)) => Ok(s.clone()),
                 Some(serde_json::Value::Number(x)) => Ok(x.to_string()),
                 _ => Err(bad(format!(
-                    "no `{name}` (the acpo_verl reward function writes `data_source` and `problem_id`)"
+                    "no `{name}` (the acpo.verl reward function writes `data_source` and `problem_id`)"
                 ))),
             }
         };

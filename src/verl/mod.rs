@@ -9,9 +9,11 @@
 //!
 //! [`import`] goes the other way: verl's logs of a run become our run directory.
 //!
-//! The -AC variants need the plug-in `acpo_verl` (integrations/verl): its policy loss `acpo`
-//! (paper eq. 5, −clip(r·Â, −α, α)) with a `PolicyLossConfig` that carries α, and its reward
-//! function, which judges answers with our verifier.
+//! Every launch needs the Python package `acpo` (python/, `pip install ./python`) where verl
+//! runs: its reward function `acpo.verl.compute_score_async` judges answers with our verifier in
+//! verl's own reward loop, and, for the -AC variants, its policy loss `acpo` (paper eq. 5,
+//! −clip(r·Â, −α, α)) with a `PolicyLossConfig` that carries α, which the package registers in
+//! verl through a `verl.plugins` entry point in every worker (no import, no PYTHONPATH).
 
 pub mod data;
 pub mod import;
@@ -29,8 +31,8 @@ use crate::reward::RewardKind;
 /// verl's configuration the overrides are written against.
 pub const VERL_VERSION: &str = "0.9.1";
 
-/// The GPUs a launch spans (the script finds its data, plug-in and output directory in the
-/// environment: `ACPO_VERL_DATA`, `ACPO_VERL_PLUGIN`, `ACPO_VERL_OUT`).
+/// The GPUs a launch spans (the script finds its data and output directory in the
+/// environment: `ACPO_VERL_DATA`, `ACPO_VERL_OUT`).
 #[derive(Debug, Clone)]
 pub struct Target {
     pub gpus_per_node: usize,
@@ -115,8 +117,9 @@ impl Launch {
         s.push_str(
             "# ACPO_VERL_DATA: the parquet files of the training set and the benchmarks (default:\n\
              #   data/ beside this script, written by `acpo export verl --data`);\n\
-             # ACPO_VERL_PLUGIN: integrations/verl of the acpo repository (the `acpo_verl` package);\n\
-             # ACPO_VERL_OUT: where the run's metrics, validation dumps and checkpoints go.\n",
+             # ACPO_VERL_OUT: where the run's metrics, validation dumps and checkpoints go.\n\
+             # Needs the Python package acpo where verl runs (`pip install ./python` in the acpo\n\
+             #   repository): the reward function, and the policy loss `acpo` it registers in verl.\n",
         );
         let unsupported: Vec<_> = self.unsupported().collect();
         if !unsupported.is_empty() {
@@ -134,11 +137,9 @@ impl Launch {
             "set -euo pipefail\n\
              HERE=\"$(cd \"$(dirname \"$0\")\" && pwd)\"\n\
              DATA=\"${ACPO_VERL_DATA:-$HERE/data}\"\n\
-             PLUGIN=\"${ACPO_VERL_PLUGIN:?set ACPO_VERL_PLUGIN to integrations/verl of the acpo repository}\"\n\
-             [ -f \"$PLUGIN/acpo_verl/reward.py\" ] || { echo \"error: $PLUGIN has no acpo_verl/reward.py\" >&2; exit 2; }\n\
+             python3 -c 'import acpo.verl' 2>/dev/null || { echo \"error: python3 cannot import acpo.verl: pip install ./python in the acpo repository\" >&2; exit 2; }\n\
              ls \"$DATA\"/*.parquet >/dev/null 2>&1 || { echo \"error: no parquet files in $DATA (acpo export verl --data)\" >&2; exit 2; }\n\
-             OUT=\"${ACPO_VERL_OUT:-$PWD/verl-runs}\"\n\
-             export PYTHONPATH=\"$PLUGIN${PYTHONPATH:+:$PYTHONPATH}\"\n",
+             OUT=\"${ACPO_VERL_OUT:-$PWD/verl-runs}\"\n",
         );
         let _ = writeln!(
             s,
@@ -473,15 +474,11 @@ fn algorithm_fields(l: &mut Launch, a: &raw::Algorithm) {
         ),
     }
     if a.name.is_advantage_clipped() {
-        // The plug-in: imported in every worker, its config class carries α.
-        l.set(
-            &format!("{MODEL}.external_lib"),
-            "acpo_verl",
-            &["algorithm.name"],
-        );
+        // The package's policy loss: registered in every worker by its `verl.plugins` entry
+        // point; its config class carries α.
         l.set(
             &format!("{ACTOR}.policy_loss._target_"),
-            "acpo_verl.AcpoPolicyLossConfig",
+            "acpo.verl.AcpoPolicyLossConfig",
             &["algorithm.name"],
         );
     }
@@ -797,34 +794,25 @@ fn trainer_fields(l: &mut Launch, t: &raw::Trainer) {
         t.checkpoint_every,
         &["trainer.checkpoint_every"],
     );
-    // Training rewards judged by our verifier, on our scale.
+    // Training rewards judged by our verifier, on our scale: the package's reward function in
+    // verl's own reward loop (its `naive` manager calls it per response as rollouts finish; the
+    // judgement runs on a thread pool, the GIL released, in bounded work).
     l.set(
         "reward.custom_reward_function.path",
-        "$PLUGIN/acpo_verl/reward.py",
+        "pkg://acpo.verl",
         &["trainer.reward"],
     );
     l.set(
         "reward.custom_reward_function.name",
-        "compute_score_batch",
+        "compute_score_async",
         &["trainer.reward"],
     );
-    // A chunk of responses judged by one `acpo score` process (issue #37), through the
-    // plug-in's reward-loop manager, not one process per response (verl's `naive`).
     l.set(
         "reward.reward_manager.source",
-        "importlib",
+        "register",
         &["trainer.reward"],
     );
-    l.set(
-        "reward.reward_manager.name",
-        "AcpoBatchRewardManager",
-        &["trainer.reward"],
-    );
-    l.set(
-        "reward.reward_manager.module.path",
-        "$PLUGIN/acpo_verl/reward.py",
-        &["trainer.reward"],
-    );
+    l.set("reward.reward_manager.name", "naive", &["trainer.reward"]);
     let kind = match t.reward {
         RewardKind::Binary => "binary",
         RewardKind::Signed => "signed",

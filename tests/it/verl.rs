@@ -124,10 +124,27 @@ fn advantage_clipped_runs_use_the_plugin_and_baselines_verls_own_loss() {
         value(&ac, "actor_rollout_ref.actor.policy_loss.loss_mode").as_deref(),
         Some("acpo")
     );
+    // The loss comes from the package's verl.plugins entry point: no external_lib, no path.
     assert_eq!(
-        value(&ac, "actor_rollout_ref.model.external_lib").as_deref(),
-        Some("acpo_verl")
+        value(&ac, "actor_rollout_ref.actor.policy_loss._target_").as_deref(),
+        Some("acpo.verl.AcpoPolicyLossConfig")
     );
+    assert_eq!(value(&ac, "actor_rollout_ref.model.external_lib"), None);
+    // The reward: the package's function in verl 0.9's reward loop (`reward.*` keys).
+    for l in [&ac, &get("qwen3-4b-ppo")] {
+        assert_eq!(
+            value(l, "reward.custom_reward_function.path").as_deref(),
+            Some("pkg://acpo.verl")
+        );
+        assert_eq!(
+            value(l, "reward.custom_reward_function.name").as_deref(),
+            Some("compute_score_async")
+        );
+        assert_eq!(
+            value(l, "reward.reward_manager.name").as_deref(),
+            Some("naive")
+        );
+    }
     assert!(value(&ac, "+actor_rollout_ref.actor.policy_loss.alpha").is_some());
     assert_eq!(
         value(&ac, "algorithm.adv_estimator").as_deref(),
@@ -187,7 +204,8 @@ fn export_verl_writes_an_executable_launch_and_refuses_bad_manifests() {
             .mode();
         assert_eq!(mode & 0o111, 0o111, "executable");
     }
-    // The script parses as bash, and refuses to start without the plug-in.
+    // The script parses as bash, and refuses to start where python3 cannot import the package
+    // (a python3 that fails every import stands in for one without it).
     let syntax = std::process::Command::new("bash")
         .arg("-n")
         .arg(tmp.path().join("launch/launch.sh"))
@@ -198,14 +216,29 @@ fn export_verl_writes_an_executable_launch_and_refuses_bad_manifests() {
         "{}",
         String::from_utf8_lossy(&syntax.stderr)
     );
+    let bin = tmp.path().join("bin");
+    std::fs::create_dir_all(&bin).expect("mkdir");
+    std::fs::write(bin.join("python3"), "#!/bin/sh\nexit 1\n").expect("write");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(bin.join("python3"), std::fs::Permissions::from_mode(0o755))
+            .expect("chmod");
+    }
+    let path = format!(
+        "{}:{}",
+        bin.display(),
+        std::env::var("PATH").unwrap_or_default()
+    );
     let started = std::process::Command::new("bash")
         .arg(tmp.path().join("launch/launch.sh"))
         .env("ACPO_VERL_DATA", tmp.path())
-        .env("ACPO_VERL_PLUGIN", tmp.path().join("no-plugin"))
+        .env("PATH", path)
         .output()
         .expect("bash");
     assert_eq!(started.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&started.stderr).contains("acpo_verl/reward.py"));
+    assert!(String::from_utf8_lossy(&started.stderr).contains("pip install ./python"));
+    assert!(!script.contains("PYTHONPATH") && !script.contains("integrations/"));
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
         stdout.contains("unsupported by verl: trainer.tails_every"),
@@ -240,7 +273,7 @@ fn export_verl_writes_an_executable_launch_and_refuses_bad_manifests() {
 }
 
 /// A synthetic verl run in verl 0.9.1's formats: the file logger's lines and validation dumps,
-/// with the extra keys the acpo_verl reward function returns. Correctness of sample s of
+/// with the extra keys the acpo.verl reward function returns. Correctness of sample s of
 /// problem p at step t follows a fixed rule so the expected Avg@k is known.
 fn write_verl_logs(dir: &Path, k: usize, accuracy_shift: usize) -> (PathBuf, PathBuf) {
     use std::fmt::Write as _;
@@ -404,7 +437,7 @@ fn verl_logs_import_into_a_run_that_report_turns_into_table1_and_curves() {
     );
     assert!(tmp.path().join("figures/paper/entropy.png").exists());
 
-    // Importing over a run, and a dump the acpo_verl reward function did not write: exit 2.
+    // Importing over a run, and a dump the acpo.verl reward function did not write: exit 2.
     let manifest =
         Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments/paper/qwen3-1.7b-grpo.yaml");
     let logs = tmp.path().join("verl-qwen3-1.7b-grpo");
@@ -514,7 +547,7 @@ fn the_parquet_files_are_verls_layout_and_read_back_as_the_problems() {
     }
 }
 
-/// The plug-in's fixtures (integrations/verl/tests/fixtures/policy_loss.json): the Rust
+/// The plug-in's fixtures (python/tests/fixtures/policy_loss.json): the Rust
 /// objectives' loss, per-token gradient and statistics on fixed inputs, for ACPO at two α,
 /// verl's `vanilla` ratio clip, and its `cispo` and `gspo` (issue #23), in every aggregation
 /// mode verl has. The Python tests hold the
@@ -663,8 +696,7 @@ fn plugin_fixtures() -> serde_json::Value {
 
 #[test]
 fn verl_plugin_fixtures_are_current() {
-    let path = Path::new(env!("CARGO_MANIFEST_DIR"))
-        .join("integrations/verl/tests/fixtures/policy_loss.json");
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("python/tests/fixtures/policy_loss.json");
     let text = serde_json::to_string_pretty(&plugin_fixtures()).expect("json") + "\n";
     if std::env::var_os("ACPO_UPDATE_FIXTURES").is_some() {
         std::fs::create_dir_all(path.parent().expect("dir")).expect("mkdir");
@@ -676,49 +708,6 @@ fn verl_plugin_fixtures_are_current() {
         "{} is stale: ACPO_UPDATE_FIXTURES=1 cargo test --test it verl_plugin_fixtures",
         path.display()
     );
-}
-
-/// The plug-in's Python tests (integrations/verl/tests) with the acpo binary: the reward
-/// function through `acpo score` always; the torch loss against the fixtures above and the
-/// checks through verl where the interpreter has torch / verl (`ACPO_VERL_PYTHON`, as `just
-/// test-verl` sets up; each skipped test says why).
-#[test]
-fn the_verl_plugins_python_tests_pass() {
-    let python = std::env::var("ACPO_VERL_PYTHON").unwrap_or_else(|_| "python3".into());
-    let probe = std::process::Command::new(&python)
-        .arg("--version")
-        .output();
-    if !probe.is_ok_and(|o| o.status.success()) {
-        super::skip(
-            "the_verl_plugins_python_tests_pass",
-            format_args!("no {python}"),
-        );
-        return;
-    }
-    let out = std::process::Command::new(&python)
-        .args([
-            "-m",
-            "unittest",
-            "discover",
-            "-v",
-            "integrations/verl/tests",
-        ])
-        .current_dir(env!("CARGO_MANIFEST_DIR"))
-        .env("ACPO_BIN", env!("CARGO_BIN_EXE_acpo"))
-        .output()
-        .expect("python");
-    let log = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "{log}");
-    assert!(
-        log.contains("test_compute_score_judges_with_acpos_verifier") && log.contains("ok"),
-        "{log}"
-    );
-    for line in log.lines().filter(|l| l.contains("skipped")) {
-        super::skip(
-            "the_verl_plugins_python_tests_pass",
-            format_args!("{}", line.trim()),
-        );
-    }
 }
 
 /// A verl run's logs for the import tests: the paper's 1.7B GRPO manifest, its file-logger

@@ -6,8 +6,8 @@ per token, aggregated by verl's `agg_loss`. No ratio bound and no min with the u
 ∂L/∂log π = −r·Â where |r·Â| ≤ α and exactly 0 elsewhere (the gradient is written out with
 `keep`, as acpo's Rust objective does, so ties at ±α do not split it).
 
-This module needs torch only; `acpo_verl` registers it with verl. Metrics carry the names acpo's
-trainer logs, so verl-trained runs and ours compare directly.
+This module needs torch only; `acpo.verl` registers it with verl as `loss_mode=acpo`. Metrics
+carry the names acpo's trainer logs, so verl-trained runs and ours compare directly.
 """
 import torch
 

@@ -1,21 +1,25 @@
-"""Tests of the acpo_verl plug-in (issue #21), run by `just test-verl` or
-`python3 -m unittest discover integrations/verl/tests`:
-- the torch loss against fixtures written by acpo's Rust objectives (tests/it/verl.rs), loss
-  and per-token gradient within 1e-6 in f64, every aggregation mode; skipped without torch;
-- verl's own `get_policy_loss_fn("acpo")` after importing the plug-in, and verl's `vanilla`,
-  `cispo` and `gspo` losses against acpo's (issue #23); skipped without verl;
-- the reward function through the acpo binary (`$ACPO_BIN`); skipped without it;
-- the 16 paper launches of `acpo export verl` composed against verl's own Hydra config, the -AC
-  runs' policy-loss config built as `AcpoPolicyLossConfig` with α; skipped without verl/hydra.
+"""The package in verl (issues #21, #23, #45), run by `just test-verl` (torch, verl 0.9.1 and
+hydra in a venv with the package installed) and, skipping what needs them, in CI:
+- the torch loss (`acpo.loss`) against fixtures written by acpo's Rust objectives
+  (tests/it/verl.rs), loss and per-token gradient within 1e-6 in f64, every aggregation mode;
+  skipped without torch;
+- the `verl.plugins` entry point: `import verl` alone registers `acpo` in verl's policy-loss
+  registry (checked in a fresh interpreter that never imports acpo); verl's own
+  `get_policy_loss_fn("acpo")`, and verl's `vanilla`, `cispo` and `gspo` against acpo's;
+- the reward inside verl's reward loop: `RewardLoopWorker.compute_score_batch` over the manager
+  `load_reward_manager` builds from the launch's `reward.*` settings;
+- the 16 paper launches of `acpo export verl` composed against verl's own Hydra config
+  (needs `ACPO_BIN`, the acpo binary).
 """
+import asyncio
 import json
 import os
+import subprocess
 import sys
 import unittest
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
 sys.path.insert(0, str(HERE))
 FIXTURES = json.loads((HERE / "fixtures" / "policy_loss.json").read_text())
 
@@ -26,10 +30,20 @@ except ImportError:
 
 TOL = 1e-6
 
+# The reward settings `acpo export verl` writes (src/verl/mod.rs; tests/it/verl.rs holds the
+# launches to them).
+REWARD_OVERRIDES = [
+    "reward.custom_reward_function.path=pkg://acpo.verl",
+    "reward.custom_reward_function.name=compute_score_async",
+    "reward.reward_manager.source=register",
+    "reward.reward_manager.name=naive",
+    "+reward.custom_reward_function.reward_kwargs.kind=signed",
+]
+
 
 def inputs():
     i = FIXTURES["inputs"]
-    t = lambda k: torch.tensor(i[k], dtype=torch.float64)
+    t = lambda k: torch.tensor(i[k], dtype=torch.float64)  # noqa: E731
     return t("old_log_prob"), t("log_prob"), t("advantages"), t("response_mask")
 
 
@@ -49,7 +63,7 @@ def check_loss_and_gradient(test, loss, log_prob, case, what):
 @unittest.skipIf(torch is None, "torch is not installed")
 class LossAgainstRustFixtures(unittest.TestCase):
     def test_acpo_loss_gradient_and_metrics(self):
-        from acpo_verl.loss import acpo_token_losses, aggregate
+        from acpo.loss import acpo_token_losses, aggregate
 
         cases = [c for c in FIXTURES["cases"] if c["loss_mode"] == "acpo"]
         self.assertGreaterEqual(len(cases), 8)
@@ -63,7 +77,7 @@ class LossAgainstRustFixtures(unittest.TestCase):
                 close(self, value, c["metrics"][name], f"{name}, {what}")
 
     def test_the_gradient_is_exactly_zero_outside_alpha(self):
-        from acpo_verl.loss import acpo_token_losses, aggregate
+        from acpo.loss import acpo_token_losses, aggregate
 
         old, lp, adv, mask = inputs()
         lp.requires_grad_(True)
@@ -95,11 +109,28 @@ class Config(dict):
 
 @unittest.skipUnless(verl_available(), "verl is not importable")
 class ThroughVerl(unittest.TestCase):
-    def test_verl_finds_acpo_after_import_and_agrees_with_rust(self):
-        import acpo_verl
+    def test_importing_verl_registers_acpo_through_the_entry_point(self):
+        # a fresh interpreter that imports verl only, as a Ray worker does
+        probe = (
+            "import sys, verl\n"
+            "from verl.trainer.ppo.core_algos import get_policy_loss_fn\n"
+            "fn = get_policy_loss_fn('acpo')\n"
+            "print(fn.__module__, 'acpo.verl' in sys.modules)\n"
+        )
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=False,
+                             env={**os.environ, "VERL_USE_EXTERNAL_PLUGINS": "auto"})
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(out.stdout.split(), ["acpo.verl", "True"])
+        # and verl's switch turns it off, so the registration is the entry point's doing
+        off = subprocess.run([sys.executable, "-c", "import verl, sys; print('acpo.verl' in sys.modules)"],
+                             capture_output=True, text=True, check=False,
+                             env={**os.environ, "VERL_USE_EXTERNAL_PLUGINS": "none"})
+        self.assertEqual(off.stdout.split(), ["False"], off.stderr)
+
+    def test_verls_acpo_loss_agrees_with_rust(self):
+        import verl  # noqa: F401  (the entry point registers acpo)
         from verl.trainer.ppo.core_algos import get_policy_loss_fn
 
-        self.assertTrue(acpo_verl.HAVE_VERL)
         fn = get_policy_loss_fn("acpo")
         for c in [c for c in FIXTURES["cases"] if c["loss_mode"] == "acpo"]:
             old, lp, adv, mask = inputs()
@@ -113,9 +144,10 @@ class ThroughVerl(unittest.TestCase):
             close(self, metrics["actor/acpo_clipfrac"], c["metrics"]["actor/acpo_clipfrac"], "clipfrac")
 
     def test_the_config_class_carries_alpha(self):
-        import acpo_verl
+        from acpo.verl import HAVE_VERL, AcpoPolicyLossConfig
 
-        self.assertEqual(acpo_verl.AcpoPolicyLossConfig(loss_mode="acpo", alpha=3.0).alpha, 3.0)
+        self.assertTrue(HAVE_VERL)
+        self.assertEqual(AcpoPolicyLossConfig(loss_mode="acpo", alpha=3.0).alpha, 3.0)
 
     def test_verls_vanilla_loss_is_acpos_ratio_clip(self):
         from verl.trainer.ppo.core_algos import get_policy_loss_fn
@@ -133,13 +165,9 @@ class ThroughVerl(unittest.TestCase):
             check_loss_and_gradient(self, loss, lp, c, f"verl vanilla, {c['loss_agg_mode']}")
             close(self, metrics["actor/pg_clipfrac"], c["metrics"]["actor/pg_clipfrac"], "pg_clipfrac")
 
-
-@unittest.skipUnless(verl_available(), "verl is not importable")
-class VerlsClippingFamily(unittest.TestCase):
-    """Issue #23: acpo's CISPO and GSPO are verl's, value, gradient and metrics (f32 Rust
-    against verl in f64), every aggregation mode. verl's own losses need a real ActorConfig."""
-
     def test_verls_cispo_and_gspo_are_acpos(self):
+        """Issue #23: value, gradient and metrics (f32 Rust against verl in f64), every
+        aggregation mode. verl's own losses need a real ActorConfig."""
         from verl.trainer.ppo.core_algos import get_policy_loss_fn
         from verl.workers.config import ActorConfig
 
@@ -152,8 +180,7 @@ class VerlsClippingFamily(unittest.TestCase):
                 lp.requires_grad_(True)
                 p = c["params"]
                 config = ActorConfig(strategy="fsdp", ppo_micro_batch_size_per_gpu=1,
-                                     ppo_mini_batch_size=4, rollout_n=1, clip_ratio=p["clip_ratio_low"],
-                                     **p)
+                                     ppo_mini_batch_size=4, rollout_n=1, clip_ratio=p["clip_ratio_low"], **p)
                 loss, metrics = fn(
                     old_log_prob=old, log_prob=lp, advantages=adv, response_mask=mask,
                     loss_agg_mode=c["loss_agg_mode"], config=config, rollout_is_weights=None,
@@ -172,15 +199,68 @@ def hydra_available():
     return verl_available()
 
 
+class CharTokenizer:
+    """Token ids are characters: what verl's reward managers decode."""
+
+    def decode(self, ids, skip_special_tokens=True):
+        return "".join(chr(int(i)) for i in ids)
+
+
+@unittest.skipUnless(hydra_available(), "verl and hydra are not importable")
+class InVerlsRewardLoop(unittest.TestCase):
+    def test_the_reward_runs_in_verls_reward_loop_worker(self):
+        import numpy as np
+        from hydra import compose, initialize_config_dir
+        import verl
+        from verl import DataProto
+        from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
+        from verl.trainer.ppo.reward import load_reward_manager
+
+        config_dir = os.path.join(os.path.dirname(verl.__file__), "trainer", "config")
+        with initialize_config_dir(config_dir=config_dir, version_base=None):
+            config = compose(config_name="ppo_trainer", overrides=REWARD_OVERRIDES)
+        # (response, gold, problem id); the chunk padded to one response length, as verl's is
+        items = [(r"so \boxed{\frac{1}{2}}", "0.5", "math500/1"), (r"\boxed{3}", "4", "math500/2"),
+                 (r"Answer: 22099999999999998951424", "22099999999999998951424", "dapo/3")]
+        width, prompt = 40, 5
+        responses = torch.zeros(len(items), width, dtype=torch.long)
+        mask = torch.zeros(len(items), prompt + width, dtype=torch.long)
+        for i, (text, _, _) in enumerate(items):
+            responses[i, : len(text)] = torch.tensor([ord(c) for c in text])
+            mask[i, : prompt + len(text)] = 1
+        data = DataProto.from_dict(
+            tensors={"responses": responses, "attention_mask": mask},
+            non_tensors={
+                "data_source": np.array(["math500", "math500", "dapo"], dtype=object),
+                "reward_model": np.array([{"ground_truth": g} for _, g, _ in items], dtype=object),
+                "extra_info": np.array([{"problem_id": p} for _, _, p in items], dtype=object),
+            },
+        )
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        try:
+            # verl's worker less its __init__ (which loads a tokenizer from a model path)
+            worker = RewardLoopWorker.__new__(RewardLoopWorker)
+            worker.config, worker.loop = config, loop
+            worker.reward_manager = load_reward_manager(config, CharTokenizer())
+            self.assertEqual(type(worker.reward_manager).__name__, "NaiveRewardManager")
+            out = loop.run_until_complete(worker.compute_score_batch(data))
+        finally:
+            loop.close()
+            asyncio.set_event_loop(None)
+        self.assertEqual([o["reward_score"] for o in out], [1.0, -1.0, 1.0])
+        self.assertEqual([o["reward_extra_info"]["problem_id"] for o in out], [p for _, _, p in items])
+        self.assertEqual(out[0]["reward_extra_info"]["data_source"], "math500")
+
+
 @unittest.skipUnless(os.environ.get("ACPO_BIN") and hydra_available(), "needs ACPO_BIN, verl and hydra")
 class LaunchesComposeInVerl(unittest.TestCase):
     def test_the_sixteen_paper_launches_compose_against_verls_config(self):
-        import subprocess
         import tempfile
 
         import compose_launch
 
-        repo = HERE.parents[2]
+        repo = HERE.parents[1]
         manifests = sorted((repo / "experiments" / "paper").glob("*.yaml"))
         self.assertEqual(len(manifests), 16)
         with tempfile.TemporaryDirectory() as tmp:
@@ -188,6 +268,9 @@ class LaunchesComposeInVerl(unittest.TestCase):
                 out = Path(tmp) / m.stem
                 subprocess.run([os.environ["ACPO_BIN"], "export", "verl", str(m), "--out", str(out)],
                                check=True, capture_output=True)
+                text = (out / "launch.sh").read_text()
+                for override in REWARD_OVERRIDES[:4]:  # the kind is the manifest's
+                    self.assertIn(f'"{override}"', text, m.stem)
                 self.assertEqual(compose_launch.main(out / "launch.sh"), 0, m.stem)
             # a key verl does not have is refused
             bad = Path(tmp) / "bad.sh"
@@ -195,85 +278,6 @@ class LaunchesComposeInVerl(unittest.TestCase):
                            .replace('"data.shuffle=', '"data.shufle='))
             with self.assertRaises(Exception):
                 compose_launch.main(bad)
-
-
-@unittest.skipUnless(os.environ.get("ACPO_BIN"), "ACPO_BIN (the acpo binary) is not set")
-class Reward(unittest.TestCase):
-    def test_compute_score_judges_with_acpos_verifier(self):
-        from acpo_verl.reward import compute_score
-
-        right = compute_score("math500", "so x = \\boxed{\\frac{1}{2}}", "0.5", {"problem_id": "math500/7"})
-        self.assertEqual(right, {"score": 1.0, "acc": True, "data_source": "math500", "problem_id": "math500/7"})
-        wrong = compute_score("math500", "\\boxed{3}", "0.5", {"problem_id": "math500/7"}, kind="signed")
-        self.assertEqual((wrong["score"], wrong["acc"]), (-1.0, False))
-        self.assertEqual(compute_score("aime-like", "\\boxed{3}", "4", {}, kind="binary")["score"], 0.0)
-        with self.assertRaises(ValueError):
-            compute_score("x", "\\boxed{1}", "1", {}, kind="other")
-
-    def test_a_batch_is_one_judge_call_with_one_result_per_response(self):
-        from acpo_verl import reward
-
-        calls = []
-        real = reward.judge
-
-        def counting(responses, answers):
-            calls.append(len(responses))
-            return real(responses, answers)
-
-        reward.judge = counting
-        try:
-            got = reward.compute_score_batch(
-                ["math500", "minerva", "aime-like"],
-                ["\\boxed{\\frac{1}{2}}", "\\boxed{3}", "the answer is \\boxed{4}"],
-                ["0.5", "2", "4"],
-                [{"problem_id": "a"}, {"index": 7}, None],
-                kind="signed",
-            )
-        finally:
-            reward.judge = real
-        self.assertEqual(calls, [3])
-        self.assertEqual([g["score"] for g in got], [1.0, -1.0, 1.0])
-        self.assertEqual([g["problem_id"] for g in got], ["a", "7", ""])
-        self.assertEqual(reward.compute_score_batch([], [], [], []), [])
-        with self.assertRaises(ValueError):
-            reward.compute_score_batch(["a"], ["x", "y"], ["1", "2"], [{}, {}])
-
-    def test_the_coalescer_judges_concurrent_calls_together_and_fails_each_loudly(self):
-        import asyncio
-        from acpo_verl import reward
-
-        batches = []
-
-        def batch_fn(**kw):
-            batches.append(len(kw["solution_strs"]))
-            return reward.compute_score_batch(**kw, kind="binary")
-
-        async def chunk(coalescer, n):
-            # as verl's RewardLoopWorker.compute_score_batch: every response a task, then gather
-            tasks = [asyncio.ensure_future(coalescer.submit("math500", f"\\boxed{{{i}}}", "3", {"index": i}))
-                     for i in range(n)]
-            return await asyncio.gather(*tasks)
-
-        c = reward.Coalescer(batch_fn)
-        got = asyncio.run(chunk(c, 40))
-        self.assertEqual(batches, [40])
-        self.assertEqual([g["acc"] for g in got], [i == 3 for i in range(40)])
-
-        def failing(**kw):
-            raise RuntimeError("acpo score failed on response 1 of the batch")
-
-        with self.assertRaisesRegex(RuntimeError, "response 1"):
-            asyncio.run(chunk(reward.Coalescer(failing), 3))
-
-    def test_a_failing_judge_names_the_response(self):
-        from acpo_verl import reward
-
-        # A lone surrogate is escaped by json.dumps but is not text acpo score accepts: the
-        # batch fails, and the error names the response, never a silent 0.
-        with self.assertRaisesRegex(RuntimeError, "response 1 of the batch of 3"):
-            reward.compute_score_batch(
-                ["m"] * 3, ["\\boxed{1}", "odd \udc80", "\\boxed{2}"], ["1", "1", "2"], [{}] * 3
-            )
 
 
 if __name__ == "__main__":

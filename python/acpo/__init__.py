@@ -1,0 +1,66 @@
+"""acpo's math answer verifier for Python.
+
+    import acpo
+    acpo.verify("1/2", r"so x = \\boxed{\\frac{1}{2}}")          # True
+    acpo.score_batch(["4", "4"], [r"\\boxed{4}", "Answer: 5"])  # [1.0, 0.0]
+
+The judge is the one the acpo harness trains and evaluates with (crates/acpo-verify in the
+repository): the answer is extracted from the response (boxed, `Answer:` line, final LaTeX,
+last number), the gold's form decides the comparison, numbers compare exactly as rationals,
+expressions at random points, sets unordered, tuples and intervals in order. Every judgement
+ends in bounded work (counted operations, never a timer): no signal, no subprocess, any thread.
+Both functions release the GIL; `score_batch` judges on every core.
+
+What crosses from Python is checked: a response must be `str`; a gold answer `str`, `int` or a
+finite `float`. Anything else raises TypeError (None, bytes, a list, a bool) or ValueError
+(NaN, infinity, text that is not valid Unicode) naming the argument and, in a batch, the index.
+
+Reward functions with each framework's own signature:
+- verl: `acpo.verl.compute_score`, `acpo.verl.compute_score_async` (and the ACPO policy loss,
+  registered in verl by this package's `verl.plugins` entry point);
+- TRL: `acpo.trl.accuracy_reward`;
+- OpenRLHF: `acpo.openrlhf.reward_func`;
+- code written against Math-Verify: `acpo.math_verify_compat.parse` / `.verify`.
+"""
+from typing import List, NamedTuple, Optional, Sequence, Union
+
+from . import _native
+
+__all__ = ["verify", "score_batch", "judge", "Verdict", "WORK_BUDGET"]
+
+Gold = Union[str, int, float]
+
+#: Work units one judgement may spend (about one machine-word operation each); a judgement the
+#: budget cuts short is an error verdict, never "correct".
+WORK_BUDGET: int = _native.work_budget()
+
+
+class Verdict(NamedTuple):
+    """One judgement in full."""
+
+    correct: bool
+    #: The answer found in the response, if any.
+    extracted: Optional[str]
+    #: Where it was found: boxed, answer-line, final-answer, latex, number or whole.
+    source: Optional[str]
+    #: Why no comparison was possible (unparseable gold or answer, the work budget), if so.
+    error: Optional[str]
+    #: Whether that was because the gold itself does not parse (nothing to judge against).
+    gold_unparsed: bool
+    #: Work units the judgement spent (of WORK_BUDGET).
+    work: int
+
+
+def verify(gold: Gold, answer: str) -> bool:
+    """Whether the response `answer` states the gold answer `gold`."""
+    return _native.verify(gold, answer)
+
+
+def judge(gold: Gold, answer: str) -> Verdict:
+    """The verdict with what was extracted and why, if nothing could be compared."""
+    return Verdict(*_native.judge(gold, answer))
+
+
+def score_batch(golds: Sequence[Gold], answers: Sequence[str]) -> List[float]:
+    """1.0 where `answers[i]` states `golds[i]`, else 0.0; judged on every core."""
+    return _native.score_batch(golds, answers)

@@ -1,0 +1,124 @@
+"""The drop-ins, called with each framework's own signature (no framework needed): verl's
+`compute_score` (sync, async, batch), TRL's `accuracy_reward`, OpenRLHF's `reward_func`, and
+Math-Verify's `parse` / `verify` pair.
+"""
+import asyncio
+import math
+import unittest
+
+from acpo import math_verify_compat, openrlhf, trl
+from acpo import verl as acpo_verl
+
+
+class Verl(unittest.TestCase):
+    def test_compute_score_returns_what_verl_and_acpo_import_verl_read(self):
+        right = acpo_verl.compute_score("math500", r"so x = \boxed{\frac{1}{2}}", "0.5", {"problem_id": "math500/7"})
+        self.assertEqual(right, {"score": 1.0, "acc": True, "data_source": "math500", "problem_id": "math500/7"})
+        wrong = acpo_verl.compute_score("math500", r"\boxed{3}", "0.5", {"index": 7}, kind="signed")
+        self.assertEqual((wrong["score"], wrong["acc"], wrong["problem_id"]), (-1.0, False, "7"))
+        self.assertEqual(acpo_verl.compute_score("aime", r"\boxed{3}", "4")["score"], 0.0)
+        # verl passes keyword arguments of its own (reward_router_address, ...): ignored
+        self.assertEqual(acpo_verl.compute_score("m", r"\boxed{4}", "4", None, reward_router_address=None)["score"], 1.0)
+        with self.assertRaisesRegex(ValueError, "'other' is not 'binary' or 'signed'"):
+            acpo_verl.compute_score("x", r"\boxed{1}", "1", {}, kind="other")
+
+    def test_the_async_variant_judges_a_chunk_concurrently(self):
+        async def chunk():
+            # as verl's RewardLoopWorker: every response a task, then gather
+            tasks = [asyncio.ensure_future(acpo_verl.compute_score_async("math500", rf"\boxed{{{i}}}", "3", {"index": i}))
+                     for i in range(200)]
+            return await asyncio.gather(*tasks)
+
+        got = asyncio.run(chunk())
+        self.assertEqual([g["acc"] for g in got], [i == 3 for i in range(200)])
+        self.assertEqual(got[3]["problem_id"], "3")
+
+    def test_the_batch_signature(self):
+        got = acpo_verl.compute_score_batch(
+            ["math500", "minerva", "aime"], [r"\boxed{\frac{1}{2}}", r"\boxed{3}", r"the answer is \boxed{4}"],
+            ["0.5", "2", "4"], [{"problem_id": "a"}, {"index": 7}, None], kind="signed")
+        self.assertEqual([g["score"] for g in got], [1.0, -1.0, 1.0])
+        self.assertEqual([g["problem_id"] for g in got], ["a", "7", ""])
+        with self.assertRaisesRegex(ValueError, "2 responses with 1 data sources"):
+            acpo_verl.compute_score_batch(["a"], ["x", "y"], ["1", "2"])
+
+    def test_issue_47_values_that_are_not_text_are_refused_naming_the_argument(self):
+        with self.assertRaisesRegex(TypeError, "ground_truth is None"):
+            acpo_verl.compute_score("m", r"\boxed{None}", None, {})
+        with self.assertRaisesRegex(TypeError, "solution_str must be str"):
+            acpo_verl.compute_score("m", b"\\boxed{2}", "2", {})
+        with self.assertRaisesRegex(TypeError, "solution_str must be str"):
+            acpo_verl.compute_score("m", ["\\boxed{2}"], "2", {})
+        with self.assertRaisesRegex(ValueError, "ground_truth is the float NaN"):
+            acpo_verl.compute_score("m", r"\boxed{nan}", math.nan, {})
+        with self.assertRaisesRegex(TypeError, "extra_info must be a dict"):
+            acpo_verl.compute_score("m", r"\boxed{2}", "2", "id-7")
+        with self.assertRaisesRegex(TypeError, r"ground_truths\[1\] is None"):
+            acpo_verl.compute_score_batch(["m", "m"], [r"\boxed{1}", r"\boxed{2}"], ["1", None])
+
+        async def one():
+            return await acpo_verl.compute_score_async("m", None, "2")
+
+        with self.assertRaisesRegex(TypeError, "solution_str must be str"):
+            asyncio.run(one())
+
+
+class Trl(unittest.TestCase):
+    def test_conversational_and_standard_completions(self):
+        conversational = [[{"role": "assistant", "content": r"so \boxed{4}"}],
+                          [{"role": "assistant", "content": r"\boxed{5}"}],
+                          [{"role": "assistant", "content": r"\boxed{1}"}]]
+        self.assertEqual(trl.accuracy_reward(conversational, ["4", "4", r"\sum_{k} k"]), [1.0, 0.0, None])
+        self.assertEqual(trl.accuracy_reward([r"\boxed{\frac{1}{2}}", "Answer: 3"], ["0.5", "2"]), [1.0, 0.0])
+        self.assertEqual(trl.accuracy_reward([], [], prompts=[]), [])
+
+    def test_completions_that_are_not_text_are_refused(self):
+        with self.assertRaisesRegex(TypeError, r"completions\[1\] must be str or a list of messages"):
+            trl.accuracy_reward([r"\boxed{1}", b"\\boxed{1}"], ["1", "1"])
+        with self.assertRaisesRegex(TypeError, r"completions\[0\]\[-1\]\['content'\] must be str"):
+            trl.accuracy_reward([[{"role": "assistant", "content": None}]], ["1"])
+        with self.assertRaisesRegex(TypeError, r"solution\[0\] is None"):
+            trl.accuracy_reward([r"\boxed{1}"], [None])
+
+
+class OpenRlhf(unittest.TestCase):
+    def test_the_response_is_the_query_less_its_prompt(self):
+        prompts = [r"Example: \boxed{9}. Solve 2+2.", "What is 1/2?"]
+        queries = [prompts[0] + r" It is \boxed{4}.", prompts[1] + r" \boxed{0.5}"]
+        out = openrlhf.reward_func(queries, prompts, ["4", "9"])
+        self.assertEqual([float(x) for x in out["rewards"]], [1.0, 0.0])
+        self.assertEqual([float(x) for x in out["scores"]], [1.0, 0.0])
+        self.assertEqual(out["extra_logs"], {"acpo/accuracy": 0.5})
+
+    def test_what_is_not_text_is_refused(self):
+        with self.assertRaisesRegex(TypeError, r"queries\[0\] must be str"):
+            openrlhf.reward_func([None], ["p"], ["1"])
+        with self.assertRaisesRegex(TypeError, r"labels\[0\] is None"):
+            openrlhf.reward_func(["p 1"], ["p"], [None])
+        with self.assertRaisesRegex(ValueError, "2 queries but 1 prompts"):
+            openrlhf.reward_func(["a", "b"], ["a"], ["1", "2"])
+
+
+class MathVerifyShaped(unittest.TestCase):
+    def test_parse_then_verify(self):
+        from acpo.math_verify_compat import parse, verify
+
+        gold, answer = parse("$\\frac{1}{2}$"), parse(r"The answer is \boxed{0.5}.")
+        self.assertIsInstance(gold, list)
+        self.assertEqual(answer[0], "0.5")
+        self.assertTrue(verify(gold, answer))
+        self.assertFalse(verify(parse("$3$"), parse(r"\boxed{4}")))
+        self.assertTrue(verify("$3$", r"\boxed{3}"))
+        self.assertEqual(parse(""), [])
+        # Math-Verify's timeouts have nothing to do here; other options only at their defaults
+        self.assertTrue(verify(gold, answer, timeout_seconds=5))
+        with self.assertRaisesRegex(ValueError, "strict=False is not implemented"):
+            verify(gold, answer, strict=False)
+        with self.assertRaisesRegex(TypeError, "target must be what parse"):
+            verify(gold, 0.5)
+        with self.assertRaisesRegex(TypeError, "pred must be str"):
+            math_verify_compat.parse(None)
+
+
+if __name__ == "__main__":
+    unittest.main()
