@@ -46,7 +46,7 @@ pub use flash::{
 };
 pub use log_probs::token_log_probs;
 pub use rms_norm::{rms_norm, rms_norm_composed};
-pub use rope::{rope, rope_composed};
+pub use rope::{rope, rope_composed, rope_heads};
 pub use small_m::{linear_small_m, linear_small_m_packed, pack_pairs, SMALL_M};
 pub use softmax::{attention_probs, attention_probs_composed, softmax_last_composed};
 pub use swiglu::{swiglu, swiglu_composed};
