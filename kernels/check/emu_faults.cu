@@ -1,7 +1,8 @@
-// The emulator's own test: kernels that break a rule hardware enforces, one per mode, each of
-// which the emulator (cuda_emu.hpp) must refuse with a message naming the fault, and `control`,
-// the same kernels keeping the rules, which must pass (so a refusal is the fault's, not the
-// harness's). tests/it/kernels.rs runs every mode and reads the message.
+// The emulator's own test (built for the emulator only): kernels that break a rule hardware
+// enforces, one per mode, each of which the emulator (cuda_emu.hpp) must refuse with a message
+// naming the fault, and `control`, the same kernels keeping the rules, which must pass (so a
+// refusal is the fault's, not the harness's). tests/it/kernels.rs runs every mode and reads
+// the message.
 //
 //   g++ -O2 -std=c++17 -DACPO_EMU -Ikernels -x c++ kernels/check/emu_faults.cu -o faults
 //   ./faults MODE

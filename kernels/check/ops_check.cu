@@ -1,15 +1,19 @@
 // Every kernel of kernels/ other than flash attention (flash_check.cu), alone, without the Rust
 // build, against a float64 reference: RMSNorm (forward, dx, and the two-pass dw), SwiGLU
 // (forward, backward), RoPE (all three layouts: in place, tokens first → heads first and back),
-// the attention softmax, the token log-probabilities (forward, backward), AdamW, and sampling
+// the attention softmax, the token log-probabilities (forward, backward), the vocabulary chunks'
+// statistics and gradient (a whole vocabulary walked in chunks), AdamW, and sampling
 // (the CPU sampler's rule, src/rollout/sample.rs `sample_token`, on the same draws). f32 and
 // bf16 storage where a kernel has both. Shapes hit the edges: rows shorter than a block, rows
 // longer than a block but not a multiple of it, columns not a multiple of a tile, rows not a
 // multiple of a chunk, grids shorter than the data (the grid-stride loops wrap), fully masked
 // rows, zero gradients. Every output is poisoned with NaN before its launch.
 //
-//   on a GPU:    nvcc -O3 -std=c++17 -arch=sm_90 -Ikernels kernels/check/ops_check.cu -o ops && ./ops
+//   on a GPU:    nvcc -O3 -std=c++17 -arch=sm_90 -cudart shared -Ikernels kernels/check/ops_check.cu -o ops && ./ops
 //   on the CPU:  g++ -O2 -std=c++17 -DACPO_EMU -Ikernels -x c++ kernels/check/ops_check.cu -o ops && ./ops
+//
+// On a GPU it then times the kernels issue #44 changed at Qwen3-1.7B's shapes (2 x 2,048 and
+// 2 x 9,220 tokens), to set beside kernels/NOTES.md's predictions.
 //
 // `--seeds N` repeats every check under N emulator schedules (thread orders; odd ones with a
 // warp lagging behind the others, which a missing barrier does not survive).
@@ -24,6 +28,7 @@
 #include "sample.cu"
 #include "softmax.cu"
 #include "swiglu.cu"
+#include "vocab_chunk.cu"
 #include "check/harness.hpp"
 
 // ---- device buffers of f32 or bf16 from host floats, and back
@@ -287,6 +292,79 @@ static void check_log_probs(int rows, int v) {
   report(what, rel_err(back.get(), dz), 1e-5);
 }
 
+// ---- the vocabulary in chunks: logits z (N, V) / τ walked in chunks of C columns (the last
+// one short), the rows' statistics chained through them, then each chunk's dz
+
+template <typename T>
+static void check_vocab_chunks(int rows, int v, int chunk, float temp) {
+  const auto z = randoms<T>((size_t)rows * v, 6.0f);
+  std::vector<uint32_t> t(rows);
+  std::vector<float> rowv((size_t)rows * 4);
+  for (int i = 0; i < rows; ++i) t[i] = (uint32_t)((rnd() + 1) * 0.5 * v) % v;
+  t[0] = v - 1;  // in the short last chunk
+  std::vector<double> lp(rows), ent(rows), dz((size_t)rows * v);
+  for (int i = 0; i < rows; ++i) {
+    std::vector<double> zz(v);
+    double m = -INFINITY, s = 0, sz = 0;
+    for (int j = 0; j < v; ++j) m = std::max(m, zz[j] = (double)z[(size_t)i * v + j] / temp);
+    for (int j = 0; j < v; ++j) s += std::exp(zz[j] - m), sz += std::exp(zz[j] - m) * zz[j];
+    const double lse = m + std::log(s), mean_z = sz / s;
+    lp[i] = zz[t[i]] - lse;
+    ent[i] = lse - mean_z;
+    const double g_lp = rnd(), g_ent = rnd();
+    // the kernel takes the rows' values in f32, as the Rust path hands them over
+    rowv[i * 4] = (float)lse, rowv[i * 4 + 1] = (float)mean_z;
+    rowv[i * 4 + 2] = (float)g_lp, rowv[i * 4 + 3] = (float)g_ent;
+    for (int j = 0; j < v; ++j) {
+      const double p = std::exp(zz[j] - lse);
+      dz[(size_t)i * v + j] =
+          (((uint32_t)j == t[i] ? 1.0 : 0.0) - p) * g_lp / temp - p * (zz[j] - mean_z) * g_ent / temp;
+    }
+  }
+  uint32_t* dt = (uint32_t*)dalloc(rows * 4);
+  h2d(dt, t.data(), rows * 4);
+  Buf<float> a((size_t)rows * 4), b((size_t)rows * 4), drow(rowv);
+  std::vector<float> dz_got((size_t)rows * v);
+  for (int c0 = 0; c0 < v; c0 += chunk) {
+    const int cols = std::min(chunk, v - c0);
+    std::vector<float> zc((size_t)rows * cols);
+    for (int i = 0; i < rows; ++i)
+      for (int j = 0; j < cols; ++j) zc[(size_t)i * cols + j] = z[(size_t)i * v + c0 + j];
+    Buf<T> dzc(zc), gc((size_t)rows * cols);
+    const int first = c0 == 0;
+    if constexpr (sizeof(T) == 4) {
+      LAUNCH(vocab_stats_f32, dim3(rows), dim3(ROW_THREADS), 0, dzc.d, dt, a.d, b.d, c0, cols,
+             temp, first);
+      LAUNCH(vocab_grad_f32, dim3(rows), dim3(ROW_THREADS), 0, dzc.d, dt, drow.d, gc.d, c0, cols,
+             temp);
+    } else {
+      LAUNCH(vocab_stats_bf16, dim3(rows), dim3(ROW_THREADS), 0, dzc.d, dt, a.d, b.d, c0, cols,
+             temp, first);
+      LAUNCH(vocab_grad_bf16, dim3(rows), dim3(ROW_THREADS), 0, dzc.d, dt, drow.d, gc.d, c0, cols,
+             temp);
+    }
+    std::swap(a.d, b.d);  // this chunk's statistics are the next one's input
+    const auto g = gc.get();
+    for (int i = 0; i < rows; ++i)
+      for (int j = 0; j < cols; ++j) dz_got[(size_t)i * v + c0 + j] = g[(size_t)i * cols + j];
+  }
+  dfree(dt);
+  const auto st4 = a.get();
+  std::vector<float> lp_got(rows), ent_got(rows);
+  for (int i = 0; i < rows; ++i) {
+    const double m = st4[i * 4], s = st4[i * 4 + 1], u = st4[i * 4 + 2], zt = st4[i * 4 + 3];
+    lp_got[i] = (float)(zt - (m + std::log(s)));
+    ent_got[i] = (float)(std::log(s) - u / s);
+  }
+  char what[96];
+  snprintf(what, sizeof what, "vocab chunk stats %s %dx%d by %d T=%.1f", tname<T>(), rows, v,
+           chunk, temp);
+  report(what, std::max(rel_err(lp_got, lp), rel_err(ent_got, ent)), 1e-5);
+  snprintf(what, sizeof what, "vocab chunk grad %s %dx%d by %d T=%.1f", tname<T>(), rows, v,
+           chunk, temp);
+  report(what, rel_err(dz_got, dz), tol<T>());
+}
+
 // ---- AdamW (today's adamw.cu: one tensor per launch; [m; v] in, [p; m; v] out)
 
 struct AdamArgs {
@@ -398,6 +476,103 @@ static void check_sample(int rows, int v, float temp) {
   report(what, unexplained ? INFINITY : lp_err, 1e-6);
 }
 
+#ifndef ACPO_EMU
+// Median microseconds of `reps` runs of `f`, with CUDA events, after one warm-up.
+template <typename F>
+static float time_us(F f, int reps = 21) {
+  f();
+  CK(cudaDeviceSynchronize());
+  std::vector<float> ms;
+  cudaEvent_t a, z;
+  cudaEventCreate(&a), cudaEventCreate(&z);
+  for (int r = 0; r < reps; ++r) {
+    cudaEventRecord(a);
+    f();
+    cudaEventRecord(z);
+    CK(cudaEventSynchronize(z));
+    float t;
+    cudaEventElapsedTime(&t, a, z);
+    ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2] * 1000.0f;
+}
+
+static void print_time(const char* what, double us, double bytes) {
+  printf("time %-52s %9.1f us  %7.0f GB/s\n", what, us, bytes / us / 1e3);
+}
+
+// The kernels issue #44 changed, at Qwen3-1.7B's shapes for 2 x 2,048 and 2 x 9,220 tokens,
+// bf16: time and bandwidth (the bytes each must move, once) to set beside the predictions of
+// kernels/NOTES.md (version 4).
+static void timings() {
+  for (int tokens : {2 * 2048, 2 * 9220}) {
+    struct Norm {
+      const char* name;
+      int rows, n;
+    } norms[] = {{"q_norm", tokens * 16, 128}, {"k_norm", tokens * 8, 128}, {"hidden norm", tokens, 2048}};
+    for (const Norm& nm : norms) {
+      const size_t len = (size_t)nm.rows * nm.n;
+      bf *x = (bf*)dalloc(len * 2), *dy = (bf*)dalloc(len * 2), *out = (bf*)dalloc(len * 2 + nm.n * 2);
+      float* rs = (float*)dalloc(nm.rows * 4);
+      const int chunks = (nm.rows + RMS_DW_ROWS - 1) / RMS_DW_ROWS;
+      float* partial = (float*)dalloc((size_t)chunks * nm.n * 4);
+      CK(cudaMemset(x, 0, len * 2));
+      CK(cudaMemset(dy, 0, len * 2));
+      CK(cudaMemset(rs, 0, nm.rows * 4));
+      const dim3 g1((nm.n + RMS_DW_COLS - 1) / RMS_DW_COLS, chunks), b1(RMS_DW_COLS, RMS_DW_GROUPS);
+      const float us = time_us([&] {
+        LAUNCH(rms_norm_bwd_dw_partial_bf16, g1, b1, 0, x, dy, rs, partial, nm.rows, nm.n);
+        LAUNCH(rms_norm_bwd_dw_sum_bf16, dim3(blocks_for(nm.n, ELEM_THREADS)), dim3(ELEM_THREADS), 0,
+               partial, out, chunks, nm.rows, nm.n);
+      });
+      char what[96];
+      snprintf(what, sizeof what, "rms_norm dw (two-pass) %s %dx%d", nm.name, nm.rows, nm.n);
+      print_time(what, us, len * 4.0 + nm.rows * 4.0 + chunks * nm.n * 8.0);
+      dfree(x), dfree(dy), dfree(out), dfree(rs), dfree(partial);
+    }
+    {  // q into heads first: (2, T, 16, 128) -> (2, 16, T, 128)
+      const int T = tokens / 2, H = 16, D = 128;
+      const size_t len = (size_t)tokens * H * D;
+      bf *x = (bf*)dalloc(len * 2), *y = (bf*)dalloc(len * 2), *cs = (bf*)dalloc((size_t)tokens * D * 2);
+      CK(cudaMemset(x, 0, len * 2));
+      CK(cudaMemset(cs, 0, (size_t)tokens * D * 2));
+      const size_t pairs = len / 2;
+      const unsigned blocks = std::min<size_t>(blocks_for(pairs, ELEM_THREADS), 1 << 16);
+      const float us = time_us([&] {
+        LAUNCH(rope_bf16, dim3(blocks), dim3(ELEM_THREADS), 0, x, cs, cs, y, H, T, D, 1.0f, pairs, 0, 1);
+      });
+      char what[96];
+      snprintf(what, sizeof what, "rope q BTHD->BHTD 2x%dx16x128", T);
+      print_time(what, us, len * 4.0 + tokens * D * 4.0);
+      dfree(x), dfree(y), dfree(cs);
+    }
+    {  // one vocabulary chunk of 8,192 columns
+      const int rows = tokens, cols = 8192;
+      const size_t len = (size_t)rows * cols;
+      bf *z = (bf*)dalloc(len * 2), *dz = (bf*)dalloc(len * 2);
+      uint32_t* t = (uint32_t*)dalloc(rows * 4);
+      float *a = (float*)dalloc(rows * 16), *b = (float*)dalloc(rows * 16);
+      CK(cudaMemset(z, 0, len * 2));
+      CK(cudaMemset(t, 0, rows * 4));
+      CK(cudaMemset(a, 0, rows * 16));
+      const float fwd = time_us([&] {
+        LAUNCH(vocab_stats_bf16, dim3(rows), dim3(ROW_THREADS), 0, z, t, a, b, 0, cols, 1.0f, 0);
+      });
+      const float bwd = time_us([&] {
+        LAUNCH(vocab_grad_bf16, dim3(rows), dim3(ROW_THREADS), 0, z, t, a, dz, 0, cols, 1.0f);
+      });
+      char what[96];
+      snprintf(what, sizeof what, "vocab chunk stats %dx%d", rows, cols);
+      print_time(what, fwd, len * 2.0);
+      snprintf(what, sizeof what, "vocab chunk grad %dx%d", rows, cols);
+      print_time(what, bwd, len * 4.0);
+      dfree(z), dfree(dz), dfree(t), dfree(a), dfree(b);
+    }
+  }
+}
+#endif
+
 static void check_all() {
   // RMSNorm: a row shorter than a warp; rows longer than a block, not a multiple of it; the q/k
   // norm's 128 columns; columns not a multiple of the dw tile; rows not a multiple of a chunk
@@ -427,6 +602,10 @@ static void check_all() {
   check_log_probs(7, 1);
   check_log_probs(9, 1000);
   check_log_probs(4, 5003);
+  for (int chunk : {256, 300, 1000, 4096}) {  // chunks: one, several with a short last one
+    check_vocab_chunks<float>(5, 1000, chunk, chunk == 300 ? 0.7f : 1.0f);
+    check_vocab_chunks<bf>(5, 1000, chunk, 1.0f);
+  }
   for (size_t len : {(size_t)1, (size_t)1000, (size_t)5 * ELEM_THREADS + 3}) {
     check_adamw<float>(len, 3);
     check_adamw<bf>(len, 3);
@@ -448,6 +627,9 @@ int main(int argc, char** argv) {
 #endif
     check_all();
   }
+#ifndef ACPO_EMU
+  timings();
+#endif
   printf("%s\n", failures ? "FAILED" : "all checks ok");
   return failures ? 1 : 0;
 }

@@ -4,7 +4,9 @@
 //! model rotates q and k from tokens first to heads first in one pass ([`rope_heads`]), so no
 //! transpose is made contiguous before (a copy of q and of k per layer, forward and backward).
 
-use super::*;
+use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor, D};
+
+use super::{for_rows, fused_on, slice_f32};
 
 /// The order of a `(B, ·, ·, D)` tensor's middle dims.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,7 +61,7 @@ impl Rope {
         }
         let (b, h, t) = self.from.bht(dims);
         let d = dims[3];
-        if cos.dims() != [b, 1, t, d] || sin.dims() != cos.dims() || d % 2 != 0 {
+        if cos.dims() != [b, 1, t, d] || sin.dims() != cos.dims() || !d.is_multiple_of(2) {
             candle_core::bail!(
                 "{}: x {dims:?}, cos {:?}, sin {:?}",
                 self.name(),

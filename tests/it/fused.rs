@@ -400,23 +400,32 @@ fn chunked_vocabulary_log_probs_and_entropy_match_the_full_logits_with_gradients
     let mut rng = acpo::rng::SplitMix64::new(33);
     let targets: Vec<u32> = (0..n).map(|_| (rng.next_u64() % v as u64) as u32).collect();
     let targets = Tensor::from_vec(targets, n, &Device::Cpu).unwrap();
-    // Chunks that divide V, that do not, of one column, and wider than V.
+    let full = |x: &[Tensor], temperature: f64| {
+        let logits = x[0].matmul(&x[1].t().unwrap()).unwrap();
+        let lp = token::log_probs_composed(&logits, &targets, temperature).unwrap();
+        let ent = token::entropy(&logits, temperature).unwrap();
+        Tensor::stack(&[lp, ent], 1).unwrap()
+    };
+    // Chunks that divide V, that do not, of one column, and wider than V; each chunk's
+    // element-wise chain from candle's ops (the CPU path) and as one op each way (the CUDA
+    // path's arithmetic, kernels/vocab_chunk.cu, here its CPU twin).
     for (chunk, temperature) in [(250, 1.0), (256, 0.7), (1, 1.3), (4096, 1.0)] {
-        assert_same(
-            &format!("vocabulary chunks of {chunk} at T = {temperature}"),
-            &[hidden.clone(), weight.clone()],
-            &|x| {
-                let (lp, ent) =
-                    fused::vocab_log_probs(&x[0], &x[1], &targets, temperature, chunk).unwrap();
-                Tensor::stack(&[lp, ent], 1).unwrap()
-            },
-            &|x| {
-                let logits = x[0].matmul(&x[1].t().unwrap()).unwrap();
-                let lp = token::log_probs_composed(&logits, &targets, temperature).unwrap();
-                let ent = token::entropy(&logits, temperature).unwrap();
-                Tensor::stack(&[lp, ent], 1).unwrap()
-            },
-            1e-5,
-        );
+        for (how, fused_chain) in [("composed", false), ("fused", true)] {
+            assert_same(
+                &format!("vocabulary chunks of {chunk} at T = {temperature}, {how}"),
+                &[hidden.clone(), weight.clone()],
+                &|x| {
+                    let run = if fused_chain {
+                        fused::vocab_log_probs_fused
+                    } else {
+                        fused::vocab_log_probs
+                    };
+                    let (lp, ent) = run(&x[0], &x[1], &targets, temperature, chunk).unwrap();
+                    Tensor::stack(&[lp, ent], 1).unwrap()
+                },
+                &|x| full(x, temperature),
+                1e-5,
+            );
+        }
     }
 }

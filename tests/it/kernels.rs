@@ -1,7 +1,7 @@
 //! The CUDA kernels checked without a GPU: `kernels/check/*.cu` built for the CPU emulator
 //! (`kernels/check/cuda_emu.hpp`, `-DACPO_EMU`) and run, so that every kernel (the tensor-core
 //! layouts, pipelines and masking of flash attention; RMSNorm, SwiGLU, RoPE, the softmax, the
-//! log-probabilities, AdamW and the sampler) is checked against a float64 reference on every
+//! log-probabilities, the vocabulary chunks, AdamW and the sampler) is checked against a float64 reference on every
 //! machine, not only on the GPU sessions some tasks are lent (tests/it/cuda.rs runs there); and
 //! the emulator itself, which must refuse what a GPU refuses.
 
@@ -113,7 +113,7 @@ fn flash_kernels_match_the_float64_reference_in_the_emulator() {
 }
 
 /// The kernel checks of `ops_check.cu`, each of which must have run.
-const OPS_CHECKS: [&str; 15] = [
+const OPS_CHECKS: [&str; 17] = [
     "rms_norm fwd f32",
     "rms_norm fwd bf16",
     "rms_norm bwd dx",
@@ -126,6 +126,8 @@ const OPS_CHECKS: [&str; 15] = [
     "attention softmax",
     "log_probs fwd",
     "log_probs bwd",
+    "vocab chunk stats bf16",
+    "vocab chunk grad f32",
     "adamw parameter bf16",
     "adamw moments f32",
     "sample",
@@ -146,7 +148,7 @@ fn assert_ops_pass(out: &Output, how: &str) {
 }
 
 /// RMSNorm (forward, dx, the two-pass dw), SwiGLU, RoPE in its three layouts, the attention
-/// softmax, the token log-probabilities, AdamW and the sampler against float64 references (the
+/// softmax, the token log-probabilities, the vocabulary chunks, AdamW and the sampler against float64 references (the
 /// sampler against the CPU sampler's rule on the same draws), f32 and bf16, at shapes that hit
 /// the edges (see ops_check.cu), under a fair schedule and one with a lagging warp.
 #[test]
