@@ -97,6 +97,17 @@ pack-cuda: build-cuda
     strip -o target/acpo-cuda "${CARGO_TARGET_DIR:-target}/release/acpo"
     xz -T0 -9 -f -k target/acpo-cuda
 
+# Registers, spills and shared memory of every kernel for sm_90 (ptxas on the PTX build.rs makes,
+# no GPU), into docs/CUDA.md's `kernel-resources.md` block; fails on a spill (CI checks both).
+[group('cuda')]
+kernel-resources:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    eval "$(tools/gpu/cuda-toolkit.sh)"
+    dir="$(mktemp -d)"
+    python3 tools/gpu/kernel_resources.py "$dir"
+    cargo run --release -- doc docs/CUDA.md --from "$dir"
+
 # The test suite with the cuda feature: the GPU tests run where a GPU is, and skip elsewhere.
 [group('cuda')]
 test-cuda:

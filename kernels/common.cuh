@@ -7,6 +7,7 @@
 #include <cuda_bf16.h>
 #endif
 #include <stdint.h>
+#include "launch.cuh"
 
 __device__ __forceinline__ float to_f(float x) { return x; }
 __device__ __forceinline__ float to_f(__nv_bfloat16 x) { return __bfloat162float(x); }

@@ -21,17 +21,3 @@ __device__ __forceinline__ float fa_bias(const uint8_t* valid_b, int j, int i, i
 __device__ __forceinline__ bool fa_blind_rows(int first, int past, int row0) {
   return first > past + row0;
 }
-
-// Tensor-core kernels: 4 warps of 16 rows make a block of 64 rows (query rows for the forward
-// and dQ, keys for dK/dV), walking tiles of 64 columns (keys, or query rows). Shared memory
-// rows are padded by 8 bf16 (16 bytes), so the 8 rows one ldmatrix reads fall in distinct banks.
-#define FM_ROWS 64
-#define FM_COLS 64
-#define FM_THREADS 128
-#define FM_PAD 8
-
-// Dynamic shared memory of the forward and dQ kernels: K and V tiles, two stages, and the
-// tiles' key-valid bits; of the dK/dV kernel: the block's K and V, Q and dO tiles in two stages
-// and the tiles' row statistics (m, 1/sum, delta).
-__host__ __device__ constexpr int fm_smem_fwd(int d) { return 4 * FM_COLS * (d + FM_PAD) * 2 + 4 * 4; }
-__host__ __device__ constexpr int fm_smem_dkdv(int d) { return 6 * FM_COLS * (d + FM_PAD) * 2 + 2 * FM_COLS * 3 * 4; }

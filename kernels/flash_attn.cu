@@ -23,11 +23,10 @@
 #include "flash.cuh"
 
 #define FA_TILE 32
-#define FA_WARPS 4
 #define FA_CHUNKS (FA_MAXD / 32)
 
 // first[b] = the first valid key of sequence b (S when there is none).
-extern "C" __global__ void flash_first_valid(const uint8_t* __restrict__ valid, int S,
+extern "C" __global__ void __launch_bounds__(ROW_THREADS) flash_first_valid(const uint8_t* __restrict__ valid, int S,
                                              int* __restrict__ first) {
   const uint8_t* row = valid + (size_t)blockIdx.x * S;
   float best = -(float)S;
@@ -280,9 +279,6 @@ __device__ void fa_dkdv(const T* __restrict__ q, const T* __restrict__ k, const 
 // way whatever left padding the batch gives it, so a completion does not depend on the batch
 // it is decoded in (the engine's property; tests/it/cuda.rs checks the bits). A row that sees
 // no key reads every key from column 0, as the forward does.
-#define FD_SPLIT 256
-#define FD_WARPS 4
-#define FD_MAXG 8
 #define FD_UNROLL 4
 
 // grid (nsplit, KV, B), block 32 * FD_WARPS. part: (B, H, nsplit, 2 + D) f32 = m, l, acc.
@@ -426,33 +422,33 @@ __device__ void fd_combine(const float* __restrict__ part, T* __restrict__ o,
 }
 
 #define FA_INSTANCES(T, SFX)                                                                  \
-  extern "C" __global__ void flash_fwd_##SFX(const T* q, const T* k, const T* v,              \
-                                             const uint8_t* valid, const int* first, T* o,    \
-                                             float* stats, FA_ARGS) {                         \
+  extern "C" __global__ void __launch_bounds__(FA_WARPS * 32)                                 \
+      flash_fwd_##SFX(const T* q, const T* k, const T* v, const uint8_t* valid, const int* first,\
+                      T* o, float* stats, FA_ARGS) {                                          \
     fa_forward<T>(q, k, v, valid, first, o, stats, FA_PASS);                                  \
   }                                                                                           \
-  extern "C" __global__ void flash_delta_##SFX(const T* o, const T* dout, float* delta,       \
-                                               int rows, int D) {                             \
+  extern "C" __global__ void __launch_bounds__(FA_WARPS * 32)                                 \
+      flash_delta_##SFX(const T* o, const T* dout, float* delta, int rows, int D) {           \
     fa_delta<T>(o, dout, delta, rows, D);                                                     \
   }                                                                                           \
-  extern "C" __global__ void flash_dq_##SFX(const T* q, const T* k, const T* v, const T* dout, \
-                                            const float* stats, const float* delta,           \
-                                            const uint8_t* valid, const int* first, T* dq,    \
-                                            FA_ARGS) {                                        \
+  extern "C" __global__ void __launch_bounds__(FA_WARPS * 32)                                 \
+      flash_dq_##SFX(const T* q, const T* k, const T* v, const T* dout, const float* stats,   \
+                     const float* delta, const uint8_t* valid, const int* first, T* dq,       \
+                     FA_ARGS) {                                                               \
     fa_dq<T>(q, k, v, dout, stats, delta, valid, first, dq, FA_PASS);                         \
   }                                                                                           \
-  extern "C" __global__ void flash_dkdv_##SFX(                                                \
+  extern "C" __global__ void __launch_bounds__(FA_WARPS * 32) flash_dkdv_##SFX(               \
       const T* q, const T* k, const T* v, const T* dout, const float* stats,                  \
       const float* delta, const uint8_t* valid, const int* first, T* dk, T* dv, FA_ARGS) {    \
     fa_dkdv<T>(q, k, v, dout, stats, delta, valid, first, dk, dv, FA_PASS);                   \
   }                                                                                           \
-  extern "C" __global__ void flash_decode_split_##SFX(const T* q, const T* k, const T* v,     \
-                                                      const uint8_t* valid, const int* first, \
-                                                      float* part, int nsplit, FA_ARGS) {     \
+  extern "C" __global__ void __launch_bounds__(FD_WARPS * 32)                                 \
+      flash_decode_split_##SFX(const T* q, const T* k, const T* v, const uint8_t* valid,      \
+                               const int* first, float* part, int nsplit, FA_ARGS) {          \
     fd_split<T>(q, k, v, valid, first, part, nsplit, H, KV, S, cap, D, past, scale);          \
   }                                                                                           \
-  extern "C" __global__ void flash_decode_combine_##SFX(const float* part, T* o, float* stats, \
-                                                        int nsplit, int H, int D) {           \
+  extern "C" __global__ void __launch_bounds__(FA_MAXD) flash_decode_combine_##SFX(           \
+      const float* part, T* o, float* stats, int nsplit, int H, int D) {                      \
     fd_combine<T>(part, o, stats, nsplit, H, D);                                              \
   }
 

@@ -13,7 +13,7 @@ __device__ float row_lse(const float* zr, int v) {
   return m + logf(block_sum(s));
 }
 
-extern "C" __global__ void token_log_probs_f32(const float* z, const uint32_t* t, float* lp,
+extern "C" __global__ void __launch_bounds__(ROW_THREADS) token_log_probs_f32(const float* z, const uint32_t* t, float* lp,
                                                int v) {
   const size_t row = blockIdx.x;
   const float* zr = z + row * v;
@@ -21,7 +21,7 @@ extern "C" __global__ void token_log_probs_f32(const float* z, const uint32_t* t
   if (threadIdx.x == 0) lp[row] = zr[t[row]] - lse;
 }
 
-extern "C" __global__ void token_log_probs_bwd_f32(const float* z, const uint32_t* t,
+extern "C" __global__ void __launch_bounds__(ROW_THREADS) token_log_probs_bwd_f32(const float* z, const uint32_t* t,
                                                    const float* g, float* dz, int v) {
   const size_t row = blockIdx.x;
   const float* zr = z + row * v;

@@ -1,19 +1,17 @@
 // Sampling a token per row from the full distribution softmax(z / T) (no top-k / top-p), with
 // the CPU sampler's arithmetic (src/rollout/mod.rs, `sample_token`): z/T and the max in f32,
 // weights exp((z/T − max) as f64), the first index whose running f64 sum exceeds u·Σ, where u
-// is the row's uniform draw, made on the host from the sample's own seeded RNG. One block per
-// row; thread k sums its contiguous chunk in order, thread 0 finds the chunk the draw falls in,
-// and that chunk's thread walks it. Sums are grouped by chunk here and run straight through on
+// is the row's uniform draw, made on the host from the sample's own seeded RNG. One block of
+// ROW_THREADS threads per row; thread k sums its contiguous chunk in order, thread 0 finds the
+// chunk the draw falls in, and that chunk's thread walks it. Sums are grouped by chunk here and run straight through on
 // the CPU, so the two can round differently in the last bits: the same keys give the same
 // tokens wherever the draw is not within rounding of a boundary. Output (rows, 2) f32: the
 // token (exact in f32 below 2^24) and its log-probability (z/T − logsumexp) as the CPU computes.
 #include "common.cuh"
 
-#define MAX_THREADS 1024
-
-extern "C" __global__ void sample_full_f32(const float* logits, const double* u, float* out, int v,
-                                           float t) {
-  __shared__ double chunk_sum[MAX_THREADS];
+extern "C" __global__ void __launch_bounds__(ROW_THREADS)
+    sample_full_f32(const float* logits, const double* u, float* out, int v, float t) {
+  __shared__ double chunk_sum[ROW_THREADS];
   __shared__ int owner;
   __shared__ double prefix, target, total;
   const size_t row = blockIdx.x;

@@ -24,7 +24,8 @@ __device__ void attention_softmax(const T* x, const T* bias, T* y, int t, int n,
 }
 
 #define SOFTMAX(NAME, T)                                                                       \
-  extern "C" __global__ void attention_softmax_##NAME(const T* x, const T* bias, T* y, int t,  \
+  extern "C" __global__ void __launch_bounds__(ROW_THREADS)                                   \
+      attention_softmax_##NAME(const T* x, const T* bias, T* y, int t,                         \
                                                       int n, size_t per_b, float scale) {      \
     attention_softmax<T>(x, bias, y, t, n, per_b, scale);                                      \
   }

@@ -26,10 +26,12 @@ __device__ void swiglu_bwd(const T* g, const T* u, const T* dy, T* out, size_t l
 }
 
 #define SWIGLU(NAME, T)                                                                       \
-  extern "C" __global__ void swiglu_fwd_##NAME(const T* g, const T* u, T* y, size_t len) {    \
+  extern "C" __global__ void __launch_bounds__(ELEM_THREADS)                                  \
+      swiglu_fwd_##NAME(const T* g, const T* u, T* y, size_t len) {                           \
     swiglu_fwd<T>(g, u, y, len);                                                              \
   }                                                                                           \
-  extern "C" __global__ void swiglu_bwd_##NAME(const T* g, const T* u, const T* dy, T* out,   \
+  extern "C" __global__ void __launch_bounds__(ELEM_THREADS)                                  \
+      swiglu_bwd_##NAME(const T* g, const T* u, const T* dy, T* out,                          \
                                                size_t len) {                                  \
     swiglu_bwd<T>(g, u, dy, out, len);                                                        \
   }

@@ -11,12 +11,8 @@
 //   of each block runs only when every other thread waits: the others race ahead to the next
 //   barrier, so a kernel that overwrites shared memory a slower warp still reads, or reads what
 //   a slower warp has not written (a missing __syncthreads), computes a wrong result.
-// - __syncthreads: every live thread of the block arrives; a thread that has returned no longer
-//   counts (as on sm_70 and later).
 // - Warp collectives (shuffles, ldmatrix, mma.sync, __syncwarp): every live lane of the warp
-//   deposits its operands; the last to arrive computes every lane's result. A lane that returns
-//   while its warp waits in a collective, or a collective some live lanes never reach, stops
-//   the program with a message (both are undefined behaviour on a GPU).
+//   deposits its operands; the last to arrive computes every lane's result.
 // - mma.sync.m16n8k16 (bf16 in, f32 accumulate) and ldmatrix (.x1/.x2/.x4, .trans) by the PTX
 //   ISA's fragment layouts. The accumulation adds the 16 products to C in k order in f32; a
 //   tensor core adds them in its own order: results agree to f32 rounding, not bit for bit.
@@ -26,11 +22,39 @@
 //   before every warp is done with it corrupts a slower warp's operands in the second.
 // - Device memory is host memory; launches run to completion (no streams, no events).
 //
-// What it does not model: timing, occupancy, bank conflicts, register limits, memory ordering
-// across blocks (blocks run one after another), or any instruction not defined here (a kernel
-// using one fails to compile here rather than run wrongly).
+// What it refuses, as hardware does (each stops the program with a message naming the block,
+// the thread and the fault; exit status 3):
+// - a barrier reached by part of a block: threads waiting at different __syncthreads sites, a
+//   thread returning while others wait at a barrier, or a barrier after some threads returned
+//   (undefined on a GPU: it hangs or passes early);
+// - a warp collective some live lanes never reach, or one a lane left by returning;
+// - cp.async of other than 4, 8 or 16 bytes, or from or to an address not aligned to its size;
+//   ldmatrix row addresses not 16-byte aligned;
+// - dynamic shared memory above the 48 KB default without the kernel's limit raised first
+//   (cudaFuncSetAttribute, `set_max_dynamic_smem` here: the launch macros of the checks do it
+//   as a GPU launch must), or above the H100's 227 KB per block; a block of more than 1024
+//   threads, a grid beyond its dimensions' limits;
+// - out-of-bounds global and dynamic shared memory accesses: every emulated device allocation
+//   (`device_alloc`) and each block's dynamic shared memory ends at a page with no access
+//   rights (mprotect), so an access past the end faults, and the SIGSEGV handler names the
+//   allocation, how far past its end the access fell, and the block and thread. Allocations are
+//   16-byte aligned, so an access into the few bytes between an odd-sized allocation's end and
+//   the guard page is not caught; those bytes hold 0xFF (NaN in f32 and bf16), so a read of
+//   them poisons a result, and a write is caught by the check after each launch.
+// - Built with -fsanitize=address (the tests do both builds), allocations are AddressSanitizer's
+//   instead, exact to the byte, and static __shared__ arrays get its redzones too: an overflow
+//   of one is reported as a global-buffer-overflow (the threads' stack switches are annotated
+//   for it).
+//
+// What it does not model: timing, occupancy, bank conflicts, register limits, static shared
+// memory's share of the 227 KB, memory ordering across blocks (blocks run one after another),
+// or any instruction not defined here (a kernel using one fails to compile here rather than
+// run wrongly).
 #pragma once
+#include <signal.h>
+#include <sys/mman.h>
 #include <ucontext.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
@@ -41,6 +65,11 @@
 #include <functional>
 #include <vector>
 
+#if defined(__SANITIZE_ADDRESS__)
+#define EMU_ASAN 1
+#include <sanitizer/common_interface_defs.h>
+#endif
+
 #define __global__
 #define __device__
 #define __host__
@@ -50,6 +79,8 @@
 #define __shared__ static
 #define __align__(n) __attribute__((aligned(n)))
 #define __launch_bounds__(...)
+
+#include "../launch.cuh"  // the shared memory limits (SMEM_DEFAULT_LIMIT, SMEM_OPT_IN_LIMIT)
 
 using std::max;
 using std::min;
@@ -87,18 +118,18 @@ inline __nv_bfloat16 __float2bfloat16(float f) { return __float2bfloat16_rn(f); 
 inline __nv_bfloat162 __floats2bfloat162_rn(float a, float b) {
   return {__float2bfloat16_rn(a), __float2bfloat16_rn(b)};
 }
+// The round-to-nearest intrinsics are IEEE f32 operations, which the host's are when it does not
+// contract a product and a sum (g++ -std=c++17 does not: -ffp-contract=off in ISO mode).
 inline float __fmul_rn(float a, float b) { return a * b; }
 inline float __fadd_rn(float a, float b) { return a + b; }
+inline float __fsub_rn(float a, float b) { return a - b; }
+inline float __fdiv_rn(float a, float b) { return a / b; }
+inline float __fsqrt_rn(float a) { return std::sqrt(a); }
 inline float __expf(float x) { return std::exp(x); }
 inline float rsqrtf(float x) { return 1.0f / std::sqrt(x); }
 inline float __fdividef(float a, float b) { return a / b; }
 
 namespace emu {
-
-[[noreturn]] inline void fail(const char* what) {
-  std::fprintf(stderr, "cuda_emu: %s\n", what);
-  std::exit(3);
-}
 
 struct Copy {
   void* dst;
@@ -127,6 +158,17 @@ struct Warp {
   uint32_t out[2][32][4];
 };
 
+// An emulated device allocation (or a block's dynamic shared memory): `bytes` at `base`, in a
+// mapping whose first and last pages have no access rights; `base + bytes` lies at most 15
+// bytes before the last page.
+struct Region {
+  char* map;
+  size_t map_len;
+  char* base;
+  size_t bytes;
+  const char* what;
+};
+
 struct State {
   dim3 grid, block, bidx;
   int cur = -1, n = 0, live = 0;
@@ -136,17 +178,176 @@ struct State {
   ucontext_t sched;
   int arrived = 0;
   unsigned barrier_gen = 0;
-  std::vector<unsigned char> dyn;
+  // the __syncthreads site the waiting threads reached
+  const char* bar_file = nullptr;
+  int bar_line = 0;
+  unsigned char* dyn = nullptr;
   size_t dyn_bytes = 0;
+  const char* kernel = "";
   const std::function<void()>* body = nullptr;
   uint64_t rng = 0x9e3779b97f4a7c15ull;
   // bit 0: one warp per block lags; bit 1: cp.async copies land when issued
   int schedule = 0;
   int lag = -1;  // the lagging warp of the block that runs
+  std::vector<Region> regions;
+  std::vector<std::pair<const void*, size_t>> smem_limits;  // cudaFuncSetAttribute per kernel
+#ifdef EMU_ASAN
+  const void* sched_stack = nullptr;
+  size_t sched_stack_size = 0;
+#endif
 };
 inline State S;
+#ifdef EMU_ASAN
+// AddressSanitizer's swapcontext clears the shadow of the whole stack it switches to: a small
+// stack keeps that cheap
+inline constexpr size_t STACK = 64 * 1024;
+#else
 inline constexpr size_t STACK = 256 * 1024;
-inline constexpr size_t CANARY = 256;
+#endif
+inline constexpr size_t ALIGN = 16;
+inline constexpr unsigned char SLACK = 0xFF;
+
+// Where the program is: the kernel, block and thread, for a fault's message.
+inline int where(char* buf, size_t n) {
+  if (S.cur < 0)
+    return *S.kernel ? std::snprintf(buf, n, "at the launch of %s", S.kernel)
+                     : std::snprintf(buf, n, "outside a kernel");
+  const dim3 t = S.th[S.cur].idx;
+  return std::snprintf(buf, n, "in %s, block (%u, %u, %u), thread (%u, %u, %u)", S.kernel,
+                       S.bidx.x, S.bidx.y, S.bidx.z, t.x, t.y, t.z);
+}
+
+[[noreturn]] inline void fail(const char* what) {
+  char at[256];
+  where(at, sizeof at);
+  std::fflush(stdout);
+  std::fprintf(stderr, "cuda_emu: %s (%s)\n", what, at);
+  std::fflush(stderr);
+  _exit(3);
+}
+
+template <typename... A>
+[[noreturn]] inline void failf(const char* fmt, A... args) {
+  char msg[512];
+  std::snprintf(msg, sizeof msg, fmt, args...);
+  fail(msg);
+}
+
+// ---- memory
+
+inline size_t page_size() { return (size_t)sysconf(_SC_PAGESIZE); }
+
+// The SIGSEGV handler: a fault in a guard page names the allocation it borders.
+inline void on_segv(int, siginfo_t* info, void* uc) {
+  const char* addr = (const char*)info->si_addr;
+  const char* access = "access";
+#if defined(__x86_64__)
+  access = (((ucontext_t*)uc)->uc_mcontext.gregs[REG_ERR] & 2) ? "write" : "read";
+#else
+  (void)uc;
+#endif
+  char msg[512];
+  int len = std::snprintf(msg, sizeof msg, "cuda_emu: a segmentation fault at %p", (void*)addr);
+  for (const Region& r : S.regions) {
+    const size_t page = page_size();
+    if (addr >= r.map && addr < r.map + page) {
+      len = std::snprintf(msg, sizeof msg,
+                          "cuda_emu: an out-of-bounds %s %zu bytes before the start of %s of "
+                          "%zu bytes",
+                          access, (size_t)(r.base - addr), r.what, r.bytes);
+      break;
+    }
+    if (addr >= r.map + r.map_len - page && addr < r.map + r.map_len) {
+      len = std::snprintf(msg, sizeof msg,
+                          "cuda_emu: an out-of-bounds %s %zu bytes past the end of %s of %zu "
+                          "bytes",
+                          access, (size_t)(addr - (r.base + r.bytes)), r.what, r.bytes);
+      break;
+    }
+  }
+  len += std::snprintf(msg + len, sizeof msg - len, " (");
+  len += where(msg + len, sizeof msg - len);
+  len += std::snprintf(msg + len, sizeof msg - len, ")\n");
+  std::fflush(stdout);
+  if (write(2, msg, (size_t)len) < 0) _exit(4);
+  _exit(3);
+}
+
+inline void install_segv_handler() {
+  static bool done = false;
+  if (done) return;
+  done = true;
+  static std::vector<char> alt(1 << 16);
+  stack_t ss{};
+  ss.ss_sp = alt.data();
+  ss.ss_size = alt.size();
+  sigaltstack(&ss, nullptr);
+  struct sigaction sa {};
+  sa.sa_sigaction = on_segv;
+  sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGSEGV, &sa, nullptr);
+  sigaction(SIGBUS, &sa, nullptr);
+}
+
+// `bytes` of emulated device memory (or dynamic shared memory: `what` names it in a fault),
+// 16-byte aligned, ending as close to a guard page as that alignment allows.
+inline void* region_alloc(size_t bytes, const char* what) {
+#ifdef EMU_ASAN
+  (void)what;
+  void* p = std::malloc(bytes ? bytes : 1);  // 16-byte aligned, redzones exact to the byte
+  if (!p) fail("out of host memory");
+  return p;
+#else
+  install_segv_handler();
+  const size_t page = page_size();
+  const size_t body = std::max(page, (bytes + ALIGN + page - 1) / page * page);
+  const size_t len = body + 2 * page;
+  char* map = (char*)mmap(nullptr, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (map == MAP_FAILED) fail("out of host memory");
+  if (mprotect(map, page, PROT_NONE) != 0 || mprotect(map + page + body, page, PROT_NONE) != 0)
+    fail("mprotect failed");
+  char* end = map + page + body;
+  char* base = (char*)((uintptr_t)(end - bytes) & ~(uintptr_t)(ALIGN - 1));
+  std::memset(map + page, SLACK, body);
+  S.regions.push_back({map, len, base, bytes, what});
+  return base;
+#endif
+}
+
+inline void region_free(void* p) {
+#ifdef EMU_ASAN
+  std::free(p);
+#else
+  for (size_t i = 0; i < S.regions.size(); ++i)
+    if (S.regions[i].base == p) {
+      munmap(S.regions[i].map, S.regions[i].map_len);
+      S.regions.erase(S.regions.begin() + i);
+      return;
+    }
+  fail("freeing memory that device_alloc did not allocate");
+#endif
+}
+
+// The bytes between an allocation's end and its guard page still hold SLACK: no write fell
+// there.
+inline void check_slack() {
+#ifndef EMU_ASAN
+  const size_t page = page_size();
+  for (const Region& r : S.regions) {
+    const char* end = r.map + r.map_len - page;
+    for (const char* c = r.base + r.bytes; c < end; ++c)
+      if ((unsigned char)*c != SLACK)
+        failf("an out-of-bounds write %zu bytes past the end of %s of %zu bytes (in %s)",
+              (size_t)(c - (r.base + r.bytes)), r.what, r.bytes, S.kernel);
+  }
+#endif
+}
+
+inline void* device_alloc(size_t bytes) { return region_alloc(bytes, "a device allocation"); }
+inline void device_free(void* p) { region_free(p); }
+
+// ---- threads
 
 inline Thread& me() { return S.th[S.cur]; }
 inline int lane() { return S.cur & 31; }
@@ -155,7 +356,32 @@ inline int live_lanes(int w) {
   for (int l = 0; l < 32 && w * 32 + l < S.n; ++l) n += !S.th[w * 32 + l].done;
   return n;
 }
-inline void yield() { swapcontext(&me().ctx, &S.sched); }
+
+// Context switches, annotated for AddressSanitizer (which otherwise takes a switch of stacks
+// for a stack overflow).
+inline void to_scheduler(Thread& t, bool dying) {
+#ifdef EMU_ASAN
+  void* fake = nullptr;
+  __sanitizer_start_switch_fiber(dying ? nullptr : &fake, S.sched_stack, S.sched_stack_size);
+  swapcontext(&t.ctx, &S.sched);
+  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#else
+  (void)dying;
+  swapcontext(&t.ctx, &S.sched);
+#endif
+}
+inline void to_thread(int i) {
+#ifdef EMU_ASAN
+  void* fake = nullptr;
+  __sanitizer_start_switch_fiber(&fake, S.stacks.data() + (size_t)i * STACK, STACK);
+  swapcontext(&S.sched, &S.th[i].ctx);
+  __sanitizer_finish_switch_fiber(fake, nullptr, nullptr);
+#else
+  swapcontext(&S.sched, &S.th[i].ctx);
+#endif
+}
+inline void yield() { to_scheduler(me(), false); }
+
 inline void land(const std::vector<Copy>& group) {
   for (const Copy& c : group) {
     std::memcpy(c.dst, c.src, c.bytes);
@@ -171,8 +397,23 @@ inline void retire_groups(Thread& t, size_t keep) {
   }
 }
 
-inline void barrier() {
+// __syncthreads at file:line. Every thread of the block must reach the same barrier: a site
+// other than the one the waiting threads reached, or a block some threads have left, is
+// refused.
+inline void barrier(const char* file, int line) {
   Thread& t = me();
+  if (S.live != S.n)
+    failf("__syncthreads at %s:%d reached by part of a block: %d of its %d threads have "
+          "returned",
+          file, line, S.n - S.live, S.n);
+  if (S.arrived == 0) {
+    S.bar_file = file;
+    S.bar_line = line;
+  } else if (S.bar_line != line || std::strcmp(S.bar_file, file) != 0) {
+    failf("a divergent barrier: this thread reached __syncthreads at %s:%d while %d others "
+          "wait at %s:%d",
+          file, line, S.arrived, S.bar_file, S.bar_line);
+  }
   if (++S.arrived == S.live) {
     S.arrived = 0;
     ++S.barrier_gen;
@@ -213,6 +454,9 @@ inline bool runnable(const Thread& t) {
 }
 
 inline void entry() {
+#ifdef EMU_ASAN
+  __sanitizer_finish_switch_fiber(nullptr, &S.sched_stack, &S.sched_stack_size);
+#endif
   (*S.body)();
   Thread& t = me();
   for (const auto& g : t.groups) land(g);  // an exiting thread's copies still land
@@ -220,11 +464,11 @@ inline void entry() {
   --S.live;
   Warp& w = S.warps[S.cur >> 5];
   if (w.arrived > 0) fail("a lane returned while its warp waits in a collective");
-  if (S.arrived > 0 && S.arrived == S.live) {  // the barrier the others wait at is complete
-    S.arrived = 0;
-    ++S.barrier_gen;
-  }
-  swapcontext(&t.ctx, &S.sched);
+  if (S.arrived > 0)
+    failf("a thread returned while %d others wait at __syncthreads at %s:%d (a barrier "
+          "reached by part of a block)",
+          S.arrived, S.bar_file, S.bar_line);
+  to_scheduler(t, true);
 }
 
 inline uint64_t next_rand() {
@@ -261,7 +505,7 @@ inline void run_block() {
       if ((i >> 5 == S.lag) != lagging || !runnable(t)) continue;
       t.waits = 0;
       S.cur = i;
-      swapcontext(&S.sched, &t.ctx);
+      to_thread(i);
       progress = true;
     }
     return progress;
@@ -272,31 +516,66 @@ inline void run_block() {
   S.cur = -1;
 }
 
-inline unsigned char* dynamic_smem() {
-  // 16-byte aligned, as `extern __shared__ __align__(16)` is on a GPU
-  uintptr_t p = (uintptr_t)S.dyn.data();
-  return (unsigned char*)((p + 15) & ~(uintptr_t)15);
+inline unsigned char* dynamic_smem() { return S.dyn; }
+
+// cudaFuncSetAttribute(f, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes).
+inline void set_max_dynamic_smem(const void* f, size_t bytes) {
+  if (bytes > SMEM_OPT_IN_LIMIT)
+    failf("cudaFuncSetAttribute: %zu bytes of dynamic shared memory, above the H100's %d per "
+          "block",
+          bytes, SMEM_OPT_IN_LIMIT);
+  for (auto& a : S.smem_limits)
+    if (a.first == f) {
+      a.second = bytes;
+      return;
+    }
+  S.smem_limits.push_back({f, bytes});
 }
 
-// Runs `body` (the kernel call) for every thread of every block, blocks in order.
-inline void launch(dim3 grid, dim3 block, size_t dyn_bytes, const std::function<void()>& body) {
+inline size_t max_dynamic_smem(const void* f) {
+  for (const auto& a : S.smem_limits)
+    if (a.first == f) return std::max(a.second, (size_t)SMEM_DEFAULT_LIMIT);
+  return SMEM_DEFAULT_LIMIT;
+}
+
+// Runs `body` (the call of kernel `f`, named `name`) for every thread of every block, blocks
+// in order, after the checks a GPU's launch makes.
+inline void launch(const void* f, const char* name, dim3 grid, dim3 block, size_t dyn_bytes,
+                   const std::function<void()>& body) {
+  S.kernel = name;
   S.grid = grid;
   S.block = block;
   S.n = block.x * block.y * block.z;
-  if (S.n <= 0 || S.n > 1024) fail("a block of more than 1024 threads");
-  S.dyn.assign(dyn_bytes + 16 + CANARY, 0xA5);  // poisoned: a kernel must write what it reads
+  if (S.n <= 0 || S.n > 1024 || block.z > 64)
+    failf("a block of %u x %u x %u threads (at most 1024, z at most 64)", block.x, block.y,
+          block.z);
+  if (grid.x == 0 || grid.y == 0 || grid.z == 0 || grid.y > 65535 || grid.z > 65535 ||
+      grid.x > 0x7fffffffu)
+    failf("a grid of %u x %u x %u blocks (y and z at most 65535, none empty)", grid.x, grid.y,
+          grid.z);
+  if (dyn_bytes > SMEM_OPT_IN_LIMIT)
+    failf("a launch with %zu bytes of dynamic shared memory, above the H100's %d per block",
+          dyn_bytes, SMEM_OPT_IN_LIMIT);
+  if (dyn_bytes > max_dynamic_smem(f))
+    failf("a launch with %zu bytes of dynamic shared memory, above the %zu the kernel allows "
+          "(raise it with cudaFuncSetAttribute(MaxDynamicSharedMemorySize) first)",
+          dyn_bytes, max_dynamic_smem(f));
+  S.dyn = (unsigned char*)region_alloc(dyn_bytes, "the block's dynamic shared memory");
   S.dyn_bytes = dyn_bytes;
   S.body = &body;
   for (unsigned z = 0; z < grid.z; ++z)
     for (unsigned y = 0; y < grid.y; ++y)
       for (unsigned x = 0; x < grid.x; ++x) {
         S.bidx = dim3(x, y, z);
+        // poisoned at every block (blocks of a GPU never share it): a kernel must write what
+        // it reads
+        std::memset(S.dyn, 0xA5, dyn_bytes);
         run_block();
-        // the canary past the launch's dynamic shared memory must be intact
-        const unsigned char* end = dynamic_smem() + dyn_bytes;
-        for (size_t c = 0; c < CANARY; ++c)
-          if (end[c] != 0xA5) fail("a kernel wrote past its dynamic shared memory");
       }
+  check_slack();
+  region_free(S.dyn);
+  S.dyn = nullptr;
+  S.kernel = "";
 }
 
 // ---- warp primitives
@@ -326,12 +605,16 @@ inline void syncwarp() {
 }
 
 // ldmatrix.sync.aligned.m8n8.{x1,x2,x4}{.trans}.shared.b16: lanes 8i..8i+7 give the row
-// addresses of matrix i; lane t receives, of each matrix, row t/4, columns 2(t%4) and
-// 2(t%4)+1 (with .trans: rows 2(t%4) and 2(t%4)+1 of column t/4).
+// addresses of matrix i, each 16-byte aligned; lane t receives, of each matrix, row t/4,
+// columns 2(t%4) and 2(t%4)+1 (with .trans: rows 2(t%4) and 2(t%4)+1 of column t/4).
 inline void ldmatrix(uint32_t* r, int num, bool trans, const void* row) {
   uint64_t in[1] = {(uint64_t)(uintptr_t)row};
   uint32_t out[4];
   auto op = [num, trans](uint64_t (*i)[12], uint32_t (*o)[4]) {
+    for (int l = 0; l < 8 * num; ++l)
+      if (i[l][0] % 16 != 0)
+        failf("ldmatrix: lane %d's row address %p is not 16-byte aligned", l,
+              (void*)(uintptr_t)i[l][0]);
     for (int t = 0; t < 32; ++t)
       for (int m = 0; m < num; ++m) {
         uint16_t e[2];
@@ -411,7 +694,15 @@ inline uint32_t ballot(bool pred) {
 
 inline unsigned dynamic_smem_bytes() { return (unsigned)S.dyn_bytes; }
 
+// cp.async.{ca,cg}.shared.global [dst], [src], fill, bytes: `fill` (4, 8 or 16) bytes written,
+// both addresses aligned to it.
 inline void cp_async(void* dst, const void* src, int bytes, int fill) {
+  if (fill != 4 && fill != 8 && fill != 16) failf("cp.async of %d bytes (4, 8 or 16)", fill);
+  if ((uintptr_t)dst % fill != 0 || (uintptr_t)src % fill != 0)
+    failf("a misaligned cp.async of %d bytes: shared %p, global %p (each must be %d-byte "
+          "aligned)",
+          fill, dst, src, fill);
+  if (bytes < 0 || bytes > fill) failf("cp.async reading %d of %d bytes", bytes, fill);
   const Copy c{dst, src, bytes, fill};
   if (S.schedule & 2)
     land({c});
@@ -428,7 +719,7 @@ inline void cp_async_wait(int keep) { retire_groups(me(), (size_t)keep); }
 #define blockDim (emu::S.block)
 #define gridDim (emu::S.grid)
 
-inline void __syncthreads() { emu::barrier(); }
+#define __syncthreads() emu::barrier(__FILE__, __LINE__)
 inline void __syncwarp(unsigned = 0xffffffffu) { emu::syncwarp(); }
 template <typename T>
 inline T __shfl_sync(unsigned, T v, int src, int = 32) {

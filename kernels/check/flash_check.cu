@@ -17,63 +17,7 @@
 // that sees no key then averages V uniformly (src/fused/flash/mod.rs).
 #include "flash_attn.cu"
 #include "flash_mma.cu"
-#include <cstdio>
-#include <cstdlib>
-#include <cstring>
-#include <cmath>
-#include <algorithm>
-#include <string>
-#include <vector>
-
-#ifdef ACPO_EMU
-#define CK(x) (x)
-static void* dalloc(size_t bytes) { return std::malloc(bytes ? bytes : 1); }
-static void dfree(void* p) { std::free(p); }
-static void h2d(void* d, const void* h, size_t n) { std::memcpy(d, h, n); }
-static void d2h(void* h, const void* d, size_t n) { std::memcpy(h, d, n); }
-static void poison(void* d, size_t n) { std::memset(d, 0xFF, n); }  // NaN in f32 and bf16
-#define LAUNCH(kernel, grid, block, smem, ...) \
-  emu::launch(grid, block, smem, [&] { kernel(__VA_ARGS__); })
-static const bool on_gpu = false;
-#else
-#include <cuda_runtime.h>
-#define CK(x)                                                                      \
-  do {                                                                             \
-    cudaError_t e = (x);                                                           \
-    if (e != cudaSuccess) {                                                        \
-      printf("CUDA error %s at line %d\n", cudaGetErrorString(e), __LINE__);       \
-      exit(1);                                                                     \
-    }                                                                              \
-  } while (0)
-static void* dalloc(size_t bytes) {
-  void* p;
-  CK(cudaMalloc(&p, bytes ? bytes : 1));
-  return p;
-}
-static void dfree(void* p) { cudaFree(p); }
-static void h2d(void* d, const void* h, size_t n) { CK(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice)); }
-static void d2h(void* h, const void* d, size_t n) { CK(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost)); }
-static void poison(void* d, size_t n) { CK(cudaMemset(d, 0xFF, n)); }
-#define LAUNCH(kernel, grid, block, smem, ...)                                                 \
-  do {                                                                                         \
-    if ((smem) > 48 * 1024)                                                                    \
-      CK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)(smem))); \
-    kernel<<<grid, block, smem>>>(__VA_ARGS__);                                                \
-    CK(cudaGetLastError());                                                                    \
-  } while (0)
-static const bool on_gpu = true;
-#endif
-
-typedef __nv_bfloat16 bf;
-static unsigned long long st = 88172645463325252ull;
-static float rnd() {
-  st ^= st << 13;
-  st ^= st >> 7;
-  st ^= st << 17;
-  return ((st >> 11) * (1.0 / 9007199254740992.0)) * 2 - 1;
-}
-static float bfr(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
-static int failures = 0;
+#include "check/harness.hpp"
 
 // A shape: B sequences, H query heads over KV heads, T query positions after `past` cached
 // keys, head dim D; sequence 0 has `pad` leading invalid keys (sequence 1 too when pad1), the
@@ -183,18 +127,6 @@ struct Reference {
         }
   }
 };
-
-static double rel_err(const std::vector<float>& got, const std::vector<double>& ref,
-                      size_t stride = 1, size_t take = 1) {
-  double e = 0, n = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    const double g = got[(i / take) * stride + i % take];
-    e += (g - ref[i]) * (g - ref[i]);
-    n += ref[i] * ref[i];
-  }
-  const double r = std::sqrt(e / std::max(n, 1e-300));
-  return std::isnan(r) ? INFINITY : r;
-}
 
 static void report(const char* what, const Case& c, double err, double limit) {
   const bool ok = err < limit;

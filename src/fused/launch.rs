@@ -50,11 +50,20 @@ macro_rules! with_type {
 }
 pub(crate) use with_type;
 
+/// The launch numbers the kernels were compiled with (`kernels/launch.cuh`, read by build.rs
+/// from nvcc's output): block shapes, tiles and dynamic shared memory, one definition for the
+/// host and the device.
+pub mod sizes {
+    include!(concat!(env!("OUT_DIR"), "/kernel_sizes.rs"));
+}
+
 /// Threads per block of the row kernels (a multiple of 32, as `block_sum` needs).
-pub const ROW_THREADS: u32 = 256;
+pub const ROW_THREADS: u32 = sizes::ROW_THREADS;
 /// Threads per block, and the most blocks, of the element-wise kernels.
-const ELEM_THREADS: u32 = 256;
+pub const ELEM_THREADS: u32 = sizes::ELEM_THREADS;
 const ELEM_MAX_BLOCKS: usize = 1 << 16;
+/// The most blocks of a grid's y and z dimensions.
+pub const MAX_GRID_Y: usize = 65_535;
 
 /// One block per row; callers launch only when there is a row (a block reads its row).
 pub fn rows_config(rows: usize) -> Result<LaunchConfig> {

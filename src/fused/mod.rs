@@ -40,17 +40,18 @@ mod small_m;
 mod softmax;
 mod swiglu;
 mod vocab;
+mod vocab_chunk;
 
 pub use flash::{
     attention_composed, flash_applies, flash_attention, FlashDims, FLASH_MAX_HEAD_DIM,
 };
 pub use log_probs::token_log_probs;
 pub use rms_norm::{rms_norm, rms_norm_composed};
-pub use rope::{rope, rope_composed};
+pub use rope::{rope, rope_composed, rope_heads};
 pub use small_m::{linear_small_m, linear_small_m_packed, pack_pairs, SMALL_M};
 pub use softmax::{attention_probs, attention_probs_composed, softmax_last_composed};
 pub use swiglu::{swiglu, swiglu_composed};
-pub use vocab::vocab_log_probs;
+pub use vocab::{vocab_log_probs, vocab_log_probs_fused};
 
 use candle_core::{CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
 use rayon::prelude::*;

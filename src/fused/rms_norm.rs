@@ -157,12 +157,15 @@ pub fn rms_norm_composed(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
 /// The CUDA launches of `kernels/rms_norm.cu` (the `cuda` feature); the CPU twin is this file's `cpu_fwd`.
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda {
-    use candle_core::cuda_backend::cudarc::driver::{CudaSlice, PushKernelArg};
-    use candle_core::cuda_backend::WrapErr;
+    use candle_core::cuda_backend::cudarc::driver::{
+        CudaSlice, CudaView, DeviceRepr, LaunchConfig, PushKernelArg,
+    };
+    use candle_core::cuda_backend::{CudaDType, CudaDevice, WrapErr};
     use candle_core::{CudaStorage, DType, Layout, Result, Shape};
 
     use crate::fused::launch::{
-        dtype_of, elems_config, kernel, ptx, rows_config, suffix, view, with_type,
+        dtype_of, elems_config, grid_dim, kernel, ptx, rows_config, sizes, suffix, view, with_type,
+        MAX_GRID_Y,
     };
 
     const PTX: (&str, &str) = ptx!("rms_norm");
@@ -223,7 +226,6 @@ pub(crate) mod cuda {
             let mut out = unsafe { dev.alloc::<T>((rows + 1) * n) }?;
             let mut rs: CudaSlice<f32> = unsafe { dev.alloc::<f32>(rows.max(1)) }?;
             let n_i = n as i32;
-            let rows_i = rows as i32;
             let f = kernel!(dev, &format!("rms_norm_bwd_dx_{sfx}"), PTX)?;
             let mut b = f.builder();
             b.arg(&xv)
@@ -236,19 +238,67 @@ pub(crate) mod cuda {
             if rows > 0 {
                 unsafe { b.launch(rows_config(rows)?) }.w()?;
             }
-            let f = kernel!(dev, &format!("rms_norm_bwd_dw_{sfx}"), PTX)?;
-            let mut b = f.builder();
-            b.arg(&xv)
-                .arg(&dyv)
-                .arg(&rs)
-                .arg(&mut out)
-                .arg(&rows_i)
-                .arg(&n_i);
-            unsafe { b.launch(elems_config(n)) }.w()?;
+            dw_two_pass(dev, sfx, (&xv, &dyv, &rs), &mut out, rows, n)?;
             Ok((
                 CudaStorage::wrap_cuda_slice(out, dev.clone()),
                 Shape::from((rows + 1, n)),
             ))
         })
+    }
+
+    /// dw into the last row of `out`, in two passes (kernels/rms_norm.cu): partial sums over
+    /// chunks of `RMS_DW_ROWS` rows for tiles of `RMS_DW_COLS` columns, written to a
+    /// `(chunks, n)` f32 buffer, then each column's chunks in chunk order. No atomics: the same
+    /// bits on every run.
+    fn dw_two_pass<T: CudaDType + DeviceRepr>(
+        dev: &CudaDevice,
+        sfx: &str,
+        (x, dy, rs): (&CudaView<T>, &CudaView<T>, &CudaSlice<f32>),
+        out: &mut CudaSlice<T>,
+        rows: usize,
+        n: usize,
+    ) -> Result<()> {
+        let chunks = rows.div_ceil(sizes::RMS_DW_ROWS as usize);
+        let tiles = n.div_ceil(sizes::RMS_DW_COLS as usize);
+        if tiles == 0 {
+            return Ok(());
+        }
+        if chunks > MAX_GRID_Y {
+            candle_core::bail!(
+                "acpo-rms-norm-bwd: {rows} rows are more than one launch takes ({MAX_GRID_Y} chunks of {})",
+                sizes::RMS_DW_ROWS
+            );
+        }
+        let (rows_i, n_i, chunks_i) = (rows as i32, n as i32, chunks as i32);
+        // SAFETY: pass 1 writes every (chunk, column) partial before pass 2 reads it (with no
+        // rows there is no chunk, and pass 2 writes zeros).
+        let mut partial = unsafe { dev.alloc::<f32>((chunks * n).max(1)) }?;
+        if chunks > 0 {
+            let f = kernel!(dev, &format!("rms_norm_bwd_dw_partial_{sfx}"), PTX)?;
+            let mut b = f.builder();
+            b.arg(x)
+                .arg(dy)
+                .arg(rs)
+                .arg(&mut partial)
+                .arg(&rows_i)
+                .arg(&n_i);
+            let cfg = LaunchConfig {
+                grid_dim: (grid_dim(tiles, "acpo-rms-norm-bwd")?, chunks as u32, 1),
+                block_dim: (sizes::RMS_DW_COLS, sizes::RMS_DW_GROUPS, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: the arguments match rms_norm_bwd_dw_partial_* in kernels/rms_norm.cu.
+            unsafe { b.launch(cfg) }.w()?;
+        }
+        let f = kernel!(dev, &format!("rms_norm_bwd_dw_sum_{sfx}"), PTX)?;
+        let mut b = f.builder();
+        b.arg(&partial)
+            .arg(out)
+            .arg(&chunks_i)
+            .arg(&rows_i)
+            .arg(&n_i);
+        // SAFETY: the arguments match rms_norm_bwd_dw_sum_* in kernels/rms_norm.cu.
+        unsafe { b.launch(elems_config(n)) }.w()?;
+        Ok(())
     }
 }

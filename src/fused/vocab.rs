@@ -25,6 +25,7 @@ use candle_core::backend::BackendStorage;
 use candle_core::Storage;
 
 use super::*;
+use crate::fused::vocab_chunk;
 
 /// Per-row results of the forward: `[log p(t), H]` `(N, 2)`, and lse and E[z] `(N, 1)` for the
 /// backward, all f32.
@@ -59,14 +60,39 @@ fn chunk(
     Ok((z, hit))
 }
 
+/// The chunk `z_c = h·W[c0..c0+len]ᵀ` as the matmul gives it (h's dtype), for the fused ops.
+fn chunk_raw(h: &Tensor, w: &Tensor, c0: usize, len: usize) -> Result<Tensor> {
+    h.matmul(&w.narrow(0, c0, len)?.t()?)
+}
+
+/// [`Stats`] of every row, chunk by chunk: one op per chunk ([`vocab_chunk::chunk_stats`]) when
+/// `fused`, else candle's ops.
 fn forward(
     h: &Tensor,
     w: &Tensor,
     targets: &Tensor,
     temperature: f64,
     step: usize,
+    fused: bool,
 ) -> Result<Stats> {
     let v = w.dim(0)?;
+    if fused {
+        let mut acc: Option<Tensor> = None; // (N, 4): m, s, u, z_t
+        for c0 in (0..v).step_by(step) {
+            let z = chunk_raw(h, w, c0, step.min(v - c0))?;
+            let prev = acc.take();
+            acc = Some(vocab_chunk::chunk_stats(
+                &z,
+                targets,
+                prev.as_ref(),
+                c0,
+                temperature,
+            )?);
+        }
+        let acc = acc.ok_or_else(|| candle_core::Error::Msg("an empty vocabulary".into()))?;
+        let col = |k: usize| acc.narrow(1, k, 1);
+        return finish(col(0)?, col(1)?, col(2)?, col(3)?);
+    }
     // (m, s, u, z_t), each (N, 1).
     let mut acc: Option<(Tensor, Tensor, Tensor, Tensor)> = None;
     for c0 in (0..v).step_by(step) {
@@ -92,6 +118,11 @@ fn forward(
         });
     }
     let (m, s, u, zt) = acc.ok_or_else(|| candle_core::Error::Msg("an empty vocabulary".into()))?;
+    finish(m, s, u, zt)
+}
+
+/// The rows' log p(t), entropy, lse and E[z] from their statistics (m, s, u, z_t), each (N, 1).
+fn finish(m: Tensor, s: Tensor, u: Tensor, zt: Tensor) -> Result<Stats> {
     let ln_s = s.log()?;
     let lse = (&m + &ln_s)?;
     let mean_rel = (u / &s)?; // E[z − m]
@@ -110,9 +141,33 @@ struct VocabLogProbs {
     temperature: f64,
     step: usize,
     stats: Stats,
+    /// Each chunk's element-wise chain as one op ([`vocab_chunk`]), not candle's ops.
+    fused: bool,
 }
 
 impl VocabLogProbs {
+    /// dz of the chunk of columns `c0..c0 + len` from candle's ops, in h's dtype.
+    fn chunk_dz(
+        &self,
+        h: &Tensor,
+        w: &Tensor,
+        c0: usize,
+        len: usize,
+        (g_lp, g_ent): (&Tensor, &Tensor),
+    ) -> Result<Tensor> {
+        let (z, hit) = chunk(h, w, &self.targets, c0, len, self.temperature)?;
+        let p = z.broadcast_sub(&self.stats.lse)?.exp()?;
+        let d_lp = (hit - &p)?.broadcast_mul(g_lp)?;
+        let d_ent = (p * z.broadcast_sub(&self.stats.mean_z)?)?.broadcast_mul(g_ent)?;
+        let dz = (d_lp - d_ent)?;
+        let dz = if self.temperature == 1.0 {
+            dz
+        } else {
+            (dz / self.temperature)?
+        };
+        dz.to_dtype(h.dtype())
+    }
+
     fn packed_layout(&self) -> Result<()> {
         if !self.stats.packed.is_contiguous() {
             candle_core::bail!("{}: statistics must be contiguous", self.name());
@@ -170,19 +225,24 @@ impl CustomOp2 for VocabLogProbs {
         let g_ent = grad.narrow(1, 1, 1)?.to_dtype(DType::F32)?;
         let mut dh: Option<Tensor> = None;
         let mut dw = Vec::with_capacity(v.div_ceil(self.step));
+        // the fused ops read the rows' values packed: (lse, E[z], g_lp, g_H)
+        let rowv = if self.fused {
+            Some(Tensor::cat(
+                &[&self.stats.lse, &self.stats.mean_z, &g_lp, &g_ent],
+                1,
+            )?)
+        } else {
+            None
+        };
         for c0 in (0..v).step_by(self.step) {
             let len = self.step.min(v - c0);
-            let (z, hit) = chunk(&h, &w, &self.targets, c0, len, self.temperature)?;
-            let p = z.broadcast_sub(&self.stats.lse)?.exp()?;
-            let d_lp = (hit - &p)?.broadcast_mul(&g_lp)?;
-            let d_ent = (p * z.broadcast_sub(&self.stats.mean_z)?)?.broadcast_mul(&g_ent)?;
-            let dz = (d_lp - d_ent)?;
-            let dz = if self.temperature == 1.0 {
-                dz
-            } else {
-                (dz / self.temperature)?
+            let dz = match &rowv {
+                Some(rowv) => {
+                    let z = chunk_raw(&h, &w, c0, len)?;
+                    vocab_chunk::chunk_grad(&z, &self.targets, rowv, c0, self.temperature)?
+                }
+                None => self.chunk_dz(&h, &w, c0, len, (&g_lp, &g_ent))?,
             };
-            let dz = dz.to_dtype(h.dtype())?;
             let part = dz.matmul(&w.narrow(0, c0, len)?)?.to_dtype(DType::F32)?;
             dh = Some(match dh {
                 None => part,
@@ -199,13 +259,39 @@ impl CustomOp2 for VocabLogProbs {
 
 /// log p(targets) and the entropy of softmax(hidden·weightᵀ / temperature), each `(N)` f32,
 /// for `hidden` `(N, H)`, `weight` `(V, H)` (the lm_head) and `targets` `(N)`, in vocabulary
-/// chunks of `chunk`; gradients flow to `hidden` and `weight`.
+/// chunks of `chunk`; gradients flow to `hidden` and `weight`. On CUDA each chunk's
+/// element-wise chain is one kernel each way ([`vocab_log_probs_fused`]); elsewhere candle's
+/// ops compose it, with the numbers every CPU result was made with.
 pub fn vocab_log_probs(
     hidden: &Tensor,
     weight: &Tensor,
     targets: &Tensor,
     temperature: f64,
     chunk: usize,
+) -> Result<(Tensor, Tensor)> {
+    let fused = hidden.device().is_cuda() && fused_on(hidden);
+    log_probs_in_chunks(hidden, weight, targets, temperature, chunk, fused)
+}
+
+/// [`vocab_log_probs`] with each chunk's element-wise chain as one op each way (the CUDA path:
+/// `kernels/vocab_chunk.cu`), on any device that has it (on the CPU: the kernels' twin, f32).
+pub fn vocab_log_probs_fused(
+    hidden: &Tensor,
+    weight: &Tensor,
+    targets: &Tensor,
+    temperature: f64,
+    chunk: usize,
+) -> Result<(Tensor, Tensor)> {
+    log_probs_in_chunks(hidden, weight, targets, temperature, chunk, true)
+}
+
+fn log_probs_in_chunks(
+    hidden: &Tensor,
+    weight: &Tensor,
+    targets: &Tensor,
+    temperature: f64,
+    chunk: usize,
+    fused: bool,
 ) -> Result<(Tensor, Tensor)> {
     let (n, hd) = hidden.dims2()?;
     let (_, wd) = weight.dims2()?;
@@ -220,12 +306,13 @@ pub fn vocab_log_probs(
     let targets = targets.to_dtype(DType::U32)?.flatten_all()?.contiguous()?;
     let (h, w) = (hidden.detach(), weight.detach());
     let step = chunk.max(1);
-    let stats = forward(&h, &w, &targets, temperature, step)?;
+    let stats = forward(&h, &w, &targets, temperature, step, fused)?;
     let op = VocabLogProbs {
         targets,
         temperature,
         step,
         stats,
+        fused,
     };
     let packed = hidden.apply_op2(weight, op)?;
     Ok((

@@ -192,8 +192,9 @@ impl Attention {
             q = qn.forward(&q)?;
             k = kn.forward(&k)?;
         }
-        let q = crate::fused::rope(&q.transpose(1, 2)?.contiguous()?, cos, sin)?; // (B, H, T, D)
-        let k = crate::fused::rope(&k.transpose(1, 2)?.contiguous()?, cos, sin)?; // (B, KV, T, D)
+        // q and k rotated into heads first as they are read: no transposed copy first
+        let q = crate::fused::rope_heads(&q, cos, sin)?; // (B, H, T, D)
+        let k = crate::fused::rope_heads(&k, cos, sin)?; // (B, KV, T, D)
         let v = v.transpose(1, 2)?.contiguous()?;
         let (kb, vb) = (past.write(&k, 0)?, past.write(&v, 1)?);
         let s = past.len + t;

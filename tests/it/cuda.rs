@@ -135,7 +135,14 @@ fn rms_norm_swiglu_rope_and_attention_softmax_match_their_cpu_twins() {
         return;
     };
     use acpo::fused;
-    for (rows, n) in [(1usize, 7usize), (37, 130), (5, 1031), (3, 4096)] {
+    // (600, 128): the q/k norms' head dim, rows over two and a half chunks of the two-pass dw
+    for (rows, n) in [
+        (1usize, 7usize),
+        (37, 130),
+        (5, 1031),
+        (3, 4096),
+        (600, 128),
+    ] {
         parity(
             &format!("rms_norm {rows}x{n}"),
             &gpu,
@@ -168,6 +175,18 @@ fn rms_norm_swiglu_rope_and_attention_softmax_match_their_cpu_twins() {
             ],
             &[true, false, false],
             |x| fused::rope(&x[0], &x[1], &x[2]).expect("rope"),
+        );
+        // tokens first in, heads first out (the model's q and k), and the backward back
+        parity(
+            &format!("rope_heads {b}x{t}x{h}x{d}"),
+            &gpu,
+            &[
+                random(8, &[b, t, h, d], 1.0),
+                angles.cos().expect("cos"),
+                angles.sin().expect("sin"),
+            ],
+            &[true, false, false],
+            |x| fused::rope_heads(&x[0], &x[1], &x[2]).expect("rope_heads"),
         );
     }
     for (b, kv, rep, t, s) in [

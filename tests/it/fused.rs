@@ -78,6 +78,54 @@ fn fused_attention_probabilities_match_the_composed_ones_with_gradients() {
     }
 }
 
+/// RoPE from tokens first `(B, T, H, D)` to heads first in one pass (what the model runs since
+/// issue #44): its values and its input's gradient are bit for bit those of the path it
+/// replaced, the transposed copy rotated in place, so the CPU's numbers did not move; and the
+/// composed reference's to rounding. The larger shape runs row-parallel.
+#[test]
+fn rope_into_heads_first_is_rope_of_the_transposed_copy_bit_for_bit() {
+    let bits = |t: &Tensor| -> Vec<u32> {
+        let v = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        v.into_iter().map(f32::to_bits).collect()
+    };
+    for (seed, [b, t, h, d]) in [
+        (21u64, [1, 1, 1, 2]),
+        (22, [2, 17, 3, 16]),
+        (23, [2, 64, 8, 128]),
+    ] {
+        let x = randn(seed, &[b, t, h, d], 1.0);
+        let angles = randn(seed + 1, &[b, 1, t, d / 2], 2.0);
+        let emb = Tensor::cat(&[&angles, &angles], 3).unwrap();
+        let (cos, sin) = (emb.cos().unwrap(), emb.sin().unwrap());
+        let heads = |x: &[Tensor]| fused::rope_heads(&x[0], &cos, &sin).unwrap();
+        let before = |x: &[Tensor]| {
+            let xt = x[0].transpose(1, 2).unwrap().contiguous().unwrap();
+            fused::rope(&xt, &cos, &sin).unwrap()
+        };
+        let (y1, g1) = value_and_grads(std::slice::from_ref(&x), &heads);
+        let (y2, g2) = value_and_grads(std::slice::from_ref(&x), &before);
+        assert_eq!(y1.dims(), [b, h, t, d]);
+        assert!(
+            bits(&y1) == bits(&y2),
+            "rope_heads {b}x{t}x{h}x{d}: values moved"
+        );
+        assert!(
+            bits(&g1[0]) == bits(&g2[0]),
+            "rope_heads {b}x{t}x{h}x{d}: gradient moved"
+        );
+        assert_same(
+            "rope_heads",
+            &[x],
+            &heads,
+            &|x| {
+                let xt = x[0].transpose(1, 2).unwrap();
+                fused::rope_composed(&xt, &cos, &sin).unwrap()
+            },
+            1e-5,
+        );
+    }
+}
+
 #[test]
 fn fused_rope_and_swiglu_match_the_composed_ones_with_gradients() {
     for (seed, [b, h, t, d]) in [(11u64, [2, 3, 5, 8]), (12, [8, 12, 64, 64])] {
@@ -352,23 +400,32 @@ fn chunked_vocabulary_log_probs_and_entropy_match_the_full_logits_with_gradients
     let mut rng = acpo::rng::SplitMix64::new(33);
     let targets: Vec<u32> = (0..n).map(|_| (rng.next_u64() % v as u64) as u32).collect();
     let targets = Tensor::from_vec(targets, n, &Device::Cpu).unwrap();
-    // Chunks that divide V, that do not, of one column, and wider than V.
+    let full = |x: &[Tensor], temperature: f64| {
+        let logits = x[0].matmul(&x[1].t().unwrap()).unwrap();
+        let lp = token::log_probs_composed(&logits, &targets, temperature).unwrap();
+        let ent = token::entropy(&logits, temperature).unwrap();
+        Tensor::stack(&[lp, ent], 1).unwrap()
+    };
+    // Chunks that divide V, that do not, of one column, and wider than V; each chunk's
+    // element-wise chain from candle's ops (the CPU path) and as one op each way (the CUDA
+    // path's arithmetic, kernels/vocab_chunk.cu, here its CPU twin).
     for (chunk, temperature) in [(250, 1.0), (256, 0.7), (1, 1.3), (4096, 1.0)] {
-        assert_same(
-            &format!("vocabulary chunks of {chunk} at T = {temperature}"),
-            &[hidden.clone(), weight.clone()],
-            &|x| {
-                let (lp, ent) =
-                    fused::vocab_log_probs(&x[0], &x[1], &targets, temperature, chunk).unwrap();
-                Tensor::stack(&[lp, ent], 1).unwrap()
-            },
-            &|x| {
-                let logits = x[0].matmul(&x[1].t().unwrap()).unwrap();
-                let lp = token::log_probs_composed(&logits, &targets, temperature).unwrap();
-                let ent = token::entropy(&logits, temperature).unwrap();
-                Tensor::stack(&[lp, ent], 1).unwrap()
-            },
-            1e-5,
-        );
+        for (how, fused_chain) in [("composed", false), ("fused", true)] {
+            assert_same(
+                &format!("vocabulary chunks of {chunk} at T = {temperature}, {how}"),
+                &[hidden.clone(), weight.clone()],
+                &|x| {
+                    let run = if fused_chain {
+                        fused::vocab_log_probs_fused
+                    } else {
+                        fused::vocab_log_probs
+                    };
+                    let (lp, ent) = run(&x[0], &x[1], &targets, temperature, chunk).unwrap();
+                    Tensor::stack(&[lp, ent], 1).unwrap()
+                },
+                &|x| full(x, temperature),
+                1e-5,
+            );
+        }
     }
 }

@@ -1,20 +1,53 @@
 //! The CUDA kernels checked without a GPU: `kernels/check/*.cu` built for the CPU emulator
-//! (`kernels/check/cuda_emu.hpp`, `-DACPO_EMU`) and run, so that a kernel's tensor-core layouts,
-//! its pipeline and its masking are checked against a float64 reference on every machine, not
-//! only on the GPU sessions some tasks are lent (tests/it/cuda.rs runs there).
+//! (`kernels/check/cuda_emu.hpp`, `-DACPO_EMU`) and run, so that every kernel (the tensor-core
+//! layouts, pipelines and masking of flash attention; RMSNorm, SwiGLU, RoPE, the softmax, the
+//! log-probabilities, the vocabulary chunks, AdamW and the sampler) is checked against a float64 reference on every
+//! machine, not only on the GPU sessions some tasks are lent (tests/it/cuda.rs runs there); and
+//! the emulator itself, which must refuse what a GPU refuses.
 
-use std::path::Path;
-use std::process::Command;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
 
-/// Builds `kernels/check/<name>.cu` for the emulator with the system's C++ compiler and runs
-/// it with `args`; None (after saying why) where no C++ compiler is found.
-fn run_emulated(test: &str, name: &str, args: &[&str]) -> Option<std::process::Output> {
+/// A check program built for the emulator, in a temp dir that lives as long as it.
+struct Emulated {
+    _dir: tempfile::TempDir,
+    exe: PathBuf,
+}
+
+impl Emulated {
+    fn run(&self, args: &[&str]) -> Output {
+        Command::new(&self.exe)
+            .args(args)
+            // the programs exit without freeing what the OS takes back anyway
+            .env("ASAN_OPTIONS", "detect_leaks=0")
+            .output()
+            .expect("run")
+    }
+}
+
+/// Builds `kernels/check/<name>.cu` for the emulator with the system's C++ compiler (with
+/// AddressSanitizer when `asan`); None (after saying why) where no C++ compiler, or no
+/// AddressSanitizer runtime, is found.
+fn build_emulated(test: &str, name: &str, asan: bool) -> Option<Emulated> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
     let dir = tempfile::tempdir().expect("a temp dir");
+    if asan && !asan_works(&cxx, dir.path()) {
+        super::skip(
+            test,
+            format_args!("`{cxx}` cannot build with -fsanitize=address (no libasan)"),
+        );
+        return None;
+    }
     let exe = dir.path().join(name);
+    let flags: &[&str] = if asan {
+        &["-O1", "-g", "-fsanitize=address"]
+    } else {
+        &["-O2"]
+    };
     let built = Command::new(&cxx)
-        .args(["-O2", "-std=c++17", "-DACPO_EMU", "-x", "c++"])
+        .args(flags)
+        .args(["-std=c++17", "-DACPO_EMU", "-x", "c++"])
         .arg("-I")
         .arg(root.join("kernels"))
         .arg(root.join("kernels/check").join(format!("{name}.cu")))
@@ -33,7 +66,26 @@ fn run_emulated(test: &str, name: &str, args: &[&str]) -> Option<std::process::O
         "{name}.cu does not build for the emulator:\n{}",
         String::from_utf8_lossy(&built.stderr)
     );
-    Some(Command::new(&exe).args(args).output().expect("run"))
+    Some(Emulated { _dir: dir, exe })
+}
+
+/// Whether `cxx` links a program with AddressSanitizer.
+fn asan_works(cxx: &str, dir: &Path) -> bool {
+    let src = dir.join("probe.cc");
+    std::fs::write(&src, "int main() { return 0; }\n").expect("write the probe");
+    Command::new(cxx)
+        .args(["-fsanitize=address", "-o"])
+        .arg(dir.join("probe"))
+        .arg(&src)
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+fn text(out: &Output) -> (String, String) {
+    (
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
 }
 
 /// Every flash attention kernel against the float64 reference in the emulator: the tensor-core
@@ -42,20 +94,153 @@ fn run_emulated(test: &str, name: &str, args: &[&str]) -> Option<std::process::O
 /// them), the row kernels' forward and backward, and the split-K decode.
 #[test]
 fn flash_kernels_match_the_float64_reference_in_the_emulator() {
-    let Some(out) = run_emulated(
-        "flash_kernels_match_the_float64_reference_in_the_emulator",
-        "flash_check",
-        &["--seeds", "4"],
-    ) else {
+    let test = "flash_kernels_match_the_float64_reference_in_the_emulator";
+    let Some(prog) = build_emulated(test, "flash_check", false) else {
         return;
     };
-    let text = String::from_utf8_lossy(&out.stdout);
+    let out = prog.run(&["--seeds", "4"]);
+    let (stdout, stderr) = text(&out);
     assert!(
-        out.status.success() && text.contains("all checks ok"),
-        "the emulated flash kernels fail their checks:\n{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
+        out.status.success() && stdout.contains("all checks ok"),
+        "the emulated flash kernels fail their checks:\n{stdout}\n{stderr}"
     );
     for kernel in ["mma fwd", "mma bwd", "row fwd", "row bwd", "decode"] {
-        assert!(text.contains(kernel), "no check of `{kernel}` ran:\n{text}");
+        assert!(
+            stdout.contains(kernel),
+            "no check of `{kernel}` ran:\n{stdout}"
+        );
     }
+}
+
+/// The kernel checks of `ops_check.cu`, each of which must have run.
+const OPS_CHECKS: [&str; 17] = [
+    "rms_norm fwd f32",
+    "rms_norm fwd bf16",
+    "rms_norm bwd dx",
+    "rms_norm bwd dw (two-pass)",
+    "swiglu fwd",
+    "swiglu bwd",
+    "rope f32 BHTD->BHTD",
+    "rope bf16 BTHD->BHTD",
+    "rope bf16 BHTD->BTHD sign -1",
+    "attention softmax",
+    "log_probs fwd",
+    "log_probs bwd",
+    "vocab chunk stats bf16",
+    "vocab chunk grad f32",
+    "adamw parameter bf16",
+    "adamw moments f32",
+    "sample",
+];
+
+fn assert_ops_pass(out: &Output, how: &str) {
+    let (stdout, stderr) = text(out);
+    assert!(
+        out.status.success() && stdout.contains("all checks ok"),
+        "the emulated kernels fail their checks ({how}):\n{stdout}\n{stderr}"
+    );
+    for check in OPS_CHECKS {
+        assert!(
+            stdout.contains(check),
+            "no check of `{check}` ran ({how}):\n{stdout}"
+        );
+    }
+}
+
+/// RMSNorm (forward, dx, the two-pass dw), SwiGLU, RoPE in its three layouts, the attention
+/// softmax, the token log-probabilities, the vocabulary chunks, AdamW and the sampler against float64 references (the
+/// sampler against the CPU sampler's rule on the same draws), f32 and bf16, at shapes that hit
+/// the edges (see ops_check.cu), under a fair schedule and one with a lagging warp.
+#[test]
+fn every_other_kernel_matches_the_float64_reference_in_the_emulator() {
+    let test = "every_other_kernel_matches_the_float64_reference_in_the_emulator";
+    let Some(prog) = build_emulated(test, "ops_check", false) else {
+        return;
+    };
+    assert_ops_pass(&prog.run(&["--seeds", "2"]), "guard pages");
+}
+
+/// The same checks built with AddressSanitizer: every global and shared access of every kernel
+/// (static `__shared__` arrays included) within its allocation, to the byte.
+#[test]
+fn every_other_kernel_stays_in_bounds_under_address_sanitizer() {
+    let test = "every_other_kernel_stays_in_bounds_under_address_sanitizer";
+    let Some(prog) = build_emulated(test, "ops_check", true) else {
+        return;
+    };
+    assert_ops_pass(&prog.run(&[]), "AddressSanitizer");
+}
+
+/// The planted faults of `emu_faults.cu` and the words the refusal must say.
+const FAULTS: [(&str, &str); 9] = [
+    ("misaligned-cp-async", "misaligned cp.async of 16 bytes"),
+    ("misaligned-ldmatrix", "is not 16-byte aligned"),
+    ("divergent-barrier", "a divergent barrier"),
+    ("exit-while-waiting", "part of a block"),
+    (
+        "oob-global-read",
+        "out-of-bounds read 0 bytes past the end of a device allocation",
+    ),
+    (
+        "oob-global-write",
+        "out-of-bounds write 0 bytes past the end of a device allocation",
+    ),
+    (
+        "oob-shared-read",
+        "past the end of the block's dynamic shared memory",
+    ),
+    ("smem-without-opt-in", "raise it with cudaFuncSetAttribute"),
+    ("smem-above-limit", "above the H100's 232448 per block"),
+];
+
+fn assert_refused(prog: &Emulated, mode: &str, says: &str) {
+    let out = prog.run(&[mode]);
+    let (stdout, stderr) = text(&out);
+    assert!(
+        !out.status.success() && stderr.contains(says),
+        "the emulator did not refuse `{mode}` saying `{says}` (status {:?}):\n{stdout}\n{stderr}",
+        out.status.code()
+    );
+}
+
+/// The emulator refuses what a GPU refuses, each planted fault with a message naming it (and
+/// the same kernels keeping the rules run through): a misaligned cp.async or ldmatrix, a
+/// divergent barrier, a thread leaving while others wait at a barrier, reads and writes past a
+/// device allocation or the dynamic shared memory, and dynamic shared memory above the default
+/// without the kernel's opt-in or above the H100's limit.
+#[test]
+fn the_emulator_refuses_what_a_gpu_refuses() {
+    let test = "the_emulator_refuses_what_a_gpu_refuses";
+    let Some(prog) = build_emulated(test, "emu_faults", false) else {
+        return;
+    };
+    let out = prog.run(&["control"]);
+    let (stdout, stderr) = text(&out);
+    assert!(
+        out.status.success() && stdout.contains("ran to the end"),
+        "the planted kernels, keeping the rules, fail:\n{stdout}\n{stderr}"
+    );
+    for (mode, says) in FAULTS {
+        assert_refused(&prog, mode, says);
+    }
+}
+
+/// Built with AddressSanitizer, the emulator catches what its guard pages cannot: an overflow
+/// of a static `__shared__` array; out-of-bounds device accesses are caught to the byte.
+#[test]
+fn under_address_sanitizer_the_emulator_catches_static_shared_overflows() {
+    let test = "under_address_sanitizer_the_emulator_catches_static_shared_overflows";
+    let Some(prog) = build_emulated(test, "emu_faults", true) else {
+        return;
+    };
+    let out = prog.run(&["control"]);
+    assert!(
+        out.status.success(),
+        "the planted kernels, keeping the rules, fail under AddressSanitizer:\n{}",
+        text(&out).1
+    );
+    assert_refused(&prog, "static-shared-overflow", "global-buffer-overflow");
+    assert_refused(&prog, "oob-global-read", "heap-buffer-overflow");
+    assert_refused(&prog, "oob-shared-read", "heap-buffer-overflow");
+    assert_refused(&prog, "divergent-barrier", "a divergent barrier");
 }

@@ -16,35 +16,46 @@ use candle_core::cuda_backend::{CudaDType, CudaDevice, WrapErr};
 use candle_core::{CudaStorage, DType, Layout, Result};
 
 use super::{FlashDims, FLASH_MAX_HEAD_DIM};
-use crate::fused::launch::{dtype_of, grid_dim, kernel, ptx, rows_config, suffix, view, with_type};
+use crate::fused::launch::{
+    dtype_of, grid_dim, kernel, ptx, rows_config, sizes, suffix, view, with_type,
+};
 
 const ROW_PTX: (&str, &str) = ptx!("flash_attn");
 const MMA_PTX: (&str, &str) = ptx!("flash_mma");
 
 type Arg<'a> = (&'a CudaStorage, &'a Layout);
 
-/// Warps (rows) per block of the row kernels: FA_WARPS in flash_attn.cu.
-const ROW_WARPS: usize = 4;
-/// Rows per block, threads per block, columns per tile and row padding of the tensor-core
-/// kernels: FM_ROWS, FM_THREADS, FM_COLS and FM_PAD in flash.cuh.
-const MMA_ROWS: usize = 64;
-const MMA_THREADS: u32 = 128;
-const MMA_COLS: usize = 64;
-const MMA_PAD: usize = 8;
-/// Keys per split of the decode kernel (FD_SPLIT) and the most query heads per KV head it
-/// takes (FD_MAXG); a model with more uses the row kernel.
-const DECODE_SPLIT: usize = 256;
-const DECODE_MAX_GROUP: usize = 8;
+/// Warps (rows) per block of the row kernels and of the decode kernel; rows and threads per
+/// block of the tensor-core kernels; keys per split of the decode kernel and the most query
+/// heads per KV head it takes (a model with more uses the row kernel): kernels/launch.cuh.
+const ROW_WARPS: usize = sizes::FA_WARPS as usize;
+const DECODE_WARPS: u32 = sizes::FD_WARPS;
+const MMA_ROWS: usize = sizes::FM_ROWS as usize;
+const MMA_THREADS: u32 = sizes::FM_THREADS;
+const DECODE_SPLIT: usize = sizes::FD_SPLIT as usize;
+const DECODE_MAX_GROUP: usize = sizes::FD_MAXG as usize;
 /// Shared memory a kernel gets without asking for more.
-const DEFAULT_SMEM: u32 = 48 * 1024;
+const DEFAULT_SMEM: u32 = sizes::SMEM_DEFAULT_LIMIT;
+const _: () = assert!(FLASH_MAX_HEAD_DIM as u32 == sizes::FA_MAXD);
 
-/// Dynamic shared memory of the tensor-core forward and dQ kernels, and of the dK/dV kernel:
-/// `fm_smem_fwd` and `fm_smem_dkdv` in flash.cuh (a kernel given less traps).
+/// Dynamic shared memory of the tensor-core forward and dQ kernels, and of the dK/dV kernel, at
+/// head dim `d` (64 or 128, [`mma_dim`]): `fm_smem_fwd` and `fm_smem_dkdv` of launch.cuh, as
+/// nvcc computed them (a kernel given less traps).
 fn mma_smem_fwd(d: usize) -> u32 {
-    (4 * MMA_COLS * (d + MMA_PAD) * 2 + 4 * 4) as u32
+    debug_assert!(matches!(d, 64 | 128));
+    if d == 64 {
+        sizes::FM_SMEM_FWD_D64
+    } else {
+        sizes::FM_SMEM_FWD_D128
+    }
 }
 fn mma_smem_dkdv(d: usize) -> u32 {
-    (6 * MMA_COLS * (d + MMA_PAD) * 2 + 2 * MMA_COLS * 3 * 4) as u32
+    debug_assert!(matches!(d, 64 | 128));
+    if d == 64 {
+        sizes::FM_SMEM_DKDV_D64
+    } else {
+        sizes::FM_SMEM_DKDV_D128
+    }
 }
 
 /// The tensor-core kernels' head dim for these inputs, if they take them: bf16, head dim 64 or
@@ -103,6 +114,12 @@ macro_rules! pick {
 }
 
 fn allow_smem(f: &CudaFunction, smem: u32) -> Result<()> {
+    if smem > sizes::SMEM_OPT_IN_LIMIT {
+        candle_core::bail!(
+            "flash attention: {smem} bytes of dynamic shared memory, above the {} a block may have",
+            sizes::SMEM_OPT_IN_LIMIT
+        );
+    }
     if smem > DEFAULT_SMEM {
         f.set_attribute(
             CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -272,7 +289,7 @@ fn decode<T: CudaDType>(
             dims.kv as u32,
             dims.b as u32,
         ),
-        block_dim: (32 * ROW_WARPS as u32, 1, 1),
+        block_dim: (32 * DECODE_WARPS, 1, 1),
         shared_mem_bytes: 0,
     };
     // SAFETY: the arguments match flash_decode_split_* in kernels/flash_attn.cu.

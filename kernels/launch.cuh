@@ -1,0 +1,46 @@
+// Every number a host launch and its kernel must agree on: block shapes, tile sizes and dynamic
+// shared memory. This header is their one source (after CUDA's or the emulator's headers, which
+// define __host__ and __device__). The kernels include it (through common.cuh),
+// and so does kernels/sizes.cu, whose PTX build.rs reads into the Rust constants of
+// src/fused/launch.rs (`sizes`); the emulator's checks (kernels/check/) include it too.
+#pragma once
+
+// Threads per block of the row kernels (one block per row; a multiple of 32, as block_sum
+// needs) and of the element-wise kernels' grid-stride loops.
+#define ROW_THREADS 256
+#define ELEM_THREADS 256
+
+// RMSNorm's weight gradient (rms_norm.cu): columns per block, row groups per block (a block is
+// RMS_DW_COLS × RMS_DW_GROUPS threads) and rows per chunk (a multiple of RMS_DW_GROUPS).
+#define RMS_DW_COLS 32
+#define RMS_DW_GROUPS 8
+#define RMS_DW_ROWS 256
+
+// Flash attention's row kernels (flash_attn.cu): warps (rows) per block; the split-K decode's
+// keys per split, warps per block and most query heads per KV head.
+#define FA_WARPS 4
+#define FD_SPLIT 256
+#define FD_WARPS 4
+#define FD_MAXG 8
+
+// Tensor-core flash kernels (flash_mma.cu): 4 warps of 16 rows make a block of 64 rows (query
+// rows for the forward and dQ, keys for dK/dV), walking tiles of 64 columns (keys, or query
+// rows). Shared memory rows are padded by 8 bf16 (16 bytes), so the 8 rows one ldmatrix reads
+// fall in distinct banks.
+#define FM_ROWS 64
+#define FM_COLS 64
+#define FM_THREADS 128
+#define FM_PAD 8
+
+// Dynamic shared memory of the forward and dQ kernels: K and V tiles, two stages, and the
+// tiles' key-valid bits; of the dK/dV kernel: the block's K and V, Q and dO tiles in two stages
+// and the tiles' row statistics (m, 1/sum, delta). Above 48 KB a launch must raise the kernel's
+// limit first (cudaFuncSetAttribute; the emulator refuses a launch that did not).
+__host__ __device__ constexpr int fm_smem_fwd(int d) { return 4 * FM_COLS * (d + FM_PAD) * 2 + 4 * 4; }
+__host__ __device__ constexpr int fm_smem_dkdv(int d) {
+  return 6 * FM_COLS * (d + FM_PAD) * 2 + 2 * FM_COLS * 3 * 4;
+}
+
+// The most dynamic shared memory a block may use without asking, and with (H100, sm_90).
+#define SMEM_DEFAULT_LIMIT (48 * 1024)
+#define SMEM_OPT_IN_LIMIT (227 * 1024)
