@@ -137,10 +137,7 @@ pub fn load_results(root: &Path) -> Result<Vec<RunResult>> {
             model: exp.model.source.label(),
             algorithm: exp.algorithm.kind,
             seed: exp.seed,
-            alpha: match exp.algorithm.clip {
-                crate::algo::method::PolicyClip::Advantage { alpha } => Some(alpha),
-                _ => None,
-            },
+            alpha: exp.algorithm.clip.alpha(),
             evals: summaries,
         });
     }

@@ -19,7 +19,7 @@ pub mod import;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use crate::algo::method::{LossAggMode, PolicyLossMode};
+use crate::algo::method::{LossAggMode, PolicyClip};
 use crate::data::DataSuite;
 use crate::manifest::raw;
 use crate::model::spec::{DType, Device};
@@ -448,13 +448,7 @@ fn algorithm_fields(l: &mut Launch, a: &raw::Algorithm) {
     l.set("algorithm.adv_estimator", estimator, &["algorithm.name"]);
     // The baselines' loss mode is verl's own (issue #23: vanilla, cispo, gspo); the -AC
     // variants' is the plug-in's.
-    let loss = match (a.name.is_advantage_clipped(), a.policy_loss) {
-        (true, _) => Some("acpo"),
-        (false, None | Some(PolicyLossMode::Vanilla)) => Some("vanilla"),
-        (false, Some(PolicyLossMode::Cispo)) => Some("cispo"),
-        (false, Some(PolicyLossMode::Gspo)) => Some("gspo"),
-        (false, Some(PolicyLossMode::Unclipped)) => None,
-    };
+    let loss = PolicyClip::verl_loss_mode(a.name, a.policy_loss);
     match loss {
         Some(loss) if a.policy_loss.is_some() => l.set(
             &format!("{ACTOR}.policy_loss.loss_mode"),
