@@ -132,19 +132,22 @@ impl PolicyClip {
 
     /// verl's `actor.policy_loss.loss_mode` for the rule a manifest's `algorithm.name` and
     /// `algorithm.policy_loss` select: the plug-in's `acpo` for the -AC variants, verl's own for
-    /// the baselines (issue #23); None where verl has no such loss (the unclipped control).
+    /// the baselines (issue #23); where verl has no such loss, why (`acpo export verl` lists it
+    /// as unsupported).
     pub fn verl_loss_mode(
         kind: AlgorithmKind,
         policy_loss: Option<PolicyLossMode>,
-    ) -> Option<&'static str> {
+    ) -> std::result::Result<&'static str, &'static str> {
         if kind.is_advantage_clipped() {
-            return Some("acpo");
+            return Ok("acpo");
         }
         match policy_loss.unwrap_or(PolicyLossMode::Vanilla) {
-            PolicyLossMode::Vanilla => Some("vanilla"),
-            PolicyLossMode::Cispo => Some("cispo"),
-            PolicyLossMode::Gspo => Some("gspo"),
-            PolicyLossMode::Unclipped => None,
+            PolicyLossMode::Vanilla => Ok("vanilla"),
+            PolicyLossMode::Cispo => Ok("cispo"),
+            PolicyLossMode::Gspo => Ok("gspo"),
+            PolicyLossMode::Unclipped => {
+                Err("verl has no unclipped policy loss; the launch would clip the ratio")
+            }
         }
     }
 

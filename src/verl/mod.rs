@@ -450,21 +450,17 @@ fn algorithm_fields(l: &mut Launch, a: &raw::Algorithm) {
     // variants' is the plug-in's.
     let loss = PolicyClip::verl_loss_mode(a.name, a.policy_loss);
     match loss {
-        Some(loss) if a.policy_loss.is_some() => l.set(
+        Ok(loss) if a.policy_loss.is_some() => l.set(
             &format!("{ACTOR}.policy_loss.loss_mode"),
             loss,
             &["algorithm.name", "algorithm.policy_loss"],
         ),
-        Some(loss) => l.set(
+        Ok(loss) => l.set(
             &format!("{ACTOR}.policy_loss.loss_mode"),
             loss,
             &["algorithm.name"],
         ),
-        None => l.note(
-            "algorithm.policy_loss",
-            Account::Unsupported,
-            "verl has no unclipped policy loss; the launch would clip the ratio",
-        ),
+        Err(why) => l.note("algorithm.policy_loss", Account::Unsupported, why),
     }
     if a.name.is_advantage_clipped() {
         // The plug-in: imported in every worker, its config class carries α.
