@@ -383,7 +383,7 @@ impl PolicyClip {
             PolicyClip::Cispo { eps_low, eps_high } => {
                 let terms =
                     cispo_loss(&t.log_prob, &t.ratio_c, &t.adv, &t.mask, eps_low, eps_high)?;
-                terms.with_ppo_kl(t.ppo_kl()?)
+                Ok(terms.with_ppo_kl(t.ppo_kl()?))
             }
             // verl's GSPO reports its own ppo_kl, from the unclamped log-ratio
             PolicyClip::Gspo { eps_low, eps_high } => gspo_loss(
@@ -399,14 +399,15 @@ impl PolicyClip {
 }
 
 impl RuleTerms {
-    fn with_ppo_kl(self, ppo_kl: f64) -> Result<RuleTerms> {
-        Ok(RuleTerms {
+    /// These terms reporting verl's shared `ppo_kl`.
+    fn with_ppo_kl(self, ppo_kl: f64) -> RuleTerms {
+        RuleTerms {
             stats: PolicyStats {
                 ppo_kl,
                 ..self.stats
             },
             ..self
-        })
+        }
     }
 }
 
@@ -435,12 +436,12 @@ impl Clipped {
     fn on(self, t: &Tokens) -> Result<RuleTerms> {
         let unclipped = t.ratio_adv.neg()?; // −r·Â, carries the gradient
         let objective = ((&self.keep * &unclipped)? + ((1.0 - &self.keep)? * &self.value)?)?;
-        RuleTerms {
+        let terms = RuleTerms {
             objective,
             keep: self.keep,
             stats: self.stats,
-        }
-        .with_ppo_kl(t.ppo_kl()?)
+        };
+        Ok(terms.with_ppo_kl(t.ppo_kl()?))
     }
 }
 

@@ -447,19 +447,13 @@ fn algorithm_fields(l: &mut Launch, a: &raw::Algorithm) {
     let estimator = if a.name.is_ppo_type() { "gae" } else { "grpo" };
     l.set("algorithm.adv_estimator", estimator, &["algorithm.name"]);
     // The baselines' loss mode is verl's own (issue #23: vanilla, cispo, gspo); the -AC
-    // variants' is the plug-in's.
-    let loss = PolicyClip::verl_loss_mode(a.name, a.policy_loss);
-    match loss {
-        Ok(loss) if a.policy_loss.is_some() => l.set(
-            &format!("{ACTOR}.policy_loss.loss_mode"),
-            loss,
-            &["algorithm.name", "algorithm.policy_loss"],
-        ),
-        Ok(loss) => l.set(
-            &format!("{ACTOR}.policy_loss.loss_mode"),
-            loss,
-            &["algorithm.name"],
-        ),
+    // variants' is the plug-in's; a rule verl does not have is listed, saying why.
+    let chosen_by: &[&'static str] = match a.policy_loss {
+        Some(_) => &["algorithm.name", "algorithm.policy_loss"],
+        None => &["algorithm.name"],
+    };
+    match PolicyClip::verl_loss_mode(a.name, a.policy_loss) {
+        Ok(loss) => l.set(&format!("{ACTOR}.policy_loss.loss_mode"), loss, chosen_by),
         Err(why) => l.note("algorithm.policy_loss", Account::Unsupported, why),
     }
     if a.name.is_advantage_clipped() {
