@@ -7,7 +7,6 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use super::Scale;
-use crate::algo::clip::ClipFields;
 use crate::algo::method::{AlgorithmKind, LossAggMode, PolicyLossMode};
 use crate::data::{Benchmark, DataSuite, PromptTemplate};
 use crate::model::init::InitTokenizer;
@@ -115,20 +114,6 @@ pub struct Algorithm {
     #[serde(default)]
     pub norm_adv_by_std_in_grpo: Option<bool>,
     pub loss_agg_mode: LossAggMode,
-}
-
-impl Algorithm {
-    /// The fields a clipping rule reads
-    /// ([`crate::algo::method::PolicyClip::from_fields`] checks them).
-    pub fn clip_fields(&self) -> ClipFields {
-        ClipFields {
-            policy_loss: self.policy_loss,
-            clip_ratio_low: self.clip_ratio_low,
-            clip_ratio_high: self.clip_ratio_high,
-            clip_ratio_c: self.clip_ratio_c,
-            alpha: self.alpha,
-        }
-    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

@@ -6,6 +6,7 @@ use std::path::Path;
 
 use super::raw;
 use super::*;
+use crate::algo::clip::ClipFields;
 use crate::algo::method::{AdvantageEstimator, Algorithm, PolicyClip};
 use crate::data::DataSpec;
 use crate::field::{self, number, FieldError};
@@ -321,7 +322,15 @@ impl Validator<'_> {
     fn algorithm(&self, raw: &raw::Algorithm) -> Checked<Algorithm> {
         let kind = raw.name;
         let for_kind = format!("for {kind}");
-        let clip = PolicyClip::from_fields(kind, &raw.clip_fields()).map_err(|e| self.at(e))?;
+        // The clipping rule checks its own fields.
+        let fields = ClipFields {
+            policy_loss: raw.policy_loss,
+            clip_ratio_low: raw.clip_ratio_low,
+            clip_ratio_high: raw.clip_ratio_high,
+            clip_ratio_c: raw.clip_ratio_c,
+            alpha: raw.alpha,
+        };
+        let clip = PolicyClip::from_fields(kind, &fields).map_err(|e| self.at(e))?;
         let advantage = if kind.is_ppo_type() {
             let why = format!("for {kind}: it has no group-normalised advantage");
             self.forbidden(
