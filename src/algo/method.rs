@@ -3,7 +3,10 @@
 //! ACPO's advantage clip of eq. 5, and the clipping family of issue #23), how token losses are
 //! aggregated ([`LossAggMode`]), how advantages are estimated ([`AdvantageEstimator`]). The
 //! objectives' math in [`super::loss`] and [`super::advantage`] is written in these terms;
-//! manifests parse and validate them, and define none.
+//! manifests parse them and define none.
+//!
+//! A clipping rule is a [`PolicyClip`] variant; all else there is to it lives in
+//! [`super::clip`].
 
 use std::fmt;
 
@@ -57,9 +60,10 @@ impl fmt::Display for AlgorithmKind {
     }
 }
 
-/// A baseline's policy loss (verl's `actor.policy_loss.loss_mode`, issue #23): the ratio clip
-/// of PPO (`vanilla`), CISPO, GSPO, or no clip at all (an unclipped importance-sampling
-/// control, not a verl mode). The -AC variants always clip r·Â.
+/// A baseline's policy loss (`algorithm.policy_loss`, verl's `actor.policy_loss.loss_mode`,
+/// issue #23): the ratio clip of PPO (`vanilla`, the default), CISPO, GSPO, or no clip at all
+/// (an unclipped importance-sampling control, not a verl mode). The -AC variants always clip
+/// r·Â. Each selects a [`PolicyClip`] ([`PolicyClip::from_fields`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum PolicyLossMode {
@@ -100,26 +104,6 @@ pub enum PolicyClip {
     Gspo { eps_low: f64, eps_high: f64 },
     /// No clip: −r·Â, the unclipped importance-sampling control.
     Unclipped,
-}
-
-/// The rule and its bounds in one short phrase (`acpo check`, sweep reports): `alpha=2`,
-/// `eps=0.2/0.28`, `cispo eps=10/0.2`, ...
-impl fmt::Display for PolicyClip {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match *self {
-            PolicyClip::Ratio {
-                eps_low, eps_high, ..
-            } => write!(f, "eps={}/{}", short(eps_low), short(eps_high)),
-            PolicyClip::Advantage { alpha } => write!(f, "alpha={}", short(alpha)),
-            PolicyClip::Cispo { eps_low, eps_high } => {
-                write!(f, "cispo eps={}/{}", short(eps_low), short(eps_high))
-            }
-            PolicyClip::Gspo { eps_low, eps_high } => {
-                write!(f, "gspo eps={}/{}", short(eps_low), short(eps_high))
-            }
-            PolicyClip::Unclipped => f.write_str("unclipped"),
-        }
-    }
 }
 
 /// A number as a manifest would write it: 0.2, 2, and 1e9 or 3e-4 rather than 1000000000 or

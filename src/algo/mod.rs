@@ -9,11 +9,14 @@
 //!   losses aggregate, how advantages are estimated — which manifests parse into.
 //! - [`advantage`]: GAE with batch whitening (PPO types) and group-normalised advantages (GRPO
 //!   types), paper Section 2.
-//! - [`loss`]: the policy loss with its clip rules as named functions — PPO's ratio clip
-//!   ([`loss::ppo_clip`]) and ACPO's advantage clip ([`loss::acpo_clip`], paper eq. 5), and the
-//!   family the paper's related work names (issue #23): CISPO ([`loss::cispo_loss`]), GSPO
-//!   ([`loss::gspo_loss`]) and the unclipped importance-sampling control — the clipped value
-//!   loss, and loss aggregation.
+//! - [`clip`]: the clipping rules, each one's whole life: its manifest fields and their checks,
+//!   its per-token objective and gradient mask — PPO's ratio clip ([`clip::ppo_clip`]), ACPO's
+//!   advantage clip ([`clip::acpo_clip`], paper eq. 5), and the family the paper's related work
+//!   names (issue #23): CISPO ([`clip::cispo_loss`]), GSPO ([`clip::gspo_loss`]) and the
+//!   unclipped importance-sampling control —, its metric names, its verl `loss_mode`, and the
+//!   rule-disagreement diagnostic.
+//! - [`loss`]: the policy loss of a rule aggregated over a (micro-)batch, the entropy bonus, the
+//!   clipped value loss.
 //! - [`prop1`]: Proposition 1 — which tokens each rule retains, retention probabilities and
 //!   gradient second moments of r·Â (the trainer's diagnostics and `acpo pmd` share it).
 //! - [`token`]: per-token log-probabilities and entropy from logits.
@@ -36,6 +39,7 @@
 //! 7. The unclipped control (−r·Â) is not a verl loss mode; verl has CISPO and GSPO as used here.
 
 pub mod advantage;
+pub mod clip;
 pub mod loss;
 pub mod method;
 pub mod prop1;
@@ -72,4 +76,22 @@ pub(crate) fn check_same_shape(mask: &Tensor, named: &[(&str, &Tensor)]) -> Resu
         }
     }
     Ok(())
+}
+
+/// `x` with padding positions replaced by 0 (gradient flows through valid positions only).
+pub(crate) fn zero_padding(x: &Tensor, mask: &Tensor) -> Result<Tensor> {
+    mask.ne(0.0)?.where_cond(x, &x.zeros_like()?)
+}
+
+/// Mean of `x` over valid tokens; 0 when there are none.
+pub fn masked_mean(x: &Tensor, mask: &Tensor) -> Result<f64> {
+    let n = mask.sum_all()?.to_dtype(DType::F64)?.to_scalar::<f64>()?;
+    if n == 0.0 {
+        return Ok(0.0);
+    }
+    let s = (x * mask)?
+        .sum_all()?
+        .to_dtype(DType::F64)?
+        .to_scalar::<f64>()?;
+    Ok(s / n)
 }

@@ -4,7 +4,7 @@
 
 use candle_core::Tensor;
 
-use super::loss::LOG_RATIO_BOUND;
+use super::clip::LOG_RATIO_BOUND;
 use super::{check_same_shape, to_rows};
 use candle_core::Result;
 

@@ -5,6 +5,7 @@ use super::DatasetSpec;
 
 pub const SPEC: DatasetSpec = DatasetSpec {
     name: "aime-like",
+    heading: "AIME-like",
     file: "aime_like.jsonl",
     rows: 230,
     version: "1",

@@ -15,6 +15,7 @@ use super::{DataError, DatasetSpec, HubCopy, Problem, DAPO_TEMPLATE_HEAD, DAPO_T
 
 pub const SPEC: DatasetSpec = DatasetSpec {
     name: "dapo-math-17k",
+    heading: "DAPO-Math-17k",
     file: "dapo_math_17k.jsonl",
     rows: 17_290,
     version: "1",

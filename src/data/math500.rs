@@ -5,6 +5,7 @@ use super::{DatasetSpec, HubCopy};
 
 pub const SPEC: DatasetSpec = DatasetSpec {
     name: "math500",
+    heading: "MATH500",
     file: "math500.jsonl",
     rows: 500,
     version: "1",

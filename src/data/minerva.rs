@@ -5,6 +5,7 @@ use super::DatasetSpec;
 
 pub const SPEC: DatasetSpec = DatasetSpec {
     name: "minerva",
+    heading: "MINERVA",
     file: "minerva_math.jsonl",
     rows: 272,
     version: "1",

@@ -52,9 +52,13 @@ pub enum HubCopy {
 /// A dataset of problems: the evaluation benchmarks and the DAPO training set.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DatasetSpec {
+    /// The name used in files and metric keys (`val-core/<name>/acc/mean@k`).
     pub name: &'static str,
+    /// How a table heads its column (Table 1: `MATH500`, ..., `AIME-like`).
+    pub heading: &'static str,
     /// File name in the data directory.
     pub file: &'static str,
+    /// Problem count (a benchmark's weight in the weighted accuracy).
     pub rows: usize,
     /// Version of this loader's view of the data; bump when the file or its reading changes.
     pub version: &'static str,

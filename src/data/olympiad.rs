@@ -5,6 +5,7 @@ use super::DatasetSpec;
 
 pub const SPEC: DatasetSpec = DatasetSpec {
     name: "olympiadbench",
+    heading: "OLYMPIAD",
     file: "olympiadbench.jsonl",
     rows: 675,
     version: "1",

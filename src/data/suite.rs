@@ -29,8 +29,9 @@ pub enum PromptTemplate {
     Raw,
 }
 
-/// The evaluation benchmarks of Table 1, with the problem counts that weight the
-/// "weighted accuracy" column.
+/// The evaluation benchmarks of Table 1. Each one's size (the problem count that weights the
+/// "weighted accuracy" column), name and heading are its dataset's ([`super::spec`]): Table 1 has
+/// a column for each of [`Benchmark::ALL`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum Benchmark {
@@ -50,22 +51,17 @@ impl Benchmark {
 
     /// Problem count, the weight of the benchmark in the weighted accuracy.
     pub fn size(self) -> usize {
-        match self {
-            Self::Math500 => 500,
-            Self::Minerva => 272,
-            Self::Olympiadbench => 675,
-            Self::AimeLike => 230,
-        }
+        super::spec(self).rows
     }
 
     /// The name used in files and metric keys (`val-core/<name>/acc/mean@k`).
     pub fn name(self) -> &'static str {
-        match self {
-            Self::Math500 => "math500",
-            Self::Minerva => "minerva",
-            Self::Olympiadbench => "olympiadbench",
-            Self::AimeLike => "aime-like",
-        }
+        super::spec(self).name
+    }
+
+    /// Its column's heading in Table 1.
+    pub fn heading(self) -> &'static str {
+        super::spec(self).heading
     }
 }
 

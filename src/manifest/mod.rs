@@ -201,16 +201,6 @@ impl EvalSpec {
     }
 }
 
-/// A number as a message shows it: plain when short, in exponent form when huge or tiny.
-fn number(x: f64) -> String {
-    let a = x.abs();
-    if a != 0.0 && !(1e-4..1e9).contains(&a) {
-        format!("{x:e}")
-    } else {
-        format!("{x}")
-    }
-}
-
 /// The smallest sampling temperature other than 0 (greedy).
 pub const MIN_TEMPERATURE: f64 = 0.01;
 

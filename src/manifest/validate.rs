@@ -6,8 +6,10 @@ use std::path::Path;
 
 use super::raw;
 use super::*;
-use crate::algo::method::{AdvantageEstimator, Algorithm, PolicyClip, PolicyLossMode};
+use crate::algo::clip::ClipFields;
+use crate::algo::method::{AdvantageEstimator, Algorithm, PolicyClip};
 use crate::data::DataSpec;
+use crate::field::{self, number, FieldError};
 use crate::hub::ModelSource;
 use crate::model::init::{InitTokenizer, ModelInitSpec, TokenizerFiles, WarmStartSpec};
 use crate::model::spec::{Device, ModelSpec};
@@ -22,12 +24,17 @@ pub(super) struct Validator<'a> {
 type Checked<T> = Result<T, ManifestError>;
 
 impl Validator<'_> {
-    fn fail<T>(&self, field: &str, reason: impl Into<String>) -> Checked<T> {
-        Err(ManifestError::Invalid {
+    /// A field's refusal as this manifest's error.
+    fn at(&self, e: FieldError) -> ManifestError {
+        ManifestError::Invalid {
             path: self.path.to_owned(),
-            field: field.to_owned(),
-            reason: reason.into(),
-        })
+            field: e.field,
+            reason: e.reason,
+        }
+    }
+
+    fn fail<T>(&self, field: &str, reason: impl Into<String>) -> Checked<T> {
+        field::fail(field, reason).map_err(|e| self.at(e))
     }
 
     fn learning_rate(&self, field: &str, lr: f64) -> Checked<f64> {
@@ -58,34 +65,19 @@ impl Validator<'_> {
     }
 
     fn finite_in(&self, field: &str, value: f64, lo: f64, hi: f64, range: &str) -> Checked<f64> {
-        if !value.is_finite() || value < lo || value > hi {
-            return self.fail(field, format!("must be in {range}, got {}", number(value)));
-        }
-        Ok(value)
+        field::finite_in(field, value, lo, hi, range).map_err(|e| self.at(e))
     }
 
     fn strictly_positive(&self, field: &str, value: f64) -> Checked<f64> {
-        if !value.is_finite() || value <= 0.0 {
-            return self.fail(
-                field,
-                format!("must be a finite number > 0, got {}", number(value)),
-            );
-        }
-        Ok(value)
+        field::strictly_positive(field, value).map_err(|e| self.at(e))
     }
 
     fn required<T: Copy>(&self, field: &str, value: Option<T>, why: &str) -> Checked<T> {
-        match value {
-            Some(v) => Ok(v),
-            None => self.fail(field, format!("is required {why}")),
-        }
+        field::required(field, value, why).map_err(|e| self.at(e))
     }
 
     fn forbidden<T>(&self, field: &str, value: &Option<T>, why: &str) -> Checked<()> {
-        if value.is_some() {
-            return self.fail(field, format!("must not be set {why}"));
-        }
-        Ok(())
+        field::forbidden(field, value, why).map_err(|e| self.at(e))
     }
 
     pub(super) fn experiment(&self, raw: raw::Manifest) -> Checked<Experiment> {
@@ -327,109 +319,18 @@ impl Validator<'_> {
         })
     }
 
-    /// What the policy loss clips: α for the -AC variants, else the baseline's `policy_loss`
-    /// with its ratio bounds (issue #23's family).
-    fn policy_clip(&self, raw: &raw::Algorithm) -> Checked<PolicyClip> {
-        let kind = raw.name;
-        let for_kind = format!("for {kind}");
-        Ok(if kind.is_advantage_clipped() {
-            let not_ratio = format!("for {kind}: -AC variants clip r·A, not the ratio (use alpha)");
-            self.forbidden("algorithm.clip_ratio_low", &raw.clip_ratio_low, &not_ratio)?;
-            self.forbidden(
-                "algorithm.clip_ratio_high",
-                &raw.clip_ratio_high,
-                &not_ratio,
-            )?;
-            self.forbidden("algorithm.clip_ratio_c", &raw.clip_ratio_c, &not_ratio)?;
-            self.forbidden(
-                "algorithm.policy_loss",
-                &raw.policy_loss,
-                &format!("for {kind}: -AC variants always clip r·A (paper eq. 5)"),
-            )?;
-            let alpha = self.required("algorithm.alpha", raw.alpha, &for_kind)?;
-            PolicyClip::Advantage {
-                alpha: self.strictly_positive("algorithm.alpha", alpha)?,
-            }
-        } else {
-            self.forbidden(
-                "algorithm.alpha",
-                &raw.alpha,
-                &format!("for {kind}: alpha is the advantage-clipping threshold of the -AC variants only"),
-            )?;
-            // CISPO's lower bound may be switched off, as its authors and verl's example do
-            // (clip_ratio_low 10: a weight bound below 0 never binds); the other rules need
-            // 1 − ε_low > 0.
-            let eps = |no_lower_bound: bool| -> Checked<(f64, f64)> {
-                let eps_low =
-                    self.required("algorithm.clip_ratio_low", raw.clip_ratio_low, &for_kind)?;
-                let eps_high =
-                    self.required("algorithm.clip_ratio_high", raw.clip_ratio_high, &for_kind)?;
-                let (low_max, low_range) = if no_lower_bound {
-                    (f64::MAX, "[0, inf)")
-                } else {
-                    (1.0, "[0, 1]")
-                };
-                let eps_low =
-                    self.finite_in("algorithm.clip_ratio_low", eps_low, 0.0, low_max, low_range)?;
-                let eps_high = self.finite_in(
-                    "algorithm.clip_ratio_high",
-                    eps_high,
-                    0.0,
-                    f64::MAX,
-                    "[0, inf)",
-                )?;
-                if !no_lower_bound && eps_low >= 1.0 {
-                    return self.fail(
-                        "algorithm.clip_ratio_low",
-                        format!("must be < 1 so the lower ratio bound 1 - eps stays positive, got {eps_low}"),
-                    );
-                }
-                Ok((eps_low, eps_high))
-            };
-            match raw.policy_loss.unwrap_or(PolicyLossMode::Vanilla) {
-                PolicyLossMode::Vanilla => {
-                    let (eps_low, eps_high) = eps(false)?;
-                    let c = self.required("algorithm.clip_ratio_c", raw.clip_ratio_c, &for_kind)?;
-                    if !c.is_finite() || c <= 1.0 {
-                        return self.fail(
-                            "algorithm.clip_ratio_c",
-                            format!("the dual-clip constant must be a finite number > 1, got {c}"),
-                        );
-                    }
-                    PolicyClip::Ratio {
-                        eps_low,
-                        eps_high,
-                        dual_clip_c: c,
-                    }
-                }
-                mode @ (PolicyLossMode::Cispo | PolicyLossMode::Gspo) => {
-                    self.forbidden(
-                        "algorithm.clip_ratio_c",
-                        &raw.clip_ratio_c,
-                        "with policy_loss: cispo or gspo (verl's have no dual clip)",
-                    )?;
-                    let (eps_low, eps_high) = eps(mode == PolicyLossMode::Cispo)?;
-                    if mode == PolicyLossMode::Cispo {
-                        PolicyClip::Cispo { eps_low, eps_high }
-                    } else {
-                        PolicyClip::Gspo { eps_low, eps_high }
-                    }
-                }
-                PolicyLossMode::Unclipped => {
-                    let why = "with policy_loss: unclipped (nothing is clipped)";
-                    self.forbidden("algorithm.clip_ratio_low", &raw.clip_ratio_low, why)?;
-                    self.forbidden("algorithm.clip_ratio_high", &raw.clip_ratio_high, why)?;
-                    self.forbidden("algorithm.clip_ratio_c", &raw.clip_ratio_c, why)?;
-                    PolicyClip::Unclipped
-                }
-            }
-        })
-    }
-
     fn algorithm(&self, raw: &raw::Algorithm) -> Checked<Algorithm> {
         let kind = raw.name;
         let for_kind = format!("for {kind}");
-        let clip = self.policy_clip(raw)?;
+        // The clipping rule checks its own fields.
+        let fields = ClipFields {
+            policy_loss: raw.policy_loss,
+            clip_ratio_low: raw.clip_ratio_low,
+            clip_ratio_high: raw.clip_ratio_high,
+            clip_ratio_c: raw.clip_ratio_c,
+            alpha: raw.alpha,
+        };
+        let clip = PolicyClip::from_fields(kind, &fields).map_err(|e| self.at(e))?;
         let advantage = if kind.is_ppo_type() {
             let why = format!("for {kind}: it has no group-normalised advantage");
             self.forbidden(

@@ -713,7 +713,7 @@ pub fn bench_train_step(m: &Subject, opts: &SpeedOptions) -> Result<Measurement>
         agg_mode: LossAggMode::TokenMean,
         horizon: r,
         clip,
-        compared: crate::algo::loss::compared_rules(
+        compared: crate::algo::clip::compared_rules(
             crate::algo::method::AlgorithmKind::GrpoAc,
             &clip,
         ),

@@ -137,10 +137,7 @@ pub fn load_results(root: &Path) -> Result<Vec<RunResult>> {
             model: exp.model.source.label(),
             algorithm: exp.algorithm.kind,
             seed: exp.seed,
-            alpha: match exp.algorithm.clip {
-                crate::algo::method::PolicyClip::Advantage { alpha } => Some(alpha),
-                _ => None,
-            },
+            alpha: exp.algorithm.clip.alpha(),
             evals: summaries,
         });
     }
@@ -194,14 +191,57 @@ fn model_order(models: impl Iterator<Item = String>) -> Vec<String> {
     ms
 }
 
-/// One row of Table 1 (values in percent).
+/// A benchmark column of Table 1: the name its evaluations are recorded under and its heading.
+/// The table has one for each of [`Benchmark::ALL`] ([`table1`]); any list builds one
+/// ([`table1_with`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Column {
+    /// The benchmark's name in `eval.jsonl` (`BenchResult::benchmark`).
+    pub name: &'static str,
+    /// Its heading in the Markdown and LaTeX tables; the CSV's column is it in snake case
+    /// (`AIME-like` → `aime_like`).
+    pub heading: &'static str,
+}
+
+impl Column {
+    pub fn of(b: Benchmark) -> Column {
+        Column {
+            name: b.name(),
+            heading: b.heading(),
+        }
+    }
+
+    fn csv_key(&self) -> String {
+        self.heading.to_lowercase().replace('-', "_")
+    }
+}
+
+/// The weighted-accuracy column, first of every row.
+const WEIGHTED: &str = "Weighted Acc.";
+const WEIGHTED_CSV: &str = "weighted_acc";
+
+/// Table 1: its benchmark columns and a group of rows per model.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Table1 {
+    pub columns: Vec<Column>,
+    pub groups: Vec<Group>,
+}
+
+impl Table1 {
+    /// Every value column's heading: the weighted accuracy, then each benchmark's.
+    fn headings(&self) -> impl Iterator<Item = &'static str> + '_ {
+        std::iter::once(WEIGHTED).chain(self.columns.iter().map(|c| c.heading))
+    }
+}
+
+/// One row of Table 1 (values in percent): the weighted accuracy, then one value per column.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Row {
     pub method: AlgorithmKind,
     pub step: usize,
-    /// weighted, MATH500, Minerva, OlympiadBench, AIME-like
-    pub values: [Option<f64>; 5],
-    pub bold: [bool; 5],
+    /// weighted, then the table's columns in order (MATH500, Minerva, OlympiadBench, AIME-like)
+    pub values: Vec<Option<f64>>,
+    pub bold: Vec<bool>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -211,8 +251,14 @@ pub struct Group {
     pub rows: Vec<Row>,
 }
 
-/// Builds Table 1 from run results.
-pub fn table1(runs: &[RunResult]) -> Vec<Group> {
+/// Builds Table 1 from run results, a column per benchmark of [`Benchmark::ALL`].
+pub fn table1(runs: &[RunResult]) -> Table1 {
+    table1_with(runs, &Benchmark::ALL.map(Column::of))
+}
+
+/// Builds Table 1 from run results with these benchmark columns.
+pub fn table1_with(runs: &[RunResult], columns: &[Column]) -> Table1 {
+    let width = columns.len() + 1;
     let mut groups = Vec::new();
     for model in model_order(runs.iter().map(|r| r.model.clone())) {
         let mut rows = Vec::new();
@@ -225,10 +271,10 @@ pub fn table1(runs: &[RunResult]) -> Vec<Group> {
             else {
                 continue;
             };
-            let mut values = [None; 5];
+            let mut values = vec![None; width];
             values[0] = Some(100.0 * best.weighted_accuracy);
-            for (i, b) in Benchmark::ALL.iter().enumerate() {
-                if let Some(r) = best.benchmarks.iter().find(|r| r.benchmark == b.name()) {
+            for (i, c) in columns.iter().enumerate() {
+                if let Some(r) = best.benchmarks.iter().find(|r| r.benchmark == c.name) {
                     values[i + 1] = Some(100.0 * r.avg_at_k);
                     k = r.k;
                 }
@@ -237,46 +283,44 @@ pub fn table1(runs: &[RunResult]) -> Vec<Group> {
                 method,
                 step: best.step,
                 values,
-                bold: [false; 5],
+                bold: vec![false; width],
             });
         }
-        // Bold the better of each matched pair, column by column (both on a tie).
-        for (base, ac) in [
-            (AlgorithmKind::Ppo, AlgorithmKind::PpoAc),
-            (AlgorithmKind::Grpo, AlgorithmKind::GrpoAc),
-        ] {
-            let (Some(bi), Some(ai)) = (
-                rows.iter().position(|r| r.method == base),
-                rows.iter().position(|r| r.method == ac),
-            ) else {
-                continue;
-            };
-            for c in 0..5 {
-                if let (Some(x), Some(y)) = (rows[bi].values[c], rows[ai].values[c]) {
-                    let (x, y) = (round1(x), round1(y));
-                    rows[bi].bold[c] = x >= y;
-                    rows[ai].bold[c] = y >= x;
-                }
-            }
-        }
+        bold_the_better_of_each_pair(&mut rows);
         groups.push(Group { model, k, rows });
     }
-    groups
+    Table1 {
+        columns: columns.to_vec(),
+        groups,
+    }
+}
+
+/// Bolds the better of each matched pair, column by column (both on a tie).
+fn bold_the_better_of_each_pair(rows: &mut [Row]) {
+    for (base, ac) in [
+        (AlgorithmKind::Ppo, AlgorithmKind::PpoAc),
+        (AlgorithmKind::Grpo, AlgorithmKind::GrpoAc),
+    ] {
+        let (Some(bi), Some(ai)) = (
+            rows.iter().position(|r| r.method == base),
+            rows.iter().position(|r| r.method == ac),
+        ) else {
+            continue;
+        };
+        for c in 0..rows[bi].values.len() {
+            if let (Some(x), Some(y)) = (rows[bi].values[c], rows[ai].values[c]) {
+                let (x, y) = (round1(x), round1(y));
+                rows[bi].bold[c] = x >= y;
+                rows[ai].bold[c] = y >= x;
+            }
+        }
+    }
 }
 
 /// Values are compared as printed (one decimal), so bold never contradicts the table.
 fn round1(x: f64) -> f64 {
     (x * 10.0).round() / 10.0
 }
-
-const HEADER: [&str; 6] = [
-    "Method",
-    "Weighted Acc.",
-    "MATH500",
-    "MINERVA",
-    "OLYMPIAD",
-    "AIME-like",
-];
 
 fn cell(v: Option<f64>, bold: bool, md: bool) -> String {
     match v {
@@ -287,26 +331,31 @@ fn cell(v: Option<f64>, bold: bool, md: bool) -> String {
     }
 }
 
-pub fn markdown(groups: &[Group]) -> String {
-    let numbers = HEADER[1..]
+/// A row's value cells, in Markdown or LaTeX.
+fn cells(r: &Row, md: bool) -> impl Iterator<Item = String> + '_ {
+    r.values
         .iter()
-        .chain(&["best step"])
-        .map(|h| (*h, Right));
-    let mut t = Table::new([(HEADER[0], Left)].into_iter().chain(numbers));
-    for g in groups {
+        .zip(&r.bold)
+        .map(move |(v, b)| cell(*v, *b, md))
+}
+
+pub fn markdown(table: &Table1) -> String {
+    let numbers = table.headings().chain(["best step"]).map(|h| (h, Right));
+    let mut t = Table::new([("Method", Left)].into_iter().chain(numbers));
+    for g in &table.groups {
         let title = format!("**{}** (avg@{})", g.model, g.k);
+        let blanks = table.columns.len() + 2;
         t.row(
             [title]
                 .into_iter()
-                .chain(std::iter::repeat_n(String::new(), 6)),
+                .chain(std::iter::repeat_n(String::new(), blanks)),
         );
         for r in &g.rows {
-            let cells = (0..5).map(|c| cell(r.values[c], r.bold[c], true));
             let method = r.method.paper_name().to_string();
             t.row(
                 [method]
                     .into_iter()
-                    .chain(cells)
+                    .chain(cells(r, true))
                     .chain([r.step.to_string()]),
             );
         }
@@ -314,21 +363,23 @@ pub fn markdown(groups: &[Group]) -> String {
     t.to_string()
 }
 
-pub fn latex(groups: &[Group]) -> String {
-    let mut s = String::from("\\begin{tabular}{lrrrrr}\n\\toprule\n");
-    s.push_str(&format!("{} \\\\\n\\midrule\n", HEADER.join(" & ")));
-    for (i, g) in groups.iter().enumerate() {
+pub fn latex(table: &Table1) -> String {
+    let values = table.columns.len() + 1;
+    let mut s = format!("\\begin{{tabular}}{{l{}}}\n\\toprule\n", "r".repeat(values));
+    let header: Vec<&str> = std::iter::once("Method").chain(table.headings()).collect();
+    s.push_str(&format!("{} \\\\\n\\midrule\n", header.join(" & ")));
+    for (i, g) in table.groups.iter().enumerate() {
         if i > 0 {
             s.push_str("\\midrule\n");
         }
         s.push_str(&format!(
-            "\\multicolumn{{6}}{{l}}{{\\textbf{{{}}} (avg@{})}} \\\\\n",
-            g.model, g.k
+            "\\multicolumn{{{}}}{{l}}{{\\textbf{{{}}} (avg@{})}} \\\\\n",
+            values + 1,
+            g.model,
+            g.k
         ));
         for r in &g.rows {
-            let cells: Vec<String> = (0..5)
-                .map(|c| cell(r.values[c], r.bold[c], false))
-                .collect();
+            let cells: Vec<String> = cells(r, false).collect();
             s.push_str(&format!(
                 "{} & {} \\\\\n",
                 r.method.paper_name(),
@@ -340,12 +391,20 @@ pub fn latex(groups: &[Group]) -> String {
     s
 }
 
+/// The CSV's value columns: `weighted_acc`, then each benchmark's heading in snake case.
+fn csv_keys(columns: &[Column]) -> Vec<String> {
+    std::iter::once(WEIGHTED_CSV.to_string())
+        .chain(columns.iter().map(Column::csv_key))
+        .collect()
+}
+
 /// CSV in the layout of [`PAPER_TABLE1`] (plus the best step).
-pub fn csv(groups: &[Group]) -> String {
-    let mut s = String::from(
-        "model,avg_k,method,weighted_acc,math500,minerva,olympiad,aime_like,best_step\n",
+pub fn csv(table: &Table1) -> String {
+    let mut s = format!(
+        "model,avg_k,method,{},best_step\n",
+        csv_keys(&table.columns).join(",")
     );
-    for g in groups {
+    for g in &table.groups {
         for r in &g.rows {
             let v: Vec<String> = r
                 .values
@@ -366,15 +425,24 @@ pub fn csv(groups: &[Group]) -> String {
 }
 
 /// Ours beside the paper's reported values (paper | ours | Δ) for the weighted column and each
-/// benchmark, for the models and methods present in both.
-pub fn compare_paper(groups: &[Group], paper_csv: &str) -> String {
-    let mut paper: BTreeMap<(String, String), Vec<f64>> = BTreeMap::new();
-    for line in paper_csv.lines().skip(1) {
+/// benchmark, for the models and methods present in both. The paper's CSV is read by its
+/// header, so a column it does not have is left out.
+pub fn compare_paper(table: &Table1, paper_csv: &str) -> String {
+    let mut lines = paper_csv.lines();
+    let header: Vec<&str> = lines.next().unwrap_or("").split(',').collect();
+    let at: Vec<Option<usize>> = csv_keys(&table.columns)
+        .iter()
+        .map(|k| header.iter().position(|h| h == k))
+        .collect();
+    let mut paper: BTreeMap<(String, String), Vec<Option<f64>>> = BTreeMap::new();
+    for line in lines {
         let f: Vec<&str> = line.split(',').collect();
-        if f.len() >= 8 {
+        if f.len() >= header.len() {
             paper.insert(
                 (f[0].to_string(), f[2].to_string()),
-                f[3..8].iter().filter_map(|x| x.parse().ok()).collect(),
+                at.iter()
+                    .map(|i| i.and_then(|i| f[i].parse().ok()))
+                    .collect(),
             );
         }
     }
@@ -386,13 +454,13 @@ pub fn compare_paper(groups: &[Group], paper_csv: &str) -> String {
         ("ours", Right),
         ("Δ", Right),
     ]);
-    for g in groups {
+    for g in &table.groups {
         for r in &g.rows {
             let Some(p) = paper.get(&(g.model.clone(), r.method.paper_name().to_string())) else {
                 continue;
             };
-            for (c, name) in HEADER[1..].iter().enumerate() {
-                if let (Some(ours), Some(theirs)) = (r.values[c], p.get(c)) {
+            for (c, name) in table.headings().enumerate() {
+                if let (Some(ours), Some(theirs)) = (r.values[c], p[c]) {
                     t.row([
                         g.model.clone(),
                         r.method.paper_name().into(),
@@ -619,18 +687,18 @@ pub fn write(
         Ok(path)
     };
     if artifact.wants(Artifact::Table1) {
-        let groups = table1(&runs);
-        written.push(put("table1.md", &markdown(&groups))?);
-        written.push(put("table1.tex", &latex(&groups))?);
-        written.push(put("table1.csv", &csv(&groups))?);
+        let table = table1(&runs);
+        written.push(put("table1.md", &markdown(&table))?);
+        written.push(put("table1.tex", &latex(&table))?);
+        written.push(put("table1.csv", &csv(&table))?);
         written.push(put("regime.md", &regime_markdown(&runs)?)?);
         if compare_paper_too {
             written.push(put(
                 "table1_vs_paper.md",
-                &compare_paper(&groups, PAPER_TABLE1),
+                &compare_paper(&table, PAPER_TABLE1),
             )?);
         }
-        shown.push_str(&markdown(&groups));
+        shown.push_str(&markdown(&table));
     }
     if artifact.wants(Artifact::Table1) && seeds::several(&all) {
         let pairs = seeds::pairs(&all)?;

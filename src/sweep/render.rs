@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use super::points::PointResult;
 use super::{GridValue, Result, Spec, Sweep, SweepError, DEGREE_FIELDS};
-use crate::algo::method::PolicyClip;
+use crate::algo::clip::ClipFamily;
 use crate::report::figures::method_color;
 use crate::report::plot::{shade, tint, write_figure, Panel, Series, Ticks, PALETTE};
 use crate::report::seeds::Interval;
@@ -256,9 +256,10 @@ pub(super) fn comparison_figure(
     Ok(write_figure(stem, title, &drawn, 2).map_err(ReportError::from)?)
 }
 
-/// A colour per rule of a comparison panel, the methods' colours kept: ACPO's rules in its
-/// -AC method's colour from light (smallest α) to dark (largest), the ratio clip in its
-/// method's, CISPO, GSPO and the unclipped control in the palette's next colours.
+/// A colour per rule of a comparison panel by its family, the methods' colours kept: ACPO's
+/// rules in its -AC method's colour from light (smallest α) to dark (largest), the ratio clip in
+/// its method's, the related work's rules (CISPO, GSPO) in the palette's next colours and the
+/// unclipped control in grey.
 fn rule_colors(panel: &ComparisonPanel) -> Vec<plotters::style::RGBColor> {
     fn first<'p>(cells: &BTreeMap<usize, &'p PointResult>) -> Option<&'p PointResult> {
         cells.values().next().copied()
@@ -266,10 +267,7 @@ fn rule_colors(panel: &ComparisonPanel) -> Vec<plotters::style::RGBColor> {
     let mut alphas: Vec<f64> = panel
         .rows
         .iter()
-        .filter_map(|(_, cells)| match first(cells)?.clip {
-            PolicyClip::Advantage { alpha } => Some(alpha),
-            _ => None,
-        })
+        .filter_map(|(_, cells)| first(cells)?.clip.alpha())
         .collect();
     alphas.sort_by(f64::total_cmp);
     alphas.dedup();
@@ -280,8 +278,8 @@ fn rule_colors(panel: &ComparisonPanel) -> Vec<plotters::style::RGBColor> {
             let Some(p) = first(cells) else {
                 return PALETTE[7];
             };
-            match p.clip {
-                PolicyClip::Advantage { alpha } => {
+            match p.clip.family() {
+                ClipFamily::Advantage { alpha } => {
                     let rank = alphas.iter().position(|a| *a == alpha).unwrap_or(0) as f64;
                     let t = if alphas.len() > 1 {
                         rank / (alphas.len() - 1) as f64
@@ -296,10 +294,10 @@ fn rule_colors(panel: &ComparisonPanel) -> Vec<plotters::style::RGBColor> {
                         shade(c, 0.55 * (2.0 * t - 1.0))
                     }
                 }
-                PolicyClip::Ratio { .. } => method_color(p.kind),
-                PolicyClip::Cispo { .. } => PALETTE[4],
-                PolicyClip::Gspo { .. } => PALETTE[5],
-                PolicyClip::Unclipped => PALETTE[7],
+                ClipFamily::Ratio => method_color(p.kind),
+                // the palette's colours after the four methods', grey kept for no clip
+                ClipFamily::Related(k) => PALETTE[4 + k % 3],
+                ClipFamily::Unclipped => PALETTE[7],
             }
         })
         .collect()

@@ -9,7 +9,7 @@ use candle_core::{DType, Tensor};
 
 use super::outcomes::{ActorOutcome, CriticOutcome, RatioQuantiles, Rewards};
 use super::{Result, TrainError};
-use crate::algo::loss::PolicyStats;
+use crate::algo::clip::{Disagreement, PolicyStats};
 use crate::algo::method::PolicyClip;
 use crate::manifest::Experiment;
 use crate::rollout::{Completion, FinishReason};
@@ -161,6 +161,8 @@ pub struct StepMetrics {
     pub policy: PolicyStats,
     /// Which clip trained: names the clip fractions reported.
     pub clip: PolicyClip,
+    /// Where the ratio clip and ACPO's disagree on the step's tokens (issue #22).
+    pub disagreement: Disagreement,
     pub entropy: f64,
     pub grad_norm: f64,
     pub lr: f64,
@@ -170,8 +172,9 @@ pub struct StepMetrics {
     /// r and |r·Â| in the first mini-batch and in the later ones.
     pub first: Option<RatioQuantiles>,
     pub later: Option<RatioQuantiles>,
-    /// The clip statistics of the later mini-batches alone.
+    /// The clip statistics of the later mini-batches alone, and the rules' disagreement there.
     pub later_policy: PolicyStats,
+    pub later_disagreement: Disagreement,
 }
 
 fn mean(v: &[f64]) -> f64 {
@@ -222,7 +225,8 @@ impl StepMetrics {
             pg_loss: actor.pg_loss / updates,
             policy: actor.stats,
             clip: exp.algorithm.clip,
-            entropy: actor.entropy_sum / actor.entropy_tokens.max(1.0),
+            disagreement: actor.disagreement,
+            entropy: actor.entropy.mean(),
             grad_norm: mean(&actor.grad_norms),
             lr: exp.actor.optim.lr,
             critic,
@@ -232,6 +236,7 @@ impl StepMetrics {
             first: actor.first,
             later: actor.later,
             later_policy: actor.later_stats,
+            later_disagreement: actor.later_disagreement,
         })
     }
 
@@ -253,47 +258,22 @@ impl StepMetrics {
             ("actor/ratio_adv_mean", p.ratio_adv_mean),
             ("actor/ratio_adv_abs_max", p.ratio_adv_abs_max),
             // both rules on the same tokens, whichever trains (issue #22)
-            ("actor/clip_disagree_ratio_zeroes", p.disagree_ratio_zeroes),
-            ("actor/clip_disagree_acpo_zeroes", p.disagree_acpo_zeroes),
+            (
+                "actor/clip_disagree_ratio_zeroes",
+                self.disagreement.ratio_zeroes,
+            ),
+            (
+                "actor/clip_disagree_acpo_zeroes",
+                self.disagreement.acpo_zeroes,
+            ),
         ];
-        match self.clip {
-            PolicyClip::Ratio { .. }
-            | PolicyClip::Cispo { .. }
-            | PolicyClip::Gspo { .. }
-            | PolicyClip::Unclipped => {
-                out.push(("actor/pg_clipfrac", p.pg_clipfrac));
-                out.push(("actor/pg_clipfrac_lower", p.pg_clipfrac_lower));
-            }
-            PolicyClip::Advantage { .. } => {
-                out.push(("actor/acpo_clipfrac_upper", p.acpo_clipfrac_upper));
-                out.push(("actor/acpo_clipfrac_lower", p.acpo_clipfrac_lower));
-                out.push((
-                    "actor/acpo_clipfrac",
-                    p.acpo_clipfrac_upper + p.acpo_clipfrac_lower,
-                ));
-            }
-        }
+        out.extend(self.clip.clip_metrics(p));
         // the first, on-policy mini-batch against the later ones (issue #22)
         if self.later_policy.tokens > 0.0 {
-            let l = &self.later_policy;
-            out.push(match self.clip {
-                PolicyClip::Ratio { .. }
-                | PolicyClip::Cispo { .. }
-                | PolicyClip::Gspo { .. }
-                | PolicyClip::Unclipped => ("actor/pg_clipfrac_later", l.pg_clipfrac),
-                PolicyClip::Advantage { .. } => (
-                    "actor/acpo_clipfrac_later",
-                    l.acpo_clipfrac_upper + l.acpo_clipfrac_lower,
-                ),
-            });
-            out.push((
-                "actor/clip_disagree_ratio_zeroes_later",
-                l.disagree_ratio_zeroes,
-            ));
-            out.push((
-                "actor/clip_disagree_acpo_zeroes_later",
-                l.disagree_acpo_zeroes,
-            ));
+            let l = &self.later_disagreement;
+            out.push(self.clip.later_clip_metric(&self.later_policy));
+            out.push(("actor/clip_disagree_ratio_zeroes_later", l.ratio_zeroes));
+            out.push(("actor/clip_disagree_acpo_zeroes_later", l.acpo_zeroes));
         }
         for (q, names) in [
             (

@@ -2,7 +2,10 @@
 //! phases): the rollout, its rewards, the actor's and the critic's totals. One home, so the
 //! phases (`step`, `update`, `probe`, `metrics`) import these and not each other.
 
-use crate::algo::loss::PolicyStats;
+use candle_core::Tensor;
+
+use super::Result;
+use crate::algo::clip::{Disagreement, PolicyStats};
 use crate::rollout::Completion;
 
 /// The step's prompts and the responses sampled for them.
@@ -27,8 +30,9 @@ pub struct ActorOutcome {
     /// Sum of the mini-batches' policy losses.
     pub pg_loss: f64,
     pub stats: PolicyStats,
-    pub entropy_sum: f64,
-    pub entropy_tokens: f64,
+    /// Where the ratio clip and ACPO's disagree (issue #22), beside the clip statistics.
+    pub disagreement: Disagreement,
+    pub entropy: TokenEntropy,
     /// Gradient norm before clipping, per mini-batch.
     pub grad_norms: Vec<f64>,
     /// r and |r·Â| over the response tokens of the step's first mini-batch (on-policy) and of
@@ -36,8 +40,39 @@ pub struct ActorOutcome {
     pub first: Option<RatioQuantiles>,
     pub later: Option<RatioQuantiles>,
     /// The clip statistics of the later, off-policy mini-batches alone (issue #22's regime
-    /// target: the ratio clip acts there on >= 0.1 % of tokens).
+    /// target: the ratio clip acts there on >= 0.1 % of tokens), and the rules' disagreement.
     pub later_stats: PolicyStats,
+    pub later_disagreement: Disagreement,
+}
+
+/// The policy's entropy summed over response tokens, and the tokens: the step's mean entropy
+/// (`actor/entropy`) is their ratio.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct TokenEntropy {
+    pub sum: f64,
+    pub tokens: f64,
+}
+
+impl TokenEntropy {
+    /// Of the per-token entropy `(B, T)` over the valid tokens of `mask`.
+    pub fn of(entropy: &Tensor, mask: &Tensor) -> Result<TokenEntropy> {
+        let sum = (&entropy.detach() * mask)?.sum_all()?.to_scalar::<f32>()? as f64;
+        let tokens = mask
+            .sum_all()?
+            .to_dtype(candle_core::DType::F64)?
+            .to_scalar::<f64>()?;
+        Ok(TokenEntropy { sum, tokens })
+    }
+
+    pub fn add(&mut self, other: TokenEntropy) {
+        self.sum += other.sum;
+        self.tokens += other.tokens;
+    }
+
+    /// The mean entropy per token (0 for none).
+    pub fn mean(&self) -> f64 {
+        self.sum / self.tokens.max(1.0)
+    }
 }
 
 /// Quantiles (nearest rank) of the importance ratio r and of |r·Â| over a set of tokens, as

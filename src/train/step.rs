@@ -221,7 +221,7 @@ impl Trainer {
             agg_mode: exp.algorithm.loss_agg_mode,
             horizon: exp.data.max_response_length,
             clip: exp.algorithm.clip,
-            compared: crate::algo::loss::compared_rules(exp.algorithm.kind, &exp.algorithm.clip),
+            compared: crate::algo::clip::compared_rules(exp.algorithm.kind, &exp.algorithm.clip),
             temperature: exp.rollout.temperature,
             entropy_coeff: exp.actor.entropy_coeff,
             side_by_side: self.device.is_cpu(),

@@ -10,10 +10,11 @@
 use candle_core::Tensor;
 
 use super::batch::{Layout, LOGIT_CHUNK};
-use super::outcomes::{ActorOutcome, CriticOutcome, RatioQuantiles};
+use super::outcomes::{ActorOutcome, CriticOutcome, RatioQuantiles, TokenEntropy};
 use super::probe::TailRecorder;
 use super::{Result, TrainError};
-use crate::algo::loss::{self, Aggregation, PolicyStats};
+use crate::algo::clip::{self, ComparedRules, Disagreement, PolicyStats};
+use crate::algo::loss::{self, Aggregation};
 use crate::algo::method::{LossAggMode, PolicyClip};
 use crate::model::qwen::{Critic, Kernels, Qwen};
 use crate::model::{Params, QwenConfig};
@@ -33,9 +34,9 @@ pub struct UpdatePlan {
     /// The response-length horizon of the `seq-mean-token-sum-norm` aggregation.
     pub horizon: usize,
     pub clip: PolicyClip,
-    /// (ratio clip, ACPO's clip) compared on every batch (diagnostics only;
-    /// [`loss::compared_rules`]).
-    pub compared: (PolicyClip, PolicyClip),
+    /// The ratio clip and ACPO's, compared on every batch (diagnostics only;
+    /// [`clip::compared_rules`]).
+    pub compared: ComparedRules,
     /// The sampling temperature the log-probs are taken at.
     pub temperature: f64,
     pub entropy_coeff: f64,
@@ -68,20 +69,67 @@ impl UpdatePlan {
     }
 }
 
+/// A micro-batch of the actor's update: its rows laid out, their old log-probs and advantages,
+/// and whether this step records its r·Â tails.
+struct PolicyMicroBatch {
+    part: Layout,
+    old: Tensor,
+    adv: Tensor,
+    record_tails: bool,
+}
+
 /// What one policy micro-batch hands back, besides its gradients, to be folded in order into
-/// the mini-batch.
+/// the mini-batch: the policy loss and its statistics, and beside them the rules'
+/// disagreement, r and r·Â, and the entropy.
 struct MicroOut {
     pg_loss: f64,
-    stats: loss::PolicyStats,
-    entropy_sum: f64,
-    /// r·Â and the response mask, row by row, when this step records the tails.
-    ratio_adv: Option<RowsAndMask>,
-    /// (r, |r·Â|) of every response token, in row order.
-    ratios: Vec<(f32, f32)>,
+    stats: PolicyStats,
+    disagreement: Disagreement,
+    ratios: TokenRatios,
+    entropy: TokenEntropy,
 }
 
 /// `(B, R)` values and the response mask as rows.
 pub(super) type RowsAndMask = (Vec<Vec<f32>>, Vec<Vec<f32>>);
+
+/// r and r·Â of each response token at the moment its gradient is taken: (r, |r·Â|) of every
+/// valid token in row order (the step's quantiles), and r·Â with the mask row by row when the
+/// step records its tails.
+struct TokenRatios {
+    pairs: Vec<(f32, f32)>,
+    tails: Option<RowsAndMask>,
+}
+
+impl TokenRatios {
+    fn of(
+        log_prob: &Tensor,
+        old: &Tensor,
+        adv: &Tensor,
+        mask: &Tensor,
+        tails: bool,
+    ) -> Result<Self> {
+        let (_, r) = clip::importance_ratio(&log_prob.detach(), old)?;
+        let ra = (&r * adv)?.to_vec2::<f32>()?;
+        let mask = mask.to_vec2::<f32>()?;
+        let pairs = r
+            .to_vec2::<f32>()?
+            .iter()
+            .zip(&ra)
+            .zip(&mask)
+            .flat_map(|((r, ra), m)| {
+                r.iter()
+                    .zip(ra)
+                    .zip(m)
+                    .filter(|(_, &m)| m > 0.0)
+                    .map(|((&r, &ra), _)| (r, ra.abs()))
+            })
+            .collect();
+        Ok(TokenRatios {
+            pairs,
+            tails: tails.then_some((ra, mask)),
+        })
+    }
+}
 
 /// The actor's update of one step: every mini-batch of every epoch, each one AdamW step.
 /// With a recorder, the first epoch's r·Â (at the moment each token's gradient is taken) is
@@ -108,40 +156,39 @@ pub fn actor(
         let start = rows.start;
         let mut grads = Gradients::default();
         let micro_outs = micro_batches(rows, plan, &mut grads, |ms, len, sums| {
-            policy_micro_batch(
-                &model,
-                policy,
-                sums,
-                layout.rows(ms, len)?,
-                old_log_probs.narrow(0, ms, len)?,
-                advantages.narrow(0, ms, len)?,
-                &agg,
-                plan,
-                record,
-            )
+            let batch = PolicyMicroBatch {
+                part: layout.rows(ms, len)?,
+                old: old_log_probs.narrow(0, ms, len)?,
+                adv: advantages.narrow(0, ms, len)?,
+                record_tails: record,
+            };
+            policy_micro_batch(&model, policy, sums, batch, &agg, plan)
         })?;
         drop(model);
         let mut ratios = Vec::new();
         let mut stats = PolicyStats::default();
+        let mut disagreement = Disagreement::default();
         for (k, mut micro) in micro_outs.into_iter().enumerate() {
-            ratios.append(&mut micro.ratios);
-            if let (Some((ra, mask)), Some(t)) = (&micro.ratio_adv, tails.as_deref_mut()) {
+            ratios.append(&mut micro.ratios.pairs);
+            if let (Some((ra, mask)), Some(t)) = (&micro.ratios.tails, tails.as_deref_mut()) {
                 t.record(start + k * plan.micro, ra, mask);
             }
-            out.entropy_sum += micro.entropy_sum;
-            out.entropy_tokens += micro.stats.tokens;
+            out.entropy.add(micro.entropy);
             out.pg_loss += micro.pg_loss;
             stats = stats.merge(&micro.stats);
+            disagreement = disagreement.merge(&micro.disagreement);
         }
         out.grad_norms
             .push(apply_update(opt, &grads, step, metric::ACTOR_GRAD_NORM)?);
         crate::device::mark(|| format!("actor mini-batch {i}: the optimizer step"));
         out.stats = out.stats.merge(&stats);
+        out.disagreement = out.disagreement.merge(&disagreement);
         if i == 0 {
             out.first = RatioQuantiles::of(&ratios);
         } else {
             later.extend(ratios);
             out.later_stats = out.later_stats.merge(&stats);
+            out.later_disagreement = out.later_disagreement.merge(&disagreement);
         }
     }
     out.later = RatioQuantiles::of(&later);
@@ -182,67 +229,37 @@ fn micro_batches<R: Send>(
 }
 
 /// Policy loss − entropy bonus of one micro-batch, its gradients added into `sums`.
-#[allow(clippy::too_many_arguments)]
 fn policy_micro_batch(
     model: &Qwen,
     policy: &Params,
     sums: &mut Gradients,
-    part: Layout,
-    old: Tensor,
-    adv: Tensor,
+    batch: PolicyMicroBatch,
     agg: &Aggregation,
     plan: &UpdatePlan,
-    record_tails: bool,
 ) -> Result<MicroOut> {
+    let PolicyMicroBatch {
+        part,
+        old,
+        adv,
+        record_tails,
+    } = batch;
+    let mask = &part.mask;
     // The loss from the final hidden states: what the plain and the checkpointed backward share.
     let head = |model: &Qwen, hidden: &Tensor| -> Result<(Tensor, MicroOut)> {
         let h = part.response_of(hidden)?;
-        let (lp, ent) =
+        let (log_prob, entropy) =
             model.token_log_probs(&h, &part.targets, plan.temperature, LOGIT_CHUNK, true)?;
-        let mut out = loss::policy_loss(&plan.clip, &lp, &old, &adv, &part.mask, agg)?;
-        (
-            out.stats.disagree_ratio_zeroes,
-            out.stats.disagree_acpo_zeroes,
-        ) = loss::rule_disagreement(
-            &plan.compared.0,
-            &plan.compared.1,
-            &lp,
-            &old,
-            &adv,
-            &part.mask,
-        )?;
-        // r and r·Â of each token at the moment its gradient is taken.
-        let (_, r) = loss::importance_ratio(&lp.detach(), &old)?;
-        let ra = (&r * &adv)?.to_vec2::<f32>()?;
-        let mask = part.mask.to_vec2::<f32>()?;
-        let ratios = r
-            .to_vec2::<f32>()?
-            .iter()
-            .zip(&ra)
-            .zip(&mask)
-            .flat_map(|((r, ra), m)| {
-                r.iter()
-                    .zip(ra)
-                    .zip(m)
-                    .filter(|(_, &m)| m > 0.0)
-                    .map(|((&r, &ra), _)| (r, ra.abs()))
-            })
-            .collect();
-        let ratio_adv = record_tails.then_some((ra, mask));
-        let ent = ent.expect("invariant: entropy was requested");
-        let entropy_sum = (&ent.detach() * &part.mask)?
-            .sum_all()?
-            .to_scalar::<f32>()? as f64;
-        let mut total = out.loss.clone();
-        if plan.entropy_coeff > 0.0 {
-            total = (total - (agg.apply(&ent, &part.mask)? * plan.entropy_coeff)?)?;
-        }
+        let entropy = entropy.expect("invariant: entropy was requested");
+        // L = agg(ℓ(r, Â)) − c_H·agg(H): the run's clip rule (paper eq. 5 for the -AC
+        // variants) minus the entropy bonus
+        let pg = loss::policy_loss(&plan.clip, &log_prob, &old, &adv, mask, agg)?;
+        let total = loss::minus_entropy_bonus(&pg.loss, &entropy, mask, agg, plan.entropy_coeff)?;
         let kept = MicroOut {
-            pg_loss: out.loss.to_scalar::<f32>()? as f64,
-            stats: out.stats,
-            entropy_sum,
-            ratio_adv,
-            ratios,
+            pg_loss: pg.loss.to_scalar::<f32>()? as f64,
+            stats: pg.stats,
+            disagreement: plan.compared.disagreement(&log_prob, &old, &adv, mask)?,
+            ratios: TokenRatios::of(&log_prob, &old, &adv, mask, record_tails)?,
+            entropy: TokenEntropy::of(&entropy, mask)?,
         };
         Ok((total, kept))
     };

@@ -21,7 +21,7 @@ pub mod import;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use crate::algo::method::{LossAggMode, PolicyLossMode};
+use crate::algo::method::{LossAggMode, PolicyClip};
 use crate::data::DataSuite;
 use crate::manifest::raw;
 use crate::model::spec::{DType, Device};
@@ -448,30 +448,14 @@ fn algorithm_fields(l: &mut Launch, a: &raw::Algorithm) {
     let estimator = if a.name.is_ppo_type() { "gae" } else { "grpo" };
     l.set("algorithm.adv_estimator", estimator, &["algorithm.name"]);
     // The baselines' loss mode is verl's own (issue #23: vanilla, cispo, gspo); the -AC
-    // variants' is the plug-in's.
-    let loss = match (a.name.is_advantage_clipped(), a.policy_loss) {
-        (true, _) => Some("acpo"),
-        (false, None | Some(PolicyLossMode::Vanilla)) => Some("vanilla"),
-        (false, Some(PolicyLossMode::Cispo)) => Some("cispo"),
-        (false, Some(PolicyLossMode::Gspo)) => Some("gspo"),
-        (false, Some(PolicyLossMode::Unclipped)) => None,
+    // variants' is the plug-in's; a rule verl does not have is listed, saying why.
+    let chosen_by: &[&'static str] = match a.policy_loss {
+        Some(_) => &["algorithm.name", "algorithm.policy_loss"],
+        None => &["algorithm.name"],
     };
-    match loss {
-        Some(loss) if a.policy_loss.is_some() => l.set(
-            &format!("{ACTOR}.policy_loss.loss_mode"),
-            loss,
-            &["algorithm.name", "algorithm.policy_loss"],
-        ),
-        Some(loss) => l.set(
-            &format!("{ACTOR}.policy_loss.loss_mode"),
-            loss,
-            &["algorithm.name"],
-        ),
-        None => l.note(
-            "algorithm.policy_loss",
-            Account::Unsupported,
-            "verl has no unclipped policy loss; the launch would clip the ratio",
-        ),
+    match PolicyClip::verl_loss_mode(a.name, a.policy_loss) {
+        Ok(loss) => l.set(&format!("{ACTOR}.policy_loss.loss_mode"), loss, chosen_by),
+        Err(why) => l.note("algorithm.policy_loss", Account::Unsupported, why),
     }
     if a.name.is_advantage_clipped() {
         // The package's policy loss: registered in every worker by its `verl.plugins` entry

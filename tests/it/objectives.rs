@@ -3,7 +3,7 @@
 //! Rerun it with `python3 tools/oracles/ref_objectives.py > tests/fixtures/objectives.json`.
 
 use acpo::algo::method::{LossAggMode, PolicyClip};
-use acpo::algo::{advantage, loss, token};
+use acpo::algo::{advantage, clip, loss, token};
 use candle_core::{Device, Tensor, Var};
 use serde_json::Value;
 
@@ -129,10 +129,10 @@ fn minibatch_policy_loss(
     lp: &Tensor,
     clip: &PolicyClip,
     mode: LossAggMode,
-) -> (Tensor, loss::PolicyStats) {
+) -> (Tensor, clip::PolicyStats) {
     let agg = loss::Aggregation::new(mode, &bt.mask, bt.micro.len(), bt.horizon).expect("agg");
     let mut total: Option<Tensor> = None;
-    let mut stats = loss::PolicyStats::default();
+    let mut stats = clip::PolicyStats::default();
     for &(lo, hi) in &bt.micro {
         let n = hi - lo;
         let out = loss::policy_loss(
@@ -224,6 +224,34 @@ fn the_reference_exercises_every_branch() {
     assert!(stat(6, "pg_clipfrac") > 0.0 && stat(7, "pg_clipfrac") > stat(6, "pg_clipfrac"));
     assert_eq!(stat(8, "pg_clipfrac"), 0.0);
     assert!(f["value"][0]["clipfrac"].as_f64().expect("clipfrac") > 0.0);
+}
+
+/// Each rule's gradient mask ([`PolicyClip::terms`], what the regime diagnostic compares) is
+/// where the reference's gradient flows: 1 on a valid token exactly where d loss / d log π is
+/// not 0, else 0.
+#[test]
+fn every_rules_gradient_mask_is_where_its_gradient_flows() {
+    let f = fixture();
+    let bt = batch(&f);
+    let tokens = clip::Tokens::new(&bt.log_prob, &bt.old, &bt.adv, &bt.mask).expect("tokens");
+    let mask = host(&bt.mask);
+    for case in f["policy"].as_array().expect("policy cases") {
+        let rule = clip_of(&case["clip"]);
+        let keep = host(&rule.terms(&tokens).expect("terms").keep);
+        let grad = rows(&case["per_token_grad"]);
+        for (b, m) in mask.iter().enumerate() {
+            for (t, _) in m.iter().enumerate().filter(|(_, &m)| m != 0.0) {
+                assert!(keep[b][t] == 0.0 || keep[b][t] == 1.0, "{rule:?}: {keep:?}");
+                assert_eq!(
+                    keep[b][t] == 1.0,
+                    grad[b][t] != 0.0,
+                    "{rule:?} [{b}][{t}]: keep {}, reference gradient {}",
+                    keep[b][t],
+                    grad[b][t]
+                );
+            }
+        }
+    }
 }
 
 /// d(Σ per-token loss)/d log π, token by token, must be the reference's −r·Â on kept tokens and
@@ -880,7 +908,7 @@ fn the_two_clip_rules_disagreement_matches_a_scalar_reference() {
         dual_clip_c: 3.0,
     };
     let acpo_rule = PolicyClip::Advantage { alpha: 2.0 };
-    let got = loss::rule_disagreement(
+    let got = clip::rule_disagreement(
         &ratio_rule,
         &acpo_rule,
         &tensor(&lp),
@@ -889,7 +917,7 @@ fn the_two_clip_rules_disagreement_matches_a_scalar_reference() {
         &tensor(&mask),
     )
     .expect("disagreement");
-    let swapped = loss::rule_disagreement(
+    let swapped = clip::rule_disagreement(
         &acpo_rule,
         &ratio_rule,
         &tensor(&lp),
@@ -898,7 +926,19 @@ fn the_two_clip_rules_disagreement_matches_a_scalar_reference() {
         &tensor(&mask),
     )
     .expect("disagreement");
-    assert_eq!(got, swapped, "the order of the two rules does not matter");
+    assert_eq!(
+        got,
+        (swapped.1, swapped.0),
+        "each rule's zeroes, in the order asked"
+    );
+    // the trainer's pair, weighted by the batch's valid tokens
+    let compared = clip::compared_rules(acpo::algo::method::AlgorithmKind::GrpoAc, &acpo_rule);
+    assert_eq!((compared.ratio, compared.acpo), (ratio_rule, acpo_rule));
+    let d = compared
+        .disagreement(&tensor(&lp), &tensor(&old), &tensor(&adv), &tensor(&mask))
+        .expect("disagreement");
+    assert_eq!((d.ratio_zeroes, d.acpo_zeroes), got);
+    assert_eq!(d.tokens, mask.iter().map(|&m| f64::from(m)).sum::<f64>());
     // the reference, in f64 token by token
     let (mut ratio_zeroes, mut acpo_zeroes, mut n) = (0.0, 0.0, 0.0);
     for i in 0..b * t {
@@ -927,16 +967,19 @@ fn the_two_clip_rules_disagreement_matches_a_scalar_reference() {
         (got.0 - want.0).abs() < 1e-9 && (got.1 - want.1).abs() < 1e-9,
         "{got:?} vs {want:?}"
     );
-    // two rules of one kind are refused
-    assert!(loss::rule_disagreement(
-        &acpo_rule,
-        &acpo_rule,
-        &tensor(&lp),
-        &tensor(&old),
-        &tensor(&adv),
-        &tensor(&mask)
-    )
-    .is_err());
+    // a rule never disagrees with itself
+    assert_eq!(
+        clip::rule_disagreement(
+            &acpo_rule,
+            &acpo_rule,
+            &tensor(&lp),
+            &tensor(&old),
+            &tensor(&adv),
+            &tensor(&mask)
+        )
+        .expect("disagreement"),
+        (0.0, 0.0)
+    );
 }
 
 /// GSPO's cap (verl's `compute_policy_loss_gspo`): a sequence whose mean log-ratio exceeds 10
@@ -953,8 +996,12 @@ fn gspo_caps_the_sequence_log_ratio_at_ten_with_no_gradient_there() {
     let old = Tensor::zeros((2, 3), candle_core::DType::F32, &dev).expect("old");
     let adv = Tensor::new(&[[-1f32, -1.0, -1.0], [1.0, 1.0, 1.0]], &dev).expect("adv");
     let mask = Tensor::ones((2, 3), candle_core::DType::F32, &dev).expect("mask");
-    let (per_token, stats) =
-        loss::gspo_loss(lp.as_tensor(), &old, &adv, &mask, 0.2, 0.28).expect("gspo");
+    let clip::RuleTerms {
+        objective: per_token,
+        keep,
+        stats,
+    } = clip::gspo_loss(lp.as_tensor(), &old, &adv, &mask, 0.2, 0.28).expect("gspo");
+    assert_eq!(host(&keep), [[0.0; 3], [1.0; 3]], "the gradient mask");
     let values = host(&per_token);
     let (capped, inside) = (10f64.exp(), 0.1f64.exp());
     for t in 0..3 {
