@@ -82,7 +82,11 @@ pub struct StagedDir {
 impl StagedDir {
     /// A fresh staging directory for `dir` (what an interrupted run left there is removed).
     pub fn new(dir: &Path, what: &str) -> std::io::Result<StagedDir> {
-        let path = staging(dir, what);
+        StagedDir::at(staging(dir, what))
+    }
+
+    /// A fresh staging directory at `path` (what an interrupted run left there is removed).
+    fn at(path: PathBuf) -> std::io::Result<StagedDir> {
         if path.exists() {
             std::fs::remove_dir_all(&path)?;
         }
@@ -126,6 +130,83 @@ pub fn commit_dir(stage: &Path, dir: &Path) -> std::io::Result<()> {
         std::fs::remove_dir_all(&old)?;
     }
     Ok(())
+}
+
+/// Files written as one set (a report's tables and figures, issue #47): each is written into a
+/// staging folder inside the folder it goes to (`.<what>.staging`, so nothing is written outside
+/// the folders the command writes anyway), and none is put in place before
+/// all of them are written ([`FileSet::commit`]). A set dropped before its commit (an error on
+/// the way) removes what it staged, so a command that fails leaves the earlier set whole, never
+/// part of a new one beside the rest of the old. (The commit renames one file after another: a
+/// kill among those renames leaves each file whole, old or new, and the next run completes it.)
+pub struct FileSet {
+    what: &'static str,
+    /// Each destination folder and its staging folder.
+    stages: Vec<(PathBuf, StagedDir)>,
+    /// Each staged file and where it goes, in the order written.
+    files: Vec<(PathBuf, PathBuf)>,
+}
+
+impl FileSet {
+    /// An empty set; `what` names its staging folders (`<folder>/.<what>.staging`).
+    pub fn new(what: &'static str) -> FileSet {
+        FileSet {
+            what,
+            stages: Vec::new(),
+            files: Vec::new(),
+        }
+    }
+
+    /// The staging folder of the files bound for `dir` (made on first use): a writer that makes
+    /// its own files puts them there under their final names, then [`FileSet::adopt`]s them.
+    pub fn folder(&mut self, dir: &Path) -> std::io::Result<PathBuf> {
+        if let Some((_, stage)) = self.stages.iter().find(|(d, _)| d == dir) {
+            return Ok(stage.path().to_owned());
+        }
+        std::fs::create_dir_all(dir)?;
+        let stage = StagedDir::at(dir.join(format!(".{}.staging", self.what)))?;
+        let path = stage.path().to_owned();
+        self.stages.push((dir.to_owned(), stage));
+        Ok(path)
+    }
+
+    /// Stages `bytes` as `dir/name`; returns the path it will have.
+    pub fn write(&mut self, dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<PathBuf> {
+        let staged = self.folder(dir)?.join(name);
+        std::fs::write(&staged, bytes)?;
+        let path = dir.join(name);
+        self.files.push((staged, path.clone()));
+        Ok(path)
+    }
+
+    /// Takes into the set the files a writer made in [`FileSet::folder`]`(dir)`; returns the
+    /// paths they will have in `dir`.
+    pub fn adopt(&mut self, dir: &Path, staged: Vec<PathBuf>) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        for file in staged {
+            let path = match file.file_name() {
+                Some(name) => dir.join(name),
+                None => continue,
+            };
+            self.files.push((file, path.clone()));
+            out.push(path);
+        }
+        out
+    }
+
+    /// The paths the set's files will have, in the order written.
+    pub fn files(&self) -> Vec<PathBuf> {
+        self.files.iter().map(|(_, path)| path.clone()).collect()
+    }
+
+    /// Puts every staged file in place ([`commit`] each, its folder made first), then removes
+    /// the staging folders.
+    pub fn commit(self) -> std::io::Result<()> {
+        for (staged, path) in &self.files {
+            commit(staged, path)?;
+        }
+        Ok(())
+    }
 }
 
 /// Saves tensors as safetensors to `path` atomically.

@@ -47,6 +47,7 @@ pub mod verl;
 pub mod atomic;
 pub mod checksum;
 pub mod files;
+pub mod flags;
 pub mod jsonl;
 pub mod parallel;
 pub mod progress;
