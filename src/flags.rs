@@ -11,7 +11,7 @@
 use std::ffi::OsStr;
 use std::ops::RangeInclusive;
 
-use clap::builder::{RangedU64ValueParser, TypedValueParser};
+use clap::builder::TypedValueParser;
 
 /// Training steps: a manifest's, `--max-steps`, an evaluation's step, the pipeline's (the
 /// paper's runs take 100 to 300; 2^24 is years of training at a second a step).
@@ -38,24 +38,86 @@ pub const MAX_MDPS: u64 = 1 << 10;
 pub const MAX_PMD_ITERATIONS: usize = 1 << 20;
 
 /// A count in `1..=max`: a number of things of which there must be at least one.
-pub fn count(max: usize) -> RangedU64ValueParser<usize> {
-    RangedU64ValueParser::new().range(1..=max as u64)
+pub fn count(max: usize) -> Whole<usize> {
+    Whole::new(1, max as u64)
 }
 
 /// A number in `0..=max` where 0 means something (the starting evaluation's step, logits by
 /// positions).
-pub fn from_zero(max: usize) -> RangedU64ValueParser<usize> {
-    RangedU64ValueParser::new().range(0..=max as u64)
+pub fn from_zero(max: usize) -> Whole<usize> {
+    Whole::new(0, max as u64)
 }
 
 /// [`count`] of a u64 flag.
-pub fn count_u64(max: u64) -> RangedU64ValueParser<u64> {
-    RangedU64ValueParser::new().range(1..=max)
+pub fn count_u64(max: u64) -> Whole<u64> {
+    Whole::new(1, max)
 }
 
 /// A seed: every u64 is one.
-pub fn seed() -> RangedU64ValueParser<u64> {
-    RangedU64ValueParser::new()
+pub fn seed() -> Whole<u64> {
+    Whole::new(0, u64::MAX)
+}
+
+/// A whole number in `low..=high` (decimal digits, no sign), as a `T`.
+#[derive(Debug, Clone, Copy)]
+pub struct Whole<T> {
+    low: u64,
+    high: u64,
+    of: std::marker::PhantomData<fn() -> T>,
+}
+
+impl<T> Whole<T> {
+    fn new(low: u64, high: u64) -> Whole<T> {
+        Whole {
+            low,
+            high,
+            of: std::marker::PhantomData,
+        }
+    }
+
+    /// The range as the error message says it.
+    pub fn describe(&self) -> String {
+        format!(
+            "a whole number at least {} and at most {}",
+            self.low, self.high
+        )
+    }
+}
+
+impl<T: TryFrom<u64> + Clone + Send + Sync + 'static> TypedValueParser for Whole<T> {
+    type Value = T;
+
+    fn parse_ref(
+        &self,
+        cmd: &clap::Command,
+        arg: Option<&clap::Arg>,
+        value: &OsStr,
+    ) -> Result<T, clap::Error> {
+        let refuse = |why| refusal(cmd, arg, value, why);
+        let x = value
+            .to_str()
+            .and_then(|t| t.trim().parse::<u64>().ok())
+            .filter(|x| (self.low..=self.high).contains(x))
+            .ok_or_else(|| refuse(format!("must be {}", self.describe())))?;
+        T::try_from(x).map_err(|_| refuse(format!("must be {}", self.describe())))
+    }
+}
+
+/// clap's error for a value outside its flag's range: `invalid value 'V' for '--flag <FLAG>':
+/// WHY`, exit 2.
+fn refusal(
+    cmd: &clap::Command,
+    arg: Option<&clap::Arg>,
+    value: &OsStr,
+    why: String,
+) -> clap::Error {
+    let flag = arg.map_or_else(|| "...".to_owned(), ToString::to_string);
+    let value = value.to_string_lossy();
+    clap::Error::raw(
+        clap::error::ErrorKind::ValueValidation,
+        format!("invalid value '{value}' for '{flag}': {why}\n"),
+    )
+    .with_cmd(cmd)
 }
 
 /// A finite real number in `range`, `0` also allowed where `zero` says what it means: a
@@ -135,15 +197,7 @@ impl TypedValueParser for Real {
         arg: Option<&clap::Arg>,
         value: &OsStr,
     ) -> Result<f64, clap::Error> {
-        let refuse = |why: String| {
-            let flag = arg.map_or_else(|| "...".to_owned(), ToString::to_string);
-            let value = value.to_string_lossy();
-            clap::Error::raw(
-                clap::error::ErrorKind::ValueValidation,
-                format!("invalid value '{value}' for '{flag}': {why}\n"),
-            )
-            .with_cmd(cmd)
-        };
+        let refuse = |why| refusal(cmd, arg, value, why);
         let text = value.to_str().ok_or_else(|| refuse("not UTF-8".into()))?;
         let x: f64 = text
             .trim()

@@ -18,6 +18,50 @@ pub struct Cli {
     pub command: Command,
 }
 
+impl Cli {
+    /// The command line as the binary parses it: clap's tree of [`Cli`] with every numeric flag
+    /// ([`is_numeric`]) taking a leading `-` as its value, so that `--seeds -1` is refused as
+    /// out of its range, naming the flag (issue #47), not read as an unknown flag `-1`.
+    pub fn command_line() -> clap::Command {
+        numbers_may_be_negative(<Cli as clap::CommandFactory>::command())
+    }
+
+    /// [`Cli`] from the process's arguments, parsed by [`Cli::command_line`]; exits as clap does
+    /// on a usage error (2, one message).
+    pub fn from_args() -> Cli {
+        let matches = Cli::command_line().get_matches();
+        <Cli as clap::FromArgMatches>::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+    }
+}
+
+/// Whether a flag holds a number (its value parser's type): every such flag is parsed within a
+/// declared range ([`acpo::flags`]).
+pub fn is_numeric(arg: &clap::Arg) -> bool {
+    use std::any::TypeId;
+    let id = arg.get_value_parser().type_id();
+    [
+        TypeId::of::<usize>(),
+        TypeId::of::<u64>(),
+        TypeId::of::<u32>(),
+        TypeId::of::<i64>(),
+        TypeId::of::<f64>(),
+        TypeId::of::<f32>(),
+    ]
+    .iter()
+    .any(|t| id == *t)
+}
+
+fn numbers_may_be_negative(cmd: clap::Command) -> clap::Command {
+    cmd.mut_args(|a| {
+        if is_numeric(&a) {
+            a.allow_negative_numbers(true)
+        } else {
+            a
+        }
+    })
+    .mut_subcommands(numbers_may_be_negative)
+}
+
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Validate experiment manifests and print one summary line per run.
