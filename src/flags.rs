@@ -17,9 +17,9 @@ use clap::builder::TypedValueParser;
 /// paper's runs take 100 to 300; 2^24 is years of training at a second a step).
 pub const MAX_STEPS: usize = 1 << 24;
 
-/// Sequences, prompts or problems in one call or one step: generated sequences, batches,
-/// micro-batches, problems per benchmark ([`crate::generate::MAX_SEQUENCES`]).
-pub const MAX_SEQUENCES: usize = crate::generate::MAX_SEQUENCES;
+/// Sequences, prompts or problems in one call or one step: the sequences `acpo generate`
+/// samples in one call (prompts × `--n`), batches, micro-batches, problems per benchmark.
+pub const MAX_SEQUENCES: usize = 1 << 20;
 
 /// Tokens of one sequence: its prompt, its response, the whole ([`crate::model::MAX_POSITIONS`],
 /// the longest context a model config may declare).

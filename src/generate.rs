@@ -220,7 +220,7 @@ pub fn generate(opts: &GenerateOptions) -> Result<Vec<Generated>> {
 }
 
 /// The most sequences one call samples (`prompts × --n`).
-pub const MAX_SEQUENCES: usize = 1 << 20;
+pub use crate::flags::MAX_SEQUENCES;
 
 /// Refuses, before anything is sampled, prompts that with `--max-new-tokens` run past the
 /// model's positions, and sequence counts or lengths whose memory the device does not have

@@ -42,8 +42,8 @@ pub mod reproduce;
 pub mod sweep;
 pub mod verl;
 
-// Helpers every layer uses: files written atomically and read only when regular, JSON lines,
-// SHA-256, seeded random streams, worker threads, progress bars.
+// Helpers every layer uses: files written atomically and read only when regular, the numeric
+// flags' ranges, JSON lines, SHA-256, seeded random streams, worker threads, progress bars.
 pub mod atomic;
 pub mod checksum;
 pub mod files;

@@ -336,7 +336,10 @@ fn reproduce(args: &ReproduceArgs) -> anyhow::Result<Outcome> {
                 return Ok(Outcome::CheckFailed);
             };
             // The runs the report stands on, checked before any of it is written (issue #47).
-            let expected = acpo::reproduce::check_finished(&manifests()?, args.seeds, &root, &dir)?;
+            let manifests = manifests().context(
+                "the runs of an archive are checked against the scale's manifests (--experiments DIR)",
+            )?;
+            let expected = acpo::reproduce::check_finished(&manifests, args.seeds, &root, &dir)?;
             println!("{}: {}", root.display(), expected.describe());
             root
         }

@@ -139,7 +139,10 @@ pub fn derive(text: &str, path: &Path, d: &Derivation) -> Result<(Experiment, St
     let responses = m.actor.mini_batch_size * m.rollout.n;
     // The flag is taken as given or refused (issue #47: 3 became 1 and 10^6 became 4, silently);
     // the manifest's own micro-batch is the default, made to divide the divided mini-batch.
-    if let Some(mb) = d.micro_batch.filter(|&mb| mb == 0 || responses % mb != 0) {
+    if let Some(mb) = d
+        .micro_batch
+        .filter(|&mb| mb == 0 || !responses.is_multiple_of(mb))
+    {
         return Err(PerfError::Shape(format!(
             "{}: --micro-batch {mb} does not divide the {responses} responses of a mini-batch (actor.mini_batch_size / --divisor {} = {}, × rollout.n {})",
             path.display(),

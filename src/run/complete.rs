@@ -122,13 +122,12 @@ fn steps_gap(path: &Path, expected: impl Iterator<Item = usize>, what: &str) -> 
             None => return Some(format!("{name}, line {}: no step", i + 1)),
         }
     }
-    match lines.next() {
-        Some((i, _)) => Some(format!(
+    lines.next().map(|(i, _)| {
+        format!(
             "{name}, line {}: more {what}s than the manifest plans ({held})",
             i + 1
-        )),
-        None => None,
-    }
+        )
+    })
 }
 
 /// What to do with runs of the folder that no expected run is.
