@@ -73,7 +73,7 @@ def reseal(root):
     def sums(d):
         lines = []
         for p in sorted(d.rglob("*")):
-            if p.is_file() and p.name != "SHA256SUMS":
+            if p.is_file() and p != d / "SHA256SUMS":
                 lines.append(f"{sha256(p)}  {p.relative_to(d).as_posix()}\n")
         (d / "SHA256SUMS").write_text("".join(lines))
     for run_dir in sorted(p for p in root.iterdir() if p.is_dir()):
@@ -402,7 +402,7 @@ def numeric_flags(path):
     flags = []
     for m in re.finditer(r"--([a-z][a-z0-9-]*) <[A-Z_]+>", out):
         flag = m.group(1)
-        block = out[m.end():].split("\n  -", 1)[0]
+        block = re.split(r"\n +-", out[m.end():], maxsplit=1)[0]  # its help, to the next flag
         if "possible values" in block.lower():
             continue
         rc, o, e = run([*path, f"--{flag}", "abc"])
