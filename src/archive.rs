@@ -149,6 +149,21 @@ pub struct Report {
     pub not_regular: Vec<String>,
     /// Why the target could not be read at all (corrupt archive, no or malformed SHA256SUMS).
     pub unreadable: Option<String>,
+    /// What the `.sha256` beside an archive said (issue #47: an OK without one is said to be
+    /// the inside's only, since a resealed archive agrees with its own sums).
+    pub sidecar: Sidecar,
+}
+
+/// The `<archive>.sha256` beside an archive, as a verification found it.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub enum Sidecar {
+    /// A directory was verified: it has none.
+    #[default]
+    NotApplicable,
+    /// There was none: only the archive's own SHA256SUMS vouched for its files.
+    Absent(PathBuf),
+    /// It was there and named the archive's digest (a mismatch is one of `differ`).
+    Checked(PathBuf),
 }
 
 impl Report {
@@ -166,7 +181,17 @@ impl Report {
             return format!("FAILED: {u}");
         }
         if self.ok() {
-            return format!("OK: {} files match SHA256SUMS", self.checked);
+            let sidecar = match &self.sidecar {
+                Sidecar::NotApplicable => String::new(),
+                Sidecar::Checked(side) => {
+                    format!("; the archive matches {}", side.display())
+                }
+                Sidecar::Absent(side) => format!(
+                    "; no {} beside it, so the archive itself was not checked against a published SHA-256 (a resealed archive agrees with its own sums)",
+                    side.display()
+                ),
+            };
+            return format!("OK: {} files match SHA256SUMS{sidecar}", self.checked);
         }
         let mut s = format!(
             "FAILED: {} differ, {} missing, {} extra, {} not regular files (of {} listed)",
@@ -437,7 +462,15 @@ impl Drop for Scratch {
 /// `<archive>.sha256`, when it is beside the archive, must name the archive's own digest.
 fn check_sidecar(archive: &Path, report: &mut Report) -> Result<()> {
     let side = PathBuf::from(format!("{}.sha256", archive.display()));
+    if std::fs::symlink_metadata(&side).is_err() {
+        report.sidecar = Sidecar::Absent(side);
+        return Ok(());
+    }
+    report.sidecar = Sidecar::Checked(side.clone());
     let Ok(text) = crate::files::read_to_string(&side) else {
+        report
+            .differ
+            .push(format!("{} (unreadable)", side.display()));
         return Ok(());
     };
     let listed = text.split_whitespace().next().unwrap_or("");

@@ -82,7 +82,11 @@ pub struct StagedDir {
 impl StagedDir {
     /// A fresh staging directory for `dir` (what an interrupted run left there is removed).
     pub fn new(dir: &Path, what: &str) -> std::io::Result<StagedDir> {
-        let path = staging(dir, what);
+        StagedDir::at(staging(dir, what))
+    }
+
+    /// A fresh staging directory at `path` (what an interrupted run left there is removed).
+    fn at(path: PathBuf) -> std::io::Result<StagedDir> {
         if path.exists() {
             std::fs::remove_dir_all(&path)?;
         }
@@ -124,6 +128,191 @@ pub fn commit_dir(stage: &Path, dir: &Path) -> std::io::Result<()> {
     commit(stage, dir)?;
     if replacing {
         std::fs::remove_dir_all(&old)?;
+    }
+    Ok(())
+}
+
+/// Files written as one set (a report's tables and figures, issue #47): each is written into a
+/// staging folder inside the folder it goes to (`.<what>.staging`, so nothing is written outside
+/// the folders the command writes anyway), and none is put in place before
+/// all of them are written ([`FileSet::commit`]). A set dropped before its commit (an error on
+/// the way) removes what it staged, so a command that fails leaves the earlier set whole, never
+/// part of a new one beside the rest of the old. (The commit renames one file after another: a
+/// kill among those renames leaves each file whole, old or new, and the next run completes it.)
+pub struct FileSet {
+    what: &'static str,
+    /// Each destination folder and its staging folder.
+    stages: Vec<(PathBuf, StagedDir)>,
+    /// Each staged file and where it goes, in the order written.
+    files: Vec<(PathBuf, PathBuf)>,
+}
+
+impl FileSet {
+    /// An empty set; `what` names its staging folders (`<folder>/.<what>.staging`).
+    pub fn new(what: &'static str) -> FileSet {
+        FileSet {
+            what,
+            stages: Vec::new(),
+            files: Vec::new(),
+        }
+    }
+
+    /// The staging folder of the files bound for `dir` (made on first use): a writer that makes
+    /// its own files puts them there under their final names, then [`FileSet::adopt`]s them.
+    pub fn folder(&mut self, dir: &Path) -> std::io::Result<PathBuf> {
+        if let Some((_, stage)) = self.stages.iter().find(|(d, _)| d == dir) {
+            return Ok(stage.path().to_owned());
+        }
+        std::fs::create_dir_all(dir)?;
+        let stage = StagedDir::at(dir.join(format!(".{}.staging", self.what)))?;
+        let path = stage.path().to_owned();
+        self.stages.push((dir.to_owned(), stage));
+        Ok(path)
+    }
+
+    /// Stages `bytes` as `dir/name`; returns the path it will have.
+    pub fn write(&mut self, dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<PathBuf> {
+        let staged = self.folder(dir)?.join(name);
+        std::fs::write(&staged, bytes)?;
+        let path = dir.join(name);
+        self.files.push((staged, path.clone()));
+        Ok(path)
+    }
+
+    /// Takes into the set the files a writer made in [`FileSet::folder`]`(dir)`; returns the
+    /// paths they will have in `dir`.
+    pub fn adopt(&mut self, dir: &Path, staged: Vec<PathBuf>) -> Vec<PathBuf> {
+        let mut out = Vec::new();
+        for file in staged {
+            let path = match file.file_name() {
+                Some(name) => dir.join(name),
+                None => continue,
+            };
+            self.files.push((file, path.clone()));
+            out.push(path);
+        }
+        out
+    }
+
+    /// The paths the set's files will have, in the order written.
+    pub fn files(&self) -> Vec<PathBuf> {
+        self.files.iter().map(|(_, path)| path.clone()).collect()
+    }
+
+    /// Puts every staged file in place ([`commit`] each, its folder made first), then removes
+    /// the staging folders.
+    pub fn commit(self) -> std::io::Result<()> {
+        for (staged, path) in &self.files {
+            commit(staged, path)?;
+        }
+        Ok(())
+    }
+}
+
+/// Replaces existing files together or not at all (issue #47: `acpo doc A B` rewrote A, then
+/// failed on B). Each new content is written beside the file it replaces — the file a link
+/// points to, so a link stays a link — with that file's permissions and owner; once every one is
+/// written they are renamed over their files. On an error nothing is left behind: the
+/// temporaries are removed, and when a rename fails the files already replaced get their old
+/// bytes back. A file named twice (itself and through a link) is written once. The error names
+/// the file it is about.
+pub fn replace_together(files: &[(PathBuf, Vec<u8>)]) -> Result<(), (PathBuf, std::io::Error)> {
+    let mut staged = Staged(Vec::new());
+    for (path, bytes) in files {
+        let real = std::fs::canonicalize(path).map_err(|e| (path.clone(), e))?;
+        if staged.0.iter().any(|s| s.real == real) {
+            continue;
+        }
+        let old = std::fs::read(&real).map_err(|e| (path.clone(), e))?;
+        let temp = temp_path(&real);
+        staged.0.push(Replacement {
+            real: real.clone(),
+            temp: temp.clone(),
+            old,
+            replaced: false,
+        });
+        write_like(&real, &temp, bytes).map_err(|e| (path.clone(), e))?;
+    }
+    for i in 0..staged.0.len() {
+        let r = &staged.0[i];
+        if let Err(e) = commit(&r.temp, &r.real) {
+            let failed = r.real.clone();
+            staged.restore();
+            return Err((failed, e));
+        }
+        staged.0[i].replaced = true;
+    }
+    staged.0.clear();
+    Ok(())
+}
+
+/// One file of [`replace_together`]: where it is, its staged new content, its old bytes.
+struct Replacement {
+    real: PathBuf,
+    temp: PathBuf,
+    old: Vec<u8>,
+    replaced: bool,
+}
+
+/// The replacements under way: dropped before they all went through, their temporaries go.
+struct Staged(Vec<Replacement>);
+
+impl Staged {
+    /// Puts the old bytes back into the files already replaced (best effort: the error that
+    /// stopped the set is the one reported).
+    fn restore(&mut self) {
+        for r in self.0.iter().filter(|r| r.replaced) {
+            if write_like(&r.real, &r.temp, &r.old).is_ok() {
+                let _ = std::fs::rename(&r.temp, &r.real);
+            }
+        }
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        for r in &self.0 {
+            let _ = std::fs::remove_file(&r.temp);
+        }
+    }
+}
+
+/// Writes `bytes` to `temp` with the permissions and owner of the existing file `like`, so that
+/// renaming it over `like` changes the content alone. Created with the permissions already
+/// (never readable by more than `like` is, even for a moment), then given them exactly (the
+/// umask may have taken bits away) and, on Unix, `like`'s owner and group where they differ
+/// from the writer's: a file this process cannot give them is an error, never a silent change.
+fn write_like(like: &Path, temp: &Path, bytes: &[u8]) -> std::io::Result<()> {
+    use std::io::Write;
+    let meta = std::fs::metadata(like)?;
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create(true).truncate(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
+        options.mode(meta.permissions().mode() & 0o7777);
+    }
+    let mut file = options.open(temp)?;
+    file.write_all(bytes)?;
+    file.set_permissions(meta.permissions())?;
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::MetadataExt;
+        let made = file.metadata()?;
+        if (made.uid(), made.gid()) != (meta.uid(), meta.gid()) {
+            std::os::unix::fs::fchown(&file, Some(meta.uid()), Some(meta.gid())).map_err(|e| {
+                std::io::Error::new(
+                    e.kind(),
+                    format!(
+                        "cannot keep its owner {}:{} in the rewritten file ({e})",
+                        meta.uid(),
+                        meta.gid()
+                    ),
+                )
+            })?;
+            // chown clears the set-id bits: give the permissions again.
+            file.set_permissions(meta.permissions())?;
+        }
     }
     Ok(())
 }

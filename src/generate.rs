@@ -55,18 +55,18 @@ pub struct GenerateOptions {
     #[arg(long)]
     pub input: Option<PathBuf>,
     /// Completions per prompt.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = crate::flags::count(MAX_SEQUENCES))]
     pub n: usize,
     /// Sampling temperature; 0 is greedy.
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = temperature_range())]
     pub temperature: f64,
-    #[arg(long, default_value_t = 1.0)]
+    #[arg(long, default_value_t = 1.0, value_parser = top_p_range())]
     pub top_p: f64,
-    #[arg(long)]
+    #[arg(long, value_parser = crate::flags::count(crate::model::MAX_VOCAB))]
     pub top_k: Option<usize>,
-    #[arg(long, default_value_t = 256)]
+    #[arg(long, default_value_t = 256, value_parser = crate::flags::count(crate::flags::MAX_TOKENS))]
     pub max_new_tokens: usize,
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = crate::flags::seed())]
     pub seed: u64,
     /// Wrap each prompt in the model's chat template.
     #[arg(long)]
@@ -75,6 +75,18 @@ pub struct GenerateOptions {
     pub device: crate::model::spec::Device,
     #[arg(long, value_enum, default_value_t = crate::model::spec::DType::F32)]
     pub dtype: crate::model::spec::DType,
+}
+
+/// A sampling temperature: 0 (greedy), or at least [`crate::manifest::MIN_TEMPERATURE`] (the
+/// manifests' rule: logits / T overflows f32 below it), and finite (issue #47: `inf` flattened
+/// every distribution to uniform without a word).
+pub fn temperature_range() -> crate::flags::Real {
+    crate::flags::Real::within(crate::manifest::MIN_TEMPERATURE..=f64::MAX).or_zero("greedy")
+}
+
+/// Nucleus sampling's `top_p`: the share of probability kept, in (0, 1].
+pub fn top_p_range() -> crate::flags::Real {
+    crate::flags::Real::above(0.0, 1.0)
 }
 
 /// One completion.
@@ -124,20 +136,21 @@ impl GenerateOptions {
         Ok(prompts)
     }
 
-    /// Refuses settings the sampler cannot honour, naming the flag.
+    /// Refuses settings the sampler cannot honour, naming the flag: the ranges clap checks
+    /// on the command line ([`temperature_range`], [`top_p_range`]), for callers that build the
+    /// options themselves.
     pub fn check(&self) -> Result<()> {
         let p = &self.params();
-        if !(p.top_p > 0.0 && p.top_p <= 1.0) {
-            return Err(GenerateError::Flag(format!(
-                "--top-p must be in (0, 1], got {}",
-                p.top_p
-            )));
-        }
-        if p.temperature.is_nan() || p.temperature < 0.0 {
-            return Err(GenerateError::Flag(format!(
-                "--temperature must be >= 0 (0 = greedy), got {}",
-                p.temperature
-            )));
+        for (flag, range, x) in [
+            ("--top-p", top_p_range(), p.top_p),
+            ("--temperature", temperature_range(), p.temperature),
+        ] {
+            if !range.holds(x) {
+                return Err(GenerateError::Flag(format!(
+                    "{flag} must be {}, got {x}",
+                    range.describe()
+                )));
+            }
         }
         if self.n == 0 || p.top_k == Some(0) {
             return Err(GenerateError::Flag(
@@ -207,7 +220,7 @@ pub fn generate(opts: &GenerateOptions) -> Result<Vec<Generated>> {
 }
 
 /// The most sequences one call samples (`prompts × --n`).
-pub const MAX_SEQUENCES: usize = 1 << 20;
+pub use crate::flags::MAX_SEQUENCES;
 
 /// Refuses, before anything is sampled, prompts that with `--max-new-tokens` run past the
 /// model's positions, and sequence counts or lengths whose memory the device does not have

@@ -45,11 +45,12 @@ pub mod sweep;
 pub mod verl;
 
 // Helpers every layer uses: files written atomically and read only when regular, a field's
-// refusal, JSON lines, SHA-256, seeded random streams, worker threads, progress bars.
+// refusal, the numeric flags' ranges, JSON lines, SHA-256, seeded random streams, worker threads, progress bars.
 pub mod atomic;
 pub mod checksum;
 pub mod field;
 pub mod files;
+pub mod flags;
 pub mod jsonl;
 pub mod parallel;
 pub mod progress;

@@ -4,8 +4,6 @@
 
 use std::process::ExitCode;
 
-use clap::Parser;
-
 mod cli;
 
 /// How a successful invocation ended.
@@ -99,7 +97,7 @@ fn main() -> ExitCode {
     default_sigpipe();
     single_elementwise_pool();
     keep_freed_memory();
-    let cli = cli::Cli::parse();
+    let cli = cli::Cli::from_args();
     match cli::run(cli) {
         Ok(outcome) => outcome.exit_code(),
         Err(err) => {

@@ -44,6 +44,16 @@ pub enum ReproduceError {
     TooManyRuns { seeds: usize, manifests: usize },
     #[error("--models: no manifest of this scale trains {wanted} (its models: {have})")]
     NoSuchModel { wanted: String, have: String },
+    #[error(transparent)]
+    Runs(#[from] crate::run::complete::RunsError),
+    #[error("{}: no run of the manifests in {} (a report --from an archive is checked against the scale's manifests: --experiments DIR)", root.display(), manifests.display())]
+    NoRunsOfScale { root: PathBuf, manifests: PathBuf },
+    #[error("{}: run {name} has seed {seed}, more seeds past its manifest's than the {MAX_RUNS} runs one reproduction plans", root.display())]
+    SeedsBeyondPlan {
+        root: PathBuf,
+        name: String,
+        seed: u64,
+    },
 }
 
 type Result<T> = std::result::Result<T, ReproduceError>;
@@ -342,6 +352,98 @@ impl Queue {
             None => Ok(()),
         }
     }
+}
+
+/// The runs a report `--from` finished runs stands on ([`check_finished`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Expected {
+    /// The scale's manifests of the models the runs are of.
+    pub manifests: usize,
+    /// Seeds per manifest.
+    pub seeds: usize,
+    /// Runs: manifests × seeds, every one there and complete.
+    pub runs: usize,
+}
+
+impl Expected {
+    pub fn describe(&self) -> String {
+        format!(
+            "all {} runs the report expects are there and complete ({} manifests × {} seeds)",
+            self.runs, self.manifests, self.seeds
+        )
+    }
+}
+
+/// Checks that the finished runs in `root` are what a report of the scale expects (issue #47),
+/// as `sweep --from` checks a sweep's ([`crate::run::complete::expect`], the one rule): the
+/// scale's `manifests` of every model `root` holds runs of, at `seeds` seeds each — not given:
+/// at as many as `root` holds of any of them (seed s, s + 1, … of each manifest's own s) — are
+/// all there and complete, and `root` holds no other run, since the report reads every run there.
+/// So a run removed, cut short or emptied, a missing seed or a missing pair is refused, naming
+/// it, instead of reported over fewer runs than the report says.
+pub fn check_finished(
+    manifests: &[PathBuf],
+    seeds: Option<usize>,
+    root: &Path,
+    experiments: &Path,
+) -> Result<Expected> {
+    use crate::run::complete;
+    let found = complete::runs_in(root)?;
+    let mut loaded = Vec::new();
+    for path in manifests {
+        loaded.push((path.clone(), Experiment::load(path)?));
+    }
+    // How many seeds `root` holds of a manifest: up to its furthest one.
+    let held = |exp: &Experiment| {
+        found
+            .iter()
+            .filter(|f| f.exp.name == exp.name)
+            .filter_map(|f| f.exp.seed.checked_sub(exp.seed).map(|k| (k, f)))
+            .max_by_key(|(k, _)| *k)
+    };
+    let models: std::collections::BTreeSet<String> = loaded
+        .iter()
+        .filter(|(_, e)| held(e).is_some())
+        .map(|(_, e)| e.model.source.label())
+        .collect();
+    if models.is_empty() {
+        return Err(ReproduceError::NoRunsOfScale {
+            root: root.to_owned(),
+            manifests: experiments.to_owned(),
+        });
+    }
+    let selected: Vec<&(PathBuf, Experiment)> = loaded
+        .iter()
+        .filter(|(_, e)| models.contains(&e.model.source.label()))
+        .collect();
+    let seeds = match seeds {
+        Some(n) => n,
+        None => {
+            let (k, furthest) = selected
+                .iter()
+                .filter_map(|(_, e)| held(e))
+                .max_by_key(|(k, _)| *k)
+                .expect("invariant: a selected model has a run");
+            usize::try_from(k)
+                .ok()
+                .and_then(|k| k.checked_add(1))
+                .filter(|n| n.saturating_mul(selected.len()) <= MAX_RUNS)
+                .ok_or_else(|| ReproduceError::SeedsBeyondPlan {
+                    root: root.to_owned(),
+                    name: furthest.exp.name.clone(),
+                    seed: furthest.exp.seed,
+                })?
+        }
+    };
+    let paths: Vec<PathBuf> = selected.iter().map(|(p, _)| p.clone()).collect();
+    let expected: Vec<Experiment> = seeded(&paths, seeds)?.into_iter().map(|(e, _)| e).collect();
+    let refs: Vec<&Experiment> = expected.iter().collect();
+    complete::expect(&refs, root, complete::Others::Refused)?;
+    Ok(Expected {
+        manifests: paths.len(),
+        seeds,
+        runs: expected.len(),
+    })
 }
 
 /// A verified archive (or results directory) ready to report from.

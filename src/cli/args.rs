@@ -4,6 +4,7 @@ use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
 
+use acpo::flags;
 use acpo::manifest::Scale;
 use acpo::model::spec::Device;
 use acpo::perf::BenchKind;
@@ -15,6 +16,50 @@ use acpo::report::Artifact;
 pub struct Cli {
     #[command(subcommand)]
     pub command: Command,
+}
+
+impl Cli {
+    /// The command line as the binary parses it: clap's tree of [`Cli`] with every numeric flag
+    /// ([`is_numeric`]) taking a leading `-` as its value, so that `--seeds -1` is refused as
+    /// out of its range, naming the flag (issue #47), not read as an unknown flag `-1`.
+    pub fn command_line() -> clap::Command {
+        numbers_may_be_negative(<Cli as clap::CommandFactory>::command())
+    }
+
+    /// [`Cli`] from the process's arguments, parsed by [`Cli::command_line`]; exits as clap does
+    /// on a usage error (2, one message).
+    pub fn from_args() -> Cli {
+        let matches = Cli::command_line().get_matches();
+        <Cli as clap::FromArgMatches>::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+    }
+}
+
+/// Whether a flag holds a number (its value parser's type): every such flag is parsed within a
+/// declared range ([`acpo::flags`]).
+pub fn is_numeric(arg: &clap::Arg) -> bool {
+    use std::any::TypeId;
+    let id = arg.get_value_parser().type_id();
+    [
+        TypeId::of::<usize>(),
+        TypeId::of::<u64>(),
+        TypeId::of::<u32>(),
+        TypeId::of::<i64>(),
+        TypeId::of::<f64>(),
+        TypeId::of::<f32>(),
+    ]
+    .iter()
+    .any(|t| id == *t)
+}
+
+fn numbers_may_be_negative(cmd: clap::Command) -> clap::Command {
+    cmd.mut_args(|a| {
+        if is_numeric(&a) {
+            a.allow_negative_numbers(true)
+        } else {
+            a
+        }
+    })
+    .mut_subcommands(numbers_may_be_negative)
 }
 
 #[derive(Debug, Subcommand)]
@@ -108,9 +153,9 @@ pub enum ExportCommand {
         #[arg(long)]
         out: Option<PathBuf>,
         /// GPUs per node (the paper used 2-8 H100s per run).
-        #[arg(long, default_value_t = 8)]
+        #[arg(long, default_value_t = 8, value_parser = flags::count(flags::MAX_GPUS_PER_NODE))]
         gpus: usize,
-        #[arg(long, default_value_t = 1)]
+        #[arg(long, default_value_t = 1, value_parser = flags::count(flags::MAX_NODES))]
         nodes: usize,
         /// Also write the training set and the benchmarks as verl parquet files into OUT/data
         /// (where launch.sh looks for them).
@@ -140,7 +185,7 @@ pub struct TrainArgs {
     #[arg(long)]
     pub resume: bool,
     /// Stop after this many training steps (the manifest's total is unchanged).
-    #[arg(long)]
+    #[arg(long, value_parser = flags::count(flags::MAX_STEPS))]
     pub max_steps: Option<usize>,
     /// Directory with the benchmark and training JSONL files [default: $ACPO_DATA_DIR, else
     /// ~/.cache/acpo/data; a file missing there comes from the HF hub where a faithful copy exists].
@@ -185,7 +230,7 @@ pub struct EvalArgs {
     #[arg(long, value_enum)]
     pub device: Option<Device>,
     /// Training step this evaluation belongs to (recorded in the summary).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = flags::from_zero(flags::MAX_STEPS))]
     pub step: usize,
     /// Where to write samples.jsonl and summary.json.
     #[arg(long)]
@@ -198,13 +243,13 @@ pub struct PipelineArgs {
     #[arg(required = true)]
     pub manifests: Vec<PathBuf>,
     /// Divide the prompts per step and per mini-batch by this (it must divide both).
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = flags::count(acpo::manifest::MAX_BATCH))]
     pub divisor: usize,
     /// Training steps; the evaluation and the checkpoint come after the last.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = flags::count(flags::MAX_STEPS))]
     pub steps: usize,
     /// Problems per benchmark in the evaluation (the first ones).
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = flags::count(flags::MAX_SEQUENCES))]
     pub eval_limit: usize,
     /// A directory with the real tokenizer.json and tokenizer_config.json [default: the
     /// manifest's hub repo's, from the hub cache].
@@ -223,9 +268,9 @@ pub struct PipelineArgs {
     /// Run on this device instead of each manifest's.
     #[arg(long, value_enum)]
     pub device: Option<acpo::model::spec::Device>,
-    /// Sequences per micro-batch (memory only) [default: the manifest's, made to divide the
-    /// divided mini-batch].
-    #[arg(long)]
+    /// Sequences per micro-batch (memory only); it must divide the responses of a divided
+    /// mini-batch [default: the manifest's, made to divide them].
+    #[arg(long, value_parser = flags::count(flags::MAX_SEQUENCES))]
     pub micro_batch: Option<usize>,
     /// The paper runs the plan costs.
     #[arg(long, default_value = "experiments/paper")]
@@ -308,14 +353,15 @@ pub struct ReproduceArgs {
     /// Runs trained at once, each on one CPU thread (at mini sizes a second candle thread
     /// slows a run down, a second run side by side doubles throughput). Default: the number
     /// of CPUs when every run is on the CPU, else 1.
-    #[arg(long)]
+    #[arg(long, value_parser = flags::count(acpo::reproduce::MAX_RUNS))]
     pub jobs: Option<usize>,
     /// Seeds per run: each manifest's own seed s, then s + 1, …, s + N − 1 (one run
     /// directory each). With N ≥ 2 the report adds seeds.md (each matched pair's differences
     /// with 95 % confidence intervals paired by seed) and bands across seeds on the accuracy
-    /// curves.
-    #[arg(long, default_value_t = 1)]
-    pub seeds: usize,
+    /// curves. [default: 1; with --from, the archive's, which must hold every seed of every
+    /// run: given, the archive must hold exactly N]
+    #[arg(long, value_parser = flags::count(acpo::reproduce::MAX_RUNS))]
+    pub seeds: Option<usize>,
     /// Only the manifests of these models, as the reports name them (comma-separated, e.g.
     /// `qwen3-mini-xs,qwen3-mini-s`): nothing else is trained, and the report covers the runs
     /// under --results. Default: every model of the scale.
@@ -353,7 +399,7 @@ pub struct SweepArgs {
     #[arg(long)]
     pub data_dir: Option<PathBuf>,
     /// Runs trained at once (as for reproduce).
-    #[arg(long)]
+    #[arg(long, value_parser = flags::count(acpo::reproduce::MAX_RUNS))]
     pub jobs: Option<usize>,
 }
 
@@ -384,7 +430,7 @@ pub struct BenchArgs {
     #[arg(long, default_value = "results/bench")]
     pub out: PathBuf,
     /// Timed repetitions per model (the median is reported).
-    #[arg(long, default_value_t = 3)]
+    #[arg(long, default_value_t = 3, value_parser = flags::count(flags::MAX_REPEATS))]
     pub repeats: usize,
     /// Only the tiny model (seconds instead of minutes).
     #[arg(long)]
@@ -402,30 +448,30 @@ pub struct BenchArgs {
     #[arg(long)]
     pub config: Option<PathBuf>,
     /// train-step: tokens per sequence, prompt included [default: 128].
-    #[arg(long)]
+    #[arg(long, value_parser = flags::count(flags::MAX_TOKENS))]
     pub seq_len: Option<usize>,
     /// Prompt tokens of each sequence [default: train-step 1 (no loss on them), generate 32].
-    #[arg(long)]
+    #[arg(long, value_parser = flags::count(flags::MAX_TOKENS))]
     pub prompt_len: Option<usize>,
     /// train-step: sequences per micro-batch [default: 4].
-    #[arg(long)]
+    #[arg(long, value_parser = flags::count(flags::MAX_SEQUENCES))]
     pub micro_batch: Option<usize>,
     /// Sequences in the step or prompts sampled [default: 8; train-step: --micro-batch when given].
-    #[arg(long)]
+    #[arg(long, value_parser = flags::count(flags::MAX_SEQUENCES))]
     pub batch: Option<usize>,
     /// train-step: the attention [default: flash on CUDA, composed on the CPU].
     #[arg(long, value_enum)]
     pub attention: Option<AttentionKind>,
     /// train-step: vocabulary chunk of the log-probs, 0 for logits by positions [default:
     /// 8192 on CUDA, 0 on the CPU].
-    #[arg(long)]
+    #[arg(long, value_parser = flags::from_zero(acpo::model::MAX_VOCAB))]
     pub vocab_chunk: Option<usize>,
     /// generate: new tokens per prompt [default: 64].
-    #[arg(long)]
+    #[arg(long, value_parser = flags::count(flags::MAX_TOKENS))]
     pub new_tokens: Option<usize>,
     /// generate: sequences decoded at once; a waiting prompt takes a finished one's place
     /// [default: all].
-    #[arg(long)]
+    #[arg(long, value_parser = flags::count(flags::MAX_SEQUENCES))]
     pub max_batch: Option<usize>,
     /// generate: long-tailed response lengths up to --new-tokens, waves of --max-batch prompts
     /// against continuous batching.
@@ -467,13 +513,13 @@ pub struct PmdArgs {
     #[arg(long, default_value = "figures")]
     pub out: PathBuf,
     /// First random MDP's seed (the others follow).
-    #[arg(long, default_value_t = 0)]
+    #[arg(long, default_value_t = 0, value_parser = flags::seed())]
     pub seed: u64,
     /// Random MDPs in the grid.
-    #[arg(long, default_value_t = 5)]
+    #[arg(long, default_value_t = 5, value_parser = flags::count_u64(flags::MAX_MDPS))]
     pub mdps: u64,
     /// PMD iterations per run.
-    #[arg(long, default_value_t = 100)]
+    #[arg(long, default_value_t = 100, value_parser = flags::count(flags::MAX_PMD_ITERATIONS))]
     pub iterations: usize,
 }
 
@@ -486,7 +532,7 @@ pub enum ModelCommand {
         config: PathBuf,
         #[arg(long)]
         out: PathBuf,
-        #[arg(long, default_value_t = 0)]
+        #[arg(long, default_value_t = 0, value_parser = flags::seed())]
         seed: u64,
         /// Also write a character-level tokenizer (printable ASCII; vocab_size must be ≥ 98).
         #[arg(long)]

@@ -322,20 +322,32 @@ fn report(artifact: Artifact, root: &Path, figures: &Path, paper: bool) -> anyho
 /// ones resumed), then build the artifact; or, with --from, verify and rebuild from results.
 fn reproduce(args: &ReproduceArgs) -> anyhow::Result<Outcome> {
     let scale = args.scale.name();
+    let dir = args.experiments.join(scale);
+    let manifests = || -> anyhow::Result<Vec<PathBuf>> {
+        let manifests = acpo::manifest::discover(&dir)?;
+        if manifests.is_empty() {
+            bail!("{}: no manifests for scale {scale}", dir.display());
+        }
+        Ok(manifests)
+    };
     let root = match &args.from {
-        Some(from) => match unpack(from, &args.results)? {
-            Some(root) => root,
-            None => return Ok(Outcome::CheckFailed),
-        },
+        Some(from) => {
+            let Some(root) = unpack(from, &args.results)? else {
+                return Ok(Outcome::CheckFailed);
+            };
+            // The runs the report stands on, checked before any of it is written (issue #47).
+            let manifests = manifests().context(
+                "the runs of an archive are checked against the scale's manifests (--experiments DIR)",
+            )?;
+            let expected = acpo::reproduce::check_finished(&manifests, args.seeds, &root, &dir)?;
+            println!("{}: {}", root.display(), expected.describe());
+            root
+        }
         None => {
-            let dir = args.experiments.join(scale);
-            let manifests = acpo::manifest::discover(&dir)?;
-            if manifests.is_empty() {
-                bail!("{}: no manifests for scale {scale}", dir.display());
-            }
-            let manifests = acpo::reproduce::select_models(&manifests, &args.models)?;
+            let manifests = acpo::reproduce::select_models(&manifests()?, &args.models)?;
             let data = data_dir(&args.data_dir);
-            acpo::reproduce::train_all(&manifests, args.seeds, &args.results, &data, args.jobs)?;
+            let seeds = args.seeds.unwrap_or(1);
+            acpo::reproduce::train_all(&manifests, seeds, &args.results, &data, args.jobs)?;
             args.results.join(scale)
         }
     };

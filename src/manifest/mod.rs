@@ -174,6 +174,31 @@ impl TrainerSpec {
         self.val_before_train.unwrap_or(true)
     }
 
+    /// Whether a run evaluates at `step` (0: before the first step): at the start when
+    /// [`Self::evaluates_at_start`], every `eval_every` steps, and after the last step. The one
+    /// statement of the schedule: the trainer follows it, a finished run's `eval.jsonl` is
+    /// checked against it ([`crate::run::complete`]), and verl validates on it (`test_freq`,
+    /// `val_before_train` and its last step), so an imported dump off it is refused.
+    pub fn evaluates_at(&self, step: usize) -> bool {
+        match step {
+            0 => self.evaluates_at_start(),
+            s if s > self.total_steps => false,
+            s => {
+                s == self.total_steps || (self.eval_every > 0 && s.is_multiple_of(self.eval_every))
+            }
+        }
+    }
+
+    /// The steps a complete run evaluates at, in order ([`Self::evaluates_at`]); an iterator,
+    /// since a manifest's steps are not bounded.
+    pub fn eval_steps(&self) -> impl Iterator<Item = usize> + '_ {
+        let every = self.eval_every.max(1);
+        let start = self.evaluates_at_start().then_some(0);
+        let periodic = (1..=self.total_steps / every).map(move |k| k * every);
+        let last = (!self.total_steps.is_multiple_of(every)).then_some(self.total_steps);
+        start.into_iter().chain(periodic).chain(last)
+    }
+
     /// Evaluations a run costs (the plans' count): one every `eval_every` steps and one at the
     /// start (`eval_every` 0: at the start only).
     pub fn evaluations(&self) -> usize {

@@ -137,10 +137,23 @@ pub fn derive(text: &str, path: &Path, d: &Derivation) -> Result<(Experiment, St
     m.trainer.batch_size /= d.divisor;
     m.actor.mini_batch_size /= d.divisor;
     let responses = m.actor.mini_batch_size * m.rollout.n;
+    // The flag is taken as given or refused (issue #47: 3 became 1 and 10^6 became 4, silently);
+    // the manifest's own micro-batch is the default, made to divide the divided mini-batch.
+    if let Some(mb) = d
+        .micro_batch
+        .filter(|&mb| mb == 0 || !responses.is_multiple_of(mb))
+    {
+        return Err(PerfError::Shape(format!(
+            "{}: --micro-batch {mb} does not divide the {responses} responses of a mini-batch (actor.mini_batch_size / --divisor {} = {}, × rollout.n {})",
+            path.display(),
+            d.divisor,
+            m.actor.mini_batch_size,
+            m.rollout.n
+        )));
+    }
     m.actor.micro_batch_size = d
         .micro_batch
-        .or(m.actor.micro_batch_size)
-        .map(|mb| gcd(mb, responses));
+        .or(m.actor.micro_batch_size.map(|mb| gcd(mb, responses)));
     m.trainer.total_steps = d.steps;
     // one evaluation, after the last step
     m.trainer.val_before_train = Some(false);

@@ -578,7 +578,8 @@ fn markdown(cfg: &Config, rows: &[Row], prop1: &[Prop1]) -> String {
         cfg.actions,
         cfg.gamma,
         cfg.seed,
-        cfg.seed + cfg.mdps - 1,
+        // the MDPs' seeds wrap past u64::MAX, as they are drawn
+        cfg.seed.wrapping_add(cfg.mdps.saturating_sub(1)),
         cfg.iterations
     );
     let mut table = Table::new(

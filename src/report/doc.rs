@@ -54,6 +54,15 @@ pub fn splice(doc_path: &Path, doc: &str, root: &Path) -> Result<(String, usize)
             path: path.clone(),
             source,
         })?;
+        if let Some(reason) = holds_marker(&body) {
+            return Err(ReportError::Invalid {
+                path: path.clone(),
+                reason: format!(
+                    "{reason}: quoted into block `{name}` of {} it would end or open a block there, so the document could never be filled the same way twice (generated text must hold no block marker)",
+                    doc_path.display()
+                ),
+            });
+        }
         out.push_str(&rest[..body_start]);
         out.push('\n');
         out.push_str(body.trim_end());
@@ -71,6 +80,20 @@ pub fn splice(doc_path: &Path, doc: &str, root: &Path) -> Result<(String, usize)
     }
     out.push_str(rest);
     Ok((out, filled))
+}
+
+/// The markers that open and close a block: a generated file holding one would change the
+/// blocks of the document it is quoted into (issue #47).
+const MARKERS: [&str; 2] = ["<!-- begin: ", "<!-- end: "];
+
+/// Where generated text holds a block marker (its line), or None.
+fn holds_marker(body: &str) -> Option<String> {
+    body.lines().enumerate().find_map(|(i, line)| {
+        MARKERS
+            .iter()
+            .find(|m| line.contains(*m))
+            .map(|m| format!("line {} holds `{}`", i + 1, m.trim_end()))
+    })
 }
 
 /// `root/name` when `name` is a relative path of plain components that, links followed, stays
@@ -101,9 +124,11 @@ pub struct Filled {
     pub changed: bool,
 }
 
-/// Fills the generated blocks of each of `docs` from the files in `root` ([`splice`]),
-/// writing each changed document atomically; with `check`, writes nothing and only says which
-/// would change.
+/// Fills the generated blocks of each of `docs` from the files in `root` ([`splice`]); with
+/// `check`, writes nothing and only says which would change. The documents are written together
+/// or not at all (issue #47): every one is read and spliced before any is written, then the
+/// changed ones are replaced as one set ([`crate::atomic::replace_together`]: through a link,
+/// keeping each file's permissions and owner).
 pub fn fill(docs: &[PathBuf], root: &Path, check: bool) -> Result<Vec<Filled>> {
     if !root.is_dir() {
         return Err(ReportError::Invalid {
@@ -112,22 +137,26 @@ pub fn fill(docs: &[PathBuf], root: &Path, check: bool) -> Result<Vec<Filled>> {
         });
     }
     let mut out = Vec::new();
+    let mut changes = Vec::new();
     for doc in docs {
-        let io = |source| ReportError::Io {
+        let text = crate::files::read_to_string(doc).map_err(|source| ReportError::Io {
             path: doc.clone(),
             source,
-        };
-        let text = crate::files::read_to_string(doc).map_err(io)?;
+        })?;
         let (new, blocks) = splice(doc, &text, root)?;
         let changed = new != text;
-        if changed && !check {
-            crate::atomic::write(doc, new.as_bytes()).map_err(io)?;
+        if changed {
+            changes.push((doc.clone(), new.into_bytes()));
         }
         out.push(Filled {
             doc: doc.clone(),
             blocks,
             changed,
         });
+    }
+    if !check {
+        crate::atomic::replace_together(&changes)
+            .map_err(|(path, source)| ReportError::Io { path, source })?;
     }
     Ok(out)
 }

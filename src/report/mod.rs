@@ -676,57 +676,98 @@ pub fn write(
     // and the bands of the accuracy and entropy curves cover them all.
     let all = runs;
     let runs = seeds::first_seed(&all);
-    let mut shown = String::new();
-    let mut written = Vec::new();
-    let put = |name: &str, body: &str| -> Result<PathBuf> {
-        let path = root.join(name);
-        crate::atomic::write(&path, body.as_bytes()).map_err(|source| ReportError::Io {
-            path: path.clone(),
-            source,
-        })?;
-        Ok(path)
-    };
-    if artifact.wants(Artifact::Table1) {
-        let table = table1(&runs);
-        written.push(put("table1.md", &markdown(&table))?);
-        written.push(put("table1.tex", &latex(&table))?);
-        written.push(put("table1.csv", &csv(&table))?);
-        written.push(put("regime.md", &regime_markdown(&runs)?)?);
-        if compare_paper_too {
-            written.push(put(
-                "table1_vs_paper.md",
-                &compare_paper(&table, PAPER_TABLE1),
-            )?);
-        }
-        shown.push_str(&markdown(&table));
-    }
-    if artifact.wants(Artifact::Table1) && seeds::several(&all) {
-        let pairs = seeds::pairs(&all)?;
-        let md = seeds::markdown(&pairs);
-        written.push(put("seeds.md", &md)?);
-        written.push(put("verdict.md", &seeds::verdict_markdown(&pairs))?);
-        written.push(put("power.md", &seeds::power_markdown(&pairs))?);
-        shown.push_str(&md);
-    }
-    if artifact.wants(Artifact::Speedup) {
-        let md = speedup_markdown(&speedups(&runs));
-        written.push(put("speedup.md", &md)?);
-        shown.push_str(&md);
-    }
     let scale = root
         .file_name()
         .map_or("results".into(), |n| n.to_string_lossy().to_string());
     let figures = figures.join(scale);
+    // Every table and figure is staged first and put in place together (issue #47): a failure
+    // on the way leaves the earlier set whole, never this run's first files beside the old rest.
+    let mut set = crate::atomic::FileSet::new("report");
+    let shown = stage(
+        artifact,
+        root,
+        &figures,
+        &all,
+        &runs,
+        compare_paper_too,
+        &mut set,
+    )?;
+    let written = set.files();
+    set.commit().map_err(|source| ReportError::Io {
+        path: root.to_owned(),
+        source,
+    })?;
+    Ok((shown, written))
+}
+
+/// Writes `artifact`'s tables (into `root`) and figures (into `figures`) into `set`; the
+/// Markdown shown to the user.
+fn stage(
+    artifact: Artifact,
+    root: &Path,
+    figures: &Path,
+    all: &[RunResult],
+    runs: &[RunResult],
+    compare_paper_too: bool,
+    set: &mut crate::atomic::FileSet,
+) -> Result<String> {
+    let mut shown = String::new();
+    let io = |path: PathBuf| {
+        move |source| ReportError::Io {
+            path: path.clone(),
+            source,
+        }
+    };
+    let put = |set: &mut crate::atomic::FileSet, name: &str, body: &str| -> Result<()> {
+        set.write(root, name, body.as_bytes())
+            .map_err(io(root.join(name)))?;
+        Ok(())
+    };
+    if artifact.wants(Artifact::Table1) {
+        let groups = table1(runs);
+        put(set, "table1.md", &markdown(&groups))?;
+        put(set, "table1.tex", &latex(&groups))?;
+        put(set, "table1.csv", &csv(&groups))?;
+        put(set, "regime.md", &regime_markdown(runs)?)?;
+        if compare_paper_too {
+            put(
+                set,
+                "table1_vs_paper.md",
+                &compare_paper(&groups, PAPER_TABLE1),
+            )?;
+        }
+        shown.push_str(&markdown(&groups));
+    }
+    if artifact.wants(Artifact::Table1) && seeds::several(all) {
+        let pairs = seeds::pairs(all)?;
+        let md = seeds::markdown(&pairs);
+        put(set, "seeds.md", &md)?;
+        put(set, "verdict.md", &seeds::verdict_markdown(&pairs))?;
+        put(set, "power.md", &seeds::power_markdown(&pairs))?;
+        shown.push_str(&md);
+    }
+    if artifact.wants(Artifact::Speedup) {
+        let md = speedup_markdown(&speedups(runs));
+        put(set, "speedup.md", &md)?;
+        shown.push_str(&md);
+    }
+    let drawn = [Artifact::Accuracy, Artifact::Entropy, Artifact::Tails];
+    if !drawn.iter().any(|a| artifact.wants(*a)) {
+        return Ok(shown);
+    }
+    let staged = set.folder(figures).map_err(io(figures.to_owned()))?;
     if artifact.wants(Artifact::Accuracy) {
-        written.extend(figures::accuracy(&all, &figures)?);
+        let files = figures::accuracy(all, &staged)?;
+        set.adopt(figures, files);
     }
     if artifact.wants(Artifact::Entropy) {
-        written.extend(figures::entropy(&all, &figures)?);
+        let files = figures::entropy(all, &staged)?;
+        set.adopt(figures, files);
     }
     if artifact.wants(Artifact::Tails) {
-        let (t, masses) = figures::tails(&runs, &figures)?;
+        let (t, masses) = figures::tails(runs, &staged)?;
         if !masses.is_empty() {
-            written.push(put("tails.md", &masses)?);
+            put(set, "tails.md", &masses)?;
         }
         if t.is_empty() && artifact == Artifact::Tails {
             return Err(ReportError::Invalid {
@@ -734,7 +775,7 @@ pub fn write(
                 reason: "no run has tails/ (set trainer.tails_every > 0)".into(),
             });
         }
-        written.extend(t);
+        set.adopt(figures, t);
     }
-    Ok((shown, written))
+    Ok(shown)
 }

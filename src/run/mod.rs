@@ -6,6 +6,7 @@
 //! `checkpoints/step_NNNNNN/` and `SHA256SUMS`. [`RunDir`] is the one place these names are
 //! spelled. Every file is written atomically; a checkpoint directory appears only when complete.
 
+pub mod complete;
 pub mod lock;
 pub mod provenance;
 pub mod tails;

@@ -50,12 +50,8 @@ pub enum SweepError {
     },
     #[error("{}: {reason}", path.display())]
     Parse { path: PathBuf, reason: String },
-    #[error("{}: {count} of the sweeps' runs are not there (the first: {first})", path.display())]
-    Missing {
-        path: PathBuf,
-        count: usize,
-        first: String,
-    },
+    #[error(transparent)]
+    Runs(#[from] crate::run::complete::RunsError),
     #[error(transparent)]
     Manifest(#[from] ManifestError),
     #[error(transparent)]
@@ -478,21 +474,17 @@ pub fn run(
             (root, finished)
         }
         Source::Finished(runs) => {
-            let finished = finished(&[runs.to_owned()])?;
-            let missing: Vec<String> = sweeps
+            // Every planned run there and complete (issue #47: the rule `reproduce --from`
+            // follows too); the folder's other runs (other sweeps') are left alone.
+            let mut seen = std::collections::HashSet::new();
+            let planned: Vec<&Experiment> = sweeps
                 .iter()
                 .flat_map(|s| &s.variants)
-                .filter(|v| !finished.contains_key(&v.exp.fingerprint()))
-                .map(|v| crate::run::RunDir::name_of(&v.exp))
+                .filter(|v| seen.insert(v.exp.fingerprint()))
+                .map(|v| &v.exp)
                 .collect();
-            if let Some(first) = missing.first() {
-                return Err(SweepError::Missing {
-                    path: runs.to_owned(),
-                    count: missing.len(),
-                    first: first.clone(),
-                });
-            }
-            (runs.join("sweeps"), finished)
+            crate::run::complete::expect(&planned, runs, crate::run::complete::Others::Ignored)?;
+            (runs.join("sweeps"), finished(&[runs.to_owned()])?)
         }
     };
     let mut written = Vec::new();

@@ -379,7 +379,7 @@ impl Trainer {
             // Evaluation, then the step's line (with the evaluation's time), then the
             // checkpoint: the line is on disk before the checkpoint that a resume starts from.
             let mut after = metrics::PhaseClock::start(&self.device);
-            let eval = if step.is_multiple_of(self.exp.trainer.eval_every) || step == total {
+            let eval = if self.exp.trainer.evaluates_at(step) {
                 let (accuracy, tokens) = self.evaluate(step, opts, &mut eval_lines)?;
                 after.lap("testing", Some(tokens));
                 Some(accuracy)

@@ -122,7 +122,11 @@ fn destination(out: &Path) -> Result<bool> {
 pub fn import(manifest: &Path, metrics: &Path, validation: &Path, out: &Path) -> Result<Imported> {
     let exp = Experiment::load(manifest)?;
     let (steps, non_finite) = metrics_lines(metrics, exp.trainer.reward)?;
-    let evals = evaluations(&exp, validation)?;
+    let last = steps
+        .last()
+        .and_then(|m| m.get(metric::STEP))
+        .map_or(0, |&s| s as usize);
+    let evals = evaluations(&exp, validation, last)?;
     destination(out)?;
     let written = |path: &Path, r: std::io::Result<()>| {
         r.map_err(|source| ImportError::Write {
@@ -287,19 +291,51 @@ fn metrics_lines(
     Ok((out, non_finite))
 }
 
-/// Every `<step>.jsonl` of the validation directory, re-judged: one evaluation per step.
-fn evaluations(exp: &Experiment, dir: &Path) -> Result<Vec<EvalSummary>> {
+/// Every `<step>.jsonl` of the validation directory, re-judged: one evaluation per step. A
+/// dump's name is its step as verl writes it (`5.jsonl`: decimal digits, no sign or leading
+/// zero, so no two names are one step), at a step the manifest evaluates at
+/// ([`crate::manifest::TrainerSpec::evaluates_at`], the schedule the export gave verl) and at
+/// most `last`, the last step verl logged (issue #47: `05.jsonl` and `+5.jsonl` were two more
+/// evaluations at step 5, and a dump at step 999 of a 20-step log was taken).
+fn evaluations(exp: &Experiment, dir: &Path, last: usize) -> Result<Vec<EvalSummary>> {
     let entries = std::fs::read_dir(dir).map_err(|source| ImportError::Read {
         path: dir.to_owned(),
         source: source.into(),
     })?;
-    let mut files: Vec<(usize, PathBuf)> = entries
+    let mut files: Vec<(usize, PathBuf)> = Vec::new();
+    let mut paths: Vec<PathBuf> = entries
         .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter_map(|p| {
-            let step = p.file_stem()?.to_str()?.parse().ok()?;
-            (p.extension()? == "jsonl").then_some((step, p))
-        })
+        .filter(|p| p.extension().is_some_and(|e| e == "jsonl"))
         .collect();
+    paths.sort();
+    for path in paths {
+        let invalid = |reason: String| ImportError::Invalid {
+            path: path.clone(),
+            reason,
+        };
+        // A pipe named like a dump is refused as what it is, before its name is judged.
+        crate::files::regular(&path).map_err(|source| ImportError::Read {
+            path: path.clone(),
+            source: source.into(),
+        })?;
+        let step = dump_step(&path).ok_or_else(|| {
+            invalid("not a validation dump's name: verl names each `<step>.jsonl`, the step in decimal digits without a sign or a leading zero".into())
+        })?;
+        if step > last {
+            return Err(invalid(format!(
+                "a validation at step {step}, after the last step verl logged ({last})"
+            )));
+        }
+        if !exp.trainer.evaluates_at(step) {
+            return Err(invalid(format!(
+                "a validation at step {step}, which the manifest does not evaluate at (trainer.eval_every {}, trainer.total_steps {}, val_before_train {}: verl's test_freq, total steps and val_before_train as exported)",
+                exp.trainer.eval_every,
+                exp.trainer.total_steps,
+                exp.trainer.evaluates_at_start()
+            )));
+        }
+        files.push((step, path));
+    }
     files.sort();
     if files.is_empty() {
         return Err(ImportError::Invalid {
@@ -311,6 +347,16 @@ fn evaluations(exp: &Experiment, dir: &Path) -> Result<Vec<EvalSummary>> {
         .iter()
         .map(|(step, path)| evaluation(exp, *step, path))
         .collect()
+}
+
+/// The step a dump is named after: `<step>.jsonl` with the step as verl writes it (decimal
+/// digits, `0` or no leading zero), or None.
+fn dump_step(path: &Path) -> Option<usize> {
+    let stem = path.file_stem()?.to_str()?;
+    let canonical = !stem.is_empty()
+        && stem.bytes().all(|b| b.is_ascii_digit())
+        && (stem == "0" || !stem.starts_with('0'));
+    canonical.then(|| stem.parse().ok()).flatten()
 }
 
 /// One validation dump: each sample judged by our verifier against its gold answer, grouped

@@ -207,6 +207,11 @@ fn checksum_is_quoted(repo: &Path, name: &str) -> String {
     guide
 }
 
+/// The repository's manifests, which a report `--from` an archive is checked against.
+fn experiments() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments")
+}
+
 /// `acpo reproduce all --scale mini --from ARCHIVE` into a scratch results/ and figures/ under
 /// `tmp`; asserts it succeeded and returns the results root.
 fn rebuild_from(shipped: &Path, tmp: &Path) -> PathBuf {
@@ -223,6 +228,8 @@ fn rebuild_from(shipped: &Path, tmp: &Path) -> PathBuf {
             results.to_str().expect("u"),
             "--figures",
             tmp.join("figures").to_str().expect("u"),
+            "--experiments",
+            experiments().to_str().expect("u"),
         ],
         tmp,
     );
@@ -637,6 +644,7 @@ fn a_kill_at_any_commit_leaves_the_old_file_whole() {
     let tmp = tempfile::tempdir().expect("tmp");
     let unpacked = tmp.path().join("unpacked");
     let unpacked_figures = unpacked.join("figures");
+    let experiments_dir = experiments();
     let from = [
         "reproduce",
         "all",
@@ -648,6 +656,8 @@ fn a_kill_at_any_commit_leaves_the_old_file_whole() {
         unpacked.to_str().expect("u"),
         "--figures",
         unpacked_figures.to_str().expect("u"),
+        "--experiments",
+        experiments_dir.to_str().expect("u"),
     ];
     assert!(acpo(&from, tmp.path()).status.success());
     // The shipped runs as a results tree that `report` rewrites in place.

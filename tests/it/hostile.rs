@@ -484,6 +484,12 @@ fn the_issues_named_sizes_and_inputs_are_refused_naming_the_field() {
         format!("{}\n", serde_json::json!({"prompt": "y".repeat(10 << 20)})),
     )
     .expect("w");
+    let two = tmp.path().join("two.jsonl");
+    std::fs::write(
+        &two,
+        "{\"prompt\": \"2 + 2 =\"}\n{\"prompt\": \"3 + 3 =\"}\n",
+    )
+    .expect("w");
     let generate = |extra: &[&str]| -> Vec<String> {
         ["generate", "--model", &s(&model)]
             .iter()
@@ -492,7 +498,7 @@ fn the_issues_named_sizes_and_inputs_are_refused_naming_the_field() {
             .collect()
     };
     let hundred_k = "x".repeat(100_000);
-    let cases: [(Vec<String>, Option<u64>, &str); 5] = [
+    let cases: [(Vec<String>, Option<u64>, &str); 7] = [
         (
             ["model", "logprobs", "--model", &s(&model), "--input", &s(&long)]
                 .iter()
@@ -507,15 +513,27 @@ fn the_issues_named_sizes_and_inputs_are_refused_naming_the_field() {
             None,
             "prompt 0: 100000 tokens + --max-new-tokens 4 run past the model's max_position_embeddings",
         ),
+        // Beyond the flags' ranges (issue #47): refused by the parser, naming the flag.
         (
             generate(&["--prompt", "2 + 2 =", "--n", "1000000000", "--max-new-tokens", "4"]),
             None,
-            "--n 1000000000",
+            "invalid value '1000000000' for '--n <N>'",
         ),
         (
             generate(&["--prompt", "2 + 2 =", "--max-new-tokens", "1000000000"]),
             None,
-            "--max-new-tokens 1000000000 run past the model's max_position_embeddings",
+            "invalid value '1000000000' for '--max-new-tokens <MAX_NEW_TOKENS>'",
+        ),
+        // Within them, but more than this model and this call can take.
+        (
+            generate(&["--input", &s(&two), "--n", "1000000", "--max-new-tokens", "4"]),
+            None,
+            "--n 1000000: 2 prompts × 1000000",
+        ),
+        (
+            generate(&["--prompt", "2 + 2 =", "--max-new-tokens", "4000000"]),
+            None,
+            "--max-new-tokens 4000000 run past the model's max_position_embeddings",
         ),
         // A 10 MB prompt's encoding needs more than a process limited to 3 GiB of address
         // space may take: refused before the tokenizer runs.
@@ -683,18 +701,18 @@ fn a_pipe_named_as_any_input_is_refused_at_once() {
             "--scale",
             "mini",
             "--seeds",
-            "1000000",
+            "1000",
             "--results",
         ])
         .into_iter()
         .chain([s(&tmp.path().join("r"))])
         .collect::<Vec<_>>(),
-        "reproduce --seeds 1000000",
+        "reproduce --seeds 1000",
         None,
     );
     assert_eq!(code, 2, "{stderr}");
     assert!(
-        stderr.contains("--seeds 1000000") && stderr.contains("4096 runs"),
+        stderr.contains("--seeds 1000") && stderr.contains("4096 runs"),
         "{stderr}"
     );
     assert!(!tmp.path().join("r").exists());

@@ -3,7 +3,10 @@
 mod archive;
 mod cli;
 mod cuda;
+mod doc;
 mod eval;
+mod flags;
+mod from;
 mod fused;
 mod hostile;
 mod kernels;

@@ -472,7 +472,8 @@ fn sweeps_share_their_baseline_compare_and_rebuild_from_an_archive() {
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("2 of the sweeps' runs are not there") && stderr.contains("t-cispo-p"),
+        stderr.contains("2 of the 8 runs the report expects are not there")
+            && stderr.contains("t-cispo-p"),
         "{stderr}"
     );
 
@@ -519,7 +520,8 @@ fn sweeps_share_their_baseline_compare_and_rebuild_from_an_archive() {
     // An accuracy that is not a fraction (resealed, so the checksums pass) is refused, naming
     // the file.
     let eval = a.join("eval.jsonl");
-    let text = std::fs::read_to_string(&eval).expect("eval");
+    let original = std::fs::read_to_string(&eval).expect("eval");
+    let text = original.clone();
     let first: serde_json::Value =
         serde_json::from_str(text.lines().next().expect("a line")).expect("json");
     let accuracy = first["weighted_accuracy"].to_string();
@@ -539,5 +541,27 @@ fn sweeps_share_their_baseline_compare_and_rebuild_from_an_archive() {
     assert!(
         stderr.contains("eval.jsonl") && stderr.contains("not a fraction in [0, 1]"),
         "{stderr}"
+    );
+
+    // Issue #47, item 9: a run whose metrics.jsonl was emptied (resealed) is not a finished run:
+    // refused, naming the run and the file, as `reproduce --from` refuses it (one rule).
+    std::fs::write(&eval, &original).expect("w");
+    std::fs::write(a.join("metrics.jsonl"), "").expect("w");
+    acpo::archive::write_sums(a).expect("reseal");
+    let emptied = ws.join("emptied.tar.gz");
+    acpo::archive::archive(&runs, &emptied, contents).expect("archive");
+    let out = sweep_from(&emptied, "r6");
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let name = a.file_name().expect("name").to_string_lossy();
+    assert!(
+        stderr.contains("not a complete run")
+            && stderr.contains("metrics.jsonl")
+            && stderr.contains(name.as_ref()),
+        "{stderr}"
+    );
+    assert!(
+        !ws.join("r6/from-emptied/sweeps").exists(),
+        "no report written"
     );
 }

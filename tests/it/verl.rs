@@ -892,3 +892,51 @@ fn verl_import_leaves_nothing_when_it_fails_and_never_waits_on_a_pipe() {
         String::from_utf8_lossy(&unwritable.stderr)
     );
 }
+
+/// Issue #47, item 8: a validation dump is named by its step as verl writes it, at a step the
+/// manifest evaluates at and verl logged: `010.jsonl` and `+10.jsonl` beside `10.jsonl` (three
+/// evaluations at step 10 before), a step past the last one logged (999, 2^64 − 1, 30 of a
+/// 20-step log) and one off the schedule (5, with eval_every 10) are refused naming the file,
+/// and nothing is written.
+#[test]
+fn verl_import_refuses_duplicate_and_out_of_range_evaluation_steps() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let logs = VerlLogs::write(tmp.path());
+    let dump = std::fs::read_to_string(logs.validation.join("10.jsonl")).expect("dump");
+    let out = tmp.path().join("run");
+    for (name, says) in [
+        ("010.jsonl", "not a validation dump's name"),
+        ("+10.jsonl", "not a validation dump's name"),
+        ("1e1.jsonl", "not a validation dump's name"),
+        ("999.jsonl", "after the last step verl logged (20)"),
+        ("30.jsonl", "after the last step verl logged (20)"),
+        (
+            "18446744073709551615.jsonl",
+            "after the last step verl logged (20)",
+        ),
+        (
+            "99999999999999999999999.jsonl",
+            "not a validation dump's name",
+        ),
+        ("5.jsonl", "which the manifest does not evaluate at"),
+    ] {
+        let extra = logs.validation.join(name);
+        std::fs::write(&extra, &dump).expect("w");
+        let refused = logs.import_into(&out);
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert_eq!(refused.status.code(), Some(2), "{name}: {stderr}");
+        assert!(
+            stderr.contains(name) && stderr.contains(says),
+            "{name}: {stderr}"
+        );
+        assert!(!out.exists(), "{name}: something was imported");
+        std::fs::remove_file(&extra).expect("rm");
+    }
+    let ok = logs.import_into(&out);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    assert!(String::from_utf8_lossy(&ok.stdout).contains("and 3 evaluations"));
+}
