@@ -3,6 +3,7 @@
 mod archive;
 mod cli;
 mod cuda;
+mod determinism;
 mod eval;
 mod fused;
 mod hostile;
