@@ -19,6 +19,8 @@
 //!   and backward (FlashAttention-2), keeping the log-sum-exp of each row for the backward.
 //! - [`vocab_log_probs`]: the lm_head product, log-softmax, the taken token's log-probability and
 //!   the entropy in vocabulary chunks, forward and backward, with no `(N, V)` logits.
+//! - [`matmul`]: `a · b` with gemm's depth blocks fixed, so that the bits do not depend on the
+//!   CPU's cache (the weight gradients of every linear layer and the lm_head go through it).
 //! - [`linear_small_m`]: `x · Wᵀ` for a handful of rows (sampling decodes 1 token per sequence):
 //!   a general GEMM packs W for every call, which costs more than the product at these shapes;
 //!   this kernel streams W once, row by row.
@@ -34,6 +36,7 @@ mod flash;
 #[cfg(feature = "cuda")]
 pub(crate) mod launch;
 mod log_probs;
+mod matmul;
 mod rms_norm;
 mod rope;
 mod small_m;
@@ -46,6 +49,7 @@ pub use flash::{
     attention_composed, flash_applies, flash_attention, FlashDims, FLASH_MAX_HEAD_DIM,
 };
 pub use log_probs::token_log_probs;
+pub use matmul::{matmul, DEPTH_BLOCK};
 pub use rms_norm::{rms_norm, rms_norm_composed};
 pub use rope::{rope, rope_composed, rope_heads};
 pub use small_m::{linear_small_m, linear_small_m_packed, pack_pairs, SMALL_M};

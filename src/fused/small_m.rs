@@ -85,7 +85,7 @@ impl CustomOp2 for LinearSmallM {
             candle_core::bail!("{}: packed weights have no backward", self.name());
         }
         // y = x·wᵀ: dx = g·w, dw = gᵀ·x.
-        Ok((Some(g.matmul(w)?), Some(g.t()?.matmul(x)?)))
+        Ok((Some(matmul(g, w)?), Some(matmul(&g.t()?, x)?)))
     }
 }
 

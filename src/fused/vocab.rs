@@ -17,9 +17,10 @@
 //! - ∂ log p(t)/∂z = onehot(t) − p;
 //! - ∂H/∂z = −p ⊙ (z − E[z]).
 //!
-//! The chunks are candle matmuls (cuBLAS on the GPU, gemm on the CPU) and element-wise ops on
-//! detached tensors, so this one code serves both devices. The custom op only hangs the chunked
-//! backward on the graph: its forward returns the statistics computed just before it.
+//! The chunks are matrix products ([`super::matmul`]: cuBLAS on the GPU, gemm with fixed depth
+//! blocks on the CPU) and element-wise ops on detached tensors, so this one code serves both
+//! devices. The custom op only hangs the chunked backward on the graph: its forward returns the
+//! statistics computed just before it.
 
 use candle_core::backend::BackendStorage;
 use candle_core::Storage;
@@ -44,9 +45,7 @@ fn chunk(
     len: usize,
     temperature: f64,
 ) -> Result<(Tensor, Tensor)> {
-    let z = h
-        .matmul(&w.narrow(0, c0, len)?.t()?)?
-        .to_dtype(DType::F32)?;
+    let z = super::matmul(h, &w.narrow(0, c0, len)?.t()?)?.to_dtype(DType::F32)?;
     let z = if temperature == 1.0 {
         z
     } else {
@@ -62,7 +61,7 @@ fn chunk(
 
 /// The chunk `z_c = h·W[c0..c0+len]ᵀ` as the matmul gives it (h's dtype), for the fused ops.
 fn chunk_raw(h: &Tensor, w: &Tensor, c0: usize, len: usize) -> Result<Tensor> {
-    h.matmul(&w.narrow(0, c0, len)?.t()?)
+    super::matmul(h, &w.narrow(0, c0, len)?.t()?)
 }
 
 /// [`Stats`] of every row, chunk by chunk: one op per chunk ([`vocab_chunk::chunk_stats`]) when
@@ -243,12 +242,12 @@ impl CustomOp2 for VocabLogProbs {
                 }
                 None => self.chunk_dz(&h, &w, c0, len, (&g_lp, &g_ent))?,
             };
-            let part = dz.matmul(&w.narrow(0, c0, len)?)?.to_dtype(DType::F32)?;
+            let part = super::matmul(&dz, &w.narrow(0, c0, len)?)?.to_dtype(DType::F32)?;
             dh = Some(match dh {
                 None => part,
                 Some(acc) => (acc + part)?,
             });
-            dw.push(dz.t()?.matmul(&h)?);
+            dw.push(super::matmul(&dz.t()?, &h)?);
         }
         let dh = dh
             .ok_or_else(|| candle_core::Error::Msg("an empty vocabulary".into()))?

@@ -70,8 +70,8 @@ impl Linear {
 struct DecodeCopy(Arc<OnceLock<Option<Tensor>>>);
 
 impl DecodeCopy {
-    /// Packs inside the lock, so sampling groups decoding side by side wait for one copy
-    /// instead of each making its own. A failed pack is returned to the caller that tried it;
+    /// Packs inside the lock, so clones decoding at once wait for one copy instead of each
+    /// making its own. A failed pack is returned to the caller that tried it;
     /// later calls then use the plain weight (the same numbers).
     fn get(&self, w: &Tensor) -> candle_core::Result<Option<&Tensor>> {
         let mut failed = None;
@@ -112,7 +112,7 @@ fn matmul_last(
     };
     let y = match y {
         Some(y) => y,
-        None => x2.matmul(&w.t()?)?,
+        None => crate::fused::matmul(&x2, &w.t()?)?,
     };
     let y = match b {
         Some(b) => y.broadcast_add(b)?,

@@ -70,7 +70,7 @@ pub struct SampleRequest<'a> {
     pub stop: StopCriteria<'a>,
     pub pad_id: u32,
     /// Sequences decoded at once (continuous batching): when one finishes, a waiting prompt
-    /// takes its place. None: every prompt of a group at once.
+    /// takes its place. None: every prompt at once.
     pub max_batch: Option<usize>,
     /// Per prompt, at most this many new tokens (below `params.max_new_tokens`; at least one is
     /// always drawn); None: the params' limit for all.
@@ -80,8 +80,7 @@ pub struct SampleRequest<'a> {
 }
 
 /// What a sampler call did: seconds and tokens of its prefills, and of its decode steps (each
-/// drawing and appending one token per sequence), summed over the groups sampled side by side
-/// on the CPU (so there the seconds can add up to more than the call's).
+/// drawing and appending one token per sequence).
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct GenStats {
     pub prefill_seconds: f64,
@@ -174,18 +173,18 @@ pub type SampleKey = [u64; 4];
 /// Samples one completion per prompt. `prompts[i]` is drawn with the stream `keys[i]`.
 /// `model` should be detached (`Qwen::new(.., true)`: no autograd graph).
 ///
-/// On the CPU the batch is cut into as many contiguous groups as there are worker threads, and
-/// the groups are sampled side by side ([`crate::parallel`]): a completion does not depend on
-/// the batch it is sampled in, and a decode step's few hundred small ops run faster on one
-/// thread each than split over all of them (docs/PERFORMANCE.md, "Threads").
+/// The request is one batch on every device and with any number of threads: a completion's
+/// logits depend in their last bits on the batch it is decoded in (the left padding to the
+/// batch's longest prompt, the row count that picks a product's kernel), so a batch cut by the
+/// thread count made a run's samples, and from the first near tie its whole trajectory, depend
+/// on the threads (issue #48). The threads go to the ops inside the batch instead, whose results
+/// do not depend on how they are split (docs/PERFORMANCE.md, "Threads").
 pub fn generate(
     model: &Qwen,
     prompts: &[Vec<u32>],
     keys: &[SampleKey],
     request: &SampleRequest,
 ) -> Result<Vec<Completion>> {
-    let side_by_side = model.device().is_cpu();
-    let groups = crate::parallel::workers().min(prompts.len()).max(1);
     if let Some(limits) = &request.limits {
         if limits.len() != prompts.len() {
             return Err(candle_core::Error::Msg(format!(
@@ -196,30 +195,7 @@ pub fn generate(
             .into());
         }
     }
-    if !side_by_side || groups < 2 || prompts.len() != keys.len() {
-        return generate_group(model, prompts, keys, request, 0, request.max_batch);
-    }
-    let size = prompts.len().div_ceil(groups);
-    let n_groups = prompts.len().div_ceil(size);
-    // The slots are shared out among the groups, so that `max_batch` bounds the sequences
-    // decoded at once in all.
-    let slots = request.max_batch.map(|n| n.div_ceil(n_groups));
-    let parts = crate::parallel::map(n_groups, true, |g| {
-        let r = g * size..(g * size + size).min(prompts.len());
-        generate_group(
-            model,
-            &prompts[r.clone()],
-            &keys[r],
-            request,
-            g * size,
-            slots,
-        )
-    });
-    let mut out = Vec::with_capacity(prompts.len());
-    for part in parts {
-        out.extend(part?);
-    }
-    Ok(out)
+    decode_all(model, prompts, keys, request)
 }
 
 /// A batch being decoded: row r is prompt `active[r]`, its keys valid where `valid[r]` is 1.
@@ -265,28 +241,24 @@ fn prefill(
     })
 }
 
-/// [`generate`] for one group: the sampling engine. Up to `max_batch` sequences decode
+/// The sampling engine behind [`generate`]. Up to `max_batch` sequences decode
 /// together, one token per step, over a KV cache allocated once ([`KvCache`]). A sequence that
 /// finishes leaves the batch; while prompts wait, they are prefilled together and join it,
 /// right-aligned to the batch's columns ([`KvCache::append_rows`]). A completion depends only on
 /// its prompt and its key: each prompt draws from its own RNG, and attention masks every
 /// column that is not its own.
-fn generate_group(
+fn decode_all(
     model: &Qwen,
     prompts: &[Vec<u32>],
     keys: &[SampleKey],
     request: &SampleRequest,
-    first_prompt: usize,
-    slots: Option<usize>,
 ) -> Result<Vec<Completion>> {
     let limit = |i: usize| {
         request
             .limits
             .as_ref()
             .map_or(request.params.max_new_tokens, |l| {
-                l[first_prompt + i]
-                    .min(request.params.max_new_tokens)
-                    .max(1)
+                l[i].min(request.params.max_new_tokens).max(1)
             })
     };
     let (params, stop, pad_id) = (&request.params, &request.stop, request.pad_id);
@@ -313,7 +285,7 @@ fn generate_group(
         return Ok(out);
     }
     let mut rngs: Vec<SplitMix64> = keys.iter().map(|k| SplitMix64::from_key(k)).collect();
-    let slots = slots.unwrap_or(prompts.len()).max(1);
+    let slots = request.max_batch.unwrap_or(prompts.len()).max(1);
     let mut waiting: std::collections::VecDeque<usize> = (0..prompts.len()).collect();
     let first: Vec<usize> = waiting.drain(..slots.min(prompts.len())).collect();
     let reserve = params.max_new_tokens;

@@ -297,8 +297,7 @@ pub fn values(critic: &Critic, all: &Layout, plan: &UpdatePlan) -> Result<Tensor
 }
 
 /// The rollout's wall-clock split into its prefills and its decode steps, in the proportion of
-/// the engine's own times for them ([`rollout::GenStats`]; on the CPU the groups sampled side
-/// by side add up their times), with their tokens.
+/// the engine's own times for them ([`rollout::GenStats`]), with their tokens.
 fn split_gen(phases: &super::metrics::Phases, gen: &rollout::GenStats) -> Vec<Phase> {
     let Some(wall) = phases.get("gen").map(|p| p.seconds) else {
         return Vec::new();

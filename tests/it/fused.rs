@@ -429,3 +429,173 @@ fn chunked_vocabulary_log_probs_and_entropy_match_the_full_logits_with_gradients
         }
     }
 }
+
+/// Where gemm's own depth blocks are fixed (both sides ≤ 64: 512 from the start) or follow the
+/// cache (cut into ⌈k/512⌉ equal blocks on a 32 KiB 8-way L1), for a product with a row-major
+/// output whose operands are not unit-stride vectors.
+fn gemm_depth_blocks(m: usize, k: usize, n: usize) -> Vec<(usize, usize)> {
+    let len = if m <= 64 && n <= 64 {
+        k.min(512)
+    } else {
+        k.div_ceil(k.div_ceil(512))
+    };
+    (0..k)
+        .step_by(len.max(1))
+        .map(|d| (d, len.min(k - d)))
+        .collect()
+}
+
+/// `a (m, k) · b (k, n)`, row-major, as gemm's FMA kernel sums each element: a chain of fused
+/// multiply-adds over each depth block, the blocks added in order.
+fn blocked_product(a: &[f32], b: &[f32], (m, k, n): (usize, usize, usize)) -> Vec<f32> {
+    let blocks = gemm_depth_blocks(m, k, n);
+    let mut out = vec![0f32; m * n];
+    for i in 0..m {
+        for j in 0..n {
+            let mut sum = 0f32;
+            for (x, &(d0, len)) in blocks.iter().enumerate() {
+                let block =
+                    (d0..d0 + len).fold(0f32, |acc, p| a[i * k + p].mul_add(b[p * n + j], acc));
+                sum = if x == 0 { block } else { sum + block };
+            }
+            out[i * n + j] = sum;
+        }
+    }
+    out
+}
+
+fn bits(t: &Tensor) -> Vec<u32> {
+    let v: Vec<f32> = t.flatten_all().unwrap().to_vec1().unwrap();
+    v.into_iter().map(f32::to_bits).collect()
+}
+
+fn row_major(t: &Tensor) -> Vec<f32> {
+    t.contiguous()
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap()
+}
+
+/// Whether gemm runs its FMA kernels here, the ones [`blocked_product`] sums as.
+fn gemm_fma(test: &str) -> bool {
+    let fma = cfg!(target_arch = "x86_64")
+        && std::arch::is_x86_feature_detected!("avx2")
+        && std::arch::is_x86_feature_detected!("fma");
+    if !fma {
+        crate::skip(
+            test,
+            format_args!("gemm's FMA kernels need an x86-64 CPU with AVX2 and FMA"),
+        );
+    }
+    fma
+}
+
+#[test]
+fn matmul_sums_in_fixed_depth_blocks_whatever_the_cache_with_gradients() {
+    if !gemm_fma("matmul_sums_in_fixed_depth_blocks_whatever_the_cache_with_gradients") {
+        return;
+    }
+    // (m, k, n): products blocked by the cache (2, 3 and 4 blocks, an uneven last one), small
+    // ones with a fixed 512 block, and one depth of a single block; the shapes of a linear
+    // layer's weight gradient (k = the tokens of a micro-batch) among them.
+    for (m, k, n) in [
+        (128, 960, 48),
+        (48, 960, 128),
+        (96, 1100, 288),
+        (65, 1537, 10),
+        (70, 513, 70),
+        (48, 960, 48),
+        (20, 2000, 20),
+        (100, 300, 100),
+        (960, 48, 128),
+        (1100, 96, 288),
+    ] {
+        let a = randn(50, &[m, k], 1.0);
+        let b = randn(51, &[k, n], 1.0);
+        let want = blocked_product(&row_major(&a), &row_major(&b), (m, k, n));
+        let want: Vec<u32> = want.into_iter().map(f32::to_bits).collect();
+        assert_eq!(
+            bits(&fused::matmul(&a, &b).unwrap()),
+            want,
+            "{m}×{k}·{k}×{n}"
+        );
+        // Through a transposed weight, as a linear layer multiplies: x · wᵀ.
+        let w = b.t().unwrap().contiguous().unwrap();
+        assert_eq!(
+            bits(&fused::matmul(&a, &w.t().unwrap()).unwrap()),
+            want,
+            "{m}×{k}·({n}×{k})ᵀ"
+        );
+        // The gradients are products of the same kind: da = g·bᵀ (depth n), db = aᵀ·g (depth m).
+        let (va, vb) = (Var::from_tensor(&a).unwrap(), Var::from_tensor(&b).unwrap());
+        let g = randn(52, &[m, n], 1.0);
+        let y = fused::matmul(va.as_tensor(), vb.as_tensor()).unwrap();
+        let grads = (&y * &g).unwrap().sum_all().unwrap().backward().unwrap();
+        let ga = row_major(&g);
+        let da = blocked_product(&ga, &row_major(&b.t().unwrap()), (m, n, k));
+        let db = blocked_product(&row_major(&a.t().unwrap()), &ga, (k, m, n));
+        assert_eq!(
+            bits(grads.get(va.as_tensor()).unwrap()),
+            da.into_iter().map(f32::to_bits).collect::<Vec<_>>(),
+            "da of {m}×{k}·{k}×{n}"
+        );
+        assert_eq!(
+            bits(grads.get(vb.as_tensor()).unwrap()),
+            db.into_iter().map(f32::to_bits).collect::<Vec<_>>(),
+            "db of {m}×{k}·{k}×{n}"
+        );
+    }
+}
+
+#[test]
+fn matmul_is_candles_where_gemm_does_not_block_by_cache_on_any_thread_count() {
+    // Products gemm sums the same way on every CPU go to it unchanged: a depth of one block,
+    // a value head's column (n = 1) and its weight gradient (m = 1), a few outputs of a deep
+    // product against a transposed weight (gemm's horizontal kernel).
+    let cases = [
+        (randn(60, &[300, 200], 1.0), randn(61, &[200, 90], 1.0)),
+        (
+            randn(62, &[200, 1000], 1.0),
+            randn(63, &[1, 1000], 1.0).t().unwrap(),
+        ),
+        (randn(64, &[1, 960], 1.0), randn(65, &[960, 96], 1.0)),
+        (
+            randn(66, &[3, 2000], 1.0),
+            randn(67, &[5, 2000], 1.0).t().unwrap(),
+        ),
+        (
+            randn(70, &[100, 2000], 1.0),
+            randn(71, &[2, 2000], 1.0).t().unwrap(),
+        ),
+    ];
+    for (a, b) in &cases {
+        let want = bits(&a.matmul(b).unwrap());
+        assert_eq!(
+            bits(&fused::matmul(a, b).unwrap()),
+            want,
+            "{:?}·{:?}",
+            a.dims(),
+            b.dims()
+        );
+    }
+    // A product gemm splits over its threads, in pools of 1 to 8: the same bits.
+    let (a, b) = (randn(68, &[256, 1500], 1.0), randn(69, &[1500, 192], 1.0));
+    let one = rayon::ThreadPoolBuilder::new()
+        .num_threads(1)
+        .build()
+        .unwrap();
+    let want = one.install(|| bits(&fused::matmul(&a, &b).unwrap()));
+    for threads in [2, 3, 4, 8] {
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .build()
+            .unwrap();
+        assert_eq!(
+            pool.install(|| bits(&fused::matmul(&a, &b).unwrap())),
+            want,
+            "{threads} threads"
+        );
+    }
+}

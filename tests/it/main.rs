@@ -3,6 +3,7 @@
 mod archive;
 mod cli;
 mod cuda;
+mod determinism;
 mod doc;
 mod eval;
 mod flags;
