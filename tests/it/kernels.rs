@@ -8,7 +8,7 @@ use std::process::Command;
 
 /// Builds `kernels/check/<name>.cu` for the emulator with the system's C++ compiler and runs
 /// it with `args`; None (after saying why) where no C++ compiler is found.
-fn run_emulated(test: &str, name: &str, args: &[&str]) -> Option<std::process::Output> {
+pub(super) fn run_emulated(test: &str, name: &str, args: &[&str]) -> Option<std::process::Output> {
     let root = Path::new(env!("CARGO_MANIFEST_DIR"));
     let cxx = std::env::var("CXX").unwrap_or_else(|_| "g++".into());
     let dir = tempfile::tempdir().expect("a temp dir");
