@@ -128,9 +128,10 @@ gpu-suite-dry-run:
     ACPO_BIN="${CARGO_TARGET_DIR:-target}/debug/acpo" bash tools/gpu/suite.sh --dry-run
 
 # The CPU traces of the Qwen3-1.7B train step the GPU memory prediction is made from, into
-# results/cpu-memory/ (about 40 minutes on 2 cores), then the prediction.
+# results/cpu-memory/ (about an hour on 2 busy cores), then the prediction.
 [group('cuda')]
 memory-trace:
+    cargo build --release
     bash tools/checks/memory_trace.sh
     just memory-predict
 
