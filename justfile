@@ -118,26 +118,38 @@ test-cuda:
 check-cuda:
     eval "$(tools/gpu/cuda-toolkit.sh)" && cargo check --features cuda --all-targets
 
-# The CUDA binary and the CUDA test binary, stripped and compressed into target/gpu/ with the
-# commit and build path, for `tools/gpu/suite.sh` on a GPU machine (docs/CUDA.md).
+# What the GPU suite needs on a GPU machine, into target/gpu/ (tools/gpu/pack.sh): the CUDA
+# binary and test binary, the kernel checks built by nvcc, the data and the tokenizer (with
+# ACPO_DATA_DIR and ACPO_QWEN3_TOKENIZER set), refused above the device tool's 64 MiB.
 [group('cuda')]
 pack-gpu-suite: build-cuda
-    mkdir -p target/gpu
-    strip -o target/gpu/acpo-cuda "${CARGO_TARGET_DIR:-target}/release/acpo" && xz -9 -f target/gpu/acpo-cuda
-    eval "$(tools/gpu/cuda-toolkit.sh)" && cargo test --features cuda --no-run --message-format=json \
-      | python3 -c 'import json,sys; [print(m["executable"]) for m in map(json.loads, sys.stdin) if m.get("executable") and m["target"]["name"] == "it"]' \
-      | head -1 | xargs -I{} strip -o target/gpu/it-cuda {}
-    xz -9 -f target/gpu/it-cuda
-    git rev-parse HEAD > target/gpu/commit
-    pwd > target/gpu/built-in
-    if [ -n "${ACPO_QWEN3_TOKENIZER:-}" ]; then mkdir -p target/gpu/qwen3-tokenizer && cp "$ACPO_QWEN3_TOKENIZER"/tokenizer*.json target/gpu/qwen3-tokenizer/; fi
-    if [ -n "${ACPO_DATA_DIR:-}" ]; then mkdir -p target/gpu/data && cp "$ACPO_DATA_DIR"/*.jsonl target/gpu/data/; fi
+    bash tools/gpu/pack.sh
 
-# Every GPU check and benchmark on this machine's GPU (after `just pack-gpu-suite`), raw results
-# in results/gpu/<device>-<date>/ (tools/gpu/suite.sh; a section runs alone with SECTION=...).
+# The GPU suite on this machine's GPU (after `just pack-gpu-suite`), raw results in
+# results/gpu/<device>-<date>/ (tools/gpu/suite.sh), without the lent call's time limit.
 [group('cuda')]
-gpu-suite SECTION="all":
-    SUITE_SECONDS=100000 bash tools/gpu/suite.sh {{SECTION}}
+gpu-suite:
+    SUITE_SECONDS=100000 bash tools/gpu/suite.sh
+
+# The GPU suite's dry run on the CPU (CI runs it): the nvcc builds of the pack, each step's
+# command at toy shapes with the CPU binaries.
+[group('cuda')]
+gpu-suite-dry-run:
+    cargo build
+    ACPO_BIN="${CARGO_TARGET_DIR:-target}/debug/acpo" bash tools/gpu/suite.sh --dry-run
+
+# The CPU traces of the Qwen3-1.7B train step the GPU memory prediction is made from, into
+# results/cpu-memory/ (about an hour on 2 busy cores), then the prediction.
+[group('cuda')]
+memory-trace:
+    cargo build --release
+    bash tools/checks/memory_trace.sh
+    just memory-predict
+
+# docs/CUDA.md's predicted peak memory from the traces in results/cpu-memory/.
+[group('cuda')]
+memory-predict:
+    cargo run --release -- bench memory-predict --measured results/cpu-memory --out results/cpu-memory --doc docs/CUDA.md
 
 # The GPU blocks of docs/CUDA.md and REPRODUCE.md from one run of the GPU suite: its report
 # files (gpu-results.md, gpu-targets.md), then the docs' blocks filled from them.

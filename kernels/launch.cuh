@@ -16,6 +16,11 @@
 #define RMS_DW_GROUPS 8
 #define RMS_DW_ROWS 256
 
+// AdamW's whole-model step (adamw.cu): parameter elements per block (a tensor's chunk) and
+// threads per block (a power of two: its float64 norm reduction halves it).
+#define ADAMW_CHUNK 16384
+#define ADAMW_THREADS 256
+
 // Flash attention's row kernels (flash_attn.cu): warps (rows) per block; the split-K decode's
 // keys per split, warps per block and most query heads per KV head.
 #define FA_WARPS 4

@@ -6,20 +6,87 @@
 //!   the device's default memory pool, whose `USED_MEM_CURRENT` and `USED_MEM_HIGH` attributes
 //!   are what its allocations hold now and at most (PyTorch's `memory_allocated` and
 //!   `max_memory_allocated`).
-//! - On the CPU it reads the process's resident set (`VmRSS`) and its peak (`VmHWM`, reset
-//!   through `/proc/self/clear_refs`). That counts what is not the model's too (the binary, the
-//!   allocator's caches), and an allocator that keeps freed pages (the binary's, `main.rs`) keeps
-//!   them in the resident set: on the CPU a trace shows growth, not release.
+//! - On the CPU, in a process whose global allocator is [`Counting`] (the `acpo` binary's,
+//!   `main.rs`), it reads the bytes the allocator has handed out and not taken back, and their
+//!   high-water mark: the tensors alive, as the CUDA pool counts them, and not the pages the
+//!   allocator keeps for reuse. A trace on the CPU then shows release as well as growth, so it
+//!   can say what a step would hold on a GPU before one is lent (issue #44).
+//! - Elsewhere on the CPU it reads the process's resident set (`VmRSS`) and its peak (`VmHWM`,
+//!   reset through `/proc/self/clear_refs`). That counts what is not the model's too (the
+//!   binary, the allocator's caches), and an allocator that keeps freed pages keeps them in the
+//!   resident set: such a trace shows growth, not release.
 //!
 //! A trace is process-wide and off by default: [`mark`] costs one atomic load when no trace is
 //! running, so the model and the trainer mark their phases unconditionally and a benchmark (or a
 //! run) turns tracing on around the work it measures.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::alloc::{GlobalAlloc, Layout};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Mutex;
 
 use candle_core::Device;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
+
+/// A global allocator that counts the bytes it has handed out and not taken back, and their
+/// high-water mark, around the allocator `A` that does the work: what [`PeakMeter`] reads on the
+/// CPU. Two relaxed atomic operations an allocation; the counts are process-wide.
+pub struct Counting<A>(pub A);
+
+/// Heap bytes in use, and the most in use since the last [`PeakMeter::reset`].
+static HEAP_LIVE: AtomicU64 = AtomicU64::new(0);
+static HEAP_HIGH: AtomicU64 = AtomicU64::new(0);
+
+fn heap_grew(bytes: usize) {
+    let now = HEAP_LIVE.fetch_add(bytes as u64, Ordering::Relaxed) + bytes as u64;
+    HEAP_HIGH.fetch_max(now, Ordering::Relaxed);
+}
+
+fn heap_shrank(bytes: usize) {
+    HEAP_LIVE.fetch_sub(bytes as u64, Ordering::Relaxed);
+}
+
+/// Whether this process allocates through [`Counting`] (it has counted something).
+fn heap_counted() -> bool {
+    HEAP_HIGH.load(Ordering::Relaxed) > 0
+}
+
+// SAFETY: every call is passed to `A` unchanged; the counts only read sizes.
+unsafe impl<A: GlobalAlloc> GlobalAlloc for Counting<A> {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: the caller's contract, passed on.
+        let p = unsafe { self.0.alloc(layout) };
+        if !p.is_null() {
+            heap_grew(layout.size());
+        }
+        p
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        // SAFETY: the caller's contract, passed on.
+        let p = unsafe { self.0.alloc_zeroed(layout) };
+        if !p.is_null() {
+            heap_grew(layout.size());
+        }
+        p
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: the caller's contract, passed on.
+        unsafe { self.0.dealloc(ptr, layout) };
+        heap_shrank(layout.size());
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        // SAFETY: the caller's contract, passed on.
+        let p = unsafe { self.0.realloc(ptr, layout, new_size) };
+        if !p.is_null() && new_size >= layout.size() {
+            heap_grew(new_size - layout.size());
+        } else if !p.is_null() {
+            heap_shrank(layout.size() - new_size);
+        }
+        p
+    }
+}
 
 /// The memory meter of one device.
 #[derive(Clone)]
@@ -34,10 +101,12 @@ impl PeakMeter {
         }
     }
 
-    /// What the meter reads: the CUDA allocator or the process's resident set.
+    /// What the meter reads: the CUDA allocator, the counted heap or the process's resident set.
     pub fn source(&self) -> &'static str {
         if self.device.is_cuda() {
             "cuda allocator high-water mark"
+        } else if heap_counted() {
+            "heap bytes in use (counting allocator)"
         } else {
             "process peak resident set"
         }
@@ -47,6 +116,8 @@ impl PeakMeter {
     pub fn reset(&self) {
         if self.device.is_cuda() {
             cuda::reset(&self.device);
+        } else if heap_counted() {
+            HEAP_HIGH.store(HEAP_LIVE.load(Ordering::Relaxed), Ordering::Relaxed);
         } else {
             // Writing 5 resets VmHWM to the current RSS (Linux ≥ 4.0); elsewhere the peak
             // is the process's since it started.
@@ -58,6 +129,8 @@ impl PeakMeter {
     pub fn current(&self) -> Option<u64> {
         if self.device.is_cuda() {
             cuda::used(&self.device, false)
+        } else if heap_counted() {
+            Some(HEAP_LIVE.load(Ordering::Relaxed))
         } else {
             proc_status_kib("VmRSS:").map(|k| k * 1024)
         }
@@ -67,6 +140,8 @@ impl PeakMeter {
     pub fn peak(&self) -> Option<u64> {
         if self.device.is_cuda() {
             cuda::used(&self.device, true)
+        } else if heap_counted() {
+            Some(HEAP_HIGH.load(Ordering::Relaxed))
         } else {
             proc_status_kib("VmHWM:").map(|k| k * 1024)
         }
@@ -171,18 +246,23 @@ fn proc_status_kib(key: &str) -> Option<u64> {
     line[key.len()..].split_whitespace().next()?.parse().ok()
 }
 
-/// One reading of a trace: the bytes in use when `phase` ended, and the most in use at once
-/// since the previous reading (during the phase).
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// One reading of a trace: the bytes in use when `phase` ended, the most in use at once since
+/// the previous reading (during the phase), and the phase's wall time: from the previous
+/// reading to this one, each taken once the device has finished the work queued before it (on
+/// CUDA, reading the pool waits for the stream).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Mark {
     pub phase: String,
     pub live: Option<u64>,
     pub peak: Option<u64>,
+    #[serde(default)]
+    pub seconds: Option<f64>,
 }
 
 struct Trace {
     meter: PeakMeter,
     marks: Vec<Mark>,
+    since: std::time::Instant,
 }
 
 static TRACING: AtomicBool = AtomicBool::new(false);
@@ -196,12 +276,14 @@ pub fn start(device: &Device) {
     *TRACE.lock().unwrap_or_else(|p| p.into_inner()) = Some(Trace {
         meter,
         marks: Vec::new(),
+        since: std::time::Instant::now(),
     });
     TRACING.store(true, Ordering::Release);
 }
 
-/// The end of phase `phase()` in a running trace: reads the memory in use and the peak since
-/// the previous mark, then resets the peak. Costs one atomic load when no trace runs (`phase` is
+/// The end of phase `phase()` in a running trace: reads the memory in use, the peak and the
+/// time since the previous mark, then resets the peak and the clock (so the reading itself is
+/// in no phase's time). Costs one atomic load when no trace runs (`phase` is
 /// not called).
 pub fn mark(phase: impl FnOnce() -> String) {
     if !TRACING.load(Ordering::Acquire) {
@@ -209,12 +291,15 @@ pub fn mark(phase: impl FnOnce() -> String) {
     }
     if let Some(trace) = TRACE.lock().unwrap_or_else(|p| p.into_inner()).as_mut() {
         let (live, peak) = (trace.meter.current(), trace.meter.peak());
+        let seconds = trace.since.elapsed().as_secs_f64();
         trace.marks.push(Mark {
             phase: phase(),
             live,
             peak,
+            seconds: Some(seconds),
         });
         trace.meter.reset();
+        trace.since = std::time::Instant::now();
     }
 }
 

@@ -32,8 +32,10 @@ impl Outcome {
     }
 }
 
+/// mimalloc, counted: `device::PeakMeter` reads the bytes in use on the CPU from the count.
 #[global_allocator]
-static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+static ALLOCATOR: acpo::device::Counting<mimalloc::MiMalloc> =
+    acpo::device::Counting(mimalloc::MiMalloc);
 
 /// `mi_option_purge_delay` in mimalloc v3's `mi_option_e` (libmimalloc-sys 0.1.49, pinned in
 /// Cargo.toml; the crate does not export the constant).

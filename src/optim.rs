@@ -160,10 +160,23 @@ impl AdamW {
         }
     }
 
-    /// Clips `grads` to the manifest's norm and applies one AdamW update.
+    /// Clips `grads` to the manifest's norm and applies one AdamW update. On CUDA the whole
+    /// step is `cuda::step` (kernels/adamw.cu): the norm, the clip and every tensor's update on the device, read
+    /// back once; elsewhere (the CPU) tensor by tensor, as every shipped CPU result was made.
     pub fn step(&mut self, grads: &Gradients) -> Result<StepReport> {
-        let norm = grads.global_norm()?;
         let lr = self.next_lr();
+        if let Some(done) = cuda_step(self, grads, lr)? {
+            let grad_norm = done.squared_norm.sqrt();
+            let applied = grad_norm.is_finite();
+            self.t += u64::from(applied);
+            return Ok(StepReport {
+                grad_norm,
+                lr,
+                applied,
+                params_finite: done.params_finite,
+            });
+        }
+        let norm = grads.global_norm()?;
         if !norm.is_finite() {
             return Ok(StepReport {
                 grad_norm: norm,
@@ -174,28 +187,12 @@ impl AdamW {
         }
         let coef = self.spec.grad_clip / (norm + 1e-6);
         let scale = if coef < 1.0 { coef } else { 1.0 };
-        let [b1, b2] = self.spec.betas;
-        let t = (self.t + 1) as i32;
-        let (bc1, bc2) = (1.0 - b1.powi(t), 1.0 - b2.powi(t));
-        let h = Hyper {
-            scale,
-            b1,
-            b2,
-            lr,
-            weight_decay: self.spec.weight_decay,
-            bc1,
-            bc2,
-            eps: self.spec.eps,
-        };
+        let h = self.hyper(scale, lr);
         let mut params_finite = true;
         for i in 0..self.vars.len() {
             let g = grads.get(&self.names[i]);
             let (m, v) = (&self.m[i], &self.v[i]);
-            let fused = match fused_update(&self.vars[i], g, m, v, &h)? {
-                Some(new) => Some(new),
-                None => cuda_update(&self.vars[i], g, m, v, &h)?,
-            };
-            let (p, m, v) = match fused {
+            let (p, m, v) = match fused_update(&self.vars[i], g, m, v, &h)? {
                 Some(new) => new,
                 None => composed_update(&self.vars[i], g, m, v, &h)?,
             };
@@ -215,6 +212,22 @@ impl AdamW {
             applied: true,
             params_finite,
         })
+    }
+
+    /// The scalars of the next update at learning rate `lr` and clip scale `scale`.
+    fn hyper(&self, scale: f64, lr: f64) -> Hyper {
+        let [b1, b2] = self.spec.betas;
+        let t = (self.t + 1) as i32;
+        Hyper {
+            scale,
+            b1,
+            b2,
+            lr,
+            weight_decay: self.spec.weight_decay,
+            bc1: 1.0 - b1.powi(t),
+            bc2: 1.0 - b2.powi(t),
+            eps: self.spec.eps,
+        }
     }
 
     /// Writes the moments and the step count (safetensors, atomically).
@@ -441,83 +454,32 @@ fn f32_consts(h: &Hyper) -> AdamWConsts {
     }
 }
 
-/// The one-pass update on CUDA (kernels/adamw.cu, f32 or bf16 parameters, fp32 moments): the
-/// CPU twin's arithmetic, so the same bits where the inputs agree. `None` off CUDA.
+/// What the device's step left to read: ‖g‖² before clipping, and whether every parameter is
+/// still finite.
+struct DeviceStep {
+    squared_norm: f64,
+    params_finite: bool,
+}
+
+/// The whole step on CUDA (`cuda::step`); `None` where it does not apply (off CUDA, or a
+/// parameter it cannot update in place), and the caller updates tensor by tensor.
 #[cfg(feature = "cuda")]
-fn cuda_update(
-    var: &Var,
-    g: Option<&Tensor>,
-    m: &Tensor,
-    v: &Tensor,
-    h: &Hyper,
-) -> Result<Option<(Tensor, Tensor, Tensor)>> {
-    let p = var.as_tensor();
-    if !p.device().is_cuda() || !matches!(p.dtype(), DType::F32 | DType::BF16) {
-        return Ok(None);
-    }
-    let g = match g {
-        Some(g) => g.contiguous()?,
-        None => Tensor::zeros(p.shape(), DType::F32, p.device())?,
-    };
-    let mv = Tensor::stack(&[m, v], 0)?.contiguous()?;
-    let out = p
-        .contiguous()?
-        .apply_op3_no_bwd(&g, &mv, &CudaAdamW(f32_consts(h)))?;
-    let part = |i: usize| out.get(i)?.reshape(p.shape());
-    // The moments are copied out of `out`: as views they would keep its whole (3, N) buffer,
-    // 12 bytes a parameter where the moments need 8, alive until the next step (issue #33).
-    // The parameter is copied into the master's own storage by the caller (`Var::set`).
-    Ok(Some((
-        part(0)?.to_dtype(p.dtype())?,
-        part(1)?.copy()?,
-        part(2)?.copy()?,
-    )))
+fn cuda_step(opt: &AdamW, grads: &Gradients, lr: f64) -> Result<Option<DeviceStep>> {
+    let c = f32_consts(&opt.hyper(1.0, lr));
+    Ok(cuda::step(
+        &opt.vars,
+        &opt.names,
+        &opt.m,
+        &opt.v,
+        grads,
+        &c,
+        opt.spec.grad_clip,
+    )?)
 }
 
 #[cfg(not(feature = "cuda"))]
-fn cuda_update(
-    _: &Var,
-    _: Option<&Tensor>,
-    _: &Tensor,
-    _: &Tensor,
-    _: &Hyper,
-) -> Result<Option<(Tensor, Tensor, Tensor)>> {
+fn cuda_step(_: &AdamW, _: &Gradients, _: f64) -> Result<Option<DeviceStep>> {
     Ok(None)
-}
-
-/// The update as a custom op (p, g, [m; v]) → [p; m; v], CUDA only.
-#[cfg(feature = "cuda")]
-struct CudaAdamW(AdamWConsts);
-
-#[cfg(feature = "cuda")]
-impl candle_core::CustomOp3 for CudaAdamW {
-    fn name(&self) -> &'static str {
-        "acpo-adamw"
-    }
-
-    fn cpu_fwd(
-        &self,
-        _: &candle_core::CpuStorage,
-        _: &candle_core::Layout,
-        _: &candle_core::CpuStorage,
-        _: &candle_core::Layout,
-        _: &candle_core::CpuStorage,
-        _: &candle_core::Layout,
-    ) -> candle_core::Result<(candle_core::CpuStorage, candle_core::Shape)> {
-        candle_core::bail!("acpo-adamw: the CPU update is fused_update")
-    }
-
-    fn cuda_fwd(
-        &self,
-        p: &candle_core::CudaStorage,
-        lp: &candle_core::Layout,
-        g: &candle_core::CudaStorage,
-        lg: &candle_core::Layout,
-        mv: &candle_core::CudaStorage,
-        lmv: &candle_core::Layout,
-    ) -> candle_core::Result<(candle_core::CudaStorage, candle_core::Shape)> {
-        cuda::adamw(p, lp, g, lg, mv, lmv, &self.0)
-    }
 }
 
 /// The f32 elements of a contiguous CPU tensor's storage.
@@ -604,64 +566,205 @@ mod tests {
     }
 }
 
-/// The CUDA launch of `kernels/adamw.cu`; the CPU twin is [`fused_update`].
+/// The launches of `kernels/adamw.cu`: a whole model's step in one reduction, one update per
+/// parameter dtype and one read-back; the CPU twin of each element is [`fused_update`].
 #[cfg(feature = "cuda")]
 mod cuda {
-    use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
+    use candle_core::cuda_backend::cudarc::driver::{
+        CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
+    };
     use candle_core::cuda_backend::WrapErr;
-    use candle_core::{CudaStorage, DType, Layout, Result, Shape};
+    use candle_core::{DType, Device, Storage, Tensor, Var};
 
-    use crate::fused::launch::{dtype_of, elems_config, kernel, ptx, suffix, view, with_type};
+    use super::{AdamWConsts, DeviceStep, Gradients};
+    use crate::fused::launch::{kernel, ptx};
 
     const PTX: (&str, &str) = ptx!("adamw");
+    use crate::fused::launch::sizes::ADAMW_THREADS as THREADS;
+    /// Elements per block: `ADAMW_CHUNK` of kernels/launch.cuh, as the kernel reads it.
+    const CHUNK: usize = crate::fused::launch::sizes::ADAMW_CHUNK as usize;
 
-    /// One AdamW update of `p` (f32 or bf16) with the fp32 gradient `g` and moments `mv` `(2, N)`:
-    /// `[p; m; v]` as `(3, N)` in f32.
-    pub fn adamw(
-        p: &CudaStorage,
-        lp: &Layout,
-        g: &CudaStorage,
-        lg: &Layout,
-        mv: &CudaStorage,
-        lmv: &Layout,
-        c: &super::AdamWConsts,
-    ) -> Result<(CudaStorage, Shape)> {
-        let what = "acpo-adamw";
-        let sfx = suffix(dtype_of(p), what)?;
-        with_type!(dtype_of(p), T, {
-            let dev = &p.device;
-            let pv = view::<T>(p, lp, what)?;
-            let (gv, mvv) = (view::<f32>(g, lg, what)?, view::<f32>(mv, lmv, what)?);
-            let len = pv.len();
-            if gv.len() != len || mvv.len() != 2 * len {
-                candle_core::bail!(
-                    "{what}: {len} parameters, {} gradients, {} moments",
-                    gv.len(),
-                    mvv.len()
-                );
+    /// The kernel's `AdamWConsts`: the f32 constants of the update but the clip scale, which
+    /// the kernel forms from the norm on the device.
+    #[repr(C)]
+    #[derive(Clone, Copy)]
+    struct KernelConsts {
+        b1: f32,
+        one_minus_b1: f32,
+        b2: f32,
+        one_minus_b2: f32,
+        decay: f32,
+        inv_sqrt_bc2: f32,
+        eps: f32,
+        step: f32,
+    }
+
+    // SAFETY: a plain #[repr(C)] struct of f32s, the layout of the kernel's struct.
+    unsafe impl DeviceRepr for KernelConsts {}
+
+    /// One tensor's row of the device table.
+    struct Entry {
+        p: u64,
+        g: u64,
+        m: u64,
+        v: u64,
+        len: usize,
+    }
+
+    /// The device table of `entries` (kernels/adamw.cu: five words a tensor, then where each
+    /// tensor's chunks start) and its number of chunks.
+    fn table(entries: &[&Entry]) -> (Vec<u64>, u32) {
+        let mut words = Vec::with_capacity(6 * entries.len() + 1);
+        for e in entries {
+            words.extend([e.p, e.g, e.m, e.v, e.len as u64]);
+        }
+        let mut chunks = 0u64;
+        for e in entries {
+            words.push(chunks);
+            chunks += e.len.div_ceil(CHUNK) as u64;
+        }
+        words.push(chunks);
+        (words, chunks as u32)
+    }
+
+    /// The address of `t`'s first element on `stream`'s device, if `t` is a contiguous CUDA
+    /// tensor of `dtype`.
+    fn address(t: &Tensor, dtype: DType, stream: &CudaStream) -> candle_core::Result<Option<u64>> {
+        if t.dtype() != dtype {
+            return Ok(None);
+        }
+        let (storage, layout) = t.storage_and_layout();
+        let (Storage::Cuda(s), Some((start, _))) = (&*storage, layout.contiguous_offsets()) else {
+            return Ok(None);
+        };
+        let base = match dtype {
+            DType::F32 => s.as_cuda_slice::<f32>()?.device_ptr(stream).0,
+            DType::BF16 => s.as_cuda_slice::<half::bf16>()?.device_ptr(stream).0,
+            _ => return Ok(None),
+        };
+        Ok(Some(base + (start * dtype.size_in_bytes()) as u64))
+    }
+
+    fn blocks(n: u32) -> LaunchConfig {
+        LaunchConfig {
+            grid_dim: (n, 1, 1),
+            block_dim: (THREADS, 1, 1),
+            shared_mem_bytes: 0,
+        }
+    }
+
+    /// One AdamW step of `vars` (f32 or bf16, each with f32 moments `m`, `v`) on CUDA: ‖g‖² of
+    /// every gradient in one reduction, the clip scale and the update on the device, each
+    /// dtype's tensors in one launch, moments and parameters written in place; then ‖g‖² and
+    /// whether every parameter is finite, read back in one copy. `None` (nothing launched) when
+    /// the parameters are not all contiguous f32/bf16 CUDA tensors with f32 moments.
+    pub(super) fn step(
+        vars: &[Var],
+        names: &[String],
+        m: &[Tensor],
+        v: &[Tensor],
+        grads: &Gradients,
+        c: &AdamWConsts,
+        max_norm: f64,
+    ) -> candle_core::Result<Option<DeviceStep>> {
+        let Some(Device::Cuda(dev)) = vars.first().map(|v| v.device().clone()) else {
+            return Ok(None);
+        };
+        let stream = dev.cuda_stream();
+        // The gradients as contiguous f32, kept alive until the read-back below has waited for
+        // every launch that reads them.
+        let mut kept = Vec::new();
+        let mut entries = Vec::with_capacity(vars.len());
+        for (i, var) in vars.iter().enumerate() {
+            let dtype = var.dtype();
+            let p = address(var.as_tensor(), dtype, &stream)?;
+            let (mi, vi) = (
+                address(&m[i], DType::F32, &stream)?,
+                address(&v[i], DType::F32, &stream)?,
+            );
+            let (Some(p), Some(mi), Some(vi)) = (p, mi, vi) else {
+                return Ok(None);
+            };
+            if !var.device().same_device(&Device::Cuda(dev.clone())) {
+                return Ok(None);
             }
-            let mut out = unsafe { dev.alloc::<f32>(3 * len) }?;
-            let f = kernel!(dev, &format!("adamw_{sfx}"), PTX)?;
+            let g = match grads.get(&names[i]) {
+                Some(g) => {
+                    let g = g.to_dtype(DType::F32)?.contiguous()?;
+                    let at = address(&g, DType::F32, &stream)?;
+                    kept.push(g);
+                    at.ok_or_else(|| {
+                        candle_core::Error::Msg("acpo-adamw: a gradient off CUDA".into())
+                    })?
+                }
+                None => 0,
+            };
+            entries.push((
+                dtype,
+                Entry {
+                    p,
+                    g,
+                    m: mi,
+                    v: vi,
+                    len: var.elem_count(),
+                },
+            ));
+        }
+        let all: Vec<&Entry> = entries.iter().map(|(_, e)| e).collect();
+        let (words, chunks) = table(&all);
+        let words = dev.clone_htod(&words)?;
+        let n = all.len() as u32;
+        let mut out = dev.alloc_zeros::<f64>(2)?;
+        // ‖g‖²: a partial per chunk, then their sum in chunk order.
+        let mut partials = dev.alloc_zeros::<f64>((chunks as usize).max(1))?;
+        if chunks > 0 {
+            let f = kernel!(dev, "adamw_sq_partials", PTX)?;
             let mut b = f.builder();
-            b.arg(&pv)
-                .arg(&gv)
-                .arg(&mvv)
-                .arg(&mut out)
-                .arg(&len)
-                .arg(&c.scale)
-                .arg(&c.b1)
-                .arg(&c.one_minus_b1)
-                .arg(&c.b2)
-                .arg(&c.one_minus_b2)
-                .arg(&c.decay)
-                .arg(&c.inv_sqrt_bc2)
-                .arg(&c.eps)
-                .arg(&c.step);
-            unsafe { b.launch(elems_config(len)) }.w()?;
-            Ok((
-                CudaStorage::wrap_cuda_slice(out, dev.clone()),
-                Shape::from((3, len)),
-            ))
-        })
+            b.arg(&words).arg(&n).arg(&mut partials);
+            unsafe { b.launch(blocks(chunks)) }.w()?;
+        }
+        let f = kernel!(dev, "adamw_sq_total", PTX)?;
+        let mut b = f.builder();
+        b.arg(&partials).arg(&chunks).arg(&mut out);
+        unsafe { b.launch(blocks(1)) }.w()?;
+        let kc = KernelConsts {
+            b1: c.b1,
+            one_minus_b1: c.one_minus_b1,
+            b2: c.b2,
+            one_minus_b2: c.one_minus_b2,
+            decay: c.decay,
+            inv_sqrt_bc2: c.inv_sqrt_bc2,
+            eps: c.eps,
+            step: c.step,
+        };
+        for (dtype, name) in [
+            (DType::F32, "adamw_update_f32"),
+            (DType::BF16, "adamw_update_bf16"),
+        ] {
+            let these: Vec<&Entry> = entries
+                .iter()
+                .filter(|(d, _)| *d == dtype)
+                .map(|(_, e)| e)
+                .collect();
+            let (words, chunks) = table(&these);
+            if chunks == 0 {
+                continue;
+            }
+            let words: CudaSlice<u64> = dev.clone_htod(&words)?;
+            let n = these.len() as u32;
+            let f = kernel!(dev, name, PTX)?;
+            let mut b = f.builder();
+            b.arg(&words).arg(&n).arg(&mut out).arg(&max_norm).arg(&kc);
+            // SAFETY: every address in `words` is a live, contiguous tensor of the length beside
+            // it (the parameters and moments owned by the optimizer, the gradients in `kept`),
+            // and no two tensors overlap; they stay alive until the read-back below returns.
+            unsafe { b.launch(blocks(chunks)) }.w()?;
+        }
+        let read = dev.clone_dtoh(&out)?;
+        drop(kept);
+        Ok(Some(DeviceStep {
+            squared_norm: read[0],
+            params_finite: read[1] == 0.0,
+        }))
     }
 }

@@ -49,6 +49,15 @@ impl SplitMix64 {
         (-2.0 * u1.ln()).sqrt() * (std::f64::consts::TAU * u2).cos()
     }
 
+    /// The stream `draws` draws of [`SplitMix64::next_u64`] ahead (the state is a counter, so
+    /// any position is one step away): lets a long run of draws be split across threads
+    /// with the very numbers one thread would draw.
+    pub fn ahead(&self, draws: u64) -> SplitMix64 {
+        SplitMix64 {
+            state: self.state.wrapping_add(draws.wrapping_mul(GOLDEN)),
+        }
+    }
+
     /// The raw state, for checkpoints.
     pub fn state(&self) -> u64 {
         self.state
@@ -92,5 +101,15 @@ mod tests {
                 );
             }
         }
+    }
+
+    #[test]
+    fn a_stream_ahead_draws_what_the_stream_draws_later() {
+        let mut r = SplitMix64::from_key(&[3, 1, 4]);
+        let ahead = r.ahead(1000);
+        for _ in 0..1000 {
+            r.next_u64();
+        }
+        assert_eq!(r, ahead);
     }
 }

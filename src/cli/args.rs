@@ -491,7 +491,9 @@ pub struct BenchArgs {
     /// memory-plan: the model configs, named after the hub repo (`qwen3-1.7b.json`).
     #[arg(long, default_value = "experiments/paper/configs")]
     pub configs: PathBuf,
-    /// paper-plan: a directory with train-step.json and generate.json measured on CUDA (bf16).
+    /// paper-plan: a directory with train-step.json and generate.json measured on CUDA (bf16);
+    /// memory-predict: a directory of CPU traces, DIR/*/train-step.json (--config: the target,
+    /// default qwen3-1.7b.json of --configs).
     #[arg(long)]
     pub measured: Option<PathBuf>,
     /// Also fill this Markdown file's `<!-- begin: NAME -->` … `<!-- end: NAME -->` blocks

@@ -103,6 +103,16 @@ pub fn run(cli: Cli) -> anyhow::Result<Outcome> {
                         &args.out,
                     )?
                 }
+                BenchKind::MemoryPredict => {
+                    let Some(measured) = &args.measured else {
+                        bail!("bench memory-predict needs --measured DIR (the CPU traces, each in DIR/*/train-step.json)");
+                    };
+                    let target = args
+                        .config
+                        .clone()
+                        .unwrap_or_else(|| args.configs.join("qwen3-1.7b.json"));
+                    acpo::perf::predict::memory_predict(measured, &target, &args.out)?
+                }
                 kind => acpo::perf::speed(kind, &args.out, &speed_options(&args)?)?,
             };
             println!("report: {}", report.display());

@@ -51,8 +51,21 @@ fn normal(
     dtype: DType,
     device: &Device,
 ) -> Result<Tensor> {
+    use rayon::prelude::*;
     let n: usize = shape.iter().product();
-    let data: Vec<f32> = (0..n).map(|_| (rng.next_normal() * std) as f32).collect();
+    // Each value takes two draws, so the values of a block of the tensor start a known number
+    // of draws ahead: the blocks run on the pool and the numbers are the ones a single thread
+    // draws in order (a 1.7B model's weights in seconds instead of a minute).
+    const BLOCK: usize = 1 << 16;
+    let mut data = vec![0f32; n];
+    let start = rng.clone();
+    data.par_chunks_mut(BLOCK).enumerate().for_each(|(b, out)| {
+        let mut r = start.ahead(2 * (b * BLOCK) as u64);
+        for x in out {
+            *x = (r.next_normal() * std) as f32;
+        }
+    });
+    *rng = start.ahead(2 * n as u64);
     Ok(Tensor::from_vec(data, shape, device)?.to_dtype(dtype)?)
 }
 
@@ -501,4 +514,27 @@ pub struct WarmStartSpec {
     pub lr: f64,
     pub warmup_steps: usize,
     pub max_response_length: usize,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_blocks_draw_what_one_thread_draws_in_order() {
+        for n in [1usize, 1000, (1 << 16) + 3, 3 << 16] {
+            let mut blocks = SplitMix64::from_key(&[7, n as u64]);
+            let mut one = blocks.clone();
+            let got = normal(&mut blocks, &[n], 0.02, DType::F32, &Device::Cpu)
+                .and_then(|t| Ok(t.to_vec1::<f32>()?))
+                .expect("normal");
+            let want: Vec<f32> = (0..n).map(|_| (one.next_normal() * 0.02) as f32).collect();
+            let same = got
+                .iter()
+                .zip(&want)
+                .all(|(a, b)| a.to_bits() == b.to_bits());
+            assert!(same && got.len() == n, "n = {n}");
+            assert_eq!(blocks, one, "the stream continues where one thread's would");
+        }
+    }
 }

@@ -690,36 +690,17 @@ impl Qwen {
     /// kept, computing logits with the model it is given (this one, up to the lm_head's leaf),
     /// and its backward gives the gradient at the last layer's output. Each layer, last to
     /// first, is then run again from its kept input, with a graph, and backpropagated from the
-    /// gradient at its output: `∂(Σ y ⊙ g)/∂y = g`, exactly. At most one layer's activations are
-    /// alive at a time. The result holds the gradients of every parameter the plain backward
-    /// would reach, the same numbers (bit for bit in f32; tests/it/model.rs).
+    /// gradient at its output: `∂(Σ y ⊙ g)/∂y = g`, exactly.
+    ///
+    /// Each backward's gradients go to `sink` as soon as it is done (the head's, each layer's,
+    /// last to first, then the embedding's), and every parameter's gradient reaches `sink` in
+    /// one store. A store's gradients still hang on the graph of their backward (a weight's
+    /// `hᵀ·dy` holds h): a sink that adds them into detached sums ([`crate::optim::Gradients`])
+    /// and drops the store lets that layer's activations go, so at most one layer's activations
+    /// are alive at a time besides the sums (tests/it/train.rs measures it); one that keeps the
+    /// stores keeps every layer's. The gradients are the plain backward's, bit for bit in f32
+    /// (tests/it/model.rs).
     pub fn checkpointed_backward<T, E>(
-        &self,
-        ids: &Tensor,
-        positions: &Tensor,
-        key_valid: &Tensor,
-        head: impl FnOnce(&Qwen, &Tensor) -> std::result::Result<(Tensor, T), E>,
-    ) -> std::result::Result<(candle_core::backprop::GradStore, T), E>
-    where
-        E: From<super::ModelError> + From<candle_core::Error>,
-    {
-        let mut all: Option<candle_core::backprop::GradStore> = None;
-        let kept = self.checkpointed_backward_into(ids, positions, key_valid, head, |store| {
-            match all.as_mut() {
-                Some(a) => a.extend(store)?,
-                None => all = Some(store),
-            }
-            Ok(())
-        })?;
-        let all = all.expect("invariant: the head's backward reaches the sink first");
-        Ok((all, kept))
-    }
-
-    /// [`Qwen::checkpointed_backward`] handing each backward's gradients to `sink` as soon as it
-    /// is done (the head's, each layer's, last to first, then the embedding's) instead of
-    /// keeping them: a trainer that adds them into its sums holds one layer's gradients besides
-    /// the sums, not a whole model's. Every parameter's gradient reaches `sink` in one store.
-    pub fn checkpointed_backward_into<T, E>(
         &self,
         ids: &Tensor,
         positions: &Tensor,

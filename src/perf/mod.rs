@@ -7,6 +7,7 @@
 pub mod memory;
 pub mod pipeline;
 pub mod plan;
+pub mod predict;
 pub mod verifier;
 
 use std::path::{Path, PathBuf};
@@ -85,6 +86,8 @@ pub enum BenchKind {
     MemoryPlan,
     /// The GPU-hours of the paper runs from measured GPU rates (--measured).
     PaperPlan,
+    /// A train step's peak memory on a GPU, predicted from CPU traces (--measured; issue #44).
+    MemoryPredict,
     /// Verifier throughput (answers/s).
     Verifier,
 }
@@ -215,7 +218,10 @@ pub fn speed(kind: BenchKind, out: &Path, opts: &SpeedOptions) -> Result<PathBuf
         BenchKind::Generate => "generate",
         BenchKind::TrainStep => "train-step",
         BenchKind::Attention => "attention",
-        BenchKind::Verifier | BenchKind::MemoryPlan | BenchKind::PaperPlan => {
+        BenchKind::Verifier
+        | BenchKind::MemoryPlan
+        | BenchKind::PaperPlan
+        | BenchKind::MemoryPredict => {
             unreachable!("the verifier and memory-plan reports have their own functions")
         }
     };
@@ -392,6 +398,64 @@ pub struct Measurement {
     /// steps, and its peak during the phase.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trace: Option<Vec<crate::device::Mark>>,
+    /// Train step: what ran, as data (`shape` says it in words), for the memory prediction
+    /// ([`predict`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub settings: Option<StepSettings>,
+}
+
+/// A train step's shape and memory settings as they ran.
+#[derive(Debug, Clone, PartialEq, Serialize, serde::Deserialize)]
+pub struct StepSettings {
+    pub batch: usize,
+    pub seq_len: usize,
+    pub prompt_len: usize,
+    pub micro_batch: usize,
+    /// Flash attention ran (asked for, and it applies to the device and dtype).
+    pub flash_attention: bool,
+    pub vocab_chunk: Option<usize>,
+    pub checkpointing: bool,
+    /// The compute dtype (the masters are f32).
+    pub compute: String,
+    pub layers: usize,
+    pub vocab: usize,
+    pub hidden: usize,
+    pub intermediate: usize,
+    pub heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub tied: bool,
+}
+
+impl StepSettings {
+    /// The settings of a step of `shape` on model `cfg` with `kernels`; `flash_applies`: the
+    /// flash kernels exist for the device, dtype and head dim (`fused::flash_applies`).
+    pub fn of(
+        cfg: &QwenConfig,
+        shape: &StepShape,
+        kernels: Kernels,
+        flash_applies: bool,
+        compute: DType,
+    ) -> StepSettings {
+        StepSettings {
+            batch: shape.batch,
+            seq_len: shape.seq_len,
+            prompt_len: shape.prompt_len,
+            micro_batch: shape.micro_batch,
+            flash_attention: kernels.flash_attention && flash_applies,
+            vocab_chunk: kernels.vocab_chunk,
+            checkpointing: shape.checkpointing,
+            compute: format!("{compute:?}").to_lowercase(),
+            layers: cfg.num_hidden_layers,
+            vocab: cfg.vocab_size,
+            hidden: cfg.hidden_size,
+            intermediate: cfg.intermediate_size,
+            heads: cfg.num_attention_heads,
+            kv_heads: cfg.num_key_value_heads,
+            head_dim: cfg.head_dim(),
+            tied: cfg.tie_word_embeddings,
+        }
+    }
 }
 
 /// How close decoding runs to the memory roofline: each decode step must read every weight
@@ -583,6 +647,7 @@ pub fn bench_generate(m: &Subject, opts: &SpeedOptions) -> Result<Measurement> {
         memory: None,
         roofline: Some(roofline),
         trace: None,
+        settings: None,
     })
 }
 
@@ -649,6 +714,7 @@ pub fn bench_long_tail(m: &Subject, opts: &SpeedOptions) -> Result<[Measurement;
         memory: None,
         roofline: None,
         trace: None,
+        settings: None,
     };
     waves()?;
     let w = median(
@@ -694,35 +760,9 @@ pub fn bench_train_step(m: &Subject, opts: &SpeedOptions) -> Result<Measurement>
         init::random_params(cfg, 0, precision.master, &dev)?.with_compute(precision.compute);
     let r = t - p;
     let (layout, adv) = random_batch(cfg.vocab_size, b, t, p, &dev)?;
-    let spec = OptimSpec {
-        lr: 1e-6,
-        lr_schedule: LrSchedule::Constant,
-        warmup_steps: 0,
-        grad_clip: 1.0,
-        weight_decay: 0.01,
-        betas: [0.9, 0.999],
-        eps: 1e-8,
-    };
-    let mut opt = AdamW::new(&params, &spec)?;
-    let clip = PolicyClip::Advantage { alpha: 2.0 };
+    let mut opt = AdamW::new(&params, &bench_optim_spec())?;
     let kernels = shape.kernels.unwrap_or_else(|| Kernels::for_device(&dev));
-    let plan = UpdatePlan {
-        mini_rows: b,
-        micro: shape.micro_batch,
-        epochs: 1,
-        agg_mode: LossAggMode::TokenMean,
-        horizon: r,
-        clip,
-        compared: crate::algo::clip::compared_rules(
-            crate::algo::method::AlgorithmKind::GrpoAc,
-            &clip,
-        ),
-        temperature: 1.0,
-        entropy_coeff: 0.0,
-        side_by_side: dev.is_cpu(),
-        kernels,
-        checkpointing: shape.checkpointing,
-    };
+    let plan = bench_plan(shape, r, kernels, dev.is_cpu());
     // The old log-probs from random numbers: computing them with the policy would cost a
     // second forward of the paper shape for nothing the step's speed depends on.
     let old = (Tensor::randn(0f32, 1.0, (b, r), &dev)?.abs()? * -1.0)?;
@@ -764,24 +804,7 @@ pub fn bench_train_step(m: &Subject, opts: &SpeedOptions) -> Result<Measurement>
         seconds: secs,
         tokens_per_second: tokens as f64 / secs,
         repeats: opts.repeats,
-        shape: Some(format!(
-            "{b}×{t} (prompt {p}), micro-batch {}, {}{}{}",
-            shape.micro_batch,
-            if kernels.flash_attention {
-                "flash attention"
-            } else {
-                "composed attention"
-            },
-            kernels.vocab_chunk.map_or_else(
-                || ", logits by positions".to_string(),
-                |c| format!(", vocab chunks of {c}")
-            ),
-            if shape.checkpointing {
-                ", checkpointing"
-            } else {
-                ""
-            },
-        )),
+        shape: Some(step_label(shape, kernels)),
         mfu: peak_flops(target).map(|peak| train_flops(cfg, b, t) / secs / peak),
         memory: Some(StepMemory {
             source: meter.source(),
@@ -804,7 +827,76 @@ pub fn bench_train_step(m: &Subject, opts: &SpeedOptions) -> Result<Measurement>
         }),
         roofline: None,
         trace,
+        settings: Some(StepSettings::of(
+            cfg,
+            shape,
+            kernels,
+            crate::fused::flash_applies(&dev, precision.compute, cfg.head_dim()),
+            precision.compute,
+        )),
     })
+}
+
+/// The train-step benchmark's optimizer: AdamW, a constant learning rate, the global-norm clip
+/// at 1.0.
+fn bench_optim_spec() -> OptimSpec {
+    OptimSpec {
+        lr: 1e-6,
+        lr_schedule: LrSchedule::Constant,
+        warmup_steps: 0,
+        grad_clip: 1.0,
+        weight_decay: 0.01,
+        betas: [0.9, 0.999],
+        eps: 1e-8,
+    }
+}
+
+/// The train-step benchmark's update: one mini-batch of the whole batch, one epoch, GRPO-AC
+/// (α = 2, token-mean) over `horizon` response tokens, micro-batches side by side on the CPU.
+fn bench_plan(shape: &StepShape, horizon: usize, kernels: Kernels, cpu: bool) -> UpdatePlan {
+    let clip = PolicyClip::Advantage { alpha: 2.0 };
+    UpdatePlan {
+        mini_rows: shape.batch,
+        micro: shape.micro_batch,
+        epochs: 1,
+        agg_mode: LossAggMode::TokenMean,
+        horizon,
+        clip,
+        compared: crate::algo::clip::compared_rules(
+            crate::algo::method::AlgorithmKind::GrpoAc,
+            &clip,
+        ),
+        temperature: 1.0,
+        entropy_coeff: 0.0,
+        side_by_side: cpu,
+        kernels,
+        checkpointing: shape.checkpointing,
+    }
+}
+
+/// A train step's shape and memory settings in words, for the report's table.
+fn step_label(shape: &StepShape, kernels: Kernels) -> String {
+    format!(
+        "{}×{} (prompt {}), micro-batch {}, {}{}{}",
+        shape.batch,
+        shape.seq_len,
+        shape.prompt_len,
+        shape.micro_batch,
+        if kernels.flash_attention {
+            "flash attention"
+        } else {
+            "composed attention"
+        },
+        kernels.vocab_chunk.map_or_else(
+            || ", logits by positions".to_string(),
+            |c| format!(", vocab chunks of {c}")
+        ),
+        if shape.checkpointing {
+            ", checkpointing"
+        } else {
+            ""
+        },
+    )
 }
 
 /// The attention of one layer alone: q `(B, H, T, D)`, k and v `(B, KV, T, D)` of the model's
@@ -895,6 +987,7 @@ pub fn bench_attention(m: &Subject, opts: &SpeedOptions) -> Result<Measurement> 
         memory: None,
         roofline: None,
         trace: None,
+        settings: None,
     })
 }
 
@@ -1031,16 +1124,22 @@ pub fn markdown(title: &str, rows: &[Measurement]) -> String {
 fn trace_markdown(model: &str, trace: &[crate::device::Mark], mem: &StepMemory) -> String {
     let gib = |b: Option<u64>| b.map_or_else(|| "—".into(), memory::gib);
     let mut s = format!(
-        "\n## Memory by phase: {model}\n\nRead at the end of each phase of the timed steps ({}); the peak is the most in use during the phase.\n\n",
+        "\n## Memory and time by phase: {model}\n\nRead at the end of each phase of the timed steps ({}); the peak is the most in use during the phase, the seconds its wall time once the device has finished its work.\n\n",
         mem.source
     );
     let mut phases = Table::new([
         ("phase", Left),
         ("in use at its end (GiB)", Right),
         ("peak during it (GiB)", Right),
+        ("seconds", Right),
     ]);
     for m in trace {
-        phases.row([m.phase.clone(), gib(m.live), gib(m.peak)]);
+        phases.row([
+            m.phase.clone(),
+            gib(m.live),
+            gib(m.peak),
+            m.seconds.map_or_else(|| "—".into(), |s| format!("{s:.4}")),
+        ]);
     }
     s.push_str(&phases.to_string());
     let named: u64 = mem.named.iter().map(|(_, b)| b).sum();

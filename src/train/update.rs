@@ -277,7 +277,7 @@ fn backward<T>(
     sums: &mut Gradients,
 ) -> Result<T> {
     if checkpointing {
-        return model.checkpointed_backward_into(
+        return model.checkpointed_backward(
             &part.ids,
             &part.positions,
             &part.valid,

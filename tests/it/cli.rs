@@ -548,6 +548,76 @@ fn bench_memory_plan_fills_the_cuda_doc_with_every_paper_run() {
     );
 }
 
+/// docs/CUDA.md's predicted train-step memory (issue #44) is `acpo bench memory-predict` of the
+/// committed CPU traces (results/cpu-memory), and it says whether the 2 × 9,220 target holds.
+#[test]
+fn bench_memory_predict_of_the_committed_traces_is_the_cuda_doc_block() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = acpo(
+        &[
+            "bench",
+            "memory-predict",
+            "--measured",
+            "results/cpu-memory",
+            "--out",
+            dir.path().to_str().expect("utf8"),
+        ],
+        repo(),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table = std::fs::read_to_string(dir.path().join("memory-predicted.md")).expect("md");
+    for row in [
+        "| 2 × 2048 | all",
+        "| 2 × 9220 | all",
+        "| 2 × 9220 | no flash",
+    ] {
+        assert!(table.contains(row), "no row `{row}`:\n{table}");
+    }
+    assert!(table.contains("Target (issue #44)"), "{table}");
+    let shipped = std::fs::read_to_string(repo().join("docs/CUDA.md")).expect("CUDA.md");
+    assert!(
+        shipped.contains(table.trim_end()),
+        "docs/CUDA.md's predicted memory is stale: rerun `just memory-predict`"
+    );
+    let none = acpo(&["bench", "memory-predict"], repo());
+    assert_eq!(
+        none.status.code(),
+        Some(2),
+        "no --measured is a usage error"
+    );
+    // A folder without traces, and a report that is not a train step's, are refused by name.
+    let bad = tempfile::tempdir().expect("tempdir");
+    let predict = |measured: &Path| {
+        acpo(
+            &[
+                "bench",
+                "memory-predict",
+                "--measured",
+                measured.to_str().expect("utf8"),
+                "--out",
+                dir.path().to_str().expect("utf8"),
+            ],
+            repo(),
+        )
+    };
+    let empty = predict(bad.path());
+    assert_eq!(empty.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&empty.stderr).contains("no traced run"));
+    std::fs::create_dir(bad.path().join("x")).expect("mkdir");
+    std::fs::write(bad.path().join("x/train-step.json"), "[]").expect("write");
+    let wrong = predict(bad.path());
+    assert_eq!(wrong.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&wrong.stderr);
+    assert!(
+        stderr.contains("x/train-step.json") && stderr.contains("0 measurements"),
+        "{stderr}"
+    );
+}
+
 #[test]
 fn train_from_the_command_line_refuses_to_overwrite_and_resumes() {
     let dir = tempfile::tempdir().expect("tempdir");

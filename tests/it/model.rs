@@ -893,11 +893,18 @@ fn gradient_checkpointing_gives_the_plain_gradients_bit_for_bit() {
                 .expect("forward");
             let plain_loss = toy_loss(&model, &hidden, &targets);
             let plain = grads_by_name(&params, &plain_loss.backward().expect("backward"));
-            let (store, loss) = model
-                .checkpointed_backward(&ids, &pos, &valid, |m, h| -> acpo::model::Result<_> {
-                    let loss = toy_loss(m, h, &targets);
-                    Ok((loss.clone(), loss.to_scalar::<f32>()?))
-                })
+            let mut store = candle_core::backprop::GradStore::default();
+            let loss = model
+                .checkpointed_backward(
+                    &ids,
+                    &pos,
+                    &valid,
+                    |m, h| -> acpo::model::Result<_> {
+                        let loss = toy_loss(m, h, &targets);
+                        Ok((loss.clone(), loss.to_scalar::<f32>()?))
+                    },
+                    |layer| Ok(store.extend(layer)?),
+                )
                 .expect("checkpointed");
             assert_eq!(loss, plain_loss.to_scalar::<f32>().expect("s"));
             for ((n, a), (_, b)) in grads_by_name(&params, &store).iter().zip(&plain) {

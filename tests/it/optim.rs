@@ -171,3 +171,28 @@ fn save_and_load_resume_bit_identically_and_non_finite_steps_are_skipped() {
     );
     assert_eq!(second.steps_taken(), 6);
 }
+
+/// The whole-model CUDA step (kernels/adamw.cu) in the CPU emulator: the squared norm against a
+/// float64 sum, every parameter and moment against the CPU twin's bits and a float64 AdamW,
+/// over tensors around the chunk size, f32 and bf16 parameters, a missing gradient, clipped and
+/// unclipped steps; a NaN gradient writes nothing, an overflow raises the flag (the GPU runs the
+/// same kernels in tests/it/cuda.rs).
+#[test]
+fn the_cuda_step_matches_the_cpu_twin_bit_for_bit_in_the_emulator() {
+    let Some(out) = super::kernels::run_emulated(
+        "the_cuda_step_matches_the_cpu_twin_bit_for_bit_in_the_emulator",
+        "adamw_check",
+        &["--seeds", "2"],
+    ) else {
+        return;
+    };
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success() && text.contains("all checks ok"),
+        "the emulated AdamW step fails its checks:\n{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for what in ["(clipped)", "(unclipped)", "NaN gradient", "overflow"] {
+        assert!(text.contains(what), "no check of `{what}` ran:\n{text}");
+    }
+}

@@ -133,6 +133,38 @@ def train_step(root, lines):
     return out
 
 
+def train_phases(root):
+    """The train step's memory and time by phase (`acpo bench train-step --trace`, the suite of
+    issue #44), the decoder layers' phases summed; nothing for a run without a trace."""
+    out = []
+    for length in (2048, 9220):
+        d = latest(root, f"paper-{length}")
+        acpo = load(d / "train-step.json")[0] if d and (d / "train-step.json").exists() else None
+        if not acpo or not acpo.get("trace"):
+            continue
+        rows, layers = [], None
+        for m in acpo["trace"][1:]:
+            secs, peak = m.get("seconds") or 0.0, (m.get("peak") or 0) / 2**30
+            if re.match(r"layer \d+:", m["phase"]):
+                n, s, p = layers or (0, 0.0, 0.0)
+                layers = (n + 1, s + secs, max(p, peak))
+                if not rows or rows[-1][0] != "layers":
+                    rows.append(("layers", None, None))
+                continue
+            rows.append((m["phase"], secs, peak))
+        if not out:
+            out += ["Where the train step's time and memory go (`--trace`: each phase's wall time once the GPU "
+                    "has finished it, and the most memory in use during it):", ""]
+        out += [f"| 2 × {length}: phase | seconds | peak GiB |", "|---|---:|---:|"]
+        for name, secs, peak in rows:
+            if name == "layers":
+                n, secs, peak = layers
+                name = f"{n} layers: recompute and backward (summed)"
+            out.append(f"| {name} | {secs:.3f} | {peak:.1f} |")
+        out.append("")
+    return out
+
+
 def attention(root):
     out = ["| tokens | acpo forward s (TFLOP/s) | torch sdpa forward s (TFLOP/s) | acpo fwd+bwd s (TFLOP/s) | torch fwd+bwd s (TFLOP/s) | acpo ÷ torch time, fwd+bwd |",
            "|---|---:|---:|---:|---:|---:|"]
@@ -269,6 +301,16 @@ def flash_kernels(check, root):
     return out
 
 
+def adamw_check(root):
+    """kernels/check/adamw_check.cu on the GPU: each step against the CPU twin's bits."""
+    log = latest(root, "adamw_check.log")
+    if not log:
+        return []
+    lines = [l for l in log.read_text().splitlines() if l.startswith(("adamw ", "FAILED", "all checks"))]
+    return ["The whole-model AdamW step on the GPU (`kernels/check/adamw_check.cu`):", "",
+            *[f"- {l}" for l in lines], ""]
+
+
 def unfinished(lines):
     """Steps cut, out of memory or not run, unless a later call ran the same step to the end."""
     done = {l[3:].split(": exit 0 in")[0] for l in lines if ": exit 0 in" in l}
@@ -286,10 +328,12 @@ def report(root):
         "**Correctness.**", "", *tests, "",
         *(["bf16 and f32 logits of the fixture models against transformers (last run):", "",
            *[f"- {e.strip()}" for e in errs], ""] if errs else []),
+        *adamw_check(root),
         *parity_table(root), "",
         "**Built-in speed benchmarks** (`acpo bench train-step|generate`, issue #4's sizes):", "",
         *builtin_benches(root), "",
         "**Paper-shape train step** (issue #19):", "", *train_step(root, lines), "",
+        *train_phases(root),
         "**Flash attention against torch's sdpa** (issue #19):", "", *attention(root), "",
         "**Sampling** (issue #20):", "", *generate(root, lines), "",
         "**Steps cut by their time limit, out of memory or not run** (in any call, unless a later call ran the same step to the end):", "", *unfinished(lines), "",
