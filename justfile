@@ -6,17 +6,16 @@ set shell := ["bash", "-euo", "pipefail", "-c"]
 default:
     @just --list
 
-# Run the whole test suite (what CI runs).
+# Run the whole test suite (the tests CI runs; `just ci` is all of CI).
 [group('dev')]
 test:
     cargo test
 
-# fmt --check, clippy -D warnings, then the tests.
+# CI, as on a clean clone (.ci/run): fmt --check, clippy -D warnings (default and cuda
+# features), the tests, the Python package's tests, the generated docs' blocks.
 [group('dev')]
 ci:
-    cargo fmt --check
-    cargo clippy --all-targets -- -D warnings
-    cargo test
+    .ci/run
 
 # Validate every experiment manifest (one line per run).
 [group('reproduce')]

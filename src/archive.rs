@@ -7,6 +7,7 @@
 //! hash and reports each file that differs, is missing or is extra; an unreadable archive is a
 //! failed check too. Unpacking refuses paths that would leave the target directory.
 
+use crate::files::{AtPath, PathIoError};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -14,12 +15,8 @@ pub use crate::checksum::SUMS;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ArchiveError {
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIoError),
     #[error("{path}: {reason}")]
     Invalid { path: PathBuf, reason: String },
     #[error("{path}: {reason}")]
@@ -28,16 +25,9 @@ pub enum ArchiveError {
 
 type Result<T> = std::result::Result<T, ArchiveError>;
 
-fn io<T>(path: &Path, r: std::io::Result<T>) -> Result<T> {
-    r.map_err(|source| ArchiveError::Io {
-        path: path.to_owned(),
-        source,
-    })
-}
-
 /// SHA-256 of a file, hex.
 fn sha256_file(path: &Path) -> Result<String> {
-    io(path, crate::checksum::sha256_file(path))
+    Ok(crate::checksum::sha256_file(path).at(path)?)
 }
 
 /// Every regular file under `root` (relative, `/`-separated, sorted) but the top-level
@@ -52,11 +42,11 @@ fn entries(root: &Path) -> Result<(Vec<String>, Vec<String>)> {
     let (mut out, mut others) = (Vec::new(), Vec::new());
     let mut stack = vec![root.to_owned()];
     while let Some(dir) = stack.pop() {
-        for entry in io(&dir, std::fs::read_dir(&dir))? {
-            let entry = io(&dir, entry)?;
+        for entry in std::fs::read_dir(&dir).at(&dir)? {
+            let entry = entry.at(&dir)?;
             let path = entry.path();
             // file_type does not follow symbolic links: a link is reported, never entered.
-            let kind = io(&path, entry.file_type())?;
+            let kind = entry.file_type().at(&path)?;
             // What an interrupted write left behind (a regular file or directory named as a
             // temporary) is not part of any result; a link is reported whatever its name.
             let temp = crate::atomic::is_temp(&entry.file_name().to_string_lossy());
@@ -134,7 +124,7 @@ fn parse(text: &str) -> std::result::Result<BTreeMap<String, String>, String> {
 pub fn write_sums(root: &Path) -> Result<BTreeMap<String, String>> {
     let sums = hashes(root)?;
     let path = root.join(SUMS);
-    io(&path, crate::atomic::write(&path, render(&sums).as_bytes()))?;
+    crate::atomic::write(&path, render(&sums).as_bytes())?;
     Ok(sums)
 }
 
@@ -226,7 +216,7 @@ pub fn verify_dir(root: &Path) -> Result<Report> {
     if !sums_path.is_file() {
         return Ok(unreadable(format!("{} has no {SUMS}", root.display())));
     }
-    let listed = match parse(&io(&sums_path, crate::files::read_to_string(&sums_path))?) {
+    let listed = match parse(&crate::files::read_to_string(&sums_path).at(&sums_path)?) {
         Ok(listed) => listed,
         Err(reason) => return Ok(unreadable(format!("{}: {reason}", sums_path.display()))),
     };
@@ -271,7 +261,7 @@ fn check_inner_sums(
 ) -> Result<()> {
     let dir = sums.trim_end_matches(SUMS);
     let path = root.join(sums);
-    let inner = match parse(&io(&path, crate::files::read_to_string(&path))?) {
+    let inner = match parse(&crate::files::read_to_string(&path).at(&path)?) {
         Ok(inner) => inner,
         Err(reason) => {
             report.differ.push(format!("{sums} ({reason})"));
@@ -336,30 +326,27 @@ pub fn archive(runs: &[PathBuf], out: &Path, contents: Contents) -> Result<usize
     let sums = write_sums(&staging)?;
     let tmp = crate::atomic::temp_path(out);
     {
-        let file = io(&tmp, std::fs::File::create(&tmp))?;
+        let file = std::fs::File::create(&tmp).at(&tmp)?;
         let gz = flate2::write::GzEncoder::new(file, flate2::Compression::default());
         let mut tar = tar::Builder::new(gz);
         tar.mode(tar::HeaderMode::Deterministic);
         let mut entries = files(&staging)?;
         entries.push(SUMS.to_string());
         for f in &entries {
-            io(&tmp, tar.append_path_with_name(staging.join(f), f))?;
+            tar.append_path_with_name(staging.join(f), f).at(&tmp)?;
         }
-        let gz = io(&tmp, tar.into_inner())?;
-        io(&tmp, gz.finish())?;
+        let gz = tar.into_inner().at(&tmp)?;
+        gz.finish().at(&tmp)?;
     }
-    io(out, crate::atomic::commit(&tmp, out))?;
+    crate::atomic::commit(&tmp, out).at(out)?;
     let digest = sha256_file(out)?;
     let side = PathBuf::from(format!("{}.sha256", out.display()));
     let file_name = out
         .file_name()
         .map(|n| n.to_string_lossy().to_string())
         .unwrap_or_default();
-    io(
-        &side,
-        crate::atomic::write(&side, format!("{digest}  {file_name}\n").as_bytes()),
-    )?;
-    io(&staging, std::fs::remove_dir_all(&staging))?;
+    crate::atomic::write(&side, format!("{digest}  {file_name}\n").as_bytes())?;
+    std::fs::remove_dir_all(&staging).at(&staging)?;
     Ok(sums.len())
 }
 
@@ -377,8 +364,8 @@ pub fn unpack(archive: &Path, dest: &Path) -> Result<()> {
         path: archive.to_owned(),
         reason,
     };
-    let file = io(archive, crate::files::open(archive))?;
-    let compressed = io(archive, file.metadata())?.len();
+    let file = crate::files::open(archive).at(archive)?;
+    let compressed = file.metadata().at(archive)?.len();
     let limit = compressed
         .saturating_mul(UNPACK_RATIO)
         .saturating_add(UNPACK_ALLOWANCE);
@@ -485,14 +472,14 @@ fn tempdir_near(path: &Path) -> Result<PathBuf> {
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    io(parent, std::fs::create_dir_all(parent))?;
+    std::fs::create_dir_all(parent).at(parent)?;
     let stamp = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map(|d| d.as_nanos())
         .unwrap_or(0);
     remove_stale_staging(parent);
     let dir = parent.join(format!("{STAGING}{}-{stamp}", std::process::id()));
-    io(&dir, std::fs::create_dir_all(&dir))?;
+    std::fs::create_dir_all(&dir).at(&dir)?;
     Ok(dir)
 }
 
@@ -537,9 +524,9 @@ fn copy_files(from: &Path, to: &Path, keep: impl Fn(&str) -> bool) -> Result<()>
         }
         let dst = to.join(&f);
         if let Some(p) = dst.parent() {
-            io(p, std::fs::create_dir_all(p))?;
+            std::fs::create_dir_all(p).at(p)?;
         }
-        io(&dst, std::fs::copy(&src, &dst))?;
+        std::fs::copy(&src, &dst).at(&dst)?;
     }
     Ok(())
 }

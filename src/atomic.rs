@@ -2,6 +2,7 @@
 //! temporary file beside the target, then rename it over the target ([`commit`], the one commit
 //! point of every file the harness writes).
 
+use crate::files::{AtPath, PathIoError};
 use std::path::{Path, PathBuf};
 
 /// The temporary path used while writing `path`.
@@ -47,17 +48,20 @@ pub fn commit(tmp: &Path, path: &Path) -> std::io::Result<()> {
     std::fs::rename(tmp, path)
 }
 
-/// Writes `bytes` to `path` atomically.
-pub fn write(path: &Path, bytes: &[u8]) -> std::io::Result<()> {
+/// Writes `bytes` to `path` atomically: the one atomic writer of a whole file, its error naming
+/// the path.
+pub fn write(path: &Path, bytes: &[u8]) -> Result<(), PathIoError> {
     let tmp = temp_path(path);
-    std::fs::write(&tmp, bytes)?;
-    commit(&tmp, path)
+    std::fs::write(&tmp, bytes)
+        .and_then(|()| commit(&tmp, path))
+        .at(path)
 }
 
-/// Writes `bytes` atomically to `dir/name`, creating `dir` first; returns the path written.
-pub fn write_in(dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<PathBuf> {
+/// Writes `bytes` atomically to `dir/name`, creating `dir` first; returns the path written
+/// (an error names it too).
+pub fn write_in(dir: &Path, name: &str, bytes: &[u8]) -> Result<PathBuf, PathIoError> {
     let path = dir.join(name);
-    std::fs::create_dir_all(dir)?;
+    std::fs::create_dir_all(dir).at(&path)?;
     write(&path, bytes)?;
     Ok(path)
 }
@@ -216,14 +220,14 @@ impl FileSet {
 /// temporaries are removed, and when a rename fails the files already replaced get their old
 /// bytes back. A file named twice (itself and through a link) is written once. The error names
 /// the file it is about.
-pub fn replace_together(files: &[(PathBuf, Vec<u8>)]) -> Result<(), (PathBuf, std::io::Error)> {
+pub fn replace_together(files: &[(PathBuf, Vec<u8>)]) -> Result<(), PathIoError> {
     let mut staged = Staged(Vec::new());
     for (path, bytes) in files {
-        let real = std::fs::canonicalize(path).map_err(|e| (path.clone(), e))?;
+        let real = std::fs::canonicalize(path).at(path)?;
         if staged.0.iter().any(|s| s.real == real) {
             continue;
         }
-        let old = std::fs::read(&real).map_err(|e| (path.clone(), e))?;
+        let old = std::fs::read(&real).at(path)?;
         let temp = temp_path(&real);
         staged.0.push(Replacement {
             real: real.clone(),
@@ -231,14 +235,14 @@ pub fn replace_together(files: &[(PathBuf, Vec<u8>)]) -> Result<(), (PathBuf, st
             old,
             replaced: false,
         });
-        write_like(&real, &temp, bytes).map_err(|e| (path.clone(), e))?;
+        write_like(&real, &temp, bytes).at(path)?;
     }
     for i in 0..staged.0.len() {
         let r = &staged.0[i];
         if let Err(e) = commit(&r.temp, &r.real) {
             let failed = r.real.clone();
             staged.restore();
-            return Err((failed, e));
+            return Err(PathIoError::new(failed, e));
         }
         staged.0[i].replaced = true;
     }

@@ -10,6 +10,7 @@
 //!
 //! Sampling is seeded per (seed, benchmark, problem, sample), independent of batching.
 
+use crate::files::PathIoError;
 use std::collections::BTreeMap;
 
 use serde::{Deserialize, Serialize};
@@ -253,12 +254,7 @@ pub fn evaluate_into(
     )?;
     let policy = Qwen::new(&loaded.cfg, &loaded.params, true)?;
     let (summary, records) = evaluate(&policy, &loaded.tokenizer, exp, data, step, progress)?;
-    let write = |name: &str, body: String| {
-        crate::atomic::write_in(out, name, body.as_bytes()).map_err(|source| EvalError::Io {
-            path: out.join(name),
-            source,
-        })
-    };
+    let write = |name: &str, body: String| crate::atomic::write_in(out, name, body.as_bytes());
     let lines = records
         .iter()
         .map(|r| format!("{}\n", serde_json::to_string(r).expect("invariant: JSON")))
@@ -316,12 +312,8 @@ pub enum EvalError {
     Data(#[from] crate::data::DataError),
     #[error(transparent)]
     Model(#[from] crate::model::ModelError),
-    #[error("{}: {source}", path.display())]
-    Io {
-        path: std::path::PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIoError),
 }
 
 impl From<candle_core::Error> for EvalError {

@@ -5,10 +5,57 @@
 //! first, without opening. `/dev/stdin`, `/dev/fd/N` and `/proc/self/fd/N` (a shell's `<(...)`,
 //! the verl reward's pipe into `acpo score --input /dev/stdin`) are open already and end when
 //! their writer closes them: read as they are.
+//!
+//! It is also the one home of an io error that names its path ([`PathIoError`], as `fs-err`
+//! does for std): each module's error wraps it (`Io(#[from] PathIoError)`), and a call site
+//! says `.at(path)?` ([`AtPath`]).
 
 use std::fs::File;
 use std::io;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// An io error at a path: `<path>: <what the system said>`.
+#[derive(Debug, thiserror::Error)]
+#[error("{path}: {source}")]
+pub struct PathIoError {
+    pub path: PathBuf,
+    #[source]
+    pub source: io::Error,
+}
+
+impl PathIoError {
+    pub fn new(path: impl AsRef<Path>, source: io::Error) -> Self {
+        PathIoError {
+            path: path.as_ref().to_owned(),
+            source,
+        }
+    }
+
+    /// A refusal at `path` that the system did not raise (`kind`: what it is, `why`: the words).
+    pub fn refused(path: impl AsRef<Path>, kind: io::ErrorKind, why: impl Into<String>) -> Self {
+        Self::new(path, io::Error::new(kind, why.into()))
+    }
+
+    pub fn kind(&self) -> io::ErrorKind {
+        self.source.kind()
+    }
+}
+
+/// `.at(path)`: an io result's error with the path it happened at.
+pub trait AtPath<T> {
+    fn at(self, path: impl AsRef<Path>) -> Result<T, PathIoError>;
+}
+
+impl<T> AtPath<T> for io::Result<T> {
+    fn at(self, path: impl AsRef<Path>) -> Result<T, PathIoError> {
+        self.map_err(|source| PathIoError::new(path, source))
+    }
+}
+
+/// [`std::fs::metadata`], naming the path.
+pub fn metadata(path: impl AsRef<Path>) -> Result<std::fs::Metadata, PathIoError> {
+    std::fs::metadata(path.as_ref()).at(path)
+}
 
 /// Why a path is refused.
 pub const NOT_REGULAR: &str = "not a regular file (a pipe or a device would never end)";

@@ -1,6 +1,7 @@
 //! `acpo generate`: completions of prompts from a model (a directory or a hub revision),
 //! batched, KV-cached and seeded: sample s of prompt p draws from the stream (seed, 0, p, s).
 
+use crate::files::{AtPath, PathIoError};
 use std::path::{Path, PathBuf};
 
 use crate::hub::HubOptions;
@@ -17,12 +18,8 @@ pub enum GenerateError {
     Model(#[from] ModelError),
     #[error("{0}")]
     Flag(String),
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIoError),
     #[error("{path}:{line}: {reason}")]
     Line {
         path: PathBuf,
@@ -296,10 +293,7 @@ fn encode(loaded: &LoadedModel, prompt: &str, chat: bool) -> Result<Vec<u32>> {
 
 /// Prompts from a JSONL file with a `prompt` (or `problem`) string per line.
 pub fn read_prompts(path: &Path) -> Result<Vec<String>> {
-    let text = crate::files::read_to_string(path).map_err(|source| GenerateError::Io {
-        path: path.to_owned(),
-        source,
-    })?;
+    let text = crate::files::read_to_string(path).at(path)?;
     let mut out = Vec::new();
     for (line, v) in crate::jsonl::values(&text) {
         let bad = |reason: &str| GenerateError::Line {

@@ -6,6 +6,7 @@
 //! `HF_HUB_OFFLINE=1` never touches the network. A revision that is itself a commit hash is
 //! looked up as `snapshots/<hash>` directly.
 
+use crate::files::{AtPath, PathIoError};
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
@@ -23,12 +24,8 @@ pub enum HubError {
     },
     #[error("{path}: not found in the model directory")]
     Missing { path: PathBuf },
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIoError),
 }
 
 pub type Result<T> = std::result::Result<T, HubError>;
@@ -182,10 +179,7 @@ fn download(repo: &str, revision: &str, cache_dir: &Path) -> Result<PathBuf> {
     }
     match r.get(INDEX) {
         Ok(index) => {
-            let text = crate::files::read_to_string(&index).map_err(|source| HubError::Io {
-                path: index.clone(),
-                source,
-            })?;
+            let text = crate::files::read_to_string(&index).at(&index)?;
             let v: serde_json::Value = serde_json::from_str(&text)
                 .map_err(|e| hub_error(repo, revision, format!("{INDEX}: {e}")))?;
             let mut shards: Vec<String> = v

@@ -6,6 +6,7 @@
 //! `jobs` runs side by side; [`from_archive`] instead verifies an archive and unpacks it, so the
 //! artifacts are rebuilt from published results without training.
 
+use crate::files::{AtPath, PathIoError};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -28,12 +29,8 @@ pub enum ReproduceError {
     Train(Box<TrainError>),
     #[error(transparent)]
     Archive(#[from] ArchiveError),
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIoError),
     #[error("{}: no manifests for this scale", dir.display())]
     NoManifests { dir: PathBuf },
     #[error("--jobs must be at least 1")]
@@ -67,13 +64,6 @@ impl From<TrainError> for ReproduceError {
     fn from(e: TrainError) -> Self {
         ReproduceError::Train(Box::new(e))
     }
-}
-
-fn io<T>(path: &Path, r: std::io::Result<T>) -> Result<T> {
-    r.map_err(|source| ReproduceError::Io {
-        path: path.to_owned(),
-        source,
-    })
 }
 
 /// What is to be done for a scale's runs (indices into its manifests).
@@ -177,7 +167,7 @@ pub fn seeded(manifests: &[PathBuf], seeds: usize) -> Result<Vec<(Experiment, St
     let mut out = Vec::new();
     for path in manifests {
         let exp = Experiment::load(path)?;
-        let text = io(path, crate::files::read_to_string(path))?;
+        let text = crate::files::read_to_string(path).at(path)?;
         out.extend(exp.seeds(&text, seeds, path)?);
     }
     Ok(out)
@@ -244,7 +234,7 @@ pub fn train_runs(runs: Vec<Job>, data: &DataLocation, asked_jobs: Option<usize>
     for (exp, (_, results)) in exps.iter().zip(&places) {
         let run = RunDir::of(exp, results);
         progress.push(Progress {
-            checkpoint: io(run.path(), run.latest_checkpoint())?.map(|c| c.0),
+            checkpoint: run.latest_checkpoint().at(run.path())?.map(|c| c.0),
             sealed: run.is_sealed(),
         });
     }
@@ -480,9 +470,9 @@ pub fn from_archive(from: &Path, results: &Path) -> Result<FromArchive> {
         .to_string();
     let dest = results.join(format!("from-{stem}"));
     if dest.exists() {
-        io(&dest, std::fs::remove_dir_all(&dest))?;
+        std::fs::remove_dir_all(&dest).at(&dest)?;
     }
-    io(&dest, std::fs::create_dir_all(&dest))?;
+    std::fs::create_dir_all(&dest).at(&dest)?;
     archive::unpack(from, &dest)?;
     Ok(FromArchive {
         verification,

@@ -3,9 +3,11 @@
 //! (`binary`, Math-Verify's score) or ±1 (`signed`, verl's DAPO scorer). Training rollouts, the
 //! difficulty probe, the evaluator and `acpo score` all judge through this module.
 
+use crate::files::AtPath;
 use serde::{Deserialize, Serialize};
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
+use crate::model::score::ScoreError;
 use crate::model::tokenizer::Tokenizer;
 use crate::verify::{self, Verdict};
 
@@ -42,25 +44,6 @@ pub fn score(kind: RewardKind, correct: bool) -> f32 {
     }
 }
 
-/// Why a file of responses could not be scored.
-#[derive(Debug, thiserror::Error)]
-pub enum ScoreError {
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error("{path}:{line}: {reason}")]
-    Line {
-        path: PathBuf,
-        line: usize,
-        reason: String,
-    },
-    #[error("{path}: no responses to score")]
-    Empty { path: PathBuf },
-}
-
 /// A JSONL file of responses, each line with `correct`, `extracted` (and `error`) added.
 #[derive(Debug, Clone)]
 pub struct ScoredFile {
@@ -86,10 +69,7 @@ impl ScoredFile {
 /// Judges responses made anywhere (vLLM, verl dumps): JSONL with a `response` and an `answer`
 /// string per line (a numeric answer is taken as written).
 pub fn score_file(path: &Path) -> Result<ScoredFile, ScoreError> {
-    let text = crate::files::read_to_string(path).map_err(|source| ScoreError::Io {
-        path: path.to_owned(),
-        source,
-    })?;
+    let text = crate::files::read_to_string(path).at(path)?;
     let mut out = ScoredFile {
         lines: String::new(),
         responses: 0,

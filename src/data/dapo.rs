@@ -7,6 +7,7 @@
 //! the template stripped and exact duplicates dropped (first occurrence kept). Its problem texts
 //! keep whitespace the prepared copy lost, so its unique count is about 17.4k, not 17,290.
 
+use crate::files::AtPath;
 use std::path::Path;
 
 use polars::prelude::*;
@@ -32,10 +33,7 @@ pub fn read_parquet(path: &Path) -> Result<Vec<Problem>, DataError> {
         path: path.to_owned(),
         reason,
     };
-    let file = crate::files::open(path).map_err(|source| DataError::Io {
-        path: path.to_owned(),
-        source,
-    })?;
+    let file = crate::files::open(path).at(path)?;
     let df = ParquetReader::new(file)
         .finish()
         .map_err(|e| fail(e.to_string()))?;

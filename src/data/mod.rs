@@ -17,6 +17,7 @@ pub mod synthetic;
 
 pub use suite::{Benchmark, DataSpec, DataSuite, PromptTemplate};
 
+use crate::files::{AtPath, PathIoError};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -86,12 +87,8 @@ pub enum DataLocation {
 
 #[derive(Debug, thiserror::Error)]
 pub enum DataError {
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIoError),
     #[error("{path}: SHA-256 {got} does not match the expected {want} for {name} v{version}: the file changed or is not the prepared copy")]
     Checksum {
         path: PathBuf,
@@ -158,10 +155,7 @@ pub fn load(spec: &DatasetSpec, from: &DataLocation) -> Result<Vec<Problem>, Dat
         },
         DataLocation::Dir(dir) => {
             let path = dir.join(spec.file);
-            let got = crate::checksum::sha256_file(&path).map_err(|source| DataError::Io {
-                path: path.clone(),
-                source,
-            })?;
+            let got = crate::checksum::sha256_file(&path).at(&path)?;
             if got != spec.sha256 {
                 return Err(DataError::Checksum {
                     path,
@@ -231,10 +225,7 @@ fn read_jsonl(
     problem: &str,
     answer: &str,
 ) -> Result<Vec<Problem>, DataError> {
-    let text = crate::files::read_to_string(path).map_err(|source| DataError::Io {
-        path: path.to_owned(),
-        source,
-    })?;
+    let text = crate::files::read_to_string(path).at(path)?;
     let mut out = Vec::new();
     for (line, v) in crate::jsonl::values(&text) {
         let row = |reason: String| DataError::Row {

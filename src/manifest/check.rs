@@ -1,6 +1,7 @@
 //! `acpo check`: every manifest under some paths validated, run names unique, each one's model
 //! config (where it is on this machine) one `train` would take.
 
+use crate::files::{AtPath, PathIoError};
 use std::path::{Path, PathBuf};
 
 use super::{Experiment, ManifestError};
@@ -72,35 +73,24 @@ pub fn check_all(paths: &[PathBuf]) -> Result<CheckReport, ManifestError> {
 
 /// Every `*.yaml` / `*.yml` file under `path` (or `path` itself), sorted for a stable order.
 pub fn discover(path: &Path) -> Result<Vec<PathBuf>, ManifestError> {
-    let io = |source| ManifestError::Io {
-        path: path.to_owned(),
-        source,
-    };
-    let meta = std::fs::metadata(path).map_err(io)?;
+    let meta = crate::files::metadata(path)?;
     if meta.is_file() {
         return Ok(vec![path.to_owned()]);
     }
     if !meta.is_dir() {
-        return Err(ManifestError::Io {
-            path: path.to_owned(),
-            source: std::io::Error::new(
-                std::io::ErrorKind::InvalidInput,
-                crate::files::NOT_REGULAR,
-            ),
-        });
+        return Err(PathIoError::refused(
+            path,
+            std::io::ErrorKind::InvalidInput,
+            crate::files::NOT_REGULAR,
+        )
+        .into());
     }
     let mut found = Vec::new();
     let mut stack = vec![path.to_owned()];
     while let Some(dir) = stack.pop() {
-        let entries = std::fs::read_dir(&dir).map_err(|source| ManifestError::Io {
-            path: dir.clone(),
-            source,
-        })?;
+        let entries = std::fs::read_dir(&dir).at(&dir)?;
         for entry in entries {
-            let entry = entry.map_err(|source| ManifestError::Io {
-                path: dir.clone(),
-                source,
-            })?;
+            let entry = entry.at(&dir)?;
             let p = entry.path();
             if p.is_dir() {
                 stack.push(p);

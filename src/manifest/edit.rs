@@ -1,11 +1,22 @@
 //! Editing a manifest's text in place: one field set, the rest (comments, order, layout)
 //! kept, so that a derived manifest (a sweep's run, `acpo pipeline`'s derivation) reads like
-//! the one it came from.
+//! the one it came from. It is the one way a manifest is derived.
 
 /// Sets `path` (dotted) to `value` in a block-style YAML manifest: the line of the field if it
-/// is there (its trailing comment dropped), else a new line under its parent. None when the
-/// parent mapping is not in the text.
+/// is there (its trailing comment and any block under it dropped), else a new line under its
+/// parent. A mapping is given as a flow (`{config: c.json, seed: 0}`). None when the parent
+/// mapping is not in the text.
 pub fn set_field(text: &str, path: &str, value: &str) -> Option<String> {
+    edit_field(text, path, Some(value))
+}
+
+/// Drops the dotted field `path` (its line and any block under it); None when it is not there.
+pub fn remove_field(text: &str, path: &str) -> Option<String> {
+    edit_field(text, path, None)
+}
+
+/// Sets (`Some`) or removes (`None`) one field: see [`set_field`].
+fn edit_field(text: &str, path: &str, value: Option<&str>) -> Option<String> {
     let keys: Vec<&str> = path.split('.').collect();
     let (parent, leaf) = keys.split_at(keys.len() - 1);
     let mut lines: Vec<String> = text.lines().map(str::to_string).collect();
@@ -37,7 +48,13 @@ pub fn set_field(text: &str, path: &str, value: &str) -> Option<String> {
         }
         let here: Vec<&str> = stack.iter().map(|(_, k)| k.as_str()).chain([key]).collect();
         if here == keys {
-            lines[i] = format!("{}{key}: {value}", " ".repeat(indent));
+            let block = block_end(&lines, i, indent);
+            match value {
+                Some(value) => {
+                    lines.splice(i..block, [format!("{}{key}: {value}", " ".repeat(indent))]);
+                }
+                None => drop(lines.drain(i..block)),
+            }
             return Some(join(&lines, text));
         }
         if !parent.is_empty() && here == parent {
@@ -46,9 +63,26 @@ pub fn set_field(text: &str, path: &str, value: &str) -> Option<String> {
         }
         stack.push((indent, key.to_string()));
     }
-    let (at, indent) = insert?;
+    let (value, (at, indent)) = (value?, insert?);
     lines.insert(at, format!("{}{}: {value}", " ".repeat(indent), leaf[0]));
     Some(join(&lines, text))
+}
+
+/// The end (exclusive) of the block the field on line `at` (at `indent`) opens: the lines after
+/// it indented deeper, blank and comment lines between them included, the trailing ones not.
+fn block_end(lines: &[String], at: usize, indent: usize) -> usize {
+    let mut end = at + 1;
+    for (i, line) in lines.iter().enumerate().skip(at + 1) {
+        let body = line.trim_start();
+        if body.is_empty() || body.starts_with('#') {
+            continue;
+        }
+        if line.len() - body.len() <= indent {
+            break;
+        }
+        end = i + 1;
+    }
+    end
 }
 
 fn join(lines: &[String], original: &str) -> String {
@@ -61,8 +95,7 @@ fn join(lines: &[String], original: &str) -> String {
 
 /// Whether the manifest text has the dotted field itself.
 pub fn has_field(text: &str, path: &str) -> bool {
-    // Setting it to a marker changes an existing line in place: same line count.
-    set_field(text, path, "0").is_some_and(|t| t.lines().count() == text.lines().count())
+    remove_field(text, path).is_some()
 }
 
 #[cfg(test)]
@@ -98,5 +131,25 @@ mod tests {
             .starts_with("name: y\n"));
         assert!(has_field(YAML, "actor.mini_batch_size"));
         assert!(!has_field(YAML, "algorithm.alpha"));
+    }
+
+    #[test]
+    fn a_field_with_a_block_is_replaced_or_removed_whole() {
+        let t = set_field(YAML, "actor.optim", "{lr: 2}").expect("there");
+        assert!(
+            t.contains("actor:\n  optim: {lr: 2}\n  mini_batch_size: 2\n"),
+            "{t}"
+        );
+        let t = remove_field(YAML, "actor.optim").expect("there");
+        assert!(t.contains("actor:\n  mini_batch_size: 2\n"), "{t}");
+        let t = remove_field(YAML, "algorithm.clip_ratio_low").expect("there");
+        assert!(t.contains("  name: grpo\nactor:"), "{t}");
+        assert_eq!(remove_field(YAML, "algorithm.alpha"), None);
+        // a trailing comment after a block stays with what follows
+        let yaml = "a:\n  b: 1\n\n# about c\nc: 2\n";
+        assert_eq!(
+            remove_field(yaml, "a").as_deref(),
+            Some("\n# about c\nc: 2\n")
+        );
     }
 }

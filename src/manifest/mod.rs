@@ -25,6 +25,7 @@ use sha2::{Digest, Sha256};
 use crate::algo::method::Algorithm;
 use crate::checksum::hex;
 use crate::data::{Benchmark, DataSpec, PromptTemplate};
+use crate::files::{AtPath, PathIoError};
 use crate::hub::ModelSource;
 use crate::model::spec::{Device, ModelSpec};
 use crate::optim::OptimSpec;
@@ -36,12 +37,9 @@ use validate::Validator;
 /// Why a manifest could not be used. Each variant names the file.
 #[derive(Debug, thiserror::Error)]
 pub enum ManifestError {
-    #[error("{path}: cannot read the manifest: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    /// (Not `#[from]`: that would make it the source, and the message says it already.)
+    #[error("{}: cannot read the manifest: {}", .0.path.display(), .0.source)]
+    Io(PathIoError),
     #[error("{path}:{line}: field `{field}`: {message}")]
     Parse {
         path: PathBuf,
@@ -57,6 +55,12 @@ pub enum ManifestError {
         field: String,
         reason: String,
     },
+}
+
+impl From<PathIoError> for ManifestError {
+    fn from(e: PathIoError) -> Self {
+        ManifestError::Io(e)
+    }
 }
 
 impl ManifestError {
@@ -241,20 +245,24 @@ impl Experiment {
     /// Reads and validates one manifest file. The run `name` must equal the file stem, so a
     /// run is found by its name in one guess.
     pub fn load(path: &Path) -> Result<Experiment, ManifestError> {
-        let io = |source| ManifestError::Io {
-            path: path.to_owned(),
-            source,
-        };
+        Ok(Self::load_with_raw(path)?.0)
+    }
+
+    /// [`Experiment::load`], and the manifest as written (before defaults and validation's
+    /// derived values): what an export to another engine must account for field by field.
+    pub fn load_with_raw(path: &Path) -> Result<(Experiment, raw::Manifest), ManifestError> {
         // A FIFO or a device would block or never end: only a regular file of sane size is read.
-        let meta = std::fs::metadata(path).map_err(io)?;
+        let meta = crate::files::metadata(path)?;
         if !meta.is_file() || meta.len() > MAX_MANIFEST_BYTES {
-            return Err(io(std::io::Error::new(
+            return Err(PathIoError::refused(
+                path,
                 std::io::ErrorKind::InvalidInput,
                 format!("not a manifest: only a regular file of at most {MAX_MANIFEST_BYTES} bytes is read"),
-            )));
+            )
+            .into());
         }
-        let text = crate::files::read_to_string(path).map_err(io)?;
-        let experiment = Self::from_yaml(&text, path)?;
+        let text = crate::files::read_to_string(path).at(path)?;
+        let (experiment, raw) = Self::from_yaml_with_raw(&text, path)?;
         if let Some((config, max_positions)) = experiment.local_max_positions() {
             experiment.check_context(path, max_positions, &config)?;
         }
@@ -269,23 +277,22 @@ impl Experiment {
                 ),
             });
         }
-        Ok(experiment)
-    }
-
-    /// [`Experiment::load`], and the manifest as written (before defaults and validation's
-    /// derived values): what an export to another engine must account for field by field.
-    pub fn load_with_raw(path: &Path) -> Result<(Experiment, raw::Manifest), ManifestError> {
-        let experiment = Self::load(path)?;
-        let text = crate::files::read_to_string(path).map_err(|source| ManifestError::Io {
-            path: path.to_owned(),
-            source,
-        })?;
-        let raw = serde_saphyr::from_str(&text).map_err(|e| parse_error(e, &text, path))?;
         Ok((experiment, raw))
     }
 
     /// Parses and validates manifest text; `path` is used in error messages only.
     pub fn from_yaml(text: &str, path: &Path) -> Result<Experiment, ManifestError> {
+        Ok(Self::from_yaml_with_raw(text, path)?.0)
+    }
+
+    /// [`Experiment::from_yaml`], and the manifest as written: the one reader of manifest text.
+    /// The text is read twice in this one place, as the schema ([`raw::Manifest`], which
+    /// converts a quoted `"1"` where a number is wanted) and as written (which keeps it a
+    /// string), so that a typo'd type is refused rather than converted.
+    pub fn from_yaml_with_raw(
+        text: &str,
+        path: &Path,
+    ) -> Result<(Experiment, raw::Manifest), ManifestError> {
         // A tag the YAML crate does not know (`!foo 3`) would otherwise be dropped silently.
         let mut options = serde_saphyr::Options::default();
         options.reject_unsupported_tags = true;
@@ -302,7 +309,7 @@ impl Experiment {
                 reason: format!("a number or boolean is expected, not the quoted string \"{got}\""),
             });
         }
-        Experiment::validate(raw, path)
+        Ok((Experiment::validate(raw.clone(), path)?, raw))
     }
 
     /// The single place where a raw manifest becomes an experiment.

@@ -5,7 +5,10 @@ use std::collections::BTreeSet;
 use std::path::Path;
 
 use super::raw;
-use super::*;
+use super::{
+    ActorSpec, CriticSpec, EvalSpec, Experiment, ManifestError, Scale, TrainerSpec, MAX_BATCH,
+    MAX_SAMPLES, MIN_TEMPERATURE,
+};
 use crate::algo::clip::ClipFields;
 use crate::algo::method::{AdvantageEstimator, Algorithm, PolicyClip};
 use crate::data::DataSpec;
@@ -196,6 +199,32 @@ impl Validator<'_> {
     }
 
     fn model(&self, raw: &raw::Model) -> Checked<ModelSpec> {
+        let source = self.model_source(raw)?;
+        let init = match (&raw.init, &source) {
+            (None, _) => None,
+            (Some(i), ModelSource::Dir(_)) => Some(self.model_init(i)?),
+            (Some(_), ModelSource::Hub { .. }) => {
+                return self.fail(
+                    "model.init",
+                    "is only for model.dir (a hub model is downloaded, not created)",
+                )
+            }
+        };
+        let max_position_embeddings = match raw.max_position_embeddings {
+            Some(n) => Some(self.positive("model.max_position_embeddings", n)?),
+            None => None,
+        };
+        Ok(ModelSpec {
+            source,
+            dtype: raw.dtype,
+            gradient_checkpointing: raw.gradient_checkpointing,
+            init,
+            max_position_embeddings,
+        })
+    }
+
+    /// `model.repo` with its revision, or `model.dir`: exactly one.
+    fn model_source(&self, raw: &raw::Model) -> Checked<ModelSource> {
         let source = match (&raw.repo, &raw.dir) {
             (Some(repo), None) => {
                 let valid_repo = repo.split('/').count() == 2
@@ -241,81 +270,64 @@ impl Validator<'_> {
             }
             (None, None) => return self.fail("model", "set exactly one of `repo` and `dir`"),
         };
-        let init = match (&raw.init, &source) {
-            (None, _) => None,
-            (Some(i), ModelSource::Dir(_)) => {
-                if i.config.as_os_str().is_empty() {
-                    return self.fail("model.init.config", "must not be empty");
+        Ok(source)
+    }
+
+    /// `model.init`: a model directory created from a config, its tokenizer and warm start.
+    fn model_init(&self, i: &raw::ModelInit) -> Checked<ModelInitSpec> {
+        if i.config.as_os_str().is_empty() {
+            return self.fail("model.init.config", "must not be empty");
+        }
+        let warm_start = match &i.warm_start {
+            None => None,
+            Some(w) => {
+                let f = |k: &str| format!("model.init.warm_start.{k}");
+                if i.tokenizer.is_none() {
+                    return self.fail(
+                        "model.init.warm_start",
+                        "needs model.init.tokenizer (the solutions are tokenized with it)",
+                    );
                 }
-                let warm_start = match &i.warm_start {
-                    None => None,
-                    Some(w) => {
-                        let f = |k: &str| format!("model.init.warm_start.{k}");
-                        if i.tokenizer.is_none() {
-                            return self.fail(
-                                "model.init.warm_start",
-                                "needs model.init.tokenizer (the solutions are tokenized with it)",
-                            );
-                        }
-                        if w.warmup_steps > w.steps {
-                            return self.fail(
-                                &f("warmup_steps"),
-                                format!(
-                                    "must be at most steps ({}), got {}",
-                                    w.steps, w.warmup_steps
-                                ),
-                            );
-                        }
-                        Some(WarmStartSpec {
-                            steps: self.positive(&f("steps"), w.steps)?,
-                            batch_size: self.positive(&f("batch_size"), w.batch_size)?,
-                            lr: self.learning_rate(&f("lr"), w.lr)?,
-                            warmup_steps: w.warmup_steps,
-                            max_response_length: self
-                                .positive(&f("max_response_length"), w.max_response_length)?,
-                        })
-                    }
-                };
-                match &i.tokenizer {
-                    Some(InitTokenizer::Files(TokenizerFiles::Dir { dir }))
-                        if dir.as_os_str().is_empty() =>
-                    {
-                        return self.fail("model.init.tokenizer.dir", "must not be empty")
-                    }
-                    Some(InitTokenizer::Files(TokenizerFiles::Hub { repo, revision }))
-                        if repo.is_empty() || revision.is_empty() =>
-                    {
-                        return self.fail(
-                            "model.init.tokenizer",
-                            "a hub tokenizer needs a repo and a revision",
-                        )
-                    }
-                    _ => {}
+                if w.warmup_steps > w.steps {
+                    return self.fail(
+                        &f("warmup_steps"),
+                        format!(
+                            "must be at most steps ({}), got {}",
+                            w.steps, w.warmup_steps
+                        ),
+                    );
                 }
-                Some(ModelInitSpec {
-                    config: i.config.clone(),
-                    seed: i.seed,
-                    tokenizer: i.tokenizer.clone(),
-                    warm_start,
+                Some(WarmStartSpec {
+                    steps: self.positive(&f("steps"), w.steps)?,
+                    batch_size: self.positive(&f("batch_size"), w.batch_size)?,
+                    lr: self.learning_rate(&f("lr"), w.lr)?,
+                    warmup_steps: w.warmup_steps,
+                    max_response_length: self
+                        .positive(&f("max_response_length"), w.max_response_length)?,
                 })
             }
-            (Some(_), ModelSource::Hub { .. }) => {
+        };
+        match &i.tokenizer {
+            Some(InitTokenizer::Files(TokenizerFiles::Dir { dir }))
+                if dir.as_os_str().is_empty() =>
+            {
+                return self.fail("model.init.tokenizer.dir", "must not be empty")
+            }
+            Some(InitTokenizer::Files(TokenizerFiles::Hub { repo, revision }))
+                if repo.is_empty() || revision.is_empty() =>
+            {
                 return self.fail(
-                    "model.init",
-                    "is only for model.dir (a hub model is downloaded, not created)",
+                    "model.init.tokenizer",
+                    "a hub tokenizer needs a repo and a revision",
                 )
             }
-        };
-        let max_position_embeddings = match raw.max_position_embeddings {
-            Some(n) => Some(self.positive("model.max_position_embeddings", n)?),
-            None => None,
-        };
-        Ok(ModelSpec {
-            source,
-            dtype: raw.dtype,
-            gradient_checkpointing: raw.gradient_checkpointing,
-            init,
-            max_position_embeddings,
+            _ => {}
+        }
+        Ok(ModelInitSpec {
+            config: i.config.clone(),
+            seed: i.seed,
+            tokenizer: i.tokenizer.clone(),
+            warm_start,
         })
     }
 

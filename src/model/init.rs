@@ -3,12 +3,13 @@
 //! Initialisation follows transformers' `_init_weights` for Qwen: linear and embedding weights
 //! ~ N(0, initializer_range²) (default 0.02), biases 0, RMSNorm weights 1.
 
+use crate::files::AtPath;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor, Var};
 
-use super::{write_atomic, ModelError, Params, QwenConfig, Result};
+use super::{ModelError, Params, QwenConfig, Result};
 use crate::rng::SplitMix64;
 use serde::{Deserialize, Serialize};
 
@@ -205,10 +206,7 @@ pub fn write_random_model(config_path: &Path, out: &Path, seed: u64) -> Result<P
             cfg.parameter_count()
         )
     })?;
-    std::fs::create_dir_all(out).map_err(|source| ModelError::Io {
-        path: out.to_owned(),
-        source,
-    })?;
+    std::fs::create_dir_all(out).at(out)?;
     let params = random_params(&cfg, seed, DType::F32, &Device::Cpu)?;
     save_model(&cfg, &params, out)?;
     Ok(params)
@@ -220,7 +218,7 @@ pub fn save_model(cfg: &QwenConfig, params: &Params, out: &Path) -> Result<()> {
         path: out.join("config.json"),
         reason: e.to_string(),
     })?;
-    write_atomic(&out.join("config.json"), text.as_bytes())?;
+    crate::atomic::write(&out.join("config.json"), text.as_bytes())?;
     params.save(&out.join("model.safetensors"))
 }
 
@@ -262,8 +260,11 @@ pub fn write_char_tokenizer(out: &Path) -> Result<()> {
     let json = |v: &serde_json::Value| {
         serde_json::to_string_pretty(v).expect("invariant: JSON values serialise")
     };
-    write_atomic(&out.join("tokenizer.json"), json(&tok).as_bytes())?;
-    write_atomic(&out.join("tokenizer_config.json"), json(&cfg).as_bytes())
+    crate::atomic::write(&out.join("tokenizer.json"), json(&tok).as_bytes())?;
+    Ok(crate::atomic::write(
+        &out.join("tokenizer_config.json"),
+        json(&cfg).as_bytes(),
+    )?)
 }
 
 /// The directory of a real tokenizer's files.
@@ -343,11 +344,8 @@ pub fn write_tokenizer(
         InitTokenizer::Files(files) => {
             let dir = tokenizer_dir(files)?;
             for f in TOKENIZER_FILES {
-                let bytes = crate::files::read(dir.join(f)).map_err(|source| ModelError::Io {
-                    path: dir.join(f),
-                    source,
-                })?;
-                write_atomic(&out.join(f), &bytes)?;
+                let bytes = crate::files::read(dir.join(f)).at(dir.join(f))?;
+                crate::atomic::write(&out.join(f), &bytes)?;
             }
             tokenizer_size(out)
         }
@@ -419,10 +417,10 @@ pub fn write_bpe_tokenizer(out: &Path, corpus: &[String], vocab_size: usize) -> 
     tok.train(&mut trainer, corpus.iter()).map_err(err)?;
     let size = tok.get_vocab_size(true);
     let json = tok.to_string(true).map_err(err)?;
-    write_atomic(&out.join("tokenizer.json"), json.as_bytes())?;
+    crate::atomic::write(&out.join("tokenizer.json"), json.as_bytes())?;
     let cfg = serde_json::json!({"eos_token": BPE_SPECIALS[0], "pad_token": BPE_SPECIALS[1]});
     let text = serde_json::to_string_pretty(&cfg).expect("invariant: JSON values serialise");
-    write_atomic(&out.join("tokenizer_config.json"), text.as_bytes())?;
+    crate::atomic::write(&out.join("tokenizer_config.json"), text.as_bytes())?;
     Ok(size)
 }
 

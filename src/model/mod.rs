@@ -18,6 +18,7 @@ pub mod score;
 pub mod spec;
 pub mod tokenizer;
 
+use crate::files::{AtPath, PathIoError};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -27,12 +28,8 @@ use serde::Deserialize;
 /// Why a model could not be loaded, built or saved. Variants name the file or tensor.
 #[derive(Debug, thiserror::Error)]
 pub enum ModelError {
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIoError),
     #[error("{path}: invalid model config: {reason}")]
     Config { path: PathBuf, reason: String },
     #[error("{path}: {reason}")]
@@ -122,10 +119,7 @@ pub struct QwenConfig {
 
 impl QwenConfig {
     pub fn load(path: &Path) -> Result<QwenConfig> {
-        let text = crate::files::read_to_string(path).map_err(|source| ModelError::Io {
-            path: path.to_owned(),
-            source,
-        })?;
+        let text = crate::files::read_to_string(path).at(path)?;
         Self::from_json(&text, path)
     }
 
@@ -387,10 +381,7 @@ impl Params {
     pub fn load_dir(dir: &Path, dtype: DType, device: &Device) -> Result<Params> {
         let index = dir.join("model.safetensors.index.json");
         let files: Vec<PathBuf> = if index.exists() {
-            let text = crate::files::read_to_string(&index).map_err(|source| ModelError::Io {
-                path: index.clone(),
-                source,
-            })?;
+            let text = crate::files::read_to_string(&index).at(&index)?;
             let v: serde_json::Value =
                 serde_json::from_str(&text).map_err(|e| ModelError::Weights {
                     path: index.clone(),
@@ -512,14 +503,6 @@ impl Params {
             source: Box::new(source),
         })
     }
-}
-
-/// Writes `bytes` to `path` atomically, as a model error.
-pub(crate) fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    crate::atomic::write(path, bytes).map_err(|source| ModelError::Io {
-        path: path.to_owned(),
-        source,
-    })
 }
 
 /// The device a manifest asks for. `cuda` needs a binary built with the `cuda` feature and a

@@ -3,6 +3,7 @@
 //! (`acpo model logprobs`). The parity checks against transformers on any device run through
 //! it (`tools/gpu/parity.py`).
 
+use crate::files::{AtPath, PathIoError};
 use std::path::{Path, PathBuf};
 
 use candle_core::Tensor;
@@ -48,21 +49,20 @@ pub fn teacher_forced(model: &Qwen, ids: &[u32]) -> Result<Scored> {
     })
 }
 
-/// Why a file of sequences could not be scored.
+/// Why a JSONL file could not be scored: a file of token sequences by a model (here), or of
+/// responses by the verifier ([`crate::reward::score_file`]). The one error of `acpo score`.
 #[derive(Debug, thiserror::Error)]
 pub enum ScoreError {
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIoError),
     #[error("{path}:{line}: {reason}")]
     Line {
         path: PathBuf,
         line: usize,
         reason: String,
     },
+    #[error("{path}: no responses to score")]
+    Empty { path: PathBuf },
     #[error(transparent)]
     Model(#[from] ModelError),
 }
@@ -76,10 +76,7 @@ pub fn score_file(
     device: crate::model::spec::Device,
     dtype: crate::model::spec::DType,
 ) -> std::result::Result<String, ScoreError> {
-    let text = crate::files::read_to_string(input).map_err(|source| ScoreError::Io {
-        path: input.to_owned(),
-        source,
-    })?;
+    let text = crate::files::read_to_string(input).at(input)?;
     // no tokenizer: the sequences are token ids
     let cfg = QwenConfig::load(&dir.join("config.json"))?;
     let precision = Precision::inference(dtype);

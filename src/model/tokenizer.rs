@@ -2,6 +2,7 @@
 //! `tokenizer_config.json`, rendered by a real Jinja engine (minijinja with Python string
 //! methods), never by string concatenation.
 
+use crate::files::AtPath;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
@@ -59,11 +60,7 @@ impl Tokenizer {
         let config_path = dir.join("tokenizer_config.json");
         let (mut chat_template, mut eos_token, mut pad_token) = (None, None, None);
         if config_path.exists() {
-            let text =
-                crate::files::read_to_string(&config_path).map_err(|source| ModelError::Io {
-                    path: config_path.clone(),
-                    source,
-                })?;
+            let text = crate::files::read_to_string(&config_path).at(&config_path)?;
             let v: serde_json::Value =
                 serde_json::from_str(&text).map_err(|e| ModelError::Tokenizer {
                     path: config_path.clone(),

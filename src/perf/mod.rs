@@ -10,6 +10,7 @@ pub mod plan;
 pub mod predict;
 pub mod verifier;
 
+use crate::files::{AtPath, PathIoError};
 use std::path::{Path, PathBuf};
 use std::time::Instant;
 
@@ -36,12 +37,8 @@ pub enum PerfError {
     Train(Box<crate::train::TrainError>),
     #[error(transparent)]
     Data(#[from] crate::data::DataError),
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIoError),
     #[error("--repeats must be at least 1")]
     NoRepeats,
     #[error("{0}")]
@@ -94,10 +91,7 @@ pub enum BenchKind {
 
 /// Writes `bytes` under `dir` atomically; returns the path.
 pub(crate) fn write_report(dir: &Path, name: &str, bytes: &[u8]) -> Result<PathBuf> {
-    crate::atomic::write_in(dir, name, bytes).map_err(|source| PerfError::Io {
-        path: dir.join(name),
-        source,
-    })
+    Ok(crate::atomic::write_in(dir, name, bytes)?)
 }
 
 /// What a speed benchmark measures, beyond its kind.
@@ -255,10 +249,7 @@ pub fn speed(kind: BenchKind, out: &Path, opts: &SpeedOptions) -> Result<PathBuf
 /// The manifests (`*.yaml`) directly under `dir`, in name order.
 fn manifests(dir: &Path) -> Result<Vec<crate::manifest::Experiment>> {
     let mut entries: Vec<PathBuf> = std::fs::read_dir(dir)
-        .map_err(|source| PerfError::Io {
-            path: dir.to_owned(),
-            source,
-        })?
+        .at(dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|x| x == "yaml"))
         .collect();

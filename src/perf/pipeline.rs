@@ -11,16 +11,22 @@
 //! the worst case, and the report says so. [`report`] puts each run's phases in a table and
 //! costs the 16 paper runs from them ([`pipeline_plan`]).
 
+use crate::files::{AtPath, PathIoError};
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
 use super::{memory, plan, write_report, PerfError, Result};
 use crate::hub::ModelSource;
-use crate::manifest::{raw, Experiment, Scale};
+use crate::manifest::{edit, raw, Experiment, Scale};
 use crate::model::init::{InitTokenizer, TokenizerFiles};
 use crate::report::table::{Align::Left, Align::Right, Table};
 use crate::run::RunDir;
+
+/// A value as YAML flow text: JSON is YAML, quoted where a path or a sentence needs it.
+fn json(value: &impl Serialize) -> String {
+    serde_json::to_string(value).expect("invariant: manifest values are JSON")
+}
 
 /// How a paper manifest becomes a pipeline run.
 #[derive(Debug, Clone)]
@@ -58,13 +64,20 @@ fn invalid(path: &Path, field: &str, reason: impl Into<String>) -> PerfError {
 /// The pipeline manifest of the manifest `text` (read from `path`): the experiment and the YAML
 /// its run directory keeps, a header saying what was derived from what.
 pub fn derive(text: &str, path: &Path, d: &Derivation) -> Result<(Experiment, String)> {
-    let exp = Experiment::from_yaml(text, path)?;
-    let mut m: raw::Manifest = serde_saphyr::from_str(text).map_err(|e| {
-        PerfError::Manifest(crate::manifest::ManifestError::Syntax {
-            path: path.to_owned(),
-            message: e.to_string(),
-        })
-    })?;
+    let (exp, raw) = Experiment::from_yaml_with_raw(text, path)?;
+    derive_from(&exp, &raw, text, path, d)
+}
+
+/// [`derive`] from the manifest already read: its experiment and its fields as written. The
+/// derived text is the manifest's own, fields set by [`edit::set_field`] (comments and order
+/// kept), read once.
+fn derive_from(
+    exp: &Experiment,
+    m: &raw::Manifest,
+    text: &str,
+    path: &Path,
+    d: &Derivation,
+) -> Result<(Experiment, String)> {
     let (repo, revision) =
         match &exp.model.source {
             ModelSource::Hub { repo, revision } => (repo.clone(), revision.clone()),
@@ -74,6 +87,88 @@ pub fn derive(text: &str, path: &Path, d: &Derivation) -> Result<(Experiment, St
                 "a pipeline run replaces a hub model (model.repo) by random weights of its config",
             )),
         };
+    check_divisor(m, path, d)?;
+    let stem = exp.model.source.label().to_lowercase();
+    let config = d
+        .config
+        .clone()
+        .unwrap_or_else(|| d.configs.join(format!("{stem}.json")));
+    let stem = match &d.config {
+        Some(c) => c
+            .file_stem()
+            .map_or_else(|| "config".into(), |s| s.to_string_lossy().into_owned()),
+        None => stem,
+    };
+    if !config.is_file() {
+        return Err(PathIoError::refused(
+            config,
+            std::io::ErrorKind::NotFound,
+            "no config for this model",
+        )
+        .into());
+    }
+    let tokenizer = match &d.tokenizer {
+        Some(dir) => TokenizerFiles::Dir { dir: dir.clone() },
+        None => TokenizerFiles::Hub {
+            repo: repo.clone(),
+            revision: revision.clone(),
+        },
+    };
+    let mini_batch = m.actor.mini_batch_size / d.divisor;
+    let responses = mini_batch * m.rollout.n;
+    // The flag is taken as given or refused (issue #47: 3 became 1 and 10^6 became 4, silently);
+    // the manifest's own micro-batch is the default, made to divide the divided mini-batch.
+    if let Some(mb) = d
+        .micro_batch
+        .filter(|&mb| mb == 0 || !responses.is_multiple_of(mb))
+    {
+        return Err(PerfError::Shape(format!(
+            "{}: --micro-batch {mb} does not divide the {responses} responses of a mini-batch (actor.mini_batch_size / --divisor {} = {}, × rollout.n {})",
+            path.display(),
+            d.divisor,
+            mini_batch,
+            m.rollout.n
+        )));
+    }
+    let init = raw::ModelInit {
+        config,
+        seed: 0,
+        tokenizer: Some(InitTokenizer::Files(tokenizer)),
+        warm_start: None,
+    };
+    let micro_batch = d
+        .micro_batch
+        .or(m.actor.micro_batch_size.map(|mb| gcd(mb, responses)));
+    let fields = derived_fields(m, d, &d.models.join(&stem), &init, micro_batch);
+    let mut body = text.to_string();
+    for (field, value) in fields {
+        body = match value {
+            Some(value) => edit::set_field(&body, field, &value),
+            None if edit::has_field(&body, field) => edit::remove_field(&body, field),
+            None => Some(body),
+        }
+        .ok_or_else(|| {
+            invalid(
+                path,
+                field,
+                "cannot derive the pipeline manifest: its parent mapping is not in the text",
+            )
+        })?;
+    }
+    let text = format!(
+        "# Derived by `acpo pipeline` from {}: random weights of {}'s config, batch sizes / {},\n# steps: {}, problems per benchmark: {}. Measures cost and fit, not accuracy.\n{body}",
+        path.display(),
+        repo,
+        d.divisor,
+        d.steps,
+        d.eval_limit,
+    );
+    let exp = Experiment::from_yaml(&text, path)?;
+    Ok((exp, text))
+}
+
+/// The flags at least 1, and the divisor dividing both batch sizes.
+fn check_divisor(m: &raw::Manifest, path: &Path, d: &Derivation) -> Result<()> {
     if d.divisor == 0 || d.steps == 0 || d.eval_limit == 0 {
         return Err(PerfError::Shape(
             "--divisor, --steps and --eval-limit must be at least 1".into(),
@@ -91,95 +186,66 @@ pub fn derive(text: &str, path: &Path, d: &Derivation) -> Result<(Experiment, St
             ));
         }
     }
-    let stem = exp.model.source.label().to_lowercase();
-    let config = d
-        .config
-        .clone()
-        .unwrap_or_else(|| d.configs.join(format!("{stem}.json")));
-    let stem = match &d.config {
-        Some(c) => c
-            .file_stem()
-            .map_or_else(|| "config".into(), |s| s.to_string_lossy().into_owned()),
-        None => stem,
-    };
-    if !config.is_file() {
-        return Err(PerfError::Io {
-            path: config,
-            source: std::io::Error::new(std::io::ErrorKind::NotFound, "no config for this model"),
-        });
-    }
-    let tokenizer = match &d.tokenizer {
-        Some(dir) => TokenizerFiles::Dir { dir: dir.clone() },
-        None => TokenizerFiles::Hub {
-            repo: repo.clone(),
-            revision: revision.clone(),
-        },
-    };
-    let name = format!("{}-random", m.name);
-    m.description = Some(format!(
+    Ok(())
+}
+
+/// The fields a pipeline run sets (a value, as YAML flow text) or drops (None) in its paper
+/// manifest: random weights of `init`'s config at `dir`, batch sizes divided, `d.steps` steps
+/// and one evaluation and checkpoint after the last.
+fn derived_fields(
+    m: &raw::Manifest,
+    d: &Derivation,
+    dir: &Path,
+    init: &raw::ModelInit,
+    micro_batch: Option<usize>,
+) -> Vec<(&'static str, Option<String>)> {
+    let description = format!(
         "{} at its own shapes on random weights (acpo pipeline): batch sizes / {}, {} steps, {} problems per benchmark",
         m.name, d.divisor, d.steps, d.eval_limit
-    ));
-    m.name = name;
-    m.scale = Scale::Pipeline;
+    );
+    let steps = Some(d.steps.to_string());
+    let mut fields = vec![
+        ("name", Some(json(&format!("{}-random", m.name)))),
+        ("description", Some(json(&description))),
+        ("scale", Some(json(&Scale::Pipeline))),
+        ("model.repo", None),
+        ("model.revision", None),
+        ("model.dir", Some(json(&dir))),
+        ("model.init", Some(json(init))),
+        (
+            "trainer.batch_size",
+            Some((m.trainer.batch_size / d.divisor).to_string()),
+        ),
+        (
+            "actor.mini_batch_size",
+            Some((m.actor.mini_batch_size / d.divisor).to_string()),
+        ),
+        ("trainer.total_steps", steps.clone()),
+        // one evaluation, after the last step
+        ("trainer.val_before_train", Some("false".into())),
+        ("trainer.eval_every", steps.clone()),
+        ("trainer.checkpoint_every", steps.clone()),
+        (
+            "eval.limit",
+            Some(
+                m.eval
+                    .limit
+                    .map_or(d.eval_limit, |l| l.min(d.eval_limit))
+                    .to_string(),
+            ),
+        ),
+    ];
     if let Some(device) = d.device {
-        m.device = device;
+        fields.push(("device", Some(json(&device))));
     }
-    m.model.repo = None;
-    m.model.revision = None;
-    m.model.dir = Some(d.models.join(&stem));
-    m.model.init = Some(raw::ModelInit {
-        config,
-        seed: 0,
-        tokenizer: Some(InitTokenizer::Files(tokenizer)),
-        warm_start: None,
-    });
-    m.trainer.batch_size /= d.divisor;
-    m.actor.mini_batch_size /= d.divisor;
-    let responses = m.actor.mini_batch_size * m.rollout.n;
-    // The flag is taken as given or refused (issue #47: 3 became 1 and 10^6 became 4, silently);
-    // the manifest's own micro-batch is the default, made to divide the divided mini-batch.
-    if let Some(mb) = d
-        .micro_batch
-        .filter(|&mb| mb == 0 || !responses.is_multiple_of(mb))
-    {
-        return Err(PerfError::Shape(format!(
-            "{}: --micro-batch {mb} does not divide the {responses} responses of a mini-batch (actor.mini_batch_size / --divisor {} = {}, × rollout.n {})",
-            path.display(),
-            d.divisor,
-            m.actor.mini_batch_size,
-            m.rollout.n
-        )));
+    if let Some(mb) = micro_batch {
+        fields.push(("actor.micro_batch_size", Some(mb.to_string())));
     }
-    m.actor.micro_batch_size = d
-        .micro_batch
-        .or(m.actor.micro_batch_size.map(|mb| gcd(mb, responses)));
-    m.trainer.total_steps = d.steps;
-    // one evaluation, after the last step
-    m.trainer.val_before_train = Some(false);
-    m.trainer.eval_every = d.steps;
-    m.trainer.checkpoint_every = d.steps;
     // the r·Â tails (and the PPO types' difficulty probe) once, at the last step
     if m.trainer.tails_every > 0 {
-        m.trainer.tails_every = d.steps;
+        fields.push(("trainer.tails_every", steps));
     }
-    m.eval.limit = Some(m.eval.limit.map_or(d.eval_limit, |l| l.min(d.eval_limit)));
-    let body = serde_saphyr::to_string(&m).map_err(|e| {
-        PerfError::Shape(format!(
-            "{}: cannot write the derived manifest: {e}",
-            path.display()
-        ))
-    })?;
-    let text = format!(
-        "# Derived by `acpo pipeline` from {}: random weights of {}'s config, batch sizes / {},\n# steps: {}, problems per benchmark: {}. Measures cost and fit, not accuracy.\n{body}",
-        path.display(),
-        repo,
-        d.divisor,
-        d.steps,
-        d.eval_limit,
-    );
-    let exp = Experiment::from_yaml(&text, path)?;
-    Ok((exp, text))
+    fields
 }
 
 fn gcd(a: usize, b: usize) -> usize {
@@ -220,10 +286,7 @@ pub struct RunPhases {
 /// The phases of the run in `dir` (its metrics.jsonl), averaged over its steps.
 pub fn run_phases(dir: &Path, exp: &Experiment, paper_run: &str) -> Result<RunPhases> {
     let run = RunDir::at(dir);
-    let text = crate::files::read_to_string(run.metrics()).map_err(|source| PerfError::Io {
-        path: run.metrics(),
-        source,
-    })?;
+    let text = crate::files::read_to_string(run.metrics()).at(run.metrics())?;
     let lines: Vec<serde_json::Map<String, serde_json::Value>> = text
         .lines()
         .map(|l| {
@@ -329,12 +392,10 @@ pub fn run(
 ) -> Result<PathBuf> {
     let mut jobs = Vec::new();
     for path in manifests {
-        let text = crate::files::read_to_string(path).map_err(|source| PerfError::Io {
-            path: path.clone(),
-            source,
-        })?;
-        let (exp, derived) = derive(&text, path, d)?;
-        let paper_run = Experiment::from_yaml(&text, path)?.name;
+        let text = crate::files::read_to_string(path).at(path)?;
+        let (paper, raw) = Experiment::from_yaml_with_raw(&text, path)?;
+        let (exp, derived) = derive_from(&paper, &raw, &text, path, d)?;
+        let paper_run = paper.name;
         jobs.push((
             crate::reproduce::Job {
                 exp,
@@ -426,6 +487,49 @@ fn step_seconds(exp: &Experiment, m: &RunPhases, share: f64, scale: f64) -> f64 
             + per_token("update_critic", step_tokens * exp.actor.epochs as f64))
 }
 
+/// The paper run `exp` (of `params` parameters) costed from the measured run `m`, whose rates
+/// are scaled by `scale` (the parameter ratio).
+fn cost(exp: &Experiment, m: &RunPhases, params: f64, scale: f64) -> PipelineCost {
+    let evals = exp.trainer.evaluations();
+    let problems = exp.eval.problems();
+    let checkpoints = exp
+        .trainer
+        .total_steps
+        .checked_div(exp.trainer.checkpoint_every)
+        .unwrap_or(0)
+        + 1;
+    let phase = |n: &str| m.phases.iter().find(|p| p.phase == n);
+    let eval_rate = phase("testing").and_then(|p| p.tokens_per_second);
+    let save = phase("save_checkpoint").map_or(0.0, |p| p.seconds);
+    let hours = |share: f64| {
+        let eval_tokens = evals as f64
+            * problems as f64
+            * exp.eval.sampling.n as f64
+            * share
+            * exp.eval.max_new_tokens as f64;
+        let eval = eval_rate.map_or(0.0, |r| scale * eval_tokens / r.max(1e-9));
+        (exp.trainer.total_steps as f64 * step_seconds(exp, m, share, scale)
+            + eval
+            + checkpoints as f64 * scale * save)
+            / 3600.0
+    };
+    let responses = (exp.trainer.batch_size * exp.rollout.n) as f64;
+    let step_tokens =
+        responses * (exp.data.max_prompt_length + exp.data.max_response_length) as f64;
+    let tps = step_tokens / step_seconds(exp, m, 1.0, scale).max(1e-9);
+    PipelineCost {
+        run: exp.name.clone(),
+        measured: m.run.clone(),
+        scale,
+        steps: exp.trainer.total_steps,
+        gpu_hours_at_limit: hours(1.0),
+        gpu_hours_at_half: hours(plan::RESPONSE_SHARE),
+        paper_gpus: plan::paper_gpus(&exp.model.source.label()),
+        step_tokens_per_s: tps,
+        at_8b_tokens_per_s: tps * params / LLAMA_8B_PARAMETERS,
+    }
+}
+
 /// Writes `<out>/pipeline-plan.{json,md}`: each paper run of `paper` costed from the measured
 /// pipeline run of the same family (with or without a critic) and model, else of the nearest
 /// size, scaled by parameters.
@@ -459,45 +563,7 @@ pub fn pipeline_plan(
         let Some(&(_, m, p)) = candidates.first() else {
             continue;
         };
-        let scale = params / p;
-        let evals = exp.trainer.evaluations();
-        let problems = exp.eval.problems();
-        let checkpoints = exp
-            .trainer
-            .total_steps
-            .checked_div(exp.trainer.checkpoint_every)
-            .unwrap_or(0)
-            + 1;
-        let phase = |n: &str| m.phases.iter().find(|p| p.phase == n);
-        let eval_rate = phase("testing").and_then(|p| p.tokens_per_second);
-        let save = phase("save_checkpoint").map_or(0.0, |p| p.seconds);
-        let hours = |share: f64| {
-            let eval_tokens = evals as f64
-                * problems as f64
-                * exp.eval.sampling.n as f64
-                * share
-                * exp.eval.max_new_tokens as f64;
-            let eval = eval_rate.map_or(0.0, |r| scale * eval_tokens / r.max(1e-9));
-            (exp.trainer.total_steps as f64 * step_seconds(exp, m, share, scale)
-                + eval
-                + checkpoints as f64 * scale * save)
-                / 3600.0
-        };
-        let responses = (exp.trainer.batch_size * exp.rollout.n) as f64;
-        let step_tokens =
-            responses * (exp.data.max_prompt_length + exp.data.max_response_length) as f64;
-        let tps = step_tokens / step_seconds(exp, m, 1.0, scale).max(1e-9);
-        rows.push(PipelineCost {
-            run: exp.name.clone(),
-            measured: m.run.clone(),
-            scale,
-            steps: exp.trainer.total_steps,
-            gpu_hours_at_limit: hours(1.0),
-            gpu_hours_at_half: hours(plan::RESPONSE_SHARE),
-            paper_gpus: plan::paper_gpus(&exp.model.source.label()),
-            step_tokens_per_s: tps,
-            at_8b_tokens_per_s: tps * params / LLAMA_8B_PARAMETERS,
-        });
+        rows.push(cost(exp, m, params, params / p));
     }
     let json = serde_json::to_string_pretty(&rows).expect("invariant: the plan is JSON");
     write_report(out, "pipeline-plan.json", json.as_bytes())?;

@@ -8,6 +8,7 @@
 //! paper does not report its mean response length. A response is taken to use half of
 //! `max_response_length`, and an evaluation answer half of `eval.max_new_tokens`.
 
+use crate::files::AtPath;
 use std::path::{Path, PathBuf};
 
 use serde::Serialize;
@@ -53,10 +54,7 @@ struct Rate {
 /// The first measurement in `dir/<name>.json` on CUDA in bf16.
 fn measured(dir: &Path, name: &str) -> Result<Rate> {
     let path = dir.join(format!("{name}.json"));
-    let text = crate::files::read_to_string(&path).map_err(|source| PerfError::Io {
-        path: path.clone(),
-        source,
-    })?;
+    let text = crate::files::read_to_string(&path).at(&path)?;
     let rows: Vec<serde_json::Value> = serde_json::from_str(&text)
         .map_err(|e| PerfError::Shape(format!("{}: {e}", path.display())))?;
     let row = rows

@@ -30,6 +30,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{memory, write_report, PerfError, Result, StepSettings};
 use crate::device::Mark;
+use crate::files::AtPath;
 use crate::model::QwenConfig;
 use crate::report::table::{Align::Left, Align::Right, Table};
 
@@ -223,10 +224,7 @@ struct Report {
 impl Run {
     fn load(path: &Path) -> Result<Run> {
         let bad = |reason: String| PerfError::Shape(format!("{}: {reason}", path.display()));
-        let text = crate::files::read_to_string(path).map_err(|source| PerfError::Io {
-            path: path.to_owned(),
-            source,
-        })?;
+        let text = crate::files::read_to_string(path).at(path)?;
         let reports: Vec<Report> = serde_json::from_str(&text)
             .map_err(|e| bad(format!("not a train-step report: {e}")))?;
         let [r] = <[Report; 1]>::try_from(reports)
@@ -623,10 +621,7 @@ fn twin_peak(dir: &Path, len: usize) -> Option<u64> {
 /// writes `memory-predicted.{json,md}` under `out`.
 pub fn memory_predict(measured: &Path, target: &Path, out: &Path) -> Result<PathBuf> {
     let mut paths: Vec<PathBuf> = std::fs::read_dir(measured)
-        .map_err(|source| PerfError::Io {
-            path: measured.to_owned(),
-            source,
-        })?
+        .at(measured)?
         .filter_map(|e| e.ok().map(|e| e.path().join("train-step.json")))
         .filter(|p| p.is_file())
         .collect();

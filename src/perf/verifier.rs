@@ -112,11 +112,9 @@ pub fn math_verify_issue_inputs() -> Vec<(&'static str, String, String)> {
     ]
 }
 
-/// Times the verifier (best of `repeats`) and writes `verifier.{json,md}` and the pairs.
-pub fn bench(data: &DataLocation, out: &Path, repeats: usize) -> Result<PathBuf> {
-    if repeats == 0 {
-        return Err(super::PerfError::NoRepeats);
-    }
+/// Each benchmark's golds boxed, after `Answer:` (both correct) and boxed plus one (wrong):
+/// (gold, response, correct as constructed).
+fn constructed_pairs(data: &DataLocation) -> Result<Vec<(String, String, bool)>> {
     let mut pairs: Vec<(String, String, bool)> = Vec::new();
     for b in Benchmark::ALL {
         for p in data::load(data::spec(b), data)? {
@@ -130,6 +128,58 @@ pub fn bench(data: &DataLocation, out: &Path, repeats: usize) -> Result<PathBuf>
             pairs.push((g.clone(), format!("\\boxed{{{g}+1}}"), false));
         }
     }
+    Ok(pairs)
+}
+
+/// The most work units a real answer needs (every pair, and DAPO-Math-17k's golds boxed),
+/// and its gold.
+fn most_work(pairs: &[(String, String, bool)], data: &DataLocation) -> Result<(u64, String)> {
+    let mut golds: Vec<(String, String)> = pairs
+        .iter()
+        .map(|(g, r, _)| (g.clone(), r.clone()))
+        .collect();
+    for p in data::load(&data::dapo::SPEC, data)? {
+        let r = format!("So the answer is \\boxed{{{}}}.", p.answer);
+        golds.push((p.answer, r));
+    }
+    let (most, most_pair) = golds
+        .iter()
+        .map(|(g, r)| (verify::verify_metered(g, r).1.units, g))
+        .max_by_key(|(u, _)| *u)
+        .expect("invariant: the benchmarks are not empty");
+    Ok((most, most_pair.clone()))
+}
+
+/// The hostile answers timed: (answers, seconds in all, the slowest's seconds and its first 60
+/// characters, how many the budget cut short).
+fn hostile_timing() -> (Vec<(String, String)>, f64, f64, String, usize) {
+    let mut hostile = hostile_answers(8);
+    hostile.extend(
+        math_verify_issue_inputs()
+            .into_iter()
+            .map(|(_, g, r)| (g, r)),
+    );
+    let (mut slowest, mut slowest_answer, mut cut_short) = (0.0f64, String::new(), 0);
+    let t_all = Instant::now();
+    for (g, r) in &hostile {
+        let t = Instant::now();
+        let (_, spent) = verify::verify_metered(g, r);
+        let dt = t.elapsed().as_secs_f64();
+        if dt > slowest {
+            (slowest, slowest_answer) = (dt, r.chars().take(60).collect());
+        }
+        cut_short += usize::from(spent.exhausted);
+    }
+    let hostile_seconds = t_all.elapsed().as_secs_f64();
+    (hostile, hostile_seconds, slowest, slowest_answer, cut_short)
+}
+
+/// Times the verifier (best of `repeats`) and writes `verifier.{json,md}` and the pairs.
+pub fn bench(data: &DataLocation, out: &Path, repeats: usize) -> Result<PathBuf> {
+    if repeats == 0 {
+        return Err(super::PerfError::NoRepeats);
+    }
+    let pairs = constructed_pairs(data)?;
     let mut best = f64::INFINITY;
     let mut verdicts = Vec::new();
     for _ in 0..repeats {
@@ -162,19 +212,7 @@ pub fn bench(data: &DataLocation, out: &Path, repeats: usize) -> Result<PathBuf>
     let pairs_file = write_report(out, "verifier_pairs.jsonl", lines.as_bytes())?;
 
     // The most work a real answer needs: every pair above, and DAPO-Math-17k's golds boxed.
-    let mut golds: Vec<(String, String)> = pairs
-        .iter()
-        .map(|(g, r, _)| (g.clone(), r.clone()))
-        .collect();
-    for p in data::load(&data::dapo::SPEC, data)? {
-        let r = format!("So the answer is \\boxed{{{}}}.", p.answer);
-        golds.push((p.answer, r));
-    }
-    let (most, most_pair) = golds
-        .iter()
-        .map(|(g, r)| (verify::verify_metered(g, r).1.units, g))
-        .max_by_key(|(u, _)| *u)
-        .expect("invariant: the benchmarks are not empty");
+    let (most, most_pair) = most_work(&pairs, data)?;
     let headroom = verify::work::BUDGET as f64 / most as f64;
     println!(
         "work: at most {most} units for a real answer (gold `{most_pair}`), budget {} = {headroom:.0}x that",
@@ -182,24 +220,7 @@ pub fn bench(data: &DataLocation, out: &Path, repeats: usize) -> Result<PathBuf>
     );
 
     // The hostile answers: the slowest one, and how many end on the budget.
-    let mut hostile = hostile_answers(8);
-    hostile.extend(
-        math_verify_issue_inputs()
-            .into_iter()
-            .map(|(_, g, r)| (g, r)),
-    );
-    let (mut slowest, mut slowest_answer, mut cut_short) = (0.0f64, String::new(), 0);
-    let t_all = Instant::now();
-    for (g, r) in &hostile {
-        let t = Instant::now();
-        let (_, spent) = verify::verify_metered(g, r);
-        let dt = t.elapsed().as_secs_f64();
-        if dt > slowest {
-            (slowest, slowest_answer) = (dt, r.chars().take(60).collect());
-        }
-        cut_short += usize::from(spent.exhausted);
-    }
-    let hostile_seconds = t_all.elapsed().as_secs_f64();
+    let (hostile, hostile_seconds, slowest, slowest_answer, cut_short) = hostile_timing();
     println!(
         "hostile: {} answers in {hostile_seconds:.3} s, slowest {:.1} ms (`{slowest_answer}…`), {cut_short} cut short by the budget",
         hostile.len(),

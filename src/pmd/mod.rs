@@ -18,6 +18,7 @@
 
 pub mod mdp;
 
+use crate::files::{AtPath, PathIoError};
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
@@ -31,12 +32,8 @@ use crate::report::table::{Align::Left, Table};
 /// Why the theory check's outputs could not be written.
 #[derive(Debug, thiserror::Error)]
 pub enum PmdError {
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIoError),
     #[error(transparent)]
     Plot(#[from] PlotError),
     #[error("pmd.json: {0}")]
@@ -536,10 +533,7 @@ pub fn report(cfg: &Config, out: &Path) -> Result<Report, PmdError> {
         .iter()
         .map(|&eps| proposition1(cfg.seed, 200_000, eps))
         .collect();
-    std::fs::create_dir_all(out).map_err(|source| PmdError::Io {
-        path: out.to_owned(),
-        source,
-    })?;
+    std::fs::create_dir_all(out).at(out)?;
     let mut files = write_figure(
         &out.join("pmd"),
         "Clipped policy mirror descent: F(N) against Theorems 1–2",
@@ -549,10 +543,7 @@ pub fn report(cfg: &Config, out: &Path) -> Result<Report, PmdError> {
     let md = markdown(cfg, &rows, &prop1);
     let write = |name: &str, bytes: &[u8]| -> Result<PathBuf, PmdError> {
         let path = out.join(name);
-        crate::atomic::write(&path, bytes).map_err(|source| PmdError::Io {
-            path: path.clone(),
-            source,
-        })?;
+        crate::atomic::write(&path, bytes)?;
         Ok(path)
     };
     files.push(write("pmd.md", md.as_bytes())?);
@@ -564,24 +555,8 @@ pub fn report(cfg: &Config, out: &Path) -> Result<Report, PmdError> {
     Ok(Report { rows, prop1, files })
 }
 
-fn markdown(cfg: &Config, rows: &[Row], prop1: &[Prop1]) -> String {
-    let mut s = String::new();
-    let _ = writeln!(
-        s,
-        "# Clipped policy mirror descent vs Theorems 1-2\n\n{} random MDPs (|S| = {}, |A| = {}, γ = {}, \
-         seeds {}..{}), {} iterations from the uniform policy, exact policy evaluation. \
-         F_N = E_ν*[V^π_N − V^π*]; the bound is the theorem part's right-hand side at N. \
-         \"worst\" is max_N F_N / bound_N over N ≥ 1 (≤ 1 when the bound holds at every N); \
-         \"monotone\": F_N and every V^π_N(s) non-increasing (Lemma monotonicity).\n",
-        cfg.mdps,
-        cfg.states,
-        cfg.actions,
-        cfg.gamma,
-        cfg.seed,
-        // the MDPs' seeds wrap past u64::MAX, as they are drawn
-        cfg.seed.wrapping_add(cfg.mdps.saturating_sub(1)),
-        cfg.iterations
-    );
+/// The theorems' table: one row per part and (α, μ, η₀), over its MDPs.
+fn theorem_table(rows: &[Row]) -> Table {
     let mut table = Table::new(
         [
             "part",
@@ -650,7 +625,28 @@ fn markdown(cfg: &Config, rows: &[Row], prop1: &[Prop1]) -> String {
             yes(group.iter().all(|r| r.monotone)),
         ]);
     }
-    s.push_str(&table.to_string());
+    table
+}
+
+fn markdown(cfg: &Config, rows: &[Row], prop1: &[Prop1]) -> String {
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "# Clipped policy mirror descent vs Theorems 1-2\n\n{} random MDPs (|S| = {}, |A| = {}, γ = {}, \
+         seeds {}..{}), {} iterations from the uniform policy, exact policy evaluation. \
+         F_N = E_ν*[V^π_N − V^π*]; the bound is the theorem part's right-hand side at N. \
+         \"worst\" is max_N F_N / bound_N over N ≥ 1 (≤ 1 when the bound holds at every N); \
+         \"monotone\": F_N and every V^π_N(s) non-increasing (Lemma monotonicity).\n",
+        cfg.mdps,
+        cfg.states,
+        cfg.actions,
+        cfg.gamma,
+        cfg.seed,
+        // the MDPs' seeds wrap past u64::MAX, as they are drawn
+        cfg.seed.wrapping_add(cfg.mdps.saturating_sub(1)),
+        cfg.iterations
+    );
+    s.push_str(&theorem_table(rows).to_string());
     let _ = writeln!(
         s,
         "\n## Proposition 1\n\n200,000 synthetic (r, Â, ‖∇log π‖²) samples; ACPO's α is set so that \

@@ -4,6 +4,7 @@
 //! report`, `reproduce`, `sweep`, `bench` and `pipeline` through their `--doc`, the GPU
 //! suite's report (tools/gpu/report.py writes its files, `acpo doc` fills them in).
 
+use crate::files::AtPath;
 use std::path::{Path, PathBuf};
 
 use super::{ReportError, Result};
@@ -50,10 +51,7 @@ pub fn splice(doc_path: &Path, doc: &str, root: &Path) -> Result<(String, usize)
             seen.push(name.to_owned());
             continue;
         }
-        let body = crate::files::read_to_string(&path).map_err(|source| ReportError::Io {
-            path: path.clone(),
-            source,
-        })?;
+        let body = crate::files::read_to_string(&path).at(&path)?;
         if let Some(reason) = holds_marker(&body) {
             return Err(ReportError::Invalid {
                 path: path.clone(),
@@ -139,10 +137,7 @@ pub fn fill(docs: &[PathBuf], root: &Path, check: bool) -> Result<Vec<Filled>> {
     let mut out = Vec::new();
     let mut changes = Vec::new();
     for doc in docs {
-        let text = crate::files::read_to_string(doc).map_err(|source| ReportError::Io {
-            path: doc.clone(),
-            source,
-        })?;
+        let text = crate::files::read_to_string(doc).at(doc)?;
         let (new, blocks) = splice(doc, &text, root)?;
         let changed = new != text;
         if changed {
@@ -155,8 +150,7 @@ pub fn fill(docs: &[PathBuf], root: &Path, check: bool) -> Result<Vec<Filled>> {
         });
     }
     if !check {
-        crate::atomic::replace_together(&changes)
-            .map_err(|(path, source)| ReportError::Io { path, source })?;
+        crate::atomic::replace_together(&changes)?;
     }
     Ok(out)
 }

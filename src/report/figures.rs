@@ -3,6 +3,7 @@
 //! first 100 steps (Fig. 2), and r·Â distributions by prompt difficulty (Fig. 3). Every method
 //! has one colour everywhere; drawing is [`crate::report::plot`]'s.
 
+use crate::files::AtPath;
 use plotters::prelude::RGBColor;
 use std::path::{Path, PathBuf};
 
@@ -182,19 +183,13 @@ pub fn run_tails(dir: &Path) -> Result<Option<([Histogram; 3], [usize; 3])>> {
     let mut prompts = [0usize; 3];
     let mut any = false;
     let mut files: Vec<PathBuf> = std::fs::read_dir(&tails_dir)
-        .map_err(|source| ReportError::Io {
-            path: tails_dir.clone(),
-            source,
-        })?
+        .at(&tails_dir)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.extension().is_some_and(|e| e == "json"))
         .collect();
     files.sort();
     for f in files {
-        let text = crate::files::read_to_string(&f).map_err(|source| ReportError::Io {
-            path: f.clone(),
-            source,
-        })?;
+        let text = crate::files::read_to_string(&f).at(&f)?;
         let t: Tails = serde_json::from_str(&text).map_err(|e| ReportError::Invalid {
             path: f.clone(),
             reason: e.to_string(),
@@ -210,17 +205,61 @@ pub fn run_tails(dir: &Path) -> Result<Option<([Histogram; 3], [usize; 3])>> {
     Ok(any.then_some((sum, prompts)))
 }
 
+/// The prompt difficulties of Fig. 3, easiest first (the tails' histograms' order).
+const DIFFICULTY: [&str; 3] = [
+    "easy prompts (70–100 %)",
+    "medium prompts (30–70 %)",
+    "hard prompts (0–30 %)",
+];
+
+/// Fig. 3's panels of one model, one per difficulty: each method's histogram as steps over
+/// ±`half`, ±each α marked, its count and tail mass in its label.
+fn tail_panels(
+    per_method: &[(AlgorithmKind, [Histogram; 3])],
+    alphas: &[f64],
+    half: f64,
+    alpha_of: &dyn Fn(AlgorithmKind) -> f64,
+) -> Vec<Panel> {
+    DIFFICULTY
+        .iter()
+        .enumerate()
+        .map(|(i, title)| Panel {
+            title: title.to_string(),
+            x_desc: "r·Â".into(),
+            y_desc: "density".into(),
+            log_y: true,
+            zero_at_axis: true,
+            x_range: Some((-half, half)),
+            marks: alphas.iter().flat_map(|a| [-a, *a]).collect(),
+            // each label carries this panel's counts and tail masses
+            legend: Legend::BelowPanel,
+            x_ticks: Ticks::Auto,
+            error_bars: false,
+            series: per_method
+                .iter()
+                .map(|(alg, h)| Series {
+                    label: format!(
+                        "{} (n={}, {:.2} % beyond ±{})",
+                        alg.paper_name(),
+                        h[i].count,
+                        100.0 * h[i].tail_mass(alpha_of(*alg)),
+                        alpha_of(*alg)
+                    ),
+                    color: method_color(*alg),
+                    points: h[i].steps(-half, half),
+                    band: Vec::new(),
+                })
+                .collect(),
+        })
+        .collect()
+}
+
 /// Fig. 3: the density of r·Â for easy / medium / hard prompts, per method, one figure per
 /// model: step histograms (the bins as drawn, log scale), the same x-range in every panel, ±α
 /// of the model's -AC runs marked, and each method's token count and tail mass (the share with
 /// |r·Â| > α, α of its family's -AC run) in its legend. Also the tail masses as a Markdown table (`tails.md`; empty when
 /// no run has tails).
 pub fn tails(runs: &[RunResult], out: &Path) -> Result<(Vec<PathBuf>, String)> {
-    const DIFFICULTY: [&str; 3] = [
-        "easy prompts (70–100 %)",
-        "medium prompts (30–70 %)",
-        "hard prompts (0–30 %)",
-    ];
     let mut files = Vec::new();
     let mut table = Table::new([
         ("model", Left),
@@ -259,38 +298,7 @@ pub fn tails(runs: &[RunResult], out: &Path) -> Result<(Vec<PathBuf>, String)> {
             .fold(0.0, f64::max);
         let half = ((2.0 * widest).max(q * 1.1) * 2.0).ceil() / 2.0;
         let half = half.min(crate::run::tails::HI);
-        let panels: Vec<Panel> = DIFFICULTY
-            .iter()
-            .enumerate()
-            .map(|(i, title)| Panel {
-                title: title.to_string(),
-                x_desc: "r·Â".into(),
-                y_desc: "density".into(),
-                log_y: true,
-                zero_at_axis: true,
-                x_range: Some((-half, half)),
-                marks: alphas.iter().flat_map(|a| [-a, *a]).collect(),
-                // each label carries this panel's counts and tail masses
-                legend: Legend::BelowPanel,
-                x_ticks: Ticks::Auto,
-                error_bars: false,
-                series: per_method
-                    .iter()
-                    .map(|(alg, h)| Series {
-                        label: format!(
-                            "{} (n={}, {:.2} % beyond ±{})",
-                            alg.paper_name(),
-                            h[i].count,
-                            100.0 * h[i].tail_mass(alpha_of(*alg)),
-                            alpha_of(*alg)
-                        ),
-                        color: method_color(*alg),
-                        points: h[i].steps(-half, half),
-                        band: Vec::new(),
-                    })
-                    .collect(),
-            })
-            .collect();
+        let panels = tail_panels(&per_method, &alphas, half, &alpha_of);
         for (i, title) in DIFFICULTY.iter().enumerate() {
             for (alg, h) in &per_method {
                 table.row([

@@ -17,6 +17,7 @@ pub mod table;
 /// The paper's reported Table 1 (`paper/table1.csv`; its source is in `paper/README.md`).
 pub const PAPER_TABLE1: &str = include_str!("../../paper/table1.csv");
 
+use crate::files::{AtPath, PathIoError};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -29,12 +30,8 @@ use table::{Align::Left, Align::Right, Table};
 
 #[derive(Debug, thiserror::Error)]
 pub enum ReportError {
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIoError),
     #[error("{path}: {reason}")]
     Invalid { path: PathBuf, reason: String },
     #[error(transparent)]
@@ -83,13 +80,9 @@ impl RunResult {
 
 /// Every run directory under `root` (a `results/<scale>` directory) that has evaluations.
 pub fn load_results(root: &Path) -> Result<Vec<RunResult>> {
-    let io = |path: &Path, e| ReportError::Io {
-        path: path.to_owned(),
-        source: e,
-    };
     let mut out = Vec::new();
     let mut dirs: Vec<PathBuf> = std::fs::read_dir(root)
-        .map_err(|e| io(root, e))?
+        .at(root)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.is_dir())
         .collect();
@@ -100,11 +93,11 @@ pub fn load_results(root: &Path) -> Result<Vec<RunResult>> {
         if !manifest.exists() || !evals.exists() {
             continue;
         }
-        let text = crate::files::read_to_string(&manifest).map_err(|e| io(&manifest, e))?;
+        let text = crate::files::read_to_string(&manifest).at(&manifest)?;
         let exp = Experiment::from_yaml(&text, &manifest)?;
         let mut summaries = Vec::new();
         for (i, line) in crate::files::read_to_string(&evals)
-            .map_err(|e| io(&evals, e))?
+            .at(&evals)?
             .lines()
             .enumerate()
         {
@@ -150,10 +143,7 @@ pub fn load_metrics(dir: &Path) -> Result<Vec<BTreeMap<String, f64>>> {
     if !path.exists() {
         return Ok(Vec::new());
     }
-    let text = crate::files::read_to_string(&path).map_err(|source| ReportError::Io {
-        path: path.clone(),
-        source,
-    })?;
+    let text = crate::files::read_to_string(&path).at(&path)?;
     text.lines()
         .enumerate()
         .map(|(i, l)| {
@@ -693,10 +683,7 @@ pub fn write(
         &mut set,
     )?;
     let written = set.files();
-    set.commit().map_err(|source| ReportError::Io {
-        path: root.to_owned(),
-        source,
-    })?;
+    set.commit().at(root)?;
     Ok((shown, written))
 }
 
@@ -712,15 +699,8 @@ fn stage(
     set: &mut crate::atomic::FileSet,
 ) -> Result<String> {
     let mut shown = String::new();
-    let io = |path: PathBuf| {
-        move |source| ReportError::Io {
-            path: path.clone(),
-            source,
-        }
-    };
     let put = |set: &mut crate::atomic::FileSet, name: &str, body: &str| -> Result<()> {
-        set.write(root, name, body.as_bytes())
-            .map_err(io(root.join(name)))?;
+        set.write(root, name, body.as_bytes()).at(root.join(name))?;
         Ok(())
     };
     if artifact.wants(Artifact::Table1) {
@@ -755,7 +735,7 @@ fn stage(
     if !drawn.iter().any(|a| artifact.wants(*a)) {
         return Ok(shown);
     }
-    let staged = set.folder(figures).map_err(io(figures.to_owned()))?;
+    let staged = set.folder(figures).at(figures)?;
     if artifact.wants(Artifact::Accuracy) {
         let files = figures::accuracy(all, &staged)?;
         set.adopt(figures, files);

@@ -4,6 +4,7 @@
 //! Text is laid out by ab_glyph with a TrueType font loaded once at run time: `ACPO_FONT`, else
 //! DejaVu Sans or Arial from the usual system places.
 
+use crate::files::{AtPath, PathIoError};
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -13,12 +14,8 @@ use plotters::prelude::*;
 /// Why a figure could not be written.
 #[derive(Debug, thiserror::Error)]
 pub enum PlotError {
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIoError),
     #[error("{path}: {reason}")]
     Draw { path: PathBuf, reason: String },
 }
@@ -468,94 +465,103 @@ fn draw_panels<DB: DrawingBackend>(
     for ((area, p), legend) in areas.iter().zip(panels).zip(&legends.panels) {
         let (area, below) = area.split_vertically(PANEL_H);
         legend.draw(&below)?;
-        let (x0, x1, y0, y1) = p.extent();
-        let pad = if p.log_y { 0.0 } else { 0.05 * (y1 - y0) };
-        let (floor, top) = if p.log_y {
-            (y0, y1 * 1.5)
-        } else {
-            (y0 - pad, y1 + pad)
-        };
-        let (ticks, step) = p.x_ticks.positions(x0, x1);
-        let mut builder = ChartBuilder::on(&area);
-        builder
-            .caption(&p.title, ("sans-serif", 20))
-            .margin(12)
-            .x_label_area_size(40)
-            .y_label_area_size(80);
-        macro_rules! finish {
-            ($chart:expr) => {{
-                let mut chart = $chart;
-                chart
-                    .configure_mesh()
-                    .x_desc(p.x_desc.as_str())
-                    .y_desc(p.y_desc.as_str())
-                    .label_style(("sans-serif", 14))
-                    .axis_desc_style(("sans-serif", 15))
-                    // a light major grid only: the data, not the grid, is what the eye meets
-                    .bold_line_style(BLACK.mix(0.12))
-                    .light_line_style(TRANSPARENT)
-                    .x_label_formatter(&|x: &f64| p.x_ticks.label(*x, step))
-                    .y_label_formatter(&|y: &f64| {
-                        // Log axes span decades: 1e-6, not 0.0000009999999.
-                        if p.log_y && (*y < 1e-2 || *y >= 1e4) {
-                            format!("{y:.0e}")
-                        } else {
-                            format!("{}", (*y * 1e4).round() / 1e4)
-                        }
-                    })
-                    .draw()
-                    .map_err(|e| e.to_string())?;
-                for &x in &p.marks {
-                    let dash = DashedLineSeries::new(
-                        [(x, floor), (x, top)],
-                        6,
-                        4,
-                        BLACK.mix(0.6).stroke_width(1),
-                    );
-                    chart.draw_series(dash).map_err(|e| e.to_string())?;
-                }
-                for (shape, color) in band_shapes(p, x1 - x0) {
-                    let drawn = match shape {
-                        BandShape::Bar(line) => {
-                            chart.draw_series([PathElement::new(line, color.stroke_width(1))])
-                        }
-                        BandShape::Area(outline) => {
-                            chart.draw_series([Polygon::new(outline, color.mix(0.18).filled())])
-                        }
-                    };
-                    drawn.map_err(|e| e.to_string())?;
-                }
-                for s in &p.series {
-                    let points: Vec<(f64, f64)> = s
-                        .points
-                        .iter()
-                        .copied()
-                        .filter(|(x, y)| {
-                            *x >= x0 && *x <= x1 && (!p.log_y || p.zero_at_axis || *y > 0.0)
-                        })
-                        .map(|(x, y)| (x, if p.log_y && y <= 0.0 { floor } else { y }))
-                        .collect();
-                    chart
-                        .draw_series(LineSeries::new(points, s.color.stroke_width(2)))
-                        .map_err(|e| e.to_string())?;
-                }
-            }};
-        }
-        let x_axis = TickedAxis {
-            inner: (x0..x1).into(),
-            ticks,
-        };
-        if p.log_y {
-            finish!(builder
-                .build_cartesian_2d(x_axis, (y0..y1 * 1.5).log_scale())
-                .map_err(|e| e.to_string())?);
-        } else {
-            finish!(builder
-                .build_cartesian_2d(x_axis, (y0 - pad)..(y1 + pad))
-                .map_err(|e| e.to_string())?);
-        }
+        draw_panel(&area, p)?;
     }
     root.present().map_err(|e| e.to_string())
+}
+
+/// One panel: its axes (log or linear y), marks, bands and series.
+fn draw_panel<DB: DrawingBackend>(
+    area: &DrawingArea<DB, Shift>,
+    p: &Panel,
+) -> std::result::Result<(), String> {
+    let (x0, x1, y0, y1) = p.extent();
+    let pad = if p.log_y { 0.0 } else { 0.05 * (y1 - y0) };
+    let (floor, top) = if p.log_y {
+        (y0, y1 * 1.5)
+    } else {
+        (y0 - pad, y1 + pad)
+    };
+    let (ticks, step) = p.x_ticks.positions(x0, x1);
+    let mut builder = ChartBuilder::on(area);
+    builder
+        .caption(&p.title, ("sans-serif", 20))
+        .margin(12)
+        .x_label_area_size(40)
+        .y_label_area_size(80);
+    macro_rules! finish {
+        ($chart:expr) => {{
+            let mut chart = $chart;
+            chart
+                .configure_mesh()
+                .x_desc(p.x_desc.as_str())
+                .y_desc(p.y_desc.as_str())
+                .label_style(("sans-serif", 14))
+                .axis_desc_style(("sans-serif", 15))
+                // a light major grid only: the data, not the grid, is what the eye meets
+                .bold_line_style(BLACK.mix(0.12))
+                .light_line_style(TRANSPARENT)
+                .x_label_formatter(&|x: &f64| p.x_ticks.label(*x, step))
+                .y_label_formatter(&|y: &f64| {
+                    // Log axes span decades: 1e-6, not 0.0000009999999.
+                    if p.log_y && (*y < 1e-2 || *y >= 1e4) {
+                        format!("{y:.0e}")
+                    } else {
+                        format!("{}", (*y * 1e4).round() / 1e4)
+                    }
+                })
+                .draw()
+                .map_err(|e| e.to_string())?;
+            for &x in &p.marks {
+                let dash = DashedLineSeries::new(
+                    [(x, floor), (x, top)],
+                    6,
+                    4,
+                    BLACK.mix(0.6).stroke_width(1),
+                );
+                chart.draw_series(dash).map_err(|e| e.to_string())?;
+            }
+            for (shape, color) in band_shapes(p, x1 - x0) {
+                let drawn = match shape {
+                    BandShape::Bar(line) => {
+                        chart.draw_series([PathElement::new(line, color.stroke_width(1))])
+                    }
+                    BandShape::Area(outline) => {
+                        chart.draw_series([Polygon::new(outline, color.mix(0.18).filled())])
+                    }
+                };
+                drawn.map_err(|e| e.to_string())?;
+            }
+            for s in &p.series {
+                let points: Vec<(f64, f64)> = s
+                    .points
+                    .iter()
+                    .copied()
+                    .filter(|(x, y)| {
+                        *x >= x0 && *x <= x1 && (!p.log_y || p.zero_at_axis || *y > 0.0)
+                    })
+                    .map(|(x, y)| (x, if p.log_y && y <= 0.0 { floor } else { y }))
+                    .collect();
+                chart
+                    .draw_series(LineSeries::new(points, s.color.stroke_width(2)))
+                    .map_err(|e| e.to_string())?;
+            }
+        }};
+    }
+    let x_axis = TickedAxis {
+        inner: (x0..x1).into(),
+        ticks,
+    };
+    if p.log_y {
+        finish!(builder
+            .build_cartesian_2d(x_axis, (y0..y1 * 1.5).log_scale())
+            .map_err(|e| e.to_string())?);
+    } else {
+        finish!(builder
+            .build_cartesian_2d(x_axis, (y0 - pad)..(y1 + pad))
+            .map_err(|e| e.to_string())?);
+    }
+    Ok(())
 }
 
 /// Writes `<stem>.png` and `<stem>.svg`; returns both paths.
@@ -569,10 +575,7 @@ pub fn write_figure(
     let rows = panels.len().div_ceil(cols).max(1);
     let (png, svg) = (stem.with_extension("png"), stem.with_extension("svg"));
     if let Some(dir) = stem.parent() {
-        std::fs::create_dir_all(dir).map_err(|source| PlotError::Io {
-            path: dir.to_owned(),
-            source,
-        })?;
+        std::fs::create_dir_all(dir).at(dir)?;
     }
     let fail = |path: &Path, reason: String| PlotError::Draw {
         path: path.to_owned(),
@@ -608,10 +611,7 @@ pub fn write_figure(
     )
     .map_err(|e| fail(&png, e))?;
     for (tmp, path) in [(&svg_tmp, &svg), (&png_tmp, &png)] {
-        crate::atomic::commit(tmp, path).map_err(|source| PlotError::Io {
-            path: path.clone(),
-            source,
-        })?;
+        crate::atomic::commit(tmp, path).at(path)?;
     }
     Ok(vec![png, svg])
 }

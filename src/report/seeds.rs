@@ -316,6 +316,30 @@ fn bound(i: &Interval, digits: usize) -> String {
         .map_or("—".into(), |u| format!("gain < {u:+.digits$}"))
 }
 
+/// Verdicts counted per claim, the claims in the order first met: reproduced, contradicted,
+/// bounded below the paper's size, not resolved.
+#[derive(Default)]
+struct Tally(Vec<(&'static str, [usize; 4])>);
+
+impl Tally {
+    fn count(&mut self, claim: &'static str, verdict: &str) {
+        let i = match verdict {
+            "reproduced" => 0,
+            "contradicted" => 1,
+            "bounded below the paper's size" => 2,
+            _ => 3,
+        };
+        match self.0.iter_mut().find(|(c, _)| *c == claim) {
+            Some((_, t)) => t[i] += 1,
+            None => {
+                let mut t = [0; 4];
+                t[i] = 1;
+                self.0.push((claim, t));
+            }
+        }
+    }
+}
+
 /// verdict.md (issue #22, item 5): for each claim of the paper that seeds can test, per
 /// matched pair, what the runs say at 95 %: "reproduced" when the interval of the paired
 /// difference lies above 0 in the paper's direction, "contradicted" when below, "not resolved"
@@ -331,23 +355,7 @@ pub fn verdict_markdown(all: &[PairStats]) -> String {
         ("paper's size", Right),
         ("verdict", Left),
     ]);
-    let mut tally: Vec<(&str, [usize; 4])> = Vec::new();
-    let mut count = |claim: &'static str, verdict: &str| {
-        let i = match verdict {
-            "reproduced" => 0,
-            "contradicted" => 1,
-            "bounded below the paper's size" => 2,
-            _ => 3,
-        };
-        match tally.iter_mut().find(|(c, _)| *c == claim) {
-            Some((_, t)) => t[i] += 1,
-            None => {
-                let mut t = [0; 4];
-                t[i] = 1;
-                tally.push((claim, t));
-            }
-        }
-    };
+    let mut tally = Tally::default();
     const ACCURACY: &str = "higher weighted accuracy (Table 1)";
     const SPEED: &str = "reaches the baseline's best in fewer steps (§5.3)";
     const ENTROPY: &str = "slower entropy collapse (Fig. 2)";
@@ -355,7 +363,7 @@ pub fn verdict_markdown(all: &[PairStats]) -> String {
         let base = p.baseline.paper_name();
         let effect = paper_effect(p.baseline);
         let v = direction(&p.best_diff, Some(effect));
-        count(ACCURACY, v);
+        tally.count(ACCURACY, v);
         t.row([
             ACCURACY.into(),
             p.model.clone(),
@@ -374,7 +382,7 @@ pub fn verdict_markdown(all: &[PairStats]) -> String {
             Some(pv) if pv < 0.05 && not_sooner > sooner => "contradicted",
             _ => "not resolved",
         };
-        count(SPEED, v);
+        tally.count(SPEED, v);
         t.row([
             SPEED.into(),
             p.model.clone(),
@@ -396,7 +404,7 @@ pub fn verdict_markdown(all: &[PairStats]) -> String {
         if let Some(e) = &p.entropy_diff {
             // the paper gives no size for the entropy gap: a bound, no equivalence verdict
             let v = direction(e, None);
-            count(ENTROPY, v);
+            tally.count(ENTROPY, v);
             t.row([
                 ENTROPY.into(),
                 p.model.clone(),
@@ -411,7 +419,7 @@ pub fn verdict_markdown(all: &[PairStats]) -> String {
     }
     let mut s = t.to_string();
     s.push('\n');
-    for (claim, [yes, no, below, open]) in tally {
+    for (claim, [yes, no, below, open]) in tally.0 {
         s.push_str(&format!(
             "- {claim}: reproduced in {yes}, contradicted in {no}, bounded below the paper's size in {below}, not resolved in {open} of {} pairs.\n",
             yes + no + below + open

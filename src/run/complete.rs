@@ -12,6 +12,7 @@
 //! - `eval.jsonl` holds one evaluation per step of the manifest's schedule
 //!   ([`crate::manifest::TrainerSpec::evaluates_at`]), in order.
 
+use crate::files::{AtPath, PathIoError};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -37,22 +38,11 @@ pub enum RunsError {
     },
     #[error(transparent)]
     Manifest(#[from] ManifestError),
-    #[error("{}: {source}", path.display())]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIoError),
 }
 
 type Result<T> = std::result::Result<T, RunsError>;
-
-fn io<T>(path: &Path, r: std::io::Result<T>) -> Result<T> {
-    r.map_err(|source| RunsError::Io {
-        path: path.to_owned(),
-        source,
-    })
-}
 
 /// A run directory of a folder, with the manifest it holds.
 #[derive(Debug, Clone)]
@@ -64,7 +54,8 @@ pub struct Found {
 /// Every run directory directly under `root` (one holding a `manifest.yaml`), by name; a
 /// manifest that does not parse is an error naming it.
 pub fn runs_in(root: &Path) -> Result<Vec<Found>> {
-    let mut dirs: Vec<PathBuf> = io(root, std::fs::read_dir(root))?
+    let mut dirs: Vec<PathBuf> = std::fs::read_dir(root)
+        .at(root)?
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|p| p.is_dir())
         .collect();
@@ -75,7 +66,7 @@ pub fn runs_in(root: &Path) -> Result<Vec<Found>> {
         if !manifest.exists() {
             continue;
         }
-        let text = io(&manifest, crate::files::read_to_string(&manifest))?;
+        let text = crate::files::read_to_string(&manifest).at(&manifest)?;
         let exp = Experiment::from_yaml(&text, &manifest)?;
         out.push(Found { dir, exp });
     }

@@ -25,6 +25,7 @@
 //! share its runs, which live in `<results>/sweeps/baselines/` for every sweep to reuse. Paths in
 //! the spec are relative to the working directory, like a manifest's.
 
+use crate::files::{AtPath, PathIoError};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -58,15 +59,11 @@ pub enum SweepError {
     Report(#[from] ReportError),
     #[error(transparent)]
     Reproduce(#[from] crate::reproduce::ReproduceError),
-    #[error("{}: {source}", path.display())]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIoError),
 }
 
-type Result<T> = std::result::Result<T, SweepError>;
+pub type Result<T> = std::result::Result<T, SweepError>;
 
 /// The most runs one spec may plan (its grid points × seeds): one bound with `reproduce`'s.
 pub use crate::reproduce::MAX_RUNS;
@@ -131,10 +128,7 @@ impl GridValue {
 impl Spec {
     /// Reads and checks a spec: one clear error naming the field for anything wrong.
     pub fn load(path: &Path) -> Result<Spec> {
-        let text = crate::files::read_to_string(path).map_err(|source| SweepError::Io {
-            path: path.to_owned(),
-            source,
-        })?;
+        let text = crate::files::read_to_string(path).at(path)?;
         let spec: Spec = serde_saphyr::from_str(&text).map_err(|e| SweepError::Parse {
             path: path.to_owned(),
             reason: e.to_string(),
@@ -207,14 +201,6 @@ impl Spec {
 /// with one baseline manifest (the study's ACPO, CISPO and GSPO sweeps of a family) train each
 /// of its runs once.
 pub const BASELINES: &str = "baselines";
-
-/// The fields that set the off-policy degree, the policy updates per training step
-/// ([`crate::manifest::ActorSpec::updates_per_step`]): a comparison's columns.
-pub(crate) const DEGREE_FIELDS: [&str; 3] = [
-    "actor.mini_batch_size",
-    "actor.epochs",
-    "trainer.batch_size",
-];
 
 fn valid_name(name: &str) -> bool {
     !name.is_empty()
@@ -289,12 +275,7 @@ pub fn load_all(paths: &[PathBuf]) -> Result<Vec<Sweep>> {
 /// `<sweep>-p<k>`; a baseline's keep the baseline manifest's name, so that sweeps sharing it
 /// share its runs (their fingerprints tell its variants apart).
 pub fn plan(spec: &Spec, spec_path: &Path) -> Result<Vec<Variant>> {
-    let read = |p: &Path| {
-        crate::files::read_to_string(p).map_err(|source| SweepError::Io {
-            path: p.to_owned(),
-            source,
-        })
-    };
+    let read = |p: &Path| crate::files::read_to_string(p).at(p);
     let base = read(&spec.base)?;
     let baseline = spec.baseline.as_deref().map(read).transpose()?;
     let mut out = Vec::new();
@@ -514,10 +495,7 @@ pub fn run(
 
 /// Writes `dir/name` atomically, creating `dir`.
 fn put(dir: &Path, name: &str, text: &str) -> Result<PathBuf> {
-    crate::atomic::write_in(dir, name, text.as_bytes()).map_err(|source| SweepError::Io {
-        path: dir.join(name),
-        source,
-    })
+    Ok(crate::atomic::write_in(dir, name, text.as_bytes())?)
 }
 
 #[cfg(test)]

@@ -5,7 +5,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::points::PointResult;
-use super::{GridValue, Result, Spec, Sweep, SweepError, DEGREE_FIELDS};
+use super::{GridValue, Result, Spec, Sweep, SweepError};
 use crate::algo::clip::ClipFamily;
 use crate::report::figures::method_color;
 use crate::report::plot::{shade, tint, write_figure, Panel, Series, Ticks, PALETTE};
@@ -16,6 +16,14 @@ use crate::report::ReportError;
 fn plain(i: &Option<Interval>) -> String {
     i.as_ref().map_or("—".into(), |i| i.show_unsigned(1))
 }
+
+/// The fields that set the off-policy degree, the policy updates per training step
+/// ([`crate::manifest::ActorSpec::updates_per_step`]): a comparison's columns.
+const DEGREE_FIELDS: [&str; 3] = [
+    "actor.mini_batch_size",
+    "actor.epochs",
+    "trainer.batch_size",
+];
 
 /// A share in % of tokens, with two decimals (a clip often acts on a few tokens in ten
 /// thousand).

@@ -2,10 +2,11 @@
 //! the step, so a run resumes bit-identically. A checkpoint is assembled under a `.tmp` name
 //! and renamed when complete: it is complete or absent.
 
+use crate::files::AtPath;
 use serde::{Deserialize, Serialize};
 
 use super::batch::DataCursor;
-use super::{io, write_atomic, Result, TrainError};
+use super::{Result, TrainError};
 use crate::model::{init, Params, QwenConfig};
 use crate::optim::AdamW;
 use crate::run::{Checkpoint, RunDir};
@@ -36,13 +37,13 @@ pub(super) fn save(
     let done = run.checkpoint(state.step);
     let tmp = done.staging();
     if tmp.path().exists() {
-        io(tmp.path(), std::fs::remove_dir_all(tmp.path()))?;
+        std::fs::remove_dir_all(tmp.path()).at(tmp.path())?;
     }
-    io(tmp.path(), std::fs::create_dir_all(tmp.policy()))?;
+    std::fs::create_dir_all(tmp.policy()).at(tmp.path())?;
     init::save_model(models.cfg, models.policy, &tmp.policy())?;
     actor_opt.save(&tmp.actor_optim())?;
     if let (Some(c), Some(o)) = (models.critic, critic_opt) {
-        io(tmp.path(), std::fs::create_dir_all(tmp.critic()))?;
+        std::fs::create_dir_all(tmp.critic()).at(tmp.path())?;
         init::save_model(models.cfg, c, &tmp.critic())?;
         o.save(&tmp.critic_optim())?;
     }
@@ -50,11 +51,11 @@ pub(super) fn save(
         path: tmp.state(),
         source,
     })?;
-    write_atomic(&tmp.state(), json.as_bytes())?;
+    crate::atomic::write(&tmp.state(), json.as_bytes())?;
     if done.path().exists() {
-        io(done.path(), std::fs::remove_dir_all(done.path()))?;
+        std::fs::remove_dir_all(done.path()).at(done.path())?;
     }
-    io(done.path(), crate::atomic::commit(tmp.path(), done.path()))
+    Ok(crate::atomic::commit(tmp.path(), done.path()).at(done.path())?)
 }
 
 /// Loads a checkpoint of the manifest with fingerprint `fp` into the models and optimizers.
@@ -66,7 +67,7 @@ pub(super) fn restore(
     critic_opt: Option<&mut AdamW>,
 ) -> Result<CheckpointState> {
     let path = ckpt.state();
-    let state: CheckpointState = serde_json::from_slice(&io(&path, crate::files::read(&path))?)
+    let state: CheckpointState = serde_json::from_slice(&crate::files::read(&path).at(&path)?)
         .map_err(|source| TrainError::Json {
             path: path.clone(),
             source,

@@ -1,11 +1,12 @@
 //! Created models (smoke and mini scales): a model directory made from the manifest's
 //! `model.init` (random weights, a tokenizer, the warm start), cached by fingerprint.
 
+use crate::files::AtPath;
 use std::path::Path;
 
 use serde::Serialize;
 
-use super::{io, warm_start, write_atomic, Event, Result, TrainError};
+use super::{warm_start, Event, Result, TrainError};
 use crate::data;
 use crate::manifest::Experiment;
 use crate::model::tokenizer::Tokenizer;
@@ -28,7 +29,7 @@ pub struct InitRecord {
 /// SHA-256 over what determines a created model: the config file's JSON, seed, tokenizer,
 /// warm start and the synthetic task's version. Paths do not count.
 pub fn init_fingerprint(init: &crate::model::init::ModelInitSpec) -> Result<String> {
-    let text = io(&init.config, crate::files::read_to_string(&init.config))?;
+    let text = crate::files::read_to_string(&init.config).at(&init.config)?;
     let config: serde_json::Value =
         serde_json::from_str(&text).map_err(|source| TrainError::Json {
             path: init.config.clone(),
@@ -40,7 +41,7 @@ pub fn init_fingerprint(init: &crate::model::init::ModelInitSpec) -> Result<Stri
             let dir = init::tokenizer_dir(files)?;
             let mut digest = <sha2::Sha256 as sha2::Digest>::new();
             for f in init::TOKENIZER_FILES {
-                let bytes = io(&dir.join(f), crate::files::read(dir.join(f)))?;
+                let bytes = crate::files::read(dir.join(f)).at(dir.join(f))?;
                 sha2::Digest::update(&mut digest, &bytes);
             }
             serde_json::json!({
@@ -70,10 +71,7 @@ pub fn ensure_model(exp: &Experiment, mut on_event: impl FnMut(Event<'_>)) -> Re
     };
     let fp = init_fingerprint(init)?;
     // Runs side by side that share this model wait for the one creating it, then check it.
-    let _lock = lock::acquire(dir, lock::Wait::Block).map_err(|source| TrainError::Io {
-        path: lock::path_for(dir),
-        source,
-    })?;
+    let _lock = lock::acquire(dir, lock::Wait::Block).at(lock::path_for(dir))?;
     if dir.exists() {
         return check_created_model(dir, &fp);
     }
@@ -82,7 +80,7 @@ pub fn ensure_model(exp: &Experiment, mut on_event: impl FnMut(Event<'_>)) -> Re
         .map_or_else(|| "model".into(), |n| n.to_string_lossy().into_owned());
     let tmp = dir.with_file_name(format!("{name}.partial"));
     if tmp.exists() {
-        io(&tmp, std::fs::remove_dir_all(&tmp))?;
+        std::fs::remove_dir_all(&tmp).at(&tmp)?;
     }
     let params = init::write_random_model(&init.config, &tmp, init.seed)?;
     let cfg = QwenConfig::load(&tmp.join("config.json"))?;
@@ -126,9 +124,9 @@ pub fn ensure_model(exp: &Experiment, mut on_event: impl FnMut(Event<'_>)) -> Re
         created_utc: utc(now_unix()),
     };
     let json = serde_json::to_string(&record).expect("invariant: an init record is JSON");
-    write_atomic(&tmp.join("init.json"), json.as_bytes())?;
+    crate::atomic::write(&tmp.join("init.json"), json.as_bytes())?;
     crate::archive::write_sums(&tmp)?;
-    io(dir, crate::atomic::commit(&tmp, dir))
+    Ok(crate::atomic::commit(&tmp, dir).at(dir)?)
 }
 
 fn check_created_model(dir: &Path, fp: &str) -> Result<()> {

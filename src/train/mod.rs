@@ -26,6 +26,7 @@ pub mod step;
 pub mod update;
 pub mod warm_start;
 
+use crate::files::{AtPath, PathIoError};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
@@ -60,12 +61,8 @@ pub enum TrainError {
     Archive(#[from] crate::archive::ArchiveError),
     #[error(transparent)]
     Manifest(#[from] crate::manifest::ManifestError),
-    #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
+    #[error(transparent)]
+    Io(#[from] PathIoError),
     #[error("{path}: {source}")]
     Json {
         path: PathBuf,
@@ -150,19 +147,17 @@ pub enum Event<'a> {
     },
 }
 
-fn io<T>(path: &Path, r: std::io::Result<T>) -> Result<T> {
-    r.map_err(|source| TrainError::Io {
-        path: path.to_owned(),
-        source,
-    })
-}
-
-fn write_atomic(path: &Path, bytes: &[u8]) -> Result<()> {
-    io(path, crate::atomic::write(path, bytes))
-}
-
 fn to_json<T: serde::Serialize>(value: &T) -> String {
     serde_json::to_string(value).expect("invariant: metrics, summaries and tails are JSON")
+}
+
+/// Where a run stands: its checkpointed state (step, data cursor), the step it resumed from,
+/// and the lines of `metrics.jsonl` and `eval.jsonl` so far.
+struct Ledger {
+    state: CheckpointState,
+    resumed_from: Option<usize>,
+    metrics_lines: Vec<String>,
+    eval_lines: Vec<String>,
 }
 
 /// Everything one run needs in memory.
@@ -251,23 +246,20 @@ impl Trainer {
         let eos = load::eos_ids(&cfg, &tokenizer);
         let run = RunDir::of(exp, &opts.out_root);
         let lock = lock::acquire(run.path(), lock::Wait::NoWait)
-            .map_err(|source| TrainError::Io {
-                path: lock::path_for(run.path()),
-                source,
-            })?
+            .at(lock::path_for(run.path()))?
             .ok_or_else(|| TrainError::Busy {
                 dir: run.path().to_owned(),
                 lock: lock::path_for(run.path()),
             })?;
-        let has_ckpt = io(run.path(), run.latest_checkpoint())?.is_some();
+        let has_ckpt = run.latest_checkpoint().at(run.path())?.is_some();
         if run.metrics().exists() && !opts.resume && has_ckpt {
             return Err(TrainError::AlreadyTrained {
                 dir: run.path().to_owned(),
             });
         }
-        io(run.path(), std::fs::create_dir_all(run.checkpoints()))?;
-        write_atomic(&run.manifest(), manifest_text.as_bytes())?;
-        write_atomic(&run.fingerprint(), exp.fingerprint().as_bytes())?;
+        std::fs::create_dir_all(run.checkpoints()).at(run.path())?;
+        crate::atomic::write(&run.manifest(), manifest_text.as_bytes())?;
+        crate::atomic::write(&run.fingerprint(), exp.fingerprint().as_bytes())?;
         Ok(Trainer {
             exp: exp.clone(),
             cfg,
@@ -319,6 +311,43 @@ impl Trainer {
         opts: &TrainOptions,
         on_event: &mut dyn FnMut(Event<'_>),
     ) -> Result<TrainSummary> {
+        let mut ledger = self.resume(opts.resume)?;
+        let total = self.exp.trainer.total_steps;
+        let stop_at = opts
+            .max_steps
+            .map_or(total, |m| (ledger.state.step + m).min(total));
+        let mut prov = self.provenance(ledger.state.step, ledger.resumed_from.is_some());
+        crate::atomic::write(&self.run.provenance(), pretty(&prov).as_bytes())?;
+        on_event(Event::Start {
+            step: ledger.state.step,
+            total,
+        });
+        let fresh = ledger.state.step == 0 && ledger.resumed_from.is_none();
+        if fresh && self.exp.trainer.evaluates_at_start() {
+            let accuracy = self.evaluate(0, opts, &mut ledger.eval_lines)?.0;
+            on_event(Event::Eval {
+                step: 0,
+                weighted_accuracy: accuracy,
+            });
+        }
+        while ledger.state.step < stop_at {
+            ledger.state.step += 1;
+            self.step(&mut ledger, opts, stop_at, on_event)?;
+        }
+        prov.finish(ledger.state.step);
+        crate::atomic::write(&self.run.provenance(), pretty(&prov).as_bytes())?;
+        // Checksums over everything the run wrote (acpo verify <run dir>).
+        crate::archive::write_sums(self.run.path())?;
+        Ok(TrainSummary {
+            dir: self.run.path().to_owned(),
+            steps_done: ledger.state.step,
+            resumed_from: ledger.resumed_from,
+        })
+    }
+
+    /// Where training starts: step 0, or (with `resume`) the latest checkpoint, its models and
+    /// optimizers restored; the run's lines after that point dropped.
+    fn resume(&mut self, resume: bool) -> Result<Ledger> {
         let fp = self.exp.fingerprint();
         let mut state = CheckpointState {
             step: 0,
@@ -326,10 +355,10 @@ impl Trainer {
             fingerprint: fp.clone(),
         };
         let mut resumed_from = None;
-        let mut metrics_lines = io(&self.run.metrics(), run::read_lines(&self.run.metrics()))?;
-        let mut eval_lines = io(&self.run.eval(), run::read_lines(&self.run.eval()))?;
-        let checkpoint = match opts.resume {
-            true => io(self.run.path(), self.run.latest_checkpoint())?,
+        let mut metrics_lines = run::read_lines(&self.run.metrics()).at(self.run.metrics())?;
+        let mut eval_lines = run::read_lines(&self.run.eval()).at(self.run.eval())?;
+        let checkpoint = match resume {
+            true => self.run.latest_checkpoint().at(self.run.path())?,
             false => None,
         };
         if let Some((_, ckpt)) = checkpoint {
@@ -354,90 +383,79 @@ impl Trainer {
         metrics_lines.retain(kept);
         eval_lines.retain(kept);
         self.drop_tails_after(step)?;
+        Ok(Ledger {
+            state,
+            resumed_from,
+            metrics_lines,
+            eval_lines,
+        })
+    }
+
+    /// Training step `ledger.state.step` and what is written after it: the evaluation when
+    /// the schedule has one, then the step's metrics line (with the evaluation's time), its
+    /// tails, then the checkpoint: the line is on disk before the checkpoint that a resume
+    /// starts from.
+    fn step(
+        &mut self,
+        ledger: &mut Ledger,
+        opts: &TrainOptions,
+        stop_at: usize,
+        on_event: &mut dyn FnMut(Event<'_>),
+    ) -> Result<()> {
+        let step = ledger.state.step;
+        let (metrics, tails) = self.train_step(step, &mut ledger.state.cursor)?;
+        let mut metrics = metrics.to_verl();
+        let mut after = metrics::PhaseClock::start(&self.device);
+        let eval = if self.exp.trainer.evaluates_at(step) {
+            let (accuracy, tokens) = self.evaluate(step, opts, &mut ledger.eval_lines)?;
+            after.lap("testing", Some(tokens));
+            Some(accuracy)
+        } else {
+            None
+        };
+        metrics.extend(after.phases().metrics());
+        ledger.metrics_lines.push(to_json(&metrics));
+        self.write_metrics(&ledger.metrics_lines)?;
+        if let Some(t) = tails {
+            std::fs::create_dir_all(self.run.tails_dir()).at(self.run.tails_dir())?;
+            crate::atomic::write(&self.run.tails(step), to_json(&t).as_bytes())?;
+        }
         let total = self.exp.trainer.total_steps;
-        let stop_at = opts
-            .max_steps
-            .map_or(total, |m| (state.step + m).min(total));
-        let mut prov = self.provenance(state.step, resumed_from.is_some());
-        write_atomic(&self.run.provenance(), pretty(&prov).as_bytes())?;
-        on_event(Event::Start {
-            step: state.step,
+        on_event(Event::Step {
+            step,
             total,
+            metrics: &metrics,
         });
-        if state.step == 0 && resumed_from.is_none() && self.exp.trainer.evaluates_at_start() {
-            let accuracy = self.evaluate(0, opts, &mut eval_lines)?.0;
+        if let Some(accuracy) = eval {
             on_event(Event::Eval {
-                step: 0,
+                step,
                 weighted_accuracy: accuracy,
             });
         }
-        while state.step < stop_at {
-            state.step += 1;
-            let step = state.step;
-            let (metrics, tails) = self.train_step(step, &mut state.cursor)?;
-            let mut metrics = metrics.to_verl();
-            // Evaluation, then the step's line (with the evaluation's time), then the
-            // checkpoint: the line is on disk before the checkpoint that a resume starts from.
-            let mut after = metrics::PhaseClock::start(&self.device);
-            let eval = if self.exp.trainer.evaluates_at(step) {
-                let (accuracy, tokens) = self.evaluate(step, opts, &mut eval_lines)?;
-                after.lap("testing", Some(tokens));
-                Some(accuracy)
-            } else {
-                None
-            };
-            metrics.extend(after.phases().metrics());
-            metrics_lines.push(to_json(&metrics));
-            write_atomic(
-                &self.run.metrics(),
-                run::join_lines(&metrics_lines).as_bytes(),
+        if step.is_multiple_of(self.exp.trainer.checkpoint_every) || step == stop_at {
+            checkpoint::save(
+                &self.run,
+                &ledger.state,
+                self.models(),
+                &self.actor_opt,
+                self.critic_opt.as_ref(),
             )?;
-            if let Some(t) = tails {
-                io(
-                    &self.run.tails_dir(),
-                    std::fs::create_dir_all(self.run.tails_dir()),
-                )?;
-                write_atomic(&self.run.tails(step), to_json(&t).as_bytes())?;
-            }
-            on_event(Event::Step {
-                step,
-                total,
-                metrics: &metrics,
-            });
-            if let Some(accuracy) = eval {
-                on_event(Event::Eval {
-                    step,
-                    weighted_accuracy: accuracy,
-                });
-            }
-            if step.is_multiple_of(self.exp.trainer.checkpoint_every) || step == stop_at {
-                checkpoint::save(
-                    &self.run,
-                    &state,
-                    self.models(),
-                    &self.actor_opt,
-                    self.critic_opt.as_ref(),
-                )?;
-                after.lap("save_checkpoint", None);
-                metrics.extend(after.phases().metrics());
-                *metrics_lines
-                    .last_mut()
-                    .expect("invariant: this step's line") = to_json(&metrics);
-                write_atomic(
-                    &self.run.metrics(),
-                    run::join_lines(&metrics_lines).as_bytes(),
-                )?;
-            }
+            // the step's line gains the checkpoint's time
+            after.lap("save_checkpoint", None);
+            metrics.extend(after.phases().metrics());
+            *ledger
+                .metrics_lines
+                .last_mut()
+                .expect("invariant: this step's line") = to_json(&metrics);
+            self.write_metrics(&ledger.metrics_lines)?;
         }
-        prov.finish(state.step);
-        write_atomic(&self.run.provenance(), pretty(&prov).as_bytes())?;
-        // Checksums over everything the run wrote (acpo verify <run dir>).
-        crate::archive::write_sums(self.run.path())?;
-        Ok(TrainSummary {
-            dir: self.run.path().to_owned(),
-            steps_done: state.step,
-            resumed_from,
-        })
+        Ok(())
+    }
+
+    /// `metrics.jsonl`, rewritten atomically.
+    fn write_metrics(&self, lines: &[String]) -> Result<()> {
+        crate::atomic::write(&self.run.metrics(), run::join_lines(lines).as_bytes())?;
+        Ok(())
     }
 
     /// Removes the tail histograms of steps after `step` (left by a run that went further).
@@ -446,14 +464,14 @@ impl Trainer {
         if !dir.exists() {
             return Ok(());
         }
-        for entry in io(&dir, std::fs::read_dir(&dir))? {
-            let path = io(&dir, entry)?.path();
+        for entry in std::fs::read_dir(&dir).at(&dir)? {
+            let path = entry.at(&dir)?.path();
             let later = path
                 .file_stem()
                 .and_then(|s| s.to_str()?.strip_prefix("step_")?.parse::<usize>().ok())
                 .is_some_and(|s| s > step);
             if later {
-                io(&path, std::fs::remove_file(&path))?;
+                std::fs::remove_file(&path).at(&path)?;
             }
         }
         Ok(())
@@ -491,7 +509,7 @@ impl Trainer {
             |_, _, _| {},
         )?;
         eval_lines.push(to_json(&summary));
-        write_atomic(&self.run.eval(), run::join_lines(eval_lines).as_bytes())?;
+        crate::atomic::write(&self.run.eval(), run::join_lines(eval_lines).as_bytes())?;
         let tokens = records.iter().map(|r| r.num_tokens).sum();
         Ok((summary.weighted_accuracy, tokens))
     }

@@ -43,6 +43,62 @@ pub struct WarmStartReport {
 const LOSS_WINDOW: usize = 10;
 const LOSS_EVERY: usize = 10;
 
+/// Prompts and responses, token ids.
+type Batch = (Vec<Vec<u32>>, Vec<Vec<u32>>);
+
+/// The worked solutions in the epochs' order: each epoch a seeded shuffle, its template and
+/// style alternating by epoch; solutions longer than the limit skipped.
+struct Draw<'a> {
+    items: &'a [synthetic::Item],
+    seed: u64,
+    order: Vec<usize>,
+    epoch: u64,
+    cursor: usize,
+    /// Solutions skipped since the last that fit: a limit no solution fits is an error.
+    skipped_in_row: usize,
+}
+
+impl Draw<'_> {
+    /// The next `spec.batch_size` (prompt, response) token ids, each response ending in `eos`.
+    fn batch(&mut self, tokenizer: &Tokenizer, eos: u32, spec: &WarmStartSpec) -> Result<Batch> {
+        let (items, seed) = (self.items, self.seed);
+        let (mut prompts, mut responses) = (Vec::new(), Vec::new());
+        while prompts.len() < spec.batch_size {
+            if self.cursor == self.order.len() {
+                self.epoch += 1;
+                self.order = epoch_order(items.len(), seed, self.epoch, true);
+                self.cursor = 0;
+            }
+            let index = self.order[self.cursor];
+            self.cursor += 1;
+            let template = if (index as u64 + self.epoch).is_multiple_of(2) {
+                PromptTemplate::Answer
+            } else {
+                PromptTemplate::Boxed
+            };
+            let item = &items[index];
+            let style = synthetic::style(seed, self.epoch, index);
+            let mut response = tokenizer.encode(&item.solution(template, style))?;
+            response.push(eos);
+            if response.len() > spec.max_response_length {
+                self.skipped_in_row += 1;
+                if self.skipped_in_row > items.len() {
+                    return Err(TrainError::NoSolutionFits {
+                        max_response_length: spec.max_response_length,
+                    });
+                }
+                continue;
+            }
+            self.skipped_in_row = 0;
+            let prompt =
+                crate::eval::encode_prompt(tokenizer, template, false, &item.problem.problem)?;
+            prompts.push(prompt);
+            responses.push(response);
+        }
+        Ok((prompts, responses))
+    }
+}
+
 /// Fine-tunes `params` in place; `progress(step, total, loss)` after every step.
 pub fn warm_start(
     cfg: &QwenConfig,
@@ -66,44 +122,19 @@ pub fn warm_start(
         eps: 1e-8,
     };
     let mut opt = AdamW::new(params, &optim)?;
-    let (mut order, mut epoch, mut cursor) = (epoch_order(items.len(), seed, 0, true), 0u64, 0);
+    let mut draw = Draw {
+        items: &items,
+        seed,
+        order: epoch_order(items.len(), seed, 0, true),
+        epoch: 0,
+        cursor: 0,
+        skipped_in_row: 0,
+    };
     let (mut losses, mut curve) = (Vec::with_capacity(spec.steps), Vec::new());
-    let (mut examples, mut tokens, mut skipped_in_row) = (0usize, 0usize, 0usize);
+    let (mut examples, mut tokens) = (0usize, 0usize);
     for step in 0..spec.steps {
-        let (mut prompts, mut responses) = (Vec::new(), Vec::new());
-        while prompts.len() < spec.batch_size {
-            if cursor == order.len() {
-                epoch += 1;
-                order = epoch_order(items.len(), seed, epoch, true);
-                cursor = 0;
-            }
-            let index = order[cursor];
-            cursor += 1;
-            let template = if (index as u64 + epoch).is_multiple_of(2) {
-                PromptTemplate::Answer
-            } else {
-                PromptTemplate::Boxed
-            };
-            let item = &items[index];
-            let style = synthetic::style(seed, epoch, index);
-            let mut response = tokenizer.encode(&item.solution(template, style))?;
-            response.push(eos);
-            if response.len() > spec.max_response_length {
-                skipped_in_row += 1;
-                if skipped_in_row > items.len() {
-                    return Err(TrainError::NoSolutionFits {
-                        max_response_length: spec.max_response_length,
-                    });
-                }
-                continue;
-            }
-            skipped_in_row = 0;
-            let prompt =
-                crate::eval::encode_prompt(tokenizer, template, false, &item.problem.problem)?;
-            tokens += response.len();
-            prompts.push(prompt);
-            responses.push(response);
-        }
+        let (prompts, responses) = draw.batch(tokenizer, eos, spec)?;
+        tokens += responses.iter().map(Vec::len).sum::<usize>();
         examples += prompts.len();
         let batch = layout(
             &prompts.iter().collect::<Vec<_>>(),

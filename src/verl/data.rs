@@ -6,6 +6,7 @@
 //! judges `ground_truth` with our verifier and returns `data_source` and `problem_id`, which
 //! verl's validation dumps carry to `acpo import verl`.
 
+use crate::files::AtPath;
 use std::path::{Path, PathBuf};
 
 use polars::prelude::*;
@@ -44,10 +45,7 @@ pub fn write_parquet(
             "the synthetic task has no verl parquet files (data.suite: real only)",
         ));
     }
-    std::fs::create_dir_all(dir).map_err(|source| DataError::Io {
-        path: dir.to_owned(),
-        source,
-    })?;
+    std::fs::create_dir_all(dir).at(dir)?;
     let mut written = Vec::new();
     let train = data::load(&data::dapo::SPEC, from)?;
     let path = dir.join(format!("{TRAIN_SOURCE}.parquet"));
@@ -140,15 +138,9 @@ fn write_split(
     )
     .map_err(|e| fail(path, e))?;
     let tmp = path.with_extension("parquet.tmp");
-    let file = std::fs::File::create(&tmp).map_err(|source| DataError::Io {
-        path: tmp.clone(),
-        source,
-    })?;
+    let file = std::fs::File::create(&tmp).at(&tmp)?;
     ParquetWriter::new(file)
         .finish(&mut df)
         .map_err(|e| fail(path, e))?;
-    std::fs::rename(&tmp, path).map_err(|source| DataError::Io {
-        path: path.to_owned(),
-        source,
-    })
+    Ok(std::fs::rename(&tmp, path).at(path)?)
 }

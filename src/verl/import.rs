@@ -30,6 +30,7 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::eval::{bench_result, summarize, EvalSummary};
+use crate::files::{AtPath, PathIoError};
 use crate::manifest::Experiment;
 use crate::reward::RewardKind;
 use crate::run::{metric, Provenance, RunDir};
@@ -49,11 +50,8 @@ pub enum ImportError {
         path: PathBuf,
         source: crate::jsonl::ReadError,
     },
-    #[error("cannot write {path}: {source}")]
-    Write {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    #[error("cannot write {}: {}", .0.path.display(), .0.source)]
+    Write(PathIoError),
     #[error("{path}, line {line}: {reason}")]
     Line {
         path: PathBuf,
@@ -83,10 +81,7 @@ pub struct Imported {
 }
 
 fn write(path: &Path, bytes: &[u8]) -> Result<()> {
-    crate::atomic::write(path, bytes).map_err(|source| ImportError::Write {
-        path: path.to_owned(),
-        source,
-    })
+    crate::atomic::write(path, bytes).map_err(ImportError::Write)
 }
 
 /// Whether an import may go to `out`: a new directory, or a sealed run an earlier import made
@@ -128,17 +123,10 @@ pub fn import(manifest: &Path, metrics: &Path, validation: &Path, out: &Path) ->
         .map_or(0, |&s| s as usize);
     let evals = evaluations(&exp, validation, last)?;
     destination(out)?;
-    let written = |path: &Path, r: std::io::Result<()>| {
-        r.map_err(|source| ImportError::Write {
-            path: path.to_owned(),
-            source,
-        })
-    };
-    let staged =
-        crate::atomic::StagedDir::new(out, "import").map_err(|source| ImportError::Write {
-            path: crate::atomic::staging(out, "import"),
-            source,
-        })?;
+    let written = |path: &Path, r: std::io::Result<()>| r.at(path).map_err(ImportError::Write);
+    let staged = crate::atomic::StagedDir::new(out, "import")
+        .at(crate::atomic::staging(out, "import"))
+        .map_err(ImportError::Write)?;
     let stage = staged.path().to_owned();
     let run = RunDir::at(&stage);
     let text = crate::files::read_to_string(manifest).map_err(|source| ImportError::Read {

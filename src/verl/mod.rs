@@ -23,6 +23,7 @@ use std::path::{Path, PathBuf};
 
 use crate::algo::method::{LossAggMode, PolicyClip};
 use crate::data::DataSuite;
+use crate::files::{AtPath, PathIoError};
 use crate::manifest::raw;
 use crate::model::spec::{DType, Device};
 use crate::report::table::{Align::Left, Table};
@@ -202,11 +203,8 @@ pub enum ExportError {
     Flag(String),
     #[error("{path}: {reason}")]
     Invalid { path: PathBuf, reason: String },
-    #[error("cannot write {path}: {source}")]
-    Write {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    #[error("cannot write {}: {}", .0.path.display(), .0.source)]
+    Write(PathIoError),
     #[error(transparent)]
     Manifest(#[from] crate::manifest::ManifestError),
     #[error(transparent)]
@@ -256,26 +254,17 @@ pub fn export(
         });
     }
     let launch = launch(&raw, target);
-    let written = |path: &Path, r: std::io::Result<()>| {
-        r.map_err(|source| ExportError::Write {
-            path: path.to_owned(),
-            source,
-        })
-    };
-    let staged =
-        crate::atomic::StagedDir::new(out, "export").map_err(|source| ExportError::Write {
-            path: crate::atomic::staging(out, "export"),
-            source,
-        })?;
+    let written = |path: &Path, r: std::io::Result<()>| r.at(path).map_err(ExportError::Write);
+    let staged = crate::atomic::StagedDir::new(out, "export")
+        .at(crate::atomic::staging(out, "export"))
+        .map_err(ExportError::Write)?;
     let stage = staged.path().to_owned();
     let script = stage.join("launch.sh");
-    written(
+    crate::atomic::write(
         &script,
-        crate::atomic::write(
-            &script,
-            launch.script(&manifest.display().to_string()).as_bytes(),
-        ),
-    )?;
+        launch.script(&manifest.display().to_string()).as_bytes(),
+    )
+    .map_err(ExportError::Write)?;
     #[cfg(unix)]
     {
         use std::os::unix::fs::PermissionsExt;
@@ -285,10 +274,7 @@ pub fn export(
         )?;
     }
     let fields = stage.join("fields.md");
-    written(
-        &fields,
-        crate::atomic::write(&fields, launch.accounts().as_bytes()),
-    )?;
+    crate::atomic::write(&fields, launch.accounts().as_bytes()).map_err(ExportError::Write)?;
     let data = match with_data {
         Some(from) => data::write_parquet(&exp, from, &stage.join("data"))?,
         None => Vec::new(),

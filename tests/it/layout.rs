@@ -184,6 +184,199 @@ fn files_inside_each_folder_depend_on_each_other_one_way_only() {
     );
 }
 
+/// The code of a Rust file: comments and the test module (from `#[cfg(test)]` on) left out.
+fn code_of(text: &str) -> String {
+    let text = text.split("#[cfg(test)]").next().unwrap_or("");
+    text.lines()
+        .map(|l| l.split("//").next().unwrap_or(""))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// The items a file declares (only at its top level with `top`), as (visibility, name): `pub`,
+/// `restricted` (`pub(super)`, `pub(crate)`, `pub(in ..)`) or `private`.
+fn declared(code: &str, top: bool) -> Vec<(&'static str, String)> {
+    let mut out = Vec::new();
+    for line in code.lines() {
+        if top && line.starts_with(char::is_whitespace) {
+            continue;
+        }
+        let mut rest = line.trim_start();
+        let vis = if let Some(r) = rest.strip_prefix("pub(") {
+            rest = r.split_once(')').map_or("", |(_, r)| r).trim_start();
+            "restricted"
+        } else if let Some(r) = rest.strip_prefix("pub ") {
+            rest = r.trim_start();
+            "pub"
+        } else {
+            "private"
+        };
+        // `const fn`, `unsafe fn`, `async fn`: the item is the fn (a `const X` is a const)
+        let qualified = |r: &str| {
+            ["fn ", "unsafe ", "async "]
+                .iter()
+                .any(|k| r.starts_with(k))
+        };
+        while let Some(r) = ["const ", "unsafe ", "async "]
+            .iter()
+            .find_map(|q| rest.strip_prefix(q).filter(|r| qualified(r)))
+        {
+            rest = r;
+        }
+        for kind in [
+            "fn ", "struct ", "enum ", "type ", "const ", "static ", "trait ",
+        ] {
+            if let Some(r) = rest.strip_prefix(kind) {
+                let name: String = r
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                if !name.is_empty() {
+                    out.push((vis, name));
+                }
+            }
+        }
+    }
+    out
+}
+
+/// Whether `code` names `item` of the child module `child` (`child::item`, or inside
+/// `child::{..}`).
+fn names_item_of(code: &str, child: &str, item: &str) -> bool {
+    let word = |s: &str, at: usize, len: usize| {
+        let before = s[..at].chars().next_back();
+        let after = s[at + len..].chars().next();
+        !before.is_some_and(|c| c.is_alphanumeric() || c == '_')
+            && !after.is_some_and(|c| c.is_alphanumeric() || c == '_')
+    };
+    let prefix = format!("{child}::");
+    code.match_indices(&prefix).any(|(i, _)| {
+        if i > 0 && code[..i].ends_with(|c: char| c.is_alphanumeric() || c == '_') {
+            return false;
+        }
+        let rest = &code[i + prefix.len()..];
+        let scope = match rest.strip_prefix('{') {
+            Some(list) => list.split('}').next().unwrap_or(""),
+            None => rest,
+        };
+        scope
+            .match_indices(item)
+            .any(|(j, _)| word(scope, j, item.len()) && (rest.starts_with('{') || j == 0))
+    })
+}
+
+/// A folder's `mod.rs` and each child (file or subfolder) lean on each other's helpers one way
+/// at most: `mod.rs` may call a child's restricted items (`pub(super)`, `pub(crate)`) or the
+/// child may use `mod.rs`'s non-`pub` items through `super::`, not both, which would be a
+/// circle between the parent and the child. A child's `pub` items are its interface and
+/// `mod.rs`'s `pub` items the folder's: either may be named.
+fn parent_child_circles(folder: &Path) -> Vec<String> {
+    let Ok(text) = std::fs::read_to_string(folder.join("mod.rs")) else {
+        return Vec::new();
+    };
+    let parent = code_of(&text);
+    let parent_helpers: BTreeSet<String> = declared(&parent, true)
+        .into_iter()
+        .filter(|(vis, _)| *vis != "pub")
+        .map(|(_, name)| name)
+        .collect();
+    let mut circles = Vec::new();
+    for entry in std::fs::read_dir(folder).expect("read folder") {
+        let path = entry.expect("entry").path();
+        let name = path
+            .file_stem()
+            .expect("a name")
+            .to_string_lossy()
+            .to_string();
+        let direct = if path.is_dir() {
+            path.join("mod.rs")
+        } else if path.extension().is_some_and(|e| e == "rs") && name != "mod" {
+            path.clone()
+        } else {
+            continue;
+        };
+        let Ok(child_text) = std::fs::read_to_string(&direct) else {
+            continue;
+        };
+        let child = code_of(&child_text);
+        let down: Vec<String> = declared(&child, false)
+            .into_iter()
+            .filter(|(vis, item)| *vis == "restricted" && names_item_of(&parent, &name, item))
+            .map(|(_, item)| item)
+            .collect();
+        let up: Vec<&String> = parent_helpers
+            .iter()
+            .filter(|h| {
+                child.match_indices("super::").any(|(i, _)| {
+                    let free = !child[..i].ends_with(|c: char| c.is_alphanumeric() || c == ':');
+                    let rest = &child[i + "super::".len()..];
+                    let scope = match rest.strip_prefix('{') {
+                        Some(list) => list.split('}').next().unwrap_or(""),
+                        None => rest
+                            .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                            .next()
+                            .unwrap_or(""),
+                    };
+                    free && scope
+                        .split(|c: char| !(c.is_alphanumeric() || c == '_'))
+                        .any(|w| w == h.as_str())
+                })
+            })
+            .collect();
+        if !down.is_empty() && !up.is_empty() {
+            circles.push(format!(
+                "{}: mod.rs uses {name}'s helpers {down:?}, and {name} uses mod.rs's helpers {up:?}",
+                folder.display()
+            ));
+        }
+    }
+    circles
+}
+
+#[test]
+fn a_folders_mod_rs_and_its_children_share_helpers_one_way_only() {
+    let mut circles = Vec::new();
+    let mut parents = 0;
+    let mut stack = vec![repo().join("src")];
+    while let Some(dir) = stack.pop() {
+        for entry in std::fs::read_dir(&dir).expect("read") {
+            let path = entry.expect("entry").path();
+            if path.is_dir() {
+                parents += usize::from(path.join("mod.rs").is_file());
+                circles.extend(parent_child_circles(&path));
+                stack.push(path);
+            }
+        }
+    }
+    assert!(parents >= 10, "only {parents} folders with a mod.rs found");
+    assert!(circles.is_empty(), "{}", circles.join("\n"));
+}
+
+#[test]
+fn the_parent_check_finds_a_parent_and_child_leaning_on_each_other() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let folder = dir.path().join("train");
+    std::fs::create_dir(&folder).expect("mkdir");
+    std::fs::write(
+        folder.join("mod.rs"),
+        "mod checkpoint;\nfn io() {}\npub fn run() { checkpoint::save(); }\n",
+    )
+    .expect("w");
+    std::fs::write(
+        folder.join("checkpoint.rs"),
+        "use super::io;\npub(super) fn save() { io(); }\n",
+    )
+    .expect("w");
+    assert_eq!(parent_child_circles(&folder).len(), 1);
+    // the child's interface (`pub`) may be called by a parent whose helpers it uses
+    std::fs::write(
+        folder.join("checkpoint.rs"),
+        "use super::io;\npub fn save() { io(); }\n",
+    )
+    .expect("w");
+    assert!(parent_child_circles(&folder).is_empty());
+}
+
 #[test]
 fn the_circle_check_finds_a_circle() {
     let graph: BTreeMap<String, BTreeSet<String>> = [

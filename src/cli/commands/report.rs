@@ -1,0 +1,28 @@
+//! `acpo report`: an artifact (table, figure) from the run directories of a scale.
+
+use std::path::Path;
+
+use acpo::report::Artifact;
+
+use crate::cli::{fill_doc, print_written, ReportArgs};
+use crate::Outcome;
+
+/// `acpo report`: an artifact drawn from existing run directories.
+pub fn run(args: &ReportArgs) -> anyhow::Result<Outcome> {
+    let root = args.results.join(args.scale.name());
+    write(args.artifact, &root, &args.figures, args.compare_paper)?;
+    fill_doc(args.doc.as_deref(), &root)
+}
+
+/// `acpo report`: the artifact from the run directories in `root`.
+pub(super) fn write(
+    artifact: Artifact,
+    root: &Path,
+    figures: &Path,
+    paper: bool,
+) -> anyhow::Result<()> {
+    let (shown, written) = acpo::report::write(artifact, root, figures, paper)?;
+    print!("{shown}");
+    print_written(&written);
+    Ok(())
+}
