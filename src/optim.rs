@@ -573,7 +573,7 @@ mod cuda {
     use candle_core::cuda_backend::cudarc::driver::{
         CudaSlice, CudaStream, DevicePtr, DeviceRepr, LaunchConfig, PushKernelArg,
     };
-    use candle_core::cuda_backend::WrapErr;
+    use candle_core::cuda_backend::{CudaDevice, WrapErr};
     use candle_core::{DType, Device, Storage, Tensor, Var};
 
     use super::{AdamWConsts, DeviceStep, Gradients};
@@ -670,46 +670,11 @@ mod cuda {
         let Some(Device::Cuda(dev)) = vars.first().map(|v| v.device().clone()) else {
             return Ok(None);
         };
-        let stream = dev.cuda_stream();
-        // The gradients as contiguous f32, kept alive until the read-back below has waited for
-        // every launch that reads them.
-        let mut kept = Vec::new();
-        let mut entries = Vec::with_capacity(vars.len());
-        for (i, var) in vars.iter().enumerate() {
-            let dtype = var.dtype();
-            let p = address(var.as_tensor(), dtype, &stream)?;
-            let (mi, vi) = (
-                address(&m[i], DType::F32, &stream)?,
-                address(&v[i], DType::F32, &stream)?,
-            );
-            let (Some(p), Some(mi), Some(vi)) = (p, mi, vi) else {
-                return Ok(None);
-            };
-            if !var.device().same_device(&Device::Cuda(dev.clone())) {
-                return Ok(None);
-            }
-            let g = match grads.get(&names[i]) {
-                Some(g) => {
-                    let g = g.to_dtype(DType::F32)?.contiguous()?;
-                    let at = address(&g, DType::F32, &stream)?;
-                    kept.push(g);
-                    at.ok_or_else(|| {
-                        candle_core::Error::Msg("acpo-adamw: a gradient off CUDA".into())
-                    })?
-                }
-                None => 0,
-            };
-            entries.push((
-                dtype,
-                Entry {
-                    p,
-                    g,
-                    m: mi,
-                    v: vi,
-                    len: var.elem_count(),
-                },
-            ));
-        }
+        // The gradients the entries point into, kept alive until the read-back below has
+        // waited for every launch that reads them.
+        let Some((entries, kept)) = entries(&dev, vars, names, m, v, grads)? else {
+            return Ok(None);
+        };
         let all: Vec<&Entry> = entries.iter().map(|(_, e)| e).collect();
         let (words, chunks) = table(&all);
         let words = dev.clone_htod(&words)?;
@@ -766,5 +731,58 @@ mod cuda {
             squared_norm: read[0],
             params_finite: read[1] == 0.0,
         }))
+    }
+
+    /// Each parameter's table entry (its dtype; the addresses of p, g, m, v and its length)
+    /// and the contiguous f32 gradients the entries point into; `None` when a tensor is not a
+    /// contiguous f32/bf16 tensor on `dev`.
+    #[allow(clippy::type_complexity)]
+    fn entries(
+        dev: &CudaDevice,
+        vars: &[Var],
+        names: &[String],
+        m: &[Tensor],
+        v: &[Tensor],
+        grads: &Gradients,
+    ) -> candle_core::Result<Option<(Vec<(DType, Entry)>, Vec<Tensor>)>> {
+        let stream = dev.cuda_stream();
+        let mut kept = Vec::new();
+        let mut entries = Vec::with_capacity(vars.len());
+        for (i, var) in vars.iter().enumerate() {
+            let dtype = var.dtype();
+            let p = address(var.as_tensor(), dtype, &stream)?;
+            let (mi, vi) = (
+                address(&m[i], DType::F32, &stream)?,
+                address(&v[i], DType::F32, &stream)?,
+            );
+            let (Some(p), Some(mi), Some(vi)) = (p, mi, vi) else {
+                return Ok(None);
+            };
+            if !var.device().same_device(&Device::Cuda(dev.clone())) {
+                return Ok(None);
+            }
+            let g = match grads.get(&names[i]) {
+                Some(g) => {
+                    let g = g.to_dtype(DType::F32)?.contiguous()?;
+                    let at = address(&g, DType::F32, &stream)?;
+                    kept.push(g);
+                    at.ok_or_else(|| {
+                        candle_core::Error::Msg("acpo-adamw: a gradient off CUDA".into())
+                    })?
+                }
+                None => 0,
+            };
+            entries.push((
+                dtype,
+                Entry {
+                    p,
+                    g,
+                    m: mi,
+                    v: vi,
+                    len: var.elem_count(),
+                },
+            ));
+        }
+        Ok(Some((entries, kept)))
     }
 }

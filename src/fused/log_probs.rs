@@ -1,7 +1,10 @@
 //! Token log-probabilities, log softmax(z)[t] per row, fused with their backward
 //! dz = g · (onehot(t) − softmax(z)).
 
-use super::*;
+use candle_core::{CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
+use rayon::prelude::*;
+
+use super::{exp_shifted, for_rows, parallel, row_max, slice_f32};
 
 /// log softmax(z)[t] per row; `z` `(N, V)` f32, `t` `(N)` u32.
 struct TokenLogProbs;

@@ -57,7 +57,7 @@ pub use softmax::{attention_probs, attention_probs_composed, softmax_last_compos
 pub use swiglu::{swiglu, swiglu_composed};
 pub use vocab::{vocab_log_probs, vocab_log_probs_fused};
 
-use candle_core::{CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
+use candle_core::{CpuStorage, DType, Layout, Result, Tensor};
 use rayon::prelude::*;
 
 /// Output elements below which an op runs on the calling thread, where handing rows to the

@@ -1,7 +1,9 @@
 //! RMSNorm, x / sqrt(mean(x²) + ε) · w, fused with its backward for x and w, beside the
 //! composed reference.
 
-use super::*;
+use candle_core::{CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
+
+use super::{for_rows, fused_on, slice_f32};
 
 struct RmsNorm {
     eps: f32,

@@ -2,7 +2,10 @@
 //! row, with SIMD tiles where the CPU has them. Its length is in the SIMD kernel bodies, each of
 //! which is one register-tiled loop nest that does not read better cut apart.
 
-use super::*;
+use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor};
+use rayon::prelude::*;
+
+use super::{applies, matmul, slice_f32, worth_splitting};
 
 /// Largest row count routed to [`linear_small_m`]: beyond it GEMM's packing pays for itself.
 pub const SMALL_M: usize = 16;
@@ -251,21 +254,7 @@ unsafe fn dot_rows_body<const PACKED: bool, const WIDE: bool>(
         }
         s
     };
-    // Row tiles: (first row, rows) — of 8 when WIDE, then of 4; leftovers one at a time.
-    let mut tiles = [(0usize, 0usize); SMALL_M / 4];
-    let mut n_tiles = 0;
-    let mut r = 0;
-    while WIDE && r + 8 <= m {
-        tiles[n_tiles] = (r, 8);
-        n_tiles += 1;
-        r += 8;
-    }
-    while r + 4 <= m {
-        tiles[n_tiles] = (r, 4);
-        n_tiles += 1;
-        r += 4;
-    }
-    let singles = r;
+    let (tiles, n_tiles, singles) = row_tiles(m, WIDE);
     let xp = x.as_ptr();
     let mut j = 0;
     while j < nb {
@@ -334,6 +323,25 @@ unsafe fn dot_rows_body<const PACKED: bool, const WIDE: bool>(
         }
         j += 2;
     }
+}
+
+/// The row tiles of `m` rows, (first row, rows): of 8 when `wide`, then of 4; how many, and
+/// the first of the leftover rows done one at a time.
+fn row_tiles(m: usize, wide: bool) -> ([(usize, usize); SMALL_M / 4], usize, usize) {
+    let mut tiles = [(0usize, 0usize); SMALL_M / 4];
+    let mut n_tiles = 0;
+    let mut r = 0;
+    while wide && r + 8 <= m {
+        tiles[n_tiles] = (r, 8);
+        n_tiles += 1;
+        r += 8;
+    }
+    while r + 4 <= m {
+        tiles[n_tiles] = (r, 4);
+        n_tiles += 1;
+        r += 4;
+    }
+    (tiles, n_tiles, r)
 }
 
 /// Where a tile works: `x` (rows of length `k`), the weight pair at `wa` (chunk i of its rows

@@ -1,7 +1,9 @@
 //! The attention softmax: softmax(scores·scale + mask) over the last dim, fused with its backward,
 //! beside the composed reference.
 
-use super::*;
+use candle_core::{CpuStorage, CustomOp2, Layout, Result, Shape, Tensor, D};
+
+use super::{exp_shifted_in_place, for_rows, fused_on, row_max, slice_f32};
 
 /// The reference: softmax from basic ops, with a detached max shift.
 pub fn softmax_last_composed(x: &Tensor) -> Result<Tensor> {

@@ -1,7 +1,10 @@
 //! SwiGLU, silu(gate) ⊙ up, fused with its backward for both inputs, beside the composed
 //! reference.
 
-use super::*;
+use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
+use rayon::prelude::*;
+
+use super::{for_rows, fused_on, parallel, slice_f32};
 
 fn sigmoid(v: f32) -> f32 {
     1.0 / (1.0 + (-v).exp())

@@ -23,10 +23,9 @@
 //! statistics computed just before it.
 
 use candle_core::backend::BackendStorage;
-use candle_core::Storage;
+use candle_core::{CpuStorage, CustomOp2, DType, Layout, Result, Shape, Storage, Tensor};
 
-use super::*;
-use crate::fused::vocab_chunk;
+use super::{fused_on, vocab_chunk};
 
 /// Per-row results of the forward: `[log p(t), H]` `(N, 2)`, and lse and E[z] `(N, 1)` for the
 /// backward, all f32.

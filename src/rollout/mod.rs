@@ -262,17 +262,7 @@ fn decode_all(
             })
     };
     let (params, stop, pad_id) = (&request.params, &request.stop, request.pad_id);
-    if prompts.len() != keys.len() {
-        return Err(candle_core::Error::Msg(format!(
-            "{} prompts but {} sample keys",
-            prompts.len(),
-            keys.len()
-        ))
-        .into());
-    }
-    if prompts.iter().any(Vec::is_empty) {
-        return Err(candle_core::Error::Msg("cannot sample from an empty prompt".into()).into());
-    }
+    check_prompts(prompts, keys)?;
     let mut out: Vec<Completion> = prompts
         .iter()
         .map(|_| Completion {
@@ -348,13 +338,40 @@ fn decode_all(
         };
     }
     if let Some(stats) = request.stats {
-        let mut s = stats.lock().unwrap_or_else(|p| p.into_inner());
-        s.prefill_seconds += timed.prefill_seconds;
-        s.prefill_tokens += timed.prefill_tokens;
-        s.decode_seconds += started.elapsed().as_secs_f64() - timed.prefill_seconds;
-        s.decode_tokens += out.iter().map(|c| c.tokens.len()).sum::<usize>();
+        let decode_seconds = started.elapsed().as_secs_f64() - timed.prefill_seconds;
+        add_stats(stats, &timed, decode_seconds, &out);
     }
     Ok(out)
+}
+
+/// One sample key per prompt, and no empty prompt.
+fn check_prompts(prompts: &[Vec<u32>], keys: &[SampleKey]) -> Result<()> {
+    if prompts.len() != keys.len() {
+        return Err(candle_core::Error::Msg(format!(
+            "{} prompts but {} sample keys",
+            prompts.len(),
+            keys.len()
+        ))
+        .into());
+    }
+    if prompts.iter().any(Vec::is_empty) {
+        return Err(candle_core::Error::Msg("cannot sample from an empty prompt".into()).into());
+    }
+    Ok(())
+}
+
+/// Adds a request's prefill timings and its decode time and tokens to the caller's totals.
+fn add_stats(
+    stats: &std::sync::Mutex<GenStats>,
+    timed: &GenStats,
+    decode_seconds: f64,
+    out: &[Completion],
+) {
+    let mut s = stats.lock().unwrap_or_else(|p| p.into_inner());
+    s.prefill_seconds += timed.prefill_seconds;
+    s.prefill_tokens += timed.prefill_tokens;
+    s.decode_seconds += decode_seconds;
+    s.decode_tokens += out.iter().map(|c| c.tokens.len()).sum::<usize>();
 }
 
 /// One decode step of the rows `keep` of `batch`, whose next tokens are `next_ids`: the

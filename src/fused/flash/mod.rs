@@ -31,11 +31,14 @@
 
 use std::sync::Mutex;
 
-use candle_core::Device;
 #[cfg(feature = "cuda")]
 use candle_core::{op::BackpropOp, Storage};
+use candle_core::{CpuStorage, CustomOp3, DType, Device, Layout, Result, Shape, Tensor};
+use rayon::prelude::*;
 
-use super::*;
+use super::{
+    attention_probs, exp_shifted_in_place, row_max, slice_f32, worth_splitting, PAR_MIN_ELEMS,
+};
 
 #[cfg(feature = "cuda")]
 mod cuda;
