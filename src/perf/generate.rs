@@ -1,0 +1,229 @@
+//! `acpo bench generate` and `acpo bench long-tail`: the sampler's tokens per second on random
+//! prompts (waves, and continuous batching of a long-tailed set of lengths), beside the HBM
+//! roofline of the device's measured copy bandwidth.
+
+use std::time::Instant;
+
+use super::{
+    copy_bandwidth, median, Measurement, Result, Roofline, SampleShape, SpeedOptions, Subject,
+    Target,
+};
+use crate::model::qwen::Qwen;
+use crate::model::{init, QwenConfig};
+use crate::rollout::{self, SampleRequest, SamplingParams};
+
+fn prompt_ids(vocab: usize, batch: usize, len: usize) -> Vec<Vec<u32>> {
+    let mut rng = crate::rng::SplitMix64::new(11);
+    (0..batch)
+        .map(|_| {
+            (0..len)
+                .map(|_| (rng.next_u64() % vocab as u64) as u32)
+                .collect()
+        })
+        .collect()
+}
+
+/// What the sampling benchmarks share: a seeded random model of `cfg` on the target, detached,
+/// in the inference dtype; `shape.batch` random prompts with their keys; sampling at T = 1 of
+/// up to `shape.new_tokens`.
+struct Sampler {
+    precision: crate::model::Precision,
+    params: crate::model::Params,
+    model: Qwen,
+    prompts: Vec<Vec<u32>>,
+    keys: Vec<[u64; 4]>,
+    params_at_t1: SamplingParams,
+}
+
+impl Sampler {
+    fn new(cfg: &QwenConfig, target: &Target, shape: &SampleShape) -> Result<Sampler> {
+        let precision = crate::model::Precision::inference(target.dtype);
+        let params = init::random_params(cfg, 0, precision.master, &target.device)?;
+        Ok(Sampler {
+            model: Qwen::new(cfg, &params, true)?,
+            precision,
+            params,
+            prompts: prompt_ids(cfg.vocab_size, shape.batch, shape.prompt_len),
+            keys: (0..shape.batch as u64).map(|i| [0, 0, i, 0]).collect(),
+            params_at_t1: SamplingParams {
+                temperature: 1.0,
+                top_p: 1.0,
+                top_k: None,
+                max_new_tokens: shape.new_tokens,
+            },
+        })
+    }
+}
+
+/// Sampling throughput: `batch` prompts of `prompt_len` tokens, `new_tokens` new tokens each at
+/// T = 1 (no early stop), through the sampling engine with `max_batch` slots; median of
+/// `repeats` runs after a warm-up. The tokens counted are the new ones.
+pub fn bench_generate(m: &Subject, opts: &SpeedOptions) -> Result<Measurement> {
+    let (repeats, target, shape) = (opts.repeats, &opts.target, &opts.sample);
+    let cfg = &m.cfg;
+    let Sampler {
+        precision,
+        params,
+        model,
+        prompts,
+        keys,
+        params_at_t1: p,
+    } = Sampler::new(cfg, target, shape)?;
+    // The same prompts and slots sampled for `new_tokens` each.
+    let request = |new_tokens: usize| {
+        let r = SampleRequest::new(SamplingParams {
+            max_new_tokens: new_tokens,
+            ..p
+        });
+        match shape.max_batch {
+            Some(n) => r.max_batch(n),
+            None => r,
+        }
+    };
+    // Median seconds of `repeats` runs after a warm-up.
+    let time = |request: &SampleRequest| -> Result<f64> {
+        let run = || -> Result<f64> {
+            let t = Instant::now();
+            let out = rollout::generate(&model, &prompts, &keys, request)?;
+            debug_assert!(out
+                .iter()
+                .all(|c| c.tokens.len() == request.params.max_new_tokens));
+            target.sync()?;
+            Ok(t.elapsed().as_secs_f64())
+        };
+        run()?;
+        Ok(median(
+            (0..repeats).map(|_| run()).collect::<Result<Vec<_>>>()?,
+        ))
+    };
+    let secs = time(&request(shape.new_tokens))?;
+    let tokens = shape.batch * shape.new_tokens;
+    // The prefill alone: one new token each.
+    let prefill_seconds = time(&request(1))?;
+    let steps = shape.new_tokens.saturating_sub(1).max(1);
+    let decode_seconds = (secs - prefill_seconds).max(f64::MIN_POSITIVE);
+    // Per decode step: every weight once (the compute dtype), and each sequence's cache so far,
+    // on average prompt + N/2 positions of K and V in every layer.
+    let elem = precision.compute.size_in_bytes() as f64;
+    let kv_per_position = cfg.kv_bytes_per_position(precision.compute.size_in_bytes()) as f64;
+    let context = shape.prompt_len as f64 + shape.new_tokens as f64 / 2.0;
+    let bytes_per_step =
+        params.count() as f64 * elem + shape.batch as f64 * context * kv_per_position;
+    let step_seconds = decode_seconds / steps as f64;
+    let copy = copy_bandwidth(target)?;
+    let roofline = Roofline {
+        bytes_per_step,
+        step_seconds,
+        prefill_seconds,
+        decode_tokens_per_second: (shape.batch * steps) as f64 / decode_seconds,
+        achieved_gb_per_s: bytes_per_step / step_seconds / 1e9,
+        copy_gb_per_s: copy / 1e9,
+        fraction: bytes_per_step / step_seconds / copy,
+    };
+    Ok(Measurement {
+        model: m.name.clone(),
+        parameters: params.count(),
+        what: "generate",
+        target: target.name(),
+        tokens,
+        seconds: secs,
+        tokens_per_second: tokens as f64 / secs,
+        repeats,
+        shape: Some(format!(
+            "{} prompts of {} + {} new tokens{}",
+            shape.batch,
+            shape.prompt_len,
+            shape.new_tokens,
+            shape
+                .max_batch
+                .map_or_else(String::new, |n| format!(", {n} at once"))
+        )),
+        mfu: None,
+        memory: None,
+        roofline: Some(roofline),
+        trace: None,
+        settings: None,
+    })
+}
+
+/// Response lengths of the long-tail benchmark: ⌈N·u⁶⌉ for u uniform in [0, 1), seeded. The
+/// median is N/64, a tenth run past 0.53·N, and a few reach N (RL responses: most end early,
+/// some run to the limit).
+pub fn long_tail_lengths(n: usize, max: usize) -> Vec<usize> {
+    let mut rng = crate::rng::SplitMix64::new(13);
+    (0..n)
+        .map(|_| ((max as f64 * rng.next_f64().powi(6)).ceil() as usize).clamp(1, max))
+        .collect()
+}
+
+/// Sampling with long-tailed response lengths ([`long_tail_lengths`]), `max_batch` sequences
+/// at a time: in waves (each wave a batch that ends with its longest sequence; finished ones
+/// leave it, none join), then with continuous batching (a waiting prompt takes a finished one's
+/// place). The same prompts, keys and lengths; tokens/s of new tokens.
+pub fn bench_long_tail(m: &Subject, opts: &SpeedOptions) -> Result<[Measurement; 2]> {
+    let (target, shape) = (&opts.target, &opts.sample);
+    let Sampler {
+        params,
+        model,
+        prompts,
+        keys,
+        params_at_t1: p,
+        ..
+    } = Sampler::new(&m.cfg, target, shape)?;
+    let limits = long_tail_lengths(shape.batch, shape.new_tokens);
+    let slots = shape.max_batch.unwrap_or(shape.batch.div_ceil(4)).max(1);
+    let tokens: usize = limits.iter().sum();
+    let waves = || -> Result<f64> {
+        let t = Instant::now();
+        for start in (0..shape.batch).step_by(slots) {
+            let r = start..(start + slots).min(shape.batch);
+            let req = SampleRequest::new(p).limits(limits[r.clone()].to_vec());
+            rollout::generate(&model, &prompts[r.clone()], &keys[r], &req)?;
+        }
+        target.sync()?;
+        Ok(t.elapsed().as_secs_f64())
+    };
+    let continuous = || -> Result<f64> {
+        let t = Instant::now();
+        let req = SampleRequest::new(p)
+            .limits(limits.clone())
+            .max_batch(slots);
+        rollout::generate(&model, &prompts, &keys, &req)?;
+        target.sync()?;
+        Ok(t.elapsed().as_secs_f64())
+    };
+    let row = |what: &'static str, secs: f64, how: &str| Measurement {
+        model: m.name.clone(),
+        parameters: params.count(),
+        what,
+        target: target.name(),
+        tokens,
+        seconds: secs,
+        tokens_per_second: tokens as f64 / secs,
+        repeats: opts.repeats,
+        shape: Some(format!(
+            "{} prompts of {}, long-tailed lengths ≤ {} (Σ {tokens}), {slots} at once: {how}",
+            shape.batch, shape.prompt_len, shape.new_tokens
+        )),
+        mfu: None,
+        memory: None,
+        roofline: None,
+        trace: None,
+        settings: None,
+    };
+    waves()?;
+    let w = median(
+        (0..opts.repeats)
+            .map(|_| waves())
+            .collect::<Result<Vec<_>>>()?,
+    );
+    let c = median(
+        (0..opts.repeats)
+            .map(|_| continuous())
+            .collect::<Result<Vec<_>>>()?,
+    );
+    Ok([
+        row("generate", w, "waves"),
+        row("generate", c, "continuous batching"),
+    ])
+}

@@ -1,0 +1,213 @@
+//! `acpo bench train-step`: one policy-gradient training step as the trainer takes it (the
+//! actor update, the global-norm clip and AdamW), its tokens per second, MFU and peak memory,
+//! and with `--trace` the bytes in use and the seconds of each phase.
+
+use std::time::Instant;
+
+use candle_core::{DType, Device, Tensor};
+
+use super::{
+    median, memory, peak_flops, train_flops, Measurement, PerfError, Result, SpeedOptions,
+    StepMemory, StepSettings, StepShape, Subject,
+};
+use crate::algo::method::{LossAggMode, PolicyClip};
+use crate::model::init;
+use crate::model::qwen::Kernels;
+use crate::optim::{AdamW, LrSchedule, OptimSpec};
+use crate::train::batch::Layout;
+use crate::train::update::{self, UpdatePlan};
+
+/// Rows per micro-batch in the train-step benchmark: the batch of 8 is two micro-batches, run
+/// side by side as the trainer runs them (`crate::parallel`), their gradients summed.
+pub const TRAIN_MICRO_BATCH: usize = 4;
+
+/// One policy-gradient training step exactly as the trainer takes it: the trainer's own actor
+/// update ([`crate::train::update::actor`]) on `shape.batch` sequences of `shape.seq_len`
+/// tokens (`shape.prompt_len` prompt tokens, the rest response) with the GRPO-AC loss (α = 2,
+/// token-mean), micro-batches of `shape.micro_batch` (side by side on the CPU, one after another
+/// on a GPU, as the trainer runs them), the entropy computed as training does, then one
+/// global-norm clip (1.0) and AdamW step. Median of `repeats` after a warm-up; the peak memory
+/// over the timed steps.
+pub fn bench_train_step(m: &Subject, opts: &SpeedOptions) -> Result<Measurement> {
+    let (target, shape) = (&opts.target, &opts.step);
+    let cfg = &m.cfg;
+    let dev = target.device.clone();
+    let (b, t, p) = (shape.batch, shape.seq_len, shape.prompt_len);
+    if p == 0 || p >= t || b == 0 || shape.micro_batch == 0 {
+        return Err(PerfError::Shape(format!(
+            "--prompt-len {p} must be at least 1 and below --seq-len {t}; --batch {b} and --micro-batch {} at least 1",
+            shape.micro_batch
+        )));
+    }
+    let precision = crate::model::Precision::training(target.dtype);
+    let params =
+        init::random_params(cfg, 0, precision.master, &dev)?.with_compute(precision.compute);
+    let r = t - p;
+    let (layout, adv) = random_batch(cfg.vocab_size, b, t, p, &dev)?;
+    let mut opt = AdamW::new(&params, &bench_optim_spec())?;
+    let kernels = shape.kernels.unwrap_or_else(|| Kernels::for_device(&dev));
+    let plan = bench_plan(shape, r, kernels, dev.is_cpu());
+    // The old log-probs from random numbers: computing them with the policy would cost a
+    // second forward of the paper shape for nothing the step's speed depends on.
+    let old = (Tensor::randn(0f32, 1.0, (b, r), &dev)?.abs()? * -1.0)?;
+    let mut step = || -> Result<f64> {
+        let start = Instant::now();
+        update::actor(cfg, &params, &mut opt, &layout, &old, &adv, &plan, 1, None)?;
+        target.sync()?;
+        Ok(start.elapsed().as_secs_f64())
+    };
+    step()?;
+    let meter = crate::device::PeakMeter::new(&dev);
+    let before = meter.current();
+    meter.reset();
+    if shape.trace {
+        crate::device::start(&dev);
+        crate::device::mark(|| "before the step: masters and optimizer state".into());
+    }
+    let secs = median(
+        (0..opts.repeats)
+            .map(|_| step())
+            .collect::<Result<Vec<_>>>()?,
+    );
+    // A trace resets the meter at each mark: the peak of the steps is the largest phase's.
+    let trace = shape.trace.then(crate::device::finish);
+    let peak = match &trace {
+        Some(marks) => marks.iter().filter_map(|m| m.peak).max(),
+        None => meter.peak(),
+    };
+    let n = params.count() as u64;
+    let bf16 = precision.compute != precision.master;
+    let grads = 4 * n;
+    let tokens = b * t;
+    Ok(Measurement {
+        model: m.name.clone(),
+        parameters: params.count(),
+        what: "train-step",
+        target: target.name(),
+        tokens,
+        seconds: secs,
+        tokens_per_second: tokens as f64 / secs,
+        repeats: opts.repeats,
+        shape: Some(step_label(shape, kernels)),
+        mfu: peak_flops(target).map(|peak| train_flops(cfg, b, t) / secs / peak),
+        memory: Some(StepMemory {
+            source: meter.source(),
+            peak,
+            before_step: before,
+            weights: if bf16 { 2 * n } else { 0 },
+            masters: 4 * n,
+            grads,
+            optimizer: 8 * n,
+            activations: peak.zip(before).map(|(p, b)| p.saturating_sub(b + grads)),
+            named: memory::step_tensors(
+                cfg,
+                shape.micro_batch as u64,
+                t as u64,
+                bf16,
+                shape.checkpointing,
+                kernels.flash_attention,
+                kernels.vocab_chunk.is_some(),
+            ),
+        }),
+        roofline: None,
+        trace,
+        settings: Some(StepSettings::of(
+            cfg,
+            shape,
+            kernels,
+            crate::fused::flash_applies(&dev, precision.compute, cfg.head_dim()),
+            precision.compute,
+        )),
+    })
+}
+
+/// The train-step benchmark's optimizer: AdamW, a constant learning rate, the global-norm clip
+/// at 1.0.
+fn bench_optim_spec() -> OptimSpec {
+    OptimSpec {
+        lr: 1e-6,
+        lr_schedule: LrSchedule::Constant,
+        warmup_steps: 0,
+        grad_clip: 1.0,
+        weight_decay: 0.01,
+        betas: [0.9, 0.999],
+        eps: 1e-8,
+    }
+}
+
+/// The train-step benchmark's update: one mini-batch of the whole batch, one epoch, GRPO-AC
+/// (α = 2, token-mean) over `horizon` response tokens, micro-batches side by side on the CPU.
+fn bench_plan(shape: &StepShape, horizon: usize, kernels: Kernels, cpu: bool) -> UpdatePlan {
+    let clip = PolicyClip::Advantage { alpha: 2.0 };
+    UpdatePlan {
+        mini_rows: shape.batch,
+        micro: shape.micro_batch,
+        epochs: 1,
+        agg_mode: LossAggMode::TokenMean,
+        horizon,
+        clip,
+        compared: crate::algo::clip::compared_rules(
+            crate::algo::method::AlgorithmKind::GrpoAc,
+            &clip,
+        ),
+        temperature: 1.0,
+        entropy_coeff: 0.0,
+        side_by_side: cpu,
+        kernels,
+        checkpointing: shape.checkpointing,
+    }
+}
+
+/// A train step's shape and memory settings in words, for the report's table.
+fn step_label(shape: &StepShape, kernels: Kernels) -> String {
+    format!(
+        "{}×{} (prompt {}), micro-batch {}, {}{}{}",
+        shape.batch,
+        shape.seq_len,
+        shape.prompt_len,
+        shape.micro_batch,
+        if kernels.flash_attention {
+            "flash attention"
+        } else {
+            "composed attention"
+        },
+        kernels.vocab_chunk.map_or_else(
+            || ", logits by positions".to_string(),
+            |c| format!(", vocab chunks of {c}")
+        ),
+        if shape.checkpointing {
+            ", checkpointing"
+        } else {
+            ""
+        },
+    )
+}
+
+/// `b` random sequences of `t` tokens, the first `p` of them prompt, unpadded, and a random
+/// advantage per response token.
+fn random_batch(
+    vocab: usize,
+    b: usize,
+    t: usize,
+    p: usize,
+    dev: &Device,
+) -> Result<(Layout, Tensor)> {
+    let mut rng = crate::rng::SplitMix64::new(12);
+    let ids: Vec<u32> = (0..b * t)
+        .map(|_| (rng.next_u64() % vocab as u64) as u32)
+        .collect();
+    let ids = Tensor::from_vec(ids, (b, t), dev)?;
+    let r = t - p;
+    let layout = Layout {
+        positions: Tensor::arange(0u32, t as u32, dev)?
+            .unsqueeze(0)?
+            .repeat((b, 1))?,
+        valid: Tensor::ones((b, t), DType::U8, dev)?,
+        targets: ids.narrow(1, p, r)?,
+        mask: Tensor::ones((b, r), DType::F32, dev)?,
+        ids,
+        prompt_len: p,
+    };
+    let adv: Vec<f32> = (0..b * r).map(|_| rng.next_normal() as f32).collect();
+    Ok((layout, Tensor::from_vec(adv, (b, r), dev)?))
+}
