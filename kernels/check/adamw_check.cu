@@ -234,14 +234,9 @@ static void steps(int seed) {
 }
 
 int main(int argc, char** argv) {
-  int seeds = 1;
-  for (int a = 1; a + 1 < argc; ++a)
-    if (std::string(argv[a]) == "--seeds") seeds = std::max(1, atoi(argv[a + 1]));
+  const int seeds = seeds_arg(argc, argv);
   for (int s = 0; s < seeds; ++s) {
-#ifdef ACPO_EMU
-    emu::S.rng = 0x9e3779b97f4a7c15ull + 7919ull * s;
-    emu::S.schedule = s % 2;  // fair, or one warp lagging behind the others
-#endif
+    use_schedule(s, 2);  // fair, or one warp lagging behind the others
     steps(s);
   }
   if (failures) {

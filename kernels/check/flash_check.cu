@@ -237,25 +237,10 @@ static void check(Case c, Path path) {
 }
 
 #ifndef ACPO_EMU
-// Median milliseconds of `reps` runs of `f`, with CUDA events, after one warm-up.
+// Median milliseconds of 7 runs of `f` (harness.hpp's median_ms).
 template <typename F>
-static float time_ms(F f, int reps = 7) {
-  f();
-  CK(cudaDeviceSynchronize());
-  std::vector<float> ms;
-  cudaEvent_t a, z;
-  cudaEventCreate(&a), cudaEventCreate(&z);
-  for (int r = 0; r < reps; ++r) {
-    cudaEventRecord(a);
-    f();
-    cudaEventRecord(z);
-    CK(cudaEventSynchronize(z));
-    float t;
-    cudaEventElapsedTime(&t, a, z);
-    ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2];
+static float time_ms(F f) {
+  return median_ms(f, 7);
 }
 
 // Times the forward and the backward of `path` at one shape. FLOP as FA2 counts them: the
@@ -286,9 +271,7 @@ static void timing(Case c, Path path) {
 #endif
 
 int main(int argc, char** argv) {
-  int seeds = 1;
-  for (int a = 1; a + 1 < argc; ++a)
-    if (std::string(argv[a]) == "--seeds") seeds = std::max(1, atoi(argv[a + 1]));
+  const int seeds = seeds_arg(argc, argv);
   // {B, H, KV, T, past, D, pad, cap}
   const Case mma_cases[] = {
       {2, 4, 2, 100, 0, 128, 50, 0},    // GQA 2, left padding (blind rows), a partial tile
@@ -303,10 +286,7 @@ int main(int argc, char** argv) {
   const Case decode_cases[] = {{3, 14, 2, 1, 1300, 128, 900, 1400}, {2, 2, 1, 1, 40, 32, 41, 0}};
   const Case gpu_cases[] = {{2, 16, 8, 300, 0, 128, 40, 0}, {2, 16, 8, 1, 1024, 128, 0, 0}};
   for (int s = 0; s < seeds; ++s) {
-#ifdef ACPO_EMU
-    emu::S.rng = 0x9e3779b97f4a7c15ull + 7919ull * s;
-    emu::S.schedule = s % 4;  // fair or one warp lagging, copies landing late or early
-#endif
+    use_schedule(s, 4);  // fair or one warp lagging, copies landing late or early
     for (const Case& c : mma_cases) check(c, MMA);
     if (s == 0) {
       for (const Case& c : row_cases) check(c, ROW);

@@ -65,9 +65,52 @@ static void device_sync() { CK(cudaDeviceSynchronize()); }
     CK(cudaGetLastError());                          \
   } while (0)
 static const bool on_gpu = true;
+// Median milliseconds of `reps` runs of `f`, timed with CUDA events, after one warm-up.
+template <typename F>
+static float median_ms(F f, int reps) {
+  f();
+  CK(cudaDeviceSynchronize());
+  std::vector<float> ms;
+  cudaEvent_t a, z;
+  CK(cudaEventCreate(&a));
+  CK(cudaEventCreate(&z));
+  for (int r = 0; r < reps; ++r) {
+    CK(cudaEventRecord(a));
+    f();
+    CK(cudaEventRecord(z));
+    CK(cudaEventSynchronize(z));
+    float t;
+    CK(cudaEventElapsedTime(&t, a, z));
+    ms.push_back(t);
+  }
+  CK(cudaEventDestroy(a));
+  CK(cudaEventDestroy(z));
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2];
+}
 #endif
 
 typedef __nv_bfloat16 bf;
+
+// `--seeds N` from a check's command line: how many emulator schedules to run (at least 1).
+static int seeds_arg(int argc, char** argv) {
+  int seeds = 1;
+  for (int a = 1; a + 1 < argc; ++a)
+    if (std::string(argv[a]) == "--seeds") seeds = std::max(1, atoi(argv[a + 1]));
+  return seeds;
+}
+
+// Run `s` of a check under the emulator's schedule s % `kinds` (0 fair, 1 a warp lagging behind
+// the others, 2 and 3 cp.async copies landing late or as soon as issued) with its own thread
+// order; nothing on a GPU.
+static void use_schedule(int s, int kinds) {
+#ifdef ACPO_EMU
+  emu::S.rng = 0x9e3779b97f4a7c15ull + 7919ull * s;
+  emu::S.schedule = s % kinds;
+#else
+  (void)s, (void)kinds;
+#endif
+}
 static unsigned long long st = 88172645463325252ull;
 // Uniform in [-1, 1).
 static float rnd() {

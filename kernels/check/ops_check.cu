@@ -431,25 +431,10 @@ static void check_sample(int rows, int v, float temp) {
 }
 
 #ifndef ACPO_EMU
-// Median microseconds of `reps` runs of `f`, with CUDA events, after one warm-up.
+// Median microseconds of 21 runs of `f` (harness.hpp's median_ms).
 template <typename F>
-static float time_us(F f, int reps = 21) {
-  f();
-  CK(cudaDeviceSynchronize());
-  std::vector<float> ms;
-  cudaEvent_t a, z;
-  cudaEventCreate(&a), cudaEventCreate(&z);
-  for (int r = 0; r < reps; ++r) {
-    cudaEventRecord(a);
-    f();
-    cudaEventRecord(z);
-    CK(cudaEventSynchronize(z));
-    float t;
-    cudaEventElapsedTime(&t, a, z);
-    ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2] * 1000.0f;
+static float time_us(F f) {
+  return median_ms(f, 21) * 1000.0f;
 }
 
 static void print_time(const char* what, double us, double bytes) {
@@ -566,13 +551,10 @@ static void check_all() {
 }
 
 int main(int argc, char** argv) {
-  int seeds = 1;
-  for (int a = 1; a + 1 < argc; ++a)
-    if (std::string(argv[a]) == "--seeds") seeds = std::max(1, atoi(argv[a + 1]));
+  const int seeds = seeds_arg(argc, argv);
   for (int s = 0; s < seeds; ++s) {
+    use_schedule(s, 2);  // fair, or one warp lagging behind the others
 #ifdef ACPO_EMU
-    emu::S.rng = 0x9e3779b97f4a7c15ull + 7919ull * s;
-    emu::S.schedule = s % 2;  // fair, or one warp lagging behind the others
     printf("schedule %d\n", s);
 #endif
     check_all();
