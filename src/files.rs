@@ -52,6 +52,18 @@ impl<T> AtPath<T> for io::Result<T> {
     }
 }
 
+/// The directories directly under `root`, sorted by path; an entry that cannot be read is
+/// passed over.
+pub fn subdirs(root: &Path) -> Result<Vec<std::path::PathBuf>, PathIoError> {
+    let mut dirs: Vec<std::path::PathBuf> = std::fs::read_dir(root)
+        .at(root)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_dir())
+        .collect();
+    dirs.sort();
+    Ok(dirs)
+}
+
 /// [`std::fs::metadata`], naming the path.
 pub fn metadata(path: impl AsRef<Path>) -> Result<std::fs::Metadata, PathIoError> {
     std::fs::metadata(path.as_ref()).at(path)

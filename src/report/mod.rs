@@ -81,12 +81,7 @@ impl RunResult {
 /// Every run directory under `root` (a `results/<scale>` directory) that has evaluations.
 pub fn load_results(root: &Path) -> Result<Vec<RunResult>> {
     let mut out = Vec::new();
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(root)
-        .at(root)?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.is_dir())
-        .collect();
-    dirs.sort();
+    let dirs = crate::files::subdirs(root)?;
     for dir in dirs {
         let run = RunDir::at(&dir);
         let (manifest, evals) = (run.manifest(), run.eval());

@@ -185,16 +185,7 @@ pub fn generate(
     keys: &[SampleKey],
     request: &SampleRequest,
 ) -> Result<Vec<Completion>> {
-    if let Some(limits) = &request.limits {
-        if limits.len() != prompts.len() {
-            return Err(candle_core::Error::Msg(format!(
-                "{} prompts but {} length limits",
-                prompts.len(),
-                limits.len()
-            ))
-            .into());
-        }
-    }
+    check_request(prompts, keys, request)?;
     decode_all(model, prompts, keys, request)
 }
 
@@ -262,7 +253,6 @@ fn decode_all(
             })
     };
     let (params, stop, pad_id) = (&request.params, &request.stop, request.pad_id);
-    check_prompts(prompts, keys)?;
     let mut out: Vec<Completion> = prompts
         .iter()
         .map(|_| Completion {
@@ -344,8 +334,19 @@ fn decode_all(
     Ok(out)
 }
 
-/// One sample key per prompt, and no empty prompt.
-fn check_prompts(prompts: &[Vec<u32>], keys: &[SampleKey]) -> Result<()> {
+/// One length limit (when the request has them) and one sample key per prompt, and no empty
+/// prompt.
+fn check_request(prompts: &[Vec<u32>], keys: &[SampleKey], request: &SampleRequest) -> Result<()> {
+    if let Some(limits) = &request.limits {
+        if limits.len() != prompts.len() {
+            return Err(candle_core::Error::Msg(format!(
+                "{} prompts but {} length limits",
+                prompts.len(),
+                limits.len()
+            ))
+            .into());
+        }
+    }
     if prompts.len() != keys.len() {
         return Err(candle_core::Error::Msg(format!(
             "{} prompts but {} sample keys",

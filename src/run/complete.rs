@@ -54,12 +54,7 @@ pub struct Found {
 /// Every run directory directly under `root` (one holding a `manifest.yaml`), by name; a
 /// manifest that does not parse is an error naming it.
 pub fn runs_in(root: &Path) -> Result<Vec<Found>> {
-    let mut dirs: Vec<PathBuf> = std::fs::read_dir(root)
-        .at(root)?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.is_dir())
-        .collect();
-    dirs.sort();
+    let dirs = crate::files::subdirs(root)?;
     let mut out = Vec::new();
     for dir in dirs {
         let manifest = RunDir::at(&dir).manifest();
