@@ -76,6 +76,13 @@ powered:
     cargo run --release -- reproduce all --scale mini --models qwen3-mini-xs,qwen3-mini-s --seeds 20 --results results/powered --figures figures/powered
     cargo run --release -- archive results/powered/mini/*/ --out results/mini-powered.tar.gz --no-checkpoints
 
+# Issue #48's powered runs of the two larger models (qwen3-mini-m and -l at 23 seeds, REPRODUCE.md
+# "Powered"): about 75 minutes on 2 quiet cores; then the archive.
+[group('reproduce')]
+powered-ml:
+    cargo run --release -- reproduce all --scale mini --models qwen3-mini-m,qwen3-mini-l --seeds 23 --results results/powered-ml --figures figures/powered-ml
+    cargo run --release -- archive results/powered-ml/mini/*/ --out results/mini-powered-ml.tar.gz --no-checkpoints
+
 # Rebuild the powered runs' reports from their shipped archive (verified first) and refresh the
 # `from-mini-powered/*` blocks of REPRODUCE.md (filled from results/, never the five-seed ones).
 [group('reproduce')]

@@ -12,6 +12,12 @@
 #   5 pipeline   `acpo pipeline` on qwen3-1.7b-grpo at paper shape, 2 steps, in the time left
 #                but the tests' (its metrics are written step by step)
 #   6 tests      the Rust CUDA tests (every kernel against its CPU twin, the model, training)
+#   7 decode     sampling at 64 prompts x (1,024 + SUITE_DECODE_NEW, default 1,024): `acpo bench
+#                generate` beside HF `generate` (tools/twins/bench_generate_torch.py), in what
+#                time is left (a whole run of both takes ~4.5 minutes on an H100)
+#
+# SUITE_STEPS picks the sections (default: all, in the order above), so that a second call
+# reruns only what the first left: SUITE_STEPS="pipeline tests" bash tools/gpu/suite.sh.
 #
 # A gate that fails stops the suite (SUITE_KEEP_GOING=1 runs on): what comes after it would
 # measure broken kernels or a binary that does not start. Every step runs under the smaller of
@@ -64,6 +70,15 @@ save() {
     cp "$res/summary.txt" "$OUT/summary.txt" 2>/dev/null
 }
 failed=0
+steps=" ${SUITE_STEPS:-kernels attention step pipeline tests decode} "
+for want in $steps; do
+    case "$want" in
+        kernels | attention | step | pipeline | tests | decode) ;;
+        *) echo "suite: SUITE_STEPS names '$want'; the sections are kernels attention step pipeline tests decode" >&2; exit 2 ;;
+    esac
+done
+# wanted SECTION: whether SUITE_STEPS includes it.
+wanted() { [[ "$steps" == *" $1 "* ]]; }
 # step NAME SECONDS LOGFILE CMD...: runs CMD under the smaller of SECONDS and what the deadline
 # leaves (less `reserve` seconds kept for later steps), logs the command and its exit (124: cut
 # by the time limit), saves.
@@ -193,6 +208,7 @@ log "== commit $(cat target/gpu/commit 2>/dev/null || git rev-parse HEAD 2>/dev/
 save
 
 # ---- 1: the kernels against their references (on the CPU: the emulator's build, its checks)
+if wanted kernels; then
 step "flash kernels check" 60 flash_kernels_check.log "$bin/flash_check"
 gate $? "the flash kernels check"
 tail -14 "$res/flash_kernels_check.log" | tee -a "$res/summary.txt"
@@ -204,9 +220,10 @@ tail -6 "$res/adamw_check.log" | tee -a "$res/summary.txt"
 step "other kernels check and timings" 60 ops_check.log "$bin/ops_check"
 gate $? "the other kernels check"
 tail -16 "$res/ops_check.log" | tee -a "$res/summary.txt"
+fi
 
 # ---- 2: one layer's attention, acpo beside torch's sdpa
-for len in "${lens[@]}"; do
+wanted attention && for len in "${lens[@]}"; do
     step "acpo flash attention qwen3-1.7b 2x$len" 45 "acpo-attention-$len.log" \
         "$acpo" bench attention --config "$cfg" --device "$device" --dtype bf16 \
         --seq-len "$len" --micro-batch 2 --repeats 3 --out "$res/attention-$len"
@@ -219,7 +236,7 @@ for len in "${lens[@]}"; do
 done
 
 # ---- 3, 4: the train step, memory and time by phase, beside the twin
-for len in "${lens[@]}"; do
+wanted step && for len in "${lens[@]}"; do
     step "acpo train-step qwen3-1.7b 2x$len --trace" 120 "acpo-train-$len.log" \
         "$acpo" bench train-step --config "$cfg" --device "$device" --dtype bf16 \
         --seq-len "$len" --prompt-len "$((len / 2 < 1024 ? len / 2 : 1024))" --micro-batch 2 \
@@ -234,7 +251,9 @@ for len in "${lens[@]}"; do
 done
 
 # ---- 5: a paper run end to end on random weights, in the time left but the tests'
-if [ -n "$data" ] && [ -n "$tokenizer" ]; then
+if ! wanted pipeline; then
+    :
+elif [ -n "$data" ] && [ -n "$tokenizer" ]; then
     reserve=$([ "$dry" = 1 ] && echo 0 || echo 75)
     step "acpo pipeline qwen3-1.7b-grpo (2 steps)" 600 pipeline-qwen3-1.7b-grpo.log \
         "$acpo" pipeline "$manifest" "${pipe_cfg[@]}" \
@@ -248,11 +267,28 @@ else
 fi
 
 # ---- 6: the Rust CUDA tests
-if [ -n "$it" ]; then
+if ! wanted tests; then
+    :
+elif [ -n "$it" ]; then
     step "cuda tests" 300 cuda_tests.log "$it" cuda:: --test-threads=1 --nocapture
     [ $? = 0 ] || failed=1
     grep -E '^(test |skipped|thread |test result)|relative error' "$res/cuda_tests.log" | tee -a "$res/summary.txt"
 else
     log "== cuda tests: skipped (no test binary: ACPO_IT_BIN)"
+fi
+
+# ---- 7: decode, acpo's sampler beside HF generate at one shape (the roofline: docs/CUDA.md)
+if wanted decode; then
+    new=${SUITE_DECODE_NEW:-1024}
+    gen=(--batch 64 --prompt-len 1024 --new-tokens "$new")
+    [ "$dry" = 1 ] && gen=(--batch 2 --prompt-len 16 --new-tokens 8)
+    torch_step "torch generate (dynamic cache) qwen3-1.7b ${gen[*]}" 200 torch-generate-dynamic.log \
+        tools/twins/bench_generate_torch.py --config "$cfg" "${gen[@]}" --repeats 1 --cache dynamic \
+        --json "$res/torch-generate-dynamic.json"
+    step "acpo generate qwen3-1.7b ${gen[*]}" 150 acpo-generate.log \
+        "$acpo" bench generate --config "$cfg" --device "$device" --dtype bf16 "${gen[@]}" \
+        --repeats 1 --out "$res/generate-paper"
+    [ $? = 0 ] || failed=1
+    tail -2 "$res/acpo-generate.log" | tee -a "$res/summary.txt"
 fi
 finish
