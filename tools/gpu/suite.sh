@@ -22,7 +22,7 @@
 # A gate that fails stops the suite (SUITE_KEEP_GOING=1 runs on): what comes after it would
 # measure broken kernels or a binary that does not start. Every step runs under the smaller of
 # its own limit and what SUITE_SECONDS (default 480: 8 minutes, the budget) leaves.
-# Expected times on an H100, from the last H100 run (results/gpu/NVIDIA-H100-80GB-HBM3-20261123):
+# Times on the last run (an H200, results/gpu/NVIDIA-H200-20261126) and the H100 before it:
 # docs/CUDA.md, "The next GPU run".
 #
 #   bash tools/gpu/suite.sh                on the GPU machine, `target/gpu` carried:
