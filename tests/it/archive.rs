@@ -296,29 +296,44 @@ fn shipped_archive_verifies_and_rebuilds_the_tables_quoted_in_reproduce() {
 /// never collide with the five-seed blocks).
 #[test]
 fn shipped_powered_archive_rebuilds_the_powered_verdict_quoted_in_reproduce() {
+    powered_archive_rebuilds_its_blocks("mini-powered", 20);
+}
+
+/// Issue #48's powered runs of the two larger models, shipped as results/mini-powered-ml.tar.gz:
+/// qwen3-mini-m and -l at seeds 1 to 23, rebuilt into REPRODUCE.md's `from-mini-powered-ml/*`
+/// blocks the same way.
+#[test]
+fn shipped_powered_ml_archive_rebuilds_the_powered_verdict_quoted_in_reproduce() {
+    powered_archive_rebuilds_its_blocks("mini-powered-ml", 23);
+}
+
+/// `results/<name>.tar.gz` (2 models x 4 methods x `seeds`) verifies, its SHA-256 is quoted in
+/// REPRODUCE.md, and its seeds, verdict and power tables are the `from-<name>/*` blocks there.
+fn powered_archive_rebuilds_its_blocks(name: &str, seeds: usize) {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let shipped = repo.join("results/mini-powered.tar.gz");
-    let guide = checksum_is_quoted(repo, "mini-powered.tar.gz");
+    let shipped = repo.join(format!("results/{name}.tar.gz"));
+    let guide = checksum_is_quoted(repo, &format!("{name}.tar.gz"));
     let tmp = tempfile::tempdir().expect("tmp");
     let results = rebuild_from(&shipped, tmp.path());
-    let root = results.join("from-mini-powered");
+    let root = results.join(format!("from-{name}"));
     assert_eq!(
         std::fs::read_dir(&root)
             .expect("unpacked")
             .filter(|e| e.as_ref().is_ok_and(|e| e.path().is_dir()))
             .count(),
-        160,
-        "2 models x 4 methods x 20 seeds"
+        2 * 4 * seeds,
+        "2 models x 4 methods x {seeds} seeds"
     );
+    // Only this archive's blocks: the other powered archive's are left as they are.
     let (filled, blocks) =
         acpo::report::doc::splice(Path::new("GUIDE.md"), &guide, &results).expect("splice");
     assert_eq!(
         blocks, 3,
-        "from-mini-powered/{{seeds,verdict,power}}.md are quoted"
+        "from-{name}/{{seeds,verdict,power}}.md are quoted"
     );
     assert_eq!(
         filled, guide,
-        "REPRODUCE.md's powered blocks differ from what the archive gives: run `just from-powered-archive`"
+        "REPRODUCE.md's powered blocks differ from what the archive gives: run `just from-powered-archive results/{name}.tar.gz`"
     );
 }
 
