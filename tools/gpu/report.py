@@ -19,6 +19,10 @@ import re
 import sys
 from pathlib import Path
 
+# The repository this script is in: the committed files a report sets beside the raw results
+# (the model's config, the CPU-predicted memory) are read from it, wherever it runs from.
+REPO = Path(__file__).resolve().parents[2]
+
 
 def latest(root, name):
     """The last file called `name` under root, in path order (the calls are numbered)."""
@@ -188,7 +192,7 @@ def attention(root):
     d, step = latest(root, "attention-2048"), latest(root, "paper-2048")
     if d and step and (d / "attention.json").exists() and (step / "train-step.json").exists():
         m = pat.search(load(d / "attention.json")[0]["shape"])
-        cfg = json.loads((Path(__file__).resolve().parents[2] / "experiments/paper/configs/qwen3-1.7b.json").read_text())
+        cfg = json.loads((REPO / "experiments/paper/configs/qwen3-1.7b.json").read_text())
         secs = load(step / "train-step.json")[0]["seconds"]
         if m:
             attn = cfg["num_hidden_layers"] * (float(m.group(1)) + float(m.group(3)))
@@ -334,25 +338,29 @@ def ops_check(root):
 def predicted_peaks():
     """The CPU-predicted peaks of the 2 x L train step (`acpo bench memory-predict`, committed
     in results/cpu-memory), by length: (peak, bound, phase) in bytes."""
-    path = Path(__file__).resolve().parents[2] / "results/cpu-memory/memory-predicted.json"
+    path = REPO / "results/cpu-memory/memory-predicted.json"
     if not path.exists():
         return {}
     return {r["shape"]["seq_len"]: (r["peak"], r["bound"], r["phase"]) for r in load(path)
             if r["variant"] == "all-savings" and r["shape"]["micro_batch"] == 2}
 
 
-def memory_vs_prediction(root):
+def peaks_beside_prediction(root):
+    """(length, acpo's train step, its predicted (peak, bound, phase)) for each length with both:
+    only runs of the prediction's code, issue #44's suite, which traces the step."""
     pred = predicted_peaks()
-    out = ["| tokens | measured peak GiB | phase of the peak | CPU-predicted GiB (bound) | predicted phase | measured ÷ predicted |",
-           "|---|---:|---|---:|---|---:|"]
     for length in (2048, 9220):
         acpo, _, _ = train_runs(root, length)
-        # only a run of the prediction's code: issue #44's suite, which traces the step
-        if not acpo or not acpo.get("trace") or length not in pred:
-            continue
+        if acpo and acpo.get("trace") and length in pred:
+            yield length, acpo, pred[length]
+
+
+def memory_vs_prediction(root):
+    out = ["| tokens | measured peak GiB | phase of the peak | CPU-predicted GiB (bound) | predicted phase | measured ÷ predicted |",
+           "|---|---:|---|---:|---|---:|"]
+    for length, acpo, (p, b, pphase) in peaks_beside_prediction(root):
         peak = acpo["memory"]["peak"]
-        phase = max(acpo.get("trace") or [{}], key=lambda m: m.get("peak") or 0).get("phase", "—")
-        p, b, pphase = pred[length]
+        phase = max(acpo["trace"], key=lambda m: m.get("peak") or 0).get("phase", "—")
         out.append(f"| 2 × {length} | {peak / 2**30:.1f} | {phase} | {p / 2**30:.1f} ({b / 2**30:.1f}) "
                    f"| {pphase} | {peak / p:.3f} |")
     if len(out) == 2:
@@ -363,13 +371,18 @@ def memory_vs_prediction(root):
 
 def pipeline_run(root):
     """`acpo pipeline` as far as it got: its metrics are written step by step, so a run cut by
-    the call's time still says what each finished step took."""
+    the call's time still says what each finished step took. Returns (steps done, steps asked,
+    peak GiB, how it ended) and the table of its steps; (None, []) where it did not run."""
     found = sorted(root.rglob("pipeline-results/*/*/metrics.jsonl"))
     if not found:
         return None, []
     steps = [json.loads(l) for l in found[-1].read_text().splitlines() if l.strip()]
     log = latest(root, "pipeline-qwen3-1.7b-grpo.log")
-    asked = re.search(r"training from step \d+ of (\d+)", log.read_text()) if log else None
+    text = log.read_text() if log else ""
+    asked = re.search(r"training from step \d+ of (\d+)", text)
+    cut = any(l.startswith("== acpo pipeline") and "(cut at" in l for l in summary_lines(root))
+    ended = ("out of memory" if "OUT_OF_MEMORY" in text
+             else "before the call's time ran out, no out-of-memory" if cut else "no out-of-memory")
     out = ["| step | s | gen s | old log-prob s | update s | gen tokens/s | peak GiB (gen, update) | response length |",
            "|---:|---:|---:|---:|---:|---:|---:|---:|"]
     for m in steps:
@@ -379,7 +392,7 @@ def pipeline_run(root):
                    f"| {fmt(g('perf/tokens_per_s/gen'))} | {g('perf/max_memory_allocated_gb/gen'):.1f}, "
                    f"{g('perf/max_memory_allocated_gb/update_actor'):.1f} | {g('response_length/mean'):.0f} |")
     return (len(steps), int(asked.group(1)) if asked else None,
-            max(m.get("perf/max_memory_allocated_gb/step", 0) for m in steps) if steps else 0), out
+            max(m.get("perf/max_memory_allocated_gb/step", 0) for m in steps) if steps else 0, ended), out
 
 
 def unfinished(lines):
@@ -394,6 +407,7 @@ def report(root):
     lines = summary_lines(root)
     tests, errs = tests_table(root)
     plan = latest(root, "paper-plan.md")
+    _, pipeline_steps = pipeline_run(root)
     parts = [
         f"Raw results: `{root}` ({machine(root, lines)}).", "",
         "**Correctness.**", "", *tests, "",
@@ -411,7 +425,7 @@ def report(root):
         "**Sampling** (issue #20):", "", *generate(root, lines), "",
         *(["**`acpo pipeline` on qwen3-1.7b-grpo at paper shape** (random weights, `--divisor 64`; "
            "each finished step's `timing_s/*` and memory from its metrics.jsonl):", "",
-           *pipeline_run(root)[1], ""] if pipeline_run(root)[1] else []),
+           *pipeline_steps, ""] if pipeline_steps else []),
         "**Steps cut by their time limit, out of memory or not run** (in any call, unless a later call ran the same step to the end):", "", *unfinished(lines), "",
     ]
     if plan:
@@ -505,21 +519,17 @@ def later_targets(root, generate):
         f = generate["roofline"]["fraction"]
         rows.append(("#34", "decoding at ≥ 60 % of the HBM roofline", f"{100 * f:.1f} %",
                      "yes" if f >= 0.6 else "no"))
+    for length, a, (p, b, _) in peaks_beside_prediction(root):
+        rows.append(("#44", f"the measured peak at 2 × {length} beside the CPU-predicted one",
+                     f"{a['memory']['peak'] / 2**30:.1f} GiB measured, {p / 2**30:.1f} predicted "
+                     f"(bound {b / 2**30:.1f})", "within the bound" if a["memory"]["peak"] <= b else "no"))
     done_steps, _ = pipeline_run(root)
-    pred = predicted_peaks()
-    for length in (2048, 9220):
-        a, _, _ = train_runs(root, length)
-        if a and a.get("trace") and length in pred:
-            p, b, _ = pred[length]
-            rows.append(("#44", f"the measured peak at 2 × {length} beside the CPU-predicted one",
-                         f"{a['memory']['peak'] / 2**30:.1f} GiB measured, {p / 2**30:.1f} predicted "
-                         f"(bound {b / 2**30:.1f})", "within the bound" if a["memory"]["peak"] <= b else "no"))
     pipe = latest(root, "pipeline")
     if done_steps and not (pipe and (pipe / "pipeline.json").exists()):
-        n, asked, peak = done_steps
+        n, asked, peak, ended = done_steps
         rows.append(("#34", "qwen3-1.7b-grpo at paper shape on one GPU, 2 steps, no out-of-memory",
-                     f"{n} of {asked} steps before the call's time ran out, no out-of-memory, peak {peak:.1f} GiB",
-                     "partly"))
+                     f"{n} of {asked} steps {ended}, peak {peak:.1f} GiB",
+                     "no" if ended == "out of memory" else "partly"))
     if pipe and (pipe / "pipeline.json").exists():
         runs = load(pipe / "pipeline.json")
         done = sorted(r["paper_run"] for r in runs)
