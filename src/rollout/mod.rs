@@ -337,24 +337,18 @@ fn decode_all(
 /// One length limit (when the request has them) and one sample key per prompt, and no empty
 /// prompt.
 fn check_request(prompts: &[Vec<u32>], keys: &[SampleKey], request: &SampleRequest) -> Result<()> {
-    if let Some(limits) = &request.limits {
-        if limits.len() != prompts.len() {
-            return Err(candle_core::Error::Msg(format!(
-                "{} prompts but {} length limits",
-                prompts.len(),
-                limits.len()
-            ))
-            .into());
+    // One of `what` per prompt.
+    let one_each = |n: usize, what: &str| -> Result<()> {
+        if n == prompts.len() {
+            return Ok(());
         }
+        let msg = format!("{} prompts but {n} {what}", prompts.len());
+        Err(candle_core::Error::Msg(msg).into())
+    };
+    if let Some(limits) = &request.limits {
+        one_each(limits.len(), "length limits")?;
     }
-    if prompts.len() != keys.len() {
-        return Err(candle_core::Error::Msg(format!(
-            "{} prompts but {} sample keys",
-            prompts.len(),
-            keys.len()
-        ))
-        .into());
-    }
+    one_each(keys.len(), "sample keys")?;
     if prompts.iter().any(Vec::is_empty) {
         return Err(candle_core::Error::Msg("cannot sample from an empty prompt".into()).into());
     }
