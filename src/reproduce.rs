@@ -266,6 +266,7 @@ pub fn train_runs(runs: Vec<Job>, data: &DataLocation, asked_jobs: Option<usize>
     }
     let finished = AtomicUsize::new(0);
     let runs_started = Instant::now();
+    let start_evals = std::sync::Arc::new(crate::train::StartEvals::new());
     queue.run(plan.runs.len(), &|k| {
         let (i, done) = plan.runs[k];
         let (exp, (text, results)) = (&exps[i], &places[i]);
@@ -281,6 +282,7 @@ pub fn train_runs(runs: Vec<Job>, data: &DataLocation, asked_jobs: Option<usize>
             max_steps: None,
             data: data.clone(),
             hub: HubOptions::from_env(),
+            start_evals: Some(start_evals.clone()),
         };
         let mut display = crate::progress::display(parallel.then(|| label(exp)));
         Trainer::new(exp, text, &opts)?.run(&opts, &mut display)?;
@@ -296,8 +298,9 @@ pub fn train_runs(runs: Vec<Job>, data: &DataLocation, asked_jobs: Option<usize>
         );
         Ok(())
     })?;
+    let (evaluated, reused) = start_evals.counts();
     println!(
-        "trained {} runs ({jobs} jobs) in {:.1} min",
+        "trained {} runs ({jobs} jobs) in {:.1} min; {evaluated} step-0 evaluations made, {reused} taken from a run with the same start model, evaluation and seed",
         plan.runs.len(),
         started.elapsed().as_secs_f64() / 60.0
     );

@@ -22,6 +22,7 @@ pub mod created;
 pub mod metrics;
 pub mod outcomes;
 pub mod probe;
+pub mod start_eval;
 pub mod step;
 pub mod update;
 pub mod warm_start;
@@ -48,6 +49,7 @@ use checkpoint::{CheckpointState, Models};
 
 pub use created::{ensure_model, init_fingerprint, InitRecord};
 pub use metrics::{step_line, StepMetrics};
+pub use start_eval::StartEvals;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TrainError {
@@ -120,6 +122,9 @@ pub struct TrainOptions {
     pub max_steps: Option<usize>,
     pub data: DataLocation,
     pub hub: HubOptions,
+    /// Step-0 evaluations shared with the other runs of this process ([`StartEvals`]); None:
+    /// the run evaluates its own.
+    pub start_evals: Option<std::sync::Arc<StartEvals>>,
 }
 
 /// What the run reports while it goes (for a progress display).
@@ -324,10 +329,17 @@ impl Trainer {
         });
         let fresh = ledger.state.step == 0 && ledger.resumed_from.is_none();
         if fresh && self.exp.trainer.evaluates_at_start() {
-            let accuracy = self.evaluate(0, opts, &mut ledger.eval_lines)?.0;
+            let summary = match &opts.start_evals {
+                Some(shared) => shared
+                    .get_or_evaluate(StartEvals::key(&self.exp, &opts.data), || {
+                        Ok::<_, TrainError>(self.eval_summary(0, opts)?.0)
+                    })?,
+                None => self.eval_summary(0, opts)?.0,
+            };
+            self.record_eval(&summary, &mut ledger.eval_lines)?;
             on_event(Event::Eval {
                 step: 0,
-                weighted_accuracy: accuracy,
+                weighted_accuracy: summary.weighted_accuracy,
             });
         }
         while ledger.state.step < stop_at {
@@ -499,6 +511,17 @@ impl Trainer {
         opts: &TrainOptions,
         eval_lines: &mut Vec<String>,
     ) -> Result<(f64, usize)> {
+        let (summary, tokens) = self.eval_summary(step, opts)?;
+        self.record_eval(&summary, eval_lines)?;
+        Ok((summary.weighted_accuracy, tokens))
+    }
+
+    /// The current policy's evaluation and the tokens it generated.
+    fn eval_summary(
+        &self,
+        step: usize,
+        opts: &TrainOptions,
+    ) -> Result<(crate::eval::EvalSummary, usize)> {
         let model = Qwen::new(&self.cfg, &self.policy, true)?;
         let (summary, records) = crate::eval::evaluate(
             &model,
@@ -508,10 +531,18 @@ impl Trainer {
             step,
             |_, _, _| {},
         )?;
-        eval_lines.push(to_json(&summary));
+        Ok((summary, records.iter().map(|r| r.num_tokens).sum()))
+    }
+
+    /// Appends `summary` to `eval.jsonl` (rewritten atomically).
+    fn record_eval(
+        &self,
+        summary: &crate::eval::EvalSummary,
+        eval_lines: &mut Vec<String>,
+    ) -> Result<()> {
+        eval_lines.push(to_json(summary));
         crate::atomic::write(&self.run.eval(), run::join_lines(eval_lines).as_bytes())?;
-        let tokens = records.iter().map(|r| r.num_tokens).sum();
-        Ok((summary.weighted_accuracy, tokens))
+        Ok(())
     }
 }
 

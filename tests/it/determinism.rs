@@ -202,6 +202,7 @@ fn train_briefly(ws: &Path, manifest: &str, threads: usize) -> BTreeMap<String, 
             cache_dir: out.join("hub"),
             offline: true,
         },
+        start_evals: None,
     };
     let pool = rayon::ThreadPoolBuilder::new()
         .num_threads(threads)

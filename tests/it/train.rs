@@ -50,6 +50,7 @@ pub(crate) fn options(out: &Path, resume: bool, max_steps: Option<usize>) -> Tra
             cache_dir: out.join("hub"),
             offline: true,
         },
+        start_evals: None,
     }
 }
 
@@ -791,4 +792,37 @@ fn the_checkpointed_backward_holds_one_layers_activations_at_a_time() {
             activations[0]
         );
     }
+}
+
+/// Runs of one start model, evaluation and seed share their step-0 evaluation in one process
+/// (`reproduce` and `sweep`, [`acpo::train::StartEvals`]): each run's eval.jsonl is byte for
+/// byte what it is when the run evaluates on its own, and another seed evaluates anew.
+#[test]
+fn a_shared_step_zero_evaluation_leaves_every_run_as_it_was() {
+    let ws = workspace();
+    let shared = std::sync::Arc::new(acpo::train::StartEvals::new());
+    let runs = [
+        ("smoke-ppo", "seed: 1"),
+        ("smoke-grpo-ac", "seed: 1"),
+        ("smoke-ppo-ac", "seed: 2"),
+    ];
+    for (name, seed) in runs {
+        let (exp, text) = manifest(ws.path(), name, &[("seed: 1\n", &format!("{seed}\n"))]);
+        let own = train(
+            &exp,
+            &text,
+            &options(&ws.path().join("own"), false, Some(1)),
+        )
+        .expect("trains");
+        let opts = TrainOptions {
+            start_evals: Some(shared.clone()),
+            ..options(&ws.path().join("shared"), false, Some(1))
+        };
+        let with_shared = train(&exp, &text, &opts).expect("trains");
+        let read = |dir: &Path| std::fs::read(dir.join("eval.jsonl")).expect("eval.jsonl");
+        assert!(!read(&own).is_empty());
+        assert_eq!(read(&own), read(&with_shared), "{name} ({seed})");
+    }
+    // smoke-ppo's evaluation at seed 1 served smoke-grpo-ac's; seed 2 made its own.
+    assert_eq!(shared.counts(), (2, 1));
 }

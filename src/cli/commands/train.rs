@@ -25,6 +25,7 @@ pub fn run(args: &TrainArgs) -> anyhow::Result<Outcome> {
         max_steps: args.max_steps,
         data: data_dir(&args.data_dir),
         hub: acpo::hub::HubOptions::from_env(),
+        start_evals: None,
     };
     let mut display = acpo::progress::display(None);
     acpo::train::ensure_model(&experiment, &mut display)?;
