@@ -6,7 +6,9 @@
 # REPRODUCE.md, the justfile), archives it without checkpoints, and copies the archive, its
 # .sha256 and its wall times (results/<archive>.timing.{json,md}) into this repository.
 #
-#   bash tools/checks/time_archives.sh ARCHIVE ...    (SCRATCH=DIR to choose the clone's place)
+#   bash tools/checks/time_archives.sh ARCHIVE ...
+#     SCRATCH=DIR: where the clone goes; COMMIT=REV: the commit to check out there (default HEAD),
+#     to add an archive to those an earlier call made at REV
 #     mini             the README's main job: 16 manifests x 5 seeds, results/mini.tar.gz
 #     study            issue #23's clipping study: the six sweeps, results/study.tar.gz
 #     mini-powered     qwen3-mini-xs and -s at 20 seeds (issue #38), results/mini-powered.tar.gz
@@ -27,6 +29,7 @@ scratch="${SCRATCH:-$(mktemp -d)/fresh}"
 t0=$(date +%s)
 git clone -q "$repo" "$scratch"
 cd "$scratch"
+git checkout -q "${COMMIT:-HEAD}"
 t1=$(date +%s)
 cargo build --release
 t2=$(date +%s)
