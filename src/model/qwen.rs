@@ -203,8 +203,10 @@ impl Attention {
             AttnMask::Bias(bias) => {
                 // The filled columns, read in place: each (row, head)'s keys are one matrix
                 // with the layout of a contiguous copy, only further apart in the buffer, and
-                // the batched product takes that stride (a copy per layer per decoded token
-                // cost a tenth of sampling; the products, and so every result, are unchanged).
+                // the batched product takes that stride, so the products, and every result,
+                // are unchanged. The copy this replaces was 8 % of an evaluation's profile, but
+                // the product now pays the cache misses it paid: 1-2 % saved
+                // (docs/PERFORMANCE.md, "The main job").
                 let (k, v) = (kb.narrow(2, 0, s)?, vb.narrow(2, 0, s)?);
                 crate::fused::attention_composed(&q, &k, &v, bias, scale)?
             }

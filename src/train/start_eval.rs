@@ -5,9 +5,10 @@
 //! suite and where the data is read, its device and its seed (sampling is keyed by seed,
 //! benchmark, problem and sample: [`crate::eval`]), and on nothing its algorithm sets: the four
 //! methods of a seed evaluate one model to the same bytes. `reproduce` and `sweep` train many
-//! such runs in one process (the main job's 80 runs hold 20 distinct step-0 evaluations in 80,
-//! a sixth of all its evaluation work): the first run of a key evaluates, the others take its
-//! summary, and a run's `eval.jsonl` is the same either way (tests/it/train.rs).
+//! such runs in one process (the main job's 80 runs need 20 distinct step-0 evaluations, not 80:
+//! the 60 it no longer makes were 15 % of its 400 evaluations): the first run of a key
+//! evaluates, the others take its summary, and a run's `eval.jsonl` is the same either way
+//! (tests/it/train.rs).
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
