@@ -79,15 +79,21 @@ impl CustomOp2 for MatMul {
             candle_core::bail!("{}: a has {k} columns, b {k2} rows", self.name());
         }
         let (lhs, rhs) = (Operand::of(l1, self.name())?, Operand::of(l2, self.name())?);
-        let mut dst = vec![0f32; m * n];
-        if m > 0 && n > 0 {
-            for (i, (d0, len)) in depth_blocks(m, n, k, lhs, rhs).into_iter().enumerate() {
-                // SAFETY: the layouts are candle's for storages of these lengths, so every
-                // (row, column) they address lies inside `a` and `b` (the depth offset d0 + len
-                // stays within k); `dst` is m·n long and written row-major.
-                unsafe { gemm_block(&mut dst, (m, n, len), (a, lhs), (b, rhs), d0, i > 0) };
-            }
+        if m == 0 || n == 0 || k == 0 {
+            return Ok((CpuStorage::F32(vec![0f32; m * n]), Shape::from((m, n))));
         }
+        // Not zeroed first: the first depth block writes every output without reading it, and
+        // clearing new buffers was 9 % of an evaluation's profile (docs/PERFORMANCE.md).
+        let mut dst = Vec::<f32>::with_capacity(m * n);
+        for (i, (d0, len)) in depth_blocks(m, n, k, lhs, rhs).into_iter().enumerate() {
+            // SAFETY: the layouts are candle's for storages of these lengths, so every
+            // (row, column) they address lies inside `a` and `b` (the depth offset d0 + len
+            // stays within k); `dst` has room for m·n, written row-major, and read (added to)
+            // only by the blocks after the first, which has written all of it.
+            unsafe { gemm_block(dst.as_mut_ptr(), (m, n, len), (a, lhs), (b, rhs), d0, i > 0) };
+        }
+        // SAFETY: the first block wrote all m·n outputs (k > 0, so there is one).
+        unsafe { dst.set_len(m * n) };
         Ok((CpuStorage::F32(dst), Shape::from((m, n))))
     }
 
@@ -107,13 +113,14 @@ impl CustomOp2 for MatMul {
 }
 
 /// `dst (m, n) [+]= a[:, d0..d0 + k] · b[d0..d0 + k, :]`: one gemm call as candle makes it
-/// (output row-major; writing it when `accumulate` is false, adding to it otherwise).
+/// (output row-major; writing it without reading when `accumulate` is false, adding to it
+/// otherwise).
 ///
 /// # Safety
 /// `a` and `b` must hold every element their operands address for `m` rows, `n` columns and
-/// depths `d0..d0 + k`, and `dst` must be `m · n` long.
+/// depths `d0..d0 + k`; `dst` must have room for `m · n`, initialised when `accumulate`.
 unsafe fn gemm_block(
-    dst: &mut [f32],
+    dst: *mut f32,
     (m, n, k): (usize, usize, usize),
     (a, lhs): (&[f32], Operand),
     (b, rhs): (&[f32], Operand),
@@ -130,7 +137,7 @@ unsafe fn gemm_block(
         m,
         n,
         k,
-        dst.as_mut_ptr(),
+        dst,
         1,
         n as isize,
         accumulate,

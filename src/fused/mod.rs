@@ -32,6 +32,8 @@
 //! `cuda` module in the op's own file (`launch` holds what the launches share), tested against
 //! the CPU op in `tests/it/cuda.rs`.
 
+mod decode_attention;
+mod expf;
 mod flash;
 #[cfg(feature = "cuda")]
 pub(crate) mod launch;
@@ -45,6 +47,8 @@ mod swiglu;
 mod vocab;
 mod vocab_chunk;
 
+pub use decode_attention::attention_decode;
+pub use expf::exp_in_place;
 pub use flash::{
     attention_composed, flash_applies, flash_attention, FlashDims, FLASH_MAX_HEAD_DIM,
 };

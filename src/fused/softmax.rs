@@ -48,13 +48,8 @@ impl CustomOp2 for ScaledMaskedSoftmax {
         for_rows(&mut y, n, |i, out| {
             let (bi, ti) = (i / per_b, i % t);
             let brow = &bias[(bi * t + ti) * n..(bi * t + ti + 1) * n];
-            for ((o, &v), &c) in out.iter_mut().zip(&x[i * n..(i + 1) * n]).zip(brow) {
-                *o = v * self.scale + c;
-            }
-            let m = row_max(out);
-            let sum = exp_shifted_in_place(out, m);
-            let inv = 1.0 / sum;
-            out.iter_mut().for_each(|o| *o *= inv);
+            out.copy_from_slice(&x[i * n..(i + 1) * n]);
+            scaled_masked_row(out, brow, self.scale);
         });
         Ok((CpuStorage::F32(y), l1.shape().clone()))
     }
@@ -164,4 +159,16 @@ pub(crate) mod cuda {
             ))
         })
     }
+}
+
+/// One row of [`attention_probs`] in place: `row = softmax(row · scale + mask)`. The decode
+/// step's attention (`decode_attention.rs`) shares it, so both give the same bits.
+pub(super) fn scaled_masked_row(row: &mut [f32], mask: &[f32], scale: f32) {
+    for (o, &c) in row.iter_mut().zip(mask) {
+        *o = *o * scale + c;
+    }
+    let m = row_max(row);
+    let sum = exp_shifted_in_place(row, m);
+    let inv = 1.0 / sum;
+    row.iter_mut().for_each(|o| *o *= inv);
 }

@@ -6,8 +6,16 @@ use rayon::prelude::*;
 
 use super::{for_rows, fused_on, parallel, slice_f32};
 
-fn sigmoid(v: f32) -> f32 {
-    1.0 / (1.0 + (-v).exp())
+/// `out[i] = sigmoid(x[i]) = 1 / (1 + exp(−x[i]))`, the exponentials eight at a time
+/// ([`super::exp_in_place`], `f32::exp`'s bits).
+fn sigmoids(x: &[f32], out: &mut [f32]) {
+    for (o, &v) in out.iter_mut().zip(x) {
+        *o = -v;
+    }
+    super::exp_in_place(out);
+    for o in out.iter_mut() {
+        *o = 1.0 / (1.0 + *o);
+    }
 }
 
 /// silu(g) ⊙ u, the MLP's gate: one pass instead of silu, then a product.
@@ -34,8 +42,9 @@ impl CustomOp2 for SwiGlu {
         let mut y = vec![0f32; g.len()];
         for_rows(&mut y, n, |i, out| {
             let (gr, ur) = (&g[i * n..(i + 1) * n], &u[i * n..(i + 1) * n]);
+            sigmoids(gr, out);
             for ((o, &a), &b) in out.iter_mut().zip(gr).zip(ur) {
-                *o = a * sigmoid(a) * b;
+                *o = a * *o * b;
             }
         });
         Ok((CpuStorage::F32(y), l1.shape().clone()))
@@ -91,9 +100,10 @@ impl CustomOp3 for SwiGluBwd {
         let mut out = vec![0f32; 2 * len];
         let (dg, du) = out.split_at_mut(len);
         let work = |i: usize, dgr: &mut [f32], dur: &mut [f32]| {
+            sigmoids(&g[i * n..i * n + dgr.len()], dgr); // σ, read before dg is written
             for j in 0..dgr.len() {
                 let k = i * n + j;
-                let sg = sigmoid(g[k]);
+                let sg = dgr[j];
                 dgr[j] = dy[k] * u[k] * sg * (1.0 + g[k] * (1.0 - sg));
                 dur[j] = dy[k] * g[k] * sg;
             }

@@ -208,7 +208,16 @@ impl Attention {
                 // the product now pays the cache misses it paid: 1-2 % saved
                 // (docs/PERFORMANCE.md, "The main job").
                 let (k, v) = (kb.narrow(2, 0, s)?, vb.narrow(2, 0, s)?);
-                crate::fused::attention_composed(&q, &k, &v, bias, scale)?
+                // A detached model's decode step: the same numbers without gemm's per-call
+                // cost (fused::attention_decode).
+                let decoded = match (t, &self.q.decode) {
+                    (1, Some(_)) => crate::fused::attention_decode(&q, &k, &v, bias, scale)?,
+                    _ => None,
+                };
+                match decoded {
+                    Some(out) => out,
+                    None => crate::fused::attention_composed(&q, &k, &v, bias, scale)?,
+                }
             }
             // The kernel reads the buffer in place, its first `s` columns.
             AttnMask::Keys { valid, past } => {

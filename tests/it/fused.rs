@@ -599,3 +599,152 @@ fn matmul_is_candles_where_gemm_does_not_block_by_cache_on_any_thread_count() {
         );
     }
 }
+
+/// The decode step's attention (one query per row) gives the composed attention's numbers bit
+/// for bit: keys and values read in place from a cache with room beyond them, padding masked,
+/// on both sides of gemm's horizontal-kernel threshold (r·s = 256), head sizes that are and are
+/// not multiples of 8; shapes gemm sends elsewhere are refused (the caller keeps candle's).
+#[test]
+fn decode_attention_equals_the_composed_attention_bit_for_bit() {
+    let mut seed = 0;
+    let shapes = [
+        (3, 2, 2, 16),
+        (2, 2, 3, 16),
+        (2, 1, 4, 12),
+        (1, 3, 2, 5),
+        (2, 2, 2, 8),
+        (2, 2, 3, 12),
+        (1, 1, 5, 24),
+    ];
+    for (b, kv, rep, d) in shapes {
+        for s in [3, 7, 8, 41, 64, 85, 86, 100, 128, 129, 200] {
+            seed += 1;
+            let cap = s + 9;
+            let q = randn(seed, &[b, kv * rep, 1, d], 1.0);
+            let kbuf = randn(seed + 1000, &[b, kv, cap, d], 1.0);
+            let vbuf = randn(seed + 2000, &[b, kv, cap, d], 1.0);
+            let (k, v) = (kbuf.narrow(2, 0, s).unwrap(), vbuf.narrow(2, 0, s).unwrap());
+            // Left padding: row bi's first bi keys are masked.
+            let mask: Vec<f32> = (0..b)
+                .flat_map(|bi| (0..s).map(move |j| if j < bi { -1e9 } else { 0.0 }))
+                .collect();
+            let bias = Tensor::from_vec(mask, (b, 1, 1, s), &Device::Cpu).unwrap();
+            let scale = 1.0 / (d as f64).sqrt();
+            let composed = fused::attention_composed(&q, &k, &v, &bias, scale).unwrap();
+            let decoded = fused::attention_decode(&q, &k, &v, &bias, scale)
+                .unwrap()
+                .expect("applies");
+            let bits = |t: &Tensor| -> Vec<u32> {
+                let v = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+                v.iter().map(|x| x.to_bits()).collect()
+            };
+            assert_eq!(
+                bits(&decoded),
+                bits(&composed),
+                "b {b}, kv {kv}, rep {rep}, s {s}, d {d}"
+            );
+        }
+    }
+    // One query head per key head, or two keys: gemm's gemv and gevv paths, left to candle.
+    let q = randn(1, &[1, 2, 1, 16], 1.0);
+    let kv = randn(2, &[1, 2, 5, 16], 1.0);
+    let bias = Tensor::zeros((1, 1, 1, 5), DType::F32, &Device::Cpu).unwrap();
+    assert!(fused::attention_decode(&q, &kv, &kv, &bias, 0.25)
+        .unwrap()
+        .is_none());
+    let two = kv.narrow(2, 0, 2).unwrap();
+    let bias2 = bias.narrow(3, 0, 2).unwrap();
+    let q4 = randn(3, &[1, 4, 1, 16], 1.0);
+    assert!(fused::attention_decode(&q4, &two, &two, &bias2, 0.25)
+        .unwrap()
+        .is_none());
+}
+
+/// Floats `first, first + stride, …` (as bit patterns) through `fused::exp_in_place` and
+/// through `f32::exp` (the C library's `expf`): the bits that differ, as (input, ours, libm).
+fn exp_mismatches(first: u64, stride: u64) -> Vec<(u32, u32, u32)> {
+    let mut bad = Vec::new();
+    let mut buf = Vec::with_capacity(1 << 16);
+    let mut w = first;
+    while w <= u32::MAX as u64 {
+        buf.clear();
+        while buf.len() < 1 << 16 && w <= u32::MAX as u64 {
+            buf.push(f32::from_bits(w as u32));
+            w += stride;
+        }
+        let mut ours = buf.clone();
+        fused::exp_in_place(&mut ours);
+        for (&x, &y) in buf.iter().zip(&ours) {
+            let want = x.exp();
+            // NaNs compare as NaN (their payloads may differ between paths).
+            if y.to_bits() != want.to_bits() && !(y.is_nan() && want.is_nan()) {
+                bad.push((x.to_bits(), y.to_bits(), want.to_bits()));
+            }
+        }
+    }
+    bad
+}
+
+/// The vectorised `expf` gives `f32::exp`'s bits: a sweep over every exponent and sign (one
+/// float in 251), the values where glibc's FMA and SSE2 variants differ, the edges of its fast
+/// path (|x| near 88, where lanes fall back to the scalar call), zeros, infinities and NaN, and
+/// lengths that leave a scalar tail.
+#[test]
+fn exp_matches_libm_bit_for_bit() {
+    assert_eq!(exp_mismatches(7, 251), vec![]);
+    // The first eight in one vector (no lane leaves the fast path), the rest with fallbacks.
+    let edges: Vec<f32> = [
+        0x4202422F_u32,
+        0xC27C65D9,
+        0x42AFFFFF,
+        0xC2AFFFFF,
+        0x3F800000,
+        0x33800000,
+        0xB3800000,
+        0x0,
+        0x42B00000,
+        0xC2B00000,
+        0x42B17218,
+        0xC2CFF1B5,
+        0x80000000,
+        0x7F800000,
+        0xFF800000,
+        0x7FC00000,
+        0x00000001,
+        0x80000001,
+        0x41200000,
+        0xC1200000,
+        0x3DCCCCCD,
+    ]
+    .iter()
+    .map(|&b| f32::from_bits(b))
+    .collect();
+    for len in [edges.len(), 16, 8, 7, 1] {
+        let mut ours = edges[..len].to_vec();
+        fused::exp_in_place(&mut ours);
+        for (&x, &y) in edges.iter().zip(&ours) {
+            let want = x.exp();
+            assert!(
+                y.to_bits() == want.to_bits() || (y.is_nan() && want.is_nan()),
+                "exp({x:e} = {:#010x}): {:#010x}, libm {:#010x}",
+                x.to_bits(),
+                y.to_bits(),
+                want.to_bits()
+            );
+        }
+    }
+}
+
+/// Every one of the 2^32 floats (a minute on two cores): `cargo test --release --test it --
+/// --ignored exp_matches_libm_on_every_float`.
+#[test]
+#[ignore]
+fn exp_matches_libm_on_every_float() {
+    let bad = exp_mismatches(0, 1);
+    assert!(
+        bad.is_empty(),
+        "{} differ, first {:x?}",
+        bad.len(),
+        &bad[..bad.len().min(8)]
+    );
+}
