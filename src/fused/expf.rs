@@ -8,7 +8,8 @@
 //! 32-entry table with k's upper bits added to the exponent; y = (C0·r + C1)·r² + (C2·r + 1);
 //! then (float)(y·s). GCC compiles the FMA variant with every `a·b ± c` fused, z's two uses
 //! included (so z itself is never rounded): at x = 0x4202422f and 0xc27c65d9 the unfused
-//! variant's results are one unit lower. Inputs of magnitude 88 or more (and NaN) take glibc's own call, lane by lane.
+//! variant's results are one unit lower. Eight inputs of which one is of magnitude 88 or more
+//! (or NaN), where glibc leaves this path, take glibc's own call, all eight.
 //! `tests/it/fused.rs` holds every result to `f32::exp` over a sweep of all floats, and
 //! `exp_matches_libm_on_every_float` (ignored: a minute) over all 2^32.
 

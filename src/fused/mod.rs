@@ -24,6 +24,10 @@
 //! - [`linear_small_m`]: `x · Wᵀ` for a handful of rows (sampling decodes 1 token per sequence):
 //!   a general GEMM packs W for every call, which costs more than the product at these shapes;
 //!   this kernel streams W once, row by row.
+//! - [`attention_decode`]: a decode step's attention (one query per row, no backward) with the
+//!   composed attention's numbers bit for bit, without two gemm calls per (row, key head).
+//! - [`exp_in_place`]: `f32::exp` eight at a time with libm's bits (glibc's `expf` in AVX2),
+//!   for SwiGLU.
 //!
 //! Every op lives in its own file beside its composed reference path (other devices, other
 //! dtypes) — the twin a CUDA kernel is tested against too — and the tests in

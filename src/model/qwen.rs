@@ -404,10 +404,16 @@ impl KvCache {
     /// Keeps the batch rows `rows` (for dropping finished sequences during sampling); the
     /// buffers keep their capacity.
     pub fn select_rows(&self, rows: &Tensor) -> Result<KvCache> {
+        let keep = |buf: &Tensor| -> Result<Tensor> {
+            Ok(match kept_rows(buf, rows, self.len)? {
+                Some(kept) => kept,
+                None => buf.index_select(rows, 0)?,
+            })
+        };
         let layers = self
             .layers
             .iter()
-            .map(|(k, v)| Ok((k.index_select(rows, 0)?, v.index_select(rows, 0)?)))
+            .map(|(k, v)| Ok((keep(k)?, keep(v)?)))
             .collect::<Result<Vec<_>>>()?;
         Ok(KvCache { layers, ..*self })
     }
@@ -494,6 +500,41 @@ impl LayerCache {
             }
         }
     }
+}
+
+/// The batch rows `rows` of a CPU f32 cache buffer `buf` `(B, KV, cap, D)` in a new buffer of
+/// the same capacity: each (row, head)'s first `len` columns copied, the rest zeros (columns at
+/// `len` and beyond are written before they are read). `index_select` makes the same filled
+/// columns, but clears the whole new buffer and then copies every column: twice the passes,
+/// 4 % of an evaluation's profile. None where it does not apply (another device or dtype).
+fn kept_rows(buf: &Tensor, rows: &Tensor, len: usize) -> Result<Option<Tensor>> {
+    if !buf.device().is_cpu() || buf.dtype() != DType::F32 || !buf.is_contiguous() {
+        return Ok(None);
+    }
+    let (b, kv, cap, d) = buf.dims4()?;
+    let picks = rows.to_vec1::<u32>()?;
+    if let Some(&bad) = picks.iter().find(|&&r| r as usize >= b) {
+        let msg = format!("select_rows: row {bad} of a cache of {b} rows");
+        return Err(candle_core::Error::Msg(msg).into());
+    }
+    let (storage, layout) = buf.storage_and_layout();
+    let candle_core::Storage::Cpu(cpu) = &*storage else {
+        return Ok(None);
+    };
+    let src = &cpu.as_slice::<f32>()?[layout.start_offset()..];
+    let mut out = Vec::with_capacity(picks.len() * kv * cap * d);
+    for &r in &picks {
+        for h in 0..kv {
+            let at = (r as usize * kv + h) * cap * d;
+            out.extend_from_slice(&src[at..at + len * d]);
+            out.resize(out.len() + (cap - len) * d, 0.0);
+        }
+    }
+    Ok(Some(Tensor::from_vec(
+        out,
+        (picks.len(), kv, cap, d),
+        buf.device(),
+    )?))
 }
 
 /// The first `len` columns of the cache buffer `buf` `(B, KV, _, D)` in a new zeroed buffer of
