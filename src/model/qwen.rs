@@ -508,10 +508,17 @@ impl LayerCache {
 /// columns, but clears the whole new buffer and then copies every column: twice the passes,
 /// 4 % of an evaluation's profile. None where it does not apply (another device or dtype).
 fn kept_rows(buf: &Tensor, rows: &Tensor, len: usize) -> Result<Option<Tensor>> {
-    if !buf.device().is_cpu() || buf.dtype() != DType::F32 || !buf.is_contiguous() {
+    if !buf.device().is_cpu()
+        || buf.dtype() != DType::F32
+        || !buf.is_contiguous()
+        || rows.dtype() != DType::U32
+    {
         return Ok(None);
     }
     let (b, kv, cap, d) = buf.dims4()?;
+    if len > cap {
+        return Ok(None);
+    }
     let picks = rows.to_vec1::<u32>()?;
     if let Some(&bad) = picks.iter().find(|&&r| r as usize >= b) {
         let msg = format!("select_rows: row {bad} of a cache of {b} rows");
@@ -937,5 +944,38 @@ impl Critic {
             .forward(hidden)?
             .squeeze(D::Minus1)?
             .to_dtype(DType::F32)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Dropping rows keeps each kept row's buffers as `index_select` does: the filled columns
+    /// copied, and the capacity beyond them (never read before written) zeros.
+    #[test]
+    fn kept_rows_equal_index_select_on_the_filled_columns() {
+        let (b, kv, cap, d, len) = (5, 2, 7, 3, 4);
+        let n = b * kv * cap * d;
+        // Filled columns hold their index + 1; the unfilled ones zeros, as a cache keeps them.
+        let data: Vec<f32> = (0..n)
+            .map(|i| {
+                if (i / d) % cap < len {
+                    i as f32 + 1.0
+                } else {
+                    0.0
+                }
+            })
+            .collect();
+        let buf = Tensor::from_vec(data, (b, kv, cap, d), &Device::Cpu).unwrap();
+        let rows = Tensor::new(&[4u32, 0, 2], &Device::Cpu).unwrap();
+        let kept = kept_rows(&buf, &rows, len).unwrap().expect("applies");
+        let want = buf.index_select(&rows, 0).unwrap();
+        assert_eq!(kept.dims(), want.dims());
+        let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        assert_eq!(flat(&kept), flat(&want));
+        // A row outside the batch is an error, not a read beyond the buffer.
+        let bad = Tensor::new(&[5u32], &Device::Cpu).unwrap();
+        assert!(kept_rows(&buf, &bad, len).is_err());
     }
 }
