@@ -25,8 +25,8 @@
 
 use candle_core::{Storage, Tensor};
 
-use super::applies;
 use super::softmax::scaled_masked_row;
+use super::{applies, avx2_fma};
 
 /// Outputs up to which gemm takes its horizontal kernel (`gemm_basic_generic`).
 const HORIZONTAL_OUTPUTS: usize = 256;
@@ -56,7 +56,7 @@ pub fn attention_decode(
         && v.dims4()? == (b, kv, s, d)
         && bias.dims4()? == (b, 1, 1, s)
         && [q, k, v, bias].iter().all(|x| applies(x))
-        && fma_available();
+        && avx2_fma();
     if !fits {
         return Ok(None);
     }
@@ -104,7 +104,7 @@ pub fn attention_decode(
                 s,
                 d,
             };
-            // SAFETY: fma_available() above; the block's last key and value lie in their
+            // SAFETY: avx2_fma() above; the block's last key and value lie in their
             // buffers (checked above); `probs` holds rep·s and the query and output rows rep·d.
             unsafe {
                 scores(&block, &qd[heads.clone()], horizontal, &mut probs);
@@ -126,17 +126,6 @@ struct Block {
     value_stride: usize,
     s: usize,
     d: usize,
-}
-
-fn fma_available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    {
-        false
-    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -354,7 +343,7 @@ unsafe fn weighted_values_any(block: &Block, probs: &[f32], out: &mut [f32]) {
     }
 }
 
-// Elsewhere `fma_available()` is false and `attention_decode` returns before any kernel runs;
+// Elsewhere `avx2_fma()` is false and `attention_decode` returns before any kernel runs;
 // these only let it compile.
 #[cfg(not(target_arch = "x86_64"))]
 unsafe fn scores(_: &Block, _: &[f32], _: bool, _: &mut [f32]) {

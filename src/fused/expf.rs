@@ -19,8 +19,7 @@
 pub fn exp_in_place(buf: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
+        if super::avx2_fma() {
             // SAFETY: the features were just checked.
             return unsafe { exp_avx2(buf) };
         }

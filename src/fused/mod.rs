@@ -72,6 +72,19 @@ use rayon::prelude::*;
 /// pool costs more than the work; the same threshold as candle's own element-wise ops.
 const PAR_MIN_ELEMS: usize = 1 << 16;
 
+/// Whether this CPU runs the AVX2 + FMA kernels of this module (x86-64 only). Their sums are
+/// gemm's and libm's where they repeat them; elsewhere the scalar paths round differently.
+pub(crate) fn avx2_fma() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// Whether the fused CPU path applies to `t`.
 pub fn applies(t: &Tensor) -> bool {
     t.device().is_cpu() && t.dtype() == DType::F32
@@ -172,8 +185,7 @@ fn exp_shifted_in_place(buf: &mut [f32], shift: f32) -> f32 {
 unsafe fn exp_kernel(src: *const f32, dst: *mut f32, n: usize, shift: f32, scale: f32) -> f32 {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
+        if avx2_fma() {
             return exp_kernel_avx2(src, dst, n, shift, scale);
         }
     }

@@ -99,8 +99,7 @@ impl CustomOp2 for LinearSmallM {
 fn dot_rows(x: &[f32], m: usize, w: &[f32], out: &mut [f32], packed: bool) {
     #[cfg(target_arch = "x86_64")]
     {
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")
-        {
+        if super::avx2_fma() {
             // SAFETY: the features each kernel is compiled for were just detected, and both
             // read only inside `x` (m·k) and `w` (nb·k) and write only `out` (nb·m); their
             // prefetches may point past `w`, which reads nothing.
