@@ -90,6 +90,16 @@ from-powered-archive archive="results/mini-powered.tar.gz":
     cargo run --release -- reproduce all --scale mini --from {{archive}}
     cargo run --release -- doc REPRODUCE.md --from results
 
+# Both powered archives' runs read together (all four sizes, 8 matched pairs): one verdict with
+# the step test Holm-adjusted over the 8 pairs and the pooled estimate per family, into
+# results/from-mini-powered-all/ and its blocks of REPRODUCE.md.
+[group('reproduce')]
+from-powered-archives:
+    cargo run --release -- reproduce all --scale mini --from results/mini-powered.tar.gz
+    cargo run --release -- reproduce all --scale mini --from results/mini-powered-ml.tar.gz
+    cargo run --release -- report table1 --runs results/from-mini-powered --runs results/from-mini-powered-ml --out results/from-mini-powered-all
+    cargo run --release -- doc REPRODUCE.md --from results
+
 # Set up the pinned CUDA 13.0 toolkit from PyPI wheels (no GPU needed) and build the CUDA binary
 # target/release/acpo with the kernels of kernels/ (docs/CUDA.md).
 [group('cuda')]

@@ -309,6 +309,15 @@ pub struct ReportArgs {
     /// with the generated files (table1.md, speedup.md, ...).
     #[arg(long)]
     pub doc: Option<PathBuf>,
+    /// Read the run directories of these folders together (repeatable) instead of
+    /// <results>/<scale>, and write the reports into --out: e.g. both powered archives'
+    /// unpacked runs, for one verdict over all their pairs.
+    #[arg(long = "runs", requires = "out")]
+    pub runs: Vec<PathBuf>,
+    /// Where the reports of --runs go (created if missing; its figures under
+    /// <figures>/<its name>).
+    #[arg(long, requires = "runs")]
+    pub out: Option<PathBuf>,
 }
 
 #[derive(Debug, Args)]

@@ -12,7 +12,9 @@ pub mod doc;
 pub mod figures;
 pub mod plot;
 pub mod seeds;
+pub mod stats;
 pub mod table;
+pub mod verdict;
 
 /// The paper's reported Table 1 (`paper/table1.csv`; its source is in `paper/README.md`).
 pub const PAPER_TABLE1: &str = include_str!("../../paper/table1.csv");
@@ -650,10 +652,43 @@ pub fn write(
     figures: &Path,
     compare_paper_too: bool,
 ) -> Result<(String, Vec<PathBuf>)> {
-    let runs = load_results(root)?;
+    write_from(artifact, &[root], root, figures, compare_paper_too)
+}
+
+/// As [`write`], from the run directories of several folders read together (such as two
+/// archives' unpacked runs, for one verdict over all their pairs), the reports written into
+/// `root`. A (model, method, seed) found twice is refused: a pair must know its runs.
+pub fn write_from(
+    artifact: Artifact,
+    sources: &[&Path],
+    root: &Path,
+    figures: &Path,
+    compare_paper_too: bool,
+) -> Result<(String, Vec<PathBuf>)> {
+    let mut runs: Vec<RunResult> = Vec::new();
+    for source in sources {
+        for r in load_results(source)? {
+            if let Some(twin) = runs
+                .iter()
+                .find(|o| o.model == r.model && o.algorithm == r.algorithm && o.seed == r.seed)
+            {
+                return Err(ReportError::Invalid {
+                    path: r.dir.clone(),
+                    reason: format!(
+                        "a second run of {} {} seed {} (the first: {})",
+                        r.model,
+                        r.algorithm.paper_name(),
+                        r.seed,
+                        twin.dir.display()
+                    ),
+                });
+            }
+            runs.push(r);
+        }
+    }
     if runs.is_empty() {
         return Err(ReportError::Invalid {
-            path: root.to_owned(),
+            path: sources.first().map_or(root, |s| *s).to_owned(),
             reason: "no run directories with eval.jsonl (train first: acpo train MANIFEST)".into(),
         });
     }
@@ -717,7 +752,7 @@ fn stage(
         let pairs = seeds::pairs(all)?;
         let md = seeds::markdown(&pairs);
         put(set, "seeds.md", &md)?;
-        put(set, "verdict.md", &seeds::verdict_markdown(&pairs))?;
+        put(set, "verdict.md", &verdict::markdown(&pairs))?;
         put(set, "power.md", &seeds::power_markdown(&pairs))?;
         shown.push_str(&md);
     }

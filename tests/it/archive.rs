@@ -289,51 +289,81 @@ fn shipped_archive_verifies_and_rebuilds_the_tables_quoted_in_reproduce() {
     );
 }
 
-/// Issue #38's powered runs, shipped as results/mini-powered.tar.gz (REPRODUCE.md, "Powered"):
-/// the xs and s models at seeds 1 to 20; it verifies, its SHA-256 is quoted, and the paired
-/// differences, the verdict with its bounds and the power table rebuilt from it are exactly the
-/// `from-mini-powered/*` blocks REPRODUCE.md quotes (filled from the results root, so they
-/// never collide with the five-seed blocks).
+/// The powered runs, shipped as results/mini-powered.tar.gz (xs and s at seeds 1 to 20) and
+/// results/mini-powered-ml.tar.gz (m and l at seeds 1 to 23), REPRODUCE.md "Powered": each
+/// verifies, its SHA-256 is quoted, and the paired differences, the verdict with its bounds and
+/// the power table rebuilt from it are exactly its `from-<name>/*` blocks (filled from the
+/// results root, so they never collide with the five-seed blocks); the runs of both read
+/// together give the verdict over all four sizes, `from-mini-powered-all/verdict.md`.
 #[test]
-fn shipped_powered_archive_rebuilds_the_powered_verdict_quoted_in_reproduce() {
-    powered_archive_rebuilds_its_blocks("mini-powered", 20);
-}
-
-/// Issue #48's powered runs of the two larger models, shipped as results/mini-powered-ml.tar.gz:
-/// qwen3-mini-m and -l at seeds 1 to 23, rebuilt into REPRODUCE.md's `from-mini-powered-ml/*`
-/// blocks the same way.
-#[test]
-fn shipped_powered_ml_archive_rebuilds_the_powered_verdict_quoted_in_reproduce() {
-    powered_archive_rebuilds_its_blocks("mini-powered-ml", 23);
-}
-
-/// `results/<name>.tar.gz` (2 models x 4 methods x `seeds`) verifies, its SHA-256 is quoted in
-/// REPRODUCE.md, and its seeds, verdict and power tables are the `from-<name>/*` blocks there.
-fn powered_archive_rebuilds_its_blocks(name: &str, seeds: usize) {
+fn shipped_powered_archives_rebuild_their_verdicts_and_the_four_size_one() {
     let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
-    let shipped = repo.join(format!("results/{name}.tar.gz"));
-    let guide = checksum_is_quoted(repo, &format!("{name}.tar.gz"));
     let tmp = tempfile::tempdir().expect("tmp");
-    let results = rebuild_from(&shipped, tmp.path());
-    let root = results.join(format!("from-{name}"));
-    assert_eq!(
-        std::fs::read_dir(&root)
-            .expect("unpacked")
-            .filter(|e| e.as_ref().is_ok_and(|e| e.path().is_dir()))
-            .count(),
-        2 * 4 * seeds,
-        "2 models x 4 methods x {seeds} seeds"
+    let mut guide = String::new();
+    let mut results = PathBuf::new();
+    for (name, seeds) in [("mini-powered", 20), ("mini-powered-ml", 23)] {
+        let shipped = repo.join(format!("results/{name}.tar.gz"));
+        guide = checksum_is_quoted(repo, &format!("{name}.tar.gz"));
+        results = rebuild_from(&shipped, tmp.path());
+        let root = results.join(format!("from-{name}"));
+        assert_eq!(
+            std::fs::read_dir(&root)
+                .expect("unpacked")
+                .filter(|e| e.as_ref().is_ok_and(|e| e.path().is_dir()))
+                .count(),
+            2 * 4 * seeds,
+            "2 models x 4 methods x {seeds} seeds"
+        );
+    }
+    let all = results.join("from-mini-powered-all");
+    let out = acpo(
+        &[
+            "report",
+            "table1",
+            "--runs",
+            results.join("from-mini-powered").to_str().expect("u"),
+            "--runs",
+            results.join("from-mini-powered-ml").to_str().expect("u"),
+            "--out",
+            all.to_str().expect("u"),
+        ],
+        tmp.path(),
     );
-    // Only this archive's blocks: the other powered archive's are left as they are.
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    // Only these archives' blocks: the five-seed ones are filled from their own folder.
     let (filled, blocks) =
         acpo::report::doc::splice(Path::new("GUIDE.md"), &guide, &results).expect("splice");
     assert_eq!(
-        blocks, 3,
-        "from-{name}/{{seeds,verdict,power}}.md are quoted"
+        blocks, 7,
+        "from-mini-powered{{,-ml}}/{{seeds,verdict,power}}.md and from-mini-powered-all/verdict.md are quoted"
     );
     assert_eq!(
         filled, guide,
-        "REPRODUCE.md's powered blocks differ from what the archive gives: run `just from-powered-archive results/{name}.tar.gz`"
+        "REPRODUCE.md's powered blocks differ from what the archives give: run `just from-powered-archives`"
+    );
+    // One run of a (model, method, seed) read twice is refused, naming both.
+    let twice = acpo(
+        &[
+            "report",
+            "table1",
+            "--runs",
+            results.join("from-mini-powered").to_str().expect("u"),
+            "--runs",
+            results.join("from-mini-powered").to_str().expect("u"),
+            "--out",
+            tmp.path().join("twice").to_str().expect("u"),
+        ],
+        tmp.path(),
+    );
+    assert_eq!(twice.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&twice.stderr).contains("a second run of"),
+        "{}",
+        String::from_utf8_lossy(&twice.stderr)
     );
 }
 

@@ -1,6 +1,6 @@
 //! `acpo report`: an artifact (table, figure) from the run directories of a scale.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use acpo::report::Artifact;
 
@@ -9,6 +9,28 @@ use crate::Outcome;
 
 /// `acpo report`: an artifact drawn from existing run directories.
 pub fn run(args: &ReportArgs) -> anyhow::Result<Outcome> {
+    if let Some(out) = &args.out {
+        let sources: Vec<&Path> = args.runs.iter().map(PathBuf::as_path).collect();
+        for s in &sources {
+            if !s.is_dir() {
+                anyhow::bail!(acpo::report::ReportError::Invalid {
+                    path: s.to_path_buf(),
+                    reason: "--runs: not a folder of run directories".into(),
+                });
+            }
+        }
+        std::fs::create_dir_all(out).map_err(|e| anyhow::anyhow!("{}: {e}", out.display()))?;
+        let (shown, written) = acpo::report::write_from(
+            args.artifact,
+            &sources,
+            out,
+            &args.figures,
+            args.compare_paper,
+        )?;
+        print!("{shown}");
+        print_written(&written);
+        return fill_doc(args.doc.as_deref(), out);
+    }
     let root = args.results.join(args.scale.name());
     write(args.artifact, &root, &args.figures, args.compare_paper)?;
     fill_doc(args.doc.as_deref(), &root)
