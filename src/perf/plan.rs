@@ -2,11 +2,19 @@
 //! `acpo bench generate`, the GPU-hours each paper run would take on one GPU with acpo, beside
 //! the GPUs the paper used.
 //!
-//! Two measurements feed it: a train step and a sampling run of one model shape (the GPU suite
-//! measures Qwen3-1.7B). Other sizes are scaled by parameter count: a train step's FLOPs, and a
-//! decode step's weight reads, both grow with it. Lengths are a stated assumption, since the
-//! paper does not report its mean response length. A response is taken to use half of
-//! `max_response_length`, and an evaluation answer half of `eval.max_new_tokens`.
+//! Measurements feed it: a train step and a sampling run of one model shape (the GPU suite
+//! measures Qwen3-1.7B), and where the suite measured it, sampling at the evaluation's own shape
+//! (`generate-eval.json`; else the rollouts' rate serves both, and the plan says so). Other
+//! sizes are scaled by parameter count: a train step's FLOPs, and a decode step's weight reads,
+//! both grow with it. Lengths are a stated assumption, since the paper does not report its mean
+//! response length. A response is taken to use half of `max_response_length`, and an
+//! evaluation answer half of `eval.max_new_tokens`.
+//!
+//! Beside each sampling rate the plan prints the bound the memory sets on it: at a large batch a
+//! decode step's bytes are mostly the KV cache's, so new tokens/s cannot exceed the device's
+//! copy rate over the KV bytes one token's attention reads at its mean context
+//! ([`kv_bytes_per_token`]). The copy rate is the one the sampling measurement recorded beside
+//! its roofline.
 
 use crate::files::AtPath;
 use std::path::{Path, PathBuf};
@@ -39,7 +47,17 @@ pub struct RunCost {
     pub sample_tokens: f64,
     pub train_tokens: f64,
     pub eval_tokens: f64,
+    /// The three parts of `gpu_hours`: sampling the rollouts, the evaluations, training.
+    pub rollout_hours: f64,
+    pub eval_hours: f64,
+    pub train_hours: f64,
     pub gpu_hours: f64,
+    /// The KV-bandwidth bound on new tokens/s for the rollouts and for the evaluations at their
+    /// mean contexts (None without a measured copy rate), and the GPU-hours the run would take
+    /// if both sampled at it.
+    pub rollout_kv_bound_tps: Option<f64>,
+    pub eval_kv_bound_tps: Option<f64>,
+    pub gpu_hours_at_kv_bound: Option<f64>,
     pub paper_gpus: usize,
 }
 
@@ -49,6 +67,21 @@ struct Rate {
     parameters: f64,
     tokens_per_second: f64,
     shape: String,
+    /// The device copy rate the measurement recorded beside its roofline, GB/s.
+    copy_gb_per_s: Option<f64>,
+}
+
+/// The bytes of KV cache one new token's attention reads at `context` positions, in bf16: a key
+/// and a value of `head_dim` for each KV head of each layer and each position.
+pub fn kv_bytes_per_token(cfg: &crate::model::QwenConfig, context: f64) -> f64 {
+    let head_dim = cfg
+        .head_dim
+        .unwrap_or(cfg.hidden_size / cfg.num_attention_heads.max(1));
+    2.0 * cfg.num_hidden_layers as f64
+        * cfg.num_key_value_heads as f64
+        * head_dim as f64
+        * 2.0
+        * context
 }
 
 /// The first measurement in `dir/<name>.json` on CUDA in bf16.
@@ -71,6 +104,7 @@ fn measured(dir: &Path, name: &str) -> Result<Rate> {
         parameters: get("parameters")?,
         tokens_per_second: get("tokens_per_second")?,
         shape: row["shape"].as_str().unwrap_or("?").to_string(),
+        copy_gb_per_s: row["roofline"]["copy_gb_per_s"].as_f64(),
     })
 }
 
@@ -84,12 +118,20 @@ pub fn paper_plan(
 ) -> Result<PathBuf> {
     let train = measured(measured_dir, "train-step")?;
     let sample = measured(measured_dir, "generate")?;
+    let eval_measured = measured_dir.join("generate-eval.json").exists();
+    let eval_sample = if eval_measured {
+        measured(measured_dir, "generate-eval")?
+    } else {
+        measured(measured_dir, "generate")?
+    };
+    let copy = sample.copy_gb_per_s.or(eval_sample.copy_gb_per_s);
     let mut rows = Vec::new();
     for exp in super::manifests(experiments)? {
         let cfg = memory::model_config(&exp, configs)?;
         let params = memory::parameters(&cfg, false) as f64;
         let train_rate = train.tokens_per_second * train.parameters / params;
         let sample_rate = sample.tokens_per_second * sample.parameters / params;
+        let eval_rate = eval_sample.tokens_per_second * eval_sample.parameters / params;
         let n = exp.rollout.n as f64;
         let responses = exp.trainer.batch_size as f64 * n;
         let response = RESPONSE_SHARE * exp.data.max_response_length as f64;
@@ -103,42 +145,69 @@ pub fn paper_plan(
         let steps = exp.trainer.total_steps;
         let evals = exp.trainer.evaluations();
         let problems = exp.eval.problems();
-        let eval_tokens = evals as f64
-            * problems as f64
-            * exp.eval.sampling.n as f64
-            * RESPONSE_SHARE
-            * exp.eval.max_new_tokens as f64;
-        let seconds = steps as f64 * (per_step_sample / sample_rate + per_step_train / train_rate)
-            + eval_tokens / sample_rate;
+        let answer = RESPONSE_SHARE * exp.eval.max_new_tokens as f64;
+        let eval_tokens = evals as f64 * problems as f64 * exp.eval.sampling.n as f64 * answer;
+        let rollout_seconds = steps as f64 * per_step_sample / sample_rate;
+        let train_seconds = steps as f64 * per_step_train / train_rate;
+        let eval_seconds = eval_tokens / eval_rate;
+        // A token generated half-way through its response attends to the prompt and half the
+        // response: the mean context over a response.
+        let bound = |context: f64| copy.map(|gbps| gbps * 1e9 / kv_bytes_per_token(&cfg, context));
+        let rollout_bound = bound(prompt + response / 2.0);
+        let eval_bound = bound(prompt + answer / 2.0);
+        let at_bound = rollout_bound.zip(eval_bound).map(|(r, e)| {
+            (steps as f64 * per_step_sample / r + eval_tokens / e + train_seconds) / 3600.0
+        });
         rows.push(RunCost {
             run: exp.name.clone(),
             steps,
             sample_tokens: steps as f64 * per_step_sample,
             train_tokens: steps as f64 * per_step_train,
             eval_tokens,
-            gpu_hours: seconds / 3600.0,
+            rollout_hours: rollout_seconds / 3600.0,
+            eval_hours: eval_seconds / 3600.0,
+            train_hours: train_seconds / 3600.0,
+            gpu_hours: (rollout_seconds + eval_seconds + train_seconds) / 3600.0,
+            rollout_kv_bound_tps: rollout_bound,
+            eval_kv_bound_tps: eval_bound,
+            gpu_hours_at_kv_bound: at_bound,
             paper_gpus: paper_gpus(&exp.model.source.label()),
         });
     }
     let json = serde_json::to_string_pretty(&rows).expect("invariant: the plan is JSON");
     write_report(out, "paper-plan.json", json.as_bytes())?;
     let mut md = format!(
-        "Measured: train step {:.0} tokens/s ({}, {}), sampling {:.0} new tokens/s ({}, {}); other sizes scaled by parameters. Responses use {:.0} % of their limits (an assumption).\n\n",
+        "Measured: train step {:.0} tokens/s ({}, {}); sampling {:.0} new tokens/s for the rollouts ({}, {}) and {:.0} for the evaluations ({}); other sizes scaled by parameters. Responses use {:.0} % of their limits (an assumption).\n\n",
         train.tokens_per_second,
         train.model,
         train.shape,
         sample.tokens_per_second,
         sample.model,
         sample.shape,
+        eval_sample.tokens_per_second,
+        if eval_measured {
+            format!("{}, {}", eval_sample.model, eval_sample.shape)
+        } else {
+            "not measured at their own shape: the rollouts' rate".to_string()
+        },
         100.0 * RESPONSE_SHARE,
     );
+    md.push_str(&match copy {
+        Some(gbps) => format!("The KV-bandwidth bound: new tokens/s ≤ the measured copy rate ({gbps:.0} GB/s) ÷ the bf16 KV bytes a token's attention reads at its mean context (prompt + half the response), per run below; the last column is the run's GPU-hours had both samplers run at it.\n\n"),
+        None => "No copy rate was recorded beside the sampling measurement: no KV-bandwidth bound.\n\n".to_string(),
+    });
     let mut t = Table::new([
         ("run", Left),
         ("steps", Right),
         ("sampled tokens", Right),
         ("trained tokens", Right),
         ("eval tokens", Right),
+        ("rollouts h", Right),
+        ("evaluation h", Right),
+        ("training h", Right),
         ("GPU-hours on one GPU (acpo)", Right),
+        ("KV bound, rollouts / eval tokens/s", Right),
+        ("GPU-hours at the KV bound", Right),
         ("GPUs the paper used", Right),
     ]);
     for r in &rows {
@@ -148,7 +217,16 @@ pub fn paper_plan(
             format!("{:.2e}", r.sample_tokens),
             format!("{:.2e}", r.train_tokens),
             format!("{:.2e}", r.eval_tokens),
+            format!("{:.1}", r.rollout_hours),
+            format!("{:.1}", r.eval_hours),
+            format!("{:.1}", r.train_hours),
             format!("{:.0}", r.gpu_hours),
+            match (r.rollout_kv_bound_tps, r.eval_kv_bound_tps) {
+                (Some(a), Some(b)) => format!("{a:.0} / {b:.0}"),
+                _ => "—".into(),
+            },
+            r.gpu_hours_at_kv_bound
+                .map_or("—".into(), |h| format!("{h:.0}")),
             r.paper_gpus.to_string(),
         ]);
     }

@@ -471,11 +471,9 @@ fn bench_paper_plan_costs_every_paper_run_from_measured_rates() {
         row("train-step", 10_000.0).to_string(),
     )
     .expect("w");
-    std::fs::write(
-        measured.join("generate.json"),
-        row("generate", 5_000.0).to_string(),
-    )
-    .expect("w");
+    let mut generate = row("generate", 5_000.0);
+    generate[0]["roofline"] = serde_json::json!({"copy_gb_per_s": 3_000.0});
+    std::fs::write(measured.join("generate.json"), generate.to_string()).expect("w");
     let ok = acpo(
         &[
             "bench",
@@ -508,6 +506,59 @@ fn bench_paper_plan_costs_every_paper_run_from_measured_rates() {
     assert_eq!(
         rows.iter().find(|r| r["run"] == "qwen3-8b-ppo").expect("r")["paper_gpus"],
         8
+    );
+    // The hours split into rollouts, evaluations and training; without generate-eval.json the
+    // evaluations use the rollouts' rate, and the plan says so.
+    let grpo = rows
+        .iter()
+        .find(|r| r["run"] == "qwen3-1.7b-grpo")
+        .expect("r");
+    let f = |k: &str| grpo[k].as_f64().unwrap_or_else(|| panic!("{k}"));
+    let parts = f("rollout_hours") + f("eval_hours") + f("train_hours");
+    assert!((parts - f("gpu_hours")).abs() < 1e-9 * parts, "{grpo}");
+    let md = std::fs::read_to_string(dir.path().join("paper-plan.md")).expect("md");
+    assert!(md.contains("the rollouts' rate"), "{md}");
+    // The KV-bandwidth bound, by hand for Qwen3-1.7B (28 layers, 8 KV heads of 128, bf16):
+    // 114,688 bytes per position; a rollout's mean context is half the prompt limit (512) plus
+    // half of half the response limit (8,196 / 4 = 2,049); an evaluation answer's 512 + 2,049.
+    let per_position = 2.0 * 28.0 * 8.0 * 128.0 * 2.0;
+    let bound = 3_000e9 / (per_position * (512.0 + 2_049.0));
+    assert!(
+        (f("rollout_kv_bound_tps") / bound - 1.0).abs() < 1e-12,
+        "{grpo}"
+    );
+    assert!(f("gpu_hours_at_kv_bound") < f("gpu_hours"), "{grpo}");
+    // a measurement at the evaluation's own shape is used for the evaluations
+    std::fs::write(
+        measured.join("generate-eval.json"),
+        row("generate", 10_000.0).to_string(),
+    )
+    .expect("w");
+    let again = acpo(
+        &[
+            "bench",
+            "paper-plan",
+            "--measured",
+            measured.to_str().expect("u"),
+            "--out",
+            out,
+        ],
+        repo(),
+    );
+    assert!(again.status.success());
+    let rows: Vec<serde_json::Value> = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("paper-plan.json")).expect("json"),
+    )
+    .expect("rows");
+    let eval_hours = rows
+        .iter()
+        .find(|r| r["run"] == "qwen3-1.7b-grpo")
+        .expect("r")["eval_hours"]
+        .as_f64()
+        .expect("h");
+    assert!(
+        (eval_hours / f("eval_hours") - 0.5).abs() < 1e-9,
+        "twice the rate, half the hours"
     );
 }
 
