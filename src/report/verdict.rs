@@ -468,6 +468,11 @@ mod tests {
         }
         // Holm keeps the family-wise rate (any of the 8 pairs) at 5 %
         let rate = any as f64 / trials as f64;
+        eprintln!(
+            "step rule under the null: family-wise {rate:.3}, per pair {:.4}; the old rule family-wise {:.3}",
+            per_pair as f64 / pairs_seen as f64,
+            old_any as f64 / trials as f64
+        );
         assert!(rate <= ceiling(0.05, trials), "family-wise rate {rate}");
         assert!((per_pair as f64 / pairs_seen as f64) <= ceiling(0.05, pairs_seen));
         // the rule verdict.md used before says "contradicted" for most families of the same
@@ -498,6 +503,7 @@ mod tests {
             sides += usize::from(steps(&[gaps.as_slice()])[0].verdict.is_directional());
         }
         let rate = sides as f64 / trials as f64;
+        eprintln!("labels swapped at random: {rate:.4}");
         assert!(rate <= ceiling(0.05, trials), "{rate}");
     }
 
@@ -518,6 +524,7 @@ mod tests {
         }
         for (what, k) in [("accuracy", acc), ("entropy", ent)] {
             let rate = k as f64 / trials as f64;
+            eprintln!("{what} rule under the null: {rate:.4}");
             assert!(rate <= ceiling(0.05, trials), "{what}: {rate}");
             // and not a rule that never speaks: a two-sided 5 % test rejects near 5 %
             assert!(rate >= 0.03, "{what}: {rate}");
@@ -539,6 +546,7 @@ mod tests {
                 })
                 .count();
             let power = found as f64 / trials as f64;
+            eprintln!("planted +{effect} at sd {sd}, {n} seeds: found in {power:.3}");
             // 80 % claimed; allow the binomial noise of 3000 trials (sd 0.7 %)
             assert!(
                 power >= 0.78,

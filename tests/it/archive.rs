@@ -345,6 +345,10 @@ fn shipped_powered_archives_rebuild_their_verdicts_and_the_four_size_one() {
         filled, guide,
         "REPRODUCE.md's powered blocks differ from what the archives give: run `just from-powered-archives`"
     );
+    // The same runs with their labels swapped at random within each seed: the verdict's step
+    // and accuracy rules take a side at most at their nominal 5 % (plus the binomial slack of
+    // 400 trials), on real curves as on the synthetic ones of report::verdict's tests.
+    swapped_labels_are_rejected_at_the_nominal_rate(&results.join("from-mini-powered-ml"));
     // One run of a (model, method, seed) read twice is refused, naming both.
     let twice = acpo(
         &[
@@ -365,6 +369,68 @@ fn shipped_powered_archives_rebuild_their_verdicts_and_the_four_size_one() {
         "{}",
         String::from_utf8_lossy(&twice.stderr)
     );
+}
+
+fn swapped_labels_are_rejected_at_the_nominal_rate(root: &Path) {
+    use acpo::algo::method::AlgorithmKind;
+    use acpo::report::{seeds, verdict};
+    let runs = acpo::report::load_results(root).expect("runs");
+    let curve = |r: &acpo::report::RunResult| {
+        let mut c: Vec<(usize, f64)> = r
+            .evals
+            .iter()
+            .map(|e| (e.step, e.weighted_accuracy))
+            .collect();
+        c.sort_by_key(|x| x.0);
+        c
+    };
+    // per pair, per seed: (baseline curve, -AC curve)
+    let mut pairs = Vec::new();
+    for model in ["qwen3-mini-m", "qwen3-mini-l"] {
+        for (base, ac) in [
+            (AlgorithmKind::Ppo, AlgorithmKind::PpoAc),
+            (AlgorithmKind::Grpo, AlgorithmKind::GrpoAc),
+        ] {
+            let of = |m: AlgorithmKind, seed: u64| {
+                runs.iter()
+                    .find(|r| r.model == model && r.algorithm == m && r.seed == seed)
+                    .map(curve)
+            };
+            let seeds: Vec<_> = (1..=23u64)
+                .map(|s| (of(base, s).expect("baseline"), of(ac, s).expect("-AC")))
+                .collect();
+            pairs.push(seeds);
+        }
+    }
+    let mut rng = acpo::rng::SplitMix64::new(56);
+    let trials = 400;
+    let (mut steps, mut accuracy, mut seen) = (0usize, 0usize, 0usize);
+    for _ in 0..trials {
+        let mut gaps = Vec::new();
+        for seeds in &pairs {
+            let mut g = Vec::new();
+            let mut d = Vec::new();
+            for (b, a) in seeds {
+                let (b, a) = if rng.next_f64() < 0.5 { (b, a) } else { (a, b) };
+                g.push(seeds::step_gap(b, a).expect("curves"));
+                let best = |c: &[(usize, f64)]| c.iter().map(|x| x.1).fold(0.0, f64::max);
+                d.push(100.0 * (best(a) - best(b)));
+            }
+            let i = seeds::Interval::of(&d).expect("23 seeds");
+            accuracy += usize::from(verdict::accuracy(&i, 0.6).is_directional());
+            seen += 1;
+            gaps.push(g);
+        }
+        let refs: Vec<&[i64]> = gaps.iter().map(Vec::as_slice).collect();
+        steps += verdict::steps(&refs)
+            .iter()
+            .filter(|t| t.verdict.is_directional())
+            .count();
+    }
+    let ceiling = |n: usize| 0.05 + 3.09 * (0.05f64 * 0.95 / n as f64).sqrt();
+    let (s, a) = (steps as f64 / seen as f64, accuracy as f64 / seen as f64);
+    assert!(s <= ceiling(seen), "step rule on swapped labels: {s}");
+    assert!(a <= ceiling(seen), "accuracy rule on swapped labels: {a}");
 }
 
 /// Issue #23's study, shipped as results/study.tar.gz (REPRODUCE.md, "Beyond the paper"): it
