@@ -4,9 +4,9 @@
 
 use candle_core::{DType, Result, Tensor, D};
 
-use super::clip::{PolicyStats, RuleTerms, Tokens};
+use super::clip::{PolicyClip, PolicyStats, RuleTerms, Tokens};
 use super::{check_same_shape, masked_mean, zero_padding};
-use crate::algo::method::{LossAggMode, PolicyClip};
+use crate::algo::method::LossAggMode;
 
 /// How per-token losses of one micro-batch are reduced so that summing the results over the
 /// micro-batches of a mini-batch gives the mini-batch loss (gradient accumulation is a sum).

@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::algo::method::Algorithm;
+use crate::algo::Algorithm;
 use crate::checksum::hex;
 use crate::data::{Benchmark, DataSpec, PromptTemplate};
 use crate::files::{AtPath, PathIoError};

@@ -21,6 +21,7 @@ use crate::files::{AtPath, PathIoError};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+use crate::algo::clip::PolicyClip;
 use crate::algo::method::AlgorithmKind;
 use crate::data::Benchmark;
 use crate::eval::EvalSummary;
@@ -53,8 +54,9 @@ pub struct RunResult {
     pub algorithm: AlgorithmKind,
     /// The run's seed (`acpo reproduce --seeds`: several runs of one manifest).
     pub seed: u64,
-    /// ACPO's threshold α (the -AC variants), for the tails figure's ±α.
-    pub alpha: Option<f64>,
+    /// The run's clipping rule: its own clip metric, and ACPO's threshold α for the tails
+    /// figure's ±α.
+    pub clip: PolicyClip,
     pub evals: Vec<EvalSummary>,
 }
 
@@ -125,7 +127,7 @@ pub fn load_results(root: &Path) -> Result<Vec<RunResult>> {
             model: exp.model.source.label(),
             algorithm: exp.algorithm.kind,
             seed: exp.seed,
-            alpha: exp.algorithm.clip.alpha(),
+            clip: exp.algorithm.clip,
             evals: summaries,
         });
     }
@@ -541,7 +543,7 @@ pub fn regime_markdown(runs: &[RunResult]) -> Result<String> {
                     .map_or("—".into(), |e| format!("{e:.3}"))
             };
             let pct = |v: Option<f64>| v.map_or("—".into(), |v| format!("{:.3} %", 100.0 * v));
-            let own = crate::run::metric::own_clip(r.algorithm);
+            let own = r.clip.own_clip_metric();
             let prompts = figures::run_tails(&r.dir)?.map_or("—".into(), |(_, p)| {
                 let n = p.iter().sum::<usize>().max(1) as f64;
                 format!(

@@ -9,8 +9,7 @@ use candle_core::{DType, Tensor};
 
 use super::outcomes::{ActorOutcome, CriticOutcome, RatioQuantiles, Rewards};
 use super::{Result, TrainError};
-use crate::algo::clip::{Disagreement, PolicyStats};
-use crate::algo::method::PolicyClip;
+use crate::algo::clip::{Disagreement, PolicyClip, PolicyStats};
 use crate::manifest::Experiment;
 use crate::rollout::{Completion, FinishReason};
 use crate::run::metric;

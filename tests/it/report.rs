@@ -205,7 +205,8 @@ fn table1_has_a_column_for_a_benchmark_added_by_the_test() {
         model: "Qwen3-8B".into(),
         algorithm,
         seed: 1,
-        alpha: None,
+        // Table 1 does not read the rule
+        clip: acpo::algo::clip::PolicyClip::Unclipped,
         evals: vec![eval(10, accs)],
     };
     let runs = [
