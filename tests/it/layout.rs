@@ -557,3 +557,77 @@ fn the_rule_check_tells_a_match_from_a_construction() {
         assert!(matched(code).is_empty(), "a construction: {code}");
     }
 }
+
+/// The entries of the repository's root that docs/ARCHITECTURE.md lists: those its "Outside
+/// `src/`" section names in its opening paragraph and in its table's first column.
+fn listed_root_entries() -> BTreeSet<String> {
+    let doc = std::fs::read_to_string(repo().join("docs/ARCHITECTURE.md")).expect("read");
+    let start = doc.find("## Outside `src/`").expect("the section");
+    let section = &doc[start + 3..];
+    let section = &section[..section.find("\n## ").unwrap_or(section.len())];
+    let paragraph = section
+        .split("\n\n")
+        .find(|p| p.starts_with("The repository's root holds"))
+        .expect("the paragraph naming the root's entries");
+    let cells = section
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .map(|l| l.split('`').next().unwrap_or(""));
+    let named = paragraph.split('`').skip(1).step_by(2).chain(cells);
+    named
+        .filter_map(|p| p.split('/').next())
+        .filter(|p| !p.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// The entries at the repository's root: what git tracks or would add (ignored files aside),
+/// or, without git, what is there (`.git` and cargo's `target` aside).
+fn root_entries() -> BTreeSet<String> {
+    let listed = std::process::Command::new("git")
+        .arg("-C")
+        .arg(repo())
+        .args([
+            "ls-files",
+            "-z",
+            "--cached",
+            "--others",
+            "--exclude-standard",
+        ])
+        .output()
+        .ok()
+        .filter(|o| o.status.success());
+    match listed {
+        Some(out) => String::from_utf8_lossy(&out.stdout)
+            .split('\0')
+            .filter_map(|p| p.split('/').next())
+            .filter(|p| !p.is_empty())
+            .filter(|p| repo().join(p).exists())
+            .map(str::to_string)
+            .collect(),
+        None => std::fs::read_dir(repo())
+            .expect("read the root")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().to_string())
+            .filter(|n| n != ".git" && n != "target")
+            .collect(),
+    }
+}
+
+#[test]
+fn the_root_holds_only_what_the_architecture_lists() {
+    let listed = listed_root_entries();
+    for expected in ["src", "Cargo.toml", "tests", "docs", "tools", ".ci"] {
+        assert!(listed.contains(expected), "{expected} in {listed:?}");
+    }
+    let entries = root_entries();
+    assert!(
+        entries.contains("src") && entries.contains("Cargo.toml"),
+        "{entries:?}"
+    );
+    let unlisted: Vec<&String> = entries.difference(&listed).collect();
+    assert!(
+        unlisted.is_empty(),
+        "at the repository's root but not in docs/ARCHITECTURE.md's \"Outside `src/`\": \
+         {unlisted:?} (list it there with what it holds, or move it)"
+    );
+}
