@@ -85,7 +85,7 @@ pub use check::{check_all, discover, CheckReport};
 // ---------------------------------------------------------------------------------------------
 // Enumerations shared by the raw and validated forms.
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Scale {
     Smoke,
@@ -94,7 +94,6 @@ pub enum Scale {
     /// A paper manifest at its own shapes on random weights, batch sizes divided (issue #34,
     /// `acpo pipeline`): what a paper run costs on a GPU and whether it fits, never accuracy.
     /// Its manifests are derived, never kept in `experiments/`.
-    #[value(skip)]
     Pipeline,
 }
 

@@ -627,7 +627,7 @@ pub fn speedup_markdown(all: &[Speedup]) -> String {
 }
 
 /// What `acpo report` and `acpo reproduce` build.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Artifact {
     Table1,
     Accuracy,

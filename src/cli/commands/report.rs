@@ -9,8 +9,14 @@ use crate::Outcome;
 
 /// `acpo report`: an artifact drawn from existing run directories.
 pub fn run(args: &ReportArgs) -> anyhow::Result<Outcome> {
-    let root = args.results.join(args.scale.name());
-    write(args.artifact, &root, &args.figures, args.compare_paper)?;
+    let scale: acpo::manifest::Scale = args.scale.into();
+    let root = args.results.join(scale.name());
+    write(
+        args.artifact.into(),
+        &root,
+        &args.figures,
+        args.compare_paper,
+    )?;
     fill_doc(args.doc.as_deref(), &root)
 }
 
