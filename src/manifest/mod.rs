@@ -437,11 +437,6 @@ impl Experiment {
         self.fingerprint()[..12].to_string()
     }
 
-    /// Responses per training step: prompts × n.
-    pub fn responses_per_step(&self) -> usize {
-        self.trainer.batch_size * self.rollout.n
-    }
-
     /// One line for `acpo check`.
     pub fn summary(&self) -> String {
         let model = match &self.model.source {
