@@ -23,7 +23,7 @@ check path="experiments":
     cargo run --release -- check {{path}}
 
 # Reproduce an artifact of the paper: table1, speedup, accuracy, entropy, tails or all, at a
-# scale: mini (CPU, minutes; about 25 minutes at the shipped archive's 5 seeds: `just reproduce
+# scale: mini (CPU, minutes; about 20 minutes at the shipped archive's 5 seeds: `just reproduce
 # table1 mini 5`), smoke (seconds) or paper (CUDA); seeds per run (with 2 or more: the paired
 # differences with 95 % intervals, and the verdict).
 [group('reproduce')]

@@ -1,6 +1,6 @@
 //! A value refused for one field of an input, in the words every check uses: the manifest's
 //! validator (which adds the file) and the rules that check their own fields (a clipping rule,
-//! [`crate::algo::method::PolicyClip::from_fields`]) word a refusal the same way.
+//! [`crate::algo::clip::PolicyClip::from_fields`]) word a refusal the same way.
 
 /// A field and why its value is refused (`must not be set for grpo-ac: ...`).
 #[derive(Debug, Clone, PartialEq, thiserror::Error)]

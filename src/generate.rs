@@ -36,41 +36,28 @@ impl From<candle_core::Error> for GenerateError {
 
 type Result<T> = std::result::Result<T, GenerateError>;
 
-/// What to generate (the flags of `acpo generate`).
-#[derive(Debug, Clone, clap::Args)]
+/// What to generate (what `acpo generate`'s flags say).
+#[derive(Debug, Clone)]
 pub struct GenerateOptions {
     /// A local model directory in HF layout, or a hub repo id (owner/name).
-    #[arg(long)]
     pub model: String,
-    /// Hub revision (branch, tag or commit) when --model is a repo id.
-    #[arg(long, default_value = "main")]
+    /// Hub revision (branch, tag or commit) when `model` is a repo id.
     pub revision: String,
-    /// One prompt text.
-    #[arg(long, conflicts_with = "input", required_unless_present = "input")]
+    /// One prompt text, or else `input`.
     pub prompt: Option<String>,
     /// A JSONL file of prompts ({"prompt": ...} per line).
-    #[arg(long)]
     pub input: Option<PathBuf>,
     /// Completions per prompt.
-    #[arg(long, default_value_t = 1, value_parser = crate::flags::count(MAX_SEQUENCES))]
     pub n: usize,
     /// Sampling temperature; 0 is greedy.
-    #[arg(long, default_value_t = 1.0, value_parser = temperature_range())]
     pub temperature: f64,
-    #[arg(long, default_value_t = 1.0, value_parser = top_p_range())]
     pub top_p: f64,
-    #[arg(long, value_parser = crate::flags::count(crate::model::MAX_VOCAB))]
     pub top_k: Option<usize>,
-    #[arg(long, default_value_t = 256, value_parser = crate::flags::count(crate::flags::MAX_TOKENS))]
     pub max_new_tokens: usize,
-    #[arg(long, default_value_t = 0, value_parser = crate::flags::seed())]
     pub seed: u64,
     /// Wrap each prompt in the model's chat template.
-    #[arg(long)]
     pub chat: bool,
-    #[arg(long, value_enum, default_value_t = crate::model::spec::Device::Cpu)]
     pub device: crate::model::spec::Device,
-    #[arg(long, value_enum, default_value_t = crate::model::spec::DType::F32)]
     pub dtype: crate::model::spec::DType,
 }
 

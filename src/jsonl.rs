@@ -5,9 +5,11 @@
 //! fields and errors.
 
 use std::io::{BufRead, Read};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use serde_json::Value;
+
+use crate::files::{AtPath, PathIoError};
 
 /// The non-blank lines of `text` with their 1-based line numbers, each parsed.
 pub fn values(text: &str) -> impl Iterator<Item = (usize, serde_json::Result<Value>)> + '_ {
@@ -17,13 +19,17 @@ pub fn values(text: &str) -> impl Iterator<Item = (usize, serde_json::Result<Val
         .map(|(i, l)| (i + 1, serde_json::from_str(l)))
 }
 
-/// Why a JSONL file could not be streamed.
+/// Why a JSONL file could not be streamed, naming it.
 #[derive(Debug, thiserror::Error)]
 pub enum ReadError {
-    #[error("{0}")]
-    Io(#[from] std::io::Error),
-    #[error("line {line}: longer than {max} bytes")]
-    LineTooLong { line: usize, max: usize },
+    #[error(transparent)]
+    Io(#[from] PathIoError),
+    #[error("{}, line {line}: longer than {max} bytes", .path.display())]
+    LineTooLong {
+        path: PathBuf,
+        line: usize,
+        max: usize,
+    },
 }
 
 /// A line of [`read`]: its number, its JSON (or why it is not), and how many of Python's bare
@@ -41,7 +47,7 @@ pub fn read<E: From<ReadError>>(
     max_line: usize,
     mut f: impl FnMut(Line) -> Result<(), E>,
 ) -> Result<(), E> {
-    let file = crate::files::open(path).map_err(ReadError::Io)?;
+    let file = crate::files::open(path).at(path).map_err(ReadError::Io)?;
     let mut reader = std::io::BufReader::new(file);
     let mut buf = Vec::new();
     let mut number = 0;
@@ -51,12 +57,14 @@ pub fn read<E: From<ReadError>>(
         let n = (&mut reader)
             .take(max_line as u64 + 1)
             .read_until(b'\n', &mut buf)
+            .at(path)
             .map_err(ReadError::Io)?;
         if n == 0 {
             return Ok(());
         }
         if buf.len() > max_line && buf.last() != Some(&b'\n') {
             return Err(ReadError::LineTooLong {
+                path: path.to_owned(),
                 line: number,
                 max: max_line,
             }
@@ -120,7 +128,34 @@ fn python_non_finite_to_null(text: &str) -> (std::borrow::Cow<'_, str>, usize) {
 
 #[cfg(test)]
 mod tests {
-    use super::python_non_finite_to_null;
+    use super::{python_non_finite_to_null, read, ReadError};
+
+    /// Read to the end, each line accepted.
+    fn read_all(path: &std::path::Path, max_line: usize) -> Result<usize, ReadError> {
+        let mut lines = 0;
+        read(path, max_line, |_| {
+            lines += 1;
+            Ok::<(), ReadError>(())
+        })?;
+        Ok(lines)
+    }
+
+    #[test]
+    fn a_files_errors_name_it() {
+        let dir = tempfile::tempdir().expect("tmp");
+        let missing = dir.path().join("missing.jsonl");
+        let e = read_all(&missing, 64).expect_err("no such file");
+        assert!(e.to_string().contains("missing.jsonl"), "{e}");
+        let long = dir.path().join("long.jsonl");
+        std::fs::write(&long, format!("{{}}\n\"{}\"\n", "x".repeat(100))).expect("write");
+        let e = read_all(&long, 64).expect_err("a line too long");
+        let shown = e.to_string();
+        assert!(
+            shown.contains("long.jsonl") && shown.contains("line 2"),
+            "{shown}"
+        );
+        assert_eq!(read_all(&long, 1024).expect("within bounds"), 2);
+    }
 
     #[test]
     fn bare_non_finite_numbers_become_null_outside_strings_only() {

@@ -1,19 +1,23 @@
 //! The clipping rules of the policy loss, each one's whole life in one place (verl's policy-loss
 //! registry, in Rust terms): PPO's ratio clip, ACPO's advantage clip (paper eq. 5), and the
-//! family the paper's related work names (issue #23): CISPO, GSPO and the unclipped
-//! importance-sampling control. A rule is a [`PolicyClip`] variant; for each one, in an
-//! exhaustive `match`:
+//! family the paper's related work names: CISPO, GSPO and the unclipped importance-sampling
+//! control. A rule is a [`PolicyClip`] variant (a baseline's is selected in a manifest by a
+//! [`PolicyLossMode`]); for each one, in an exhaustive `match`:
 //!
 //! - the manifest fields it reads and their checks ([`PolicyClip::from_fields`]);
 //! - its per-token objective and gradient mask ([`PolicyClip::terms`]), by its own function
 //!   ([`ppo_clip`], [`acpo_clip`], [`cispo_loss`], [`gspo_loss`]);
-//! - the clip fractions it reports, under their metric names ([`PolicyClip::clip_metrics`]);
-//! - its verl `loss_mode` ([`PolicyClip::verl_loss_mode`]), how it is written (`Display`) and
-//!   its family in the figures ([`PolicyClip::family`]);
+//! - which tokens keep their gradient, as Proposition 1 counts them ([`PolicyClip::retains`]);
+//! - the clip fractions it reports, under their metric names ([`PolicyClip::clip_metrics`],
+//!   [`PolicyClip::own_clip_metric`]);
+//! - how verl runs it: its `loss_mode` ([`PolicyClip::verl_loss_mode`]) and the keys it sets
+//!   ([`PolicyClip::verl_keys`]);
+//! - how it is written (`Display`) and its family in the figures ([`PolicyClip::family`]);
 //! - the pair of rules the regime diagnostic compares beside it ([`compared_rules`]).
 //!
-//! A new variant fails to compile until each of these handles it; nothing outside `algo/`
-//! names a variant but tests. [`super::loss::policy_loss`] turns a rule's terms into the loss.
+//! A new variant fails to compile until each of these handles it; no code of the product outside
+//! this file matches on a variant (`tests/it/layout.rs` checks it). [`super::loss::policy_loss`] turns a
+//! rule's terms into the loss.
 //!
 //! A clipped objective is written as `keep · (unclipped term) + (1 − keep) · detach(clipped
 //! value)` where `keep` is 1 exactly where the clipped objective still has a gradient. The value
@@ -24,10 +28,44 @@
 use std::fmt;
 
 use candle_core::{DType, Result, Tensor, D};
+use serde::{Deserialize, Serialize};
 
-use super::method::{short, AlgorithmKind, PolicyClip, PolicyLossMode};
+use super::method::{short, AlgorithmKind};
 use super::{check_same_shape, masked_mean, zero_padding};
 use crate::field::{self, Checked};
+
+/// What is clipped in the policy loss.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub enum PolicyClip {
+    /// PPO/GRPO: clip r to [1−ε_low, 1+ε_high], with the dual clip c for Â < 0.
+    Ratio {
+        eps_low: f64,
+        eps_high: f64,
+        dual_clip_c: f64,
+    },
+    /// ACPO (paper eq. 5): clip r·Â to [−α, α].
+    Advantage { alpha: f64 },
+    /// CISPO (verl `cispo`): the importance weight clipped to [1−ε_low, 1+ε_high] and
+    /// detached, times Â·log π; every token keeps a gradient.
+    Cispo { eps_low: f64, eps_high: f64 },
+    /// GSPO (verl `gspo`): the sequence's length-normalised ratio, clipped PPO-style.
+    Gspo { eps_low: f64, eps_high: f64 },
+    /// No clip: −r·Â, the unclipped importance-sampling control.
+    Unclipped,
+}
+
+/// A baseline's policy loss (`algorithm.policy_loss`, verl's `actor.policy_loss.loss_mode`):
+/// the ratio clip of PPO (`vanilla`, the default), CISPO, GSPO, or no clip at all
+/// (an unclipped importance-sampling control, not a verl mode). The -AC variants always clip
+/// r·Â. Each selects a [`PolicyClip`] ([`PolicyClip::from_fields`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum PolicyLossMode {
+    Vanilla,
+    Cispo,
+    Gspo,
+    Unclipped,
+}
 
 /// The manifest fields a clipping rule reads (`algorithm.*`), as written.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -130,24 +168,88 @@ impl PolicyClip {
         })
     }
 
-    /// verl's `actor.policy_loss.loss_mode` for the rule a manifest's `algorithm.name` and
-    /// `algorithm.policy_loss` select: the plug-in's `acpo` for the -AC variants, verl's own for
-    /// the baselines (issue #23); where verl has no such loss, why (`acpo export verl` lists it
-    /// as unsupported).
-    pub fn verl_loss_mode(
-        kind: AlgorithmKind,
-        policy_loss: Option<PolicyLossMode>,
-    ) -> std::result::Result<&'static str, &'static str> {
-        if kind.is_advantage_clipped() {
-            return Ok("acpo");
-        }
-        match policy_loss.unwrap_or(PolicyLossMode::Vanilla) {
-            PolicyLossMode::Vanilla => Ok("vanilla"),
-            PolicyLossMode::Cispo => Ok("cispo"),
-            PolicyLossMode::Gspo => Ok("gspo"),
-            PolicyLossMode::Unclipped => {
+    /// verl's `actor.policy_loss.loss_mode` for the rule: the plug-in's `acpo` for ACPO's clip
+    /// (python/, registered in verl by the package), verl's own for the others; where verl has
+    /// no such loss, why (`acpo export verl` lists it as unsupported).
+    pub fn verl_loss_mode(&self) -> std::result::Result<&'static str, &'static str> {
+        match self {
+            PolicyClip::Ratio { .. } => Ok("vanilla"),
+            PolicyClip::Advantage { .. } => Ok("acpo"),
+            PolicyClip::Cispo { .. } => Ok("cispo"),
+            PolicyClip::Gspo { .. } => Ok("gspo"),
+            PolicyClip::Unclipped => {
                 Err("verl has no unclipped policy loss; the launch would clip the ratio")
             }
+        }
+    }
+
+    /// The keys the rule sets in verl's actor config besides its loss mode, each from the
+    /// manifest field that holds its value: the ratio bounds verl's own losses read, or the
+    /// plug-in's config class and the α it carries.
+    pub fn verl_keys(&self) -> Vec<VerlKey> {
+        let number = |key, value, from| VerlKey {
+            key,
+            value: VerlValue::Number(value),
+            from,
+            added: false,
+        };
+        let bounds = |eps_low, eps_high| {
+            vec![
+                number("clip_ratio_low", eps_low, EPS_LOW),
+                number("clip_ratio_high", eps_high, EPS_HIGH),
+            ]
+        };
+        match *self {
+            PolicyClip::Ratio {
+                eps_low,
+                eps_high,
+                dual_clip_c,
+            } => {
+                let mut keys = bounds(eps_low, eps_high);
+                keys.push(number("clip_ratio_c", dual_clip_c, DUAL_CLIP));
+                keys
+            }
+            // The plug-in's loss reads α from its own config class, which verl's schema lacks.
+            PolicyClip::Advantage { alpha } => vec![
+                VerlKey {
+                    key: "policy_loss._target_",
+                    value: VerlValue::Text("acpo.verl.AcpoPolicyLossConfig"),
+                    from: "algorithm.name",
+                    added: false,
+                },
+                VerlKey {
+                    key: "policy_loss.alpha",
+                    value: VerlValue::Number(alpha),
+                    from: ALPHA,
+                    added: true,
+                },
+            ],
+            PolicyClip::Cispo { eps_low, eps_high } | PolicyClip::Gspo { eps_low, eps_high } => {
+                bounds(eps_low, eps_high)
+            }
+            PolicyClip::Unclipped => Vec::new(),
+        }
+    }
+
+    /// Whether the rule keeps the gradient of a token with ratio `r` and advantage `a`, as
+    /// Proposition 1 counts it: the ratio clips retain it unless r left the trust region on
+    /// the side Â pushes (Â > 0 needs r ≤ 1+ε_high, Â < 0 needs 1−ε_low ≤ r, and r ≤ c under
+    /// the dual clip; Â = 0 has no gradient and counts as not retained), ACPO's where
+    /// |r·Â| ≤ α (paper eq. 5); CISPO and no clip keep every token. For GSPO, `r` is the
+    /// sequence's ratio.
+    pub fn retains(&self, r: f64, a: f64) -> bool {
+        let ratio_clip = |eps_low: f64, eps_high: f64, c: f64| {
+            (a > 0.0 && r <= 1.0 + eps_high) || (a < 0.0 && r >= 1.0 - eps_low && r <= c)
+        };
+        match *self {
+            PolicyClip::Ratio {
+                eps_low,
+                eps_high,
+                dual_clip_c,
+            } => ratio_clip(eps_low, eps_high, dual_clip_c),
+            PolicyClip::Advantage { alpha } => (r * a).abs() <= alpha,
+            PolicyClip::Gspo { eps_low, eps_high } => ratio_clip(eps_low, eps_high, f64::INFINITY),
+            PolicyClip::Cispo { .. } | PolicyClip::Unclipped => true,
         }
     }
 
@@ -172,14 +274,32 @@ impl PolicyClip {
 }
 
 /// What a rule is to the figures (the sweeps' colours): ACPO's advantage clip, told apart by
-/// α; the ratio clip of the run's method; no clip; or another rule of the related work (issue
-/// #23), numbered in order (CISPO 0, GSPO 1).
+/// α; the ratio clip of the run's method; no clip; or another rule of the related work,
+/// numbered in order (CISPO 0, GSPO 1).
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub enum ClipFamily {
     Advantage { alpha: f64 },
     Ratio,
     Unclipped,
     Related(usize),
+}
+
+/// A value a rule sets in verl's config.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum VerlValue {
+    Text(&'static str),
+    Number(f64),
+}
+
+/// A key a rule sets in verl's actor config (`actor_rollout_ref.actor.<key>`), and the
+/// manifest field it comes from.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct VerlKey {
+    pub key: &'static str,
+    pub value: VerlValue,
+    pub from: &'static str,
+    /// verl's schema lacks the key (Hydra then writes it `+key`).
+    pub added: bool,
 }
 
 /// The rule and its bounds in one short phrase (`acpo check`, sweep reports): `alpha=2`,
@@ -244,6 +364,9 @@ impl PolicyStats {
     }
 }
 
+const PG_CLIPFRAC: &str = "actor/pg_clipfrac";
+const ACPO_CLIPFRAC: &str = "actor/acpo_clipfrac";
+
 impl PolicyClip {
     /// The clip fractions the rule reports, under verl's names where verl has them: the ratio
     /// clip's family `actor/pg_clipfrac` and `actor/pg_clipfrac_lower`, ACPO's the share above
@@ -254,21 +377,31 @@ impl PolicyClip {
             | PolicyClip::Cispo { .. }
             | PolicyClip::Gspo { .. }
             | PolicyClip::Unclipped => vec![
-                ("actor/pg_clipfrac", s.pg_clipfrac),
+                (PG_CLIPFRAC, s.pg_clipfrac),
                 ("actor/pg_clipfrac_lower", s.pg_clipfrac_lower),
             ],
             PolicyClip::Advantage { .. } => vec![
                 ("actor/acpo_clipfrac_upper", s.acpo_clipfrac_upper),
                 ("actor/acpo_clipfrac_lower", s.acpo_clipfrac_lower),
-                (
-                    "actor/acpo_clipfrac",
-                    s.acpo_clipfrac_upper + s.acpo_clipfrac_lower,
-                ),
+                (ACPO_CLIPFRAC, s.acpo_clipfrac_upper + s.acpo_clipfrac_lower),
             ],
         }
     }
 
-    /// The one clip fraction reported for a step's later, off-policy mini-batches (issue #22).
+    /// The metric (one of [`PolicyClip::clip_metrics`]) of the share of update tokens the
+    /// rule's own clip acted on: what the report and the sweeps read back of a run.
+    pub fn own_clip_metric(&self) -> &'static str {
+        match self {
+            PolicyClip::Ratio { .. }
+            | PolicyClip::Cispo { .. }
+            | PolicyClip::Gspo { .. }
+            | PolicyClip::Unclipped => PG_CLIPFRAC,
+            PolicyClip::Advantage { .. } => ACPO_CLIPFRAC,
+        }
+    }
+
+    /// The one clip fraction reported for a step's later, off-policy mini-batches, whose
+    /// ratios have moved away from 1 by the earlier updates.
     pub fn later_clip_metric(&self, s: &PolicyStats) -> (&'static str, f64) {
         match self {
             PolicyClip::Ratio { .. }
@@ -423,7 +556,7 @@ pub struct Clipped {
 }
 
 impl Clipped {
-    /// No clip: −r·Â everywhere (the unclipped importance-sampling control, issue #23).
+    /// No clip: −r·Â everywhere (the unclipped importance-sampling control).
     fn nowhere(ratio: &Tensor) -> Result<Clipped> {
         Ok(Clipped {
             keep: ratio.ones_like()?,
@@ -558,8 +691,8 @@ pub fn gspo_loss(
     })
 }
 
-/// The two rules the regime diagnostic compares on every batch (issue #22): a ratio clip and
-/// ACPO's advantage clip.
+/// The two rules the regime diagnostic compares on every batch, whichever trains: a ratio clip
+/// and ACPO's advantage clip.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ComparedRules {
     pub ratio: PolicyClip,
@@ -634,7 +767,7 @@ impl Disagreement {
 }
 
 impl ComparedRules {
-    /// Where the two disagree on a batch (issue #22's regime diagnostic); inputs as for
+    /// Where the two disagree on a batch (the regime diagnostic); inputs as for
     /// [`super::loss::policy_loss`], constants here.
     pub fn disagreement(
         &self,

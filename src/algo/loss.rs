@@ -4,9 +4,9 @@
 
 use candle_core::{DType, Result, Tensor, D};
 
-use super::clip::{PolicyStats, RuleTerms, Tokens};
+use super::clip::{PolicyClip, PolicyStats, RuleTerms, Tokens};
 use super::{check_same_shape, masked_mean, zero_padding};
-use crate::algo::method::{LossAggMode, PolicyClip};
+use crate::algo::method::LossAggMode;
 
 /// How per-token losses of one micro-batch are reduced so that summing the results over the
 /// micro-batches of a mini-batch gives the mini-batch loss (gradient accumulation is a sum).
@@ -99,7 +99,7 @@ pub struct PolicyLoss {
 /// - Advantage clip (ACPO, paper eq. 5): L = −clamp(r·Â, −α, α); no min with the unclipped
 ///   term and no ratio bound. ∂L/∂log π = −r·Â where |r·Â| ≤ α and exactly 0 elsewhere.
 /// - CISPO, GSPO ([`super::clip::cispo_loss`], [`super::clip::gspo_loss`]) and no clip at all
-///   (L = −r·Â), issue #23.
+///   (L = −r·Â), the related work's rules the clipping study sets beside ACPO's.
 pub fn policy_loss(
     clip: &PolicyClip,
     log_prob: &Tensor,

@@ -1,11 +1,10 @@
 //! The methods the paper compares and the choices that define their objectives: the four
-//! methods of Table 1 ([`AlgorithmKind`]), what each clips ([`PolicyClip`]: PPO's ratio clip,
-//! ACPO's advantage clip of eq. 5, and the clipping family of issue #23), how token losses are
-//! aggregated ([`LossAggMode`]), how advantages are estimated ([`AdvantageEstimator`]). The
-//! objectives' math in [`super::loss`] and [`super::advantage`] is written in these terms;
-//! manifests parse them and define none.
+//! methods of Table 1 ([`AlgorithmKind`]), how token losses are aggregated ([`LossAggMode`]),
+//! how advantages are estimated ([`AdvantageEstimator`]). The objectives' math in
+//! [`super::loss`] and [`super::advantage`] is written in these terms; manifests parse them and
+//! define none.
 //!
-//! A clipping rule is a [`PolicyClip`] variant; all else there is to it lives in
+//! What each method clips is a clipping rule, declared with all there is to it in
 //! [`super::clip`].
 
 use std::fmt;
@@ -60,19 +59,6 @@ impl fmt::Display for AlgorithmKind {
     }
 }
 
-/// A baseline's policy loss (`algorithm.policy_loss`, verl's `actor.policy_loss.loss_mode`,
-/// issue #23): the ratio clip of PPO (`vanilla`, the default), CISPO, GSPO, or no clip at all
-/// (an unclipped importance-sampling control, not a verl mode). The -AC variants always clip
-/// r·Â. Each selects a [`PolicyClip`] ([`PolicyClip::from_fields`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum PolicyLossMode {
-    Vanilla,
-    Cispo,
-    Gspo,
-    Unclipped,
-}
-
 /// How per-token losses are reduced to the mini-batch loss (verl's `loss_agg_mode`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "kebab-case")]
@@ -84,26 +70,6 @@ pub enum LossAggMode {
     SeqMeanTokenSum,
     SeqMeanTokenMean,
     SeqMeanTokenSumNorm,
-}
-
-/// What is clipped in the policy loss.
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub enum PolicyClip {
-    /// PPO/GRPO: clip r to [1−ε_low, 1+ε_high], with the dual clip c for Â < 0.
-    Ratio {
-        eps_low: f64,
-        eps_high: f64,
-        dual_clip_c: f64,
-    },
-    /// ACPO (paper eq. 5): clip r·Â to [−α, α].
-    Advantage { alpha: f64 },
-    /// CISPO (verl `cispo`): the importance weight clipped to [1−ε_low, 1+ε_high] and
-    /// detached, times Â·log π; every token keeps a gradient.
-    Cispo { eps_low: f64, eps_high: f64 },
-    /// GSPO (verl `gspo`): the sequence's length-normalised ratio, clipped PPO-style.
-    Gspo { eps_low: f64, eps_high: f64 },
-    /// No clip: −r·Â, the unclipped importance-sampling control.
-    Unclipped,
 }
 
 /// A number as a manifest would write it: 0.2, 2, and 1e9 or 3e-4 rather than 1000000000 or
@@ -123,12 +89,4 @@ pub enum AdvantageEstimator {
     Gae { gamma: f64, lam: f64, whiten: bool },
     /// (s − mean)/(std + ε) within each prompt's group, or s − mean without std (GRPO types).
     GroupNormalized { norm_by_std: bool },
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
-pub struct Algorithm {
-    pub kind: AlgorithmKind,
-    pub clip: PolicyClip,
-    pub advantage: AdvantageEstimator,
-    pub loss_agg_mode: LossAggMode,
 }

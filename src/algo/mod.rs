@@ -5,20 +5,22 @@
 //! with a `response_mask` of 1.0 on valid tokens and 0.0 on padding. Padding never changes any
 //! output: masked entries are ignored on input and written as 0 on output.
 //!
-//! - [`method`]: the paper's vocabulary of objectives — the four methods, what each clips, how
-//!   losses aggregate, how advantages are estimated — which manifests parse into.
+//! - [`method`]: the paper's vocabulary of objectives — the four methods, how losses aggregate,
+//!   how advantages are estimated — which manifests parse into ([`Algorithm`] with a rule of
+//!   [`clip`]).
 //! - [`advantage`]: GAE with batch whitening (PPO types) and group-normalised advantages (GRPO
 //!   types), paper Section 2.
-//! - [`clip`]: the clipping rules, each one's whole life: its manifest fields and their checks,
-//!   its per-token objective and gradient mask — PPO's ratio clip ([`clip::ppo_clip`]), ACPO's
-//!   advantage clip ([`clip::acpo_clip`], paper eq. 5), and the family the paper's related work
-//!   names (issue #23): CISPO ([`clip::cispo_loss`]), GSPO ([`clip::gspo_loss`]) and the
-//!   unclipped importance-sampling control —, its metric names, its verl `loss_mode`, and the
-//!   rule-disagreement diagnostic.
+//! - [`clip`]: the clipping rules, each one's whole life: its declaration, its manifest fields
+//!   and their checks, its per-token objective and gradient mask — PPO's ratio clip
+//!   ([`clip::ppo_clip`]), ACPO's advantage clip ([`clip::acpo_clip`], paper eq. 5), and the
+//!   family the paper's related work names: CISPO ([`clip::cispo_loss`]), GSPO
+//!   ([`clip::gspo_loss`]) and the unclipped importance-sampling control —, which tokens it
+//!   retains (Proposition 1), its metric names, its verl settings, and the rule-disagreement
+//!   diagnostic.
 //! - [`loss`]: the policy loss of a rule aggregated over a (micro-)batch, the entropy bonus, the
 //!   clipped value loss.
-//! - [`prop1`]: Proposition 1 — which tokens each rule retains, retention probabilities and
-//!   gradient second moments of r·Â (the trainer's diagnostics and `acpo pmd` share it).
+//! - [`prop1`]: Proposition 1 — retention probabilities and gradient second moments of a
+//!   batch's r·Â under the ratio clip and ACPO's.
 //! - [`token`]: per-token log-probabilities and entropy from logits.
 //!
 //! The formulas follow verl (the framework the paper trained with) except where numbered here:
@@ -46,6 +48,17 @@ pub mod prop1;
 pub mod token;
 
 use candle_core::{DType, Result, Tensor};
+use serde::Serialize;
+
+/// A run's objective: the method, its clipping rule, how its advantages are estimated and how
+/// its token losses are aggregated.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct Algorithm {
+    pub kind: method::AlgorithmKind,
+    pub clip: clip::PolicyClip,
+    pub advantage: method::AdvantageEstimator,
+    pub loss_agg_mode: method::LossAggMode,
+}
 
 /// Host copy of a `(B, T)` f32 tensor, row-major.
 pub(crate) fn to_rows(t: &Tensor) -> Result<Vec<Vec<f32>>> {

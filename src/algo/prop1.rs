@@ -1,24 +1,14 @@
-//! Proposition 1's quantities (paper Section 3): which tokens' gradients each clipping rule
-//! retains, and the retention probabilities and gradient second moments of a batch's r·Â.
-//! The trainer's diagnostics and the theory check (`acpo pmd`) both use these rules.
+//! Proposition 1's quantities (paper Section 3): the retention probabilities and gradient
+//! second moments of a batch's r·Â under PPO's ratio clip and ACPO's advantage clip, each rule
+//! keeping a token as [`PolicyClip::retains`] says. The theory check (`acpo pmd`) asks the same
+//! rules; the trainer's regime diagnostic compares the rules' gradient masks instead
+//! ([`super::clip::ComparedRules`]).
 
 use candle_core::Tensor;
 
-use super::clip::LOG_RATIO_BOUND;
+use super::clip::{PolicyClip, LOG_RATIO_BOUND};
 use super::{check_same_shape, to_rows};
 use candle_core::Result;
-
-/// PPO's ratio clip retains a token's gradient unless its ratio left the trust region on the
-/// side its advantage pushes: Â > 0 needs r ≤ 1+ε_high, Â < 0 needs r ≥ 1−ε_low. (Â = 0 has
-/// no gradient and counts as not retained.)
-pub fn ppo_retains(r: f64, a: f64, eps_low: f64, eps_high: f64) -> bool {
-    (a > 0.0 && r <= 1.0 + eps_high) || (a < 0.0 && r >= 1.0 - eps_low)
-}
-
-/// ACPO's advantage clip retains a token's gradient where |r·Â| ≤ α (paper eq. 5).
-pub fn acpo_retains(ratio_adv: f64, alpha: f64) -> bool {
-    ratio_adv.abs() <= alpha
-}
 
 /// The gradient coefficients r·Â of a batch and the quantities of Proposition 1.
 #[derive(Debug, Clone, PartialEq)]
@@ -38,7 +28,8 @@ pub struct CoefficientDiagnostics {
 }
 
 /// Diagnostics of the gradient coefficients r·Â (paper Section 3, Proposition 1). They do not
-/// depend on which objective is being trained, so both rules are evaluated on the same batch.
+/// depend on which objective is being trained, so both rules are evaluated on the same batch;
+/// the ratio clip as the proposition states it, without verl's dual clip.
 pub fn coefficient_diagnostics(
     log_prob: &Tensor,
     old_log_prob: &Tensor,
@@ -60,6 +51,12 @@ pub fn coefficient_diagnostics(
     let old = to_rows(old_log_prob)?;
     let adv = to_rows(advantages)?;
     let mask = to_rows(response_mask)?;
+    let acpo = PolicyClip::Advantage { alpha };
+    let ppo = PolicyClip::Ratio {
+        eps_low,
+        eps_high,
+        dual_clip_c: f64::INFINITY,
+    };
     let mut values = Vec::new();
     let (mut sum, mut abs_max, mut keep_a, mut keep_p, mut m2_a, mut m2_p) =
         (0.0, 0f64, 0.0, 0.0, 0.0, 0.0);
@@ -76,11 +73,11 @@ pub fn coefficient_diagnostics(
             values.push(ra as f32);
             sum += ra;
             abs_max = abs_max.max(ra.abs());
-            if acpo_retains(ra, alpha) {
+            if acpo.retains(r, a) {
                 keep_a += 1.0;
                 m2_a += ra * ra;
             }
-            if ppo_retains(r, a, eps_low, eps_high) {
+            if ppo.retains(r, a) {
                 keep_p += 1.0;
                 m2_p += ra * ra;
             }

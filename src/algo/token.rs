@@ -62,7 +62,7 @@ fn log_probs_composed_scaled(z: &Tensor, tokens: &Tensor) -> Result<Tensor> {
 /// O(log V) whatever the logits' scale. Unshifted, `logsumexp(z)` and `Σ p·z` are each as large
 /// as the logits and nearly cancel, and `p = exp(z − lse)` carries an error of f32's epsilon
 /// times |z| into a sum weighted by |z|: at logits of a few hundred the f32 entropy was off in
-/// the second digit (issue #17 item 11); shifted, the error grows only linearly with the scale.
+/// the second digit; shifted, the error grows only linearly with the scale.
 pub fn entropy(logits: &Tensor, temperature: f64) -> Result<Tensor> {
     let z = scaled(logits, temperature)?;
     let max = z.max_keepdim(D::Minus1)?.detach();

@@ -5,10 +5,6 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 
 use acpo::flags;
-use acpo::manifest::Scale;
-use acpo::model::spec::Device;
-use acpo::perf::BenchKind;
-use acpo::report::Artifact;
 
 /// Reproduce "Advantage Clipped Policy Optimization" (ACPO): PPO/GRPO versus PPO-AC/GRPO-AC.
 #[derive(Debug, Parser)]
@@ -195,11 +191,63 @@ pub struct TrainArgs {
 
 #[derive(Debug, Args)]
 pub struct GenerateArgs {
-    #[command(flatten)]
-    pub options: acpo::generate::GenerateOptions,
+    /// A local model directory in HF layout, or a hub repo id (owner/name).
+    #[arg(long)]
+    pub model: String,
+    /// Hub revision (branch, tag or commit) when --model is a repo id.
+    #[arg(long, default_value = "main")]
+    pub revision: String,
+    /// One prompt text.
+    #[arg(long, conflicts_with = "input", required_unless_present = "input")]
+    pub prompt: Option<String>,
+    /// A JSONL file of prompts ({"prompt": ...} per line).
+    #[arg(long)]
+    pub input: Option<PathBuf>,
+    /// Completions per prompt.
+    #[arg(long, default_value_t = 1, value_parser = flags::count(flags::MAX_SEQUENCES))]
+    pub n: usize,
+    /// Sampling temperature; 0 is greedy.
+    #[arg(long, default_value_t = 1.0, value_parser = acpo::generate::temperature_range())]
+    pub temperature: f64,
+    #[arg(long, default_value_t = 1.0, value_parser = acpo::generate::top_p_range())]
+    pub top_p: f64,
+    #[arg(long, value_parser = flags::count(acpo::model::MAX_VOCAB))]
+    pub top_k: Option<usize>,
+    #[arg(long, default_value_t = 256, value_parser = flags::count(flags::MAX_TOKENS))]
+    pub max_new_tokens: usize,
+    #[arg(long, default_value_t = 0, value_parser = flags::seed())]
+    pub seed: u64,
+    /// Wrap each prompt in the model's chat template.
+    #[arg(long)]
+    pub chat: bool,
+    #[arg(long, value_enum, default_value_t = Device::Cpu)]
+    pub device: Device,
+    #[arg(long, value_enum, default_value_t = DType::F32)]
+    pub dtype: DType,
     /// Write completions as JSONL here instead of printing them.
     #[arg(long)]
     pub output: Option<PathBuf>,
+}
+
+impl GenerateArgs {
+    /// What the flags ask the library to generate.
+    pub fn options(&self) -> acpo::generate::GenerateOptions {
+        acpo::generate::GenerateOptions {
+            model: self.model.clone(),
+            revision: self.revision.clone(),
+            prompt: self.prompt.clone(),
+            input: self.input.clone(),
+            n: self.n,
+            temperature: self.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            max_new_tokens: self.max_new_tokens,
+            seed: self.seed,
+            chat: self.chat,
+            device: self.device.into(),
+            dtype: self.dtype.into(),
+        }
+    }
 }
 
 #[derive(Debug, Args)]
@@ -267,7 +315,7 @@ pub struct PipelineArgs {
     pub config: Option<PathBuf>,
     /// Run on this device instead of each manifest's.
     #[arg(long, value_enum)]
-    pub device: Option<acpo::model::spec::Device>,
+    pub device: Option<Device>,
     /// Sequences per micro-batch (memory only); it must divide the responses of a divided
     /// mini-batch [default: the manifest's, made to divide them].
     #[arg(long, value_parser = flags::count(flags::MAX_SEQUENCES))]
@@ -452,7 +500,7 @@ pub struct BenchArgs {
     pub device: Device,
     /// Dtype of the speed benchmarks (bf16: fp32 masters, bf16 arithmetic).
     #[arg(long, value_enum, default_value = "f32")]
-    pub dtype: acpo::model::spec::DType,
+    pub dtype: DType,
     /// An HF config.json to measure, on seeded random weights, instead of the built-in sizes.
     #[arg(long)]
     pub config: Option<PathBuf>,
@@ -518,6 +566,112 @@ pub enum AttentionKind {
     Composed,
 }
 
+/// What `acpo bench` measures.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BenchKind {
+    /// Sampling throughput (tokens/s).
+    Generate,
+    /// One RL training step (tokens/s, peak memory).
+    TrainStep,
+    /// The attention alone, forward and forward + backward (flash or composed).
+    Attention,
+    /// The memory arithmetic of the paper runs (docs/CUDA.md's table).
+    MemoryPlan,
+    /// The GPU-hours of the paper runs from measured GPU rates (--measured).
+    PaperPlan,
+    /// A train step's peak memory on a GPU, predicted from CPU traces (--measured).
+    MemoryPredict,
+    /// Verifier throughput (answers/s).
+    Verifier,
+}
+
+/// What `acpo report` and `acpo reproduce` build ([`acpo::report::Artifact`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Artifact {
+    /// Table 1 (Markdown, LaTeX, CSV) and the regime; with several seeds the paired
+    /// differences, the verdict and the power.
+    Table1,
+    /// The accuracy curves (figures).
+    Accuracy,
+    /// The entropy curves (figures).
+    Entropy,
+    /// The r·Â tail histograms (figures, tails.md).
+    Tails,
+    /// The steps an -AC run takes to reach its baseline's best (speedup.md).
+    Speedup,
+    /// Every one of them.
+    All,
+}
+
+impl From<Artifact> for acpo::report::Artifact {
+    fn from(a: Artifact) -> Self {
+        match a {
+            Artifact::Table1 => Self::Table1,
+            Artifact::Accuracy => Self::Accuracy,
+            Artifact::Entropy => Self::Entropy,
+            Artifact::Tails => Self::Tails,
+            Artifact::Speedup => Self::Speedup,
+            Artifact::All => Self::All,
+        }
+    }
+}
+
+/// `--scale`: the scales a user reproduces ([`acpo::manifest::Scale`]; the pipeline's is
+/// `acpo pipeline`'s own).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Scale {
+    Smoke,
+    Mini,
+    Paper,
+}
+
+impl From<Scale> for acpo::manifest::Scale {
+    fn from(s: Scale) -> Self {
+        match s {
+            Scale::Smoke => Self::Smoke,
+            Scale::Mini => Self::Mini,
+            Scale::Paper => Self::Paper,
+        }
+    }
+}
+
+/// `--device`: where a command runs ([`acpo::model::spec::Device`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Device {
+    Cpu,
+    Cuda,
+    /// CUDA when this binary was built with it and a GPU is visible, else CPU.
+    Auto,
+}
+
+impl From<Device> for acpo::model::spec::Device {
+    fn from(d: Device) -> Self {
+        match d {
+            Device::Cpu => Self::Cpu,
+            Device::Cuda => Self::Cuda,
+            Device::Auto => Self::Auto,
+        }
+    }
+}
+
+/// `--dtype`: the precision a model is held in ([`acpo::model::spec::DType`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum DType {
+    F32,
+    Bf16,
+    F16,
+}
+
+impl From<DType> for acpo::model::spec::DType {
+    fn from(d: DType) -> Self {
+        match d {
+            DType::F32 => Self::F32,
+            DType::Bf16 => Self::Bf16,
+            DType::F16 => Self::F16,
+        }
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct PmdArgs {
     /// Where the figure and the Markdown table go.
@@ -570,6 +724,6 @@ pub enum ModelCommand {
         #[arg(long, value_enum, default_value = "cpu")]
         device: Device,
         #[arg(long, value_enum, default_value = "f32")]
-        dtype: acpo::model::spec::DType,
+        dtype: DType,
     },
 }

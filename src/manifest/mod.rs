@@ -22,7 +22,7 @@ use std::path::{Path, PathBuf};
 use serde::{Deserialize, Serialize};
 use sha2::{Digest, Sha256};
 
-use crate::algo::method::Algorithm;
+use crate::algo::Algorithm;
 use crate::checksum::hex;
 use crate::data::{Benchmark, DataSpec, PromptTemplate};
 use crate::files::{AtPath, PathIoError};
@@ -85,7 +85,7 @@ pub use check::{check_all, discover, CheckReport};
 // ---------------------------------------------------------------------------------------------
 // Enumerations shared by the raw and validated forms.
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Scale {
     Smoke,
@@ -94,7 +94,6 @@ pub enum Scale {
     /// A paper manifest at its own shapes on random weights, batch sizes divided (issue #34,
     /// `acpo pipeline`): what a paper run costs on a GPU and whether it fits, never accuracy.
     /// Its manifests are derived, never kept in `experiments/`.
-    #[value(skip)]
     Pipeline,
 }
 
@@ -436,11 +435,6 @@ impl Experiment {
     /// The first 12 hex digits of the fingerprint, used in run directory names.
     pub fn short_fingerprint(&self) -> String {
         self.fingerprint()[..12].to_string()
-    }
-
-    /// Responses per training step: prompts × n.
-    pub fn responses_per_step(&self) -> usize {
-        self.trainer.batch_size * self.rollout.n
     }
 
     /// One line for `acpo check`.

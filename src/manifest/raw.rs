@@ -7,7 +7,8 @@ use std::path::PathBuf;
 use serde::{Deserialize, Serialize};
 
 use super::Scale;
-use crate::algo::method::{AlgorithmKind, LossAggMode, PolicyLossMode};
+use crate::algo::clip::{ClipFields, PolicyLossMode};
+use crate::algo::method::{AlgorithmKind, LossAggMode};
 use crate::data::{Benchmark, DataSuite, PromptTemplate};
 use crate::model::init::InitTokenizer;
 use crate::model::spec::{DType, Device};
@@ -97,7 +98,7 @@ pub struct Algorithm {
     #[serde(default)]
     pub clip_ratio_c: Option<f64>,
     // The baselines' policy loss (verl's `actor.policy_loss.loss_mode`): vanilla (default),
-    // cispo, gspo, or unclipped (issue #23's clipping family).
+    // cispo, gspo, or unclipped (the clipping family of the paper's related work).
     #[serde(default)]
     pub policy_loss: Option<PolicyLossMode>,
     // Advantage clipping: -AC variants only.
@@ -114,6 +115,19 @@ pub struct Algorithm {
     #[serde(default)]
     pub norm_adv_by_std_in_grpo: Option<bool>,
     pub loss_agg_mode: LossAggMode,
+}
+
+impl Algorithm {
+    /// The fields a clipping rule reads, as written (the rule checks them).
+    pub fn clip_fields(&self) -> ClipFields {
+        ClipFields {
+            policy_loss: self.policy_loss,
+            clip_ratio_low: self.clip_ratio_low,
+            clip_ratio_high: self.clip_ratio_high,
+            clip_ratio_c: self.clip_ratio_c,
+            alpha: self.alpha,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

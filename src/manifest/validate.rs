@@ -9,8 +9,9 @@ use super::{
     ActorSpec, CriticSpec, EvalSpec, Experiment, ManifestError, Scale, TrainerSpec, MAX_BATCH,
     MAX_SAMPLES, MIN_TEMPERATURE,
 };
-use crate::algo::clip::ClipFields;
-use crate::algo::method::{AdvantageEstimator, Algorithm, PolicyClip};
+use crate::algo::clip::PolicyClip;
+use crate::algo::method::AdvantageEstimator;
+use crate::algo::Algorithm;
 use crate::data::DataSpec;
 use crate::field::{self, number, FieldError};
 use crate::hub::ModelSource;
@@ -335,14 +336,7 @@ impl Validator<'_> {
         let kind = raw.name;
         let for_kind = format!("for {kind}");
         // The clipping rule checks its own fields.
-        let fields = ClipFields {
-            policy_loss: raw.policy_loss,
-            clip_ratio_low: raw.clip_ratio_low,
-            clip_ratio_high: raw.clip_ratio_high,
-            clip_ratio_c: raw.clip_ratio_c,
-            alpha: raw.alpha,
-        };
-        let clip = PolicyClip::from_fields(kind, &fields).map_err(|e| self.at(e))?;
+        let clip = PolicyClip::from_fields(kind, &raw.clip_fields()).map_err(|e| self.at(e))?;
         let advantage = if kind.is_ppo_type() {
             let why = format!("for {kind}: it has no group-normalised advantage");
             self.forbidden(

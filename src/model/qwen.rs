@@ -204,9 +204,9 @@ impl Attention {
                 // The filled columns, read in place: each (row, head)'s keys are one matrix
                 // with the layout of a contiguous copy, only further apart in the buffer, and
                 // the batched product takes that stride, so the products, and every result,
-                // are unchanged. The copy this replaces was 8 % of an evaluation's profile, but
-                // the product now pays the cache misses it paid: 1-2 % saved
-                // (docs/PERFORMANCE.md, "The main job").
+                // are unchanged. A contiguous copy would cost about 8 % of an evaluation's
+                // profile for cache misses the strided product pays anyway (docs/PERFORMANCE.md,
+                // "The main job").
                 let (k, v) = (kb.narrow(2, 0, s)?, vb.narrow(2, 0, s)?);
                 // A detached model's decode step: the same numbers without gemm's per-call
                 // cost (fused::attention_decode).

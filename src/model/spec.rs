@@ -7,7 +7,7 @@ use serde::{Deserialize, Serialize};
 use super::init::ModelInitSpec;
 use crate::hub::ModelSource;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Device {
     Cpu,
@@ -16,7 +16,7 @@ pub enum Device {
     Auto,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DType {
     F32,

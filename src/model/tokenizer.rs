@@ -122,10 +122,6 @@ impl Tokenizer {
             .unwrap_or(0)
     }
 
-    pub fn has_chat_template(&self) -> bool {
-        self.chat_template.is_some()
-    }
-
     /// Renders the chat template as `transformers`' `apply_chat_template(..., tokenize=False)`.
     pub fn apply_chat_template(
         &self,

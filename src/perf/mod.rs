@@ -77,23 +77,16 @@ impl From<candle_core::Error> for PerfError {
 
 pub type Result<T> = std::result::Result<T, PerfError>;
 
-/// What `acpo bench` measures.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum BenchKind {
+/// What a speed benchmark ([`speed`]) measures, per model size; the other benchmarks have
+/// their own functions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpeedKind {
     /// Sampling throughput (tokens/s).
     Generate,
     /// One RL training step (tokens/s, peak memory).
     TrainStep,
     /// The attention alone, forward and forward + backward (flash or composed).
     Attention,
-    /// The memory arithmetic of the paper runs (docs/CUDA.md's table).
-    MemoryPlan,
-    /// The GPU-hours of the paper runs from measured GPU rates (--measured).
-    PaperPlan,
-    /// A train step's peak memory on a GPU, predicted from CPU traces (--measured; issue #44).
-    MemoryPredict,
-    /// Verifier throughput (answers/s).
-    Verifier,
 }
 
 /// Writes `bytes` under `dir` atomically; returns the path.
@@ -211,28 +204,22 @@ impl SpeedOptions {
 /// Measures the speed benchmark `kind` on the model sizes (the tiny one only if asked, or the
 /// one config given), prints a line per model and writes `<kind>.json` and `<kind>.md` under
 /// `out`. Returns the report.
-pub fn speed(kind: BenchKind, out: &Path, opts: &SpeedOptions) -> Result<PathBuf> {
+pub fn speed(kind: SpeedKind, out: &Path, opts: &SpeedOptions) -> Result<PathBuf> {
     if opts.repeats == 0 {
         return Err(PerfError::NoRepeats);
     }
     let name = match kind {
-        BenchKind::Generate => "generate",
-        BenchKind::TrainStep => "train-step",
-        BenchKind::Attention => "attention",
-        BenchKind::Verifier
-        | BenchKind::MemoryPlan
-        | BenchKind::PaperPlan
-        | BenchKind::MemoryPredict => {
-            unreachable!("the verifier and memory-plan reports have their own functions")
-        }
+        SpeedKind::Generate => "generate",
+        SpeedKind::TrainStep => "train-step",
+        SpeedKind::Attention => "attention",
     };
     let mut rows = Vec::new();
     for m in opts.subjects()? {
         let measured = match kind {
-            BenchKind::Generate if opts.sample.long_tail => bench_long_tail(&m, opts)?.to_vec(),
-            BenchKind::Generate => vec![bench_generate(&m, opts)?],
-            BenchKind::Attention => vec![bench_attention(&m, opts)?],
-            _ => vec![bench_train_step(&m, opts)?],
+            SpeedKind::Generate if opts.sample.long_tail => bench_long_tail(&m, opts)?.to_vec(),
+            SpeedKind::Generate => vec![bench_generate(&m, opts)?],
+            SpeedKind::Attention => vec![bench_attention(&m, opts)?],
+            SpeedKind::TrainStep => vec![bench_train_step(&m, opts)?],
         };
         for r in measured {
             let peak = r

@@ -10,7 +10,8 @@ use super::{
     median, memory, peak_flops, train_flops, Measurement, PerfError, Result, SpeedOptions,
     StepMemory, StepSettings, StepShape, Subject,
 };
-use crate::algo::method::{LossAggMode, PolicyClip};
+use crate::algo::clip::PolicyClip;
+use crate::algo::method::LossAggMode;
 use crate::model::init;
 use crate::model::qwen::Kernels;
 use crate::optim::{AdamW, LrSchedule, OptimSpec};

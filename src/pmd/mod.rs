@@ -25,7 +25,7 @@ use std::path::{Path, PathBuf};
 use mdp::{Mdp, Policy};
 use serde::Serialize;
 
-use crate::algo::prop1::{acpo_retains, ppo_retains};
+use crate::algo::clip::PolicyClip;
 use crate::report::plot::{tint, write_figure, Panel, PlotError, Series, Ticks, PALETTE};
 use crate::report::table::{Align::Left, Table};
 
@@ -346,18 +346,27 @@ pub fn proposition1(seed: u64, samples: usize, eps: f64) -> Prop1 {
         let g2 = rng.next_normal().exp();
         rows.push((r, a, g2));
     }
-    let ppo_keep = |r: f64, a: f64| ppo_retains(r, a, eps, eps);
-    let kept = rows.iter().filter(|(r, a, _)| ppo_keep(*r, *a)).count();
+    // the ratio clip as the proposition states it: symmetric, no dual clip
+    let ratio_clip = PolicyClip::Ratio {
+        eps_low: eps,
+        eps_high: eps,
+        dual_clip_c: f64::INFINITY,
+    };
+    let kept = rows
+        .iter()
+        .filter(|(r, a, _)| ratio_clip.retains(*r, *a))
+        .count();
     let mut mags: Vec<f64> = rows.iter().map(|(r, a, _)| (r * a).abs()).collect();
     mags.sort_by(f64::total_cmp);
     let alpha = if kept == 0 { 0.0 } else { mags[kept - 1] };
+    let advantage_clip = PolicyClip::Advantage { alpha };
     let (mut acpo, mut ppo) = (0f64, 0f64);
     for (r, a, g2) in &rows {
         let m = (r * a) * (r * a) * g2;
-        if acpo_retains(r * a, alpha) {
+        if advantage_clip.retains(*r, *a) {
             acpo += m;
         }
-        if ppo_keep(*r, *a) {
+        if ratio_clip.retains(*r, *a) {
             ppo += m;
         }
     }

@@ -283,8 +283,10 @@ pub fn tails(runs: &[RunResult], out: &Path) -> Result<(Vec<PathBuf>, String)> {
         let alpha_of = |alg: AlgorithmKind| {
             runs_of(runs, &m)
                 .iter()
-                .find(|r| r.algorithm.is_ppo_type() == alg.is_ppo_type() && r.alpha.is_some())
-                .and_then(|r| r.alpha)
+                .find(|r| {
+                    r.algorithm.is_ppo_type() == alg.is_ppo_type() && r.clip.alpha().is_some()
+                })
+                .and_then(|r| r.clip.alpha())
                 .unwrap_or(2.0)
         };
         let mut alphas: Vec<f64> = per_method.iter().map(|(a, _)| alpha_of(*a)).collect();

@@ -20,9 +20,10 @@ pub mod verdict;
 pub const PAPER_TABLE1: &str = include_str!("../../paper/table1.csv");
 
 use crate::files::{AtPath, PathIoError};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
+use crate::algo::clip::PolicyClip;
 use crate::algo::method::AlgorithmKind;
 use crate::data::Benchmark;
 use crate::eval::EvalSummary;
@@ -55,8 +56,9 @@ pub struct RunResult {
     pub algorithm: AlgorithmKind,
     /// The run's seed (`acpo reproduce --seeds`: several runs of one manifest).
     pub seed: u64,
-    /// ACPO's threshold α (the -AC variants), for the tails figure's ±α.
-    pub alpha: Option<f64>,
+    /// The run's clipping rule: its own clip metric, and ACPO's threshold α for the tails
+    /// figure's ±α.
+    pub clip: PolicyClip,
     pub evals: Vec<EvalSummary>,
 }
 
@@ -127,7 +129,7 @@ pub fn load_results(root: &Path) -> Result<Vec<RunResult>> {
             model: exp.model.source.label(),
             algorithm: exp.algorithm.kind,
             seed: exp.seed,
-            alpha: exp.algorithm.clip.alpha(),
+            clip: exp.algorithm.clip,
             evals: summaries,
         });
     }
@@ -229,6 +231,9 @@ pub struct Row {
     /// weighted, then the table's columns in order (MATH500, Minerva, OlympiadBench, AIME-like)
     pub values: Vec<Option<f64>>,
     pub bold: Vec<bool>,
+    /// The benchmarks the weighted accuracy weights: those the run evaluated, whichever they
+    /// are (a weighted accuracy compares only with one over the same set).
+    pub weighted_over: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -271,6 +276,11 @@ pub fn table1_with(runs: &[RunResult], columns: &[Column]) -> Table1 {
                 step: best.step,
                 values,
                 bold: vec![false; width],
+                weighted_over: best
+                    .benchmarks
+                    .iter()
+                    .map(|b| b.benchmark.clone())
+                    .collect(),
             });
         }
         bold_the_better_of_each_pair(&mut rows);
@@ -413,10 +423,28 @@ pub fn csv(table: &Table1) -> String {
 
 /// Ours beside the paper's reported values (paper | ours | Δ) for the weighted column and each
 /// benchmark, for the models and methods present in both. The paper's CSV is read by its
-/// header, so a column it does not have is left out.
+/// header, so a column it does not have is left out. The paper weights its accuracy over the
+/// benchmarks of its header; a run whose weighted accuracy is over another set is not set
+/// beside it but listed below the table, saying why.
 pub fn compare_paper(table: &Table1, paper_csv: &str) -> String {
     let mut lines = paper_csv.lines();
     let header: Vec<&str> = lines.next().unwrap_or("").split(',').collect();
+    let paper_set: BTreeSet<String> = header
+        .iter()
+        .skip_while(|h| **h != WEIGHTED_CSV)
+        .skip(1)
+        .map(|h| h.to_string())
+        .collect();
+    // a run's benchmarks as the paper's header names them (a benchmark without a column of
+    // the table keeps its own name, which no paper column has)
+    let as_csv = |benchmark: &str| {
+        table
+            .columns
+            .iter()
+            .find(|c| c.name == benchmark)
+            .map_or(benchmark.to_string(), Column::csv_key)
+    };
+    let mut not_compared = Vec::new();
     let at: Vec<Option<usize>> = csv_keys(&table.columns)
         .iter()
         .map(|k| header.iter().position(|h| h == k))
@@ -446,7 +474,19 @@ pub fn compare_paper(table: &Table1, paper_csv: &str) -> String {
             let Some(p) = paper.get(&(g.model.clone(), r.method.paper_name().to_string())) else {
                 continue;
             };
+            let ours_set: BTreeSet<String> =
+                r.weighted_over.iter().map(|b| as_csv(b.as_str())).collect();
             for (c, name) in table.headings().enumerate() {
+                if c == 0 && r.values[0].is_some() && ours_set != paper_set {
+                    not_compared.push(format!(
+                        "- {} {}: our weighted accuracy is over {}, the paper's over {}",
+                        g.model,
+                        r.method.paper_name(),
+                        ours_set.iter().cloned().collect::<Vec<_>>().join(", "),
+                        paper_set.iter().cloned().collect::<Vec<_>>().join(", ")
+                    ));
+                    continue;
+                }
                 if let (Some(ours), Some(theirs)) = (r.values[c], p[c]) {
                     t.row([
                         g.model.clone(),
@@ -460,7 +500,15 @@ pub fn compare_paper(table: &Table1, paper_csv: &str) -> String {
             }
         }
     }
-    t.to_string()
+    let mut out = t.to_string();
+    if !not_compared.is_empty() {
+        out.push_str(
+            "\nWeighted accuracies not compared (over other benchmarks than the paper's):\n",
+        );
+        out.push_str(&not_compared.join("\n"));
+        out.push('\n');
+    }
+    out
 }
 
 /// Steps for an -AC run to reach its baseline's best weighted accuracy.
@@ -543,7 +591,7 @@ pub fn regime_markdown(runs: &[RunResult]) -> Result<String> {
                     .map_or("—".into(), |e| format!("{e:.3}"))
             };
             let pct = |v: Option<f64>| v.map_or("—".into(), |v| format!("{:.3} %", 100.0 * v));
-            let own = crate::run::metric::own_clip(r.algorithm);
+            let own = r.clip.own_clip_metric();
             let prompts = figures::run_tails(&r.dir)?.map_or("—".into(), |(_, p)| {
                 let n = p.iter().sum::<usize>().max(1) as f64;
                 format!(
@@ -627,7 +675,7 @@ pub fn speedup_markdown(all: &[Speedup]) -> String {
 }
 
 /// What `acpo report` and `acpo reproduce` build.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Artifact {
     Table1,
     Accuracy,

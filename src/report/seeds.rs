@@ -331,9 +331,8 @@ impl RegimeSums {
             e(lines.first()).zip(e(lines.last()))
         };
         self.baseline_clip
-            .extend(mean(&b, &[metric::own_clip(baseline.algorithm)]));
-        self.ac_clip
-            .extend(mean(&a, &[metric::own_clip(ac.algorithm)]));
+            .extend(mean(&b, &[baseline.clip.own_clip_metric()]));
+        self.ac_clip.extend(mean(&a, &[ac.clip.own_clip_metric()]));
         self.ac_disagree.extend(mean(
             &a,
             &[

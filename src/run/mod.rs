@@ -19,7 +19,8 @@ pub use provenance::Provenance;
 
 /// The names of the metrics (verl's) that are read back from `metrics.jsonl`: by the report,
 /// the progress display and resume. The trainer writes every metric under its name in
-/// `train::metrics`, using these where they apply.
+/// `train::metrics`, using these where they apply; a clipping rule's own metrics are named by the
+/// rule (`algo::clip`).
 pub mod metric {
     pub const STEP: &str = "training/global_step";
     pub const ACC: &str = "reward/acc/mean";
@@ -29,16 +30,6 @@ pub mod metric {
     pub const ACTOR_GRAD_NORM: &str = "actor/grad_norm";
     pub const CRITIC_GRAD_NORM: &str = "critic/grad_norm";
     pub const STEP_SECONDS: &str = "timing_s/step";
-
-    /// The share of update tokens the run's own clip acted on: ACPO's clip of r·Â for the -AC
-    /// methods, the ratio clip (or CISPO's, GSPO's) for the others.
-    pub fn own_clip(kind: crate::algo::method::AlgorithmKind) -> &'static str {
-        if kind.is_advantage_clipped() {
-            "actor/acpo_clipfrac"
-        } else {
-            "actor/pg_clipfrac"
-        }
-    }
 }
 
 /// A run directory and the names of everything in it.

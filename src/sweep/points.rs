@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use super::{GridValue, Result, Sweep, Variant};
-use crate::algo::method::{AlgorithmKind, PolicyClip};
+use crate::algo::clip::PolicyClip;
+use crate::algo::method::AlgorithmKind;
 use crate::manifest::Experiment;
 use crate::report::seeds::Interval;
 
@@ -16,7 +17,7 @@ pub struct Outcome {
     pub best: f64,
     pub last: f64,
     /// The share of update tokens its own clip acted on, averaged over its steps
-    /// ([`crate::run::metric::own_clip`]).
+    /// ([`PolicyClip::own_clip_metric`]).
     pub own_clip: Option<f64>,
 }
 
@@ -33,7 +34,7 @@ pub fn finished(dirs: &[PathBuf]) -> Result<Finished> {
             let best = r.best().map(|e| e.weighted_accuracy);
             let last = r.evals.iter().max_by_key(|e| e.step);
             if let (Some(best), Some(last)) = (best, last) {
-                let key = crate::run::metric::own_clip(r.algorithm);
+                let key = r.clip.own_clip_metric();
                 let clips: Vec<f64> = crate::report::load_metrics(&r.dir)?
                     .iter()
                     .filter_map(|m| m.get(key).copied())

@@ -9,13 +9,13 @@ use candle_core::{DType, Tensor};
 
 use super::outcomes::{ActorOutcome, CriticOutcome, RatioQuantiles, Rewards};
 use super::{Result, TrainError};
-use crate::algo::clip::{Disagreement, PolicyStats};
-use crate::algo::method::PolicyClip;
+use crate::algo::clip::{Disagreement, PolicyClip, PolicyStats};
 use crate::manifest::Experiment;
 use crate::rollout::{Completion, FinishReason};
 use crate::run::metric;
 
-/// A step's phases in the order they ran (issue #34): wall-clock seconds (never part of a
+/// A step's phases in the order they ran, to find where a step's time and memory go:
+/// wall-clock seconds (never part of a
 /// result's numbers), the tokens each processed, and on CUDA the device's peak memory during
 /// each. A phase's metrics take verl's names where verl has one: `timing_s/gen`,
 /// `timing_s/reward`, `timing_s/old_log_prob`, `timing_s/values`, `timing_s/adv`,
@@ -161,7 +161,8 @@ pub struct StepMetrics {
     pub policy: PolicyStats,
     /// Which clip trained: names the clip fractions reported.
     pub clip: PolicyClip,
-    /// Where the ratio clip and ACPO's disagree on the step's tokens (issue #22).
+    /// Where the ratio clip and ACPO's disagree on the step's tokens: the regime where the
+    /// rules differ at all.
     pub disagreement: Disagreement,
     pub entropy: f64,
     pub grad_norm: f64,
@@ -257,7 +258,7 @@ impl StepMetrics {
             ("actor/ppo_kl", p.ppo_kl),
             ("actor/ratio_adv_mean", p.ratio_adv_mean),
             ("actor/ratio_adv_abs_max", p.ratio_adv_abs_max),
-            // both rules on the same tokens, whichever trains (issue #22)
+            // both rules on the same tokens, whichever trains, so runs of either compare
             (
                 "actor/clip_disagree_ratio_zeroes",
                 self.disagreement.ratio_zeroes,
@@ -268,7 +269,7 @@ impl StepMetrics {
             ),
         ];
         out.extend(self.clip.clip_metrics(p));
-        // the first, on-policy mini-batch against the later ones (issue #22)
+        // the later, off-policy mini-batches apart: the ratio clip acts mostly there
         if self.later_policy.tokens > 0.0 {
             let l = &self.later_disagreement;
             out.push(self.clip.later_clip_metric(&self.later_policy));

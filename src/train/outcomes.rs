@@ -30,17 +30,18 @@ pub struct ActorOutcome {
     /// Sum of the mini-batches' policy losses.
     pub pg_loss: f64,
     pub stats: PolicyStats,
-    /// Where the ratio clip and ACPO's disagree (issue #22), beside the clip statistics.
+    /// Where the ratio clip and ACPO's disagree, beside the clip statistics.
     pub disagreement: Disagreement,
     pub entropy: TokenEntropy,
     /// Gradient norm before clipping, per mini-batch.
     pub grad_norms: Vec<f64>,
     /// r and |r·Â| over the response tokens of the step's first mini-batch (on-policy) and of
-    /// the later ones (issue #22: how far off-policy the later updates are).
+    /// the later ones: how far off-policy the later updates are.
     pub first: Option<RatioQuantiles>,
     pub later: Option<RatioQuantiles>,
-    /// The clip statistics of the later, off-policy mini-batches alone (issue #22's regime
-    /// target: the ratio clip acts there on >= 0.1 % of tokens), and the rules' disagreement.
+    /// The clip statistics of the later, off-policy mini-batches alone (a regime where the
+    /// rules differ has the ratio clip acting there on >= 0.1 % of tokens), and the rules'
+    /// disagreement.
     pub later_stats: PolicyStats,
     pub later_disagreement: Disagreement,
 }

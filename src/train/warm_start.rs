@@ -1,4 +1,4 @@
-//! The warm start of the mini scale (issue #8): a short supervised fine-tune on the synthetic
+//! The warm start of the mini scale: a short supervised fine-tune on the synthetic
 //! training set's worked solutions, so each tiny model starts RL with partial accuracy, the
 //! regime where RL has signal (the paper's models start from pretrained weights).
 //!
@@ -6,8 +6,9 @@
 //! by index and epoch, so the model follows both instructions) and one of its worked solutions,
 //! in a style drawn afresh for every use (path, wording; `synthetic::Style`), in the matching
 //! answer style, ending in EOS. The policy it leaves spreads its mass over the styles: the
-//! entropy the paper's pretrained policies start RL with (issue #22). The loss is the mean negative log-likelihood of the
-//! response tokens; the prompt is context only. Same model, layout and AdamW as RL.
+//! entropy the paper's pretrained policies start RL with. The loss is the mean negative
+//! log-likelihood of the response tokens; the prompt is context only. Same model, layout and
+//! AdamW as RL.
 
 use std::time::Instant;
 

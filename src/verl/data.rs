@@ -137,10 +137,10 @@ fn write_split(
         ],
     )
     .map_err(|e| fail(path, e))?;
-    let tmp = path.with_extension("parquet.tmp");
+    let tmp = crate::atomic::temp_path(path);
     let file = std::fs::File::create(&tmp).at(&tmp)?;
     ParquetWriter::new(file)
         .finish(&mut df)
         .map_err(|e| fail(path, e))?;
-    Ok(std::fs::rename(&tmp, path).at(path)?)
+    Ok(crate::atomic::commit(&tmp, path).at(path)?)
 }

@@ -48,8 +48,10 @@ pub enum ImportError {
     #[error("cannot read {path}: {source}")]
     Read {
         path: PathBuf,
-        source: crate::jsonl::ReadError,
+        source: std::io::Error,
     },
+    #[error("cannot read {0}")]
+    Stream(crate::jsonl::ReadError),
     #[error("cannot write {}: {}", .0.path.display(), .0.source)]
     Write(PathIoError),
     #[error("{path}, line {line}: {reason}")]
@@ -131,7 +133,7 @@ pub fn import(manifest: &Path, metrics: &Path, validation: &Path, out: &Path) ->
     let run = RunDir::at(&stage);
     let text = crate::files::read_to_string(manifest).map_err(|source| ImportError::Read {
         path: manifest.to_owned(),
-        source: source.into(),
+        source,
     })?;
     write(&run.manifest(), text.as_bytes())?;
     write(&run.fingerprint(), exp.fingerprint().as_bytes())?;
@@ -152,7 +154,7 @@ pub fn import(manifest: &Path, metrics: &Path, validation: &Path, out: &Path) ->
         "verl metrics".into(),
         crate::checksum::sha256_file(metrics).map_err(|source| ImportError::Read {
             path: metrics.to_owned(),
-            source: source.into(),
+            source,
         })?,
     );
     provenance.non_finite_metrics = non_finite.clone();
@@ -204,10 +206,7 @@ fn json_lines(
             .map_err(Stop::Import)
     })
     .map_err(|stop| match stop {
-        Stop::Read(source) => ImportError::Read {
-            path: path.to_owned(),
-            source,
-        },
+        Stop::Read(e) => ImportError::Stream(e),
         Stop::Import(e) => e,
     })
 }
@@ -288,7 +287,7 @@ fn metrics_lines(
 fn evaluations(exp: &Experiment, dir: &Path, last: usize) -> Result<Vec<EvalSummary>> {
     let entries = std::fs::read_dir(dir).map_err(|source| ImportError::Read {
         path: dir.to_owned(),
-        source: source.into(),
+        source,
     })?;
     let mut files: Vec<(usize, PathBuf)> = Vec::new();
     let mut paths: Vec<PathBuf> = entries
@@ -304,7 +303,7 @@ fn evaluations(exp: &Experiment, dir: &Path, last: usize) -> Result<Vec<EvalSumm
         // A pipe named like a dump is refused as what it is, before its name is judged.
         crate::files::regular(&path).map_err(|source| ImportError::Read {
             path: path.clone(),
-            source: source.into(),
+            source,
         })?;
         let step = dump_step(&path).ok_or_else(|| {
             invalid("not a validation dump's name: verl names each `<step>.jsonl`, the step in decimal digits without a sign or a leading zero".into())

@@ -21,7 +21,8 @@ pub mod import;
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
 
-use crate::algo::method::{LossAggMode, PolicyClip};
+use crate::algo::clip::{PolicyClip, VerlValue};
+use crate::algo::method::LossAggMode;
 use crate::data::DataSuite;
 use crate::files::{AtPath, PathIoError};
 use crate::manifest::raw;
@@ -433,50 +434,7 @@ fn model_fields(l: &mut Launch, model: &raw::Model, ppo: bool) {
 fn algorithm_fields(l: &mut Launch, a: &raw::Algorithm) {
     let estimator = if a.name.is_ppo_type() { "gae" } else { "grpo" };
     l.set("algorithm.adv_estimator", estimator, &["algorithm.name"]);
-    // The baselines' loss mode is verl's own (issue #23: vanilla, cispo, gspo); the -AC
-    // variants' is the plug-in's; a rule verl does not have is listed, saying why.
-    let chosen_by: &[&'static str] = match a.policy_loss {
-        Some(_) => &["algorithm.name", "algorithm.policy_loss"],
-        None => &["algorithm.name"],
-    };
-    match PolicyClip::verl_loss_mode(a.name, a.policy_loss) {
-        Ok(loss) => l.set(&format!("{ACTOR}.policy_loss.loss_mode"), loss, chosen_by),
-        Err(why) => l.note("algorithm.policy_loss", Account::Unsupported, why),
-    }
-    if a.name.is_advantage_clipped() {
-        // The package's policy loss: registered in every worker by its `verl.plugins` entry
-        // point; its config class carries α.
-        l.set(
-            &format!("{ACTOR}.policy_loss._target_"),
-            "acpo.verl.AcpoPolicyLossConfig",
-            &["algorithm.name"],
-        );
-    }
-    if let Some(alpha) = a.alpha {
-        l.set(
-            &format!("+{ACTOR}.policy_loss.alpha"),
-            float(alpha),
-            &["algorithm.alpha"],
-        );
-    }
-    let ratio = [
-        (
-            "clip_ratio_low",
-            a.clip_ratio_low,
-            "algorithm.clip_ratio_low",
-        ),
-        (
-            "clip_ratio_high",
-            a.clip_ratio_high,
-            "algorithm.clip_ratio_high",
-        ),
-        ("clip_ratio_c", a.clip_ratio_c, "algorithm.clip_ratio_c"),
-    ];
-    for (key, value, field) in ratio {
-        if let Some(v) = value {
-            l.set(&format!("{ACTOR}.{key}"), float(v), &[field]);
-        }
-    }
+    clip_rule_fields(l, a);
     if let Some(g) = a.gamma {
         l.set("algorithm.gamma", float(g), &["algorithm.gamma"]);
     }
@@ -521,6 +479,33 @@ fn algorithm_fields(l: &mut Launch, a: &raw::Algorithm) {
             Account::Unsupported,
             "verl's token-mean averages over the mini-batch's tokens, not per micro-batch",
         ),
+    }
+}
+
+/// The clipping rule's loss mode and keys, as the rule says verl runs it (`algo::clip`): a
+/// baseline's loss is verl's own, the -AC variants' the plug-in's; a rule verl does not have is
+/// listed, saying why.
+fn clip_rule_fields(l: &mut Launch, a: &raw::Algorithm) {
+    let rule = match PolicyClip::from_fields(a.name, &a.clip_fields()) {
+        Ok(rule) => rule,
+        // a launch is made of a validated manifest, so this names what validation refused
+        Err(e) => return l.note("algorithm.name", Account::Unsupported, e.to_string()),
+    };
+    let chosen_by: &[&'static str] = match a.policy_loss {
+        Some(_) => &["algorithm.name", "algorithm.policy_loss"],
+        None => &["algorithm.name"],
+    };
+    match rule.verl_loss_mode() {
+        Ok(loss) => l.set(&format!("{ACTOR}.policy_loss.loss_mode"), loss, chosen_by),
+        Err(why) => l.note("algorithm.policy_loss", Account::Unsupported, why),
+    }
+    for k in rule.verl_keys() {
+        let plus = if k.added { "+" } else { "" };
+        let value = match k.value {
+            VerlValue::Text(text) => text.to_owned(),
+            VerlValue::Number(x) => float(x),
+        };
+        l.set(&format!("{plus}{ACTOR}.{}", k.key), value, &[k.from]);
     }
 }
 

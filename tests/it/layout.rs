@@ -409,3 +409,225 @@ fn nothing_in_the_product_points_outside_the_repository() {
         }
     }
 }
+
+/// The variants `enum name` declares in `code`: its lines at one indent that start with a
+/// capital.
+fn variants(code: &str, name: &str) -> Vec<String> {
+    let body = code
+        .split(&format!("pub enum {name} {{"))
+        .nth(1)
+        .unwrap_or_else(|| panic!("`pub enum {name}` not found"));
+    let body = &body[..body.find("\n}").expect("the enum's end")];
+    body.lines()
+        .filter_map(|l| l.strip_prefix("    "))
+        .filter(|l| l.starts_with(|c: char| c.is_ascii_uppercase()))
+        .map(|l| {
+            l.chars()
+                .take_while(|c| c.is_alphanumeric() || *c == '_')
+                .collect()
+        })
+        .collect()
+}
+
+/// Where `code` matches on a variant of `enum_name` (a pattern of a `match` arm, `if let`,
+/// `matches!`), as the variants it names there; constructing one is not matching.
+fn matched_variants(code: &str, enum_name: &str, names: &[String]) -> Vec<String> {
+    let mut out = Vec::new();
+    for name in names {
+        let needle = format!("{enum_name}::{name}");
+        for (i, _) in code.match_indices(&needle) {
+            let mut rest = &code[i + needle.len()..];
+            if rest.starts_with(|c: char| c.is_alphanumeric() || c == '_') {
+                continue;
+            }
+            rest = rest.trim_start();
+            if let Some(open) = rest.chars().next().filter(|c| *c == '{' || *c == '(') {
+                let close = if open == '{' { '}' } else { ')' };
+                let mut depth = 0;
+                for (j, c) in rest.char_indices() {
+                    depth += i32::from(c == open) - i32::from(c == close);
+                    if depth == 0 {
+                        rest = &rest[j + 1..];
+                        break;
+                    }
+                }
+            }
+            let rest = rest.trim_start_matches(|c: char| c.is_whitespace() || c == ',' || c == ')');
+            let before = code[..i]
+                .trim_end_matches(|c: char| c.is_alphanumeric() || c == '_' || c == ':')
+                .trim_end();
+            let line_start = code[..i].rfind('\n').map_or(0, |n| n + 1);
+            let pattern = rest.starts_with("=>")
+                || (rest.starts_with('=') && !rest.starts_with("=="))
+                || (rest.starts_with('|') && !rest.starts_with("||"))
+                || (before.ends_with('|') && !before.ends_with("||"))
+                || code[line_start..i].contains("matches!(");
+            if pattern {
+                out.push(name.clone());
+            }
+        }
+    }
+    out
+}
+
+/// The files ARCHITECTURE.md says adding a clipping rule touches: the paths in its contract
+/// "A clipping rule lives whole in `algo/clip.rs`".
+fn files_a_new_rule_touches() -> Vec<String> {
+    let doc = std::fs::read_to_string(repo().join("docs/ARCHITECTURE.md")).expect("read");
+    let start = doc
+        .find("- **A clipping rule lives whole in `algo/clip.rs`**")
+        .expect("the clipping rule's contract in docs/ARCHITECTURE.md");
+    let section = &doc[start..];
+    let section = &section[..section[2..].find("\n- **").map_or(section.len(), |e| e + 2)];
+    let list = &section[section
+        .find("Adding a rule touches")
+        .expect("the list of files a new rule touches")..];
+    let items: String = list
+        .lines()
+        .skip_while(|l| !l.starts_with("  - "))
+        .take_while(|l| l.starts_with("  - ") || l.starts_with("    "))
+        .collect();
+    items
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .filter(|s| s.contains('/') && s.contains('.') && !s.contains(' '))
+        .map(str::to_string)
+        .collect()
+}
+
+#[test]
+fn only_the_files_the_architecture_lists_match_on_a_clipping_rule() {
+    let listed = files_a_new_rule_touches();
+    assert!(
+        listed.iter().any(|f| f == "src/algo/clip.rs"),
+        "the list names clip.rs: {listed:?}"
+    );
+    for file in &listed {
+        assert!(repo().join(file).is_file(), "listed but absent: {file}");
+    }
+    let clip = code_of(&std::fs::read_to_string(repo().join("src/algo/clip.rs")).expect("read"));
+    let enums: Vec<(&str, Vec<String>)> = ["PolicyClip", "PolicyLossMode"]
+        .into_iter()
+        .map(|e| (e, variants(&clip, e)))
+        .collect();
+    assert!(enums[0].1.len() >= 5, "{:?}", enums[0].1);
+    let mut files = Vec::new();
+    rust_files(&repo().join("src"), &mut files);
+    let mut matching = BTreeSet::new();
+    for file in &files {
+        let code = code_of(&std::fs::read_to_string(file).expect("read"));
+        for (name, vs) in &enums {
+            if !matched_variants(&code, name, vs).is_empty() {
+                let rel = file.strip_prefix(repo()).expect("in the repository");
+                matching.insert(rel.to_string_lossy().replace('\\', "/"));
+            }
+        }
+    }
+    assert!(matching.contains("src/algo/clip.rs"), "{matching:?}");
+    for file in &matching {
+        assert!(
+            listed.contains(file),
+            "{file} matches on a clipping rule's variants, so a new rule must touch it, \
+             but docs/ARCHITECTURE.md does not list it: ask the rule (a method in \
+             src/algo/clip.rs) instead"
+        );
+    }
+}
+
+#[test]
+fn the_rule_check_tells_a_match_from_a_construction() {
+    let names = ["Ratio".to_string(), "Unclipped".to_string()];
+    let matched = |code: &str| matched_variants(code, "PolicyClip", &names);
+    for code in [
+        "match c { PolicyClip::Ratio { eps_low, .. } => eps_low, _ => 0.0 }",
+        "if let PolicyClip::Ratio { eps_low, .. } = c { }",
+        "matches!(c, PolicyClip::Unclipped)",
+        "match c { PolicyClip::Unclipped | PolicyClip::Ratio { .. } => 1 }",
+        "match (k, c) { (Kind::Ppo, PolicyClip::Unclipped) => 1 }",
+    ] {
+        assert!(!matched(code).is_empty(), "a match: {code}");
+    }
+    for code in [
+        "let c = PolicyClip::Ratio { eps_low, eps_high, dual_clip_c: 3.0 };",
+        "f(PolicyClip::Unclipped, 2) == x",
+        "PolicyClip::Unclipped.retains(r, a) || b",
+        "let r = PolicyClip::Unclipped;",
+    ] {
+        assert!(matched(code).is_empty(), "a construction: {code}");
+    }
+}
+
+/// The entries of the repository's root that docs/ARCHITECTURE.md lists: those its "Outside
+/// `src/`" section names in its opening paragraph and in its table's first column.
+fn listed_root_entries() -> BTreeSet<String> {
+    let doc = std::fs::read_to_string(repo().join("docs/ARCHITECTURE.md")).expect("read");
+    let start = doc.find("## Outside `src/`").expect("the section");
+    let section = &doc[start + 3..];
+    let section = &section[..section.find("\n## ").unwrap_or(section.len())];
+    let paragraph = section
+        .split("\n\n")
+        .find(|p| p.starts_with("The repository's root holds"))
+        .expect("the paragraph naming the root's entries");
+    let cells = section
+        .lines()
+        .filter_map(|l| l.strip_prefix("| `"))
+        .map(|l| l.split('`').next().unwrap_or(""));
+    let named = paragraph.split('`').skip(1).step_by(2).chain(cells);
+    named
+        .filter_map(|p| p.split('/').next())
+        .filter(|p| !p.is_empty())
+        .map(str::to_string)
+        .collect()
+}
+
+/// The entries at the repository's root: what git tracks or would add (ignored files aside),
+/// or, without git, what is there (`.git` and cargo's `target` aside).
+fn root_entries() -> BTreeSet<String> {
+    let listed = std::process::Command::new("git")
+        .arg("-C")
+        .arg(repo())
+        .args([
+            "ls-files",
+            "-z",
+            "--cached",
+            "--others",
+            "--exclude-standard",
+        ])
+        .output()
+        .ok()
+        .filter(|o| o.status.success());
+    match listed {
+        Some(out) => String::from_utf8_lossy(&out.stdout)
+            .split('\0')
+            .filter_map(|p| p.split('/').next())
+            .filter(|p| !p.is_empty())
+            .filter(|p| repo().join(p).exists())
+            .map(str::to_string)
+            .collect(),
+        None => std::fs::read_dir(repo())
+            .expect("read the root")
+            .map(|e| e.expect("entry").file_name().to_string_lossy().to_string())
+            .filter(|n| n != ".git" && n != "target")
+            .collect(),
+    }
+}
+
+#[test]
+fn the_root_holds_only_what_the_architecture_lists() {
+    let listed = listed_root_entries();
+    for expected in ["src", "Cargo.toml", "tests", "docs", "tools", ".ci"] {
+        assert!(listed.contains(expected), "{expected} in {listed:?}");
+    }
+    let entries = root_entries();
+    assert!(
+        entries.contains("src") && entries.contains("Cargo.toml"),
+        "{entries:?}"
+    );
+    let unlisted: Vec<&String> = entries.difference(&listed).collect();
+    assert!(
+        unlisted.is_empty(),
+        "at the repository's root but not in docs/ARCHITECTURE.md's \"Outside `src/`\": \
+         {unlisted:?} (list it there with what it holds, or move it)"
+    );
+}

@@ -2,7 +2,8 @@
 
 use std::path::{Path, PathBuf};
 
-use acpo::algo::method::{AdvantageEstimator, AlgorithmKind, PolicyClip};
+use acpo::algo::clip::PolicyClip;
+use acpo::algo::method::{AdvantageEstimator, AlgorithmKind};
 use acpo::data::Benchmark;
 use acpo::hub::ModelSource;
 use acpo::manifest::{raw, Experiment, Scale};

@@ -4,7 +4,8 @@
 use std::collections::HashSet;
 use std::path::Path;
 
-use acpo::algo::method::{AlgorithmKind, PolicyClip};
+use acpo::algo::clip::PolicyClip;
+use acpo::algo::method::AlgorithmKind;
 use acpo::data::synthetic;
 use acpo::data::{Benchmark, PromptTemplate};
 use acpo::manifest::Experiment;

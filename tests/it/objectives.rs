@@ -2,7 +2,8 @@
 //! textbook min/max/clip form of verl's formulas) wrote `tests/fixtures/objectives.json`.
 //! Rerun it with `python3 tools/oracles/ref_objectives.py > tests/fixtures/objectives.json`.
 
-use acpo::algo::method::{LossAggMode, PolicyClip};
+use acpo::algo::clip::PolicyClip;
+use acpo::algo::method::LossAggMode;
 use acpo::algo::{advantage, clip, loss, token};
 use candle_core::{Device, Tensor, Var};
 use serde_json::Value;
@@ -252,6 +253,83 @@ fn every_rules_gradient_mask_is_where_its_gradient_flows() {
             }
         }
     }
+}
+
+/// Each rule's keep rule as Proposition 1 counts it ([`PolicyClip::retains`]) is its gradient
+/// mask ([`PolicyClip::terms`]) on every token with Â ≠ 0 (Â = 0 has no gradient to keep),
+/// with GSPO's ratio the sequence's.
+#[test]
+fn every_rules_keep_rule_is_its_gradient_mask() {
+    let (b, t) = (6usize, 9usize);
+    let mut rng = acpo::rng::SplitMix64::new(61);
+    let mut draw = |lo: f64, hi: f64| -> Vec<f32> {
+        (0..b * t)
+            .map(|_| (lo + (hi - lo) * rng.next_f64()) as f32)
+            .collect()
+    };
+    // log-ratios in [−1.6, 1.6]: ratios from 0.2 to 5, across every bound below
+    let old = draw(-3.0, -0.5);
+    let lp: Vec<f32> = old
+        .iter()
+        .zip(draw(-1.6, 1.6))
+        .map(|(o, d)| o + d)
+        .collect();
+    let adv: Vec<f32> = draw(-2.0, 2.0)
+        .into_iter()
+        .map(|a| if a == 0.0 { 0.5 } else { a })
+        .collect();
+    let mask: Vec<f32> = (0..b * t)
+        .map(|i| f32::from(u8::from(i % t < t - i / t)))
+        .collect();
+    let tensor = |v: &[f32]| Tensor::from_vec(v.to_vec(), (b, t), &Device::Cpu).expect("t");
+    let tokens = clip::Tokens::new(&tensor(&lp), &tensor(&old), &tensor(&adv), &tensor(&mask))
+        .expect("tokens");
+    let rules = [
+        PolicyClip::Ratio {
+            eps_low: 0.2,
+            eps_high: 0.28,
+            dual_clip_c: 3.0,
+        },
+        PolicyClip::Advantage { alpha: 1.0 },
+        PolicyClip::Cispo {
+            eps_low: 0.2,
+            eps_high: 0.28,
+        },
+        PolicyClip::Gspo {
+            eps_low: 0.1,
+            eps_high: 0.1,
+        },
+        PolicyClip::Unclipped,
+    ];
+    let (mut kept, mut dropped) = (0, 0);
+    for rule in rules {
+        let keep = host(&rule.terms(&tokens).expect("terms").keep);
+        for row in 0..b {
+            let valid: Vec<usize> = (0..t).filter(|&j| mask[row * t + j] != 0.0).collect();
+            let log_ratio = |j: usize| f64::from(lp[row * t + j] - old[row * t + j]);
+            let sequence_ratio =
+                (valid.iter().map(|&j| log_ratio(j)).sum::<f64>() / valid.len() as f64).exp();
+            for &j in &valid {
+                let r = match rule {
+                    PolicyClip::Gspo { .. } => sequence_ratio,
+                    _ => log_ratio(j).exp(),
+                };
+                let retains = rule.retains(r, f64::from(adv[row * t + j]));
+                assert_eq!(
+                    keep[row][j] == 1.0,
+                    retains,
+                    "{rule:?} [{row}][{j}]: r {r}, Â {}",
+                    adv[row * t + j]
+                );
+                if retains {
+                    kept += 1;
+                } else {
+                    dropped += 1;
+                }
+            }
+        }
+    }
+    assert!(kept > 20 && dropped > 20, "kept {kept}, dropped {dropped}");
 }
 
 /// d(Σ per-token loss)/d log π, token by token, must be the reference's −r·Â on kept tokens and

@@ -205,7 +205,8 @@ fn table1_has_a_column_for_a_benchmark_added_by_the_test() {
         model: "Qwen3-8B".into(),
         algorithm,
         seed: 1,
-        alpha: None,
+        // Table 1 does not read the rule
+        clip: acpo::algo::clip::PolicyClip::Unclipped,
         evals: vec![eval(10, accs)],
     };
     let runs = [
@@ -261,10 +262,48 @@ fn table1_has_a_column_for_a_benchmark_added_by_the_test() {
         "{csv}"
     );
 
-    // The paper has no AMC-23 column: the comparison leaves it out and keeps the rest.
+    // The paper has no AMC-23 column: the comparison leaves it out and keeps the rest; its
+    // weighted accuracy is over its four benchmarks, so ours over five is not set beside it.
     let cmp = report::compare_paper(&table, report::PAPER_TABLE1);
     assert!(cmp.contains("| Qwen3-8B | GRPO | MATH500 |"), "{cmp}");
     assert!(!cmp.contains("AMC-23"), "{cmp}");
+    assert!(
+        !cmp.contains("| Qwen3-8B | GRPO | Weighted Acc. |"),
+        "{cmp}"
+    );
+    assert!(
+        cmp.contains("- Qwen3-8B GRPO: our weighted accuracy is over aime_like, amc_23, math500, minerva, olympiad, the paper's over aime_like, math500, minerva, olympiad"),
+        "{cmp}"
+    );
+}
+
+/// A weighted accuracy over fewer benchmarks than the paper's four is a different number: the
+/// comparison lists it apart instead of setting it beside the paper's, and compares the
+/// benchmarks both have.
+#[test]
+fn compare_paper_sets_no_weighted_accuracy_over_other_benchmarks_beside_the_papers() {
+    let two = Benchmark::ALL[..2].iter().map(|b| {
+        let mut r = bench_result(b.name(), &[], &[]);
+        (r.problems, r.k, r.avg_at_k) = (b.size(), 8, 0.5);
+        r
+    });
+    let run = report::RunResult {
+        dir: "unused".into(),
+        fingerprint: "grpo".into(),
+        model: "Qwen3-8B".into(),
+        algorithm: AlgorithmKind::Grpo,
+        seed: 1,
+        clip: acpo::algo::clip::PolicyClip::Unclipped,
+        evals: vec![summarize(10, two.collect())],
+    };
+    let table = report::table1(&[run]);
+    let cmp = report::compare_paper(&table, report::PAPER_TABLE1);
+    assert!(cmp.contains("| Qwen3-8B | GRPO | MATH500 |"), "{cmp}");
+    assert!(!cmp.contains("Weighted Acc."), "{cmp}");
+    assert!(
+        cmp.contains("- Qwen3-8B GRPO: our weighted accuracy is over math500, minerva, the paper's over aime_like, math500, minerva, olympiad"),
+        "{cmp}"
+    );
 }
 
 #[test]

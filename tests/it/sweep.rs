@@ -156,7 +156,7 @@ fn the_plan_is_the_grid_times_the_seeds_and_baselines_take_only_their_fields() {
         if let Some(k) = v.point {
             let values = &spec.points()[k];
             let alpha = match v.exp.algorithm.clip {
-                acpo::algo::method::PolicyClip::Advantage { alpha } => alpha,
+                acpo::algo::clip::PolicyClip::Advantage { alpha } => alpha,
                 other => panic!("{other:?}"),
             };
             assert_eq!(values[1].1.yaml(), if alpha == 0.5 { "0.5" } else { "1e9" });

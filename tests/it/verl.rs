@@ -554,8 +554,9 @@ fn the_parquet_files_are_verls_layout_and_read_back_as_the_problems() {
 /// plug-in's `acpo` loss (and verl's own, where verl is installed) to them. Regenerate with
 /// `ACPO_UPDATE_FIXTURES=1 cargo test --test it verl_plugin_fixtures`.
 fn plugin_fixtures() -> serde_json::Value {
+    use acpo::algo::clip::PolicyClip;
     use acpo::algo::loss::{policy_loss, Aggregation};
-    use acpo::algo::method::{LossAggMode, PolicyClip};
+    use acpo::algo::method::LossAggMode;
     use candle_core::{Device, Tensor, Var};
     let (b, t) = (3usize, 7usize);
     let mut rng = acpo::rng::SplitMix64::new(2024);

@@ -3,8 +3,9 @@
 
 use anyhow::bail;
 
-use acpo::perf::BenchKind;
+use acpo::perf::SpeedKind;
 
+use crate::cli::args::BenchKind;
 use crate::cli::{args, data_dir, fill_doc, BenchArgs};
 use crate::Outcome;
 
@@ -33,16 +34,23 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<Outcome> {
                 .unwrap_or_else(|| args.configs.join("qwen3-1.7b.json"));
             acpo::perf::predict::memory_predict(measured, &target, &args.out)?
         }
-        kind => acpo::perf::speed(kind, &args.out, &speed_options(args)?)?,
+        BenchKind::Generate => speed(SpeedKind::Generate, args)?,
+        BenchKind::TrainStep => speed(SpeedKind::TrainStep, args)?,
+        BenchKind::Attention => speed(SpeedKind::Attention, args)?,
     };
     println!("report: {}", report.display());
     fill_doc(args.doc.as_deref(), &args.out)
 }
 
+/// The speed benchmark `kind` with the command line's options.
+fn speed(kind: SpeedKind, args: &BenchArgs) -> anyhow::Result<std::path::PathBuf> {
+    Ok(acpo::perf::speed(kind, &args.out, &speed_options(args)?)?)
+}
+
 /// The speed benchmarks' options from the command line; the train-step shape keeps the
 /// built-in defaults where a flag is absent.
 fn speed_options(args: &args::BenchArgs) -> anyhow::Result<acpo::perf::SpeedOptions> {
-    let device = acpo::model::device(args.device)?;
+    let device = acpo::model::device(args.device.into())?;
     let defaults = acpo::perf::StepShape::default();
     let micro_batch = args.micro_batch.unwrap_or(defaults.micro_batch);
     let kernels = (args.attention.is_some() || args.vocab_chunk.is_some()).then(|| {
@@ -61,7 +69,7 @@ fn speed_options(args: &args::BenchArgs) -> anyhow::Result<acpo::perf::SpeedOpti
         tiny_only: args.tiny_only,
         target: acpo::perf::Target {
             device,
-            dtype: args.dtype,
+            dtype: args.dtype.into(),
         },
         config: args.config.clone(),
         step: acpo::perf::StepShape {

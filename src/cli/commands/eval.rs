@@ -9,7 +9,7 @@ use crate::Outcome;
 /// `acpo eval`: Avg@k of a model on the manifest's benchmarks.
 pub fn run(args: &EvalArgs) -> anyhow::Result<Outcome> {
     let mut exp = Experiment::load(&args.manifest)?;
-    exp.device = args.device.unwrap_or(exp.device);
+    exp.device = args.device.map_or(exp.device, Into::into);
     let hub = acpo::hub::HubOptions::from_env();
     let data = match args.hub_data {
         true => DataLocation::Hub(hub.clone()),

@@ -7,7 +7,7 @@ use crate::Outcome;
 
 /// `acpo generate`: sample completions and print them (or write JSONL).
 pub fn run(args: &GenerateArgs) -> anyhow::Result<Outcome> {
-    let lines = acpo::generate::generate(&args.options)?;
+    let lines = acpo::generate::generate(&args.options())?;
     match &args.output {
         Some(out) => {
             acpo::atomic::write(out, acpo::generate::jsonl(&lines).as_bytes())

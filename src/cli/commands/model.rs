@@ -34,7 +34,8 @@ pub fn run(cmd: ModelCommand) -> anyhow::Result<Outcome> {
             device,
             dtype,
         } => {
-            let lines = acpo::model::score::score_file(&model, &input, device, dtype)?;
+            let lines =
+                acpo::model::score::score_file(&model, &input, device.into(), dtype.into())?;
             acpo::atomic::write(&output, lines.as_bytes()).context("cannot write")?;
             println!(
                 "wrote {} scored sequences to {}",

@@ -13,7 +13,7 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<Outcome> {
         configs: args.configs.clone(),
         models: args.models.clone(),
         config: args.config.clone(),
-        device: args.device,
+        device: args.device.map(Into::into),
         micro_batch: args.micro_batch,
     };
     let out = args

@@ -21,7 +21,7 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<Outcome> {
         }
         std::fs::create_dir_all(out).map_err(|e| anyhow::anyhow!("{}: {e}", out.display()))?;
         let (shown, written) = acpo::report::write_from(
-            args.artifact,
+            args.artifact.into(),
             &sources,
             out,
             &args.figures,
@@ -31,8 +31,14 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<Outcome> {
         print_written(&written);
         return fill_doc(args.doc.as_deref(), out);
     }
-    let root = args.results.join(args.scale.name());
-    write(args.artifact, &root, &args.figures, args.compare_paper)?;
+    let scale: acpo::manifest::Scale = args.scale.into();
+    let root = args.results.join(scale.name());
+    write(
+        args.artifact.into(),
+        &root,
+        &args.figures,
+        args.compare_paper,
+    )?;
     fill_doc(args.doc.as_deref(), &root)
 }
 

@@ -13,7 +13,7 @@ use crate::Outcome;
 /// `acpo reproduce`: train what is missing at a scale (finished runs are reused, unfinished
 /// ones resumed), then build the artifact; or, with --from, verify and rebuild from results.
 pub fn run(args: &ReproduceArgs) -> anyhow::Result<Outcome> {
-    let scale = args.scale.name();
+    let scale = Scale::from(args.scale).name();
     let dir = args.experiments.join(scale);
     let manifests = || -> anyhow::Result<Vec<PathBuf>> {
         let manifests = acpo::manifest::discover(&dir)?;
@@ -44,10 +44,10 @@ pub fn run(args: &ReproduceArgs) -> anyhow::Result<Outcome> {
         }
     };
     super::report::write(
-        args.artifact,
+        args.artifact.into(),
         &root,
         &args.figures,
-        args.scale == Scale::Paper,
+        Scale::from(args.scale) == Scale::Paper,
     )?;
     reseal(args.from.as_deref(), &root)?;
     fill_doc(args.doc.as_deref(), &root)
