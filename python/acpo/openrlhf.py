@@ -15,6 +15,7 @@ Judged on every core, the GIL released, in bounded work. Anything that is not te
 TypeError naming `queries[i]`, `prompts[i]` or `labels[i]`.
 """
 from . import _native
+from ._batch import as_list
 
 
 def _response(query, prompt, i):
@@ -27,7 +28,8 @@ def _response(query, prompt, i):
 
 def reward_func(queries, prompts, labels, **kwargs):
     """OpenRLHF's reward function: 1.0 where the response states its label, else 0.0."""
-    queries, prompts = list(queries), list(prompts)
+    queries, prompts = as_list(queries, "queries", "acpo.openrlhf"), as_list(prompts, "prompts", "acpo.openrlhf")
+    labels = as_list(labels, "labels", "acpo.openrlhf")
     if len(queries) != len(prompts):
         raise ValueError(f"acpo.openrlhf: {len(queries)} queries but {len(prompts)} prompts")
     responses = [_response(q, p, i) for i, (q, p) in enumerate(zip(queries, prompts))]

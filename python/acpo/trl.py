@@ -13,6 +13,7 @@ Anything that is not text raises TypeError naming `completions[i]` or `solution[
 from collections.abc import Mapping
 
 from . import _native
+from ._batch import as_list
 
 
 def _completion_text(completion, i):
@@ -34,6 +35,7 @@ def _completion_text(completion, i):
 def accuracy_reward(completions, solution, **kwargs):
     """1.0 where the completion states the solution, 0.0 where not, None where the solution does
     not parse."""
-    texts = [_completion_text(c, i) for i, c in enumerate(completions)]
+    texts = [_completion_text(c, i) for i, c in enumerate(as_list(completions, "completions", "acpo.trl"))]
+    solution = as_list(solution, "solution", "acpo.trl")
     verdicts = _native.judge_batch(solution, texts, gold_name="solution", answer_name="completions")
     return [None if v is None else float(v) for v in verdicts]

@@ -32,6 +32,7 @@ import functools
 from collections.abc import Mapping
 
 from . import _native
+from ._batch import as_list
 
 KINDS = ("binary", "signed")
 
@@ -73,8 +74,10 @@ async def compute_score_async(data_source, solution_str, ground_truth, extra_inf
 def compute_score_batch(data_sources, solution_strs, ground_truths, extra_infos=None, kind="binary", **kwargs):
     """A batch judged on every core (the signature of verl's `batch` reward manager)."""
     _check_kind(kind)
-    data_sources = list(data_sources)
-    extra_infos = [None] * len(data_sources) if extra_infos is None else list(extra_infos)
+    data_sources = as_list(data_sources, "data_sources", "acpo.verl")
+    solution_strs = as_list(solution_strs, "solution_strs", "acpo.verl")
+    ground_truths = as_list(ground_truths, "ground_truths", "acpo.verl")
+    extra_infos = [None] * len(data_sources) if extra_infos is None else as_list(extra_infos, "extra_infos", "acpo.verl")
     verdicts = _native.score_batch(ground_truths, solution_strs, gold_name="ground_truths", answer_name="solution_strs")
     if not len(data_sources) == len(extra_infos) == len(verdicts):
         raise ValueError(
