@@ -4,7 +4,9 @@ Math-Verify's `parse` / `verify` pair.
 """
 import asyncio
 import math
+import os
 import unittest
+from pathlib import Path
 
 from acpo import math_verify_compat, openrlhf, trl
 from acpo import verl as acpo_verl
@@ -89,6 +91,68 @@ class OpenRlhf(unittest.TestCase):
         self.assertEqual([float(x) for x in out["rewards"]], [1.0, 0.0])
         self.assertEqual([float(x) for x in out["scores"]], [1.0, 0.0])
         self.assertEqual(out["extra_logs"], {"acpo/accuracy": 0.5})
+
+    def test_the_response_is_found_when_the_decoding_differs_from_the_prompt(self):
+        # the prompt's own example answer (42) must never be judged as the response's
+        prompt = "Example: \\boxed{42}.\nSolve 6 * 7 - 40."
+        response = r" It is \boxed{2}."
+        queries = [
+            " " + prompt + response,  # a leading space
+            "<s>" + prompt + response,  # a BOS the prompt does not have
+            "<s> " + prompt.replace("\n", " \n") + response,  # spaces around tokens
+            prompt.replace("Solve", "Solve  ") + response,  # a doubled space
+        ]
+        out = openrlhf.reward_func(queries, [prompt] * 4, ["2"] * 4)
+        self.assertEqual([float(x) for x in out["rewards"]], [1.0] * 4)
+        out = openrlhf.reward_func(queries, [prompt] * 4, ["42"] * 4)
+        self.assertEqual([float(x) for x in out["rewards"]], [0.0] * 4)
+        # a prompt with a BOS the decoded query does not repeat
+        self.assertEqual(openrlhf.response_of(prompt + response, "<s>" + prompt), response)
+        with self.assertRaisesRegex(ValueError, r"queries\[0\] does not contain prompts\[0\]"):
+            openrlhf.reward_func([r"Something else entirely: \boxed{42}"], [prompt], ["42"])
+
+    def test_end_tokens_and_trailing_special_tokens_are_not_the_answer(self):
+        # OpenRLHF decodes with skip_special_tokens=False
+        p = "<|im_start|>user\nSolve.<|im_end|>\n<|im_start|>assistant\n"
+        cases = [
+            ("Answer: \\frac{1}{2}<|im_end|>", r"\frac{1}{2}"),
+            ("Answer: p - q<|im_end|>", "p - q"),
+            ("Answer: 5<|im_end|>", "5"),
+            ("Answer: 5<|im_end|><|endoftext|><|endoftext|>", "5"),
+            ("Answer: 7<|endoftext|>", "7"),
+            ("Answer: x^2 </s>", "x^2"),
+            ("Answer: 3<|eot_id|>", "3"),
+            ("Answer: 3<|im_end|>\nAnswer: 4", "3"),  # nothing after the end token counts
+            ("Answer: 9 <pad><pad>", "9"),
+        ]
+        out = openrlhf.reward_func([p + r for r, _ in cases], [p] * len(cases), [g for _, g in cases])
+        self.assertEqual([float(x) for x in out["rewards"]], [1.0] * len(cases))
+        self.assertEqual(openrlhf.response_of(p + "Answer: p - q<|im_end|>", p), "Answer: p - q")
+
+    def test_with_the_real_qwen3_tokenizers_decoding(self):
+        # OpenRLHF's path: the left-padded prompt + response ids decoded with
+        # skip_special_tokens=False (the pad, <|endoftext|>, before the prompt; <|im_end|> after)
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            self.skipTest("the tokenizers package is not installed")
+        directory = os.environ.get("ACPO_QWEN3_TOKENIZER") or str(Path(__file__).resolve().parents[3] / "shared" / "tokenizers" / "qwen3")
+        path = Path(directory) / "tokenizer.json"
+        if not path.is_file():
+            self.skipTest("no Qwen3 tokenizer (ACPO_QWEN3_TOKENIZER)")
+        tok = Tokenizer.from_file(str(path))
+        prompt = "<|im_start|>user\nExample: \\boxed{42}. What is 1/2 + 1/4?<|im_end|>\n<|im_start|>assistant\n"
+        answers = {"Answer: \\frac{3}{4}": "3/4", "Answer: p - q": "p - q", "So \\boxed{0.75}.": "\\frac34"}
+        pad = tok.token_to_id("<|endoftext|>")
+        queries = []
+        for response in answers:
+            ids = tok.encode(prompt, add_special_tokens=False).ids + tok.encode(response + "<|im_end|>", add_special_tokens=False).ids
+            queries.append(tok.decode([pad, pad] + ids, skip_special_tokens=False))
+        self.assertTrue(all(q.startswith("<|endoftext|><|endoftext|>") and q.endswith("<|im_end|>") for q in queries))
+        out = openrlhf.reward_func(queries, [prompt] * len(queries), list(answers.values()))
+        self.assertEqual([float(x) for x in out["rewards"]], [1.0] * len(answers))
+        out = openrlhf.reward_func(queries, [prompt] * len(queries), ["42"] * len(answers))
+        self.assertEqual([float(x) for x in out["rewards"]], [0.0] * len(answers))
 
     def test_what_is_not_text_is_refused(self):
         with self.assertRaisesRegex(TypeError, r"queries\[0\] must be str"):

@@ -51,6 +51,8 @@ pub mod expr;
 pub mod extract;
 pub mod work;
 
+use std::borrow::Cow;
+
 use expr::{parse, Expr, RelOp};
 use num_traits::ToPrimitive;
 
@@ -95,7 +97,41 @@ pub fn verify_metered(gold: &str, response: &str) -> (Verdict, work::Spent) {
     (verdict, spent)
 }
 
+/// Unicode spaces (no-break, thin, narrow no-break, ideographic: every space separator but
+/// U+0020) as ASCII spaces, and invisible format characters (zero-width space, joiners, word
+/// joiner, byte-order mark, soft hyphen) removed: `1\u{a0}000` is the number `1 000`, and
+/// `1\u{200b}2` the number 12, never a token the parser skips or stops at. ASCII text is
+/// returned as it is.
+pub fn normalize_unicode(text: &str) -> Cow<'_, str> {
+    if text.is_ascii() {
+        return Cow::Borrowed(text);
+    }
+    let space = |c: char| {
+        matches!(
+            c,
+            '\u{a0}' | '\u{1680}' | '\u{2000}'..='\u{200a}' | '\u{202f}' | '\u{205f}' | '\u{3000}'
+        )
+    };
+    let invisible = |c: char| {
+        matches!(
+            c,
+            '\u{ad}' | '\u{180e}' | '\u{200b}'..='\u{200d}' | '\u{2060}' | '\u{feff}'
+        )
+    };
+    if !text.chars().any(|c| space(c) || invisible(c)) {
+        return Cow::Borrowed(text);
+    }
+    Cow::Owned(
+        text.chars()
+            .filter(|c| !invisible(*c))
+            .map(|c| if space(c) { ' ' } else { c })
+            .collect(),
+    )
+}
+
 fn judge(gold: &str, response: &str) -> Verdict {
+    let (gold, response) = (normalize_unicode(gold), normalize_unicode(response));
+    let (gold, response) = (gold.as_ref(), response.as_ref());
     let golds: Vec<Expr> = extract::gold_candidates(gold)
         .into_iter()
         .filter_map(|c| parse(&c.text).ok())
@@ -641,4 +677,36 @@ fn within(x: f64, y: f64, integer: bool) -> bool {
         return x == y;
     }
     x.is_finite() && y.is_finite() && (x - y).abs() <= tolerance(x, integer)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unicode_spaces_are_spaces_and_invisible_characters_are_gone() {
+        // a thousands group written with a no-break, thin or narrow no-break space
+        for space in ['\u{a0}', '\u{2009}', '\u{202f}', '\u{2007}'] {
+            let answer = format!("\\boxed{{1{space}000}}");
+            assert!(verify("1000", &answer).correct, "{answer:?}");
+            assert!(!verify("0", &answer).correct, "{answer:?}");
+        }
+        assert!(verify("x+1", "\\boxed{x\u{a0}+\u{a0}1}").correct);
+        // a zero-width character inside a number is not a separator the parser stops at
+        for zw in [
+            '\u{200b}', '\u{200c}', '\u{200d}', '\u{2060}', '\u{feff}', '\u{ad}',
+        ] {
+            let answer = format!("\\boxed{{1{zw}2}}");
+            assert!(verify("12", &answer).correct, "{answer:?}");
+            assert!(!verify("2", &answer).correct, "{answer:?}");
+            assert!(!verify("1", &answer).correct, "{answer:?}");
+        }
+        // the gold is read the same way
+        assert!(verify("1\u{a0}000", "\\boxed{1000}").correct);
+        assert_eq!(
+            normalize_unicode("plain ascii"),
+            Cow::Borrowed("plain ascii")
+        );
+        assert_eq!(normalize_unicode("π\u{2009}r²\u{200b}"), "π r²");
+    }
 }
