@@ -92,6 +92,8 @@ try:  # the policy loss, where verl and torch are installed
     from verl.trainer.ppo.core_algos import agg_loss, register_policy_loss
     from verl.workers.config.actor import PolicyLossConfig
 
+    import torch
+
     from .loss import acpo_token_losses
 except ImportError:  # no verl (or no torch): the reward functions above still work
     HAVE_VERL = False
@@ -118,10 +120,12 @@ else:
         """verl's policy-loss signature; α from `config.policy_loss.alpha` (paper eq. 5)."""
         if config is None:
             raise ValueError("the acpo loss needs the actor config (policy_loss.alpha)")
-        alpha = float(config.policy_loss.alpha)
-        losses, metrics = acpo_token_losses(old_log_prob, log_prob, advantages, response_mask, alpha)
+        losses, metrics = acpo_token_losses(
+            old_log_prob, log_prob, advantages, response_mask, config.policy_loss.alpha
+        )
         if rollout_is_weights is not None:
-            losses = losses * rollout_is_weights
+            # weights of masked-out positions (padding) may be anything, NaN included
+            losses = losses * torch.where(response_mask != 0, rollout_is_weights, torch.zeros_like(rollout_is_weights))
         loss = agg_loss(
             loss_mat=losses,
             loss_mask=response_mask,
