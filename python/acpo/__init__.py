@@ -36,7 +36,7 @@ from . import _native
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_native._after_fork_in_child)
 
-__all__ = ["verify", "score_batch", "judge", "Verdict", "WORK_BUDGET", "MAX_BATCH"]
+__all__ = ["verify", "score_batch", "judge", "judge_batch", "Verdict", "WORK_BUDGET", "MAX_BATCH"]
 
 Gold = Union[str, int, float]
 
@@ -78,3 +78,8 @@ def judge(gold: Gold, answer: str) -> Verdict:
 def score_batch(golds: Sequence[Gold], answers: Sequence[str]) -> List[float]:
     """1.0 where `answers[i]` states `golds[i]`, else 0.0; judged on every core."""
     return _native.score_batch(golds, answers)
+
+
+def judge_batch(golds: Sequence[Gold], answers: Sequence[str]) -> List[Verdict]:
+    """The verdict of every pair in full (`judge`'s), judged on every core."""
+    return [Verdict(*v) for v in _native.judge_all(golds, answers)]

@@ -372,6 +372,41 @@ fn judge_batch(
     })
 }
 
+/// [`judge`] of every pair (the whole verdicts: what was extracted, where, why not), judged on
+/// every core.
+#[pyfunction]
+#[pyo3(signature = (golds, answers, *, gold_name = "golds", answer_name = "answers"))]
+#[allow(clippy::type_complexity)]
+fn judge_all(
+    py: Python<'_>,
+    golds: &Bound<'_, PyAny>,
+    answers: &Bound<'_, PyAny>,
+    gold_name: &str,
+    answer_name: &str,
+) -> PyResult<
+    Vec<(
+        bool,
+        Option<String>,
+        Option<&'static str>,
+        Option<String>,
+        bool,
+        u64,
+    )>,
+> {
+    let pairs = pairs(golds, answers, gold_name, answer_name)?;
+    judge_pairs(py, &pairs, |g, r| {
+        let (v, spent) = acpo_verify::verify_metered(g, r);
+        (
+            v.correct,
+            v.extracted,
+            v.source.map(source_name),
+            v.error,
+            v.gold_unparsed,
+            spent.units,
+        )
+    })
+}
+
 /// The answers the verifier finds in `text`, most preferred first (a response's boxed answer,
 /// `Answer:` line, ...; for a gold, also the whole text): what `math_verify_compat.parse` holds.
 #[pyfunction]
@@ -405,6 +440,7 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(judge, m)?)?;
     m.add_function(wrap_pyfunction!(score_batch, m)?)?;
     m.add_function(wrap_pyfunction!(judge_batch, m)?)?;
+    m.add_function(wrap_pyfunction!(judge_all, m)?)?;
     m.add_function(wrap_pyfunction!(candidates, m)?)?;
     m.add_function(wrap_pyfunction!(work_budget, m)?)?;
     m.add_function(wrap_pyfunction!(_after_fork_in_child, m)?)?;

@@ -15,7 +15,10 @@ from acpo import verl as acpo_verl
 class Verl(unittest.TestCase):
     def test_compute_score_returns_what_verl_and_acpo_import_verl_read(self):
         right = acpo_verl.compute_score("math500", r"so x = \boxed{\frac{1}{2}}", "0.5", {"problem_id": "math500/7"})
-        self.assertEqual(right, {"score": 1.0, "acc": True, "data_source": "math500", "problem_id": "math500/7"})
+        self.assertEqual(right, {"score": 1.0, "acc": True, "pred": "\\frac{1}{2}", "data_source": "math500",
+                                 "problem_id": "math500/7"})
+        # the extracted answer (verl's validation votes on `pred` for maj@N); "" where none
+        self.assertEqual(acpo_verl.compute_score("m", "no answer here", "3")["pred"], "")
         wrong = acpo_verl.compute_score("math500", r"\boxed{3}", "0.5", {"index": 7}, kind="signed")
         self.assertEqual((wrong["score"], wrong["acc"], wrong["problem_id"]), (-1.0, False, "7"))
         self.assertEqual(acpo_verl.compute_score("aime", r"\boxed{3}", "4")["score"], 0.0)
@@ -41,6 +44,7 @@ class Verl(unittest.TestCase):
             ["0.5", "2", "4"], [{"problem_id": "a"}, {"index": 7}, None], kind="signed")
         self.assertEqual([g["score"] for g in got], [1.0, -1.0, 1.0])
         self.assertEqual([g["problem_id"] for g in got], ["a", "7", ""])
+        self.assertEqual([g["pred"] for g in got], [r"\frac{1}{2}", "3", "4"])
         with self.assertRaisesRegex(ValueError, "2 responses with 1 data sources"):
             acpo_verl.compute_score_batch(["a"], ["x", "y"], ["1", "2"])
 
