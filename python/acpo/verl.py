@@ -13,7 +13,7 @@ loop's thread pool with the GIL released, so a chunk is judged on every core, in
 `compute_score` is the same, synchronous (verl runs it on that thread pool itself).
 `compute_score_batch` judges a whole batch on every core, with the argument lists of verl's
 legacy `BatchRewardManager` (verl < 0.9); verl 0.9.1's reward loop does not call it (its
-managers are naive, limited, dapo, remote and gdpo, each calling a per-response
+managers are naive, rate_limited, dapo, remote and gdpo, each calling a per-response
 `compute_score`), so with verl 0.9.1 use `compute_score_async`.
 
 Each result is a dict: `score` (1 / 0, or 1 / −1 with kind=signed), `acc`, `pred` (the answer

@@ -27,6 +27,30 @@ class Verl(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "'other' is not 'binary' or 'signed'"):
             acpo_verl.compute_score("x", r"\boxed{1}", "1", {}, kind="other")
 
+    def test_a_verl_that_cannot_take_the_loss_is_reported_loudly(self):
+        # a verl is installed (importable) but lacks the policy-loss registry: a warning and an
+        # error log, not a silent HAVE_VERL = False found out from "Unsupported loss mode"
+        import subprocess
+        import sys
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as d:
+            (Path(d) / "verl").mkdir()
+            (Path(d) / "verl" / "__init__.py").write_text("")
+            probe = ("import warnings\nwarnings.simplefilter('always')\nimport acpo.verl as v\n"
+                     "print(v.HAVE_VERL, v.REGISTRATION_ERROR is not None)\n")
+            out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                                 env={**os.environ, "PYTHONPATH": d})
+        self.assertEqual(out.returncode, 0, out.stderr)
+        self.assertEqual(out.stdout.split(), ["False", "True"])
+        self.assertIn("RuntimeWarning: acpo.verl: verl is installed but the ACPO policy loss could not be registered",
+                      out.stderr)
+        # without verl at all: silent, the rewards work
+        probe = "import acpo.verl as v; print(v.HAVE_VERL, v.REGISTRATION_ERROR)"
+        out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True)
+        if "True" not in out.stdout:  # skip the silence check where a real verl is installed
+            self.assertEqual((out.stdout.split(), out.stderr), (["False", "None"], ""))
+
     def test_the_async_variant_judges_a_chunk_concurrently(self):
         async def chunk():
             # as verl's RewardLoopWorker: every response a task, then gather
@@ -77,6 +101,64 @@ class Trl(unittest.TestCase):
         self.assertEqual(trl.accuracy_reward(conversational, ["4", "4", r"\sum_{k} k"]), [1.0, 0.0, None])
         self.assertEqual(trl.accuracy_reward([r"\boxed{\frac{1}{2}}", "Answer: 3"], ["0.5", "2"]), [1.0, 0.0])
         self.assertEqual(trl.accuracy_reward([], [], prompts=[]), [])
+
+    def test_the_gold_column_is_chosen_and_a_missing_one_named(self):
+        completions = [r"\boxed{4}", r"\boxed{5}"]
+        # TRL passes every dataset column as a keyword
+        self.assertEqual(trl.accuracy_reward(completions=completions, solution=["4", "4"], prompts=["p", "p"]),
+                         [1.0, 0.0])
+        by_answer = trl.make_accuracy_reward("answer")
+        self.assertEqual(by_answer.__name__, "accuracy_reward_answer")
+        self.assertEqual(by_answer(completions=completions, answer=["5", "5"], prompts=["p", "p"]), [0.0, 1.0])
+        with self.assertRaisesRegex(TypeError, r"no 'solution' column among the dataset's columns \(answer, id\)"):
+            trl.accuracy_reward(completions=completions, answer=["4", "4"], id=[1, 2], prompts=["p", "p"],
+                                trainer_state=None, log_extra=None)
+        with self.assertRaisesRegex(TypeError, r"answer\[1\] is None"):
+            by_answer(completions, ["4", None])
+
+    def test_the_extracted_answers_are_logged_through_log_extra(self):
+        logged = {}
+        out = trl.accuracy_reward([r"so \boxed{\frac12}", "no answer", r"\boxed{1}"], ["0.5", "3", r"\sum_k k"],
+                                  log_extra=lambda column, values: logged.setdefault(column, []).extend(values))
+        self.assertEqual(out, [1.0, 0.0, None])
+        self.assertEqual(logged, {"solution": ["0.5", "3", r"\sum_k k"],
+                                  "answer_parsed": [r"\frac12", "[unparseable]", "[skipped]"]})
+
+    def test_through_trls_own_grpo_reward_call(self):
+        # GRPOTrainer._calculate_rewards of the installed TRL, on a stand-in for the trainer
+        # (no model needed): the keywords TRL passes, its None -> NaN, its log_extra
+        try:
+            import torch
+            from trl import GRPOTrainer
+        except Exception:
+            self.skipTest("trl (and torch) are not installed")
+        from collections import defaultdict
+        from types import SimpleNamespace
+
+        from accelerate import PartialState
+
+        PartialState()  # one process, as a single-GPU launch (TRL's logging needs it)
+
+        trainer = SimpleNamespace(
+            accelerator=SimpleNamespace(device=torch.device("cpu"), is_main_process=True),
+            reward_funcs=[trl.make_accuracy_reward("answer")], reward_processing_classes=[None],
+            reward_func_names=["accuracy_reward_answer"], state=SimpleNamespace(global_step=0), environments=None,
+            args=SimpleNamespace(report_to=[]), _pending_extra_logs=defaultdict(list),
+            _pending_metrics=defaultdict(list), is_world_process_zero=lambda: True,
+        )
+        trainer._log_completion_extra = lambda c, v: GRPOTrainer._log_completion_extra(trainer, c, v)
+        trainer._log_metric = lambda n, v: GRPOTrainer._log_metric(trainer, n, v)
+        inputs = [{"prompt": [{"role": "user", "content": "q"}], "answer": a, "id": i}
+                  for i, a in enumerate(["4", "4", r"\sum_k k"])]
+        completions = [[{"role": "assistant", "content": c}] for c in (r"\boxed{4}", "Answer: 5", r"\boxed{1}")]
+        try:
+            rewards = GRPOTrainer._calculate_rewards(trainer, inputs, [x["prompt"] for x in inputs], completions,
+                                                     [[1], [2], [3]])
+        except AttributeError as e:  # a TRL whose reward path reads more of the trainer than this stand-in has
+            self.skipTest(f"this TRL's _calculate_rewards needs more of the trainer: {e}")
+        self.assertEqual(rewards[:2, 0].tolist(), [1.0, 0.0])
+        self.assertTrue(math.isnan(rewards[2, 0].item()))
+        self.assertEqual(trainer._pending_extra_logs["answer_parsed"], ["4", "5", "[skipped]"])
 
     def test_completions_that_are_not_text_are_refused(self):
         with self.assertRaisesRegex(TypeError, r"completions\[1\] must be str or a list of messages"):
