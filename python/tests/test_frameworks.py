@@ -240,6 +240,44 @@ class OpenRlhf(unittest.TestCase):
         out = openrlhf.reward_func(queries, [prompt] * len(queries), ["42"] * len(answers))
         self.assertEqual([float(x) for x in out["rewards"]], [0.0] * len(answers))
 
+    def test_through_openrlhfs_own_single_turn_executor(self):
+        # OpenRLHF's SingleTurnAgentExecutor loads reward_func.py as its docs say, tokenizes the
+        # prompt, stitches prompt + generated ids and decodes them with skip_special_tokens=False
+        # (the generation stands in for vLLM: the response's ids with <|im_end|>)
+        try:
+            from openrlhf.utils.agent import SingleTurnAgentExecutor
+            from transformers import AutoTokenizer
+        except Exception:
+            self.skipTest("openrlhf (and transformers) are not installed")
+        import tempfile
+        from types import SimpleNamespace
+
+        directory = os.environ.get("ACPO_QWEN3_TOKENIZER") or str(Path(__file__).resolve().parents[3] / "shared" / "tokenizers" / "qwen3")
+        if not (Path(directory) / "tokenizer.json").is_file():
+            self.skipTest("no Qwen3 tokenizer (ACPO_QWEN3_TOKENIZER)")
+        tok = AutoTokenizer.from_pretrained(directory)
+        prompt = tok.apply_chat_template([{"role": "user", "content": r"Example: \boxed{42}. What is 1/2 + 1/4?"}],
+                                         tokenize=False, add_generation_prompt=True)
+
+        class Engine:
+            def __init__(self, response):
+                self.ids = tok(response + "<|im_end|>", add_special_tokens=False)["input_ids"]
+
+            async def generate(self, prompt_ids, params, multi_modal_data=None):
+                return SimpleNamespace(outputs=[SimpleNamespace(token_ids=self.ids, finish_reason="stop", logprobs=None)])
+
+        with tempfile.TemporaryDirectory() as d:
+            path = Path(d) / "reward_func.py"
+            path.write_text("from acpo.openrlhf import reward_func  # noqa: F401\n")
+            executor = SingleTurnAgentExecutor(str(path))
+            got = []
+            for response, label in (("Answer: \\frac{3}{4}", "3/4"), ("Answer: p - q", "p - q"), ("So \\boxed{0.75}.", "0.75"),
+                                    ("Answer: \\frac{3}{4}", "42")):
+                out = asyncio.run(executor.execute(prompt, label, SimpleNamespace(max_tokens=64, logprobs=None), 4096,
+                                                   tok, Engine(response)))
+                got.append(float(out["reward"][0]))
+        self.assertEqual(got, [1.0, 1.0, 1.0, 0.0])
+
     def test_what_is_not_text_is_refused(self):
         with self.assertRaisesRegex(TypeError, r"queries\[0\] must be str"):
             openrlhf.reward_func([None], ["p"], ["1"])
