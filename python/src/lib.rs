@@ -124,7 +124,6 @@ fn sequence_len(obj: &Bound<'_, PyAny>, what: &str) -> PyResult<Option<usize>> {
 /// says why), with Python's signal handlers run while a long iterable is read.
 fn items<'py>(
     obj: &Bound<'py, PyAny>,
-    what: &str,
     at_most: usize,
     too_many: impl Fn() -> String,
 ) -> PyResult<Vec<Bound<'py, PyAny>>> {
@@ -231,14 +230,14 @@ fn pairs(
     };
     let gs = match rl {
         Some(r) => {
-            items(golds, gold_name, r, || {
+            items(golds, r, || {
                 format!("{gold_name} has more items than the {r} {answer_name}: one gold answer per answer")
             })?
         }
-        None => items(golds, gold_name, MAX_BATCH, || endless(gold_name))?,
+        None => items(golds, MAX_BATCH, || endless(gold_name))?,
     };
     let n = gs.len();
-    let rs = items(answers, answer_name, n, || {
+    let rs = items(answers, n, || {
         format!("{answer_name} has more items than the {n} {gold_name}: one gold answer per answer")
     })?;
     if gs.len() != rs.len() {
