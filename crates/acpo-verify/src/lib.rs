@@ -19,7 +19,12 @@
 //! - τ(g) = 10⁻⁶ when g is an integer (counts, AIME and DAPO answers: no neighbouring integer
 //!   ever matches, however large g is);
 //! - τ(g) = 10⁻⁶ · max(|g|, 1) otherwise (a fraction, a decimal, an irrational value: six
-//!   decimal places, or six significant digits above 1).
+//!   decimal places, or six significant digits above 1), except for a small gold, |g| < 10⁻³,
+//!   where τ(g) = 10⁻³ · |g|: the answer must carry the gold's first three significant digits,
+//!   since six decimal places would accept almost anything of that size (`\frac{1}{2^{98}}` for
+//!   `\frac{1}{2^{99}}`, `1.3 \cdot 10^{-7}` for `1.2 \cdot 10^{-7}`; the two rules meet at
+//!   |g| = 10⁻³, where both give 10⁻⁶). A gold known only in f64 (an irrational expression)
+//!   keeps at least 10⁻¹², f64's round-off near 0.
 //!
 //! The tolerance depends on the gold alone, never on how the answer is written, so the rule is
 //! monotone in the error: a smaller error is never rejected where a larger one is accepted
@@ -32,7 +37,8 @@
 //! where either side is a float it rounds both to 6 decimal places (against 1/3, `0.3333328` is
 //! accepted and the closer `0.3333335` rejected) and otherwise requires exact equality
 //! (`0.333333` is accepted for 1/3, `\frac{333333}{1000000}` is not). Two values that round alike
-//! differ by less than 10⁻⁶, so every float answer its rounding accepts, ours accepts; being
+//! differ by less than 10⁻⁶, so for a gold of at least 10⁻³ every float answer its rounding
+//! accepts, ours accepts (below 10⁻³ ours asks for three significant digits instead); being
 //! monotone, ours also accepts every answer closer than that: `355/113` (off by 2.7·10⁻⁷) matches
 //! π as `3.141593` (off by 3.5·10⁻⁷) does; Math-Verify takes the second only. The rounding rule of
 //! earlier versions of this crate (a prediction with k < 6 decimals matched a gold rounded to k
@@ -624,7 +630,7 @@ fn value_equal(g: &Expr, p: &Expr) -> bool {
         // Rounding the exact error to f64 is monotone in it, so the rule stays monotone.
         let error = error.to_f64().unwrap_or(f64::INFINITY).abs();
         let gold = a.to_f64().unwrap_or(f64::INFINITY);
-        return error <= tolerance(gold, a.is_integer());
+        return error <= tolerance(gold, Gold::exact(a.is_integer()));
     }
     let mut syms = Vec::new();
     g.symbols(&mut syms);
@@ -635,8 +641,10 @@ fn value_equal(g: &Expr, p: &Expr) -> bool {
         if (x.is_infinite() || y.is_infinite()) && !infinite_meant {
             return false; // an overflow, not a value: undecidable here, so not equal
         }
-        let integer = g.exact().is_some_and(|a| a.is_integer());
-        return within(x, y, integer);
+        let kind = g
+            .exact()
+            .map_or(Gold::Inexact, |a| Gold::exact(a.is_integer()));
+        return within(x, y, kind);
     }
     let mut good = 0;
     for k in 0..POINTS {
@@ -654,15 +662,46 @@ fn value_equal(g: &Expr, p: &Expr) -> bool {
 }
 
 /// How far from the gold value `g` an answer may be: [`TOL`] for an integer gold, [`TOL`]
-/// relative to |g| (at least [`TOL`]) for any other. It depends on the gold alone, never on how
+/// relative to |g| (at least [`TOL`]) for any other, and [`SMALL_GOLD_REL`] relative to |g| for
+/// a gold smaller than [`TOL`] / [`SMALL_GOLD_REL`] (10⁻³). It depends on the gold alone, never on how
 /// the answer is written, so a smaller error is never rejected where a larger one is accepted.
-fn tolerance(g: f64, integer: bool) -> f64 {
-    if integer {
-        TOL
-    } else {
-        TOL * g.abs().max(1.0)
+/// A gold value known only in f64 (an irrational expression) keeps an absolute floor of
+/// [`INEXACT_FLOOR`], f64's round-off: `\cos(\frac{\pi}{2})` evaluates to 6·10⁻¹⁷, not 0.
+fn tolerance(g: f64, gold: Gold) -> f64 {
+    match gold {
+        Gold::Integer => TOL,
+        _ if g.abs() >= TOL / SMALL_GOLD_REL => TOL * g.abs().max(1.0),
+        Gold::Rational => SMALL_GOLD_REL * g.abs(),
+        Gold::Inexact => (SMALL_GOLD_REL * g.abs()).max(INEXACT_FLOOR),
     }
 }
+
+/// What the gold's value is, for [`tolerance`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Gold {
+    Integer,
+    /// Rational and not an integer: its value is exact.
+    Rational,
+    /// Known only in f64.
+    Inexact,
+}
+
+impl Gold {
+    fn exact(integer: bool) -> Gold {
+        if integer {
+            Gold::Integer
+        } else {
+            Gold::Rational
+        }
+    }
+}
+
+/// The relative tolerance of a small gold (module docs, "Numeric tolerance"): three
+/// significant digits, equal to [`TOL`] at |g| = 10⁻³.
+const SMALL_GOLD_REL: f64 = 1e-3;
+
+/// The least tolerance of a gold known only in f64 (round-off of an evaluation near 0).
+const INEXACT_FLOOR: f64 = 1e-12;
 
 /// Whether two expressions with symbols agree at one evaluation point: as functions they must be
 /// identical, so no answer tolerance applies, only f64's round-off ([`EVAL_TOL`] relative).
@@ -672,16 +711,45 @@ fn identical_at(x: f64, y: f64) -> bool {
 }
 
 /// Whether `y` is within the tolerance of the gold value `x` (infinities only equal themselves).
-fn within(x: f64, y: f64, integer: bool) -> bool {
+fn within(x: f64, y: f64, gold: Gold) -> bool {
     if x.is_infinite() || y.is_infinite() {
         return x == y;
     }
-    x.is_finite() && y.is_finite() && (x - y).abs() <= tolerance(x, integer)
+    x.is_finite() && y.is_finite() && (x - y).abs() <= tolerance(x, gold)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_small_gold_needs_three_significant_digits() {
+        // exact rationals that Math-Verify 0.9.0 tells apart by exact comparison (sympy:
+        // Rational(1, 2**98) != Rational(1, 2**99)); six decimal places would take them as 0
+        assert!(!verify("\\frac{1}{2^{99}}", "\\boxed{\\frac{1}{2^{98}}}").correct);
+        assert!(verify("\\frac{1}{2^{99}}", "\\boxed{2^{-99}}").correct);
+        assert!(!verify("1.2 \\cdot 10^{-7}", "\\boxed{1.3 \\cdot 10^{-7}}").correct);
+        assert!(!verify("10^{-7}", "\\boxed{0}").correct);
+        assert!(verify("1.2 \\cdot 10^{-7}", "\\boxed{1.2 \\cdot 10^{-7}}").correct);
+        // within a thousandth of the gold is accepted, monotone in the error
+        assert!(verify("1.2345 \\cdot 10^{-5}", "\\boxed{1.235 \\cdot 10^{-5}}").correct);
+        assert!(!verify("1.2345 \\cdot 10^{-5}", "\\boxed{1.24 \\cdot 10^{-5}}").correct);
+        // from 10^-3 up, six decimal places as before: Math-Verify's roundings are accepted
+        assert!(verify("\\frac{1}{3}", "\\boxed{0.333333}").correct);
+        assert!(verify("\\frac{1}{7}", "\\boxed{0.142857}").correct);
+        assert!(verify("0.1234564", "\\boxed{0.123456}").correct);
+        assert!(verify("0.001", "\\boxed{0.0010009}").correct);
+        assert!(!verify("0.001", "\\boxed{0.0010011}").correct);
+        // integers (every gold of the synthetic task) keep 10^-6, whatever their size
+        assert!(verify("0", "\\boxed{10^{-9}}").correct);
+        assert!(!verify("0", "\\boxed{0.0000011}").correct);
+        // a gold known only in f64 near 0 keeps f64's round-off
+        assert!(verify("\\cos(\\frac{\\pi}{2})", "\\boxed{0}").correct);
+        assert!(!verify("\\cos(\\frac{\\pi}{2})", "\\boxed{10^{-9}}").correct);
+        // the rule's boundary moves with the gold alone: tolerance is continuous at 10^-3
+        assert_eq!(tolerance(1e-3, Gold::Rational), TOL);
+        assert!((tolerance(0.999e-3, Gold::Rational) - 0.999e-6).abs() < 1e-18);
+    }
 
     #[test]
     fn unicode_spaces_are_spaces_and_invisible_characters_are_gone() {
