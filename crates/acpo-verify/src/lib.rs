@@ -429,9 +429,9 @@ fn equal(g: &Expr, p: &Expr, depth: usize) -> bool {
         (Expr::Rel(..), Expr::Rel(..)) => relation_equal(g, p, depth),
         // A gold inequality chain accepts its interval; a gold interval does not accept a chain
         // (Math-Verify's default, allow_set_relation_comp = false).
-        (Expr::Rel(..), Expr::Seq { .. }) => {
-            interval_of(g).is_some_and(|i| equal(&i, p, depth + 1))
-        }
+        (Expr::Rel(..), Expr::Seq { .. }) => interval_of(g)
+            .or_else(|| ray_of(g))
+            .is_some_and(|i| equal(&i, p, depth + 1)),
         (Expr::Percent(a), _) => value_equal(g, p) || equal(a, p, depth + 1),
         (_, Expr::Percent(b)) => value_equal(g, p) || equal(g, b, depth + 1),
         _ => is_value(g) && is_value(p) && value_equal(g, p),
@@ -509,6 +509,42 @@ fn interval_of(e: &Expr) -> Option<Expr> {
         close: if ops[1] == RelOp::Le { ']' } else { ')' },
         items: vec![items[0].clone(), items[2].clone()],
     })
+}
+
+/// A single inequality on a name as the interval it describes: `x > a` (or `a < x`) as
+/// `(a, ∞)`, `x ≤ b` as `(-∞, b]`. Only a gold uses it, against an interval answer (a gold
+/// inequality accepts its interval, as Math-Verify's does; not the other way round).
+fn ray_of(e: &Expr) -> Option<Expr> {
+    let Expr::Rel(items, ops) = e else {
+        return None;
+    };
+    if ops.len() != 1 {
+        return None;
+    }
+    // Written with the name on the left: `x op bound`.
+    let (op, bound) = if is_name(&items[0]) && !is_name(&items[1]) {
+        (ops[0], &items[1])
+    } else if is_name(&items[1]) && !is_name(&items[0]) {
+        let flipped = match ops[0] {
+            RelOp::Lt => RelOp::Gt,
+            RelOp::Le => RelOp::Ge,
+            RelOp::Gt => RelOp::Lt,
+            RelOp::Ge => RelOp::Le,
+            _ => return None,
+        };
+        (flipped, &items[0])
+    } else {
+        return None;
+    };
+    let minus_inf = Expr::Neg(Box::new(Expr::Inf));
+    let (open, close, items) = match op {
+        RelOp::Gt => ('(', ')', vec![bound.clone(), Expr::Inf]),
+        RelOp::Ge => ('[', ')', vec![bound.clone(), Expr::Inf]),
+        RelOp::Lt => ('(', ')', vec![minus_inf, bound.clone()]),
+        RelOp::Le => ('(', ']', vec![minus_inf, bound.clone()]),
+        _ => return None,
+    };
+    Some(Expr::Seq { open, close, items })
 }
 
 /// Relations: `name = v` by value, equations by proportional sides, inequalities by direction.
@@ -721,6 +757,31 @@ fn within(x: f64, y: f64, gold: Gold) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_gold_inequality_accepts_its_interval() {
+        // Math-Verify 0.9.0's verdicts on these pairs (gold; answer), each measured
+        let boxed = |a: &str| format!("\\boxed{{{a}}}");
+        for (gold, answer) in [
+            ("x > 2", "(2, \\infty)"),
+            ("x \\ge 2", "[2, \\infty)"),
+            ("x < 3", "(-\\infty, 3)"),
+            ("x \\le -1", "(-\\infty, -1]"),
+            ("2 < x", "(2, \\infty)"),
+            ("1 < x < 2", "(1, 2)"),
+        ] {
+            assert!(verify(gold, &boxed(answer)).correct, "{gold} vs {answer}");
+        }
+        for (gold, answer) in [
+            ("x > 2", "[2, \\infty)"),
+            ("x > 2", "(3, \\infty)"),
+            ("x > 2", "(-\\infty, 2)"),
+            ("x \\ge 2", "(2, \\infty)"),
+            ("(2, \\infty)", "x > 2"),
+        ] {
+            assert!(!verify(gold, &boxed(answer)).correct, "{gold} vs {answer}");
+        }
+    }
 
     #[test]
     fn a_small_gold_needs_three_significant_digits() {
