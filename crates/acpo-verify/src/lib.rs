@@ -10,7 +10,8 @@
 //!   (`x^6 \cdot 10^7 + 1` is not `x^6 \cdot 10^7`);
 //! - lists and sets are unordered, tuples and intervals ordered with their bracket types,
 //!   `±` expands to both signs, equations compare by their right-hand side when the left is a
-//!   name (`k = 1` ~ `1`) and by proportionality otherwise, inequalities by direction.
+//!   name (`k = 1` ~ `1`) and by proportionality otherwise, inequalities by direction; a gold
+//!   inequality on a name also accepts the interval it describes (`x > 2` ~ `(2, \infty)`).
 //!
 //! # Numeric tolerance
 //!
@@ -289,10 +290,28 @@ fn equal_top(g: &Expr, p: &Expr) -> bool {
         .or_else(|| list_values(p, true));
     match (gv, pv) {
         (Some(a), Some(b)) => equal(&a, &b, 0) || equal(&a, p, 0) || equal(g, &b, 0),
-        (Some(a), None) => equal(&a, p, 0),
+        (Some(a), None) => equal(&a, p, 0) || values_as_tuple(&a, p),
         (None, Some(b)) => equal(g, &b, 0),
         (None, None) => false,
     }
+}
+
+/// A tuple answer against a gold of several assignments (`p = 1, q = 2` ~ `(1, 2)`): the
+/// values compared unordered, as Math-Verify 0.9.0 reads such a gold (the set of its values:
+/// it accepts `(2, 1)` too).
+fn values_as_tuple(values: &Expr, p: &Expr) -> bool {
+    let (
+        Expr::List(vs),
+        Expr::Seq {
+            open: '(',
+            close: ')',
+            items,
+        },
+    ) = (values, unwrap_single(p))
+    else {
+        return false;
+    };
+    vs.len() >= 2 && vs.len() == items.len() && multiset_equal(vs, items, 0)
 }
 
 fn unwrap_single(e: &Expr) -> &Expr {
@@ -778,6 +797,29 @@ mod tests {
             ("x > 2", "(-\\infty, 2)"),
             ("x \\ge 2", "(2, \\infty)"),
             ("(2, \\infty)", "x > 2"),
+        ] {
+            assert!(!verify(gold, &boxed(answer)).correct, "{gold} vs {answer}");
+        }
+    }
+
+    #[test]
+    fn a_gold_of_assignments_accepts_the_tuple_of_its_values() {
+        // Math-Verify 0.9.0's verdicts, each measured on the pair
+        let boxed = |a: &str| format!("\\boxed{{{a}}}");
+        for (gold, answer) in [
+            ("p = 1, q = 2", "(1, 2)"),
+            ("x=1, y=2", "(1,2)"),
+            ("p = 1, q = 2", "(2, 1)"),
+            ("x = 1, x = 2", "(1, 2)"),
+            ("p = 1, q = 2", "1, 2"),
+            ("p = 1, q = 2", "\\{1, 2\\}"),
+        ] {
+            assert!(verify(gold, &boxed(answer)).correct, "{gold} vs {answer}");
+        }
+        for (gold, answer) in [
+            ("p = 1, q = 2", "(1, 2, 3)"),
+            ("p = 1, q = 2", "(1, 3)"),
+            ("p = 1, q = 2", "(1)"),
         ] {
             assert!(!verify(gold, &boxed(answer)).correct, "{gold} vs {answer}");
         }
