@@ -445,6 +445,15 @@ fn equal(g: &Expr, p: &Expr, depth: usize) -> bool {
                     r.len() == s.len() && r.iter().zip(s).all(|(x, y)| equal(x, y, depth + 1))
                 })
         }
+        // A matrix answer written as an expression of matrices (a sum, a scalar multiple, a
+        // product), as Math-Verify evaluates it.
+        (Expr::Matrix(a), Expr::Add(_) | Expr::Mul(_) | Expr::Neg(_)) => matrix_value(p, true)
+            .is_some_and(|m| {
+                a.len() == m.len()
+                    && a.iter().zip(&m).all(|(r, s)| {
+                        r.len() == s.len() && r.iter().zip(s).all(|(x, y)| equal(x, y, depth + 1))
+                    })
+            }),
         (Expr::Rel(..), Expr::Rel(..)) => relation_equal(g, p, depth),
         // A gold inequality chain accepts its interval; a gold interval does not accept a chain
         // (Math-Verify's default, allow_set_relation_comp = false).
@@ -454,6 +463,122 @@ fn equal(g: &Expr, p: &Expr, depth: usize) -> bool {
         (Expr::Percent(a), _) => value_equal(g, p) || equal(a, p, depth + 1),
         (_, Expr::Percent(b)) => value_equal(g, p) || equal(g, b, depth + 1),
         _ => is_value(g) && is_value(p) && value_equal(g, p),
+    }
+}
+
+/// Largest matrix side, and most terms of a sum, [`matrix_value`] works with.
+const MATRIX_SIDE: usize = 8;
+/// Most matrices in one product (the entries' size grows with each).
+const MATRIX_FACTORS: usize = 2;
+
+/// The entries of an expression of matrices: a sum or difference of matrices of one shape, or
+/// of scalar multiples and products (of at most [`MATRIX_FACTORS`] matrices of matching
+/// shapes) of written-out matrices; None for anything else. Bounded: at most
+/// [`MATRIX_SIDE`] rows, columns and terms, no sum inside a product or a sum.
+fn matrix_value(e: &Expr, allow_sum: bool) -> Option<Vec<Vec<Expr>>> {
+    if !work::charge(work::STEP) {
+        return None;
+    }
+    match unwrap_single(e) {
+        Expr::Matrix(rows) => (!rows.is_empty()
+            && rows.len() <= MATRIX_SIDE
+            && rows[0].len() <= MATRIX_SIDE
+            && rows
+                .iter()
+                .all(|r| r.len() == rows[0].len() && !r.is_empty()))
+        .then(|| rows.clone()),
+        Expr::Neg(a) => Some(
+            matrix_value(a, allow_sum)?
+                .into_iter()
+                .map(|r| r.into_iter().map(|x| Expr::Neg(Box::new(x))).collect())
+                .collect(),
+        ),
+        Expr::Add(terms) if allow_sum && terms.len() <= MATRIX_SIDE => {
+            let ms = terms
+                .iter()
+                .map(|t| matrix_value(t, false))
+                .collect::<Option<Vec<_>>>()?;
+            let (rows, cols) = (ms[0].len(), ms[0][0].len());
+            if ms.iter().any(|m| m.len() != rows || m[0].len() != cols) {
+                return None;
+            }
+            Some(
+                (0..rows)
+                    .map(|i| {
+                        (0..cols)
+                            .map(|j| Expr::Add(ms.iter().map(|m| m[i][j].clone()).collect()))
+                            .collect()
+                    })
+                    .collect(),
+            )
+        }
+        Expr::Mul(factors) => {
+            let mut scalars = Vec::new();
+            let mut matrices = Vec::new();
+            for f in factors {
+                match unwrap_single(f) {
+                    Expr::Matrix(_) => matrices.push(matrix_value(f, false)?),
+                    other if is_value(other) && !has_matrix(other) => scalars.push(f.clone()),
+                    _ => return None,
+                }
+            }
+            if matrices.is_empty() || matrices.len() > MATRIX_FACTORS {
+                return None;
+            }
+            let mut product = matrices.remove(0);
+            for m in matrices {
+                if product[0].len() != m.len() {
+                    return None;
+                }
+                product = (0..product.len())
+                    .map(|i| {
+                        (0..m[0].len())
+                            .map(|j| {
+                                Expr::Add(
+                                    (0..m.len())
+                                        .map(|k| {
+                                            Expr::Mul(vec![product[i][k].clone(), m[k][j].clone()])
+                                        })
+                                        .collect(),
+                                )
+                            })
+                            .collect()
+                    })
+                    .collect();
+            }
+            if scalars.is_empty() {
+                return Some(product);
+            }
+            Some(
+                product
+                    .into_iter()
+                    .map(|r| {
+                        r.into_iter()
+                            .map(|x| {
+                                let mut v = scalars.clone();
+                                v.push(x);
+                                Expr::Mul(v)
+                            })
+                            .collect()
+                    })
+                    .collect(),
+            )
+        }
+        _ => None,
+    }
+}
+
+/// Whether a matrix appears anywhere in `e` (such a factor is no scalar).
+fn has_matrix(e: &Expr) -> bool {
+    match e {
+        Expr::Matrix(_) => true,
+        Expr::Add(v) | Expr::Mul(v) | Expr::Func(_, v) | Expr::Set(v) | Expr::List(v) => {
+            v.iter().any(has_matrix)
+        }
+        Expr::Seq { items, .. } => items.iter().any(has_matrix),
+        Expr::Neg(a) | Expr::Percent(a) => has_matrix(a),
+        Expr::Div(a, b) | Expr::Pow(a, b) | Expr::Pm(a, b) => has_matrix(a) || has_matrix(b),
+        _ => false,
     }
 }
 
@@ -822,6 +947,29 @@ mod tests {
             ("p = 1, q = 2", "(1)"),
         ] {
             assert!(!verify(gold, &boxed(answer)).correct, "{gold} vs {answer}");
+        }
+    }
+
+    #[test]
+    fn a_matrix_gold_accepts_an_expression_of_matrices() {
+        let m = |rows: &str| format!("\\begin{{pmatrix}}{rows}\\end{{pmatrix}}");
+        let gold = m("1&2\\\\3&4");
+        let boxed = |a: String| format!("\\boxed{{{a}}}");
+        for answer in [
+            format!("{}+{}", m("1&0\\\\0&1"), m("0&2\\\\3&3")),
+            format!("{}-{}", m("2&2\\\\3&5"), m("1&0\\\\0&1")),
+            format!("\\frac{{1}}{{2}}{}", m("2&4\\\\6&8")),
+            format!("{}{}", m("2&1\\\\4&3"), m("0&1\\\\1&0")),
+        ] {
+            assert!(verify(&gold, &boxed(answer.clone())).correct, "{answer}");
+        }
+        for answer in [
+            format!("{}+{}", m("1&0\\\\0&1"), m("0&2\\\\3&4")),
+            format!("{}{}", m("0&1\\\\1&0"), m("2&1\\\\4&3")),
+            format!("{}+{}", m("1&2"), m("0&0\\\\0&0")),
+            format!("2{}", m("1&2\\\\3&4")),
+        ] {
+            assert!(!verify(&gold, &boxed(answer.clone())).correct, "{answer}");
         }
     }
 
