@@ -11,7 +11,10 @@
 //! - lists and sets are unordered, tuples and intervals ordered with their bracket types,
 //!   `±` expands to both signs, equations compare by their right-hand side when the left is a
 //!   name (`k = 1` ~ `1`) and by proportionality otherwise, inequalities by direction; a gold
-//!   inequality on a name also accepts the interval it describes (`x > 2` ~ `(2, \infty)`).
+//!   inequality on a name also accepts the interval it describes (`x > 2` ~ `(2, \infty)`);
+//! - a gold of assignments accepts the tuple of its values (`p = 1, q = 2` ~ `(1, 2)`, unordered
+//!   as Math-Verify reads such a gold), and a gold matrix a sum, scalar multiple or product of
+//!   two written-out matrices that evaluates to it.
 //!
 //! # Numeric tolerance
 //!
