@@ -9,7 +9,10 @@ repository): the answer is extracted from the response (boxed, `Answer:` line, f
 last number), the gold's form decides the comparison, numbers compare exactly as rationals,
 expressions at random points, sets unordered, tuples and intervals in order. Every judgement
 ends in bounded work (counted operations, never a timer): no signal, no subprocess, any thread.
-Both functions release the GIL; `score_batch` judges on every core.
+Both functions release the GIL; `score_batch` judges on every core, in chunks between which
+Python's signal handlers run (Ctrl-C stops a long batch), on a thread pool that a forked child
+rebuilds for itself (multiprocessing's fork start method is safe). A batch holds at most
+MAX_BATCH items: an endless iterable is a ValueError, not an exhausted memory.
 
 What crosses from Python is checked: a response must be `str`; a gold answer `str`, `int` or a
 finite `float`. Anything else raises TypeError (None, bytes, a list, a bool) or ValueError
@@ -22,13 +25,24 @@ Reward functions with each framework's own signature:
 - OpenRLHF: `acpo.openrlhf.reward_func`;
 - code written against Math-Verify: `acpo.math_verify_compat.parse` / `.verify`.
 """
+import os
 from typing import List, NamedTuple, Optional, Sequence, Union
 
 from . import _native
 
-__all__ = ["verify", "score_batch", "judge", "Verdict", "WORK_BUDGET"]
+# A forked child (multiprocessing's default start method on Linux) has none of its parent's
+# threads: the native module then builds a thread pool of its own for the next batch. It also
+# checks the process id on each batch; the hook covers a child whose pid a parent once had.
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_native._after_fork_in_child)
+
+__all__ = ["verify", "score_batch", "judge", "judge_batch", "Verdict", "WORK_BUDGET", "MAX_BATCH"]
 
 Gold = Union[str, int, float]
+
+#: The most items one batch (`score_batch`, the frameworks' batch rewards) may hold; an iterable
+#: with more (an endless one) is a ValueError, raised while it is read.
+MAX_BATCH: int = _native.MAX_BATCH
 
 #: Work units one judgement may spend (about one machine-word operation each); a judgement the
 #: budget cuts short is an error verdict, never "correct".
@@ -64,3 +78,8 @@ def judge(gold: Gold, answer: str) -> Verdict:
 def score_batch(golds: Sequence[Gold], answers: Sequence[str]) -> List[float]:
     """1.0 where `answers[i]` states `golds[i]`, else 0.0; judged on every core."""
     return _native.score_batch(golds, answers)
+
+
+def judge_batch(golds: Sequence[Gold], answers: Sequence[str]) -> List[Verdict]:
+    """The verdict of every pair in full (`judge`'s), judged on every core."""
+    return [Verdict(*v) for v in _native.judge_all(golds, answers)]

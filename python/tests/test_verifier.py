@@ -55,6 +55,18 @@ class Verdicts(unittest.TestCase):
             self.assertTrue(acpo.verify("0", rf"\boxed{{{pred}}}"), pred)
         self.assertFalse(acpo.verify("0", r"\boxed{0.0000011}"))
 
+    def test_unicode_spaces_and_invisible_characters(self):
+        # a thousands group with a no-break, thin or narrow no-break space is one number
+        for space in ("\u00a0", "\u2009", "\u202f"):
+            self.assertTrue(acpo.verify("1000", rf"\boxed{{1{space}000}}"), repr(space))
+            self.assertFalse(acpo.verify("0", rf"\boxed{{1{space}000}}"), repr(space))
+        self.assertTrue(acpo.verify("1000", "Answer: 1\u00a0000"))
+        # a zero-width character inside a number is not where the number ends
+        for zw in ("\u200b", "\u200c", "\u200d", "\u2060", "\ufeff"):
+            self.assertFalse(acpo.verify("2", rf"\boxed{{1{zw}2}}"), repr(zw))
+            self.assertTrue(acpo.verify("12", rf"\boxed{{1{zw}2}}"), repr(zw))
+        self.assertTrue(acpo.verify(r"\frac{1}{2}", "\\boxed{\\frac{1}{2}}\u200b"))
+
     def test_the_hostile_answers_and_math_verifys_hangs_get_the_crates_verdicts(self):
         # every one ends (bounded work: a count, never a timer) with the Rust crate's verdict;
         # acpo bench and tools/twins/bench_math_verify.py time them

@@ -251,6 +251,9 @@ class InVerlsRewardLoop(unittest.TestCase):
         self.assertEqual([o["reward_score"] for o in out], [1.0, -1.0, 1.0])
         self.assertEqual([o["reward_extra_info"]["problem_id"] for o in out], [p for _, _, p in items])
         self.assertEqual(out[0]["reward_extra_info"]["data_source"], "math500")
+        # the extracted answer, on which verl's validation votes for maj@N
+        self.assertEqual([o["reward_extra_info"]["pred"] for o in out],
+                         [r"\frac{1}{2}", "3", "22099999999999998951424"])
 
 
 @unittest.skipUnless(os.environ.get("ACPO_BIN") and hydra_available(), "needs ACPO_BIN, verl and hydra")

@@ -10,7 +10,11 @@
 //!   (`x^6 \cdot 10^7 + 1` is not `x^6 \cdot 10^7`);
 //! - lists and sets are unordered, tuples and intervals ordered with their bracket types,
 //!   `±` expands to both signs, equations compare by their right-hand side when the left is a
-//!   name (`k = 1` ~ `1`) and by proportionality otherwise, inequalities by direction.
+//!   name (`k = 1` ~ `1`) and by proportionality otherwise, inequalities by direction; a gold
+//!   inequality on a name also accepts the interval it describes (`x > 2` ~ `(2, \infty)`);
+//! - a gold of assignments accepts the tuple of its values (`p = 1, q = 2` ~ `(1, 2)`, unordered
+//!   as Math-Verify reads such a gold), and a gold matrix a sum, scalar multiple or product of
+//!   two written-out matrices that evaluates to it.
 //!
 //! # Numeric tolerance
 //!
@@ -19,7 +23,12 @@
 //! - τ(g) = 10⁻⁶ when g is an integer (counts, AIME and DAPO answers: no neighbouring integer
 //!   ever matches, however large g is);
 //! - τ(g) = 10⁻⁶ · max(|g|, 1) otherwise (a fraction, a decimal, an irrational value: six
-//!   decimal places, or six significant digits above 1).
+//!   decimal places, or six significant digits above 1), except for a small gold, |g| < 10⁻³,
+//!   where τ(g) = 10⁻³ · |g|: the answer must carry the gold's first three significant digits,
+//!   since six decimal places would accept almost anything of that size (`\frac{1}{2^{98}}` for
+//!   `\frac{1}{2^{99}}`, `1.3 \cdot 10^{-7}` for `1.2 \cdot 10^{-7}`; the two rules meet at
+//!   |g| = 10⁻³, where both give 10⁻⁶). A gold known only in f64 (an irrational expression)
+//!   keeps at least 10⁻¹², f64's round-off near 0.
 //!
 //! The tolerance depends on the gold alone, never on how the answer is written, so the rule is
 //! monotone in the error: a smaller error is never rejected where a larger one is accepted
@@ -32,7 +41,8 @@
 //! where either side is a float it rounds both to 6 decimal places (against 1/3, `0.3333328` is
 //! accepted and the closer `0.3333335` rejected) and otherwise requires exact equality
 //! (`0.333333` is accepted for 1/3, `\frac{333333}{1000000}` is not). Two values that round alike
-//! differ by less than 10⁻⁶, so every float answer its rounding accepts, ours accepts; being
+//! differ by less than 10⁻⁶, so for a gold of at least 10⁻³ every float answer its rounding
+//! accepts, ours accepts (below 10⁻³ ours asks for three significant digits instead); being
 //! monotone, ours also accepts every answer closer than that: `355/113` (off by 2.7·10⁻⁷) matches
 //! π as `3.141593` (off by 3.5·10⁻⁷) does; Math-Verify takes the second only. The rounding rule of
 //! earlier versions of this crate (a prediction with k < 6 decimals matched a gold rounded to k
@@ -50,6 +60,8 @@ pub mod exact;
 pub mod expr;
 pub mod extract;
 pub mod work;
+
+use std::borrow::Cow;
 
 use expr::{parse, Expr, RelOp};
 use num_traits::ToPrimitive;
@@ -95,7 +107,41 @@ pub fn verify_metered(gold: &str, response: &str) -> (Verdict, work::Spent) {
     (verdict, spent)
 }
 
+/// Unicode spaces (no-break, thin, narrow no-break, ideographic: every space separator but
+/// U+0020) as ASCII spaces, and invisible format characters (zero-width space, joiners, word
+/// joiner, byte-order mark, soft hyphen) removed: `1\u{a0}000` is the number `1 000`, and
+/// `1\u{200b}2` the number 12, never a token the parser skips or stops at. ASCII text is
+/// returned as it is.
+pub fn normalize_unicode(text: &str) -> Cow<'_, str> {
+    if text.is_ascii() {
+        return Cow::Borrowed(text);
+    }
+    let space = |c: char| {
+        matches!(
+            c,
+            '\u{a0}' | '\u{1680}' | '\u{2000}'..='\u{200a}' | '\u{202f}' | '\u{205f}' | '\u{3000}'
+        )
+    };
+    let invisible = |c: char| {
+        matches!(
+            c,
+            '\u{ad}' | '\u{180e}' | '\u{200b}'..='\u{200d}' | '\u{2060}' | '\u{feff}'
+        )
+    };
+    if !text.chars().any(|c| space(c) || invisible(c)) {
+        return Cow::Borrowed(text);
+    }
+    Cow::Owned(
+        text.chars()
+            .filter(|c| !invisible(*c))
+            .map(|c| if space(c) { ' ' } else { c })
+            .collect(),
+    )
+}
+
 fn judge(gold: &str, response: &str) -> Verdict {
+    let (gold, response) = (normalize_unicode(gold), normalize_unicode(response));
+    let (gold, response) = (gold.as_ref(), response.as_ref());
     let golds: Vec<Expr> = extract::gold_candidates(gold)
         .into_iter()
         .filter_map(|c| parse(&c.text).ok())
@@ -247,10 +293,28 @@ fn equal_top(g: &Expr, p: &Expr) -> bool {
         .or_else(|| list_values(p, true));
     match (gv, pv) {
         (Some(a), Some(b)) => equal(&a, &b, 0) || equal(&a, p, 0) || equal(g, &b, 0),
-        (Some(a), None) => equal(&a, p, 0),
+        (Some(a), None) => equal(&a, p, 0) || values_as_tuple(&a, p),
         (None, Some(b)) => equal(g, &b, 0),
         (None, None) => false,
     }
+}
+
+/// A tuple answer against a gold of several assignments (`p = 1, q = 2` ~ `(1, 2)`): the
+/// values compared unordered, as Math-Verify 0.9.0 reads such a gold (the set of its values:
+/// it accepts `(2, 1)` too).
+fn values_as_tuple(values: &Expr, p: &Expr) -> bool {
+    let (
+        Expr::List(vs),
+        Expr::Seq {
+            open: '(',
+            close: ')',
+            items,
+        },
+    ) = (values, unwrap_single(p))
+    else {
+        return false;
+    };
+    vs.len() >= 2 && vs.len() == items.len() && multiset_equal(vs, items, 0)
 }
 
 fn unwrap_single(e: &Expr) -> &Expr {
@@ -384,15 +448,140 @@ fn equal(g: &Expr, p: &Expr, depth: usize) -> bool {
                     r.len() == s.len() && r.iter().zip(s).all(|(x, y)| equal(x, y, depth + 1))
                 })
         }
+        // A matrix answer written as an expression of matrices (a sum, a scalar multiple, a
+        // product), as Math-Verify evaluates it.
+        (Expr::Matrix(a), Expr::Add(_) | Expr::Mul(_) | Expr::Neg(_)) => matrix_value(p, true)
+            .is_some_and(|m| {
+                a.len() == m.len()
+                    && a.iter().zip(&m).all(|(r, s)| {
+                        r.len() == s.len() && r.iter().zip(s).all(|(x, y)| equal(x, y, depth + 1))
+                    })
+            }),
         (Expr::Rel(..), Expr::Rel(..)) => relation_equal(g, p, depth),
         // A gold inequality chain accepts its interval; a gold interval does not accept a chain
         // (Math-Verify's default, allow_set_relation_comp = false).
-        (Expr::Rel(..), Expr::Seq { .. }) => {
-            interval_of(g).is_some_and(|i| equal(&i, p, depth + 1))
-        }
+        (Expr::Rel(..), Expr::Seq { .. }) => interval_of(g)
+            .or_else(|| ray_of(g))
+            .is_some_and(|i| equal(&i, p, depth + 1)),
         (Expr::Percent(a), _) => value_equal(g, p) || equal(a, p, depth + 1),
         (_, Expr::Percent(b)) => value_equal(g, p) || equal(g, b, depth + 1),
         _ => is_value(g) && is_value(p) && value_equal(g, p),
+    }
+}
+
+/// Largest matrix side, and most terms of a sum, [`matrix_value`] works with.
+const MATRIX_SIDE: usize = 8;
+/// Most matrices in one product (the entries' size grows with each).
+const MATRIX_FACTORS: usize = 2;
+
+/// The entries of an expression of matrices: a sum or difference of matrices of one shape, or
+/// of scalar multiples and products (of at most [`MATRIX_FACTORS`] matrices of matching
+/// shapes) of written-out matrices; None for anything else. Bounded: at most
+/// [`MATRIX_SIDE`] rows, columns and terms, no sum inside a product or a sum.
+fn matrix_value(e: &Expr, allow_sum: bool) -> Option<Vec<Vec<Expr>>> {
+    if !work::charge(work::STEP) {
+        return None;
+    }
+    match unwrap_single(e) {
+        Expr::Matrix(rows) => (!rows.is_empty()
+            && rows.len() <= MATRIX_SIDE
+            && rows[0].len() <= MATRIX_SIDE
+            && rows
+                .iter()
+                .all(|r| r.len() == rows[0].len() && !r.is_empty()))
+        .then(|| rows.clone()),
+        Expr::Neg(a) => Some(
+            matrix_value(a, allow_sum)?
+                .into_iter()
+                .map(|r| r.into_iter().map(|x| Expr::Neg(Box::new(x))).collect())
+                .collect(),
+        ),
+        Expr::Add(terms) if allow_sum && terms.len() <= MATRIX_SIDE => {
+            let ms = terms
+                .iter()
+                .map(|t| matrix_value(t, false))
+                .collect::<Option<Vec<_>>>()?;
+            let (rows, cols) = (ms[0].len(), ms[0][0].len());
+            if ms.iter().any(|m| m.len() != rows || m[0].len() != cols) {
+                return None;
+            }
+            Some(
+                (0..rows)
+                    .map(|i| {
+                        (0..cols)
+                            .map(|j| Expr::Add(ms.iter().map(|m| m[i][j].clone()).collect()))
+                            .collect()
+                    })
+                    .collect(),
+            )
+        }
+        Expr::Mul(factors) => {
+            let mut scalars = Vec::new();
+            let mut matrices = Vec::new();
+            for f in factors {
+                match unwrap_single(f) {
+                    Expr::Matrix(_) => matrices.push(matrix_value(f, false)?),
+                    other if is_value(other) && !has_matrix(other) => scalars.push(f.clone()),
+                    _ => return None,
+                }
+            }
+            if matrices.is_empty() || matrices.len() > MATRIX_FACTORS {
+                return None;
+            }
+            let mut product = matrices.remove(0);
+            for m in matrices {
+                if product[0].len() != m.len() {
+                    return None;
+                }
+                product = (0..product.len())
+                    .map(|i| {
+                        (0..m[0].len())
+                            .map(|j| {
+                                Expr::Add(
+                                    (0..m.len())
+                                        .map(|k| {
+                                            Expr::Mul(vec![product[i][k].clone(), m[k][j].clone()])
+                                        })
+                                        .collect(),
+                                )
+                            })
+                            .collect()
+                    })
+                    .collect();
+            }
+            if scalars.is_empty() {
+                return Some(product);
+            }
+            Some(
+                product
+                    .into_iter()
+                    .map(|r| {
+                        r.into_iter()
+                            .map(|x| {
+                                let mut v = scalars.clone();
+                                v.push(x);
+                                Expr::Mul(v)
+                            })
+                            .collect()
+                    })
+                    .collect(),
+            )
+        }
+        _ => None,
+    }
+}
+
+/// Whether a matrix appears anywhere in `e` (such a factor is no scalar).
+fn has_matrix(e: &Expr) -> bool {
+    match e {
+        Expr::Matrix(_) => true,
+        Expr::Add(v) | Expr::Mul(v) | Expr::Func(_, v) | Expr::Set(v) | Expr::List(v) => {
+            v.iter().any(has_matrix)
+        }
+        Expr::Seq { items, .. } => items.iter().any(has_matrix),
+        Expr::Neg(a) | Expr::Percent(a) => has_matrix(a),
+        Expr::Div(a, b) | Expr::Pow(a, b) | Expr::Pm(a, b) => has_matrix(a) || has_matrix(b),
+        _ => false,
     }
 }
 
@@ -467,6 +656,42 @@ fn interval_of(e: &Expr) -> Option<Expr> {
         close: if ops[1] == RelOp::Le { ']' } else { ')' },
         items: vec![items[0].clone(), items[2].clone()],
     })
+}
+
+/// A single inequality on a name as the interval it describes: `x > a` (or `a < x`) as
+/// `(a, ∞)`, `x ≤ b` as `(-∞, b]`. Only a gold uses it, against an interval answer (a gold
+/// inequality accepts its interval, as Math-Verify's does; not the other way round).
+fn ray_of(e: &Expr) -> Option<Expr> {
+    let Expr::Rel(items, ops) = e else {
+        return None;
+    };
+    if ops.len() != 1 {
+        return None;
+    }
+    // Written with the name on the left: `x op bound`.
+    let (op, bound) = if is_name(&items[0]) && !is_name(&items[1]) {
+        (ops[0], &items[1])
+    } else if is_name(&items[1]) && !is_name(&items[0]) {
+        let flipped = match ops[0] {
+            RelOp::Lt => RelOp::Gt,
+            RelOp::Le => RelOp::Ge,
+            RelOp::Gt => RelOp::Lt,
+            RelOp::Ge => RelOp::Le,
+            _ => return None,
+        };
+        (flipped, &items[0])
+    } else {
+        return None;
+    };
+    let minus_inf = Expr::Neg(Box::new(Expr::Inf));
+    let (open, close, items) = match op {
+        RelOp::Gt => ('(', ')', vec![bound.clone(), Expr::Inf]),
+        RelOp::Ge => ('[', ')', vec![bound.clone(), Expr::Inf]),
+        RelOp::Lt => ('(', ')', vec![minus_inf, bound.clone()]),
+        RelOp::Le => ('(', ']', vec![minus_inf, bound.clone()]),
+        _ => return None,
+    };
+    Some(Expr::Seq { open, close, items })
 }
 
 /// Relations: `name = v` by value, equations by proportional sides, inequalities by direction.
@@ -588,7 +813,7 @@ fn value_equal(g: &Expr, p: &Expr) -> bool {
         // Rounding the exact error to f64 is monotone in it, so the rule stays monotone.
         let error = error.to_f64().unwrap_or(f64::INFINITY).abs();
         let gold = a.to_f64().unwrap_or(f64::INFINITY);
-        return error <= tolerance(gold, a.is_integer());
+        return error <= tolerance(gold, Gold::exact(a.is_integer()));
     }
     let mut syms = Vec::new();
     g.symbols(&mut syms);
@@ -599,8 +824,10 @@ fn value_equal(g: &Expr, p: &Expr) -> bool {
         if (x.is_infinite() || y.is_infinite()) && !infinite_meant {
             return false; // an overflow, not a value: undecidable here, so not equal
         }
-        let integer = g.exact().is_some_and(|a| a.is_integer());
-        return within(x, y, integer);
+        let kind = g
+            .exact()
+            .map_or(Gold::Inexact, |a| Gold::exact(a.is_integer()));
+        return within(x, y, kind);
     }
     let mut good = 0;
     for k in 0..POINTS {
@@ -618,15 +845,46 @@ fn value_equal(g: &Expr, p: &Expr) -> bool {
 }
 
 /// How far from the gold value `g` an answer may be: [`TOL`] for an integer gold, [`TOL`]
-/// relative to |g| (at least [`TOL`]) for any other. It depends on the gold alone, never on how
+/// relative to |g| (at least [`TOL`]) for any other, and [`SMALL_GOLD_REL`] relative to |g| for
+/// a gold smaller than [`TOL`] / [`SMALL_GOLD_REL`] (10⁻³). It depends on the gold alone, never on how
 /// the answer is written, so a smaller error is never rejected where a larger one is accepted.
-fn tolerance(g: f64, integer: bool) -> f64 {
-    if integer {
-        TOL
-    } else {
-        TOL * g.abs().max(1.0)
+/// A gold value known only in f64 (an irrational expression) keeps an absolute floor of
+/// [`INEXACT_FLOOR`], f64's round-off: `\cos(\frac{\pi}{2})` evaluates to 6·10⁻¹⁷, not 0.
+fn tolerance(g: f64, gold: Gold) -> f64 {
+    match gold {
+        Gold::Integer => TOL,
+        _ if g.abs() >= TOL / SMALL_GOLD_REL => TOL * g.abs().max(1.0),
+        Gold::Rational => SMALL_GOLD_REL * g.abs(),
+        Gold::Inexact => (SMALL_GOLD_REL * g.abs()).max(INEXACT_FLOOR),
     }
 }
+
+/// What the gold's value is, for [`tolerance`].
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Gold {
+    Integer,
+    /// Rational and not an integer: its value is exact.
+    Rational,
+    /// Known only in f64.
+    Inexact,
+}
+
+impl Gold {
+    fn exact(integer: bool) -> Gold {
+        if integer {
+            Gold::Integer
+        } else {
+            Gold::Rational
+        }
+    }
+}
+
+/// The relative tolerance of a small gold (module docs, "Numeric tolerance"): three
+/// significant digits, equal to [`TOL`] at |g| = 10⁻³.
+const SMALL_GOLD_REL: f64 = 1e-3;
+
+/// The least tolerance of a gold known only in f64 (round-off of an evaluation near 0).
+const INEXACT_FLOOR: f64 = 1e-12;
 
 /// Whether two expressions with symbols agree at one evaluation point: as functions they must be
 /// identical, so no answer tolerance applies, only f64's round-off ([`EVAL_TOL`] relative).
@@ -636,9 +894,141 @@ fn identical_at(x: f64, y: f64) -> bool {
 }
 
 /// Whether `y` is within the tolerance of the gold value `x` (infinities only equal themselves).
-fn within(x: f64, y: f64, integer: bool) -> bool {
+fn within(x: f64, y: f64, gold: Gold) -> bool {
     if x.is_infinite() || y.is_infinite() {
         return x == y;
     }
-    x.is_finite() && y.is_finite() && (x - y).abs() <= tolerance(x, integer)
+    x.is_finite() && y.is_finite() && (x - y).abs() <= tolerance(x, gold)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_gold_inequality_accepts_its_interval() {
+        // Math-Verify 0.9.0's verdicts on these pairs (gold; answer), each measured
+        let boxed = |a: &str| format!("\\boxed{{{a}}}");
+        for (gold, answer) in [
+            ("x > 2", "(2, \\infty)"),
+            ("x \\ge 2", "[2, \\infty)"),
+            ("x < 3", "(-\\infty, 3)"),
+            ("x \\le -1", "(-\\infty, -1]"),
+            ("2 < x", "(2, \\infty)"),
+            ("1 < x < 2", "(1, 2)"),
+        ] {
+            assert!(verify(gold, &boxed(answer)).correct, "{gold} vs {answer}");
+        }
+        for (gold, answer) in [
+            ("x > 2", "[2, \\infty)"),
+            ("x > 2", "(3, \\infty)"),
+            ("x > 2", "(-\\infty, 2)"),
+            ("x \\ge 2", "(2, \\infty)"),
+            ("(2, \\infty)", "x > 2"),
+        ] {
+            assert!(!verify(gold, &boxed(answer)).correct, "{gold} vs {answer}");
+        }
+    }
+
+    #[test]
+    fn a_gold_of_assignments_accepts_the_tuple_of_its_values() {
+        // Math-Verify 0.9.0's verdicts, each measured on the pair
+        let boxed = |a: &str| format!("\\boxed{{{a}}}");
+        for (gold, answer) in [
+            ("p = 1, q = 2", "(1, 2)"),
+            ("x=1, y=2", "(1,2)"),
+            ("p = 1, q = 2", "(2, 1)"),
+            ("x = 1, x = 2", "(1, 2)"),
+            ("p = 1, q = 2", "1, 2"),
+            ("p = 1, q = 2", "\\{1, 2\\}"),
+        ] {
+            assert!(verify(gold, &boxed(answer)).correct, "{gold} vs {answer}");
+        }
+        for (gold, answer) in [
+            ("p = 1, q = 2", "(1, 2, 3)"),
+            ("p = 1, q = 2", "(1, 3)"),
+            ("p = 1, q = 2", "(1)"),
+        ] {
+            assert!(!verify(gold, &boxed(answer)).correct, "{gold} vs {answer}");
+        }
+    }
+
+    #[test]
+    fn a_matrix_gold_accepts_an_expression_of_matrices() {
+        let m = |rows: &str| format!("\\begin{{pmatrix}}{rows}\\end{{pmatrix}}");
+        let gold = m("1&2\\\\3&4");
+        let boxed = |a: String| format!("\\boxed{{{a}}}");
+        for answer in [
+            format!("{}+{}", m("1&0\\\\0&1"), m("0&2\\\\3&3")),
+            format!("{}-{}", m("2&2\\\\3&5"), m("1&0\\\\0&1")),
+            format!("\\frac{{1}}{{2}}{}", m("2&4\\\\6&8")),
+            format!("{}{}", m("2&1\\\\4&3"), m("0&1\\\\1&0")),
+        ] {
+            assert!(verify(&gold, &boxed(answer.clone())).correct, "{answer}");
+        }
+        for answer in [
+            format!("{}+{}", m("1&0\\\\0&1"), m("0&2\\\\3&4")),
+            format!("{}{}", m("0&1\\\\1&0"), m("2&1\\\\4&3")),
+            format!("{}+{}", m("1&2"), m("0&0\\\\0&0")),
+            format!("2{}", m("1&2\\\\3&4")),
+        ] {
+            assert!(!verify(&gold, &boxed(answer.clone())).correct, "{answer}");
+        }
+    }
+
+    #[test]
+    fn a_small_gold_needs_three_significant_digits() {
+        // exact rationals that Math-Verify 0.9.0 tells apart by exact comparison (sympy:
+        // Rational(1, 2**98) != Rational(1, 2**99)); six decimal places would take them as 0
+        assert!(!verify("\\frac{1}{2^{99}}", "\\boxed{\\frac{1}{2^{98}}}").correct);
+        assert!(verify("\\frac{1}{2^{99}}", "\\boxed{2^{-99}}").correct);
+        assert!(!verify("1.2 \\cdot 10^{-7}", "\\boxed{1.3 \\cdot 10^{-7}}").correct);
+        assert!(!verify("10^{-7}", "\\boxed{0}").correct);
+        assert!(verify("1.2 \\cdot 10^{-7}", "\\boxed{1.2 \\cdot 10^{-7}}").correct);
+        // within a thousandth of the gold is accepted, monotone in the error
+        assert!(verify("1.2345 \\cdot 10^{-5}", "\\boxed{1.235 \\cdot 10^{-5}}").correct);
+        assert!(!verify("1.2345 \\cdot 10^{-5}", "\\boxed{1.24 \\cdot 10^{-5}}").correct);
+        // from 10^-3 up, six decimal places as before: Math-Verify's roundings are accepted
+        assert!(verify("\\frac{1}{3}", "\\boxed{0.333333}").correct);
+        assert!(verify("\\frac{1}{7}", "\\boxed{0.142857}").correct);
+        assert!(verify("0.1234564", "\\boxed{0.123456}").correct);
+        assert!(verify("0.001", "\\boxed{0.0010009}").correct);
+        assert!(!verify("0.001", "\\boxed{0.0010011}").correct);
+        // integers (every gold of the synthetic task) keep 10^-6, whatever their size
+        assert!(verify("0", "\\boxed{10^{-9}}").correct);
+        assert!(!verify("0", "\\boxed{0.0000011}").correct);
+        // a gold known only in f64 near 0 keeps f64's round-off
+        assert!(verify("\\cos(\\frac{\\pi}{2})", "\\boxed{0}").correct);
+        assert!(!verify("\\cos(\\frac{\\pi}{2})", "\\boxed{10^{-9}}").correct);
+        // the rule's boundary moves with the gold alone: tolerance is continuous at 10^-3
+        assert_eq!(tolerance(1e-3, Gold::Rational), TOL);
+        assert!((tolerance(0.999e-3, Gold::Rational) - 0.999e-6).abs() < 1e-18);
+    }
+
+    #[test]
+    fn unicode_spaces_are_spaces_and_invisible_characters_are_gone() {
+        // a thousands group written with a no-break, thin or narrow no-break space
+        for space in ['\u{a0}', '\u{2009}', '\u{202f}', '\u{2007}'] {
+            let answer = format!("\\boxed{{1{space}000}}");
+            assert!(verify("1000", &answer).correct, "{answer:?}");
+            assert!(!verify("0", &answer).correct, "{answer:?}");
+        }
+        assert!(verify("x+1", "\\boxed{x\u{a0}+\u{a0}1}").correct);
+        // a zero-width character inside a number is not a separator the parser stops at
+        for zw in [
+            '\u{200b}', '\u{200c}', '\u{200d}', '\u{2060}', '\u{feff}', '\u{ad}',
+        ] {
+            let answer = format!("\\boxed{{1{zw}2}}");
+            assert!(verify("12", &answer).correct, "{answer:?}");
+            assert!(!verify("2", &answer).correct, "{answer:?}");
+            assert!(!verify("1", &answer).correct, "{answer:?}");
+        }
+        // the gold is read the same way
+        assert!(verify("1\u{a0}000", "\\boxed{1000}").correct);
+        assert_eq!(
+            normalize_unicode("plain ascii"),
+            Cow::Borrowed("plain ascii")
+        );
+        assert_eq!(normalize_unicode("π\u{2009}r²\u{200b}"), "π r²");
+    }
 }
