@@ -4,9 +4,11 @@
 //! check` and the start of `train` refuse such a manifest with one message naming the fields,
 //! never an allocation that aborts the process.
 //!
-//! Every term is a floor of what the trainer holds at once, not an estimate of its peak: a
-//! refusal is then never wrong, and a manifest that passes may still be refused later by the
-//! finer checks of the model code ([`crate::model::budget`]).
+//! Every term counts only buffers whose size the counts fix, as the trainer holds them at once
+//! when its sequences reach the lengths the manifest allows (RL responses do: the paper's run
+//! to the limit, as `acpo generate` sizes its check): a floor of that case, not an estimate of a
+//! run's peak. A manifest that passes may still be refused later by the finer checks of the
+//! model code ([`crate::model::budget`]).
 
 use candle_core::Device;
 
@@ -45,25 +47,22 @@ impl Experiment {
         let mut terms = vec![Term {
             bytes: sequences * sequence,
             field: "trainer.batch_size",
-            with: "× rollout.n sequences of data.max_prompt_length + data.max_response_length tokens",
+            with:
+                "× rollout.n sequences of data.max_prompt_length + data.max_response_length tokens",
         }];
-        let eval = self.eval.problems() as u128
-            * self.eval.sampling.n as u128
-            * (self.eval.max_new_tokens as u128 * BYTES_PER_RESPONSE_TOKEN);
+        // an evaluation keeps a record of every sample until it is written
+        let records = self.eval.problems() as u128 * self.eval.sampling.n as u128;
         terms.push(Term {
-            bytes: eval,
+            bytes: records * std::mem::size_of::<crate::eval::SampleRecord>() as u128,
             field: "eval.k",
-            with: "responses to each of eval.benchmarks' problems (at most eval.limit each), of eval.max_new_tokens tokens",
+            with: "samples of each of eval.benchmarks' problems (at most eval.limit each), one record each",
         });
         if let Some(w) = self.model.init.as_ref().and_then(|i| i.warm_start.as_ref()) {
-            let r = w.max_response_length as u128;
             terms.push(Term {
-                // the loss of every step is kept (8 bytes each), and a batch of solutions
-                bytes: 8 * w.steps as u128
-                    + w.batch_size as u128
-                        * (LAYOUT_BYTES_PER_POSITION * r + BYTES_PER_RESPONSE_TOKEN * r),
-                field: "model.init.warm_start.batch_size",
-                with: "solutions of max_response_length tokens, and the loss of each of its steps",
+                // the loss of every step is kept (8 bytes each)
+                bytes: 8 * w.steps as u128,
+                field: "model.init.warm_start.steps",
+                with: "losses, one kept per step",
             });
         }
         if let (Some(cfg), crate::model::spec::Device::Cpu) = (cfg, self.device) {

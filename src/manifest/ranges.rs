@@ -27,7 +27,10 @@ pub struct Range {
 impl Range {
     /// The range as a refusal says it.
     pub fn describe(&self) -> String {
-        format!("a whole number in [{}, {}] ({})", self.low, self.high, self.why)
+        format!(
+            "a whole number in [{}, {}] ({})",
+            self.low, self.high, self.why
+        )
     }
 
     pub fn holds(&self, value: u64) -> bool {
@@ -44,9 +47,11 @@ const fn range(field: &'static str, low: u64, high: usize, why: &'static str) ->
     }
 }
 
-const STEPS: &str = "training steps; the paper's runs take 100 to 300, 2^24 is years at a second a step";
+const STEPS: &str =
+    "training steps; the paper's runs take 100 to 300, 2^24 is years at a second a step";
 const WARMUP: &str = "steps of learning-rate warm-up, at most the run's steps";
-const TOKENS: &str = "tokens of one sequence, at most the longest context a model config may declare";
+const TOKENS: &str =
+    "tokens of one sequence, at most the longest context a model config may declare";
 const SAMPLES: &str = "samples per prompt; the paper uses 8 to 32";
 
 /// Every whole-number field of a manifest (`raw::Manifest`) and its range. A test walks the
@@ -81,7 +86,7 @@ pub const RANGES: &[Range] = &[
         "rollout.top_k",
         1,
         crate::model::MAX_VOCAB,
-        "tokens kept when sampling, at most the largest vocabulary a model config may declare",
+        "tokens kept when sampling (null: no top-k filtering), at most the largest vocabulary a model config may declare",
     ),
     range("actor.optim.warmup_steps", 0, MAX_STEPS, WARMUP),
     range(
@@ -185,13 +190,15 @@ mod tests {
             .as_ref()
             .is_some_and(|i| i.warm_start.is_some()));
         let mut leaves = Vec::new();
-        whole_leaves(
-            &serde_json::to_value(&raw).expect("json"),
-            "",
-            &mut leaves,
+        whole_leaves(&serde_json::to_value(&raw).expect("json"), "", &mut leaves);
+        let missing: Vec<&String> = leaves
+            .iter()
+            .filter(|f| !RANGES.iter().any(|r| r.field == f.as_str()))
+            .collect();
+        assert!(
+            missing.is_empty(),
+            "whole-number fields without a range: {missing:?}"
         );
-        let missing: Vec<&String> = leaves.iter().filter(|f| !RANGES.iter().any(|r| r.field == f.as_str())).collect();
-        assert!(missing.is_empty(), "whole-number fields without a range: {missing:?}");
         let stale: Vec<&str> = RANGES
             .iter()
             .map(|r| r.field)

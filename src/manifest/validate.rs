@@ -6,8 +6,7 @@ use std::path::Path;
 
 use super::raw;
 use super::{
-    ActorSpec, CriticSpec, EvalSpec, Experiment, ManifestError, Scale, TrainerSpec,
-    MIN_TEMPERATURE,
+    ActorSpec, CriticSpec, EvalSpec, Experiment, ManifestError, Scale, TrainerSpec, MIN_TEMPERATURE,
 };
 use crate::algo::clip::ClipFields;
 use crate::algo::method::{AdvantageEstimator, Algorithm, PolicyClip};
@@ -55,10 +54,7 @@ impl Validator<'_> {
     fn ranged(&self, field: &str, value: usize) -> Checked<usize> {
         let range = super::ranges::of(field);
         if !range.holds(value as u64) {
-            return self.fail(
-                field,
-                format!("must be {}, got {value}", range.describe()),
-            );
+            return self.fail(field, format!("must be {}, got {value}", range.describe()));
         }
         Ok(value)
     }

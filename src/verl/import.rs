@@ -350,7 +350,12 @@ fn bounded_metric(key: &str, reward: RewardKind) -> Option<(f64, f64, &'static s
 /// ([`crate::manifest::TrainerSpec::evaluates_at`], the schedule the export gave verl) and at
 /// most `last`, the last step verl logged (issue #47: `05.jsonl` and `+5.jsonl` were two more
 /// evaluations at step 5, and a dump at step 999 of a 20-step log was taken).
-fn evaluations(exp: &Experiment, dir: &Path, last: usize, known: &Known) -> Result<Vec<EvalSummary>> {
+fn evaluations(
+    exp: &Experiment,
+    dir: &Path,
+    last: usize,
+    known: &Known,
+) -> Result<Vec<EvalSummary>> {
     let entries = std::fs::read_dir(dir).map_err(|source| ImportError::Read {
         path: dir.to_owned(),
         source: source.into(),
@@ -454,10 +459,7 @@ fn evaluation(exp: &Experiment, step: usize, path: &Path, known: &Known) -> Resu
             )));
         }
         let problems = judged.entry(source).or_default();
-        let most = exp
-            .eval
-            .limit
-            .map_or(bench.size(), |l| l.min(bench.size()));
+        let most = exp.eval.limit.map_or(bench.size(), |l| l.min(bench.size()));
         if !problems.contains_key(&problem) && problems.len() == most {
             return Err(bad(format!(
                 "field `problem_id`: `{problem}` is a problem beyond the {most} of `{}` the manifest evaluates (its size {}, eval.limit {})",
@@ -503,8 +505,8 @@ mod tests {
     /// benchmark's problems are known ([`known_problems`] reads them from the prepared data).
     #[test]
     fn a_problem_id_the_benchmark_does_not_have_is_refused_naming_the_line_and_field() {
-        let manifest = Path::new(env!("CARGO_MANIFEST_DIR"))
-            .join("experiments/paper/qwen3-1.7b-grpo.yaml");
+        let manifest =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments/paper/qwen3-1.7b-grpo.yaml");
         let exp = Experiment::load(&manifest).expect("manifest");
         let dir = tempfile::tempdir().expect("tmp");
         let dump = dir.path().join("0.jsonl");
@@ -512,15 +514,19 @@ mod tests {
             serde_json::json!({"output": "\\boxed{1}", "gts": "1", "data_source": "math500", "problem_id": id})
                 .to_string()
         };
-        std::fs::write(&dump, format!("{}\n{}\n", line("test/a/1.json"), line("math500/7"))).expect("w");
-        let known: Known = BTreeMap::from([(
-            "math500",
-            BTreeSet::from(["test/a/1.json".to_string()]),
-        )]);
+        std::fs::write(
+            &dump,
+            format!("{}\n{}\n", line("test/a/1.json"), line("math500/7")),
+        )
+        .expect("w");
+        let known: Known =
+            BTreeMap::from([("math500", BTreeSet::from(["test/a/1.json".to_string()]))]);
         let err = evaluation(&exp, 0, &dump, &known).expect_err("an unknown id");
         let msg = err.to_string();
         assert!(
-            msg.contains("0.jsonl, line 2") && msg.contains("`problem_id`") && msg.contains("`math500/7`"),
+            msg.contains("0.jsonl, line 2")
+                && msg.contains("`problem_id`")
+                && msg.contains("`math500/7`"),
             "{msg}"
         );
         // Unknown benchmarks' ids are not checked: the same dump stops at the sample count.

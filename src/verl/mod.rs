@@ -228,7 +228,8 @@ const EXPORT_FILES: [&str; 4] = ["launch.sh", "fields.md", "data", MARKER];
 const MARKER: &str = ".acpo-export-verl";
 
 /// The marker's first line.
-const MARKER_TEXT: &str = "written by `acpo export verl`: this directory is replaced by the next export into it\n";
+const MARKER_TEXT: &str =
+    "written by `acpo export verl`: this directory is replaced by the next export into it\n";
 
 /// Whether `out` may be written: absent, or a directory an earlier export made (its marker a
 /// regular file with the marker's text, nothing in it but what an export writes). A link is

@@ -22,13 +22,25 @@ fn bench_shapes_beyond_the_machine_are_refused_naming_the_flag_before_allocating
     let out = tempfile::tempdir().expect("tempdir");
     let o = out.path().to_str().expect("utf-8");
     let cases: [(&[&str], &str); 7] = [
-        (&["attention", "--attention", "composed", "--seq-len", "65536"], "--seq-len 65536"),
+        (
+            &["attention", "--attention", "composed", "--seq-len", "65536"],
+            "--seq-len 65536",
+        ),
         (&["attention", "--seq-len", "1000000"], "--seq-len 1000000"),
-        (&["generate", "--prompt-len", "4194304"], "--prompt-len 4194304"),
+        (
+            &["generate", "--prompt-len", "4194304"],
+            "--prompt-len 4194304",
+        ),
         (&["generate", "--batch", "1048576"], "--batch 1048576"),
-        (&["generate", "--long-tail", "--batch", "1048576"], "--batch 1048576"),
+        (
+            &["generate", "--long-tail", "--batch", "1048576"],
+            "--batch 1048576",
+        ),
         (&["train-step", "--batch", "1048576"], "--batch 1048576"),
-        (&["train-step", "--micro-batch", "1048576"], "--micro-batch 1048576"),
+        (
+            &["train-step", "--micro-batch", "1048576"],
+            "--micro-batch 1048576",
+        ),
     ];
     for (flags, named) in cases {
         let mut args = vec!["bench"];
@@ -83,7 +95,10 @@ fn predict_with(dir: &Path, pointer: &str, value: serde_json::Value) -> (Option<
         "--out",
         dir.join("out").to_str().expect("utf-8"),
     ]);
-    (run.status.code(), String::from_utf8_lossy(&run.stderr).into_owned())
+    (
+        run.status.code(),
+        String::from_utf8_lossy(&run.stderr).into_owned(),
+    )
 }
 
 /// A trace no train step can have written is refused, naming the file and the field: it used
@@ -95,10 +110,26 @@ fn memory_predict_refuses_traces_no_train_step_wrote() {
     assert_eq!(code, Some(0), "the committed traces, as they are: {err}");
     let huge = serde_json::json!(1u64 << 62);
     let cases = [
-        ("/0/settings/micro_batch", serde_json::json!(0), "settings.micro_batch"),
-        ("/0/settings/seq_len", serde_json::json!(0), "settings.seq_len"),
-        ("/0/settings/prompt_len", serde_json::json!(4096), "settings.prompt_len"),
-        ("/0/settings/micro_batch", huge.clone(), "settings.micro_batch"),
+        (
+            "/0/settings/micro_batch",
+            serde_json::json!(0),
+            "settings.micro_batch",
+        ),
+        (
+            "/0/settings/seq_len",
+            serde_json::json!(0),
+            "settings.seq_len",
+        ),
+        (
+            "/0/settings/prompt_len",
+            serde_json::json!(4096),
+            "settings.prompt_len",
+        ),
+        (
+            "/0/settings/micro_batch",
+            huge.clone(),
+            "settings.micro_batch",
+        ),
         ("/0/settings/seq_len", huge.clone(), "settings.seq_len"),
         ("/0/settings/batch", huge, "settings.batch"),
         ("/0/trace/3/peak", serde_json::json!(u64::MAX), "trace"),
@@ -113,7 +144,8 @@ fn memory_predict_refuses_traces_no_train_step_wrote() {
         let (code, err) = predict_with(dir.path(), pointer, value.clone());
         assert_eq!(code, Some(2), "{pointer} = {value}: {err}");
         assert!(
-            err.contains("all-b1-t2048/train-step.json") && err.contains(&format!("field `{field}")),
+            err.contains("all-b1-t2048/train-step.json")
+                && err.contains(&format!("field `{field}")),
             "{pointer} = {value}: {err}"
         );
     }

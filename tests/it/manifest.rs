@@ -1045,13 +1045,28 @@ fn counts_outside_their_ranges_and_counts_no_host_holds_are_refused_by_check() {
             .current_dir(repo_path(""))
             .output()
             .expect("run acpo");
-        (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
     };
     let mini = || base_value("experiments/mini/mini-xs-grpo.yaml");
     for (field, value, range) in [
-        ("model.init.warm_start.steps", serde_json::json!(100_000_000_000u64), "[1, 16777216]"),
-        ("actor.epochs", serde_json::json!(1_000_000_000_000u64), "[1, 1024]"),
-        ("model.init.warm_start.batch_size", serde_json::json!(1_000_000_000_000u64), "[1, 65536]"),
+        (
+            "model.init.warm_start.steps",
+            serde_json::json!(100_000_000_000u64),
+            "[1, 16777216]",
+        ),
+        (
+            "actor.epochs",
+            serde_json::json!(1_000_000_000_000u64),
+            "[1, 1024]",
+        ),
+        (
+            "model.init.warm_start.batch_size",
+            serde_json::json!(1_000_000_000_000u64),
+            "[1, 65536]",
+        ),
     ] {
         let (code, err) = check(set(mini(), field, value));
         assert_eq!(code, Some(2), "{field}: {err}");

@@ -987,7 +987,11 @@ fn export_verl_replaces_only_its_own_marked_export_and_never_a_link() {
     let own = tmp.path().join("own");
     for _ in 0..2 {
         let run = export(&own);
-        assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+        assert!(
+            run.status.success(),
+            "{}",
+            String::from_utf8_lossy(&run.stderr)
+        );
         assert!(own.join(".acpo-export-verl").is_file());
     }
     std::fs::write(own.join("notes.txt"), "mine").expect("w");
@@ -996,14 +1000,28 @@ fn export_verl_replaces_only_its_own_marked_export_and_never_a_link() {
     std::fs::remove_file(own.join("notes.txt")).expect("rm");
     // A link, to an empty folder or to an earlier export, is refused and stays a link.
     #[cfg(unix)]
-    for (name, to) in [("link-empty", tmp.path().join("empty")), ("link-own", own.clone())] {
+    for (name, to) in [
+        ("link-empty", tmp.path().join("empty")),
+        ("link-own", own.clone()),
+    ] {
         std::fs::create_dir_all(&to).expect("mkdir");
-        let before: Vec<_> = std::fs::read_dir(&to).expect("ls").flatten().map(|e| e.file_name()).collect();
+        let before: Vec<_> = std::fs::read_dir(&to)
+            .expect("ls")
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
         let link = tmp.path().join(name);
         std::os::unix::fs::symlink(&to, &link).expect("symlink");
         refused(&link, name);
-        assert!(std::fs::symlink_metadata(&link).expect("meta").file_type().is_symlink());
-        let after: Vec<_> = std::fs::read_dir(&to).expect("ls").flatten().map(|e| e.file_name()).collect();
+        assert!(std::fs::symlink_metadata(&link)
+            .expect("meta")
+            .file_type()
+            .is_symlink());
+        let after: Vec<_> = std::fs::read_dir(&to)
+            .expect("ls")
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
         assert_eq!(before, after, "{name}: the link's target is untouched");
     }
 }
@@ -1031,9 +1049,24 @@ fn verl_import_refuses_accuracies_out_of_range_steps_beyond_the_run_and_extra_pr
         serde_json::json!({"step": 101, "data": {"actor/pg_loss": 0.1}})
     );
     let cases = [
-        (edit(4, "critic/score/mean", 7.5.into()), 4, "`data.critic/score/mean`", "[0, 1]"),
-        (edit(5, "critic/score/min", (-0.5).into()), 5, "`data.critic/score/min`", "[0, 1]"),
-        (edit(6, "reward/acc/mean", 1.5.into()), 6, "`data.reward/acc/mean`", "an accuracy"),
+        (
+            edit(4, "critic/score/mean", 7.5.into()),
+            4,
+            "`data.critic/score/mean`",
+            "[0, 1]",
+        ),
+        (
+            edit(5, "critic/score/min", (-0.5).into()),
+            5,
+            "`data.critic/score/min`",
+            "[0, 1]",
+        ),
+        (
+            edit(6, "reward/acc/mean", 1.5.into()),
+            6,
+            "`data.reward/acc/mean`",
+            "an accuracy",
+        ),
         (beyond, 22, "`step`", "trainer.total_steps (100)"),
     ];
     for (text, line, field, range) in cases {
@@ -1083,7 +1116,11 @@ fn verl_import_refuses_accuracies_out_of_range_steps_beyond_the_run_and_extra_pr
     assert!(!out.exists());
     // Unedited, the logs import; the ids are said to be unchecked (no data here).
     let run = logs.import_into(&out);
-    assert!(run.status.success(), "{}", String::from_utf8_lossy(&run.stderr));
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
     assert!(String::from_utf8_lossy(&run.stdout).contains("problem ids of math500"));
 }
 
@@ -1117,7 +1154,9 @@ fn verl_import_checks_problem_ids_against_the_prepared_data() {
     let err = String::from_utf8_lossy(&run.stderr);
     assert_eq!(run.status.code(), Some(2), "{err}");
     assert!(
-        err.contains("0.jsonl, line 1") && err.contains("`problem_id`") && err.contains("`math500/0`"),
+        err.contains("0.jsonl, line 1")
+            && err.contains("`problem_id`")
+            && err.contains("`math500/0`"),
         "{err}"
     );
     assert!(!out.exists());
