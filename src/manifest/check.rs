@@ -17,20 +17,27 @@ pub struct CheckReport {
 impl Experiment {
     /// Checks the model config this manifest names on this machine (a model directory's
     /// config.json, or the config a missing one is created from), so that `acpo check` and the
-    /// start of `train` refuse the sizes model init would, naming the field (issue #35).
+    /// start of `train` refuse the sizes model init would, naming the field (issue #35); then
+    /// the memory the manifest's counts take at least, with that model where it is known
+    /// ([`Experiment::check_memory`]).
     pub fn check_model_config(&self) -> Result<(), String> {
-        let (field, config) = match (&self.model.source, &self.model.init) {
+        let config = match (&self.model.source, &self.model.init) {
             (crate::hub::ModelSource::Dir(dir), _) if dir.join("config.json").is_file() => {
-                ("model.dir", dir.join("config.json"))
+                Some(("model.dir", dir.join("config.json")))
             }
             (crate::hub::ModelSource::Dir(_), Some(init)) => {
-                ("model.init.config", init.config.clone())
+                Some(("model.init.config", init.config.clone()))
             }
-            _ => return Ok(()),
+            _ => None,
         };
-        crate::model::QwenConfig::load(&config)
-            .map(|_| ())
-            .map_err(|e| format!("field `{field}`: {e}"))
+        let cfg = match config {
+            Some((field, config)) => Some(
+                crate::model::QwenConfig::load(&config)
+                    .map_err(|e| format!("field `{field}`: {e}"))?,
+            ),
+            None => None,
+        };
+        self.check_memory(cfg.as_ref())
     }
 }
 

@@ -75,9 +75,11 @@ impl ManifestError {
     }
 }
 
+mod bound;
 mod check;
 mod diagnostics;
 pub mod edit;
+pub mod ranges;
 pub mod raw;
 mod validate;
 

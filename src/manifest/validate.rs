@@ -6,8 +6,7 @@ use std::path::Path;
 
 use super::raw;
 use super::{
-    ActorSpec, CriticSpec, EvalSpec, Experiment, ManifestError, Scale, TrainerSpec, MAX_BATCH,
-    MAX_SAMPLES, MIN_TEMPERATURE,
+    ActorSpec, CriticSpec, EvalSpec, Experiment, ManifestError, Scale, TrainerSpec, MIN_TEMPERATURE,
 };
 use crate::algo::clip::PolicyClip;
 use crate::algo::method::AdvantageEstimator;
@@ -52,18 +51,11 @@ impl Validator<'_> {
         Ok(lr)
     }
 
-    /// A count that sizes memory: at least 1 and at most `max`.
-    fn bounded(&self, field: &str, value: usize, max: usize, why: &str) -> Checked<usize> {
-        self.positive(field, value)?;
-        if value > max {
-            return self.fail(field, format!("must be at most {max} ({why}), got {value}"));
-        }
-        Ok(value)
-    }
-
-    fn positive(&self, field: &str, value: usize) -> Checked<usize> {
-        if value == 0 {
-            return self.fail(field, "must be at least 1, got 0");
+    /// A whole-number field in its declared range ([`super::ranges::RANGES`]).
+    fn ranged(&self, field: &str, value: usize) -> Checked<usize> {
+        let range = super::ranges::of(field);
+        if !range.holds(value as u64) {
+            return self.fail(field, format!("must be {}, got {value}", range.describe()));
         }
         Ok(value)
     }
@@ -212,7 +204,7 @@ impl Validator<'_> {
             }
         };
         let max_position_embeddings = match raw.max_position_embeddings {
-            Some(n) => Some(self.positive("model.max_position_embeddings", n)?),
+            Some(n) => Some(self.ranged("model.max_position_embeddings", n)?),
             None => None,
         };
         Ok(ModelSpec {
@@ -299,12 +291,12 @@ impl Validator<'_> {
                     );
                 }
                 Some(WarmStartSpec {
-                    steps: self.positive(&f("steps"), w.steps)?,
-                    batch_size: self.positive(&f("batch_size"), w.batch_size)?,
+                    steps: self.ranged(&f("steps"), w.steps)?,
+                    batch_size: self.ranged(&f("batch_size"), w.batch_size)?,
                     lr: self.learning_rate(&f("lr"), w.lr)?,
-                    warmup_steps: w.warmup_steps,
+                    warmup_steps: self.ranged(&f("warmup_steps"), w.warmup_steps)?,
                     max_response_length: self
-                        .positive(&f("max_response_length"), w.max_response_length)?,
+                        .ranged(&f("max_response_length"), w.max_response_length)?,
                 })
             }
         };
@@ -382,9 +374,9 @@ impl Validator<'_> {
             suite: raw.suite,
             prompt_template: raw.prompt_template,
             apply_chat_template: raw.apply_chat_template,
-            max_prompt_length: self.positive("data.max_prompt_length", raw.max_prompt_length)?,
+            max_prompt_length: self.ranged("data.max_prompt_length", raw.max_prompt_length)?,
             max_response_length: self
-                .positive("data.max_response_length", raw.max_response_length)?,
+                .ranged("data.max_response_length", raw.max_response_length)?,
             shuffle: raw.shuffle,
         })
     }
@@ -403,12 +395,7 @@ impl Validator<'_> {
         } else {
             format!("{section}.n")
         };
-        self.bounded(
-            &n_field,
-            n,
-            MAX_SAMPLES,
-            "samples per prompt; the paper uses 8 to 32",
-        )?;
+        self.ranged(&n_field, n)?;
         let field = format!("{section}.temperature");
         // logits / T overflows f32 long before T reaches 0: below MIN_TEMPERATURE, sample greedily.
         let too_small = temperature > 0.0 && temperature < MIN_TEMPERATURE;
@@ -429,11 +416,8 @@ impl Validator<'_> {
         if !top_p.is_finite() || top_p <= 0.0 || top_p > 1.0 {
             return self.fail(&field, format!("must be in (0, 1], got {top_p}"));
         }
-        if top_k == Some(0) {
-            return self.fail(
-                &format!("{section}.top_k"),
-                "must be at least 1, or null for no top-k filtering",
-            );
+        if let Some(k) = top_k {
+            self.ranged(&format!("{section}.top_k"), k)?;
         }
         Ok(Sampling {
             n,
@@ -472,7 +456,7 @@ impl Validator<'_> {
         Ok(OptimSpec {
             lr,
             lr_schedule: raw.lr_schedule,
-            warmup_steps: raw.warmup_steps,
+            warmup_steps: self.ranged(&f("warmup_steps"), raw.warmup_steps)?,
             grad_clip,
             weight_decay,
             betas: raw.betas,
@@ -487,7 +471,7 @@ impl Validator<'_> {
         rollout: &Sampling,
     ) -> Checked<ActorSpec> {
         let optim = self.optim("actor", &raw.optim)?;
-        let mini = self.positive("actor.mini_batch_size", raw.mini_batch_size)?;
+        let mini = self.ranged("actor.mini_batch_size", raw.mini_batch_size)?;
         if !trainer.batch_size.is_multiple_of(mini) {
             return self.fail(
                 "actor.mini_batch_size",
@@ -499,7 +483,7 @@ impl Validator<'_> {
         }
         let responses = mini * rollout.n;
         let micro = raw.micro_batch_size.unwrap_or(responses);
-        self.positive("actor.micro_batch_size", micro)?;
+        self.ranged("actor.micro_batch_size", micro)?;
         if !responses.is_multiple_of(micro) {
             return self.fail(
                 "actor.micro_batch_size",
@@ -508,7 +492,7 @@ impl Validator<'_> {
                 ),
             );
         }
-        let epochs = self.positive("actor.epochs", raw.epochs)?;
+        let epochs = self.ranged("actor.epochs", raw.epochs)?;
         // Beyond 1 the bonus outweighs the policy loss it regularises (verl uses 0 to 0.01).
         let entropy_coeff =
             self.finite_in("actor.entropy_coeff", raw.entropy_coeff, 0.0, 1.0, "[0, 1]")?;
@@ -554,18 +538,14 @@ impl Validator<'_> {
 
     fn trainer(&self, raw: &raw::Trainer) -> Checked<TrainerSpec> {
         Ok(TrainerSpec {
-            batch_size: self.bounded(
-                "trainer.batch_size",
-                raw.batch_size,
-                MAX_BATCH,
-                "prompts per step; the paper uses 512",
-            )?,
-            total_steps: self.positive("trainer.total_steps", raw.total_steps)?,
-            eval_every: self.positive("trainer.eval_every", raw.eval_every)?,
-            checkpoint_every: self.positive("trainer.checkpoint_every", raw.checkpoint_every)?,
+            batch_size: self.ranged("trainer.batch_size", raw.batch_size)?,
+            total_steps: self.ranged("trainer.total_steps", raw.total_steps)?,
+            eval_every: self.ranged("trainer.eval_every", raw.eval_every)?,
+            checkpoint_every: self.ranged("trainer.checkpoint_every", raw.checkpoint_every)?,
             reward: raw.reward,
-            tails_every: raw.tails_every,
-            difficulty_probe_k: raw.difficulty_probe_k,
+            tails_every: self.ranged("trainer.tails_every", raw.tails_every)?,
+            difficulty_probe_k: self
+                .ranged("trainer.difficulty_probe_k", raw.difficulty_probe_k)?,
             val_before_train: raw.val_before_train,
         })
     }
@@ -582,12 +562,12 @@ impl Validator<'_> {
         }
         let sampling = self.sampling("eval", raw.k, raw.temperature, raw.top_p, None, true)?;
         if let Some(limit) = raw.limit {
-            self.positive("eval.limit", limit)?;
+            self.ranged("eval.limit", limit)?;
         }
         Ok(EvalSpec {
             benchmarks: raw.benchmarks.clone(),
             sampling,
-            max_new_tokens: self.positive("eval.max_new_tokens", raw.max_new_tokens)?,
+            max_new_tokens: self.ranged("eval.max_new_tokens", raw.max_new_tokens)?,
             prompt_template: raw.prompt_template,
             apply_chat_template: raw.apply_chat_template,
             limit: raw.limit,

@@ -27,6 +27,17 @@ pub fn bench_attention(m: &Subject, opts: &SpeedOptions) -> Result<Measurement> 
     let dtype = crate::model::Precision::inference(target.dtype).compute;
     let kernels = shape.kernels.unwrap_or_else(|| Kernels::for_device(&dev));
     let flash = kernels.flash_attention && crate::fused::flash_applies(&dev, dtype, d);
+    crate::model::budget::check(
+        &dev,
+        attention_bytes(b, t, h, kv, d, dtype.size_in_bytes(), flash),
+        || {
+            format!(
+                "--micro-batch {b} × --seq-len {t} ({} attention of {}: {h} heads of {d})",
+                if flash { "flash" } else { "composed" },
+                m.name
+            )
+        },
+    )?;
     let rand = |shape: (usize, usize, usize, usize)| -> Result<candle_core::Var> {
         Ok(candle_core::Var::from_tensor(
             &Tensor::randn(0f32, 1.0, shape, &dev)?.to_dtype(dtype)?,
@@ -98,4 +109,34 @@ pub fn bench_attention(m: &Subject, opts: &SpeedOptions) -> Result<Measurement> 
         trace: None,
         settings: None,
     })
+}
+
+/// Bytes the benchmark holds at least, in `elem` bytes per value: q, k, v and the output's
+/// gradient (q's shape), their gradients, and without flash the composed attention's `(B, H,
+/// T, T)` scores and probabilities beside the `(B, 1, T, T)` causal bias. Computed from the
+/// flags before anything is allocated.
+fn attention_bytes(
+    b: usize,
+    t: usize,
+    h: usize,
+    kv: usize,
+    d: usize,
+    elem: usize,
+    flash: bool,
+) -> u128 {
+    let (b, t, h, kv, d, e) = (
+        b as u128,
+        t as u128,
+        h as u128,
+        kv as u128,
+        d as u128,
+        elem as u128,
+    );
+    let tensors = 2 * (2 * b * h * t * d + 2 * b * kv * t * d) * e;
+    let square = if flash {
+        0
+    } else {
+        (2 * h + 1) * b * t * t * e
+    };
+    tensors + square
 }

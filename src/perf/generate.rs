@@ -38,6 +38,19 @@ struct Sampler {
 impl Sampler {
     fn new(cfg: &QwenConfig, target: &Target, shape: &SampleShape) -> Result<Sampler> {
         let precision = crate::model::Precision::inference(target.dtype);
+        let composed = !crate::model::qwen::Kernels::for_device(&target.device).flash_attention;
+        let need = sampling_bytes(cfg, shape, precision, composed);
+        crate::model::budget::check(&target.device, need, || {
+            format!(
+                "--batch {} prompts of --prompt-len {} + --new-tokens {} tokens{}",
+                shape.batch,
+                shape.prompt_len,
+                shape.new_tokens,
+                shape
+                    .max_batch
+                    .map_or_else(String::new, |n| format!(", --max-batch {n} at once")),
+            )
+        })?;
         let params = init::random_params(cfg, 0, precision.master, &target.device)?;
         Ok(Sampler {
             model: Qwen::new(cfg, &params, true)?,
@@ -53,6 +66,32 @@ impl Sampler {
             },
         })
     }
+}
+
+/// Bytes the sampling benchmarks hold at least, computed from the shape before anything is
+/// allocated: the weights, the prompts' ids and the sampled ones (u32), and a forward over the
+/// sequences decoded at once (the fewest either benchmark decodes at once: `max_batch`, else a
+/// quarter of the batch) with room in the cache for the new tokens.
+fn sampling_bytes(
+    cfg: &QwenConfig,
+    shape: &SampleShape,
+    precision: crate::model::Precision,
+    composed: bool,
+) -> u128 {
+    let at_once = shape
+        .max_batch
+        .unwrap_or(shape.batch.div_ceil(4))
+        .clamp(1, shape.batch.max(1));
+    let ids = 4 * shape.batch as u128 * (shape.prompt_len as u128 + shape.new_tokens as u128);
+    cfg.weight_bytes(precision.master.size_in_bytes())
+        + ids
+        + cfg.forward_bytes(
+            at_once,
+            shape.prompt_len,
+            shape.new_tokens,
+            precision.compute.size_in_bytes(),
+            composed,
+        )
 }
 
 /// Sampling throughput: `batch` prompts of `prompt_len` tokens, `new_tokens` new tokens each at

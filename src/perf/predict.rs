@@ -239,19 +239,44 @@ impl Run {
         if settings.compute != "f32" {
             return Err(bad(format!("computed in {}, not f32", settings.compute)));
         }
+        check_settings(&settings).map_err(|e| bad(format!("field `settings.{e}")))?;
         let read = |m: &Mark| {
-            m.live
+            let (live, peak) = m
+                .live
                 .zip(m.peak)
-                .ok_or_else(|| bad(format!("`{}` has no reading", m.phase)))
+                .ok_or_else(|| bad(format!("`{}` has no reading", m.phase)))?;
+            if peak > MAX_READING || live > peak {
+                return Err(bad(format!(
+                    "field `trace`: `{}` reads {live} bytes live and {peak} at the peak: a reading is at most {MAX_READING} bytes and its peak at least what is live",
+                    m.phase
+                )));
+            }
+            Ok((live, peak))
         };
         let start = read(trace.first().ok_or_else(|| bad("an empty trace".into()))?)?.0;
-        let cfg = settings_config(&settings)?;
+        let cfg = settings_config(&settings).map_err(|e| bad(format!("field `settings`: {e}")))?;
+        if r.parameters != memory::parameters(&cfg, false) {
+            return Err(bad(format!(
+                "field `parameters`: {} parameters, the settings' model has {}",
+                r.parameters,
+                memory::parameters(&cfg, false)
+            )));
+        }
         let sizes = Sizes::of(&cfg, settings.micro_batch, settings.seq_len, 4);
         let (mut working, mut peak) = (Vec::<(Phase, i64)>::new(), (0, Phase::ComputeCopy));
         for m in &trace[1..] {
             let Some(phase) = Phase::of(&m.phase) else {
                 continue;
             };
+            match phase {
+                Phase::Layer(i) if i >= settings.layers => {
+                    return Err(bad(format!(
+                        "field `trace`: `{}` is layer {i}, the run has {} layers",
+                        m.phase, settings.layers
+                    )))
+                }
+                _ => {}
+            }
             let above = read(m)?.1.saturating_sub(start);
             if above > peak.0 {
                 peak = (above, phase);
@@ -278,6 +303,33 @@ impl Run {
             .find(|(k, _)| *k == kind)
             .map_or(0, |(_, x)| *x)
     }
+}
+
+/// The most bytes a reading may hold (1 PiB, beyond any machine's memory): a larger one is not
+/// a measurement, and it would move every fitted law.
+const MAX_READING: u64 = 1 << 50;
+
+/// Refuses a traced run's shape that no train step ran: the step's sizes each in the range its
+/// flag has ([`crate::flags`]), the prompt shorter than the sequence, the micro-batch within the
+/// batch, the vocabulary chunk within the vocabulary. The error starts with the field's name.
+fn check_settings(s: &StepSettings) -> std::result::Result<(), String> {
+    use crate::flags::{MAX_SEQUENCES, MAX_TOKENS};
+    let ranges = [
+        ("batch", s.batch, 1, MAX_SEQUENCES),
+        ("micro_batch", s.micro_batch, 1, s.batch),
+        ("seq_len", s.seq_len, 2, MAX_TOKENS),
+        ("prompt_len", s.prompt_len, 1, s.seq_len.saturating_sub(1)),
+        ("vocab_chunk", s.vocab_chunk.unwrap_or(1), 1, s.vocab.max(1)),
+    ];
+    for (field, value, low, high) in ranges {
+        if !(low..=high).contains(&value) {
+            return Err(format!(
+                "{field}`: must be in [{low}, {high}], got {value} (batch {}, micro_batch {}, seq_len {}, prompt_len {}, vocab {})",
+                s.batch, s.micro_batch, s.seq_len, s.prompt_len, s.vocab
+            ));
+        }
+    }
+    Ok(())
 }
 
 /// The config a run measured (the target's shapes but its layers and vocabulary).
@@ -620,11 +672,19 @@ fn twin_peak(dir: &Path, len: usize) -> Option<u64> {
 /// (CPU traces, f32), the target model's config, and the twin's peaks under `measured/twin`;
 /// writes `memory-predicted.{json,md}` under `out`.
 pub fn memory_predict(measured: &Path, target: &Path, out: &Path) -> Result<PathBuf> {
-    let mut paths: Vec<PathBuf> = std::fs::read_dir(measured)
-        .at(measured)?
-        .filter_map(|e| e.ok().map(|e| e.path().join("train-step.json")))
-        .filter(|p| p.is_file())
-        .collect();
+    // A folder without a trace (the twin's, the configs') is not a run; anything else named
+    // `train-step.json` than a regular file is refused, never skipped.
+    let mut paths = Vec::new();
+    for entry in std::fs::read_dir(measured).at(measured)? {
+        let path = entry.at(measured)?.path().join("train-step.json");
+        match std::fs::symlink_metadata(&path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => continue,
+            other => other.at(&path)?,
+        };
+        crate::files::regular(&path).at(&path)?;
+        paths.push(path);
+    }
     paths.sort();
     let runs = paths
         .iter()

@@ -41,12 +41,19 @@ pub fn bench_train_step(m: &Subject, opts: &SpeedOptions) -> Result<Measurement>
         )));
     }
     let precision = crate::model::Precision::training(target.dtype);
+    let kernels = shape.kernels.unwrap_or_else(|| Kernels::for_device(&dev));
+    let need = step_bytes(cfg, shape, precision, kernels, dev.is_cpu());
+    crate::model::budget::check(&dev, need, || {
+        format!(
+            "--batch {b} sequences of --seq-len {t} tokens, --micro-batch {} at once",
+            shape.micro_batch
+        )
+    })?;
     let params =
         init::random_params(cfg, 0, precision.master, &dev)?.with_compute(precision.compute);
     let r = t - p;
     let (layout, adv) = random_batch(cfg.vocab_size, b, t, p, &dev)?;
     let mut opt = AdamW::new(&params, &bench_optim_spec())?;
-    let kernels = shape.kernels.unwrap_or_else(|| Kernels::for_device(&dev));
     let plan = bench_plan(shape, r, kernels, dev.is_cpu());
     // The old log-probs from random numbers: computing them with the policy would cost a
     // second forward of the paper shape for nothing the step's speed depends on.
@@ -120,6 +127,39 @@ pub fn bench_train_step(m: &Subject, opts: &SpeedOptions) -> Result<Measurement>
             precision.compute,
         )),
     })
+}
+
+/// Bytes a train step of `shape` holds at least, computed from the flags before anything is
+/// allocated: the f32 masters, gradients and AdamW's two moments; side by side (the CPU) the
+/// gradient sums of every micro-batch, alive until all are done (`train::update`); the batch
+/// (ids, positions, validity, mask, old log-probs and advantages: 9 bytes a position and 12 a
+/// response token) and each response token's ratio and r·Â (8 bytes); and one micro-batch's
+/// forward without its graph (its graph holds more).
+fn step_bytes(
+    cfg: &crate::model::QwenConfig,
+    shape: &StepShape,
+    precision: crate::model::Precision,
+    kernels: Kernels,
+    side_by_side: bool,
+) -> u128 {
+    let (b, t) = (shape.batch as u128, shape.seq_len as u128);
+    let r = t.saturating_sub(shape.prompt_len as u128);
+    let params = cfg.parameter_count();
+    let sums = if side_by_side {
+        b.div_ceil(shape.micro_batch.max(1) as u128) * 4 * params
+    } else {
+        0
+    };
+    16 * params
+        + sums
+        + b * (9 * t + 20 * r)
+        + cfg.forward_bytes(
+            shape.micro_batch.min(shape.batch),
+            shape.seq_len,
+            0,
+            precision.compute.size_in_bytes(),
+            !kernels.flash_attention,
+        )
 }
 
 /// The train-step benchmark's optimizer: AdamW, a constant learning rate, the global-norm clip

@@ -26,7 +26,7 @@
 //! our verifier, Avg@k per benchmark as `acpo eval` computes it: verl's own `score` is not
 //! trusted), `provenance.json` (engine `verl`, the inputs' SHA-256) and `SHA256SUMS`.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use crate::eval::{bench_result, summarize, EvalSummary};
@@ -80,6 +80,8 @@ pub struct Imported {
     /// Metric values verl logged as non-finite (left out of metrics.jsonl, listed in the
     /// provenance).
     pub non_finite: usize,
+    /// Benchmarks whose problem ids could not be checked: their data is not on this machine.
+    pub unchecked_ids: Vec<&'static str>,
 }
 
 fn write(path: &Path, bytes: &[u8]) -> Result<()> {
@@ -118,12 +120,13 @@ fn destination(out: &Path) -> Result<bool> {
 /// into place when complete.
 pub fn import(manifest: &Path, metrics: &Path, validation: &Path, out: &Path) -> Result<Imported> {
     let exp = Experiment::load(manifest)?;
-    let (steps, non_finite) = metrics_lines(metrics, exp.trainer.reward)?;
+    let (steps, non_finite) = metrics_lines(metrics, &exp)?;
     let last = steps
         .last()
         .and_then(|m| m.get(metric::STEP))
         .map_or(0, |&s| s as usize);
-    let evals = evaluations(&exp, validation, last)?;
+    let known = known_problems(&exp, &crate::data::default_dir())?;
+    let evals = evaluations(&exp, validation, last, &known)?;
     destination(out)?;
     let written = |path: &Path, r: std::io::Result<()>| r.at(path).map_err(ImportError::Write);
     let staged = crate::atomic::StagedDir::new(out, "import")
@@ -174,7 +177,42 @@ pub fn import(manifest: &Path, metrics: &Path, validation: &Path, out: &Path) ->
             .map(|b| b.problems * b.k)
             .sum(),
         non_finite: non_finite.values().map(Vec::len).sum(),
+        unchecked_ids: exp
+            .eval
+            .benchmarks
+            .iter()
+            .filter(|b| !known.contains_key(b.name()))
+            .map(|b| b.name())
+            .collect(),
     })
+}
+
+/// The problem ids each benchmark evaluates (its first `eval.limit` problems), for the
+/// benchmarks whose prepared file is in the data directory `dir`; the others are left out (their
+/// ids cannot be checked on this machine, and the import says so). A file there that is not the
+/// prepared copy is an error.
+fn known_problems(
+    exp: &Experiment,
+    dir: &Path,
+) -> Result<BTreeMap<&'static str, BTreeSet<String>>> {
+    let mut known = BTreeMap::new();
+    for b in &exp.eval.benchmarks {
+        let spec = crate::data::spec(*b);
+        if !dir.join(spec.file).is_file() {
+            continue;
+        }
+        let problems = crate::data::load(spec, &crate::data::DataLocation::Dir(dir.to_owned()))
+            .map_err(|e| ImportError::Invalid {
+                path: dir.join(spec.file),
+                reason: format!("cannot check the problem ids of `{}`: {e}", b.name()),
+            })?;
+        let limit = exp.eval.limit.unwrap_or(problems.len());
+        known.insert(
+            b.name(),
+            problems.into_iter().take(limit).map(|p| p.id).collect(),
+        );
+    }
+    Ok(known)
 }
 
 /// Why a stream of lines stopped: the file, or what a line held.
@@ -217,10 +255,8 @@ type NonFinite = BTreeMap<String, Vec<usize>>;
 /// verl's file-logger lines as our metrics lines: numeric values (`reward/acc/mean` derived),
 /// validation metrics left out, `training/global_step` added; steps strictly increasing after
 /// an initial validation at step 0. Null values (verl's NaN and ±∞) are returned apart.
-fn metrics_lines(
-    path: &Path,
-    reward: RewardKind,
-) -> Result<(Vec<BTreeMap<String, f64>>, NonFinite)> {
+fn metrics_lines(path: &Path, exp: &Experiment) -> Result<(Vec<BTreeMap<String, f64>>, NonFinite)> {
+    let (reward, total) = (exp.trainer.reward, exp.trainer.total_steps);
     let mut out: Vec<BTreeMap<String, f64>> = Vec::new();
     let mut non_finite = NonFinite::new();
     let mut last: Option<usize> = None;
@@ -238,6 +274,11 @@ fn metrics_lines(
                 "step {step} after step {last}: verl's file logger truncates on restart, so a run's steps only grow"
             )));
         }
+        if step > total {
+            return Err(bad(format!(
+                "field `step`: step {step}, beyond the manifest's trainer.total_steps ({total})"
+            )));
+        }
         last = Some(step);
         if step == 0 {
             // the initial validation (val_before_train): its samples are in 0.jsonl
@@ -252,6 +293,13 @@ fn metrics_lines(
                 serde_json::Value::Null => non_finite.entry(k.clone()).or_default().push(step),
                 v => {
                     if let Some(x) = v.as_f64() {
+                        if let Some((lo, hi, what)) = bounded_metric(k, reward) {
+                            if !(lo..=hi).contains(&x) {
+                                return Err(bad(format!(
+                                    "field `data.{k}`: {x} is outside [{lo}, {hi}], the range of {what}"
+                                )));
+                            }
+                        }
                         m.insert(k.clone(), x);
                     }
                 }
@@ -278,13 +326,35 @@ fn metrics_lines(
     Ok((out, non_finite))
 }
 
+/// The range of a metric that is an accuracy or a sequence's score, and what it is: accuracies
+/// (`.../acc/...`, ours and any verl logs) are fractions of correct answers, in [0, 1]; verl's
+/// scores (`critic/score/*`) are a sequence's reward, 1 when correct, else 0 (binary) or −1
+/// (signed). Other metrics (losses, lengths, timings) have no range.
+fn bounded_metric(key: &str, reward: RewardKind) -> Option<(f64, f64, &'static str)> {
+    let accuracy = key == metric::ACC || key.split('/').any(|part| part == "acc");
+    if accuracy {
+        return Some((0.0, 1.0, "an accuracy"));
+    }
+    key.strip_prefix("critic/score/")
+        .filter(|stat| ["mean", "max", "min"].contains(stat))
+        .map(|_| match reward {
+            RewardKind::Binary => (0.0, 1.0, "a sequence's score with the binary reward"),
+            RewardKind::Signed => (-1.0, 1.0, "a sequence's score with the signed reward"),
+        })
+}
+
 /// Every `<step>.jsonl` of the validation directory, re-judged: one evaluation per step. A
 /// dump's name is its step as verl writes it (`5.jsonl`: decimal digits, no sign or leading
 /// zero, so no two names are one step), at a step the manifest evaluates at
 /// ([`crate::manifest::TrainerSpec::evaluates_at`], the schedule the export gave verl) and at
 /// most `last`, the last step verl logged (issue #47: `05.jsonl` and `+5.jsonl` were two more
 /// evaluations at step 5, and a dump at step 999 of a 20-step log was taken).
-fn evaluations(exp: &Experiment, dir: &Path, last: usize) -> Result<Vec<EvalSummary>> {
+fn evaluations(
+    exp: &Experiment,
+    dir: &Path,
+    last: usize,
+    known: &Known,
+) -> Result<Vec<EvalSummary>> {
     let entries = std::fs::read_dir(dir).map_err(|source| ImportError::Read {
         path: dir.to_owned(),
         source,
@@ -332,7 +402,7 @@ fn evaluations(exp: &Experiment, dir: &Path, last: usize) -> Result<Vec<EvalSumm
     }
     files
         .iter()
-        .map(|(step, path)| evaluation(exp, *step, path))
+        .map(|(step, path)| evaluation(exp, *step, path, known))
         .collect()
 }
 
@@ -346,9 +416,14 @@ fn dump_step(path: &Path) -> Option<usize> {
     canonical.then(|| stem.parse().ok()).flatten()
 }
 
+/// The problem ids of each benchmark whose data is on this machine ([`known_problems`]).
+type Known = BTreeMap<&'static str, BTreeSet<String>>;
+
 /// One validation dump: each sample judged by our verifier against its gold answer, grouped
-/// by benchmark and problem; every problem must have the manifest's k samples.
-fn evaluation(exp: &Experiment, step: usize, path: &Path) -> Result<EvalSummary> {
+/// by benchmark and problem; every problem must have the manifest's k samples. A benchmark has
+/// at most the problems the manifest evaluates (its size, at most `eval.limit`), and where its
+/// data is on this machine each id must be one of them.
+fn evaluation(exp: &Experiment, step: usize, path: &Path, known: &Known) -> Result<EvalSummary> {
     // benchmark → problem id → verdicts
     let mut judged: BTreeMap<String, BTreeMap<String, Vec<bool>>> = BTreeMap::new();
     json_lines(path, |v, bad| {
@@ -363,7 +438,7 @@ fn evaluation(exp: &Experiment, step: usize, path: &Path) -> Result<EvalSummary>
         };
         let (source, problem) = (field("data_source")?, field("problem_id")?);
         let (output, gold) = (field("output")?, field("gts")?);
-        if !exp.eval.benchmarks.iter().any(|b| b.name() == source) {
+        let Some(bench) = exp.eval.benchmarks.iter().find(|b| b.name() == source) else {
             return Err(bad(format!(
                 "benchmark `{source}` is not one of the manifest's ({})",
                 exp.eval
@@ -373,14 +448,27 @@ fn evaluation(exp: &Experiment, step: usize, path: &Path) -> Result<EvalSummary>
                     .collect::<Vec<_>>()
                     .join(", ")
             )));
+        };
+        if known
+            .get(bench.name())
+            .is_some_and(|ids| !ids.contains(&problem))
+        {
+            return Err(bad(format!(
+                "field `problem_id`: `{problem}` is not one of the problems of `{source}` the manifest evaluates"
+            )));
+        }
+        let problems = judged.entry(source).or_default();
+        let most = exp.eval.limit.map_or(bench.size(), |l| l.min(bench.size()));
+        if !problems.contains_key(&problem) && problems.len() == most {
+            return Err(bad(format!(
+                "field `problem_id`: `{problem}` is a problem beyond the {most} of `{}` the manifest evaluates (its size {}, eval.limit {})",
+                bench.name(),
+                bench.size(),
+                exp.eval.limit.map_or_else(|| "unset".to_string(), |l| l.to_string())
+            )));
         }
         let verdict = crate::verify::verify(&gold, &output);
-        judged
-            .entry(source)
-            .or_default()
-            .entry(problem)
-            .or_default()
-            .push(verdict.correct);
+        problems.entry(problem).or_default().push(verdict.correct);
         Ok(())
     })?;
     let k = exp.eval.sampling.n;
@@ -406,4 +494,42 @@ fn evaluation(exp: &Experiment, step: usize, path: &Path) -> Result<EvalSummary>
         results.push(bench_result(b.name(), &ids, &correct));
     }
     Ok(summarize(step, results))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A dump's problem id must be one of the problems the manifest evaluates where the
+    /// benchmark's problems are known ([`known_problems`] reads them from the prepared data).
+    #[test]
+    fn a_problem_id_the_benchmark_does_not_have_is_refused_naming_the_line_and_field() {
+        let manifest =
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments/paper/qwen3-1.7b-grpo.yaml");
+        let exp = Experiment::load(&manifest).expect("manifest");
+        let dir = tempfile::tempdir().expect("tmp");
+        let dump = dir.path().join("0.jsonl");
+        let line = |id: &str| {
+            serde_json::json!({"output": "\\boxed{1}", "gts": "1", "data_source": "math500", "problem_id": id})
+                .to_string()
+        };
+        std::fs::write(
+            &dump,
+            format!("{}\n{}\n", line("test/a/1.json"), line("math500/7")),
+        )
+        .expect("w");
+        let known: Known =
+            BTreeMap::from([("math500", BTreeSet::from(["test/a/1.json".to_string()]))]);
+        let err = evaluation(&exp, 0, &dump, &known).expect_err("an unknown id");
+        let msg = err.to_string();
+        assert!(
+            msg.contains("0.jsonl, line 2")
+                && msg.contains("`problem_id`")
+                && msg.contains("`math500/7`"),
+            "{msg}"
+        );
+        // Unknown benchmarks' ids are not checked: the same dump stops at the sample count.
+        let err = evaluation(&exp, 0, &dump, &Known::new()).expect_err("one sample, k = 16");
+        assert!(err.to_string().contains("samples"), "{err}");
+    }
 }

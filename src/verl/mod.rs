@@ -222,7 +222,52 @@ pub struct Exported {
 }
 
 /// The files an export puts in its directory: what it may replace.
-const EXPORT_FILES: [&str; 3] = ["launch.sh", "fields.md", "data"];
+const EXPORT_FILES: [&str; 4] = ["launch.sh", "fields.md", "data", MARKER];
+
+/// The file that marks a directory as an export's: the only proof that replacing it deletes
+/// nothing a user made (a user's `launch.sh` and `data/` look like an export's).
+const MARKER: &str = ".acpo-export-verl";
+
+/// The marker's first line.
+const MARKER_TEXT: &str =
+    "written by `acpo export verl`: this directory is replaced by the next export into it\n";
+
+/// Whether `out` may be written: absent, or a directory an earlier export made (its marker a
+/// regular file with the marker's text, nothing in it but what an export writes). A link is
+/// refused whatever it points to: the export would replace it with a directory.
+fn destination(out: &Path) -> Result<(), ExportError> {
+    let refuse = |reason: &str| {
+        Err(ExportError::Invalid {
+            path: out.to_owned(),
+            reason: format!("{reason}: export into a new directory (nothing was written)"),
+        })
+    };
+    if out.file_name().is_none() {
+        return refuse("--out must name a directory");
+    }
+    let meta = match std::fs::symlink_metadata(out) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        other => other.at(out).map_err(ExportError::Write)?,
+    };
+    if meta.file_type().is_symlink() {
+        return refuse("is a symbolic link, which the export would replace");
+    }
+    let marker = out.join(MARKER);
+    let marked = meta.is_dir()
+        && std::fs::symlink_metadata(&marker).is_ok_and(|m| m.is_file() && m.len() < 4096)
+        && crate::files::read_to_string(&marker).is_ok_and(|t| t.starts_with(MARKER_TEXT));
+    let only_ours = std::fs::read_dir(out).is_ok_and(|entries| {
+        entries
+            .flatten()
+            .all(|e| EXPORT_FILES.contains(&e.file_name().to_string_lossy().as_ref()))
+    });
+    if !(marked && only_ours) {
+        return refuse(&format!(
+            "exists and is not an earlier `acpo export verl` (no {MARKER} marker, or files it did not write)"
+        ));
+    }
+    Ok(())
+}
 
 /// `acpo export verl`: the launch of `manifest` on `target` (`launch.sh`) and its
 /// field-by-field account (`fields.md`), with `data` the parquet files (`data/`), in `out`.
@@ -241,25 +286,18 @@ pub fn export(
         ));
     }
     let (exp, raw) = crate::manifest::Experiment::load_with_raw(manifest)?;
-    let ours = out.is_dir()
-        && std::fs::read_dir(out).is_ok_and(|entries| {
-            entries
-                .flatten()
-                .all(|e| EXPORT_FILES.contains(&e.file_name().to_string_lossy().as_ref()))
-        })
-        && out.join("launch.sh").is_file();
-    if out.file_name().is_none() || (out.exists() && !ours) {
-        return Err(ExportError::Invalid {
-            path: out.to_owned(),
-            reason: "exists and is not an earlier `acpo export verl`: export into a new directory (nothing was written)".into(),
-        });
-    }
+    destination(out)?;
     let launch = launch(&raw, target);
     let written = |path: &Path, r: std::io::Result<()>| r.at(path).map_err(ExportError::Write);
     let staged = crate::atomic::StagedDir::new(out, "export")
         .at(crate::atomic::staging(out, "export"))
         .map_err(ExportError::Write)?;
     let stage = staged.path().to_owned();
+    crate::atomic::write(
+        &stage.join(MARKER),
+        format!("{MARKER_TEXT}manifest: {}\n", manifest.display()).as_bytes(),
+    )
+    .map_err(ExportError::Write)?;
     let script = stage.join("launch.sh");
     crate::atomic::write(
         &script,

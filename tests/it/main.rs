@@ -12,6 +12,7 @@ mod fused;
 mod hostile;
 mod kernels;
 mod layout;
+mod limits;
 mod manifest;
 mod mini;
 mod model;

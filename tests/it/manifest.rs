@@ -1027,3 +1027,70 @@ fn a_seed_variant_changes_the_run_seed_and_nothing_else() {
     let err = Experiment::with_seed(&nested_only, 2, &path).expect_err("no run seed");
     assert!(err.to_string().contains("seed"), "{err}");
 }
+
+/// Every whole-number field has a declared range that `acpo check` enforces, naming the field
+/// and the range (a warm start of 10^11 steps asked for 800 GB at its first line and aborted;
+/// 10^12 epochs ran forever); counts each in range whose product no host holds are refused
+/// the same way, naming the field that leads them. The shipped manifests pass
+/// (`check_accepts_every_committed_manifest`).
+#[test]
+fn counts_outside_their_ranges_and_counts_no_host_holds_are_refused_by_check() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let check = |value: Value| {
+        let name = value["name"].as_str().expect("name").to_owned();
+        let path = dir.path().join(format!("{name}.yaml"));
+        // JSON is YAML: the edited manifest as the user would have written it
+        std::fs::write(&path, serde_json::to_string(&value).expect("json")).expect("write");
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_acpo"))
+            .args(["check", path.to_str().expect("utf-8")])
+            .current_dir(repo_path(""))
+            .output()
+            .expect("run acpo");
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let mini = || base_value("experiments/mini/mini-xs-grpo.yaml");
+    for (field, value, range) in [
+        (
+            "model.init.warm_start.steps",
+            serde_json::json!(100_000_000_000u64),
+            "[1, 16777216]",
+        ),
+        (
+            "actor.epochs",
+            serde_json::json!(1_000_000_000_000u64),
+            "[1, 1024]",
+        ),
+        (
+            "model.init.warm_start.batch_size",
+            serde_json::json!(1_000_000_000_000u64),
+            "[1, 65536]",
+        ),
+    ] {
+        let (code, err) = check(set(mini(), field, value));
+        assert_eq!(code, Some(2), "{field}: {err}");
+        assert!(
+            err.contains(&format!("field `{field}`")) && err.contains(range),
+            "{field}: {err}"
+        );
+    }
+    let (code, err) = check(mini());
+    assert_eq!(code, Some(0), "the unedited manifest passes: {err}");
+    // 2^16 prompts × 2^10 samples, each count in its range: petabytes of token ids.
+    let mut huge = base_value("experiments/paper/qwen3-8b-grpo.yaml");
+    for (field, value) in [
+        ("trainer.batch_size", 65536),
+        ("actor.mini_batch_size", 65536),
+        ("rollout.n", 1024),
+    ] {
+        huge = set(huge, field, serde_json::json!(value));
+    }
+    let (code, err) = check(huge);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(
+        err.contains("field `trainer.batch_size`") && err.contains("GiB of memory"),
+        "{err}"
+    );
+}

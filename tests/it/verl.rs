@@ -337,9 +337,13 @@ fn write_verl_logs(dir: &Path, k: usize, accuracy_shift: usize) -> (PathBuf, Pat
     (metrics, validation)
 }
 
+/// `acpo` with no prepared data on this machine: the synthetic logs' problem ids
+/// (`math500/0`, ...) are checked against a benchmark's problems only where its data is there
+/// (`verl_import_checks_problem_ids_against_the_prepared_data` runs with it).
 fn acpo(args: &[&str]) -> std::process::Output {
     std::process::Command::new(env!("CARGO_BIN_EXE_acpo"))
         .args(args)
+        .env("ACPO_DATA_DIR", "/nonexistent/acpo-test-data")
         .output()
         .expect("run acpo")
 }
@@ -940,4 +944,221 @@ fn verl_import_refuses_duplicate_and_out_of_range_evaluation_steps() {
         String::from_utf8_lossy(&ok.stderr)
     );
     assert!(String::from_utf8_lossy(&ok.stdout).contains("and 3 evaluations"));
+}
+
+/// `export verl` replaces only a directory it made itself, known by its marker: a user's folder
+/// holding a `launch.sh` and `data/` (it used to be taken for an earlier export and deleted,
+/// exit 0), or an export a user added a file to, is refused and left as it was; a link as
+/// `--out` is refused rather than replaced by a directory, whatever it points to.
+#[test]
+fn export_verl_replaces_only_its_own_marked_export_and_never_a_link() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let manifest =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments/paper/qwen3-8b-ppo-ac.yaml");
+    let export = |out: &Path| {
+        acpo(&[
+            "export",
+            "verl",
+            manifest.to_str().expect("u"),
+            "--out",
+            out.to_str().expect("u"),
+        ])
+    };
+    let refused = |out: &Path, what: &str| {
+        let run = export(out);
+        let err = String::from_utf8_lossy(&run.stderr);
+        assert_eq!(run.status.code(), Some(2), "{what}: {err}");
+        assert!(err.contains("nothing was written"), "{what}: {err}");
+    };
+    // A user's folder that looks like an export.
+    let user = tmp.path().join("user");
+    std::fs::create_dir_all(user.join("data")).expect("mkdir");
+    std::fs::write(user.join("launch.sh"), "my own launch").expect("w");
+    std::fs::write(user.join("data/train.parquet"), "my rows").expect("w");
+    refused(&user, "a user's folder");
+    assert_eq!(
+        std::fs::read_to_string(user.join("launch.sh")).expect("kept"),
+        "my own launch"
+    );
+    assert_eq!(
+        std::fs::read_to_string(user.join("data/train.parquet")).expect("kept"),
+        "my rows"
+    );
+    // Its own export is replaced by the next one; with a user's file added, it is not.
+    let own = tmp.path().join("own");
+    for _ in 0..2 {
+        let run = export(&own);
+        assert!(
+            run.status.success(),
+            "{}",
+            String::from_utf8_lossy(&run.stderr)
+        );
+        assert!(own.join(".acpo-export-verl").is_file());
+    }
+    std::fs::write(own.join("notes.txt"), "mine").expect("w");
+    refused(&own, "an export with a user's file");
+    assert!(own.join("notes.txt").is_file());
+    std::fs::remove_file(own.join("notes.txt")).expect("rm");
+    // A link, to an empty folder or to an earlier export, is refused and stays a link.
+    #[cfg(unix)]
+    for (name, to) in [
+        ("link-empty", tmp.path().join("empty")),
+        ("link-own", own.clone()),
+    ] {
+        std::fs::create_dir_all(&to).expect("mkdir");
+        let before: Vec<_> = std::fs::read_dir(&to)
+            .expect("ls")
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        let link = tmp.path().join(name);
+        std::os::unix::fs::symlink(&to, &link).expect("symlink");
+        refused(&link, name);
+        assert!(std::fs::symlink_metadata(&link)
+            .expect("meta")
+            .file_type()
+            .is_symlink());
+        let after: Vec<_> = std::fs::read_dir(&to)
+            .expect("ls")
+            .flatten()
+            .map(|e| e.file_name())
+            .collect();
+        assert_eq!(before, after, "{name}: the link's target is untouched");
+    }
+}
+
+/// `import verl` refuses what the manifest rules out, naming the file, the line and the field:
+/// an accuracy (or verl's score, from which ours is derived) outside its range (7.5 became an
+/// accuracy of 7.5), a step beyond `trainer.total_steps`, and more problems of a benchmark than
+/// the manifest evaluates (its size, at most `eval.limit`).
+#[test]
+fn verl_import_refuses_accuracies_out_of_range_steps_beyond_the_run_and_extra_problems() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let logs = VerlLogs::write(tmp.path());
+    let good = std::fs::read_to_string(&logs.metrics).expect("metrics");
+    // (what, the edited metrics, the line, what the message names)
+    let edit = |line: usize, key: &str, value: serde_json::Value| -> String {
+        let mut lines: Vec<serde_json::Value> = good
+            .lines()
+            .map(|l| serde_json::from_str(l).expect("json"))
+            .collect();
+        lines[line - 1]["data"][key] = value;
+        lines.iter().map(|l| format!("{l}\n")).collect()
+    };
+    let beyond = format!(
+        "{good}{}\n",
+        serde_json::json!({"step": 101, "data": {"actor/pg_loss": 0.1}})
+    );
+    let cases = [
+        (
+            edit(4, "critic/score/mean", 7.5.into()),
+            4,
+            "`data.critic/score/mean`",
+            "[0, 1]",
+        ),
+        (
+            edit(5, "critic/score/min", (-0.5).into()),
+            5,
+            "`data.critic/score/min`",
+            "[0, 1]",
+        ),
+        (
+            edit(6, "reward/acc/mean", 1.5.into()),
+            6,
+            "`data.reward/acc/mean`",
+            "an accuracy",
+        ),
+        (beyond, 22, "`step`", "trainer.total_steps (100)"),
+    ];
+    for (text, line, field, range) in cases {
+        std::fs::write(&logs.metrics, &text).expect("w");
+        let out = tmp.path().join("run");
+        let run = logs.import_into(&out);
+        let err = String::from_utf8_lossy(&run.stderr);
+        assert_eq!(run.status.code(), Some(2), "{field}: {err}");
+        assert!(
+            err.contains(&format!("metrics.jsonl, line {line}"))
+                && err.contains(field)
+                && err.contains(range),
+            "{field}: {err}"
+        );
+        assert!(!out.exists(), "{field}: nothing written");
+    }
+    std::fs::write(&logs.metrics, &good).expect("w");
+    // The dumps hold 3 problems of each benchmark: a manifest evaluating 2 of each refuses the
+    // third, naming the dump, its line and the field.
+    let text = std::fs::read_to_string(&logs.manifest).expect("manifest");
+    let limited = tmp.path().join("limited/qwen3-1.7b-grpo.yaml");
+    std::fs::create_dir_all(limited.parent().expect("dir")).expect("mkdir");
+    std::fs::write(&limited, text.replace("\neval:\n", "\neval:\n  limit: 2\n")).expect("w");
+    let out = tmp.path().join("run");
+    let run = acpo(&[
+        "import",
+        "verl",
+        "--manifest",
+        limited.to_str().expect("u"),
+        "--metrics",
+        logs.metrics.to_str().expect("u"),
+        "--validation-dir",
+        logs.validation.to_str().expect("u"),
+        "--out",
+        out.to_str().expect("u"),
+    ]);
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(2), "{err}");
+    let k = Experiment::load(&logs.manifest).expect("m").eval.sampling.n;
+    assert!(
+        err.contains(&format!("0.jsonl, line {}", 2 * k + 1))
+            && err.contains("`problem_id`")
+            && err.contains("math500/2")
+            && err.contains("eval.limit 2"),
+        "{err}"
+    );
+    assert!(!out.exists());
+    // Unedited, the logs import; the ids are said to be unchecked (no data here).
+    let run = logs.import_into(&out);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    assert!(String::from_utf8_lossy(&run.stdout).contains("problem ids of math500"));
+}
+
+/// Where a benchmark's prepared data is on this machine, every problem id of a dump must be
+/// one of the problems the manifest evaluates: the synthetic logs' `math500/0` is none.
+#[test]
+fn verl_import_checks_problem_ids_against_the_prepared_data() {
+    let Some(data) = crate::real_data("verl_import_checks_problem_ids_against_the_prepared_data")
+    else {
+        return;
+    };
+    let tmp = tempfile::tempdir().expect("tmp");
+    let logs = VerlLogs::write(tmp.path());
+    let out = tmp.path().join("run");
+    let run = std::process::Command::new(env!("CARGO_BIN_EXE_acpo"))
+        .args([
+            "import",
+            "verl",
+            "--manifest",
+            logs.manifest.to_str().expect("u"),
+            "--metrics",
+            logs.metrics.to_str().expect("u"),
+            "--validation-dir",
+            logs.validation.to_str().expect("u"),
+            "--out",
+            out.to_str().expect("u"),
+        ])
+        .env("ACPO_DATA_DIR", &data)
+        .output()
+        .expect("run acpo");
+    let err = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(2), "{err}");
+    assert!(
+        err.contains("0.jsonl, line 1")
+            && err.contains("`problem_id`")
+            && err.contains("`math500/0`"),
+        "{err}"
+    );
+    assert!(!out.exists());
 }

@@ -19,6 +19,13 @@ pub fn run(cmd: ImportCommand) -> anyhow::Result<Outcome> {
         done.samples,
         done.dir.display()
     );
+    if !done.unchecked_ids.is_empty() {
+        println!(
+            "problem ids of {} not checked: their prepared data is not in the data directory ({})",
+            done.unchecked_ids.join(", "),
+            acpo::data::default_dir().display()
+        );
+    }
     if done.non_finite > 0 {
         println!(
             "{} metric values verl logged as NaN or infinite are left out of metrics.jsonl and listed in provenance.json (non_finite_metrics)",
