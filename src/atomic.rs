@@ -178,6 +178,7 @@ pub fn staging(dir: &Path, what: &str) -> PathBuf {
 
 /// A directory being built beside `dir` ([`staging`]): removed when dropped, on every way out,
 /// unless [`StagedDir::commit`] put it in place.
+#[derive(Debug)]
 pub struct StagedDir {
     path: PathBuf,
     done: bool,

@@ -525,6 +525,8 @@ pub fn from_archive(from: &Path, results: &Path) -> Result<FromArchive> {
         }
         .into());
     }
+    // A pipe or a device is refused before anything is made for it.
+    crate::files::regular(from).at(from)?;
     let stem = from
         .file_name()
         .map_or("archive".into(), |s| s.to_string_lossy().to_string());
