@@ -955,7 +955,10 @@ mod tests {
         }
     }
 
-    fn run(stream: Vec<u8>, budget: Budget) -> (std::result::Result<(), String>, tempfile::TempDir) {
+    fn run(
+        stream: Vec<u8>,
+        budget: Budget,
+    ) -> (std::result::Result<(), String>, tempfile::TempDir) {
         let dest = tempfile::tempdir().expect("tmp");
         let got = unpack_within(std::io::Cursor::new(stream), budget, dest.path());
         (got, dest)
@@ -995,7 +998,11 @@ mod tests {
     fn an_extension_entry_beyond_its_budget_is_refused_before_it_is_read() {
         // Only the header is there: the refusal comes before the tar reader asks for the data
         // it would hold in memory.
-        for (kind, says) in [(b'L', "GNU long name"), (b'x', "PAX header"), (b'K', "GNU long link")] {
+        for (kind, says) in [
+            (b'L', "GNU long name"),
+            (b'x', "PAX header"),
+            (b'K', "GNU long link"),
+        ] {
             let s = header("././@LongLink", kind, 1 << 30);
             let (got, _dest) = run(s, small());
             refused(got, says);
@@ -1025,7 +1032,10 @@ mod tests {
         let (got, dest) = run(many(65), small());
         refused(got, "more than 64 entries");
         let made = std::fs::read_dir(dest.path()).expect("ls").count();
-        assert_eq!(made, 64, "the entry past the count is refused before it is made");
+        assert_eq!(
+            made, 64,
+            "the entry past the count is refused before it is made"
+        );
         let budget = Budget {
             bytes: 10 * (ENTRY_COST + BLOCK as u64),
             ..small()

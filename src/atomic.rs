@@ -353,7 +353,10 @@ pub fn replace_together(files: &[(PathBuf, Vec<u8>)]) -> Result<(), PathIoError>
         });
     }
     for i in 0..staged.len() {
-        let temp = staged[i].temp.take().expect("invariant: staged, not yet committed");
+        let temp = staged[i]
+            .temp
+            .take()
+            .expect("invariant: staged, not yet committed");
         if let Err(e) = temp.commit(&staged[i].real) {
             let failed = staged[i].real.clone();
             restore(&staged[..i]);
@@ -405,18 +408,16 @@ fn write_like(like: &Path, bytes: &[u8]) -> std::io::Result<Temp> {
         use std::os::unix::fs::MetadataExt;
         let made = file.metadata()?;
         if (made.uid(), made.gid()) != (meta.uid(), meta.gid()) {
-            std::os::unix::fs::fchown(&*file, Some(meta.uid()), Some(meta.gid())).map_err(
-                |e| {
-                    std::io::Error::new(
-                        e.kind(),
-                        format!(
-                            "cannot keep its owner {}:{} in the rewritten file ({e})",
-                            meta.uid(),
-                            meta.gid()
-                        ),
-                    )
-                },
-            )?;
+            std::os::unix::fs::fchown(&*file, Some(meta.uid()), Some(meta.gid())).map_err(|e| {
+                std::io::Error::new(
+                    e.kind(),
+                    format!(
+                        "cannot keep its owner {}:{} in the rewritten file ({e})",
+                        meta.uid(),
+                        meta.gid()
+                    ),
+                )
+            })?;
             // chown clears the set-id bits: give the permissions again.
             file.set_permissions(meta.permissions())?;
         }
@@ -444,7 +445,11 @@ mod tests {
     /// The names the next temporaries of `path` will try, from the counter on.
     fn next_names(path: &Path, n: u64) -> Vec<PathBuf> {
         let from = TEMP_COUNTER.load(std::sync::atomic::Ordering::Relaxed);
-        let name = path.file_name().expect("name").to_string_lossy().to_string();
+        let name = path
+            .file_name()
+            .expect("name")
+            .to_string_lossy()
+            .to_string();
         (from..from + n)
             .map(|k| path.with_file_name(format!("{name}.{}-{k}.tmp", std::process::id())))
             .collect()
@@ -495,7 +500,12 @@ mod tests {
         let tmp = tempfile::tempdir().expect("tmp");
         let target = tmp.path().join("figure.png");
         let temp = Temp::beside_keeping_extension(&target).expect("temp");
-        let name = temp.path().file_name().expect("n").to_string_lossy().to_string();
+        let name = temp
+            .path()
+            .file_name()
+            .expect("n")
+            .to_string_lossy()
+            .to_string();
         assert!(name.starts_with("figure.") && name.ends_with(".tmp.png") && is_temp(&name));
         let path = temp.path().to_owned();
         assert!(path.is_file());

@@ -87,7 +87,10 @@ mod tests {
         let victim = tmp.path().join("victim");
         std::os::unix::fs::symlink(&victim, path_for(&dir)).expect("link");
         assert!(acquire(&dir, Wait::NoWait).is_err());
-        assert!(!victim.exists(), "the lock was created where the link leads");
+        assert!(
+            !victim.exists(),
+            "the lock was created where the link leads"
+        );
         std::fs::remove_file(path_for(&dir)).expect("rm");
         let held = acquire(&dir, Wait::NoWait).expect("lock").expect("free");
         assert!(acquire(&dir, Wait::NoWait).expect("lock").is_none());

@@ -946,7 +946,10 @@ fn hostile_archives_are_refused_within_one_budget_by_verify_and_from() {
             .expect("acpo runs");
         failed_check(&out, says);
         let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(stdout.contains(&format!("{name}.tar.gz")), "{name}: {stdout}");
+        assert!(
+            stdout.contains(&format!("{name}.tar.gz")),
+            "{name}: {stdout}"
+        );
         let left: Vec<_> = std::fs::read_dir(&scratch).expect("ls").collect();
         assert!(left.is_empty(), "{name}: scratch left behind: {left:?}");
 
@@ -970,6 +973,9 @@ fn hostile_archives_are_refused_within_one_budget_by_verify_and_from() {
             .map(|e| e.expect("e").file_name().to_string_lossy().to_string())
             .filter(|n| !n.ends_with(".lock"))
             .collect();
-        assert!(made.is_empty(), "{name}: unpacked into the results: {made:?}");
+        assert!(
+            made.is_empty(),
+            "{name}: unpacked into the results: {made:?}"
+        );
     }
 }

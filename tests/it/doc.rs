@@ -146,7 +146,11 @@ fn several_documents_are_filled_together_or_not_at_all() {
         "A rewritten"
     );
     assert_eq!(std::fs::read_to_string(&long).expect("r"), BLANK);
-    assert_eq!(temps(tmp.path()), Vec::<String>::new(), "a temporary left behind");
+    assert_eq!(
+        temps(tmp.path()),
+        Vec::<String>::new(),
+        "a temporary left behind"
+    );
     std::fs::remove_file(&long).expect("rm");
 
     let out = doc(&[&a, &b], &from, false);

@@ -309,7 +309,10 @@ fn a_failing_from_keeps_the_last_good_reports_and_one_from_at_a_time_writes_a_fo
     let out = reproduce_from(tmp.path(), "table1", &short, &[]);
     refused(
         &out,
-        &["1 of the 80 runs the report expects are not there", "mini-s-grpo-ac-"],
+        &[
+            "1 of the 80 runs the report expects are not there",
+            "mini-s-grpo-ac-",
+        ],
     );
     assert!(
         snapshot(&root) == before,
@@ -320,7 +323,11 @@ fn a_failing_from_keeps_the_last_good_reports_and_one_from_at_a_time_writes_a_fo
         .map(|e| e.expect("e").file_name().to_string_lossy().to_string())
         .collect();
     left.sort();
-    assert_eq!(left, [".from-mini.lock", "from-mini"], "staging left behind");
+    assert_eq!(
+        left,
+        [".from-mini.lock", "from-mini"],
+        "staging left behind"
+    );
 
     let held = acpo::run::lock::acquire(&root, acpo::run::lock::Wait::NoWait)
         .expect("lock")
@@ -331,5 +338,8 @@ fn a_failing_from_keeps_the_last_good_reports_and_one_from_at_a_time_writes_a_fo
     drop(held);
     let again = reproduce_from(tmp.path(), "table1", &shipped, &[]);
     assert!(again.status.success());
-    assert!(snapshot(&root) == before, "the same archive, the same folder");
+    assert!(
+        snapshot(&root) == before,
+        "the same archive, the same folder"
+    );
 }

@@ -42,7 +42,10 @@ pub fn run(args: &ReproduceArgs) -> anyhow::Result<Outcome> {
     let Some(found) = unpack(from, &args.results)? else {
         return Ok(Outcome::CheckFailed);
     };
-    let root = found.root.clone().expect("invariant: unpack returns verified runs");
+    let root = found
+        .root
+        .clone()
+        .expect("invariant: unpack returns verified runs");
     // The runs the report stands on, checked before any of it is written (issue #47).
     let manifests = manifests().context(
         "the runs of an archive are checked against the scale's manifests (--experiments DIR)",
