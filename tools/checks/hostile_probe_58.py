@@ -181,7 +181,7 @@ def planted_links():
     (d / "doc.md.tmp").symlink_to(victim)
     rc, out, err = run(["doc", doc, "--from", gen])
     record(s, "doc with doc.md.tmp -> victim", rc, out, err,
-           rc == 0 and victim.read_text() == "the victim's"
+           rc == 0 and victim.read_bytes() == b"the victim's"
            and (victim.stat().st_mode & 0o777) == 0o600 and not doc.is_symlink()
            and "| a |" in doc.read_text())
     # score --output through a planted link
@@ -191,7 +191,7 @@ def planted_links():
     (d / "scored.jsonl.tmp").symlink_to(victim)
     rc, out, err = run(["score", "--input", answers, "--output", output])
     record(s, "score --output with scored.jsonl.tmp -> victim", rc, out, err,
-           rc in (0, 2) and victim.read_text() == "the victim's"
+           rc in (0, 2) and victim.read_bytes() == b"the victim's"
            and not output.is_symlink())
     # archive --out through a planted link
     run_dir = d / "run-a"
@@ -201,7 +201,7 @@ def planted_links():
     (d / "runs.tar.gz.tmp").symlink_to(victim)
     rc, out, err = run(["archive", run_dir, "--out", out_archive])
     record(s, "archive --out with runs.tar.gz.tmp -> victim", rc, out, err,
-           rc == 0 and victim.read_text() == "the victim's" and not out_archive.is_symlink()
+           rc == 0 and victim.read_bytes() == b"the victim's" and not out_archive.is_symlink()
            and run(["verify", out_archive])[0] == 0)
 
 
@@ -302,8 +302,12 @@ def doc():
 
 def main():
     print("surface | case | exit | held | said")
-    for probe in [hostile_archives, planted_links, failing_from, doc]:
-        probe()
+    probes = [hostile_archives, planted_links, failing_from, doc]
+    # PROBES=planted_links,doc: only those surfaces.
+    only = os.environ.get("PROBES")
+    for probe in probes:
+        if not only or probe.__name__ in only.split(","):
+            probe()
     print("\nsurface | tried | held")
     for surface, (tried, held) in TALLY.items():
         print(f"{surface} | {tried} | {held}")
