@@ -292,7 +292,9 @@ pub struct Contents {
 
 /// Packs `runs` (each with a fresh SHA256SUMS) into `out` (.tar.gz) with a top-level SHA256SUMS.
 pub fn archive(runs: &[PathBuf], out: &Path, contents: Contents) -> Result<usize> {
-    let staging = tempdir_near(out)?;
+    // Removed on every way out, the errors' too.
+    let scratch = Scratch(tempdir_near(out)?);
+    let staging = scratch.0.clone();
     let mut names = std::collections::BTreeSet::new();
     for run in runs {
         if !run.is_dir() {
@@ -324,10 +326,10 @@ pub fn archive(runs: &[PathBuf], out: &Path, contents: Contents) -> Result<usize
         }
     }
     let sums = write_sums(&staging)?;
-    let tmp = crate::atomic::temp_path(out);
+    let mut temp = crate::atomic::Temp::beside(out).at(out)?;
+    let tmp = temp.path().to_owned();
     {
-        let file = std::fs::File::create(&tmp).at(&tmp)?;
-        let gz = flate2::write::GzEncoder::new(file, flate2::Compression::default());
+        let gz = flate2::write::GzEncoder::new(temp.file(), flate2::Compression::default());
         let mut tar = tar::Builder::new(gz);
         tar.mode(tar::HeaderMode::Deterministic);
         let mut entries = files(&staging)?;
@@ -338,7 +340,7 @@ pub fn archive(runs: &[PathBuf], out: &Path, contents: Contents) -> Result<usize
         let gz = tar.into_inner().at(&tmp)?;
         gz.finish().at(&tmp)?;
     }
-    crate::atomic::commit(&tmp, out).at(out)?;
+    temp.commit(out).at(out)?;
     let digest = sha256_file(out)?;
     let side = PathBuf::from(format!("{}.sha256", out.display()));
     let file_name = out
@@ -346,7 +348,7 @@ pub fn archive(runs: &[PathBuf], out: &Path, contents: Contents) -> Result<usize
         .map(|n| n.to_string_lossy().to_string())
         .unwrap_or_default();
     crate::atomic::write(&side, format!("{digest}  {file_name}\n").as_bytes())?;
-    std::fs::remove_dir_all(&staging).at(&staging)?;
+    drop(scratch);
     Ok(sums.len())
 }
 
@@ -355,58 +357,407 @@ pub fn archive(runs: &[PathBuf], out: &Path, contents: Contents) -> Result<usize
 pub const UNPACK_RATIO: u64 = 64;
 /// Bytes any archive may unpack to, whatever its size.
 pub const UNPACK_ALLOWANCE: u64 = 64 << 20;
+/// Entries (files, directories, extension headers) one archive may hold. The shipped archives
+/// hold about 2,000; each entry costs a header's parsing, a file or directory made, a path
+/// checked.
+pub const MAX_ENTRIES: u64 = 1 << 16;
+/// Bytes one extension entry (a GNU long name or link, a PAX header) may hold: the tar reader
+/// keeps each one whole in memory, and a result's path is a few dozen bytes.
+pub const MAX_EXTENSION_BYTES: u64 = 16 << 10;
+/// Bytes of one entry's path inside the archive.
+pub const MAX_PATH_BYTES: usize = 1024;
+/// Components of one entry's path: the shipped archives' deepest is 3
+/// (`run/checkpoints/step_N/...` is 4); every level is a directory made and checked.
+pub const MAX_PATH_DEPTH: usize = 32;
+/// What each entry is charged besides its bytes: the disk block a file or directory takes
+/// however little it holds, so an archive of many empty entries is a bomb too.
+pub const ENTRY_COST: u64 = 4096;
 
-/// Unpacks an archive into `dest`, refusing paths outside it, entries that are not regular files
-/// or directories, and more bytes than [`UNPACK_RATIO`] × its size + [`UNPACK_ALLOWANCE`]
-/// (counted from the entries' headers before each is written, so a bomb writes nothing big).
-pub fn unpack(archive: &Path, dest: &Path) -> Result<()> {
-    let unreadable = |reason: String| ArchiveError::Unreadable {
-        path: archive.to_owned(),
-        reason,
-    };
-    let file = crate::files::open(archive).at(archive)?;
-    let compressed = file.metadata().at(archive)?.len();
-    let limit = compressed
-        .saturating_mul(UNPACK_RATIO)
-        .saturating_add(UNPACK_ALLOWANCE);
-    let mut unpacked = 0u64;
-    let mut tar = tar::Archive::new(flate2::read::GzDecoder::new(file));
-    let entries = tar
-        .entries()
-        .map_err(|e| unreadable(format!("not a readable .tar.gz: {e}")))?;
-    for entry in entries {
-        let mut entry = entry.map_err(|e| unreadable(format!("corrupt archive: {e}")))?;
-        // Results are regular files in directories: a link, device or FIFO could point
-        // anywhere once unpacked, so an archive holding one is refused whole.
-        let kind = entry.header().entry_type();
-        unpacked = unpacked.saturating_add(entry.header().size().unwrap_or(u64::MAX));
-        if unpacked > limit {
-            return Err(unreadable(format!(
-                "unpacks to more than {limit} bytes ({UNPACK_RATIO} × its {compressed} bytes + {UNPACK_ALLOWANCE}): refused as a likely decompression bomb"
+/// What unpacking one archive may spend, all checked before it is spent: bytes (each entry's
+/// size as the tar reader will produce it, PAX `size` record honoured, its header, padding and
+/// [`ENTRY_COST`]; the stream after the archive's end too), entries, bytes per extension entry,
+/// and each path's length and depth. `verify` and every `--from` unpack within it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    pub bytes: u64,
+    pub entries: u64,
+    pub extension_bytes: u64,
+    pub path_bytes: usize,
+    pub path_depth: usize,
+}
+
+impl Budget {
+    /// The budget of an archive of `compressed` bytes: [`UNPACK_RATIO`] × its size +
+    /// [`UNPACK_ALLOWANCE`] bytes, and the fixed limits.
+    pub fn of_archive(compressed: u64) -> Budget {
+        Budget {
+            bytes: compressed
+                .saturating_mul(UNPACK_RATIO)
+                .saturating_add(UNPACK_ALLOWANCE),
+            entries: MAX_ENTRIES,
+            extension_bytes: MAX_EXTENSION_BYTES,
+            path_bytes: MAX_PATH_BYTES,
+            path_depth: MAX_PATH_DEPTH,
+        }
+    }
+}
+
+const BLOCK: usize = 512;
+
+/// What [`Guard`] tells the unpacker: why it refused (the tar reader's own error, which wraps
+/// the guard's, may not carry the words), and the size it read for the last member.
+#[derive(Debug, Default)]
+struct Seen {
+    refusal: Option<String>,
+    last_size: Option<u64>,
+}
+
+/// Where the guard is in the tar stream.
+#[derive(Debug)]
+enum Position {
+    /// The next block is a header.
+    Header,
+    /// `left` blocks of an entry's data (and padding) follow; an extension entry's are kept
+    /// (at most its budget) in `kept`, its kind in `extension`.
+    Data {
+        left: u64,
+        size: u64,
+        extension: Option<u8>,
+        kept: Vec<u8>,
+    },
+    /// After the end-of-archive block: the rest of the stream is only counted.
+    End,
+}
+
+/// The decompressed stream between the gzip decoder and the tar reader, read block by block and
+/// walked the way the tar reader (0.4) walks it: each header is checked against the [`Budget`]
+/// before the tar reader sees it, so the tar reader never buffers an extension entry bigger than
+/// the budget, never reaches an entry past the count, and never writes past the bytes. It knows
+/// each member's size as the tar reader will: its PAX `size` record, else its header's. Kinds
+/// the tar reader would read further headers for (GNU sparse files) are refused here, so the
+/// two never disagree on where a header is; the unpacker checks each member's size against
+/// the guard's all the same.
+struct Guard<R> {
+    inner: R,
+    block: [u8; BLOCK],
+    filled: usize,
+    served: usize,
+    position: Position,
+    budget: Budget,
+    /// Bytes planned (headers, sizes, padding, entry costs) or read past the end.
+    spent: u64,
+    entries: u64,
+    /// The PAX extension (`x`) waiting for the member it describes.
+    pax: Option<Vec<u8>>,
+    /// The GNU long name (`L`) waiting for the member it names.
+    long_name: Option<Vec<u8>>,
+    seen: std::rc::Rc<std::cell::RefCell<Seen>>,
+}
+
+impl<R: std::io::Read> Guard<R> {
+    fn new(inner: R, budget: Budget) -> (Self, std::rc::Rc<std::cell::RefCell<Seen>>) {
+        let seen = std::rc::Rc::new(std::cell::RefCell::new(Seen::default()));
+        let guard = Guard {
+            inner,
+            block: [0; BLOCK],
+            filled: 0,
+            served: 0,
+            position: Position::Header,
+            budget,
+            spent: 0,
+            entries: 0,
+            pax: None,
+            long_name: None,
+            seen: seen.clone(),
+        };
+        (guard, seen)
+    }
+
+    fn refuse(&self, reason: String) -> std::io::Error {
+        self.seen.borrow_mut().refusal = Some(reason.clone());
+        std::io::Error::new(std::io::ErrorKind::InvalidData, reason)
+    }
+
+    fn bomb(&self) -> std::io::Error {
+        self.refuse(format!(
+            "unpacks to more than {} bytes ({UNPACK_RATIO} × its size + {UNPACK_ALLOWANCE}, each entry counted as at least {ENTRY_COST}): refused as a likely decompression bomb",
+            self.budget.bytes
+        ))
+    }
+
+    /// Plans `bytes` more of the budget.
+    fn spend(&mut self, bytes: u64) -> std::io::Result<()> {
+        self.spent = self.spent.saturating_add(bytes);
+        if self.spent > self.budget.bytes {
+            return Err(self.bomb());
+        }
+        Ok(())
+    }
+
+    /// Takes in the block just read, before any of it is served.
+    fn observe(&mut self) -> std::io::Result<()> {
+        match std::mem::replace(&mut self.position, Position::Header) {
+            Position::End => {
+                self.position = Position::End;
+                self.spend(self.filled as u64)
+            }
+            Position::Header if self.filled < BLOCK => Ok(()),
+            Position::Header => self.header(),
+            Position::Data {
+                left,
+                size,
+                extension,
+                mut kept,
+            } => {
+                if extension.is_some() {
+                    let want = (size as usize).saturating_sub(kept.len()).min(self.filled);
+                    kept.extend_from_slice(&self.block[..want]);
+                }
+                if left > 1 {
+                    self.position = Position::Data {
+                        left: left - 1,
+                        size,
+                        extension,
+                        kept,
+                    };
+                    return Ok(());
+                }
+                match extension {
+                    Some(b'x') => self.pax = Some(kept),
+                    Some(b'L') => self.long_name = Some(kept),
+                    _ => {}
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// Checks the header in `block` against the budget.
+    fn header(&mut self) -> std::io::Result<()> {
+        if self.block.iter().all(|&b| b == 0) {
+            // The tar reader stops at the first zero block; the rest is read to the gzip
+            // trailer, and counted.
+            self.position = Position::End;
+            return Ok(());
+        }
+        self.spend(BLOCK as u64)?;
+        self.entries += 1;
+        if self.entries > self.budget.entries {
+            return Err(self.refuse(format!(
+                "holds more than {} entries: refused",
+                self.budget.entries
             )));
         }
-        let metadata = kind.is_pax_global_extensions() || kind.is_pax_local_extensions();
-        if !(kind.is_file() || kind.is_dir() || metadata) {
-            let name = entry
-                .path()
-                .map(|p| p.display().to_string())
-                .unwrap_or_default();
-            return Err(unreadable(format!(
+        let header = tar::Header::from_byte_slice(&self.block);
+        let kind = header.entry_type().as_byte();
+        let recognized = header.as_ustar().is_some() || header.as_gnu().is_some();
+        let extension = matches!(kind, b'L' | b'K' | b'x' | b'g');
+        let header_size = header
+            .entry_size()
+            .map_err(|e| self.refuse(format!("corrupt archive: {e}")))?;
+        let size = if extension {
+            header_size
+        } else {
+            self.pax
+                .as_deref()
+                .and_then(pax_size)
+                .unwrap_or(header_size)
+        };
+        let name = self.name(header);
+        let member = matches!(kind, b'0' | b'\0' | b'5');
+        if !(member || (extension && recognized)) {
+            return Err(self.refuse(format!(
                 "entry `{name}` is not a regular file or directory (archives of results hold no links)"
             )));
         }
-        let inside = entry
-            .unpack_in(dest)
-            .map_err(|e| unreadable(format!("corrupt archive: {e}")))?;
+        if extension && size > self.budget.extension_bytes {
+            let what = match kind {
+                b'L' => "GNU long name",
+                b'K' => "GNU long link",
+                b'x' => "PAX header",
+                _ => "PAX global header",
+            };
+            return Err(self.refuse(format!(
+                "a {what} entry of {size} bytes, more than the {} an extension entry may hold: refused",
+                self.budget.extension_bytes
+            )));
+        }
+        let padded = size
+            .checked_add(BLOCK as u64 - 1)
+            .ok_or_else(|| self.bomb())?
+            & !(BLOCK as u64 - 1);
+        self.spend(padded)?;
+        if !extension || kind == b'g' {
+            // What the tar reader gives the unpacker as a member; it takes the extensions
+            // waiting for it.
+            self.spend(ENTRY_COST)?;
+            self.pax = None;
+            self.long_name = None;
+            self.seen.borrow_mut().last_size = Some(size);
+        }
+        if padded > 0 {
+            self.position = Position::Data {
+                left: padded / BLOCK as u64,
+                size,
+                extension: (extension && kind != b'g').then_some(kind),
+                kept: Vec::new(),
+            };
+        } else if extension {
+            match kind {
+                b'x' => self.pax = Some(Vec::new()),
+                b'L' => self.long_name = Some(Vec::new()),
+                _ => {}
+            }
+        }
+        Ok(())
+    }
+
+    /// The member's name for an error: its long name or PAX path, else its header's.
+    fn name(&self, header: &tar::Header) -> String {
+        let from_pax = self.pax.as_deref().and_then(|p| {
+            tar::PaxExtensions::new(p)
+                .filter_map(|e| e.ok())
+                .find(|e| e.key() == Ok("path"))
+                .map(|e| String::from_utf8_lossy(e.value_bytes()).into_owned())
+        });
+        match (&self.long_name, from_pax) {
+            (Some(long), _) => shown(long.strip_suffix(&[0]).unwrap_or(long)),
+            (None, Some(path)) => shown(path.as_bytes()),
+            (None, None) => shown(&header.path_bytes()),
+        }
+    }
+}
+
+/// The `size` record of a PAX extension as the tar reader reads it: the first `size` record,
+/// none when a record before it is malformed or its value is not a number.
+fn pax_size(pax: &[u8]) -> Option<u64> {
+    for record in tar::PaxExtensions::new(pax) {
+        let record = record.ok()?;
+        if record.key() != Ok("size") {
+            continue;
+        }
+        return record.value().ok()?.parse::<u64>().ok();
+    }
+    None
+}
+
+impl<R: std::io::Read> std::io::Read for Guard<R> {
+    fn read(&mut self, out: &mut [u8]) -> std::io::Result<usize> {
+        if self.served == self.filled {
+            let mut filled = 0;
+            while filled < BLOCK {
+                match self.inner.read(&mut self.block[filled..]) {
+                    Ok(0) => break,
+                    Ok(n) => filled += n,
+                    Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+                    Err(e) => return Err(e),
+                }
+            }
+            self.block[filled..].fill(0);
+            (self.filled, self.served) = (filled, 0);
+            if filled == 0 {
+                return Ok(0);
+            }
+            self.observe()?;
+        }
+        let n = out.len().min(self.filled - self.served);
+        out[..n].copy_from_slice(&self.block[self.served..self.served + n]);
+        self.served += n;
+        Ok(n)
+    }
+}
+
+/// A path inside an archive for an error: printable, and its start only when it is long.
+fn shown(path: &[u8]) -> String {
+    const SHOWN: usize = 120;
+    let text = path.escape_ascii().to_string();
+    match text.char_indices().nth(SHOWN) {
+        Some((cut, _)) => format!("{}… ({} bytes)", &text[..cut], path.len()),
+        None => text,
+    }
+}
+
+/// Components of a path inside an archive, as the tar reader puts it under the target (empty and
+/// `.` components are skipped).
+fn depth(path: &[u8]) -> usize {
+    path.split(|&b| b == b'/')
+        .filter(|c| !c.is_empty() && *c != b".")
+        .count()
+}
+
+/// Unpacks an archive into `dest`, refusing paths outside it, entries that are not regular files
+/// or directories, and anything beyond its [`Budget`] (checked from the headers before each
+/// entry is read or written, so a bomb writes nothing big and buffers nothing big).
+pub fn unpack(archive: &Path, dest: &Path) -> Result<()> {
+    let file = crate::files::open(archive).at(archive)?;
+    let compressed = file.metadata().at(archive)?.len();
+    unpack_within(
+        flate2::read::GzDecoder::new(file),
+        Budget::of_archive(compressed),
+        dest,
+    )
+    .map_err(|reason| ArchiveError::Unreadable {
+        path: archive.to_owned(),
+        reason,
+    })
+}
+
+/// Unpacks the tar stream `stream` into `dest` within `budget` ([`unpack`]); why not, otherwise.
+fn unpack_within(
+    stream: impl std::io::Read,
+    budget: Budget,
+    dest: &Path,
+) -> std::result::Result<(), String> {
+    let (guard, seen) = Guard::new(stream, budget);
+    // The guard's reason when it refused, else the tar reader's error.
+    let why = |e: std::io::Error| {
+        let refused = seen.borrow().refusal.clone();
+        refused.unwrap_or_else(|| format!("corrupt archive: {e}"))
+    };
+    let mut tar = tar::Archive::new(guard);
+    let entries = tar
+        .entries()
+        .map_err(|e| format!("not a readable .tar.gz: {e}"))?;
+    for entry in entries {
+        let mut entry = entry.map_err(why)?;
+        let name = shown(&entry.path_bytes());
+        // The guard planned this entry's bytes from the size it read; the tar reader must read
+        // the same, or the two disagree on where the next header is.
+        let planned = seen.borrow().last_size;
+        if planned != Some(entry.size()) {
+            return Err(format!(
+                "entry `{name}`: its size reads two ways ({} and {planned:?}): refused",
+                entry.size()
+            ));
+        }
+        // Results are regular files in directories: a link, device or FIFO could point
+        // anywhere once unpacked, so an archive holding one is refused whole.
+        let kind = entry.header().entry_type();
+        let metadata = kind.is_pax_global_extensions() || kind.is_pax_local_extensions();
+        if !(kind.is_file() || kind.is_dir() || metadata) {
+            return Err(format!(
+                "entry `{name}` is not a regular file or directory (archives of results hold no links)"
+            ));
+        }
+        let path = entry.path_bytes();
+        if path.len() > budget.path_bytes || depth(&path) > budget.path_depth {
+            return Err(format!(
+                "entry `{name}`: a path of {} bytes and {} levels, more than the {} bytes and {} levels an entry may have: refused",
+                path.len(),
+                depth(&path),
+                budget.path_bytes,
+                budget.path_depth
+            ));
+        }
+        let inside = entry.unpack_in(dest).map_err(why)?;
         if !inside {
-            return Err(unreadable("an entry points outside the archive".into()));
+            return Err("an entry points outside the archive".into());
         }
     }
     // The tar reader stops at its end-of-archive blocks; reading the gzip stream to its end
     // checks its trailer (CRC-32 and size), so a corrupt trailer is caught without a sidecar.
     let mut rest = tar.into_inner();
-    std::io::copy(&mut rest, &mut std::io::sink())
-        .map_err(|e| unreadable(format!("corrupt archive: {e}")))?;
+    std::io::copy(&mut rest, &mut std::io::sink()).map_err(why)?;
     Ok(())
 }
 
@@ -423,9 +774,16 @@ pub fn verify(target: &Path) -> Result<Report> {
     }
     // Removed on every way out, the verdict's and the errors'.
     let scratch = Scratch(tempdir_near(&std::env::temp_dir().join("acpo-verify"))?);
-    match unpack(target, &scratch.0) {
+    verify_into(target, &scratch.0)
+}
+
+/// Unpacks the archive `target` into the empty directory `dest` and checks what it holds, as
+/// [`verify`] does; `dest` then holds the runs the report vouches for (when it is ok), so what
+/// is checked is what is used, the archive read once.
+pub fn verify_into(target: &Path, dest: &Path) -> Result<Report> {
+    match unpack(target, dest) {
         Ok(()) => {
-            let mut report = verify_dir(&scratch.0)?;
+            let mut report = verify_dir(dest)?;
             check_sidecar(target, &mut report)?;
             Ok(report)
         }
@@ -473,14 +831,24 @@ fn tempdir_near(path: &Path) -> Result<PathBuf> {
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
     std::fs::create_dir_all(parent).at(parent)?;
-    let stamp = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|d| d.as_nanos())
-        .unwrap_or(0);
     remove_stale_staging(parent);
-    let dir = parent.join(format!("{STAGING}{}-{stamp}", std::process::id()));
-    std::fs::create_dir_all(&dir).at(&dir)?;
-    Ok(dir)
+    // `mkdir` of a new name: a directory or link planted at the name (the temporary folder is
+    // shared) makes it try the next name, never unpack into what is already there.
+    let mut last = None;
+    for _ in 0..64 {
+        let stamp = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos())
+            .unwrap_or(0);
+        let dir = parent.join(format!("{STAGING}{}-{stamp}", std::process::id()));
+        match std::fs::create_dir(&dir) {
+            Ok(()) => return Ok(dir),
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some((dir, e)),
+            Err(e) => return Err(PathIoError::new(dir, e).into()),
+        }
+    }
+    let (dir, e) = last.expect("invariant: every try found its name taken");
+    Err(PathIoError::new(dir, e).into())
 }
 
 /// The name prefix of staging directories: `.acpo-staging-<pid>-<nanoseconds>`.
@@ -529,4 +897,196 @@ fn copy_files(from: &Path, to: &Path, keep: impl Fn(&str) -> bool) -> Result<()>
         std::fs::copy(&src, &dst).at(&dst)?;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A ustar header of `kind` for `path` (short) declaring `size` bytes.
+    fn header(path: &str, kind: u8, size: u64) -> Vec<u8> {
+        let mut h = tar::Header::new_ustar();
+        h.set_path(path).expect("short path");
+        h.set_size(size);
+        h.set_entry_type(tar::EntryType::new(kind));
+        h.set_mode(0o644);
+        h.set_cksum();
+        h.as_bytes().to_vec()
+    }
+
+    fn padded(data: &[u8]) -> Vec<u8> {
+        let mut v = data.to_vec();
+        v.resize(data.len().div_ceil(BLOCK) * BLOCK, 0);
+        v
+    }
+
+    /// A whole entry: its header declaring its data's length, then the data.
+    fn entry(path: &str, kind: u8, data: &[u8]) -> Vec<u8> {
+        let mut v = header(path, kind, data.len() as u64);
+        v.extend(padded(data));
+        v
+    }
+
+    /// PAX records (`<length> <key>=<value>\n`, the length counting itself).
+    fn pax(records: &[(&str, &str)]) -> Vec<u8> {
+        let mut out = Vec::new();
+        for (k, v) in records {
+            let body = format!(" {k}={v}\n");
+            let mut n = body.len() + 1;
+            while (n.to_string().len() + body.len()) != n {
+                n += 1;
+            }
+            out.extend(format!("{n}{body}").into_bytes());
+        }
+        out
+    }
+
+    fn end() -> Vec<u8> {
+        vec![0; 2 * BLOCK]
+    }
+
+    fn small() -> Budget {
+        Budget {
+            bytes: 1 << 20,
+            entries: 64,
+            extension_bytes: 1024,
+            path_bytes: 256,
+            path_depth: 8,
+        }
+    }
+
+    fn run(
+        stream: Vec<u8>,
+        budget: Budget,
+    ) -> (std::result::Result<(), String>, tempfile::TempDir) {
+        let dest = tempfile::tempdir().expect("tmp");
+        let got = unpack_within(std::io::Cursor::new(stream), budget, dest.path());
+        (got, dest)
+    }
+
+    fn refused(got: std::result::Result<(), String>, says: &str) {
+        match got {
+            Err(reason) => assert!(reason.contains(says), "`{says}` not said: {reason}"),
+            Ok(()) => panic!("unpacked; `{says}` expected"),
+        }
+    }
+
+    #[test]
+    fn a_pax_size_is_counted_as_the_tar_reader_reads_it() {
+        // The header says 0 bytes, the PAX record 8 MiB (the data is there): refused from the
+        // record, before a byte of the file is written.
+        let mut s = entry("x", b'x', &pax(&[("size", &(8u64 << 20).to_string())]));
+        s.extend(header("run/big.bin", b'0', 0));
+        s.extend(vec![0; 8 << 20]);
+        s.extend(end());
+        let (got, dest) = run(s, small());
+        refused(got, "decompression bomb");
+        assert!(!dest.path().join("run/big.bin").exists());
+
+        // Within the budget the record's size is what is unpacked.
+        let mut s = entry("x", b'x', &pax(&[("size", "5")]));
+        s.extend(header("run/five.txt", b'0', 0));
+        s.extend(padded(b"12345"));
+        s.extend(end());
+        let (got, dest) = run(s, small());
+        assert_eq!(got, Ok(()));
+        let five = std::fs::read(dest.path().join("run/five.txt")).expect("unpacked");
+        assert_eq!(five, b"12345");
+    }
+
+    #[test]
+    fn an_extension_entry_beyond_its_budget_is_refused_before_it_is_read() {
+        // Only the header is there: the refusal comes before the tar reader asks for the data
+        // it would hold in memory.
+        for (kind, says) in [
+            (b'L', "GNU long name"),
+            (b'x', "PAX header"),
+            (b'K', "GNU long link"),
+        ] {
+            let s = header("././@LongLink", kind, 1 << 30);
+            let (got, _dest) = run(s, small());
+            refused(got, says);
+        }
+        // A long name within it is honoured.
+        let name = format!("run/{}/file.txt", "n".repeat(150));
+        let mut s = entry("././@LongLink", b'L', format!("{name}\0").as_bytes());
+        s.extend(entry("run/short", b'0', b"ok"));
+        s.extend(end());
+        let (got, dest) = run(s, small());
+        assert_eq!(got, Ok(()));
+        assert!(dest.path().join(&name).is_file());
+    }
+
+    #[test]
+    fn entries_are_counted_and_each_costs_a_block() {
+        let many = |n: usize| {
+            let mut s = Vec::new();
+            for i in 0..n {
+                s.extend(entry(&format!("d{i}/"), b'5', b""));
+            }
+            s.extend(end());
+            s
+        };
+        let (got, _dest) = run(many(64), small());
+        assert_eq!(got, Ok(()));
+        let (got, dest) = run(many(65), small());
+        refused(got, "more than 64 entries");
+        let made = std::fs::read_dir(dest.path()).expect("ls").count();
+        assert_eq!(
+            made, 64,
+            "the entry past the count is refused before it is made"
+        );
+        let budget = Budget {
+            bytes: 10 * (ENTRY_COST + BLOCK as u64),
+            ..small()
+        };
+        let (got, _dest) = run(many(11), budget);
+        refused(got, "decompression bomb");
+    }
+
+    #[test]
+    fn deep_or_long_paths_are_refused_before_anything_is_made() {
+        let deep = format!("{}f", "a/".repeat(9));
+        let mut s = entry("././@LongLink", b'L', deep.as_bytes());
+        s.extend(entry("x", b'0', b"deep"));
+        s.extend(end());
+        let (got, dest) = run(s, small());
+        refused(got, "10 levels");
+        assert!(!dest.path().join("a").exists());
+        let long = format!("run/{}", "n".repeat(300));
+        let mut s = entry("x", b'x', &pax(&[("path", &long)]));
+        s.extend(entry("x", b'0', b"long"));
+        s.extend(end());
+        let (got, _dest) = run(s, small());
+        refused(got, "304 bytes");
+    }
+
+    #[test]
+    fn links_devices_and_sparse_files_are_refused_by_their_header() {
+        for kind in [b'1', b'2', b'3', b'4', b'6', b'7', b'S', b'V', b'M'] {
+            let mut s = entry("run/odd", kind, b"");
+            s.extend(end());
+            let (got, _dest) = run(s, small());
+            refused(got, "not a regular file or directory");
+        }
+        // An extension type in an old (pre-ustar) header is no extension to the tar reader.
+        let mut h = tar::Header::new_old();
+        h.set_path("././@LongLink").expect("path");
+        h.set_size(0);
+        h.set_entry_type(tar::EntryType::new(b'L'));
+        h.set_cksum();
+        let mut s = h.as_bytes().to_vec();
+        s.extend(end());
+        let (got, _dest) = run(s, small());
+        refused(got, "not a regular file or directory");
+    }
+
+    #[test]
+    fn bytes_after_the_end_of_the_archive_are_counted() {
+        let mut s = entry("run/a.txt", b'0', b"a");
+        s.extend(end());
+        s.extend(vec![7; 2 << 20]);
+        let (got, _dest) = run(s, small());
+        refused(got, "decompression bomb");
+    }
 }

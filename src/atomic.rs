@@ -5,31 +5,131 @@
 use crate::files::{AtPath, PathIoError};
 use std::path::{Path, PathBuf};
 
-/// The temporary path used while writing `path`.
-pub fn temp_path(path: &Path) -> PathBuf {
-    let mut name = path
-        .file_name()
-        .map(|n| n.to_os_string())
-        .unwrap_or_default();
-    name.push(".tmp");
-    path.with_file_name(name)
+/// A temporary file beside the file it will become, made by this process: created with
+/// `O_CREAT | O_EXCL | O_NOFOLLOW` under a name no file had (`<name>.<pid>-<n>.tmp`), so a link
+/// or file planted at a temporary's name is never followed, truncated or reused, and a second
+/// writer of the same target (another process, another thread) never shares it. Removed when
+/// dropped, on every way out, unless [`Temp::commit`] renamed it over its target.
+#[derive(Debug)]
+pub struct Temp {
+    path: PathBuf,
+    file: std::fs::File,
+    done: bool,
 }
 
-/// The temporary path for `path` keeping its extension (`table.png` → `table.tmp.png`), for
-/// writers that pick a format by extension (the figures' PNG and SVG backends).
-pub fn temp_path_keeping_extension(path: &Path) -> PathBuf {
-    match path.extension() {
-        Some(ext) => {
-            let mut ext_tmp = std::ffi::OsString::from("tmp.");
-            ext_tmp.push(ext);
-            path.with_extension(ext_tmp)
+/// Names tried before a temporary is given up on: each taken name is one another file already
+/// had (an earlier process's leftover, or one planted there).
+const TEMP_TRIES: u32 = 64;
+
+/// Tells apart the temporaries of one process.
+static TEMP_COUNTER: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+impl Temp {
+    /// A new empty temporary beside `path` (`<name>.<pid>-<n>.tmp`).
+    pub fn beside(path: &Path) -> std::io::Result<Temp> {
+        Temp::create(path, None, None)
+    }
+
+    /// A new empty temporary beside `path` keeping its extension (`table.png` →
+    /// `table.<pid>-<n>.tmp.png`), for writers that pick a format by extension (the figures'
+    /// PNG and SVG backends, which then open it by its path).
+    pub fn beside_keeping_extension(path: &Path) -> std::io::Result<Temp> {
+        let ext = path.extension().map(|e| e.to_os_string());
+        Temp::create(path, ext, None)
+    }
+
+    /// A new empty temporary beside `path` created with permission bits `mode` (Unix; the umask
+    /// applies), so it is never readable by more than `mode` allows, even for a moment.
+    pub fn beside_with_mode(path: &Path, mode: u32) -> std::io::Result<Temp> {
+        Temp::create(path, None, Some(mode))
+    }
+
+    fn create(
+        path: &Path,
+        ext: Option<std::ffi::OsString>,
+        mode: Option<u32>,
+    ) -> std::io::Result<Temp> {
+        let name = match &ext {
+            Some(_) => path.file_stem(),
+            None => path.file_name(),
         }
-        None => temp_path(path),
+        .ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                "no file name to write a temporary beside",
+            )
+        })?;
+        let mut last = None;
+        for _ in 0..TEMP_TRIES {
+            let n = TEMP_COUNTER.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let mut temp = name.to_os_string();
+            temp.push(format!(".{}-{n}.tmp", std::process::id()));
+            if let Some(ext) = &ext {
+                temp.push(".");
+                temp.push(ext);
+            }
+            let temp = path.with_file_name(temp);
+            let mut options = std::fs::OpenOptions::new();
+            options.write(true).create_new(true);
+            #[cfg(unix)]
+            {
+                use std::os::unix::fs::OpenOptionsExt;
+                options.custom_flags(libc::O_NOFOLLOW);
+                if let Some(mode) = mode {
+                    options.mode(mode);
+                }
+            }
+            #[cfg(not(unix))]
+            let _ = mode;
+            match options.open(&temp) {
+                Ok(file) => {
+                    return Ok(Temp {
+                        path: temp,
+                        file,
+                        done: false,
+                    })
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => last = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(std::io::Error::new(
+            std::io::ErrorKind::AlreadyExists,
+            format!(
+                "no free name for a temporary beside it ({TEMP_TRIES} taken: {})",
+                last.map_or_else(String::new, |e| e.to_string())
+            ),
+        ))
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The open temporary, to write into.
+    pub fn file(&mut self) -> &mut std::fs::File {
+        &mut self.file
+    }
+
+    /// Renames the complete temporary over `path` ([`commit`]).
+    pub fn commit(mut self, path: &Path) -> std::io::Result<()> {
+        commit(&self.path, path)?;
+        self.done = true;
+        Ok(())
     }
 }
 
-/// Whether a file or directory name is a temporary of an interrupted write (a file's `.tmp` or
-/// `.tmp.png`, a checkpoint's `step_NNNNNN.tmp`): never part of a result.
+impl Drop for Temp {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Whether a file or directory name is a temporary of an interrupted write (a file's
+/// `.<pid>-<n>.tmp` or `.<pid>-<n>.tmp.png`, a checkpoint's `step_NNNNNN.tmp`): never part of a
+/// result.
 pub fn is_temp(name: &str) -> bool {
     name.ends_with(".tmp") || name.contains(".tmp.")
 }
@@ -51,10 +151,10 @@ pub fn commit(tmp: &Path, path: &Path) -> std::io::Result<()> {
 /// Writes `bytes` to `path` atomically: the one atomic writer of a whole file, its error naming
 /// the path.
 pub fn write(path: &Path, bytes: &[u8]) -> Result<(), PathIoError> {
-    let tmp = temp_path(path);
-    std::fs::write(&tmp, bytes)
-        .and_then(|()| commit(&tmp, path))
-        .at(path)
+    use std::io::Write;
+    let mut temp = Temp::beside(path).at(path)?;
+    temp.file().write_all(bytes).at(path)?;
+    temp.commit(path).at(path)
 }
 
 /// Writes `bytes` atomically to `dir/name`, creating `dir` first; returns the path written
@@ -78,6 +178,7 @@ pub fn staging(dir: &Path, what: &str) -> PathBuf {
 
 /// A directory being built beside `dir` ([`staging`]): removed when dropped, on every way out,
 /// unless [`StagedDir::commit`] put it in place.
+#[derive(Debug)]
 pub struct StagedDir {
     path: PathBuf,
     done: bool,
@@ -89,12 +190,21 @@ impl StagedDir {
         StagedDir::at(staging(dir, what))
     }
 
-    /// A fresh staging directory at `path` (what an interrupted run left there is removed).
+    /// A fresh staging directory at `path` (what an interrupted run left there is removed: a
+    /// link there is removed itself, never followed). Made with `mkdir`, which fails on anything
+    /// that appeared at `path` meanwhile, so what is staged is written into a folder this call
+    /// made, never into one a link planted there leads to.
     fn at(path: PathBuf) -> std::io::Result<StagedDir> {
-        if path.exists() {
-            std::fs::remove_dir_all(&path)?;
+        match std::fs::symlink_metadata(&path) {
+            Ok(meta) if meta.is_dir() => std::fs::remove_dir_all(&path)?,
+            Ok(_) => std::fs::remove_file(&path)?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(e),
         }
-        std::fs::create_dir_all(&path)?;
+        if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+            std::fs::create_dir_all(parent)?;
+        }
+        std::fs::create_dir(&path)?;
         Ok(StagedDir { path, done: false })
     }
 
@@ -176,8 +286,15 @@ impl FileSet {
 
     /// Stages `bytes` as `dir/name`; returns the path it will have.
     pub fn write(&mut self, dir: &Path, name: &str, bytes: &[u8]) -> std::io::Result<PathBuf> {
+        use std::io::Write;
         let staged = self.folder(dir)?.join(name);
-        std::fs::write(&staged, bytes)?;
+        // A new file in the folder this set made: a name written twice is an error, not a
+        // silent overwrite.
+        std::fs::OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .open(&staged)?
+            .write_all(bytes)?;
         let path = dir.join(name);
         self.files.push((staged, path.clone()));
         Ok(path)
@@ -221,82 +338,69 @@ impl FileSet {
 /// bytes back. A file named twice (itself and through a link) is written once. The error names
 /// the file it is about.
 pub fn replace_together(files: &[(PathBuf, Vec<u8>)]) -> Result<(), PathIoError> {
-    let mut staged = Staged(Vec::new());
+    let mut staged: Vec<Replacement> = Vec::new();
     for (path, bytes) in files {
         let real = std::fs::canonicalize(path).at(path)?;
-        if staged.0.iter().any(|s| s.real == real) {
+        if staged.iter().any(|s| s.real == real) {
             continue;
         }
         let old = std::fs::read(&real).at(path)?;
-        let temp = temp_path(&real);
-        staged.0.push(Replacement {
-            real: real.clone(),
-            temp: temp.clone(),
+        let temp = write_like(&real, bytes).at(path)?;
+        staged.push(Replacement {
+            real,
+            temp: Some(temp),
             old,
-            replaced: false,
         });
-        write_like(&real, &temp, bytes).at(path)?;
     }
-    for i in 0..staged.0.len() {
-        let r = &staged.0[i];
-        if let Err(e) = commit(&r.temp, &r.real) {
-            let failed = r.real.clone();
-            staged.restore();
+    for i in 0..staged.len() {
+        let temp = staged[i]
+            .temp
+            .take()
+            .expect("invariant: staged, not yet committed");
+        if let Err(e) = temp.commit(&staged[i].real) {
+            let failed = staged[i].real.clone();
+            restore(&staged[..i]);
             return Err(PathIoError::new(failed, e));
         }
-        staged.0[i].replaced = true;
     }
-    staged.0.clear();
     Ok(())
 }
 
-/// One file of [`replace_together`]: where it is, its staged new content, its old bytes.
+/// One file of [`replace_together`]: where it is, its staged new content (a [`Temp`], removed if
+/// dropped uncommitted), its old bytes.
 struct Replacement {
     real: PathBuf,
-    temp: PathBuf,
+    temp: Option<Temp>,
     old: Vec<u8>,
-    replaced: bool,
 }
 
-/// The replacements under way: dropped before they all went through, their temporaries go.
-struct Staged(Vec<Replacement>);
-
-impl Staged {
-    /// Puts the old bytes back into the files already replaced (best effort: the error that
-    /// stopped the set is the one reported).
-    fn restore(&mut self) {
-        for r in self.0.iter().filter(|r| r.replaced) {
-            if write_like(&r.real, &r.temp, &r.old).is_ok() {
-                let _ = std::fs::rename(&r.temp, &r.real);
-            }
+/// Puts the old bytes back into the files already replaced (best effort: the error that
+/// stopped the set is the one reported).
+fn restore(replaced: &[Replacement]) {
+    for r in replaced {
+        if let Ok(temp) = write_like(&r.real, &r.old) {
+            let _ = temp.commit(&r.real);
         }
     }
 }
 
-impl Drop for Staged {
-    fn drop(&mut self) {
-        for r in &self.0 {
-            let _ = std::fs::remove_file(&r.temp);
-        }
-    }
-}
-
-/// Writes `bytes` to `temp` with the permissions and owner of the existing file `like`, so that
-/// renaming it over `like` changes the content alone. Created with the permissions already
-/// (never readable by more than `like` is, even for a moment), then given them exactly (the
-/// umask may have taken bits away) and, on Unix, `like`'s owner and group where they differ
-/// from the writer's: a file this process cannot give them is an error, never a silent change.
-fn write_like(like: &Path, temp: &Path, bytes: &[u8]) -> std::io::Result<()> {
+/// A new [`Temp`] beside the existing file `like` holding `bytes`, with `like`'s permissions and
+/// owner, so that renaming it over `like` changes the content alone. Created with the
+/// permissions already (never readable by more than `like` is, even for a moment), then given
+/// them exactly (the umask may have taken bits away) and, on Unix, `like`'s owner and group
+/// where they differ from the writer's: a file this process cannot give them is an error, never
+/// a silent change.
+fn write_like(like: &Path, bytes: &[u8]) -> std::io::Result<Temp> {
     use std::io::Write;
     let meta = std::fs::metadata(like)?;
-    let mut options = std::fs::OpenOptions::new();
-    options.write(true).create(true).truncate(true);
     #[cfg(unix)]
-    {
-        use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
-        options.mode(meta.permissions().mode() & 0o7777);
-    }
-    let mut file = options.open(temp)?;
+    let mut temp = {
+        use std::os::unix::fs::PermissionsExt;
+        Temp::beside_with_mode(like, meta.permissions().mode() & 0o7777)?
+    };
+    #[cfg(not(unix))]
+    let mut temp = Temp::beside(like)?;
+    let file = temp.file();
     file.write_all(bytes)?;
     file.set_permissions(meta.permissions())?;
     #[cfg(unix)]
@@ -304,7 +408,7 @@ fn write_like(like: &Path, temp: &Path, bytes: &[u8]) -> std::io::Result<()> {
         use std::os::unix::fs::MetadataExt;
         let made = file.metadata()?;
         if (made.uid(), made.gid()) != (meta.uid(), meta.gid()) {
-            std::os::unix::fs::fchown(&file, Some(meta.uid()), Some(meta.gid())).map_err(|e| {
+            std::os::unix::fs::fchown(&*file, Some(meta.uid()), Some(meta.gid())).map_err(|e| {
                 std::io::Error::new(
                     e.kind(),
                     format!(
@@ -318,7 +422,7 @@ fn write_like(like: &Path, temp: &Path, bytes: &[u8]) -> std::io::Result<()> {
             file.set_permissions(meta.permissions())?;
         }
     }
-    Ok(())
+    Ok(temp)
 }
 
 /// Saves tensors as safetensors to `path` atomically.
@@ -326,8 +430,103 @@ pub fn save_safetensors(
     tensors: &std::collections::HashMap<String, candle_core::Tensor>,
     path: &Path,
 ) -> candle_core::Result<()> {
-    let tmp = temp_path(path);
-    candle_core::safetensors::save(tensors, &tmp)?;
-    commit(&tmp, path)?;
+    // candle opens the file by its path: it writes into the temporary made here, never into
+    // what a planted name leads to.
+    let temp = Temp::beside(path)?;
+    candle_core::safetensors::save(tensors, temp.path())?;
+    temp.commit(path)?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The names the next temporaries of `path` will try, from the counter on.
+    fn next_names(path: &Path, n: u64) -> Vec<PathBuf> {
+        let from = TEMP_COUNTER.load(std::sync::atomic::Ordering::Relaxed);
+        let name = path
+            .file_name()
+            .expect("name")
+            .to_string_lossy()
+            .to_string();
+        (from..from + n)
+            .map(|k| path.with_file_name(format!("{name}.{}-{k}.tmp", std::process::id())))
+            .collect()
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn a_write_never_follows_or_reuses_a_planted_temporary() {
+        use std::os::unix::fs::PermissionsExt;
+        let tmp = tempfile::tempdir().expect("tmp");
+        let victim = tmp.path().join("victim");
+        std::fs::write(&victim, "the victim's").expect("w");
+        std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        let target = tmp.path().join("doc.md");
+        // The name the writer used to take, and the next names it will try: links to the
+        // victim, and a file another process left.
+        let mut planted = vec![tmp.path().join("doc.md.tmp")];
+        planted.extend(next_names(&target, 8));
+        for (i, p) in planted.iter().enumerate() {
+            if i % 2 == 0 {
+                std::os::unix::fs::symlink(&victim, p).expect("link");
+            } else {
+                std::fs::write(p, "someone else's").expect("w");
+            }
+        }
+        write(&target, b"the document").expect("written");
+        assert_eq!(std::fs::read(&victim).expect("r"), b"the victim's");
+        let mode = std::fs::metadata(&victim).expect("m").permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "the victim's mode changed");
+        let meta = std::fs::symlink_metadata(&target).expect("m");
+        assert!(meta.is_file(), "the target is a regular file, not a link");
+        assert_eq!(std::fs::read(&target).expect("r"), b"the document");
+        for (i, p) in planted.iter().enumerate() {
+            let m = std::fs::symlink_metadata(p).expect("what was planted is still there");
+            assert_eq!(m.file_type().is_symlink(), i % 2 == 0);
+        }
+        // Nothing of the writer's own is left beside it.
+        let mut names: Vec<String> = std::fs::read_dir(tmp.path())
+            .expect("ls")
+            .map(|e| e.expect("e").file_name().to_string_lossy().to_string())
+            .collect();
+        names.sort();
+        assert_eq!(names.len(), planted.len() + 2, "{names:?}");
+    }
+
+    #[test]
+    fn a_temporary_is_removed_when_its_write_fails() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let target = tmp.path().join("figure.png");
+        let temp = Temp::beside_keeping_extension(&target).expect("temp");
+        let name = temp
+            .path()
+            .file_name()
+            .expect("n")
+            .to_string_lossy()
+            .to_string();
+        assert!(name.starts_with("figure.") && name.ends_with(".tmp.png") && is_temp(&name));
+        let path = temp.path().to_owned();
+        assert!(path.is_file());
+        drop(temp);
+        assert!(!path.exists(), "an uncommitted temporary is removed");
+        // A target whose folder is a file: the error names the target, and nothing is left.
+        std::fs::write(tmp.path().join("file"), "").expect("w");
+        let err = write(&tmp.path().join("file/inside.txt"), b"x").expect_err("no folder");
+        assert!(err.to_string().contains("inside.txt"), "{err}");
+        // A staging folder whose name a link holds: the link goes, the folder is made fresh,
+        // and the link's target is untouched.
+        let victim = tmp.path().join("victim-dir");
+        std::fs::create_dir(&victim).expect("mkdir");
+        let mut set = FileSet::new("report");
+        let out = tmp.path().join("out");
+        std::fs::create_dir(&out).expect("mkdir");
+        #[cfg(unix)]
+        std::os::unix::fs::symlink(&victim, out.join(".report.staging")).expect("link");
+        set.write(&out, "table.md", b"| a |").expect("staged");
+        set.commit().expect("committed");
+        assert_eq!(std::fs::read(out.join("table.md")).expect("r"), b"| a |");
+        assert_eq!(std::fs::read_dir(&victim).expect("ls").count(), 0);
+    }
 }

@@ -107,3 +107,21 @@ pub fn open(path: impl AsRef<Path>) -> io::Result<File> {
     regular(path.as_ref())?;
     File::open(path)
 }
+
+/// [`read_to_string`] of at most `limit` bytes: a longer file is an error saying so (kind
+/// `InvalidData`), found after reading `limit + 1` bytes, so what is held never passes the limit
+/// whatever the file's size (or a descriptor's stream) turns out to be.
+pub fn read_to_string_at_most(path: impl AsRef<Path>, limit: u64) -> io::Result<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    open(path)?
+        .take(limit.saturating_add(1))
+        .read_to_string(&mut text)?;
+    if text.len() as u64 > limit {
+        return Err(io::Error::new(
+            io::ErrorKind::InvalidData,
+            format!("larger than the {limit} bytes read from it: refused"),
+        ));
+    }
+    Ok(text)
+}

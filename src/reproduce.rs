@@ -45,6 +45,8 @@ pub enum ReproduceError {
     Runs(#[from] crate::run::complete::RunsError),
     #[error("{}: no run of the manifests in {} (a report --from an archive is checked against the scale's manifests: --experiments DIR)", root.display(), manifests.display())]
     NoRunsOfScale { root: PathBuf, manifests: PathBuf },
+    #[error("{} is being written by another `--from` (it holds {}); nothing was changed", dir.display(), lock.display())]
+    Busy { dir: PathBuf, lock: PathBuf },
     #[error("{}: run {name} has seed {seed}, more seeds past its manifest's than the {MAX_RUNS} runs one reproduction plans", root.display())]
     SeedsBeyondPlan {
         root: PathBuf,
@@ -439,30 +441,92 @@ pub fn check_finished(
     })
 }
 
-/// A verified archive (or results directory) ready to report from.
+/// A verified archive (or results directory) ready to report from: the reports are written into
+/// [`FromArchive::root`], then [`FromArchive::commit`] puts them in place with the runs.
 #[derive(Debug)]
 pub struct FromArchive {
     pub verification: archive::Report,
-    /// The directory holding the run directories; None when verification failed.
+    /// The directory holding the run directories, where the reports are written; None when
+    /// verification failed. For an archive it is a staging directory until the commit.
     pub root: Option<PathBuf>,
+    /// An archive's staging directory and where it goes.
+    staged: Option<(crate::atomic::StagedDir, PathBuf)>,
+    /// Held until the reports are in place: one `--from` at a time writes into a folder.
+    _lock: crate::run::lock::Lock,
 }
 
-/// Verifies `from`; an archive is then unpacked into `<results>/from-<stem>/` (emptied first,
-/// so no run of an earlier archive of that name is mixed in).
+impl FromArchive {
+    /// Where `path` (under [`FromArchive::root`]) will be once committed.
+    pub fn final_path(&self, path: &Path) -> PathBuf {
+        match (&self.staged, &self.root) {
+            (Some((_, dest)), Some(root)) => match path.strip_prefix(root) {
+                Ok(rest) if rest.as_os_str().is_empty() => dest.clone(),
+                Ok(rest) => dest.join(rest),
+                Err(_) => path.to_owned(),
+            },
+            _ => path.to_owned(),
+        }
+    }
+
+    /// Puts an archive's unpacked runs and the reports written beside them at
+    /// `<results>/from-<stem>/`, replacing what an earlier call put there, as one rename; returns
+    /// where they are (a directory given as `--from` stays where it is). Called once every
+    /// check passed and every report is written: a call that fails before leaves the earlier
+    /// folder, reports and all, as it was.
+    pub fn commit(self) -> Result<Option<PathBuf>> {
+        let Some(root) = self.root else {
+            return Ok(None);
+        };
+        match self.staged {
+            Some((stage, dest)) => {
+                crate::atomic::commit_dir(&root, &dest).at(&dest)?;
+                drop(stage);
+                Ok(Some(dest))
+            }
+            None => Ok(Some(root)),
+        }
+    }
+}
+
+/// Locks `dir` for one `--from` ([`crate::run::lock`], as a run is locked for its trainer).
+fn lock_from(dir: &Path) -> Result<crate::run::lock::Lock> {
+    use crate::run::lock;
+    let path = lock::path_for(dir);
+    lock::acquire(dir, lock::Wait::NoWait)
+        .at(&path)?
+        .ok_or_else(|| ReproduceError::Busy {
+            dir: dir.to_owned(),
+            lock: path,
+        })
+}
+
+/// Verifies `from` and makes it ready to report from ([`FromArchive`]). An archive is unpacked
+/// (once: what is verified is what is used) into a staging directory beside
+/// `<results>/from-<stem>/`, which the commit puts in its place, so no run of an earlier archive
+/// of that name is mixed in and a failing call leaves the earlier one whole. Either way the
+/// folder is locked until the commit: a second `--from` into it is refused.
 pub fn from_archive(from: &Path, results: &Path) -> Result<FromArchive> {
-    let verification = archive::verify(from)?;
-    if !verification.ok() {
-        return Ok(FromArchive {
-            verification,
-            root: None,
-        });
-    }
     if from.is_dir() {
+        let real = std::fs::canonicalize(from).at(from)?;
+        let lock = lock_from(&real)?;
+        let verification = archive::verify(from)?;
+        let root = verification.ok().then(|| from.to_owned());
         return Ok(FromArchive {
             verification,
-            root: Some(from.to_owned()),
+            root,
+            staged: None,
+            _lock: lock,
         });
     }
+    if !from.exists() {
+        return Err(ArchiveError::Invalid {
+            path: from.to_owned(),
+            reason: "no such archive or directory".into(),
+        }
+        .into());
+    }
+    // A pipe or a device is refused before anything is made for it.
+    crate::files::regular(from).at(from)?;
     let stem = from
         .file_name()
         .map_or("archive".into(), |s| s.to_string_lossy().to_string());
@@ -472,14 +536,20 @@ pub fn from_archive(from: &Path, results: &Path) -> Result<FromArchive> {
         .unwrap_or(&stem)
         .to_string();
     let dest = results.join(format!("from-{stem}"));
-    if dest.exists() {
-        std::fs::remove_dir_all(&dest).at(&dest)?;
-    }
-    std::fs::create_dir_all(&dest).at(&dest)?;
-    archive::unpack(from, &dest)?;
+    std::fs::create_dir_all(results).at(results)?;
+    let lock = lock_from(&dest)?;
+    let stage = crate::atomic::StagedDir::new(&dest, "unpacking").at(&dest)?;
+    // Under the staging directory with the folder's own name: the figures of a report are
+    // named after the folder its runs are in.
+    let root = stage.path().join(format!("from-{stem}"));
+    std::fs::create_dir(&root).at(&root)?;
+    let verification = archive::verify_into(from, &root)?;
+    let ok = verification.ok();
     Ok(FromArchive {
         verification,
-        root: Some(dest),
+        root: ok.then_some(root),
+        staged: ok.then_some((stage, dest)),
+        _lock: lock,
     })
 }
 

@@ -60,12 +60,12 @@ fn reseal(from: Option<&Path>, unpacked: &Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-/// `--from ARCHIVE`: verifies it (saying what it found) and unpacks it under `results`; the
-/// finished runs' directory, or None when the verification failed.
-fn unpack(from: &Path, results: &Path) -> anyhow::Result<Option<PathBuf>> {
+/// `--from ARCHIVE`: verifies it (saying what it found) and unpacks it under `results`, staged
+/// until [`acpo::reproduce::FromArchive::commit`]; None when the verification failed.
+fn unpack(from: &Path, results: &Path) -> anyhow::Result<Option<acpo::reproduce::FromArchive>> {
     let found = acpo::reproduce::from_archive(from, results)?;
     println!("{}: {}", from.display(), found.verification.describe());
-    Ok(found.root)
+    Ok(found.root.is_some().then_some(found))
 }
 
 /// `--doc FILE`: the generated files quoted into FILE's marked blocks.

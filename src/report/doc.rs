@@ -38,6 +38,11 @@ pub fn splice(doc_path: &Path, doc: &str, root: &Path) -> Result<(String, usize)
         let j = rest[body_start..]
             .find(&end_marker)
             .ok_or_else(|| invalid(format!("no `{end_marker}` after `<!-- begin: {name} -->`")))?;
+        if let Some(other) = inner_marker(&rest[body_start..body_start + j]) {
+            return Err(invalid(format!(
+                "block `{name}` holds `{other}`: another block nested in it or crossing it would be deleted when `{name}` is filled (refused; each block must be closed before the next opens)"
+            )));
+        }
         let path = block_file(root, name).ok_or_else(|| {
             invalid(format!(
                 "block `{name}` is not a file inside the reports folder {}",
@@ -51,7 +56,7 @@ pub fn splice(doc_path: &Path, doc: &str, root: &Path) -> Result<(String, usize)
             seen.push(name.to_owned());
             continue;
         }
-        let body = crate::files::read_to_string(&path).at(&path)?;
+        let body = crate::files::read_to_string_at_most(&path, MAX_GENERATED_BYTES).at(&path)?;
         if let Some(reason) = holds_marker(&body) {
             return Err(ReportError::Invalid {
                 path: path.clone(),
@@ -68,6 +73,11 @@ pub fn splice(doc_path: &Path, doc: &str, root: &Path) -> Result<(String, usize)
         out.push_str(&end_marker);
         rest = &rest[body_start + j + end_marker.len()..];
         filled += 1;
+        if (out.len() + rest.len()) as u64 > MAX_DOC_BYTES {
+            return Err(invalid(format!(
+                "filled, it would be larger than the {MAX_DOC_BYTES} bytes a document may have: refused"
+            )));
+        }
     }
     if filled == 0 && !seen.is_empty() {
         return Err(invalid(format!(
@@ -83,6 +93,25 @@ pub fn splice(doc_path: &Path, doc: &str, root: &Path) -> Result<(String, usize)
 /// The markers that open and close a block: a generated file holding one would change the
 /// blocks of the document it is quoted into (issue #47).
 const MARKERS: [&str; 2] = ["<!-- begin: ", "<!-- end: "];
+
+/// Bytes of a generated file quoted into a block (the largest generated report is a few KB):
+/// a bigger one is refused before it is held whole.
+pub const MAX_GENERATED_BYTES: u64 = 4 << 20;
+/// Bytes of a document read or written by [`fill`] (the largest doc is ~100 KB).
+pub const MAX_DOC_BYTES: u64 = 16 << 20;
+
+/// The first block marker inside a block's body (the whole marker when it is closed on its
+/// line), or None.
+fn inner_marker(body: &str) -> Option<String> {
+    let at = MARKERS.iter().filter_map(|m| body.find(m)).min()?;
+    let marker = &body[at..];
+    let line = marker.lines().next().unwrap_or(marker);
+    let shown = match line.find(" -->") {
+        Some(end) => &line[..end + " -->".len()],
+        None => line,
+    };
+    Some(shown.chars().take(200).collect())
+}
 
 /// Where generated text holds a block marker (its line), or None.
 fn holds_marker(body: &str) -> Option<String> {
@@ -137,7 +166,7 @@ pub fn fill(docs: &[PathBuf], root: &Path, check: bool) -> Result<Vec<Filled>> {
     let mut out = Vec::new();
     let mut changes = Vec::new();
     for doc in docs {
-        let text = crate::files::read_to_string(doc).at(doc)?;
+        let text = crate::files::read_to_string_at_most(doc, MAX_DOC_BYTES).at(doc)?;
         let (new, blocks) = splice(doc, &text, root)?;
         let changed = new != text;
         if changed {

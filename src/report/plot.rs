@@ -590,12 +590,14 @@ pub fn write_figure(
     );
     // Each file is drawn under a temporary name (keeping its extension, which picks the
     // encoder) and renamed over the old one when complete: a kill never leaves half a figure.
+    // The temporaries are made here, new (never a planted name followed), and removed if the
+    // drawing fails; the backends then open them by their paths.
     let (png_tmp, svg_tmp) = (
-        crate::atomic::temp_path_keeping_extension(&png),
-        crate::atomic::temp_path_keeping_extension(&svg),
+        crate::atomic::Temp::beside_keeping_extension(&png).at(&png)?,
+        crate::atomic::Temp::beside_keeping_extension(&svg).at(&svg)?,
     );
     draw_panels(
-        &SVGBackend::new(&svg_tmp, size).into_drawing_area(),
+        &SVGBackend::new(svg_tmp.path(), size).into_drawing_area(),
         title,
         panels,
         cols,
@@ -603,15 +605,15 @@ pub fn write_figure(
     )
     .map_err(|e| fail(&svg, e))?;
     draw_panels(
-        &BitMapBackend::new(&png_tmp, size).into_drawing_area(),
+        &BitMapBackend::new(png_tmp.path(), size).into_drawing_area(),
         title,
         panels,
         cols,
         &legends,
     )
     .map_err(|e| fail(&png, e))?;
-    for (tmp, path) in [(&svg_tmp, &svg), (&png_tmp, &png)] {
-        crate::atomic::commit(tmp, path).at(path)?;
+    for (tmp, path) in [(svg_tmp, &svg), (png_tmp, &png)] {
+        tmp.commit(path).at(path)?;
     }
     Ok(vec![png, svg])
 }

@@ -37,11 +37,12 @@ pub fn acquire(dir: &Path, wait: Wait) -> std::io::Result<Option<Lock>> {
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent)?;
     }
-    let file = std::fs::OpenOptions::new()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)?;
+    let mut options = std::fs::OpenOptions::new();
+    options.create(true).truncate(false).write(true);
+    // A link planted at the lock's name is refused, never opened (nor created) where it leads.
+    #[cfg(unix)]
+    std::os::unix::fs::OpenOptionsExt::custom_flags(&mut options, libc::O_NOFOLLOW);
+    let file = options.open(&path)?;
     if !flock(&file, wait)? {
         return Ok(None);
     }
@@ -72,4 +73,28 @@ fn flock(file: &File, wait: Wait) -> std::io::Result<bool> {
 #[cfg(not(unix))]
 fn flock(_file: &File, _wait: Wait) -> std::io::Result<bool> {
     Ok(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[cfg(unix)]
+    #[test]
+    fn a_link_planted_at_the_lock_is_refused_and_not_followed() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let dir = tmp.path().join("run");
+        let victim = tmp.path().join("victim");
+        std::os::unix::fs::symlink(&victim, path_for(&dir)).expect("link");
+        assert!(acquire(&dir, Wait::NoWait).is_err());
+        assert!(
+            !victim.exists(),
+            "the lock was created where the link leads"
+        );
+        std::fs::remove_file(path_for(&dir)).expect("rm");
+        let held = acquire(&dir, Wait::NoWait).expect("lock").expect("free");
+        assert!(acquire(&dir, Wait::NoWait).expect("lock").is_none());
+        drop(held);
+        assert!(acquire(&dir, Wait::NoWait).expect("lock").is_some());
+    }
 }

@@ -137,10 +137,9 @@ fn write_split(
         ],
     )
     .map_err(|e| fail(path, e))?;
-    let tmp = crate::atomic::temp_path(path);
-    let file = std::fs::File::create(&tmp).at(&tmp)?;
-    ParquetWriter::new(file)
+    let mut temp = crate::atomic::Temp::beside(path).at(path)?;
+    ParquetWriter::new(temp.file())
         .finish(&mut df)
         .map_err(|e| fail(path, e))?;
-    Ok(crate::atomic::commit(&tmp, path).at(path)?)
+    Ok(temp.commit(path).at(path)?)
 }

@@ -507,9 +507,14 @@ fn reproduce_from_an_archive_unpacks_into_an_emptied_directory() {
 
     let found = acpo::reproduce::from_archive(&archive, &results).expect("from");
     assert!(found.verification.ok(), "{}", found.verification.describe());
-    let root = found.root.expect("verified");
+    let staged = found.root.clone().expect("verified");
+    assert!(staged.join("run-a/metrics.jsonl").exists());
+    assert!(stale.exists(), "the earlier folder stays until the commit");
+    assert_eq!(found.final_path(&staged), results.join("from-runs"));
+    let root = found.commit().expect("commit").expect("verified");
     assert_eq!(root, results.join("from-runs"));
     assert!(root.join("run-a/metrics.jsonl").exists());
+    assert!(!staged.exists());
     assert!(
         !stale.exists(),
         "a run of an earlier archive of that name is not mixed in"
@@ -933,4 +938,140 @@ fn archives_and_exports_leave_nothing_half_done() {
         "keep"
     );
     assert!(!mine.join("launch.sh").exists());
+}
+
+/// A tar stream's pieces, written raw (as a hostile archive is): a ustar header of `kind` for a
+/// short `path` declaring `size` bytes.
+fn raw_header(path: &str, kind: u8, size: u64) -> Vec<u8> {
+    let mut h = tar::Header::new_ustar();
+    h.set_path(path).expect("short path");
+    h.set_size(size);
+    h.set_entry_type(tar::EntryType::new(kind));
+    h.set_mode(0o755);
+    h.set_cksum();
+    h.as_bytes().to_vec()
+}
+
+/// A header and its data, padded to whole blocks.
+fn raw_entry(path: &str, kind: u8, data: &[u8]) -> Vec<u8> {
+    let mut v = raw_header(path, kind, data.len() as u64);
+    v.extend(data);
+    v.resize(v.len().next_multiple_of(512), 0);
+    v
+}
+
+/// Writes `parts`, then `zeros` zero bytes (a member's data), then the end-of-archive blocks,
+/// gzipped at `out`.
+fn raw_archive(out: &Path, parts: impl IntoIterator<Item = Vec<u8>>, zeros: u64) {
+    use std::io::{Read, Write};
+    let file = std::fs::File::create(out).expect("create");
+    let mut gz = flate2::write::GzEncoder::new(file, flate2::Compression::best());
+    for part in parts {
+        gz.write_all(&part).expect("w");
+    }
+    std::io::copy(&mut std::io::repeat(0).take(zeros), &mut gz).expect("zeros");
+    gz.write_all(&[0; 1024]).expect("w");
+    gz.finish().expect("gz");
+}
+
+/// Issue #58, item 1: hostile archives within a small file — a PAX `size` record above a header
+/// of 0 bytes, a GNU long name of 32 MiB, 100,000 directories, a path 200 levels deep — are each
+/// refused from their headers by `verify` (a failed check naming the archive and the limit, exit
+/// 1, no scratch left) and by `reproduce --from` (nothing unpacked into the results folder).
+#[test]
+fn hostile_archives_are_refused_within_one_budget_by_verify_and_from() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let big = 2 * acpo::archive::UNPACK_ALLOWANCE;
+    let pax_size = {
+        let record = format!("size={big}\n");
+        let mut n = record.len() + 3;
+        while format!("{n} {record}").len() != n {
+            n += 1;
+        }
+        format!("{n} {record}")
+    };
+    type Case<'a> = (&'a str, Vec<Vec<u8>>, u64, &'a str);
+    let cases: Vec<Case> = vec![
+        (
+            "pax-size",
+            vec![
+                raw_entry("PaxHeader", b'x', pax_size.as_bytes()),
+                raw_header("run-a/metrics.jsonl", b'0', 0),
+            ],
+            big,
+            "decompression bomb",
+        ),
+        (
+            "long-name",
+            vec![raw_entry("././@LongLink", b'L', &vec![b'a'; 32 << 20])],
+            0,
+            "GNU long name entry of 33554432 bytes",
+        ),
+        (
+            "many",
+            (0..100_000)
+                .map(|i| raw_entry(&format!("d{i}/"), b'5', b""))
+                .collect(),
+            0,
+            "refused",
+        ),
+        (
+            "deep",
+            vec![
+                raw_entry(
+                    "././@LongLink",
+                    b'L',
+                    format!("{}f", "a/".repeat(200)).as_bytes(),
+                ),
+                raw_entry("x", b'0', b"deep"),
+            ],
+            0,
+            "201 levels",
+        ),
+    ];
+    let scratch = tmp.path().join("scratch");
+    std::fs::create_dir_all(&scratch).expect("mkdir");
+    for (name, parts, zeros, says) in cases {
+        let archive = tmp.path().join(format!("{name}.tar.gz"));
+        raw_archive(&archive, parts, zeros);
+        let out = Command::new(env!("CARGO_BIN_EXE_acpo"))
+            .args(["verify", archive.to_str().expect("u")])
+            .env("TMPDIR", &scratch)
+            .current_dir(tmp.path())
+            .output()
+            .expect("acpo runs");
+        failed_check(&out, says);
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            stdout.contains(&format!("{name}.tar.gz")),
+            "{name}: {stdout}"
+        );
+        let left: Vec<_> = std::fs::read_dir(&scratch).expect("ls").collect();
+        assert!(left.is_empty(), "{name}: scratch left behind: {left:?}");
+
+        let results = tmp.path().join(format!("results-{name}"));
+        let from = acpo(
+            &[
+                "reproduce",
+                "table1",
+                "--scale",
+                "mini",
+                "--from",
+                archive.to_str().expect("u"),
+                "--results",
+                results.to_str().expect("u"),
+            ],
+            tmp.path(),
+        );
+        failed_check(&from, says);
+        let made: Vec<String> = std::fs::read_dir(&results)
+            .expect("ls")
+            .map(|e| e.expect("e").file_name().to_string_lossy().to_string())
+            .filter(|n| !n.ends_with(".lock"))
+            .collect();
+        assert!(
+            made.is_empty(),
+            "{name}: unpacked into the results: {made:?}"
+        );
+    }
 }

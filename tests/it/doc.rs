@@ -112,8 +112,8 @@ fn generated_text_holding_a_block_marker_is_refused() {
 }
 
 /// Item 5: `acpo doc A B` with B unfillable leaves A as it was; B failing where its new text is
-/// staged (a directory squats on its temporary's name) leaves A untouched and no temporary of
-/// A's behind; with both fillable both are written.
+/// staged (its temporary cannot be made) leaves A untouched and no temporary of A's behind;
+/// with both fillable both are written.
 #[test]
 fn several_documents_are_filled_together_or_not_at_all() {
     let tmp = tempfile::tempdir().expect("tmp");
@@ -132,28 +132,26 @@ fn several_documents_are_filled_together_or_not_at_all() {
         "A rewritten"
     );
 
-    // B fine to splice, but its temporary cannot be made.
+    // A third document fine to splice, but its temporary cannot be made: its name is so long
+    // that the temporary's (the name and a suffix) passes the file system's limit.
     std::fs::write(&b, BLANK).expect("w");
-    let squat = acpo::atomic::temp_path(&b);
-    std::fs::create_dir_all(squat.join("inside")).expect("mkdir");
-    let out = doc(&[&a, &b], &from, false);
+    let long = tmp.path().join(format!("{}B.md", "L".repeat(246)));
+    std::fs::write(&long, BLANK).expect("w");
+    let out = doc(&[&a, &long], &from, false);
     assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("B.md"));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("LB.md"));
     assert_eq!(
         std::fs::read_to_string(&a).expect("r"),
         BLANK,
         "A rewritten"
     );
-    assert_eq!(std::fs::read_to_string(&b).expect("r"), BLANK);
-    assert!(
-        !acpo::atomic::temp_path(&a).exists(),
-        "A.md.tmp left behind"
+    assert_eq!(std::fs::read_to_string(&long).expect("r"), BLANK);
+    assert_eq!(
+        temps(tmp.path()),
+        Vec::<String>::new(),
+        "a temporary left behind"
     );
-    assert!(
-        squat.join("inside").is_dir(),
-        "what squatted is left as it was"
-    );
-    std::fs::remove_dir_all(&squat).expect("rm");
+    std::fs::remove_file(&long).expect("rm");
 
     let out = doc(&[&a, &b], &from, false);
     assert!(
@@ -169,4 +167,105 @@ fn several_documents_are_filled_together_or_not_at_all() {
     assert!(doc(&[&a, &b], &from, false).status.success());
     assert_eq!(std::fs::read_to_string(&a).expect("r"), FILLED);
     assert!(doc(&[&a, &b], &from, true).status.success());
+}
+
+/// Issue #58, item 2: a link planted at the name the writer's temporary used to have
+/// (`DOC.md.tmp`) is never written through: the victim keeps its bytes and mode, the document is
+/// filled, a regular file, and the planted link is left as it was.
+#[cfg(unix)]
+#[test]
+fn a_planted_temporary_link_is_never_written_through() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().expect("tmp");
+    let from = generated(tmp.path());
+    let victim = tmp.path().join("victim.txt");
+    std::fs::write(&victim, "the victim's").expect("w");
+    std::fs::set_permissions(&victim, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+    let target = tmp.path().join("DOC.md");
+    std::fs::write(&target, BLANK).expect("w");
+    let planted = tmp.path().join("DOC.md.tmp");
+    std::os::unix::fs::symlink(&victim, &planted).expect("link");
+    let out = doc(&[&target], &from, false);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read_to_string(&victim).expect("r"), "the victim's");
+    let mode = std::fs::metadata(&victim).expect("m").permissions().mode();
+    assert_eq!(mode & 0o777, 0o600, "the victim's mode changed");
+    assert!(std::fs::symlink_metadata(&target)
+        .expect("m")
+        .file_type()
+        .is_file());
+    assert_eq!(std::fs::read_to_string(&target).expect("r"), FILLED);
+    assert!(std::fs::symlink_metadata(&planted)
+        .expect("m")
+        .file_type()
+        .is_symlink());
+}
+
+/// Issue #58, item 10: a block nested in another or crossing it is refused, naming the document
+/// and both blocks, and the document is left as it was (before, filling the outer block deleted
+/// the inner one, another generator's).
+#[test]
+fn a_block_nested_in_or_crossing_another_is_refused() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let from = generated(tmp.path());
+    std::fs::write(from.join("other.md"), "| b |\n").expect("w");
+    let target = tmp.path().join("DOC.md");
+    for text in [
+        // nested: table.md holds other.md's block (other.md's file is absent or present)
+        "<!-- begin: table.md -->\nold\n<!-- begin: gpu.md -->\nkept\n<!-- end: gpu.md -->\n<!-- end: table.md -->\n",
+        "<!-- begin: table.md -->\n<!-- begin: other.md -->\nx\n<!-- end: other.md -->\n<!-- end: table.md -->\n",
+        // crossing: table.md opens, gpu.md opens, table.md ends, gpu.md ends
+        "<!-- begin: table.md -->\na\n<!-- begin: gpu.md -->\nb\n<!-- end: table.md -->\nc\n<!-- end: gpu.md -->\n",
+        "<!-- begin: gpu.md -->\na\n<!-- begin: table.md -->\nb\n<!-- end: gpu.md -->\nc\n<!-- end: table.md -->\n",
+    ] {
+        std::fs::write(&target, text).expect("w");
+        for check in [false, true] {
+            let out = doc(&[&target], &from, check);
+            let stderr = String::from_utf8_lossy(&out.stderr);
+            assert_eq!(out.status.code(), Some(2), "{text:?}: {stderr}");
+            assert!(
+                stderr.contains("DOC.md") && stderr.contains("nested") && !stderr.contains("panicked"),
+                "{stderr}"
+            );
+            let (outer, inner) = if text.starts_with("<!-- begin: gpu.md") {
+                ("gpu.md", "table.md")
+            } else if text.contains("other.md") {
+                ("table.md", "other.md")
+            } else {
+                ("table.md", "gpu.md")
+            };
+            assert!(
+                stderr.contains(&format!("block `{outer}`")) && stderr.contains(inner),
+                "{stderr}"
+            );
+            assert_eq!(std::fs::read_to_string(&target).expect("r"), text);
+        }
+    }
+}
+
+/// Issue #58, item 10: a generated file larger than a block may quote is refused naming it,
+/// read no further than the limit (under a memory cap it would abort the process), and the
+/// document is left as it was.
+#[test]
+fn a_huge_generated_file_is_refused_before_it_is_read_whole() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let from = generated(tmp.path());
+    let huge = from.join("table.md");
+    let file = std::fs::File::create(&huge).expect("create");
+    // Sparse: its size costs no disk.
+    file.set_len(8 << 30).expect("8 GiB");
+    let target = tmp.path().join("DOC.md");
+    std::fs::write(&target, BLANK).expect("w");
+    let out = doc(&[&target], &from, false);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("table.md") && stderr.contains("larger than"),
+        "{stderr}"
+    );
+    assert_eq!(std::fs::read_to_string(&target).expect("r"), BLANK);
 }

@@ -261,3 +261,85 @@ fn a_failed_report_leaves_no_part_of_its_set() {
     assert!(!root.join(".report.staging").exists());
     assert!(!tmp.path().join("figures-dir/mini/accuracy.png").exists());
 }
+
+/// Every file under `dir` (relative path → bytes).
+fn snapshot(dir: &Path) -> std::collections::BTreeMap<PathBuf, Vec<u8>> {
+    let mut out = std::collections::BTreeMap::new();
+    let mut stack = vec![dir.to_owned()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d).expect("ls") {
+            let p = e.expect("entry").path();
+            if p.is_dir() {
+                stack.push(p);
+            } else {
+                let rel = p.strip_prefix(dir).expect("under").to_owned();
+                out.insert(rel, std::fs::read(&p).expect("read"));
+            }
+        }
+    }
+    out
+}
+
+/// Issue #58, item 3: a good `--from` fills `from-mini/`; a second call with an archive of the
+/// same name missing a run (resealed, so it verifies) is refused (exit 2) and leaves the earlier
+/// runs and reports byte for byte, with nothing staged left beside them; a call while another
+/// `--from` holds the folder's lock is refused naming it, changing nothing.
+#[test]
+fn a_failing_from_keeps_the_last_good_reports_and_one_from_at_a_time_writes_a_folder() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let shipped = repo().join("results/mini.tar.gz");
+    let good = reproduce_from(tmp.path(), "table1", &shipped, &[]);
+    assert!(
+        good.status.success(),
+        "{}",
+        String::from_utf8_lossy(&good.stderr)
+    );
+    let results = tmp.path().join("results");
+    let root = results.join("from-mini");
+    assert!(String::from_utf8_lossy(&good.stdout)
+        .contains(&format!("wrote {}", root.join("table1.md").display())));
+    let before = snapshot(&root);
+    assert!(before.contains_key(Path::new("table1.md")));
+    assert!(before.contains_key(Path::new("SHA256SUMS")));
+
+    let other = tmp.path().join("other");
+    let runs = unpacked(&other);
+    std::fs::remove_dir_all(&runs_named(&runs, "mini-s-grpo-ac-")[2]).expect("rm");
+    let short = resealed(&runs, &other.join("mini.tar.gz"));
+    let out = reproduce_from(tmp.path(), "table1", &short, &[]);
+    refused(
+        &out,
+        &[
+            "1 of the 80 runs the report expects are not there",
+            "mini-s-grpo-ac-",
+        ],
+    );
+    assert!(
+        snapshot(&root) == before,
+        "the earlier runs and reports changed"
+    );
+    let mut left: Vec<String> = std::fs::read_dir(&results)
+        .expect("ls")
+        .map(|e| e.expect("e").file_name().to_string_lossy().to_string())
+        .collect();
+    left.sort();
+    assert_eq!(
+        left,
+        [".from-mini.lock", "from-mini"],
+        "staging left behind"
+    );
+
+    let held = acpo::run::lock::acquire(&root, acpo::run::lock::Wait::NoWait)
+        .expect("lock")
+        .expect("free");
+    let out = reproduce_from(tmp.path(), "table1", &shipped, &[]);
+    refused(&out, &["another `--from`", "from-mini"]);
+    assert!(snapshot(&root) == before, "written under a held lock");
+    drop(held);
+    let again = reproduce_from(tmp.path(), "table1", &shipped, &[]);
+    assert!(again.status.success());
+    assert!(
+        snapshot(&root) == before,
+        "the same archive, the same folder"
+    );
+}

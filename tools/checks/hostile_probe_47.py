@@ -301,12 +301,17 @@ def doc():
     a, b = d / "A.md", d / "B.md"
     a.write_text(BLANK)
     b.write_text(BLANK)
+    # The writer's temporaries are new files under names of its own (issue #58): what squats on
+    # the name they used to have is neither used nor removed.
     (d / "B.md.tmp").mkdir()
     (d / "B.md.tmp/keep").write_text("x")
     rc, out, err = run(["doc", a, b, "--from", gen])
-    record(s, "doc A B, B's temporary cannot be made", rc, out, err,
-           refused(rc, err, "B.md") and a.read_text() == BLANK and not (d / "A.md.tmp").exists())
+    record(s, "doc A B, a folder squatting on B.md.tmp", rc, out, err,
+           rc == 0 and a.read_text() == FILLED and b.read_text() == FILLED
+           and (d / "B.md.tmp/keep").read_text() == "x")
     shutil.rmtree(d / "B.md.tmp")
+    a.write_text(BLANK)
+    b.write_text(BLANK)
     rc, out, err = run(["doc", a, b, a, "--from", gen])
     record(s, "doc A B A: both filled, no temporary left", rc, out, err,
            rc == 0 and a.read_text() == FILLED and b.read_text() == FILLED

@@ -33,24 +33,23 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<Outcome> {
     }
     let scale: acpo::manifest::Scale = args.scale.into();
     let root = args.results.join(scale.name());
-    write(
+    print_written(&write(
         args.artifact.into(),
         &root,
         &args.figures,
         args.compare_paper,
-    )?;
+    )?);
     fill_doc(args.doc.as_deref(), &root)
 }
 
-/// `acpo report`: the artifact from the run directories in `root`.
+/// `acpo report`: the artifact from the run directories in `root`, shown; the files written.
 pub(super) fn write(
     artifact: Artifact,
     root: &Path,
     figures: &Path,
     paper: bool,
-) -> anyhow::Result<()> {
+) -> anyhow::Result<Vec<std::path::PathBuf>> {
     let (shown, written) = acpo::report::write(artifact, root, figures, paper)?;
     print!("{shown}");
-    print_written(&written);
-    Ok(())
+    Ok(written)
 }

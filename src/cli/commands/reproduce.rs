@@ -7,7 +7,7 @@ use anyhow::{bail, Context};
 
 use acpo::manifest::Scale;
 
-use crate::cli::{data_dir, fill_doc, reseal, unpack, ReproduceArgs};
+use crate::cli::{data_dir, fill_doc, print_written, reseal, unpack, ReproduceArgs};
 use crate::Outcome;
 
 /// `acpo reproduce`: train what is missing at a scale (finished runs are reused, unfinished
@@ -22,33 +22,49 @@ pub fn run(args: &ReproduceArgs) -> anyhow::Result<Outcome> {
         }
         Ok(manifests)
     };
-    let root = match &args.from {
-        Some(from) => {
-            let Some(root) = unpack(from, &args.results)? else {
-                return Ok(Outcome::CheckFailed);
-            };
-            // The runs the report stands on, checked before any of it is written (issue #47).
-            let manifests = manifests().context(
-                "the runs of an archive are checked against the scale's manifests (--experiments DIR)",
-            )?;
-            let expected = acpo::reproduce::check_finished(&manifests, args.seeds, &root, &dir)?;
-            println!("{}: {}", root.display(), expected.describe());
-            root
-        }
-        None => {
-            let manifests = acpo::reproduce::select_models(&manifests()?, &args.models)?;
-            let data = data_dir(&args.data_dir);
-            let seeds = args.seeds.unwrap_or(1);
-            acpo::reproduce::train_all(&manifests, seeds, &args.results, &data, args.jobs)?;
-            args.results.join(scale)
-        }
+    let Some(from) = &args.from else {
+        let manifests = acpo::reproduce::select_models(&manifests()?, &args.models)?;
+        let data = data_dir(&args.data_dir);
+        let seeds = args.seeds.unwrap_or(1);
+        acpo::reproduce::train_all(&manifests, seeds, &args.results, &data, args.jobs)?;
+        let root = args.results.join(scale);
+        let written = super::report::write(
+            args.artifact.into(),
+            &root,
+            &args.figures,
+            Scale::from(args.scale) == Scale::Paper,
+        )?;
+        print_written(&written);
+        return fill_doc(args.doc.as_deref(), &root);
     };
-    super::report::write(
+    // Unpacked into a staging folder, checked, reported and resealed there, and only then put
+    // in place: a call that fails on the way leaves the earlier reports whole.
+    let Some(found) = unpack(from, &args.results)? else {
+        return Ok(Outcome::CheckFailed);
+    };
+    let root = found
+        .root
+        .clone()
+        .expect("invariant: unpack returns verified runs");
+    // The runs the report stands on, checked before any of it is written (issue #47).
+    let manifests = manifests().context(
+        "the runs of an archive are checked against the scale's manifests (--experiments DIR)",
+    )?;
+    let expected = acpo::reproduce::check_finished(&manifests, args.seeds, &root, &dir)?;
+    println!(
+        "{}: {}",
+        found.final_path(&root).display(),
+        expected.describe()
+    );
+    let written = super::report::write(
         args.artifact.into(),
         &root,
         &args.figures,
         Scale::from(args.scale) == Scale::Paper,
     )?;
-    reseal(args.from.as_deref(), &root)?;
+    reseal(Some(from), &root)?;
+    let written: Vec<PathBuf> = written.iter().map(|w| found.final_path(w)).collect();
+    let root = found.commit()?.expect("invariant: verified runs");
+    print_written(&written);
     fill_doc(args.doc.as_deref(), &root)
 }

@@ -7,13 +7,16 @@ use crate::Outcome;
 pub fn run(args: &SweepArgs) -> anyhow::Result<Outcome> {
     let sweeps = acpo::sweep::load_all(&args.specs)?;
     let data = data_dir(&args.data_dir);
-    let unpacked = match &args.from {
+    // An archive's runs are unpacked into a staging folder, reported and resealed there, and
+    // only then put in place: a call that fails on the way leaves the earlier reports whole.
+    let found = match &args.from {
         Some(from) => match unpack(from, &args.results)? {
-            Some(root) => Some(root),
+            Some(found) => Some(found),
             None => return Ok(Outcome::CheckFailed),
         },
         None => None,
     };
+    let unpacked = found.as_ref().and_then(|f| f.root.clone());
     let source = match &unpacked {
         Some(root) => acpo::sweep::Source::Finished(root),
         None => acpo::sweep::Source::Train {
@@ -25,9 +28,12 @@ pub fn run(args: &SweepArgs) -> anyhow::Result<Outcome> {
         name,
         figures: &args.figures,
     });
-    let (reports, written) = acpo::sweep::run(&sweeps, source, &args.results, compare)?;
-    if let Some(root) = &unpacked {
+    let (mut reports, mut written) = acpo::sweep::run(&sweeps, source, &args.results, compare)?;
+    if let (Some(root), Some(found)) = (&unpacked, found) {
         reseal(args.from.as_deref(), root)?;
+        written = written.iter().map(|w| found.final_path(w)).collect();
+        reports = found.final_path(&reports);
+        found.commit()?;
     }
     for w in written {
         println!("wrote {}", w.display());
