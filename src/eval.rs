@@ -321,3 +321,14 @@ impl From<candle_core::Error> for EvalError {
         EvalError::Model(e.into())
     }
 }
+
+#[cfg(test)]
+mod record_size_tests {
+    #[test]
+    fn the_manifests_memory_bound_counts_a_whole_sample_record() {
+        assert!(
+            std::mem::size_of::<super::SampleRecord>() as u128
+                <= crate::manifest::SAMPLE_RECORD_BYTES
+        );
+    }
+}

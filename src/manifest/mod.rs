@@ -76,6 +76,7 @@ impl ManifestError {
 }
 
 mod bound;
+pub use bound::SAMPLE_RECORD_BYTES;
 mod check;
 mod diagnostics;
 pub mod edit;
