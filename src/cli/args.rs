@@ -493,7 +493,8 @@ pub struct BenchArgs {
     pub configs: PathBuf,
     /// paper-plan: a directory with train-step.json and generate.json measured on CUDA (bf16);
     /// memory-predict: a directory of CPU traces, DIR/*/train-step.json (--config: the target,
-    /// default qwen3-1.7b.json of --configs).
+    /// default qwen3-1.7b.json of --configs); decode-predict: the GPU runs (results/gpu), whose
+    /// measured copy rates price the decode attention's bytes (--config as memory-predict's).
     #[arg(long)]
     pub measured: Option<PathBuf>,
     /// Also fill this Markdown file's `<!-- begin: NAME -->` … `<!-- end: NAME -->` blocks

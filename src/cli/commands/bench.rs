@@ -33,6 +33,16 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<Outcome> {
                 .unwrap_or_else(|| args.configs.join("qwen3-1.7b.json"));
             acpo::perf::predict::memory_predict(measured, &target, &args.out)?
         }
+        BenchKind::DecodePredict => {
+            let Some(measured) = &args.measured else {
+                bail!("bench decode-predict needs --measured DIR (the GPU runs, results/gpu)");
+            };
+            let target = args
+                .config
+                .clone()
+                .unwrap_or_else(|| args.configs.join("qwen3-1.7b.json"));
+            acpo::perf::decode::decode_predict(measured, &target, &args.out)?
+        }
         kind => acpo::perf::speed(kind, &args.out, &speed_options(args)?)?,
     };
     println!("report: {}", report.display());
