@@ -153,13 +153,21 @@ static void forward(const Inputs& in, Path path, bf* o, float* stats) {
     LAUNCH(flash_fwd_bf16, dim3((c.T + 3) / 4, c.H, c.B), dim3(128), 0, in.dq_, in.dk_, in.dv_,
            in.dvalid, in.dfirst, o, stats, c.H, c.KV, c.T, S, cap, c.D, c.past, scale);
   } else if (path == DECODE) {
+    // the partials in a buffer kept from call to call (grown when too small), so that a timing
+    // counts the kernels, not an allocation (the runs before version 5 counted a cudaMalloc and
+    // a cudaFree too)
+    static float* part = nullptr;
+    static size_t part_n = 0;
     const int nsplit = (S + FD_SPLIT - 1) / FD_SPLIT;
-    float* part = (float*)dalloc((size_t)c.B * c.H * nsplit * (c.D + 2) * 4);
+    const size_t n = (size_t)c.B * c.H * nsplit * (c.D + 2);
+    if (n > part_n) {
+      if (part) dfree(part);
+      part = (float*)dalloc(n * 4), part_n = n;
+    }
     LAUNCH(flash_decode_split_bf16, dim3(nsplit, c.KV, c.B), dim3(128), 0, in.dq_, in.dk_,
            in.dv_, in.dvalid, in.dfirst, part, nsplit, c.H, c.KV, c.T, S, cap, c.D, c.past, scale);
     LAUNCH(flash_decode_combine_bf16, dim3(c.H, c.B), dim3(128), 0, part, o, stats, nsplit, c.H,
            c.D);
-    dfree(part);
   } else {
     const dim3 grid((c.T + FM_ROWS - 1) / FM_ROWS, c.H, c.B);
     if (c.D == 128)
@@ -374,11 +382,13 @@ static void check_pipe(Case c, std::vector<int> lens, std::initializer_list<int>
   }
 }
 
-// Row `r` of a ragged batch (`lens` keys a row, S = the longest + `room` columns beyond S in
-// the buffer, left padding, `cpb` chunks a block) against the same row alone (a batch of one,
-// its own length, no padding, no room, one chunk a block): the same bits of O and statistics.
+// Row `r` of a ragged batch (`lens` keys a row, left padding, the buffer's `cap` columns, `cpb`
+// chunks a block) against the same row alone (a batch of one, its own length, no padding, no
+// room, one chunk a block): the same bits of O and statistics. With `reference`, the batch is
+// also checked against float64.
 template <typename T>
-static void check_pipe_alone(Case c, const std::vector<int>& lens, int r, int cpb) {
+static void check_pipe_alone(Case c, const std::vector<int>& lens, int r, int cpb,
+                             bool reference = false) {
   Inputs in(c);
   set_lengths(in, lens);
   const int len = lens[r];
@@ -396,6 +406,11 @@ static void check_pipe_alone(Case c, const std::vector<int>& lens, int r, int cp
   dfree(one.dq_), dfree(one.dk_), dfree(one.dv_);
   one.dq_ = Inputs::upload(one.q), one.dk_ = Inputs::upload(one.k), one.dv_ = Inputs::upload(one.v);
   const PipeOut batch = run_pipe<T>(in, cpb), alone = run_pipe<T>(one, 1);
+  if (reference) {
+    const Reference ref(in);
+    report_lens(sizeof(T) == 2 ? "decode pipe" : "decode pipe f32", c, lens,
+                forward_err(ref, batch.o, batch.stats), sizeof(T) == 2 ? 1e-2 : 1e-4);
+  }
   const std::vector<float> bo(batch.o.begin() + r * qrow, batch.o.begin() + (r + 1) * qrow);
   const std::vector<float> bs(batch.stats.begin() + 2 * r * c.H,
                               batch.stats.begin() + 2 * (r + 1) * c.H);
@@ -442,8 +457,7 @@ static void check_pipes(bool big) {
   check_pipe<bf>({1, 16, 8, 1, 8191, 128, 0, 0}, {}, {1, 8});
   check_pipe<bf>({64, 2, 1, 1, 1023, 128, 0, 2048}, {}, {1, 2});
   check_pipe<bf>({64, 2, 1, 1, 2046, 128, 0, 2048}, {}, {host_cpb(64, 8, 16)});
-  check_pipe<bf>({64, 2, 1, 1, 2046, 128, 0, 0}, ragged(64, 1024, 2047), {1, 5});
-  check_pipe_alone<bf>({64, 2, 1, 1, 2046, 128, 0, 2048}, ragged(64, 1024, 2047), 37, 4);
+  check_pipe_alone<bf>({64, 2, 1, 1, 2046, 128, 0, 2048}, ragged(64, 1024, 2047), 37, 5, true);
 }
 
 #ifndef ACPO_EMU
