@@ -255,7 +255,11 @@ fn markdown(cfg: &QwenConfig, model: &str, rates: &[CopyRate], rows: &[DecodePre
     ];
     for r in rates {
         cols.push((
-            format!("{} at {} GB/s (≥ 80 %: at most)", r.label(), thousands(r.gb_per_s)),
+            format!(
+                "{} at {} GB/s (≥ 80 %: at most)",
+                r.label(),
+                thousands(r.gb_per_s)
+            ),
             Right,
         ));
     }
@@ -329,8 +333,8 @@ pub fn decode_predict(measured: &Path, target: &Path, out: &Path) -> Result<Path
     let rates = copy_rates(measured)?;
     let cfg = QwenConfig::load(target)?;
     let rows = predict(&cfg, &rates);
-    let json = serde_json::to_string_pretty(&(&rates, &rows))
-        .expect("invariant: the prediction is JSON");
+    let json =
+        serde_json::to_string_pretty(&(&rates, &rows)).expect("invariant: the prediction is JSON");
     write_report(out, "decode-predicted.json", json.as_bytes())?;
     let model = target
         .file_stem()
@@ -348,7 +352,8 @@ mod tests {
 
     fn qwen3_17b() -> QwenConfig {
         QwenConfig::load(
-            &Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments/paper/configs/qwen3-1.7b.json"),
+            &Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("experiments/paper/configs/qwen3-1.7b.json"),
         )
         .expect("the committed config")
     }

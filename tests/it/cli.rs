@@ -657,7 +657,11 @@ fn bench_decode_predict_of_the_committed_gpu_runs_is_the_cuda_doc_block() {
         "docs/CUDA.md's predicted decode times are stale: rerun `just decode-predict`"
     );
     let none = acpo(&["bench", "decode-predict"], repo());
-    assert_eq!(none.status.code(), Some(2), "no --measured is a usage error");
+    assert_eq!(
+        none.status.code(),
+        Some(2),
+        "no --measured is a usage error"
+    );
     let empty = tempfile::tempdir().expect("tempdir");
     let nothing = acpo(
         &[

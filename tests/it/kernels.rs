@@ -132,10 +132,7 @@ fn flash_kernels_match_the_float64_reference_in_the_emulator() {
         "decode pipe row alone vs in a batch B64",
         "decode pipe f32 row alone vs in a batch",
     ] {
-        assert!(
-            stdout.contains(check),
-            "no check `{check}` ran:\n{stdout}"
-        );
+        assert!(stdout.contains(check), "no check `{check}` ran:\n{stdout}");
     }
     assert!(
         stdout.matches("the same bits ok").count() >= 4 * 10 + 3,

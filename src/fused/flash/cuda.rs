@@ -74,8 +74,7 @@ fn mma_smem_dkdv(d: usize) -> u32 {
 fn pipe_dim(dims: &FlashDims, dtype: DType, k: &Layout, v: &Layout) -> Option<usize> {
     let per16 = 16 / dtype.size_in_bytes();
     let aligned = k.start_offset() % per16 == 0 && v.start_offset() % per16 == 0;
-    (matches!(dims.d, 64 | 128) && dims.h / dims.kv <= PIPE_MAX_GROUP && aligned)
-        .then_some(dims.d)
+    (matches!(dims.d, 64 | 128) && dims.h / dims.kv <= PIPE_MAX_GROUP && aligned).then_some(dims.d)
 }
 
 /// Dynamic shared memory of the pipelined decode at head dim `d` ([`pipe_dim`]) in `dtype`:
@@ -262,7 +261,10 @@ pub fn flash_fwd(
                 &first,
                 &mut o,
                 &mut stats,
-                (sfx, pipe_dim(dims, dtype, k.1, v.1).map(|d| (d, pipe_smem(d, dtype)))),
+                (
+                    sfx,
+                    pipe_dim(dims, dtype, k.1, v.1).map(|d| (d, pipe_smem(d, dtype))),
+                ),
             )?;
         } else {
             // The tensor-core forward where it applies, else the row kernel: the same arguments.
