@@ -73,7 +73,7 @@ fn mma_smem_dkdv(d: usize) -> u32 {
 /// cp.async copies move 16 bytes; a row is 128 or 256 bytes in bf16, so every row is aligned).
 fn pipe_dim(dims: &FlashDims, dtype: DType, k: &Layout, v: &Layout) -> Option<usize> {
     let per16 = 16 / dtype.size_in_bytes();
-    let aligned = k.start_offset() % per16 == 0 && v.start_offset() % per16 == 0;
+    let aligned = k.start_offset().is_multiple_of(per16) && v.start_offset().is_multiple_of(per16);
     (matches!(dims.d, 64 | 128) && dims.h / dims.kv <= PIPE_MAX_GROUP && aligned).then_some(dims.d)
 }
 
