@@ -167,6 +167,11 @@ memory-trace:
 memory-predict:
     cargo run --release -- bench memory-predict --measured results/cpu-memory --out results/cpu-memory --doc docs/CUDA.md
 
+# docs/CUDA.md's predicted decode attention times: its bytes at the copy rates of results/gpu/.
+[group('cuda')]
+decode-predict:
+    cargo run --release -- bench decode-predict --measured results/gpu --out "$(mktemp -d)" --doc docs/CUDA.md
+
 # The GPU blocks of docs/CUDA.md and REPRODUCE.md from one run of the GPU suite: its report
 # files (gpu-results.md, gpu-targets.md), then the docs' blocks filled from them.
 [group('cuda')]

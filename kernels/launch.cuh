@@ -28,6 +28,22 @@
 #define FD_WARPS 4
 #define FD_MAXG 8
 
+// The pipelined decode (flash_decode.cu): threads per block; keys per cp.async stage; stages in
+// the ring; keys per chunk, the unit of the reduction order (one partial per chunk and query
+// head, merged in chunk order), whose valid bits the block's threads load one key each; the
+// most query heads per KV head.
+#define FDP_THREADS 128
+#define FDP_TILE 32
+#define FDP_STAGES 4
+#define FDP_CHUNK 128
+#define FDP_MAXG 8
+// The host gives a block one chunk, or more where the grid would exceed this many blocks
+// (enough for every SM several waves deep; fewer, longer blocks beyond).
+#define FDP_FILL_BLOCKS 2048
+// Dynamic shared memory of the pipelined decode at head dim d and `elt` bytes an element: K and
+// V tiles, FDP_STAGES deep.
+__host__ __device__ constexpr int fdp_smem(int d, int elt) { return FDP_STAGES * 2 * FDP_TILE * d * elt; }
+
 // Tensor-core flash kernels (flash_mma.cu): 4 warps of 16 rows make a block of 64 rows (query
 // rows for the forward and dQ, keys for dK/dV), walking tiles of 64 columns (keys, or query
 // rows). Shared memory rows are padded by 8 bf16 (16 bytes), so the 8 rows one ldmatrix reads

@@ -550,7 +550,8 @@ pub struct BenchArgs {
     pub configs: PathBuf,
     /// paper-plan: a directory with train-step.json and generate.json measured on CUDA (bf16);
     /// memory-predict: a directory of CPU traces, DIR/*/train-step.json (--config: the target,
-    /// default qwen3-1.7b.json of --configs).
+    /// default qwen3-1.7b.json of --configs); decode-predict: the GPU runs (results/gpu), whose
+    /// measured copy rates price the decode attention's bytes (--config as memory-predict's).
     #[arg(long)]
     pub measured: Option<PathBuf>,
     /// Also fill this Markdown file's `<!-- begin: NAME -->` … `<!-- end: NAME -->` blocks
@@ -581,6 +582,9 @@ pub enum BenchKind {
     PaperPlan,
     /// A train step's peak memory on a GPU, predicted from CPU traces (--measured).
     MemoryPredict,
+    /// The decode attention's time per shape, predicted from its bytes at the copy rates of the
+    /// GPU runs under --measured (results/gpu).
+    DecodePredict,
     /// Verifier throughput (answers/s).
     Verifier,
 }

@@ -1,7 +1,8 @@
 //! The benchmarks (`acpo bench KIND`), one file each: `generate` (the sampler, waves and
 //! continuous batching), `train_step` (one policy-gradient step, its peak memory and trace),
 //! `attention` (one layer's attention alone), [`verifier`], [`memory`] (the paper runs' memory
-//! arithmetic), [`plan`] (their GPU-hours), [`predict`] (GPU memory from CPU traces) and
+//! arithmetic), [`plan`] (their GPU-hours), [`predict`] (GPU memory from CPU traces), [`decode`]
+//! (the decode attention's time from its bytes) and
 //! [`pipeline`]. Here: what they share (the models and shapes measured, the target device, a
 //! measurement and its Markdown, the FLOP counts), and the dispatch of the speed benchmarks. The
 //! same configurations and shapes are measured for PyTorch/transformers by
@@ -10,6 +11,7 @@
 //! Targets live here, not in timed tests: a report states what was measured on which machine.
 
 mod attention;
+pub mod decode;
 mod generate;
 pub mod memory;
 pub mod pipeline;

@@ -669,6 +669,70 @@ fn bench_memory_predict_of_the_committed_traces_is_the_cuda_doc_block() {
     );
 }
 
+/// docs/CUDA.md's predicted decode attention times (issue #57) are `acpo bench decode-predict`
+/// of the committed GPU runs: the pipelined kernel's bytes at each GPU's measured copy rate (the
+/// H100's 2,573 GB/s, the H200's 3,773), beside the split-K kernel the H200 timed.
+#[test]
+fn bench_decode_predict_of_the_committed_gpu_runs_is_the_cuda_doc_block() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = acpo(
+        &[
+            "bench",
+            "decode-predict",
+            "--measured",
+            "results/gpu",
+            "--out",
+            dir.path().to_str().expect("utf8"),
+        ],
+        repo(),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table = std::fs::read_to_string(dir.path().join("decode-predicted.md")).expect("md");
+    for part in [
+        "H100 at 2,573 GB/s",
+        "H200 at 3,773 GB/s",
+        "| 1 × 8,192 |",
+        "| 64 × 1,025 |",
+        "| 64 × 2,048 |",
+        "341 µs",
+    ] {
+        assert!(table.contains(part), "no `{part}`:\n{table}");
+    }
+    let shipped = std::fs::read_to_string(repo().join("docs/CUDA.md")).expect("CUDA.md");
+    assert!(
+        shipped.contains(table.trim_end()),
+        "docs/CUDA.md's predicted decode times are stale: rerun `just decode-predict`"
+    );
+    let none = acpo(&["bench", "decode-predict"], repo());
+    assert_eq!(
+        none.status.code(),
+        Some(2),
+        "no --measured is a usage error"
+    );
+    let empty = tempfile::tempdir().expect("tempdir");
+    let nothing = acpo(
+        &[
+            "bench",
+            "decode-predict",
+            "--measured",
+            empty.path().to_str().expect("utf8"),
+            "--out",
+            dir.path().to_str().expect("utf8"),
+        ],
+        repo(),
+    );
+    assert_eq!(nothing.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&nothing.stderr).contains("no GPU run with a measured copy rate"),
+        "{}",
+        String::from_utf8_lossy(&nothing.stderr)
+    );
+}
+
 #[test]
 fn train_from_the_command_line_refuses_to_overwrite_and_resumes() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -608,8 +608,9 @@ fn cuda_logits_and_greedy_tokens_match_transformers() {
 /// to 128. In f32 and at the other head dims the row kernels run (kernels/flash_attn.cu); in
 /// bf16 at head dim 64 and 128 with more than one query position the tensor-core forward and
 /// backward (kernels/flash_mma.cu: padding over whole key blocks, blocks with blind rows,
-/// several tiles); one query position runs the split-K decode kernel (several splits, up to 7
-/// query heads per KV head, and a row that sees no key), whose statistics the backward reads.
+/// several tiles); one query position runs a decode kernel, the pipelined one at head dim 64 and
+/// 128 (kernels/flash_decode.cu: several chunks, up to 7 query heads per KV head, and a row that
+/// sees no key), the split-K one at head dim 32, whose statistics the backward reads.
 #[test]
 fn flash_attention_forward_and_backward_match_the_cpu_twin() {
     let Some(gpu) = gpu("flash_attention_forward_and_backward_match_the_cpu_twin") else {

@@ -97,7 +97,8 @@ fn text(out: &Output) -> (String, String) {
 /// Every flash attention kernel against the float64 reference in the emulator: the tensor-core
 /// forward, dQ and dK/dV under four schedules (a fair one, one warp lagging behind the others,
 /// cp.async copies landing late or as soon as issued: a missing barrier or wait fails one of
-/// them), the row kernels' forward and backward, and the split-K decode.
+/// them), the row kernels' forward and backward, the split-K decode, and the pipelined decode
+/// (under the four schedules at small shapes, once at the issue's).
 #[test]
 fn flash_kernels_match_the_float64_reference_in_the_emulator() {
     let test = "flash_kernels_match_the_float64_reference_in_the_emulator";
@@ -116,6 +117,27 @@ fn flash_kernels_match_the_float64_reference_in_the_emulator() {
             "no check of `{kernel}` ran:\n{stdout}"
         );
     }
+    // The pipelined decode (kernels/flash_decode.cu): against float64 at the decode shapes that
+    // matter (one row of 8,192 keys, 64 rows of 1,024 and 2,047, ragged rows), and bit for bit a
+    // row alone against the same row in a ragged batch, and any chunks per block against one.
+    for check in [
+        "decode pipe, rows of 8192-8192 keys B1 H16 KV8",
+        "decode pipe, rows of 1024-1024 keys B64",
+        "decode pipe, rows of 2047-2047 keys B64",
+        "decode pipe, rows of 1024-2047 keys B64",
+        "decode pipe f32, rows of",
+        "decode pipe, rows of 300-300 keys B2 H14 KV2 T1 past299 D128 pad170 +blind seq",
+        "decode pipe, rows of 33-201 keys B3 H28 KV4",
+        "decode pipe chunks a block 8 vs 1 B1 H16 KV8 past8191",
+        "decode pipe row alone vs in a batch B64",
+        "decode pipe f32 row alone vs in a batch",
+    ] {
+        assert!(stdout.contains(check), "no check `{check}` ran:\n{stdout}");
+    }
+    assert!(
+        stdout.matches("the same bits ok").count() >= 4 * 10 + 3,
+        "the pipelined decode's bit-for-bit checks did not all run under the four schedules:\n{stdout}"
+    );
 }
 
 /// The kernel checks of `ops_check.cu`, each of which must have run.

@@ -209,9 +209,9 @@ save
 
 # ---- 1: the kernels against their references (on the CPU: the emulator's build, its checks)
 if wanted kernels; then
-step "flash kernels check" 60 flash_kernels_check.log "$bin/flash_check"
+step "flash kernels check" 90 flash_kernels_check.log "$bin/flash_check"
 gate $? "the flash kernels check"
-tail -14 "$res/flash_kernels_check.log" | tee -a "$res/summary.txt"
+tail -22 "$res/flash_kernels_check.log" | tee -a "$res/summary.txt"
 step "adamw step check" 30 adamw_check.log "$bin/adamw_check"
 gate $? "the AdamW step check"
 tail -6 "$res/adamw_check.log" | tee -a "$res/summary.txt"

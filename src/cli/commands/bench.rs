@@ -37,6 +37,16 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<Outcome> {
         BenchKind::Generate => speed(SpeedKind::Generate, args)?,
         BenchKind::TrainStep => speed(SpeedKind::TrainStep, args)?,
         BenchKind::Attention => speed(SpeedKind::Attention, args)?,
+        BenchKind::DecodePredict => {
+            let Some(measured) = &args.measured else {
+                bail!("bench decode-predict needs --measured DIR (the GPU runs, results/gpu)");
+            };
+            let target = args
+                .config
+                .clone()
+                .unwrap_or_else(|| args.configs.join("qwen3-1.7b.json"));
+            acpo::perf::decode::decode_predict(measured, &target, &args.out)?
+        }
     };
     println!("report: {}", report.display());
     fill_doc(args.doc.as_deref(), &args.out)

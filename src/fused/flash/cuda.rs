@@ -1,7 +1,9 @@
 //! The CUDA launches of flash attention (the `cuda` feature), and which kernel takes a call:
 //! - `kernels/flash_mma.cu`, the tensor-core forward and backward (FA2 on `mma.sync`): bf16 at
 //!   head dim 64 or 128, every operand 16-byte aligned, more than one query position;
-//! - the split-K decode of `kernels/flash_attn.cu` for one query position;
+//! - for one query position, the pipelined decode of `kernels/flash_decode.cu` (head dim 64 or
+//!   128, at most 8 query heads per KV head, K and V 16-byte aligned), else the split-K decode of
+//!   `kernels/flash_attn.cu`;
 //! - the row kernels of `kernels/flash_attn.cu` for everything else (f32, other head dims), the
 //!   oracle of the tensor-core kernels.
 //!
@@ -22,6 +24,7 @@ use crate::fused::launch::{
 
 const ROW_PTX: (&str, &str) = ptx!("flash_attn");
 const MMA_PTX: (&str, &str) = ptx!("flash_mma");
+const DECODE_PTX: (&str, &str) = ptx!("flash_decode");
 
 type Arg<'a> = (&'a CudaStorage, &'a Layout);
 
@@ -34,6 +37,13 @@ const MMA_ROWS: usize = sizes::FM_ROWS as usize;
 const MMA_THREADS: u32 = sizes::FM_THREADS;
 const DECODE_SPLIT: usize = sizes::FD_SPLIT as usize;
 const DECODE_MAX_GROUP: usize = sizes::FD_MAXG as usize;
+/// The pipelined decode's threads per block, keys per chunk (the unit of its reduction order),
+/// most query heads per KV head, and the grid size above which a block takes several chunks:
+/// kernels/launch.cuh.
+const PIPE_THREADS: u32 = sizes::FDP_THREADS;
+const PIPE_CHUNK: usize = sizes::FDP_CHUNK as usize;
+const PIPE_MAX_GROUP: usize = sizes::FDP_MAXG as usize;
+const PIPE_FILL_BLOCKS: usize = sizes::FDP_FILL_BLOCKS as usize;
 /// Shared memory a kernel gets without asking for more.
 const DEFAULT_SMEM: u32 = sizes::SMEM_DEFAULT_LIMIT;
 const _: () = assert!(FLASH_MAX_HEAD_DIM as u32 == sizes::FA_MAXD);
@@ -56,6 +66,34 @@ fn mma_smem_dkdv(d: usize) -> u32 {
     } else {
         sizes::FM_SMEM_DKDV_D128
     }
+}
+
+/// The pipelined decode's head dim for these inputs, if it takes them: head dim 64 or 128, at
+/// most [`PIPE_MAX_GROUP`] query heads per KV head, K and V each starting on 16 bytes (its
+/// cp.async copies move 16 bytes; a row is 128 or 256 bytes in bf16, so every row is aligned).
+fn pipe_dim(dims: &FlashDims, dtype: DType, k: &Layout, v: &Layout) -> Option<usize> {
+    let per16 = 16 / dtype.size_in_bytes();
+    let aligned = k.start_offset().is_multiple_of(per16) && v.start_offset().is_multiple_of(per16);
+    (matches!(dims.d, 64 | 128) && dims.h / dims.kv <= PIPE_MAX_GROUP && aligned).then_some(dims.d)
+}
+
+/// Dynamic shared memory of the pipelined decode at head dim `d` ([`pipe_dim`]) in `dtype`:
+/// `fdp_smem` of launch.cuh, as nvcc computed it.
+fn pipe_smem(d: usize, dtype: DType) -> u32 {
+    match (d, dtype) {
+        (64, DType::BF16) => sizes::FDP_SMEM_D64_BF16,
+        (64, _) => sizes::FDP_SMEM_D64_F32,
+        (_, DType::BF16) => sizes::FDP_SMEM_D128_BF16,
+        _ => sizes::FDP_SMEM_D128_F32,
+    }
+}
+
+/// Chunks per block of the pipelined decode: one, unless the grid would exceed
+/// [`PIPE_FILL_BLOCKS`] blocks (then fewer, longer blocks). It decides which block computes a
+/// chunk, not what the chunk's partial is: a row's bits do not depend on it, nor on the batch
+/// (`kernels/check/flash_check.cu` checks both).
+fn pipe_chunks_per_block(b: usize, kv: usize, nchunk: usize) -> usize {
+    (b * kv * nchunk / PIPE_FILL_BLOCKS).clamp(1, nchunk.max(1))
 }
 
 /// The tensor-core kernels' head dim for these inputs, if they take them: bf16, head dim 64 or
@@ -223,7 +261,10 @@ pub fn flash_fwd(
                 &first,
                 &mut o,
                 &mut stats,
-                sfx,
+                (
+                    sfx,
+                    pipe_dim(dims, dtype, k.1, v.1).map(|d| (d, pipe_smem(d, dtype))),
+                ),
             )?;
         } else {
             // The tensor-core forward where it applies, else the row kernel: the same arguments.
@@ -255,8 +296,11 @@ pub fn flash_fwd(
     })
 }
 
-/// One decode step's attention (T = 1): split-K partials over [`DECODE_SPLIT`] keys per block,
-/// each KV head read once for all its query heads, then their merge in split order.
+/// One decode step's attention (T = 1), each KV head read once for all its query heads, as
+/// partials over the keys merged in key order by `flash_decode_combine_*`: where `pipe` is
+/// `Some((d, smem))`, the pipelined kernel (`flash_decode_pipe_d{d}_*` with `smem` bytes of
+/// dynamic shared memory, chunks of [`PIPE_CHUNK`] keys,
+/// [`pipe_chunks_per_block`] a block), else the split-K kernel ([`DECODE_SPLIT`] keys a block).
 #[allow(clippy::too_many_arguments)]
 fn decode<T: CudaDType>(
     dev: &CudaDevice,
@@ -267,33 +311,65 @@ fn decode<T: CudaDType>(
     first: &CudaSlice<i32>,
     o: &mut CudaSlice<T>,
     stats: &mut CudaSlice<f32>,
-    sfx: &str,
+    (sfx, pipe): (&str, Option<(usize, u32)>),
 ) -> Result<()> {
-    let nsplit = dims.s.div_ceil(DECODE_SPLIT).max(1);
-    // SAFETY: every (row, split) partial is written by its block, empty splits included.
+    let nsplit = match pipe {
+        Some(_) => dims.s.div_ceil(PIPE_CHUNK).max(1),
+        None => dims.s.div_ceil(DECODE_SPLIT).max(1),
+    };
+    // SAFETY: every (row, chunk or split) partial is written by its block, empty ones included.
     let mut part = unsafe { dev.alloc::<f32>(dims.b * dims.h * nsplit * (2 + dims.d)) }?;
     let nsplit_i = nsplit as i32;
-    let f = kernel!(dev, &format!("flash_decode_split_{sfx}"), ROW_PTX)?;
-    let mut b = f.builder();
-    b.arg(q)
-        .arg(k)
-        .arg(v)
-        .arg(valid)
-        .arg(first)
-        .arg(&mut part)
-        .arg(&nsplit_i);
-    n.push(&mut b);
-    let cfg = LaunchConfig {
-        grid_dim: (
-            grid_dim(nsplit, "flash decode")?,
-            dims.kv as u32,
-            dims.b as u32,
-        ),
-        block_dim: (32 * DECODE_WARPS, 1, 1),
-        shared_mem_bytes: 0,
-    };
-    // SAFETY: the arguments match flash_decode_split_* in kernels/flash_attn.cu.
-    unsafe { b.launch(cfg) }.w()?;
+    if let Some((d, smem)) = pipe {
+        let cpb = pipe_chunks_per_block(dims.b, dims.kv, nsplit);
+        let cpb_i = cpb as i32;
+        let f = kernel!(dev, &format!("flash_decode_pipe_d{d}_{sfx}"), DECODE_PTX)?;
+        allow_smem(&f, smem)?;
+        let mut b = f.builder();
+        b.arg(q)
+            .arg(k)
+            .arg(v)
+            .arg(valid)
+            .arg(first)
+            .arg(&mut part)
+            .arg(&nsplit_i)
+            .arg(&cpb_i);
+        n.push(&mut b);
+        let cfg = LaunchConfig {
+            grid_dim: (
+                grid_dim(nsplit.div_ceil(cpb), "flash decode")?,
+                dims.kv as u32,
+                dims.b as u32,
+            ),
+            block_dim: (PIPE_THREADS, 1, 1),
+            shared_mem_bytes: smem,
+        };
+        // SAFETY: the arguments match flash_decode_pipe_* in kernels/flash_decode.cu, and the
+        // kernel's dynamic shared memory is what launch.cuh's fdp_smem gives for (d, T).
+        unsafe { b.launch(cfg) }.w()?;
+    } else {
+        let f = kernel!(dev, &format!("flash_decode_split_{sfx}"), ROW_PTX)?;
+        let mut b = f.builder();
+        b.arg(q)
+            .arg(k)
+            .arg(v)
+            .arg(valid)
+            .arg(first)
+            .arg(&mut part)
+            .arg(&nsplit_i);
+        n.push(&mut b);
+        let cfg = LaunchConfig {
+            grid_dim: (
+                grid_dim(nsplit, "flash decode")?,
+                dims.kv as u32,
+                dims.b as u32,
+            ),
+            block_dim: (32 * DECODE_WARPS, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the arguments match flash_decode_split_* in kernels/flash_attn.cu.
+        unsafe { b.launch(cfg) }.w()?;
+    }
     let (h_i, d_i) = (dims.h as i32, dims.d as i32);
     let f = kernel!(dev, &format!("flash_decode_combine_{sfx}"), ROW_PTX)?;
     let mut b = f.builder();

@@ -1,0 +1,282 @@
+// Decode attention, pipelined: one query position per (sequence, query head), T == 1, the
+// sampler's decode step. The semantics are flash.cuh's (src/fused/flash/mod.rs is the CPU
+// twin); flash_attn.cu's split-K decode (`flash_decode_split_*`) computes the same function and
+// stays for what this kernel does not take (head dims other than 64 and 128, more than
+// FDP_MAXG query heads per KV head, K/V not starting on 16 bytes).
+//
+// A decode step reads the KV cache once and does ~2 FLOP per byte: it is bound by memory
+// bandwidth, so the kernel is built to keep bytes in flight.
+// - K and V reach shared memory by 16-byte cp.async (no registers), FDP_TILE keys a stage in a
+//   ring of FDP_STAGES: while a tile is computed the next FDP_STAGES - 1 are in flight.
+// - Block (x, KV head, sequence) reads its keys once for all G = H / KV query heads that share
+//   them (GQA); a lane holds 16 bytes of a key row (LPK lanes a row) and the G queries' same
+//   dims in registers; a row's dot products are reduced by xor shuffles in its LPK lanes.
+// - The row's keys, from its first valid key, are cut into chunks of FDP_CHUNK keys. Each chunk
+//   gives one partial (m, l, acc[D]) per query head, computed the same way whichever block
+//   takes it; flash_decode_combine_* (flash_attn.cu) merges a row's partials in chunk order. A
+//   block takes `cpb` consecutive chunks, its ring running on across them, and the host picks
+//   cpb to fill the GPU: it changes which block computes a chunk, never a result bit.
+//
+// So a row's attention depends only on its own keys, their positions from its first valid key,
+// and its valid bits: not on its batch (other rows, left padding, the buffer's capacity) nor on
+// cpb. kernels/check/flash_check.cu checks the bits of a row alone against the same row in a
+// ragged batch, and cpb 1 against larger. A row that sees no key (first valid key after `past`)
+// reads every key from column 0, as the other kernels do.
+//
+// The order within a chunk is fixed: slot s (LPK lanes) takes keys s·KPS .. s·KPS + KPS − 1 of
+// every tile, with its own running (m, l, acc); at the chunk's end the slots of a warp merge by
+// xor shuffles (symmetric: both lanes get the same bits), then the warps in warp order.
+#include "flash.cuh"
+#include "mma.cuh"
+
+// f32 from its bits.
+__device__ __forceinline__ float fdp_f(uint32_t u) {
+#ifdef ACPO_EMU
+  float f;
+  std::memcpy(&f, &u, 4);
+  return f;
+#else
+  return __uint_as_float(u);
+#endif
+}
+
+// The 16 bytes at p (shared memory, 16-byte aligned) as f32.
+__device__ __forceinline__ void fdp_unpack(const float* p, float (&x)[4]) {
+  const uint4 w = *reinterpret_cast<const uint4*>(p);
+  x[0] = fdp_f(w.x);
+  x[1] = fdp_f(w.y);
+  x[2] = fdp_f(w.z);
+  x[3] = fdp_f(w.w);
+}
+__device__ __forceinline__ void fdp_unpack(const __nv_bfloat16* p, float (&x)[8]) {
+  const uint4 w = *reinterpret_cast<const uint4*>(p);
+  const uint32_t u[4] = {w.x, w.y, w.z, w.w};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    x[2 * i] = fdp_f(u[i] << 16);  // bf16 is the high half of an f32
+    x[2 * i + 1] = fdp_f(u[i] & 0xffff0000u);
+  }
+}
+
+// grid (ceil(nchunk / cpb), KV, B), block FDP_THREADS, fdp_smem(DH, sizeof(T)) bytes of dynamic
+// shared memory. part: (B, H, nchunk, 2 + DH) f32 = m, l, acc; nchunk = ceil(S / FDP_CHUNK).
+template <typename T, int DH>
+__device__ void fdp_decode(const T* __restrict__ q, const T* __restrict__ k,
+                           const T* __restrict__ v, const uint8_t* __restrict__ valid,
+                           const int* __restrict__ first, float* __restrict__ part, int nchunk,
+                           int cpb, int H, int KV, int S, int cap, int D, int past, float scale) {
+  constexpr int VEC = 16 / (int)sizeof(T);    // elements in 16 bytes
+  constexpr int LPK = DH / VEC;               // lanes per key row
+  constexpr int SLOTS = FDP_THREADS / LPK;    // rows in work at once
+  constexpr int KPS = FDP_TILE / SLOTS;       // keys per slot and tile
+  constexpr int TPC = FDP_CHUNK / FDP_TILE;   // tiles per chunk
+  constexpr int WARPS = FDP_THREADS / 32;
+  static_assert(LPK <= 32 && 32 % LPK == 0 && FDP_TILE % SLOTS == 0, "a row in one warp");
+  static_assert(FDP_CHUNK == FDP_THREADS && FDP_CHUNK % FDP_TILE == 0, "one valid bit a thread");
+  static_assert(FDP_STAGES >= 2, "a ring");
+  ACPO_DYNAMIC_SMEM(smem);
+  if (threadIdx.x == 0 && (D != DH || dynamic_smem_bytes() < (unsigned)fdp_smem(DH, sizeof(T))))
+    kernel_trap();
+  T* tiles = reinterpret_cast<T*>(smem);  // [FDP_STAGES][K, V][FDP_TILE][DH]
+  __shared__ float bias_s[FDP_CHUNK];
+  __shared__ float wml[WARPS][2];
+  __shared__ float wacc[WARPS][DH];
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  const int sub = tid % LPK, slot = tid / LPK;
+  const int bi = blockIdx.z, g = blockIdx.y, G = H / KV, h0 = g * G;
+  const int f = first[bi], lo = f > past ? 0 : f;
+  // chunks [c0, c1) are this block's, [c0, cf) of them hold keys, [jbeg, jend) are their keys
+  const int row_chunks = (S - lo + FDP_CHUNK - 1) / FDP_CHUNK;
+  const int c0 = blockIdx.x * cpb, c1 = min(nchunk, c0 + cpb);
+  const int cf = min(c1, max(c0, row_chunks));
+  const int jbeg = lo + c0 * FDP_CHUNK, jend = min(S, lo + cf * FDP_CHUNK);
+  const int ntile = cf > c0 ? (jend - jbeg + FDP_TILE - 1) / FDP_TILE : 0;
+  const T* kb = k + ((size_t)bi * KV + g) * cap * DH;
+  const T* vb = v + ((size_t)bi * KV + g) * cap * DH;
+  const uint8_t* valid_b = valid + (size_t)bi * S;
+
+  // Tile t into stage t % FDP_STAGES (keys past jend zero-filled); a group every call, empty or
+  // not, so that a wait counts tiles.
+  auto load = [&](int t) {
+    if (t < ntile) {
+      T* ks = tiles + (size_t)(t % FDP_STAGES) * 2 * FDP_TILE * DH;
+      T* vs = ks + FDP_TILE * DH;
+      const int j0 = jbeg + t * FDP_TILE;
+      for (int x = tid; x < FDP_TILE * LPK; x += FDP_THREADS) {
+        const int r = x / LPK, c = (x % LPK) * VEC, j = j0 + r;
+        const bool in = j < jend;
+        const size_t src = (size_t)(in ? j : j0) * DH + c;
+        cp_async16(ks + r * DH + c, kb + src, in);
+        cp_async16(vs + r * DH + c, vb + src, in);
+      }
+    }
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int s = 0; s < FDP_STAGES - 1; ++s) load(s);
+
+  // While the first tiles travel: this lane's dims of the G queries, and the valid bit of this
+  // thread's key in the first chunk (a chunk's bits are loaded a chunk ahead).
+  float qr[FDP_MAXG][VEC];
+#pragma unroll
+  for (int h = 0; h < FDP_MAXG; ++h)
+#pragma unroll
+    for (int e = 0; e < VEC; ++e)
+      qr[h][e] = h < G ? to_f(q[((size_t)bi * H + h0 + h) * DH + sub * VEC + e]) : 0.0f;
+  bool vis = jbeg + tid < jend && valid_b[jbeg + tid] && jbeg + tid <= past;
+
+  float m[FDP_MAXG], l[FDP_MAXG], acc[FDP_MAXG][VEC];
+  auto reset = [&]() {
+#pragma unroll
+    for (int h = 0; h < FDP_MAXG; ++h) {
+      m[h] = -INFINITY;
+      l[h] = 0.0f;
+#pragma unroll
+      for (int e = 0; e < VEC; ++e) acc[h][e] = 0.0f;
+    }
+  };
+  reset();
+
+  for (int t = 0; t < ntile; ++t) {
+    const int tc = t % TPC;
+    if (tc == 0) {
+      // every thread is past the last chunk's merge, whose barriers follow its last read
+      bias_s[tid] = vis ? 0.0f : FA_MASKED;
+      const int jn = jbeg + (t + TPC) * FDP_TILE + tid;
+      vis = jn < jend && valid_b[jn] && jn <= past;
+    }
+    cp_async_wait<FDP_STAGES - 2>();
+    __syncthreads();  // tile t and the chunk's bias are in; stage (t - 1) % FDP_STAGES is free
+    load(t + FDP_STAGES - 1);
+    const T* ks = tiles + (size_t)(t % FDP_STAGES) * 2 * FDP_TILE * DH;
+    const T* vs = ks + FDP_TILE * DH;
+    const int jt = jbeg + t * FDP_TILE;
+
+    // scores of this slot's keys, then p = e^(s - m_new)
+    float p[FDP_MAXG][KPS];
+#pragma unroll
+    for (int u = 0; u < KPS; ++u) {
+      const int r = slot * KPS + u;
+      float kx[VEC];
+      fdp_unpack(ks + r * DH + sub * VEC, kx);
+      const bool in = jt + r < jend;
+      const float b = bias_s[tc * FDP_TILE + r];
+#pragma unroll
+      for (int h = 0; h < FDP_MAXG; ++h) {
+        if (h < G) {
+          float dot = 0.0f;
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) dot += qr[h][e] * kx[e];
+#pragma unroll
+          for (int o = LPK / 2; o > 0; o >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, o);
+          // a hidden key's bias is -1e9, finite; -inf only past the row's keys
+          p[h][u] = in ? dot * scale + b : -INFINITY;
+        }
+      }
+    }
+#pragma unroll
+    for (int h = 0; h < FDP_MAXG; ++h) {
+      if (h < G) {
+        float mt = m[h];
+#pragma unroll
+        for (int u = 0; u < KPS; ++u) mt = fmaxf(mt, p[h][u]);
+        const float alpha = mt == -INFINITY ? 1.0f : expf(m[h] - mt);
+        float ps = 0.0f;
+#pragma unroll
+        for (int u = 0; u < KPS; ++u) {
+          p[h][u] = p[h][u] == -INFINITY ? 0.0f : expf(p[h][u] - mt);
+          ps += p[h][u];
+        }
+        l[h] = l[h] * alpha + ps;
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) acc[h][e] *= alpha;
+        m[h] = mt;
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < KPS; ++u) {
+      float vx[VEC];
+      fdp_unpack(vs + (slot * KPS + u) * DH + sub * VEC, vx);
+#pragma unroll
+      for (int h = 0; h < FDP_MAXG; ++h)
+        if (h < G)
+#pragma unroll
+          for (int e = 0; e < VEC; ++e) acc[h][e] += p[h][u] * vx[e];
+    }
+
+    if (tc == TPC - 1 || t == ntile - 1) {
+      // The chunk's partial per query head: the slots of a warp by xor shuffles, then the
+      // warps in order.
+      const int c = c0 + t / TPC;
+#pragma unroll
+      for (int h = 0; h < FDP_MAXG; ++h) {
+        if (h < G) {
+          float mh = m[h], lh = l[h];
+#pragma unroll
+          for (int o = 16; o >= LPK; o >>= 1) {
+            const float mo = __shfl_xor_sync(0xffffffffu, mh, o);
+            const float lo2 = __shfl_xor_sync(0xffffffffu, lh, o);
+            const float mx = fmaxf(mh, mo);
+            const float ea = lh > 0.0f ? expf(mh - mx) : 0.0f;
+            const float eb = lo2 > 0.0f ? expf(mo - mx) : 0.0f;
+            lh = lh * ea + lo2 * eb;
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) {
+              const float ao = __shfl_xor_sync(0xffffffffu, acc[h][e], o);
+              acc[h][e] = acc[h][e] * ea + ao * eb;
+            }
+            mh = mx;
+          }
+          if (lane < LPK) {
+            if (sub == 0) {
+              wml[warp][0] = mh;
+              wml[warp][1] = lh;
+            }
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) wacc[warp][sub * VEC + e] = acc[h][e];
+          }
+          __syncthreads();
+          if (tid < DH) {
+            float mx = -INFINITY, sum = 0.0f, a = 0.0f;
+#pragma unroll
+            for (int w = 0; w < WARPS; ++w) mx = fmaxf(mx, wml[w][0]);
+#pragma unroll
+            for (int w = 0; w < WARPS; ++w)
+              if (wml[w][1] > 0.0f) {
+                const float e = expf(wml[w][0] - mx);
+                sum += wml[w][1] * e;
+                a += wacc[w][tid] * e;
+              }
+            float* pr = part + (((size_t)bi * H + h0 + h) * nchunk + c) * (2 + DH);
+            pr[2 + tid] = a;
+            if (tid == 0) {
+              pr[0] = mx;
+              pr[1] = sum;
+            }
+          }
+          __syncthreads();
+        }
+      }
+      reset();
+    }
+  }
+  // This block's chunks past the row's keys: empty partials (the combine skips l = 0).
+  for (int x = tid; x < (c1 - cf) * G; x += FDP_THREADS) {
+    float* pr = part + (((size_t)bi * H + h0 + x % G) * nchunk + cf + x / G) * (2 + DH);
+    pr[0] = -INFINITY;
+    pr[1] = 0.0f;
+  }
+}
+
+#define FDP_INSTANCE(T, SFX, DH)                                                                \
+  extern "C" __global__ void __launch_bounds__(FDP_THREADS) flash_decode_pipe_d##DH##_##SFX(     \
+      const T* q, const T* k, const T* v, const uint8_t* valid, const int* first, float* part,  \
+      int nchunk, int cpb, FA_ARGS) {                                                           \
+    (void)Tq;                                                                                   \
+    fdp_decode<T, DH>(q, k, v, valid, first, part, nchunk, cpb, H, KV, S, cap, D, past, scale); \
+  }
+
+FDP_INSTANCE(__nv_bfloat16, bf16, 64)
+FDP_INSTANCE(__nv_bfloat16, bf16, 128)
+FDP_INSTANCE(float, f32, 64)
+FDP_INSTANCE(float, f32, 128)

@@ -1,0 +1,407 @@
+//! The decode attention's predicted time per shape, before a GPU times it: the bytes the
+//! pipelined decode kernel (`kernels/flash_decode.cu`) must move for one layer of a decode step,
+//! at each GPU's device copy rate measured in `results/gpu` (`acpo bench decode-predict
+//! --measured results/gpu --doc docs/CUDA.md`). A decode step reads the KV cache once and does
+//! about 2 FLOP a byte, so no kernel beats its bytes over the copy rate; the target is 80 % of
+//! that rate. On a GPU, `kernels/check/flash_check.cu` prints each shape's time beside the same
+//! count at the copy rate it measures there.
+
+use std::path::{Path, PathBuf};
+
+use serde::Serialize;
+
+use super::{write_report, PerfError, Result};
+use crate::files::AtPath;
+use crate::model::QwenConfig;
+use crate::report::table::{Align::Left, Align::Right, Table};
+
+/// Keys per chunk of the pipelined decode: each chunk writes one partial (m, l and D sums, f32)
+/// per query head, which the combine kernel reads back. `FDP_CHUNK` of kernels/launch.cuh (a
+/// test holds them equal).
+pub const CHUNK: usize = 128;
+
+/// The share of the copy rate the kernel must reach (issue #57's target).
+pub const TARGET: f64 = 0.8;
+
+/// The shapes predicted, (sequences, keys a sequence): those `kernels/check/flash_check.cu`
+/// times on a GPU (one row of 8,192 keys; 64 rows of 1,025 and 2,048), and 64 rows at the
+/// paper's longest context (1,024 + 8,196 tokens).
+pub const SHAPES: [(usize, usize); 4] = [(1, 8192), (64, 1025), (64, 2048), (64, 9220)];
+
+/// The bytes one layer's decode attention moves at a shape, by what they are.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct DecodeBytes {
+    pub batch: usize,
+    pub keys: usize,
+    /// K and V, read once.
+    pub kv: u64,
+    /// Q read and O written.
+    pub q_out: u64,
+    /// The chunks' partials, written and read back.
+    pub partials: u64,
+    /// The valid bits, the first valid key and the rows' statistics.
+    pub other: u64,
+}
+
+impl DecodeBytes {
+    pub fn total(&self) -> u64 {
+        self.kv + self.q_out + self.partials + self.other
+    }
+}
+
+/// The bytes of one layer's decode attention for `batch` rows of `keys` keys in `elem` bytes a
+/// value, with `cfg`'s heads.
+pub fn bytes(cfg: &QwenConfig, batch: usize, keys: usize, elem: usize) -> DecodeBytes {
+    let (h, kv, d) = (
+        cfg.num_attention_heads as u64,
+        cfg.num_key_value_heads as u64,
+        cfg.head_dim() as u64,
+    );
+    let (b, s, e) = (batch as u64, keys as u64, elem as u64);
+    let chunks = keys.div_ceil(CHUNK) as u64;
+    DecodeBytes {
+        batch,
+        keys,
+        kv: b * kv * s * d * e * 2,
+        q_out: b * h * d * e * 2,
+        partials: b * h * chunks * (2 + d) * 4 * 2,
+        other: b * s + b * 4 + b * h * 8,
+    }
+}
+
+/// A GPU's measured device copy: `copy_gb_per_s` of the paper-shape `acpo bench generate`
+/// (CUDA, bf16) in the last call of its latest run under `results/gpu`.
+#[derive(Debug, Clone, Serialize)]
+pub struct CopyRate {
+    /// The run folder's device part, `NVIDIA-H200`.
+    pub device: String,
+    /// The report it comes from.
+    pub source: PathBuf,
+    pub gb_per_s: f64,
+    /// The split-K kernel's (`flash_decode_split_*`) measured milliseconds at a shape, where
+    /// that run's `flash_kernels_check.log` timed it: (sequences, keys, ms).
+    pub split_k_ms: Vec<(usize, usize, f64)>,
+}
+
+impl CopyRate {
+    /// `H200` of `NVIDIA-H200`, `H100` of `NVIDIA-H100-80GB-HBM3`.
+    pub fn label(&self) -> &str {
+        let d = self.device.strip_prefix("NVIDIA-").unwrap_or(&self.device);
+        d.split('-').next().unwrap_or(d)
+    }
+}
+
+fn files_named(dir: &Path, name: &str, found: &mut Vec<PathBuf>) -> Result<()> {
+    for entry in std::fs::read_dir(dir).at(dir)? {
+        let path = entry.at(dir)?.path();
+        if path.is_dir() {
+            files_named(&path, name, found)?;
+        } else if path.file_name().is_some_and(|n| n == name) {
+            found.push(path);
+        }
+    }
+    Ok(())
+}
+
+/// The copy rate of a `generate.json` (CUDA, bf16, with a roofline), if it has one.
+fn copy_of(path: &Path) -> Result<Option<f64>> {
+    let text = crate::files::read_to_string(path).at(path)?;
+    let rows: serde_json::Value = serde_json::from_str(&text)
+        .map_err(|e| PerfError::Shape(format!("{}: not JSON: {e}", path.display())))?;
+    Ok(rows.as_array().and_then(|rows| {
+        rows.iter()
+            .filter(|r| r["target"] == "cuda/bf16")
+            .find_map(|r| r["roofline"]["copy_gb_per_s"].as_f64())
+    }))
+}
+
+/// The split-K decode's timings in a `flash_kernels_check.log`: lines
+/// `time decode   B64 H16 KV8 T1 past1024 D128: forward 0.341 ms, …` as (B, past + 1, ms).
+fn split_k_times(path: &Path) -> Result<Vec<(usize, usize, f64)>> {
+    let text = crate::files::read_to_string(path).at(path)?;
+    let num = |field: &str, prefix: &str| field.strip_prefix(prefix)?.parse::<usize>().ok();
+    Ok(text
+        .lines()
+        .filter_map(|l| {
+            let rest = l.strip_prefix("time decode ")?.trim_start();
+            let (shape, times) = rest.split_once(": forward ")?;
+            let fields: Vec<&str> = shape.split_whitespace().collect();
+            let b = fields.iter().find_map(|f| num(f, "B"))?;
+            let past = fields.iter().find_map(|f| num(f, "past"))?;
+            let ms = times.split_once(" ms")?.0.parse::<f64>().ok()?;
+            Some((b, past + 1, ms))
+        })
+        .collect())
+}
+
+/// Each GPU's copy rate under `measured` (`results/gpu/<device>-<yyyymmdd>/<call>/…`): the
+/// latest run of each device, the last of its calls with a paper-shape generate report.
+pub fn copy_rates(measured: &Path) -> Result<Vec<CopyRate>> {
+    let mut runs: Vec<PathBuf> = std::fs::read_dir(measured)
+        .at(measured)?
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|p| p.is_dir())
+        .collect();
+    runs.sort();
+    let mut rates: Vec<(String, CopyRate)> = Vec::new();
+    for run in runs {
+        let name = run.file_name().map(|n| n.to_string_lossy().into_owned());
+        let Some((device, date)) = name.as_deref().and_then(|n| n.rsplit_once('-')) else {
+            continue;
+        };
+        if date.len() != 8 || !date.bytes().all(|c| c.is_ascii_digit()) {
+            continue;
+        }
+        let mut reports = Vec::new();
+        files_named(&run, "generate.json", &mut reports)?;
+        reports.retain(|p| p.components().any(|c| c.as_os_str() == "generate-paper"));
+        reports.sort();
+        let mut found = None;
+        for report in reports.iter().rev() {
+            if let Some(rate) = copy_of(report)? {
+                found = Some((report.clone(), rate));
+                break;
+            }
+        }
+        let Some((source, gb_per_s)) = found else {
+            continue;
+        };
+        let mut logs = Vec::new();
+        files_named(&run, "flash_kernels_check.log", &mut logs)?;
+        logs.sort();
+        let mut split_k_ms = Vec::new();
+        for log in logs.iter().rev() {
+            split_k_ms = split_k_times(log)?;
+            if !split_k_ms.is_empty() {
+                break;
+            }
+        }
+        let rate = CopyRate {
+            device: device.to_owned(),
+            source,
+            gb_per_s,
+            split_k_ms,
+        };
+        match rates.iter_mut().find(|(_, r)| r.device == device) {
+            Some(slot) if slot.0.as_str() < date => *slot = (date.to_owned(), rate),
+            Some(_) => {}
+            None => rates.push((date.to_owned(), rate)),
+        }
+    }
+    if rates.is_empty() {
+        return Err(PerfError::Shape(format!(
+            "{}: no GPU run with a measured copy rate (<device>-<yyyymmdd>/…/generate-paper/generate.json, CUDA bf16)",
+            measured.display()
+        )));
+    }
+    rates.sort_by(|a, b| a.1.device.cmp(&b.1.device));
+    Ok(rates.into_iter().map(|(_, r)| r).collect())
+}
+
+/// One shape's prediction on one GPU.
+#[derive(Debug, Clone, Serialize)]
+pub struct DecodePredicted {
+    pub bytes: DecodeBytes,
+    pub device: String,
+    pub copy_gb_per_s: f64,
+    /// The bytes over the copy rate.
+    pub seconds: f64,
+    /// The most time that still meets the target ([`TARGET`] of the copy rate).
+    pub target_seconds: f64,
+}
+
+/// The predictions of [`SHAPES`] with `cfg`'s heads in bf16 on each GPU of `rates`.
+pub fn predict(cfg: &QwenConfig, rates: &[CopyRate]) -> Vec<DecodePredicted> {
+    SHAPES
+        .iter()
+        .flat_map(|&(batch, keys)| {
+            let bytes = bytes(cfg, batch, keys, 2);
+            rates.iter().map(move |r| {
+                let seconds = bytes.total() as f64 / (r.gb_per_s * 1e9);
+                DecodePredicted {
+                    bytes,
+                    device: r.device.clone(),
+                    copy_gb_per_s: r.gb_per_s,
+                    seconds,
+                    target_seconds: seconds / TARGET,
+                }
+            })
+        })
+        .collect()
+}
+
+fn micros(s: f64) -> String {
+    format!("{:.1} µs", s * 1e6)
+}
+
+fn thousands(x: f64) -> String {
+    let n = x.round() as u64;
+    let s = n.to_string();
+    let mut out = String::new();
+    for (i, c) in s.chars().enumerate() {
+        if i > 0 && (s.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+fn markdown(cfg: &QwenConfig, model: &str, rates: &[CopyRate], rows: &[DecodePredicted]) -> String {
+    let mut cols: Vec<(String, _)> = vec![
+        ("sequences × keys".to_owned(), Left),
+        ("MB moved".to_owned(), Right),
+        ("of them K/V".to_owned(), Right),
+    ];
+    for r in rates {
+        cols.push((
+            format!(
+                "{} at {} GB/s (≥ 80 %: at most)",
+                r.label(),
+                thousands(r.gb_per_s)
+            ),
+            Right,
+        ));
+    }
+    for r in rates {
+        cols.push((format!("{}: 28 layers", r.label()), Right));
+    }
+    for r in rates.iter().filter(|r| !r.split_k_ms.is_empty()) {
+        cols.push((format!("split-K kernel measured, {}", r.label()), Right));
+    }
+    let mut t = Table::new(cols);
+    for &(batch, keys) in &SHAPES {
+        let of_shape: Vec<&DecodePredicted> = rows
+            .iter()
+            .filter(|p| p.bytes.batch == batch && p.bytes.keys == keys)
+            .collect();
+        let Some(first) = of_shape.first() else {
+            continue;
+        };
+        let b = first.bytes;
+        let mut cells = vec![
+            format!("{batch} × {}", thousands(keys as f64)),
+            format!("{:.1}", b.total() as f64 / 1e6),
+            format!("{:.1} %", 100.0 * b.kv as f64 / b.total() as f64),
+        ];
+        for p in &of_shape {
+            cells.push(format!(
+                "{} ({})",
+                micros(p.seconds),
+                micros(p.target_seconds)
+            ));
+        }
+        for p in &of_shape {
+            cells.push(format!(
+                "{:.2} ms",
+                p.seconds * cfg.num_hidden_layers as f64 * 1e3
+            ));
+        }
+        for r in rates.iter().filter(|r| !r.split_k_ms.is_empty()) {
+            cells.push(
+                r.split_k_ms
+                    .iter()
+                    .find(|&&(sb, sk, _)| sb == batch && sk == keys)
+                    .map_or("—".to_owned(), |&(_, _, ms)| {
+                        format!(
+                            "{} µs ({:.0} % of the copy rate)",
+                            thousands(ms * 1e3),
+                            100.0 * b.total() as f64 / (ms * 1e-3) / (r.gb_per_s * 1e9)
+                        )
+                    }),
+            );
+        }
+        t.row(cells);
+    }
+    let sources: Vec<String> = rates
+        .iter()
+        .map(|r| format!("{} `{}`", r.label(), r.source.display()))
+        .collect();
+    format!(
+        "**Predicted, not measured.** One layer's decode attention of {model} ({} query heads over {} KV heads, head dim {}, bf16) by the pipelined kernel (`kernels/flash_decode.cu`), from the bytes it must move: K and V once, Q in and O out, each chunk of {CHUNK} keys' partial per query head written and read back by the combine, the valid bits and the statistics; at each GPU's measured device copy (`copy_gb_per_s`: {}). `acpo bench decode-predict` (`perf::decode`) writes it. The target (issue #57) is {:.0} % of the copy rate: the time in brackets. The split-K kernel it replaces, where a run timed it (`flash_kernels_check.log`), is set beside; the runs so far timed it with a `cudaMalloc` and a `cudaFree` of its partials in each call (`flash_check` now keeps the buffer). `kernels/check/flash_check.cu` on a GPU times the pipelined kernel at the first three shapes beside this count at the copy rate it measures there.\n\n{t}",
+        cfg.num_attention_heads,
+        cfg.num_key_value_heads,
+        cfg.head_dim(),
+        sources.join(", "),
+        TARGET * 100.0,
+    )
+}
+
+/// `acpo bench decode-predict`: the copy rates of the GPU runs under `measured` and the model
+/// config `target`; writes `decode-predicted.{json,md}` under `out`.
+pub fn decode_predict(measured: &Path, target: &Path, out: &Path) -> Result<PathBuf> {
+    let rates = copy_rates(measured)?;
+    let cfg = QwenConfig::load(target)?;
+    let rows = predict(&cfg, &rates);
+    let json =
+        serde_json::to_string_pretty(&(&rates, &rows)).expect("invariant: the prediction is JSON");
+    write_report(out, "decode-predicted.json", json.as_bytes())?;
+    let model = target
+        .file_stem()
+        .map_or("the model".into(), |s| s.to_string_lossy());
+    write_report(
+        out,
+        "decode-predicted.md",
+        markdown(&cfg, &model, &rates, &rows).as_bytes(),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn qwen3_17b() -> QwenConfig {
+        QwenConfig::load(
+            &Path::new(env!("CARGO_MANIFEST_DIR"))
+                .join("experiments/paper/configs/qwen3-1.7b.json"),
+        )
+        .expect("the committed config")
+    }
+
+    /// The chunk the bytes count is the kernel's.
+    #[test]
+    fn chunk_is_the_kernels() {
+        let header = std::fs::read_to_string(
+            Path::new(env!("CARGO_MANIFEST_DIR")).join("kernels/launch.cuh"),
+        )
+        .expect("launch.cuh");
+        assert!(
+            header.contains(&format!("#define FDP_CHUNK {CHUNK}\n")),
+            "perf::decode::CHUNK is not launch.cuh's FDP_CHUNK"
+        );
+    }
+
+    /// 64 rows of 1,025 keys with Qwen3-1.7B's heads: K and V are 64 · 8 · 1,025 · 128 · 2 · 2
+    /// bytes, the partials 64 · 16 · 9 chunks · 130 · 4 · 2.
+    #[test]
+    fn bytes_of_a_batch() {
+        let b = bytes(&qwen3_17b(), 64, 1025, 2);
+        assert_eq!(b.kv, 64 * 8 * 1025 * 128 * 2 * 2);
+        assert_eq!(b.q_out, 64 * 16 * 128 * 2 * 2);
+        assert_eq!(b.partials, 64 * 16 * 9 * 130 * 4 * 2);
+        assert_eq!(b.other, 64 * 1025 + 64 * 4 + 64 * 16 * 8);
+        let rate = CopyRate {
+            device: "NVIDIA-H200".into(),
+            source: PathBuf::new(),
+            gb_per_s: 1000.0,
+            split_k_ms: vec![],
+        };
+        let p = predict(&qwen3_17b(), std::slice::from_ref(&rate));
+        let row = p.iter().find(|p| p.bytes.keys == 1025).expect("the shape");
+        assert!((row.seconds - b.total() as f64 / 1e12).abs() < 1e-15);
+        assert!((row.target_seconds - row.seconds / 0.8).abs() < 1e-15);
+        assert_eq!(rate.label(), "H200");
+    }
+
+    #[test]
+    fn split_k_lines_are_read() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let log = dir.path().join("flash_kernels_check.log");
+        std::fs::write(
+            &log,
+            "decode       B3 H14 ok\ntime decode   B64 H16 KV8 T1 past1024 D128: forward 0.341 ms, 790 GB/s (K/V once), 1.6 TFLOP/s\ntime mma fwd  B2 H16 KV8 T2048 past0 D128: forward 0.330 ms, 1 GB/s\n",
+        )
+        .expect("write");
+        assert_eq!(split_k_times(&log).expect("read"), vec![(64, 1025, 0.341)]);
+    }
+}
