@@ -294,7 +294,8 @@ pub fn step_gap(baseline: &[(usize, f64)], ac: &[(usize, f64)]) -> Option<i64> {
     Some(b as i64 - a as i64)
 }
 
-fn curve(r: &RunResult) -> Vec<(usize, f64)> {
+/// A run's evaluation curve, (step, weighted accuracy) in step order.
+pub fn curve(r: &RunResult) -> Vec<(usize, f64)> {
     let mut c: Vec<(usize, f64)> = r
         .evals
         .iter()

@@ -375,15 +375,6 @@ fn swapped_labels_are_rejected_at_the_nominal_rate(root: &Path) {
     use acpo::algo::method::AlgorithmKind;
     use acpo::report::{seeds, verdict};
     let runs = acpo::report::load_results(root).expect("runs");
-    let curve = |r: &acpo::report::RunResult| {
-        let mut c: Vec<(usize, f64)> = r
-            .evals
-            .iter()
-            .map(|e| (e.step, e.weighted_accuracy))
-            .collect();
-        c.sort_by_key(|x| x.0);
-        c
-    };
     // per pair, per seed: (baseline curve, -AC curve)
     let mut pairs = Vec::new();
     for model in ["qwen3-mini-m", "qwen3-mini-l"] {
@@ -394,7 +385,7 @@ fn swapped_labels_are_rejected_at_the_nominal_rate(root: &Path) {
             let of = |m: AlgorithmKind, seed: u64| {
                 runs.iter()
                     .find(|r| r.model == model && r.algorithm == m && r.seed == seed)
-                    .map(curve)
+                    .map(seeds::curve)
             };
             let seeds: Vec<_> = (1..=23u64)
                 .map(|s| (of(base, s).expect("baseline"), of(ac, s).expect("-AC")))

@@ -19,7 +19,7 @@ fn data_file(test: &str, rel: &str) -> Option<String> {
 /// from Math-Verify's own test suite, Apache-2.0) where we disagree
 /// with Math-Verify, each with the reason. Any change to this set fails the test, so an
 /// improvement is recorded here and a regression is caught.
-const KNOWN_DISAGREEMENTS: [(usize, &str); 15] = [
+const KNOWN_DISAGREEMENTS: [(usize, &str); 13] = [
     (
         31,
         "latex-only config: we fall back to the plain number when inline $ spans lines",
@@ -31,14 +31,6 @@ const KNOWN_DISAGREEMENTS: [(usize, &str); 15] = [
     (
         62,
         "the gold is a whole worked solution with no delimited final answer",
-    ),
-    (
-        123,
-        "the prediction is a sum of matrices: needs matrix arithmetic",
-    ),
-    (
-        124,
-        "the prediction is a product of matrices: needs matrix arithmetic",
     ),
     (
         133,

@@ -22,18 +22,14 @@ pub fn run(args: &ReproduceArgs) -> anyhow::Result<Outcome> {
         }
         Ok(manifests)
     };
+    let paper = Scale::from(args.scale) == Scale::Paper;
     let Some(from) = &args.from else {
         let manifests = acpo::reproduce::select_models(&manifests()?, &args.models)?;
         let data = data_dir(&args.data_dir);
         let seeds = args.seeds.unwrap_or(1);
         acpo::reproduce::train_all(&manifests, seeds, &args.results, &data, args.jobs)?;
         let root = args.results.join(scale);
-        let written = super::report::write(
-            args.artifact.into(),
-            &root,
-            &args.figures,
-            Scale::from(args.scale) == Scale::Paper,
-        )?;
+        let written = super::report::write(args.artifact.into(), &root, &args.figures, paper)?;
         print_written(&written);
         return fill_doc(args.doc.as_deref(), &root);
     };
@@ -56,12 +52,7 @@ pub fn run(args: &ReproduceArgs) -> anyhow::Result<Outcome> {
         found.final_path(&root).display(),
         expected.describe()
     );
-    let written = super::report::write(
-        args.artifact.into(),
-        &root,
-        &args.figures,
-        Scale::from(args.scale) == Scale::Paper,
-    )?;
+    let written = super::report::write(args.artifact.into(), &root, &args.figures, paper)?;
     reseal(Some(from), &root)?;
     let written: Vec<PathBuf> = written.iter().map(|w| found.final_path(w)).collect();
     let root = found.commit()?.expect("invariant: verified runs");
