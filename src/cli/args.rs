@@ -125,9 +125,12 @@ pub enum ImportCommand {
         /// The run's manifest (the one exported).
         #[arg(long)]
         manifest: PathBuf,
-        /// verl's file-logger JSONL (`$VERL_FILE_LOGGER_PATH`).
-        #[arg(long)]
-        metrics: PathBuf,
+        /// verl's file-logger JSONL (`$VERL_FILE_LOGGER_PATH`); repeated, one per launch attempt
+        /// in the order they ran (the export's launch writes `metrics.<UTC time>.jsonl` each
+        /// time: `--metrics verl-runs/NAME/metrics.*.jsonl`); a later attempt's steps replace
+        /// the earlier ones' from its first step on.
+        #[arg(long, required = true, num_args = 1..)]
+        metrics: Vec<PathBuf>,
         /// `trainer.validation_data_dir`: the `<step>.jsonl` dumps.
         #[arg(long)]
         validation_dir: PathBuf,

@@ -114,13 +114,24 @@ fn destination(out: &Path) -> Result<bool> {
     })
 }
 
-/// Imports the verl run of `manifest` from its file-logger `metrics` and its `validation`
-/// directory into the run directory `out`: a new directory, or a sealed run an earlier import
-/// made, which is replaced. Everything is built in a staging directory beside `out` and renamed
-/// into place when complete.
-pub fn import(manifest: &Path, metrics: &Path, validation: &Path, out: &Path) -> Result<Imported> {
+/// Imports the verl run of `manifest` from its file-logger logs `metrics` (one per launch
+/// attempt, in the order they ran) and its `validation` directory into the run directory
+/// `out`: a new directory, or a sealed run an earlier import made, which is replaced.
+/// Everything is built in a staging directory beside `out` and renamed into place when
+/// complete.
+///
+/// A relaunch resumes from verl's last checkpoint and logs the steps after it again, into a
+/// log of its own (verl's file logger opens its file with "w": the export's launch gives each
+/// attempt its own name so none is truncated). The attempts are merged by step: a later
+/// attempt's lines replace the earlier ones' from its first step on.
+pub fn import(
+    manifest: &Path,
+    metrics: &[PathBuf],
+    validation: &Path,
+    out: &Path,
+) -> Result<Imported> {
     let exp = Experiment::load(manifest)?;
-    let (steps, non_finite) = metrics_lines(metrics, &exp)?;
+    let (steps, non_finite) = attempts(metrics, &exp)?;
     let last = steps
         .last()
         .and_then(|m| m.get(metric::STEP))
@@ -153,13 +164,20 @@ pub fn import(manifest: &Path, metrics: &Path, validation: &Path, out: &Path) ->
     let mut provenance = Provenance::start(&exp, "verl");
     provenance.engine = Some("verl".into());
     provenance.hardware = BTreeMap::from([("engine".into(), "verl (imported logs)".into())]);
-    provenance.data.insert(
-        "verl metrics".into(),
-        crate::checksum::sha256_file(metrics).map_err(|source| ImportError::Read {
-            path: metrics.to_owned(),
-            source,
-        })?,
-    );
+    for (i, path) in metrics.iter().enumerate() {
+        let key = if metrics.len() == 1 {
+            "verl metrics".to_string()
+        } else {
+            format!("verl metrics, attempt {}", i + 1)
+        };
+        provenance.data.insert(
+            key,
+            crate::checksum::sha256_file(path).map_err(|source| ImportError::Read {
+                path: path.to_owned(),
+                source,
+            })?,
+        );
+    }
     provenance.non_finite_metrics = non_finite.clone();
     provenance.finish(steps.len());
     let json = serde_json::to_string_pretty(&provenance).expect("invariant: provenance is JSON");
@@ -255,6 +273,36 @@ type NonFinite = BTreeMap<String, Vec<usize>>;
 /// verl's file-logger lines as our metrics lines: numeric values (`reward/acc/mean` derived),
 /// validation metrics left out, `training/global_step` added; steps strictly increasing after
 /// an initial validation at step 0. Null values (verl's NaN and ±∞) are returned apart.
+/// The steps of every attempt's log merged in order: each later attempt's steps replace the
+/// earlier attempts' from its first step on (a resumed run logs again from its checkpoint).
+fn attempts(
+    paths: &[PathBuf],
+    exp: &Experiment,
+) -> Result<(Vec<BTreeMap<String, f64>>, NonFinite)> {
+    let Some(first) = paths.first() else {
+        return Err(ImportError::Invalid {
+            path: PathBuf::from("--metrics"),
+            reason: "no file-logger log given".into(),
+        });
+    };
+    let step_of = |m: &BTreeMap<String, f64>| m.get(metric::STEP).map_or(0, |&s| s as usize);
+    let (mut steps, mut non_finite) = metrics_lines(first, exp)?;
+    for path in &paths[1..] {
+        let (later, later_non_finite) = metrics_lines(path, exp)?;
+        let from = later.first().map_or(usize::MAX, step_of);
+        steps.retain(|m| step_of(m) < from);
+        steps.extend(later);
+        for steps_of in non_finite.values_mut() {
+            steps_of.retain(|&s| s < from);
+        }
+        for (k, v) in later_non_finite {
+            non_finite.entry(k).or_default().extend(v);
+        }
+        non_finite.retain(|_, v| !v.is_empty());
+    }
+    Ok((steps, non_finite))
+}
+
 fn metrics_lines(path: &Path, exp: &Experiment) -> Result<(Vec<BTreeMap<String, f64>>, NonFinite)> {
     let (reward, total) = (exp.trainer.reward, exp.trainer.total_steps);
     let mut out: Vec<BTreeMap<String, f64>> = Vec::new();
@@ -271,7 +319,7 @@ fn metrics_lines(path: &Path, exp: &Experiment) -> Result<(Vec<BTreeMap<String, 
             .ok_or_else(|| bad("no object `data`".into()))?;
         if let Some(last) = last.filter(|&l| step <= l) {
             return Err(bad(format!(
-                "step {step} after step {last}: verl's file logger truncates on restart, so a run's steps only grow"
+                "step {step} after step {last}: within one attempt's log a run's steps only grow (a relaunch's steps go in a log of its own: give each with --metrics, in order)"
             )));
         }
         if step > total {

@@ -143,9 +143,11 @@ impl Launch {
              ls \"$DATA\"/*.parquet >/dev/null 2>&1 || { echo \"error: no parquet files in $DATA (acpo export verl --data)\" >&2; exit 2; }\n\
              OUT=\"${ACPO_VERL_OUT:-$PWD/verl-runs}\"\n",
         );
+        // verl's file logger opens its file with "w": a relaunch (resume_mode=auto) would
+        // truncate the earlier attempt's steps, so each attempt logs to a file of its own.
         let _ = writeln!(
             s,
-            "export VERL_FILE_LOGGER_PATH=\"$OUT/{}/metrics.jsonl\"",
+            "export VERL_FILE_LOGGER_PATH=\"$OUT/{}/metrics.$(date -u +%Y%m%dT%H%M%SZ).jsonl\"",
             self.name
         );
         s.push_str("python3 -m verl.trainer.main_ppo");

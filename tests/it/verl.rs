@@ -348,6 +348,110 @@ fn acpo(args: &[&str]) -> std::process::Output {
         .expect("run acpo")
 }
 
+/// A relaunched verl run (resume_mode=auto): the export's launch gives each attempt its own
+/// log, the second logging again from its checkpoint (step 11 here); `import verl` with both
+/// logs in order keeps every step once, the second attempt's from step 11 on, and records both
+/// logs' checksums.
+#[test]
+fn a_relaunched_runs_attempts_import_as_one_run_the_later_attempt_winning() {
+    let tmp = tempfile::tempdir().expect("tmp");
+    let manifest =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("experiments/paper/qwen3-1.7b-grpo.yaml");
+    let exp = Experiment::load(&manifest).expect("manifest");
+    let (full, validation) = write_verl_logs(tmp.path(), exp.eval.sampling.n, 0);
+    let text = std::fs::read_to_string(&full).expect("log");
+    let step_of = |line: &str| {
+        serde_json::from_str::<serde_json::Value>(line).expect("json")["step"]
+            .as_u64()
+            .expect("step")
+    };
+    // the first attempt died after step 12; the second resumed from the checkpoint at 10
+    let first: Vec<&str> = text.lines().filter(|l| step_of(l) <= 12).collect();
+    let second: Vec<String> = text
+        .lines()
+        .filter(|l| step_of(l) >= 11)
+        .map(|l| {
+            let mut v: serde_json::Value = serde_json::from_str(l).expect("json");
+            v["data"]["actor/pg_loss"] = serde_json::json!(-1.0);
+            v.to_string()
+        })
+        .collect();
+    let (a, b) = (
+        tmp.path().join("metrics.20261127T100000Z.jsonl"),
+        tmp.path().join("metrics.20261127T120000Z.jsonl"),
+    );
+    std::fs::write(&a, first.join("\n") + "\n").expect("w");
+    std::fs::write(&b, second.join("\n") + "\n").expect("w");
+    let out = tmp.path().join("run");
+    let run = acpo(&[
+        "import",
+        "verl",
+        "--manifest",
+        manifest.to_str().expect("u"),
+        "--metrics",
+        a.to_str().expect("u"),
+        b.to_str().expect("u"),
+        "--validation-dir",
+        validation.to_str().expect("u"),
+        "--out",
+        out.to_str().expect("u"),
+    ]);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let lines: Vec<serde_json::Value> = std::fs::read_to_string(out.join("metrics.jsonl"))
+        .expect("metrics")
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json"))
+        .collect();
+    let steps: Vec<f64> = lines
+        .iter()
+        .map(|m| m["training/global_step"].as_f64().expect("step"))
+        .collect();
+    assert_eq!(steps, (1..=20).map(f64::from).collect::<Vec<_>>());
+    for m in &lines {
+        let (step, loss) = (
+            m["training/global_step"].as_f64().expect("step"),
+            m["actor/pg_loss"].as_f64().expect("loss"),
+        );
+        let want = if step >= 11.0 { -1.0 } else { -0.01 * step };
+        assert!((loss - want).abs() < 1e-12, "step {step}: {loss}");
+    }
+    let provenance = std::fs::read_to_string(out.join("provenance.json")).expect("provenance");
+    assert!(
+        provenance.contains("verl metrics, attempt 1")
+            && provenance.contains("verl metrics, attempt 2"),
+        "{provenance}"
+    );
+    // one attempt's log whose steps go back is still refused, naming the way out
+    let both = tmp.path().join("both.jsonl");
+    std::fs::write(
+        &both,
+        format!("{}\n{}\n", first.join("\n"), second.join("\n")),
+    )
+    .expect("w");
+    let refused = acpo(&[
+        "import",
+        "verl",
+        "--manifest",
+        manifest.to_str().expect("u"),
+        "--metrics",
+        both.to_str().expect("u"),
+        "--validation-dir",
+        validation.to_str().expect("u"),
+        "--out",
+        tmp.path().join("refused").to_str().expect("u"),
+    ]);
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("give each with --metrics"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+}
+
 #[test]
 fn verl_logs_import_into_a_run_that_report_turns_into_table1_and_curves() {
     let tmp = tempfile::tempdir().expect("tmp");
