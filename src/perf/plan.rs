@@ -108,6 +108,98 @@ fn measured(dir: &Path, name: &str) -> Result<Rate> {
     })
 }
 
+/// The measured rates a plan scales from: the train step, sampling at the rollouts' shape, and
+/// sampling at the evaluations' own shape where the suite measured it (`generate-eval.json`).
+struct Rates {
+    train: Rate,
+    rollouts: Rate,
+    evaluations: Option<Rate>,
+}
+
+impl Rates {
+    fn read(dir: &Path) -> Result<Rates> {
+        Ok(Rates {
+            train: measured(dir, "train-step")?,
+            rollouts: measured(dir, "generate")?,
+            evaluations: if dir.join("generate-eval.json").exists() {
+                Some(measured(dir, "generate-eval")?)
+            } else {
+                None
+            },
+        })
+    }
+
+    /// The rate the evaluations sample at: their own where measured, else the rollouts'.
+    fn evaluation(&self) -> &Rate {
+        self.evaluations.as_ref().unwrap_or(&self.rollouts)
+    }
+
+    /// The device copy rate recorded beside either sampling measurement, GB/s.
+    fn copy(&self) -> Option<f64> {
+        self.rollouts
+            .copy_gb_per_s
+            .or(self.evaluation().copy_gb_per_s)
+    }
+}
+
+/// One run's cost on one GPU: its tokens from the manifest at the assumed lengths, each part's
+/// hours at the measured rates scaled to its model's parameters, and the KV-bandwidth bound.
+fn run_cost(exp: &crate::manifest::Experiment, configs: &Path, rates: &Rates) -> Result<RunCost> {
+    let cfg = memory::model_config(exp, configs)?;
+    let params = memory::parameters(&cfg, false) as f64;
+    let scaled = |r: &Rate| r.tokens_per_second * r.parameters / params;
+    let (train_rate, sample_rate, eval_rate) = (
+        scaled(&rates.train),
+        scaled(&rates.rollouts),
+        scaled(rates.evaluation()),
+    );
+    let responses = exp.trainer.batch_size as f64 * exp.rollout.n as f64;
+    let response = RESPONSE_SHARE * exp.data.max_response_length as f64;
+    let prompt = RESPONSE_SHARE * exp.data.max_prompt_length as f64;
+    let per_step_sample = responses * response;
+    // The update passes (epochs), plus the old log-probs' forward (a third of a step); a
+    // critic doubles both.
+    let critic = if exp.critic.is_some() { 2.0 } else { 1.0 };
+    let per_step_train =
+        responses * (prompt + response) * (exp.actor.epochs as f64 + 1.0 / 3.0) * critic;
+    let steps = exp.trainer.total_steps as f64;
+    let answer = RESPONSE_SHARE * exp.eval.max_new_tokens as f64;
+    let eval_tokens = exp.trainer.evaluations() as f64
+        * exp.eval.problems() as f64
+        * exp.eval.sampling.n as f64
+        * answer;
+    let rollout_seconds = steps * per_step_sample / sample_rate;
+    let train_seconds = steps * per_step_train / train_rate;
+    let eval_seconds = eval_tokens / eval_rate;
+    // A token generated half-way through its response attends to the prompt and half the
+    // response: the mean context over a response.
+    let bound = |context: f64| {
+        rates
+            .copy()
+            .map(|gbps| gbps * 1e9 / kv_bytes_per_token(&cfg, context))
+    };
+    let rollout_bound = bound(prompt + response / 2.0);
+    let eval_bound = bound(prompt + answer / 2.0);
+    let at_bound = rollout_bound
+        .zip(eval_bound)
+        .map(|(r, e)| (steps * per_step_sample / r + eval_tokens / e + train_seconds) / 3600.0);
+    Ok(RunCost {
+        run: exp.name.clone(),
+        steps: exp.trainer.total_steps,
+        sample_tokens: steps * per_step_sample,
+        train_tokens: steps * per_step_train,
+        eval_tokens,
+        rollout_hours: rollout_seconds / 3600.0,
+        eval_hours: eval_seconds / 3600.0,
+        train_hours: train_seconds / 3600.0,
+        gpu_hours: (rollout_seconds + eval_seconds + train_seconds) / 3600.0,
+        rollout_kv_bound_tps: rollout_bound,
+        eval_kv_bound_tps: eval_bound,
+        gpu_hours_at_kv_bound: at_bound,
+        paper_gpus: paper_gpus(&exp.model.source.label()),
+    })
+}
+
 /// Writes `<out>/paper-plan.{json,md}` from the train-step and generate reports in `measured`
 /// and the manifests in `experiments` (model shapes from `configs`).
 pub fn paper_plan(
@@ -116,66 +208,23 @@ pub fn paper_plan(
     measured_dir: &Path,
     out: &Path,
 ) -> Result<PathBuf> {
-    let train = measured(measured_dir, "train-step")?;
-    let sample = measured(measured_dir, "generate")?;
-    let eval_measured = measured_dir.join("generate-eval.json").exists();
-    let eval_sample = if eval_measured {
-        measured(measured_dir, "generate-eval")?
-    } else {
-        measured(measured_dir, "generate")?
-    };
-    let copy = sample.copy_gb_per_s.or(eval_sample.copy_gb_per_s);
-    let mut rows = Vec::new();
-    for exp in super::manifests(experiments)? {
-        let cfg = memory::model_config(&exp, configs)?;
-        let params = memory::parameters(&cfg, false) as f64;
-        let train_rate = train.tokens_per_second * train.parameters / params;
-        let sample_rate = sample.tokens_per_second * sample.parameters / params;
-        let eval_rate = eval_sample.tokens_per_second * eval_sample.parameters / params;
-        let n = exp.rollout.n as f64;
-        let responses = exp.trainer.batch_size as f64 * n;
-        let response = RESPONSE_SHARE * exp.data.max_response_length as f64;
-        let prompt = RESPONSE_SHARE * exp.data.max_prompt_length as f64;
-        let per_step_sample = responses * response;
-        // The update passes (epochs), plus the old log-probs' forward (a third of a step); a
-        // critic doubles both.
-        let critic = if exp.critic.is_some() { 2.0 } else { 1.0 };
-        let per_step_train =
-            responses * (prompt + response) * (exp.actor.epochs as f64 + 1.0 / 3.0) * critic;
-        let steps = exp.trainer.total_steps;
-        let evals = exp.trainer.evaluations();
-        let problems = exp.eval.problems();
-        let answer = RESPONSE_SHARE * exp.eval.max_new_tokens as f64;
-        let eval_tokens = evals as f64 * problems as f64 * exp.eval.sampling.n as f64 * answer;
-        let rollout_seconds = steps as f64 * per_step_sample / sample_rate;
-        let train_seconds = steps as f64 * per_step_train / train_rate;
-        let eval_seconds = eval_tokens / eval_rate;
-        // A token generated half-way through its response attends to the prompt and half the
-        // response: the mean context over a response.
-        let bound = |context: f64| copy.map(|gbps| gbps * 1e9 / kv_bytes_per_token(&cfg, context));
-        let rollout_bound = bound(prompt + response / 2.0);
-        let eval_bound = bound(prompt + answer / 2.0);
-        let at_bound = rollout_bound.zip(eval_bound).map(|(r, e)| {
-            (steps as f64 * per_step_sample / r + eval_tokens / e + train_seconds) / 3600.0
-        });
-        rows.push(RunCost {
-            run: exp.name.clone(),
-            steps,
-            sample_tokens: steps as f64 * per_step_sample,
-            train_tokens: steps as f64 * per_step_train,
-            eval_tokens,
-            rollout_hours: rollout_seconds / 3600.0,
-            eval_hours: eval_seconds / 3600.0,
-            train_hours: train_seconds / 3600.0,
-            gpu_hours: (rollout_seconds + eval_seconds + train_seconds) / 3600.0,
-            rollout_kv_bound_tps: rollout_bound,
-            eval_kv_bound_tps: eval_bound,
-            gpu_hours_at_kv_bound: at_bound,
-            paper_gpus: paper_gpus(&exp.model.source.label()),
-        });
-    }
+    let rates = Rates::read(measured_dir)?;
+    let rows = super::manifests(experiments)?
+        .iter()
+        .map(|exp| run_cost(exp, configs, &rates))
+        .collect::<Result<Vec<_>>>()?;
     let json = serde_json::to_string_pretty(&rows).expect("invariant: the plan is JSON");
     write_report(out, "paper-plan.json", json.as_bytes())?;
+    write_report(
+        out,
+        "paper-plan.md",
+        plan_markdown(&rates, &rows).as_bytes(),
+    )
+}
+
+/// paper-plan.md: the rates it stands on, the bound's definition, and a row per run.
+fn plan_markdown(rates: &Rates, rows: &[RunCost]) -> String {
+    let (train, sample, eval_sample) = (&rates.train, &rates.rollouts, rates.evaluation());
     let mut md = format!(
         "Measured: train step {:.0} tokens/s ({}, {}); sampling {:.0} new tokens/s for the rollouts ({}, {}) and {:.0} for the evaluations ({}); other sizes scaled by parameters. Responses use {:.0} % of their limits (an assumption).\n\n",
         train.tokens_per_second,
@@ -185,14 +234,14 @@ pub fn paper_plan(
         sample.model,
         sample.shape,
         eval_sample.tokens_per_second,
-        if eval_measured {
+        if rates.evaluations.is_some() {
             format!("{}, {}", eval_sample.model, eval_sample.shape)
         } else {
             "not measured at their own shape: the rollouts' rate".to_string()
         },
         100.0 * RESPONSE_SHARE,
     );
-    md.push_str(&match copy {
+    md.push_str(&match rates.copy() {
         Some(gbps) => format!("The KV-bandwidth bound: new tokens/s ≤ the measured copy rate ({gbps:.0} GB/s) ÷ the bf16 KV bytes a token's attention reads at its mean context (prompt + half the response), per run below; the last column is the run's GPU-hours had both samplers run at it.\n\n"),
         None => "No copy rate was recorded beside the sampling measurement: no KV-bandwidth bound.\n\n".to_string(),
     });
@@ -210,7 +259,7 @@ pub fn paper_plan(
         ("GPU-hours at the KV bound", Right),
         ("GPUs the paper used", Right),
     ]);
-    for r in &rows {
+    for r in rows {
         t.row([
             r.run.clone(),
             r.steps.to_string(),
@@ -231,5 +280,5 @@ pub fn paper_plan(
         ]);
     }
     md.push_str(&t.to_string());
-    write_report(out, "paper-plan.md", md.as_bytes())
+    md
 }

@@ -421,14 +421,37 @@ pub fn csv(table: &Table1) -> String {
     s
 }
 
+/// The paper's values in the columns `keys` (CSV headers) per (model, method), from a CSV in
+/// the layout of [`PAPER_TABLE1`], read by its header: a column it does not have is None.
+fn paper_values(paper_csv: &str, keys: &[String]) -> BTreeMap<(String, String), Vec<Option<f64>>> {
+    let mut lines = paper_csv.lines();
+    let header: Vec<&str> = lines.next().unwrap_or("").split(',').collect();
+    let at: Vec<Option<usize>> = keys
+        .iter()
+        .map(|k| header.iter().position(|h| h == k))
+        .collect();
+    let mut paper = BTreeMap::new();
+    for line in lines {
+        let f: Vec<&str> = line.split(',').collect();
+        if f.len() >= header.len() {
+            paper.insert(
+                (f[0].to_string(), f[2].to_string()),
+                at.iter()
+                    .map(|i| i.and_then(|i| f[i].parse().ok()))
+                    .collect(),
+            );
+        }
+    }
+    paper
+}
+
 /// Ours beside the paper's reported values (paper | ours | Δ) for the weighted column and each
 /// benchmark, for the models and methods present in both. The paper's CSV is read by its
 /// header, so a column it does not have is left out. The paper weights its accuracy over the
 /// benchmarks of its header; a run whose weighted accuracy is over another set is not set
 /// beside it but listed below the table, saying why.
 pub fn compare_paper(table: &Table1, paper_csv: &str) -> String {
-    let mut lines = paper_csv.lines();
-    let header: Vec<&str> = lines.next().unwrap_or("").split(',').collect();
+    let header: Vec<&str> = paper_csv.lines().next().unwrap_or("").split(',').collect();
     let paper_set: BTreeSet<String> = header
         .iter()
         .skip_while(|h| **h != WEIGHTED_CSV)
@@ -445,22 +468,7 @@ pub fn compare_paper(table: &Table1, paper_csv: &str) -> String {
             .map_or(benchmark.to_string(), Column::csv_key)
     };
     let mut not_compared = Vec::new();
-    let at: Vec<Option<usize>> = csv_keys(&table.columns)
-        .iter()
-        .map(|k| header.iter().position(|h| h == k))
-        .collect();
-    let mut paper: BTreeMap<(String, String), Vec<Option<f64>>> = BTreeMap::new();
-    for line in lines {
-        let f: Vec<&str> = line.split(',').collect();
-        if f.len() >= header.len() {
-            paper.insert(
-                (f[0].to_string(), f[2].to_string()),
-                at.iter()
-                    .map(|i| i.and_then(|i| f[i].parse().ok()))
-                    .collect(),
-            );
-        }
-    }
+    let paper = paper_values(paper_csv, &csv_keys(&table.columns));
     let mut t = Table::new([
         ("model", Left),
         ("method", Left),

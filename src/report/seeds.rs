@@ -9,7 +9,7 @@
 //! speedup per seed: the first evaluation at which the -AC run reaches that seed's baseline
 //! best (Section 5.3's definition, seed by seed).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 
 use super::table::{Align::Left, Align::Right, Table};
 use super::{load_metrics, model_order, Result, RunResult};
@@ -69,17 +69,14 @@ pub fn paper_effect(baseline: AlgorithmKind) -> f64 {
 /// The paper's gain of each -AC method over its baseline, per model of Table 1
 /// (`paper/table1.csv`, weighted accuracy in points): (paper model, baseline, gain).
 pub fn paper_gains() -> Vec<(String, AlgorithmKind, f64)> {
-    let mut rows: Vec<(String, String, f64)> = Vec::new();
-    for line in super::PAPER_TABLE1.lines().skip(1) {
-        let f: Vec<&str> = line.split(',').collect();
-        if let (Some(model), Some(method), Some(acc)) = (f.first(), f.get(2), f.get(3)) {
-            if let Ok(acc) = acc.parse::<f64>() {
-                rows.push((model.to_string(), method.to_string(), acc));
-            }
-        }
-    }
+    let weighted = super::paper_values(super::PAPER_TABLE1, &[super::WEIGHTED_CSV.to_string()]);
+    let acc = |model: &str, method: AlgorithmKind| {
+        weighted
+            .get(&(model.to_string(), method.paper_name().to_string()))
+            .and_then(|v| v[0])
+    };
     let mut out = Vec::new();
-    for (model, method, base_acc) in &rows {
+    for (model, method) in weighted.keys() {
         for (base, ac) in [
             (AlgorithmKind::Ppo, AlgorithmKind::PpoAc),
             (AlgorithmKind::Grpo, AlgorithmKind::GrpoAc),
@@ -87,16 +84,9 @@ pub fn paper_gains() -> Vec<(String, AlgorithmKind, f64)> {
             if method != base.paper_name() {
                 continue;
             }
-            if let Some((_, _, ac_acc)) = rows
-                .iter()
-                .find(|(m, x, _)| m == model && x == ac.paper_name())
-            {
+            if let (Some(b), Some(a)) = (acc(model, base), acc(model, ac)) {
                 // the CSV's one decimal: 70.6 − 70.0 is 0.6, not 0.5999…
-                out.push((
-                    model.clone(),
-                    base,
-                    ((ac_acc - base_acc) * 10.0).round() / 10.0,
-                ));
+                out.push((model.clone(), base, ((a - b) * 10.0).round() / 10.0));
             }
         }
     }
@@ -316,34 +306,36 @@ struct RegimeSums {
 }
 
 impl RegimeSums {
-    fn add(&mut self, baseline: &RunResult, ac: &RunResult) -> Result<()> {
-        let (b, a) = (load_metrics(&baseline.dir)?, load_metrics(&ac.dir)?);
-        let mean = |lines: &[std::collections::BTreeMap<String, f64>], keys: &[&str]| {
+    /// One seed's baseline and -AC runs, each with its metrics lines.
+    fn add(
+        &mut self,
+        (baseline, b): (&RunResult, &[BTreeMap<String, f64>]),
+        (ac, a): (&RunResult, &[BTreeMap<String, f64>]),
+    ) {
+        let mean = |lines: &[BTreeMap<String, f64>], keys: &[&str]| {
             let v: Vec<f64> = lines
                 .iter()
                 .filter_map(|m| keys.iter().map(|k| m.get(*k).copied()).sum::<Option<f64>>())
                 .collect();
             (!v.is_empty()).then(|| v.iter().sum::<f64>() / v.len() as f64)
         };
-        let ends = |lines: &[std::collections::BTreeMap<String, f64>]| {
-            let e = |m: Option<&std::collections::BTreeMap<String, f64>>| {
-                m.and_then(|m| m.get(metric::ENTROPY).copied())
-            };
+        let ends = |lines: &[BTreeMap<String, f64>]| {
+            let e =
+                |m: Option<&BTreeMap<String, f64>>| m.and_then(|m| m.get(metric::ENTROPY).copied());
             e(lines.first()).zip(e(lines.last()))
         };
         self.baseline_clip
-            .extend(mean(&b, &[baseline.clip.own_clip_metric()]));
-        self.ac_clip.extend(mean(&a, &[ac.clip.own_clip_metric()]));
+            .extend(mean(b, &[baseline.clip.own_clip_metric()]));
+        self.ac_clip.extend(mean(a, &[ac.clip.own_clip_metric()]));
         self.ac_disagree.extend(mean(
-            &a,
+            a,
             &[
                 "actor/clip_disagree_ratio_zeroes_later",
                 "actor/clip_disagree_acpo_zeroes_later",
             ],
         ));
-        self.baseline_entropy.extend(ends(&b));
-        self.ac_entropy.extend(ends(&a));
-        Ok(())
+        self.baseline_entropy.extend(ends(b));
+        self.ac_entropy.extend(ends(a));
     }
 
     fn means(&self) -> Regime {
@@ -367,10 +359,8 @@ fn final_eval(r: &RunResult) -> Option<&EvalSummary> {
 }
 
 /// The policy entropy at the last step a run logged.
-fn last_entropy(r: &RunResult) -> Result<Option<f64>> {
-    Ok(load_metrics(&r.dir)?
-        .last()
-        .and_then(|m| m.get(metric::ENTROPY).copied()))
+fn last_entropy(lines: &[BTreeMap<String, f64>]) -> Option<f64> {
+    lines.last().and_then(|m| m.get(metric::ENTROPY).copied())
 }
 
 /// Every seed of every run, paired by (model, seed).
@@ -423,8 +413,9 @@ pub fn pairs(runs: &[RunResult]) -> Result<Vec<PairStats>> {
                     }
                 }
                 step_gaps.extend(step_gap(&curve(b), &curve(a)));
-                regime.add(b, a)?;
-                match (last_entropy(a)?, last_entropy(b)?) {
+                let (metrics_b, metrics_a) = (load_metrics(&b.dir)?, load_metrics(&a.dir)?);
+                regime.add((b, &metrics_b), (a, &metrics_a));
+                match (last_entropy(&metrics_a), last_entropy(&metrics_b)) {
                     (Some(ea), Some(eb)) => entropy_d.push(ea - eb),
                     _ => entropy_everywhere = false,
                 }

@@ -210,7 +210,6 @@ fn pooled_markdown(all: &[PairStats]) -> String {
                 (l.min(*g), h.max(*g))
             });
         let i = pooled_interval(&p);
-        let margin = paper_low_end(base);
         t.row([
             format!("{}-AC − {}", base.paper_name(), base.paper_name()),
             p.k.to_string(),
@@ -219,7 +218,7 @@ fn pooled_markdown(all: &[PairStats]) -> String {
                 format!("Q = {:.2}, p = {qp:.2}", p.q)
             }),
             format!("+{lo:.1} to +{hi:.1}"),
-            accuracy(&i, margin).text().to_string(),
+            accuracy(&i, lo).text().to_string(),
         ]);
     }
     let mut s = String::from("Pooled over the sizes (the primary statement):\n\n");
@@ -241,77 +240,15 @@ fn pairs_markdown(all: &[PairStats]) -> String {
     ]);
     let mut tally = Tally::default();
     let gaps: Vec<&[i64]> = all.iter().map(|p| p.step_gaps.as_slice()).collect();
-    let step_tests = steps(&gaps);
-    for (p, step) in all.iter().zip(step_tests) {
-        let base = p.baseline.paper_name();
-        let margin = paper_low_end(p.baseline);
-        let v = accuracy(&p.best_diff, margin);
+    for (p, step) in all.iter().zip(steps(&gaps)) {
+        let (v, row) = accuracy_row(p);
         tally.count(ACCURACY, v);
-        let gain = paper_gain(&p.model, p.baseline).map_or("—".into(), |g| {
-            let paper = stands_for(&p.model);
-            if paper == p.model {
-                format!("+{g:.1}; smallest +{margin:.1}")
-            } else {
-                format!("+{g:.1} ({paper}); smallest +{margin:.1}")
-            }
-        });
-        t.row([
-            ACCURACY.into(),
-            p.model.clone(),
-            base.into(),
-            "Δ best weighted accuracy, points".into(),
-            p.best_diff.show(1),
-            p.best_diff
-                .upper()
-                .map_or("—".into(), |u| format!("gain < {u:+.1}")),
-            gain,
-            v.text().to_string(),
-        ]);
-
+        t.row(row);
         tally.count(STEPS, step.verdict);
-        let n = p.step_gaps.len();
-        let sooner = p.step_gaps.iter().filter(|&&g| g > 0).count();
-        let same = p.step_gaps.iter().filter(|&&g| g == 0).count();
-        let steps_f: Vec<f64> = p.step_gaps.iter().map(|&g| g as f64).collect();
-        let show = |x: Option<f64>| x.map_or("—".into(), |x| format!("{x:.3}"));
-        t.row([
-            STEPS.into(),
-            p.model.clone(),
-            base.into(),
-            format!(
-                "steps to the lower of the two bests, baseline − -AC (-AC sooner / same / later: {sooner} / {same} / {} of {n})",
-                n - sooner - same
-            ),
-            Interval::of(&steps_f).map_or("—".into(), |i| i.show(1)),
-            "—".into(),
-            "> 0".into(),
-            format!(
-                "{} (label-swap p = {}, Holm {})",
-                step.verdict.text(),
-                show(step.p),
-                show(step.holm)
-            ),
-        ]);
-
-        if let Some(e) = &p.entropy_diff {
-            let (claim, direction) = entropy_claim(p.baseline);
-            let v = entropy(e, direction);
+        t.row(steps_row(p, &step));
+        if let Some((claim, v, row)) = entropy_row(p) {
             tally.count(claim, v);
-            let bound = match e.half_width {
-                Some(h) if direction > 0.0 => format!("Δ < {:+.3}", e.mean + h),
-                Some(h) => format!("Δ > {:+.3}", e.mean - h),
-                None => "—".into(),
-            };
-            t.row([
-                claim.into(),
-                p.model.clone(),
-                base.into(),
-                "Δ entropy at the last step, nats per token".into(),
-                e.show(3),
-                bound,
-                if direction > 0.0 { "Δ > 0" } else { "Δ < 0" }.into(),
-                v.text().to_string(),
-            ]);
+            t.row(row);
         }
     }
     let mut s = t.to_string();
@@ -336,6 +273,90 @@ fn pairs_markdown(all: &[PairStats]) -> String {
     s.push_str("- Entropy: the paired 95 % interval of Δ at the last step, read in the paper's direction for the family: PPO-AC collapses more slowly (Δ > 0); GRPO-AC stays near its start while GRPO, with Clip-Higher, rises (Δ < 0).\n");
     s.push_str("- r·Â tails by difficulty (Fig. 3): descriptive only, from the first seed (tails.md); no test across seeds.\n");
     s
+}
+
+/// A row of the per-pair table: claim, model, baseline, what is paired, mean, bound, what the
+/// paper says, verdict.
+type Row = [String; 8];
+
+/// The accuracy claim's verdict and row: the interval against the family's smallest gain, the
+/// stand-in's own gain beside it.
+fn accuracy_row(p: &PairStats) -> (Verdict, Row) {
+    let margin = paper_low_end(p.baseline);
+    let v = accuracy(&p.best_diff, margin);
+    let gain = paper_gain(&p.model, p.baseline).map_or("—".into(), |g| {
+        let paper = stands_for(&p.model);
+        if paper == p.model {
+            format!("+{g:.1}; smallest +{margin:.1}")
+        } else {
+            format!("+{g:.1} ({paper}); smallest +{margin:.1}")
+        }
+    });
+    let row = [
+        ACCURACY.into(),
+        p.model.clone(),
+        p.baseline.paper_name().into(),
+        "Δ best weighted accuracy, points".into(),
+        p.best_diff.show(1),
+        p.best_diff
+            .upper()
+            .map_or("—".into(), |u| format!("gain < {u:+.1}")),
+        gain,
+        v.text().to_string(),
+    ];
+    (v, row)
+}
+
+/// The step claim's row: the seeds' gaps counted by sign, their mean, the test's p before and
+/// after Holm.
+fn steps_row(p: &PairStats, step: &StepTest) -> Row {
+    let n = p.step_gaps.len();
+    let sooner = p.step_gaps.iter().filter(|&&g| g > 0).count();
+    let same = p.step_gaps.iter().filter(|&&g| g == 0).count();
+    let gaps: Vec<f64> = p.step_gaps.iter().map(|&g| g as f64).collect();
+    let show = |x: Option<f64>| x.map_or("—".into(), |x| format!("{x:.3}"));
+    [
+        STEPS.into(),
+        p.model.clone(),
+        p.baseline.paper_name().into(),
+        format!(
+            "steps to the lower of the two bests, baseline − -AC (-AC sooner / same / later: {sooner} / {same} / {} of {n})",
+            n - sooner - same
+        ),
+        Interval::of(&gaps).map_or("—".into(), |i| i.show(1)),
+        "—".into(),
+        "> 0".into(),
+        format!(
+            "{} (label-swap p = {}, Holm {})",
+            step.verdict.text(),
+            show(step.p),
+            show(step.holm)
+        ),
+    ]
+}
+
+/// The entropy claim of the pair's family, its verdict and row (None where a run logged no
+/// entropy): the interval read in the paper's direction, its end on that side the bound.
+fn entropy_row(p: &PairStats) -> Option<(&'static str, Verdict, Row)> {
+    let e = p.entropy_diff.as_ref()?;
+    let (claim, direction) = entropy_claim(p.baseline);
+    let v = entropy(e, direction);
+    let bound = match e.half_width {
+        Some(h) if direction > 0.0 => format!("Δ < {:+.3}", e.mean + h),
+        Some(h) => format!("Δ > {:+.3}", e.mean - h),
+        None => "—".into(),
+    };
+    let row = [
+        claim.into(),
+        p.model.clone(),
+        p.baseline.paper_name().into(),
+        "Δ entropy at the last step, nats per token".into(),
+        e.show(3),
+        bound,
+        if direction > 0.0 { "Δ > 0" } else { "Δ < 0" }.into(),
+        v.text().to_string(),
+    ];
+    Some((claim, v, row))
 }
 
 fn regime_markdown(all: &[PairStats]) -> String {

@@ -2,6 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
+use acpo::files::AtPath;
 use acpo::report::Artifact;
 
 use crate::cli::{fill_doc, print_written, ReportArgs};
@@ -19,7 +20,7 @@ pub fn run(args: &ReportArgs) -> anyhow::Result<Outcome> {
                 });
             }
         }
-        std::fs::create_dir_all(out).map_err(|e| anyhow::anyhow!("{}: {e}", out.display()))?;
+        std::fs::create_dir_all(out).at(out)?;
         let (shown, written) = acpo::report::write_from(
             args.artifact.into(),
             &sources,
