@@ -11,6 +11,7 @@
 //! - [`load`]: the one loader (files, device, dtype, tokenizer) every command uses.
 
 pub mod budget;
+pub mod export;
 pub mod init;
 pub mod load;
 pub mod qwen;
