@@ -729,7 +729,7 @@ pub enum ModelCommand {
         #[arg(long)]
         out: PathBuf,
         /// The checkpoint of this step (run directories only; default: the latest).
-        #[arg(long, value_parser = flags::count(flags::MAX_STEPS))]
+        #[arg(long, value_parser = flags::from_zero(flags::MAX_STEPS))]
         step: Option<usize>,
         /// Take tokenizer.json, tokenizer_config.json (and the other tokenizer files present)
         /// from this directory instead.

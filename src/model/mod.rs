@@ -11,7 +11,6 @@
 //! - [`load`]: the one loader (files, device, dtype, tokenizer) every command uses.
 
 pub mod budget;
-pub mod export;
 pub mod init;
 pub mod load;
 pub mod qwen;

@@ -35,7 +35,7 @@ pub fn run(cmd: ModelCommand) -> anyhow::Result<Outcome> {
         } => {
             let hub = acpo::hub::HubOptions::from_env();
             let done =
-                acpo::model::export::export(&source, step, tokenizer_from.as_deref(), &out, &hub)?;
+                acpo::run::export::export(&source, step, tokenizer_from.as_deref(), &out, &hub)?;
             println!("{done}");
             Ok(Outcome::Success)
         }

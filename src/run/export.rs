@@ -17,10 +17,10 @@
 
 use std::path::{Path, PathBuf};
 
+use super::RunDir;
 use crate::files::{AtPath, PathIoError};
 use crate::model::tokenizer::Tokenizer;
 use crate::model::QwenConfig;
-use crate::run::RunDir;
 
 /// Files of a tokenizer that `transformers` reads, copied when the source has them
 /// (`tokenizer.json` is required).
@@ -44,7 +44,7 @@ pub enum ExportError {
     #[error("{}: already exists; the export writes a new directory (remove it or name another --out)", path.display())]
     Exists { path: PathBuf },
     #[error(transparent)]
-    Model(#[from] super::ModelError),
+    Model(#[from] crate::model::ModelError),
     #[error(transparent)]
     Manifest(#[from] crate::manifest::ManifestError),
     #[error(transparent)]
@@ -117,7 +117,8 @@ pub fn locate(
                 let path = run.manifest();
                 let text = crate::files::read_to_string(&path).at(&path)?;
                 let exp = crate::manifest::Experiment::from_yaml(&text, &path)?;
-                crate::hub::resolve(&exp.model.source, hub).map_err(super::ModelError::from)?
+                crate::hub::resolve(&exp.model.source, hub)
+                    .map_err(crate::model::ModelError::from)?
             }
         };
         (ckpt.policy(), tokenizer)
