@@ -28,7 +28,7 @@ Reward functions with each framework's own signature:
 Evaluation conventions: `maj_at_k` (and `majority_vote`) vote as `acpo eval` does.
 """
 import os
-from typing import Iterable, List, NamedTuple, Optional, Sequence, Union
+from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Union
 
 from . import _native
 
@@ -97,7 +97,7 @@ def majority_vote(answers: Iterable[Optional[str]]) -> Optional[int]:
     seen first, which is what verl's `calc_maj_val` and lighteval's `MajAtK` pick. None when no
     sample has an answer.
     """
-    votes = {}  # answer -> [count, first index]
+    votes: Dict[str, List[int]] = {}  # answer -> [count, first index]
     for i, answer in enumerate(answers):
         if answer is None:
             continue

@@ -174,11 +174,11 @@ class WandbSink(Sink):
 class TensorBoardSink(Sink):
     def __init__(self, logdir: str):
         try:
-            from torch.utils.tensorboard import SummaryWriter
+            from torch.utils import tensorboard as writers
         except ImportError:
-            SummaryWriter = _need("tensorboardX", "tensorboard", "tensorboard torch (or tensorboardX)").SummaryWriter
+            writers = _need("tensorboardX", "tensorboard", "tensorboard torch (or tensorboardX)")
         os.makedirs(logdir, exist_ok=True)
-        self.writer = SummaryWriter(logdir)
+        self.writer = writers.SummaryWriter(logdir)
 
     def log(self, data, step):
         for k, v in data.items():
