@@ -244,7 +244,7 @@ if wanted decode; then
         --repeats 1 --out "$res/generate-paper"
     [ $? = 0 ] || failed=1
     tail -2 "$res/acpo-generate.log" | tee -a "$res/summary.txt"
-    torch_step "torch generate (static cache) qwen3-1.7b ${gen[*]}" 180 torch-generate-static.log \
+    torch_step "torch generate (static cache) qwen3-1.7b ${gen[*]}" 240 torch-generate-static.log \
         tools/twins/bench_generate_torch.py --config "$cfg" "${gen[@]}" --repeats 1 --cache static \
         --json "$res/torch-generate-static.json"
     # The kernels one decode step launches, by name: ncu over a short run (the count does not
