@@ -26,6 +26,9 @@
 //!   this kernel streams W once, row by row.
 //! - [`attention_decode`]: a decode step's attention (one query per row, no backward) with the
 //!   composed attention's numbers bit for bit, without two gemm calls per (row, key head).
+//! - [`qk_norm_rope_cache`], [`add_rms_norm`]: a decode step's q/k norms, rotary embedding and
+//!   KV-cache write in one CUDA launch, and the residual add with the next RMSNorm in another
+//!   (sampling on CUDA only; the CPU keeps the composed ops).
 //! - [`exp_in_place`]: `f32::exp` eight at a time with libm's bits (glibc's `expf` in AVX2),
 //!   for SwiGLU.
 //!
@@ -37,6 +40,7 @@
 //! the CPU op in `tests/it/cuda.rs`.
 
 mod decode_attention;
+mod decode_chain;
 mod expf;
 mod flash;
 #[cfg(feature = "cuda")]
@@ -52,6 +56,9 @@ mod vocab;
 mod vocab_chunk;
 
 pub use decode_attention::attention_decode;
+pub use decode_chain::{
+    add_rms_norm, add_rms_norm_composed, qk_norm_rope_cache, qk_norm_rope_cache_composed, QkNorms,
+};
 pub use expf::exp_in_place;
 pub use flash::{
     attention_composed, flash_applies, flash_attention, FlashDims, FLASH_MAX_HEAD_DIM,

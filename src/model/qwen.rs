@@ -168,6 +168,9 @@ struct Attention {
     heads: usize,
     kv_heads: usize,
     head_dim: usize,
+    /// [`Kernels::decode_chain`]: a detached model's decode step runs its element-wise chain
+    /// fused where the kernels apply.
+    decode_chain: bool,
 }
 
 impl Attention {
@@ -188,15 +191,20 @@ impl Attention {
         let mut q = split(self.q.forward(x)?, self.heads)?;
         let mut k = split(self.k.forward(x)?, self.kv_heads)?;
         let v = split(self.v.forward(x)?, self.kv_heads)?;
-        if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
-            q = qn.forward(&q)?;
-            k = kn.forward(&k)?;
-        }
-        // q and k rotated into heads first as they are read: no transposed copy first
-        let q = crate::fused::rope_heads(&q, cos, sin)?; // (B, H, T, D)
-        let k = crate::fused::rope_heads(&k, cos, sin)?; // (B, KV, T, D)
-        let v = v.transpose(1, 2)?.contiguous()?;
-        let (kb, vb) = (past.write(&k, 0)?, past.write(&v, 1)?);
+        let (q, kb, vb) = match self.fused_chain(&q, &k, &v, cos, sin, past)? {
+            Some(done) => done,
+            None => {
+                if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
+                    q = qn.forward(&q)?;
+                    k = kn.forward(&k)?;
+                }
+                // q and k rotated into heads first as they are read: no transposed copy first
+                let q = crate::fused::rope_heads(&q, cos, sin)?; // (B, H, T, D)
+                let k = crate::fused::rope_heads(&k, cos, sin)?; // (B, KV, T, D)
+                let v = v.transpose(1, 2)?.contiguous()?;
+                (q, past.write(&k, 0)?, past.write(&v, 1)?)
+            }
+        };
         let s = past.len + t;
         let scale = 1.0 / (self.head_dim as f64).sqrt();
         let out = match mask {
@@ -232,6 +240,40 @@ impl Attention {
             .reshape((b, t, self.heads * self.head_dim))?;
         Ok((self.o.forward(&out)?, (k, v)))
     }
+
+    /// A detached model's decode step (one new position) on kernels that fuse its chain: the
+    /// q/k norms, the rotations and the new column's write into cache buffers that have room
+    /// for it, in one launch ([`crate::fused::qk_norm_rope_cache`]). Returns q heads first and
+    /// the buffers; None where the fused kernel does not apply (the composed ops then run).
+    fn fused_chain(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        past: &LayerCache,
+    ) -> Result<Option<(Tensor, Tensor, Tensor)>> {
+        if !self.decode_chain || q.dim(1)? != 1 || self.q.decode.is_none() {
+            return Ok(None);
+        }
+        let Some((kb, vb)) = &past.buffers else {
+            return Ok(None);
+        };
+        if kb.dim(2)? <= past.len {
+            return Ok(None);
+        }
+        let norms = match (&self.q_norm, &self.k_norm) {
+            (Some(qn), Some(kn)) => Some(crate::fused::QkNorms {
+                q: &qn.weight,
+                k: &kn.weight,
+                eps: qn.eps,
+            }),
+            _ => None,
+        };
+        let fused = crate::fused::qk_norm_rope_cache(q, k, v, norms, cos, sin, (kb, vb), past.len)?;
+        Ok(fused.map(|q| (q, kb.clone(), vb.clone())))
+    }
 }
 
 /// Which keys each query sees, in the form its attention takes.
@@ -255,6 +297,11 @@ pub struct Kernels {
     /// lm_head + log-softmax + entropy in vocabulary chunks of this size, fused per chunk
     /// ([`crate::fused::vocab_log_probs`]); `None`: logits of `LOGIT_CHUNK` positions at a time.
     pub vocab_chunk: Option<usize>,
+    /// A sampling model's decode step with its element-wise chain fused where the kernels
+    /// apply (CUDA): the q/k norms, RoPE and the KV-cache write in one launch, the residual add
+    /// and the next RMSNorm in another ([`crate::fused::qk_norm_rope_cache`],
+    /// [`crate::fused::add_rms_norm`]). Off: the composed ops.
+    pub decode_chain: bool,
 }
 
 /// Vocabulary chunk of the GPU path: (rows, 8192) f32 per chunk instead of (rows, 151,936).
@@ -269,6 +316,7 @@ impl Kernels {
             Kernels {
                 flash_attention: true,
                 vocab_chunk: Some(VOCAB_CHUNK),
+                decode_chain: true,
             }
         } else {
             Kernels::composed()
@@ -280,6 +328,7 @@ impl Kernels {
         Kernels {
             flash_attention: false,
             vocab_chunk: None,
+            decode_chain: false,
         }
     }
 }
@@ -319,8 +368,22 @@ impl Block {
         let (a, kv) = self
             .attn
             .forward(&self.input_norm.forward(x)?, cos, sin, mask, past)?;
-        let x = (x + a)?;
-        let y = (&x + self.mlp.forward(&self.post_norm.forward(&x)?)?)?;
+        // A detached model's decode step adds and normalises in one launch where it can.
+        let fused = if self.attn.decode_chain && x.dim(1)? == 1 && self.attn.q.decode.is_some() {
+            let n = &self.post_norm;
+            crate::fused::add_rms_norm(x, &a, &n.weight, n.eps)?
+        } else {
+            None
+        };
+        let (x, normed) = match fused {
+            Some(both) => both,
+            None => {
+                let x = (x + a)?;
+                let normed = self.post_norm.forward(&x)?;
+                (x, normed)
+            }
+        };
+        let y = (&x + self.mlp.forward(&normed)?)?;
         Ok((y, kv))
     }
 
@@ -625,6 +688,7 @@ impl Qwen {
                     heads: nh,
                     kv_heads: nkv,
                     head_dim: hd,
+                    decode_chain: Kernels::for_device(&device).decode_chain,
                 },
                 post_norm: norm(&format!("{p}.post_attention_layernorm.weight"), h)?,
                 mlp: Mlp {
@@ -654,6 +718,9 @@ impl Qwen {
     /// The same model computing with `kernels`.
     pub fn with_kernels(mut self, kernels: Kernels) -> Qwen {
         self.kernels = kernels;
+        for block in &mut self.blocks {
+            block.attn.decode_chain = kernels.decode_chain;
+        }
         self
     }
 

@@ -21,7 +21,9 @@ mod train_step;
 pub mod verifier;
 
 pub use attention::bench_attention;
-pub use generate::{bench_generate, bench_long_tail, long_tail_lengths};
+pub use generate::{
+    bench_generate, bench_long_tail, continuous_reads, long_tail_lengths, DecodeReads,
+};
 pub use train_step::{bench_train_step, TRAIN_MICRO_BATCH};
 
 use std::path::{Path, PathBuf};

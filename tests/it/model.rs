@@ -840,14 +840,17 @@ fn flash_attention_and_vocabulary_chunks_give_the_composed_model_and_its_gradien
             Kernels {
                 flash_attention: true,
                 vocab_chunk: None,
+                decode_chain: false,
             },
             Kernels {
                 flash_attention: false,
                 vocab_chunk: Some(37),
+                decode_chain: false,
             },
             Kernels {
                 flash_attention: true,
                 vocab_chunk: Some(64),
+                decode_chain: false,
             },
         ] {
             let (l1, g1) = run(kernels);
@@ -883,6 +886,7 @@ fn gradient_checkpointing_gives_the_plain_gradients_bit_for_bit() {
             Kernels {
                 flash_attention: true,
                 vocab_chunk: Some(64),
+                decode_chain: false,
             },
         ] {
             let model = Qwen::new(&cfg, &params, false)

@@ -256,10 +256,40 @@ def generate(root, lines):
                 "|---|---:|---:|---:|",
                 f"| {cont['shape'].split(': ')[0]} | {fmt(waves['tokens_per_second'])} "
                 f"| {fmt(cont['tokens_per_second'])} | {cont['tokens_per_second'] / waves['tokens_per_second']:.2f}× |"]
+        out += long_tail_bound(cont)
+    out += decode_launches(root)
     check = latest(root, "flash_kernels_check.log")
     if check:
         out += flash_kernels(check, root)
     return out or ["sampling: not run"]
+
+
+def long_tail_bound(cont):
+    """The continuous run's decode steps against the bytes they must read (`acpo bench generate
+    --long-tail` from issue #57 on; nothing for a run without them)."""
+    r = cont.get("roofline")
+    if not r:
+        return []
+    bound = r["decode_tokens_per_second"] / r["fraction"]
+    return ["", f"Continuous batching's decode steps: {fmt(r['decode_tokens_per_second'])} tokens/s "
+            f"({1000 * r['step_seconds']:.1f} ms a step; the prefills {r['prefill_seconds']:.1f} s in all, not counted), "
+            f"{100 * r['fraction']:.1f} % of the KV-bandwidth bound of {fmt(bound)} tokens/s: every weight once a "
+            f"step and each row's own cache, {r['bytes_per_step'] / 1e9:.2f} GB a step on average, at the measured "
+            f"copy of {r['copy_gb_per_s']:,.0f} GB/s (target ≥ 70 %)."]
+
+
+def decode_launches(root):
+    """The kernels one decode step launches (ncu, tools/gpu/launches.py), where the run counted
+    them."""
+    got = load(latest(root, "launches.json"))
+    if not got:
+        return []
+    out = ["", f"The kernels of one decode step (ncu over `acpo bench generate`, {got['decode_steps']} steps "
+           f"counted by `tools/gpu/launches.py`): {got['launches_per_step']} launches, "
+           f"{got['kernel_ms_per_step']:.2f} ms of kernel time a step at the profiled shape:", "",
+           "| kernel | launches a step | µs a step |", "|---|---:|---:|"]
+    out += [f"| {r['kernel']} | {r['launches']:g} | {r['us']:.1f} |" for r in got["by_kernel"]]
+    return out
 
 
 def flash_kernels(check, root):
@@ -482,6 +512,14 @@ def targets(root):
         waves, cont = load(lt / "generate.json")
         rows.append(("#20", "continuous batching against waves on long-tailed lengths (no number set)",
                      f"{cont['tokens_per_second'] / waves['tokens_per_second']:.2f}× the tokens/s", "measured"))
+        if cont.get("roofline"):
+            f = cont["roofline"]["fraction"]
+            rows.append(("#57", "tokens/s at the memory-sized batch with long-tailed lengths ≥ 70 % of the "
+                         "KV-bandwidth bound", f"{100 * f:.1f} % ({cont['shape']})", "yes" if f >= 0.7 else "no"))
+    got = load(latest(root, "launches.json"))
+    if got:
+        rows.append(("#57", "a decode step with few launches (no number set)",
+                     f"{got['launches_per_step']} launches a step", "measured"))
     plan = latest(root, "paper-plan.json")
     rows.append(("#20", "a costed plan of the 16 paper runs from measured rates", "docs/CUDA.md" if plan else "not run",
                  "measured" if plan else "no"))
