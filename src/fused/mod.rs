@@ -26,6 +26,8 @@
 //!   this kernel streams W once, row by row.
 //! - [`attention_decode`]: a decode step's attention (one query per row, no backward) with the
 //!   composed attention's numbers bit for bit, without two gemm calls per (row, key head).
+//! - [`backward_seed`]: the scalar ⟨y, g⟩ whose backward hands a known output gradient `g` to
+//!   `y`, to start a backward from `g` without a single-block `sum_all` to differentiate.
 //! - [`exp_in_place`]: `f32::exp` eight at a time with libm's bits (glibc's `expf` in AVX2),
 //!   for SwiGLU.
 //!
@@ -45,6 +47,7 @@ mod log_probs;
 mod matmul;
 mod rms_norm;
 mod rope;
+mod seed;
 mod small_m;
 mod softmax;
 mod swiglu;
@@ -60,6 +63,7 @@ pub use log_probs::token_log_probs;
 pub use matmul::{matmul, DEPTH_BLOCK};
 pub use rms_norm::{rms_norm, rms_norm_composed};
 pub use rope::{rope, rope_composed, rope_heads};
+pub use seed::backward_seed;
 pub use small_m::{linear_small_m, linear_small_m_packed, pack_pairs, SMALL_M};
 pub use softmax::{attention_probs, attention_probs_composed, softmax_last_composed};
 pub use swiglu::{swiglu, swiglu_composed};

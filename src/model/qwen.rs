@@ -746,7 +746,8 @@ impl Qwen {
     /// kept, computing logits with the model it is given (this one, up to the lm_head's leaf),
     /// and its backward gives the gradient at the last layer's output. Each layer, last to
     /// first, is then run again from its kept input, with a graph, and backpropagated from the
-    /// gradient at its output: `∂(Σ y ⊙ g)/∂y = g`, exactly.
+    /// gradient at its output, seeded with it directly ([`crate::fused::backward_seed`]: the
+    /// gradients of `(y ⊙ g).sum_all()`, bit for bit, without a single-block reduction).
     ///
     /// Each backward's gradients go to `sink` as soon as it is done (the head's, each layer's,
     /// last to first, then the embedding's), and every parameter's gradient reaches `sink` in
@@ -803,14 +804,14 @@ impl Qwen {
             let y = block
                 .forward(input.as_tensor(), &cos, &sin, &mask, &none)?
                 .0;
-            let mut layer = (y * &g)?.sum_all()?.backward()?;
+            let mut layer = crate::fused::backward_seed(&y, &g)?.backward()?;
             g = take_grad(&mut layer, input.as_tensor())?;
             sink(layer)?;
             crate::device::mark(|| format!("layer {i}: recomputed and backpropagated"));
         }
-        let mut tail = (x0 * g)?.sum_all()?;
+        let mut tail = crate::fused::backward_seed(&x0, &g)?;
         if let Some(g_lm) = g_lm {
-            tail = (tail + (&self.lm_head.weight * g_lm.detach())?.sum_all()?)?;
+            tail = (tail + crate::fused::backward_seed(&self.lm_head.weight, &g_lm)?)?;
         }
         sink(tail.backward()?)?;
         crate::device::mark(|| "embedding: backpropagated".into());
