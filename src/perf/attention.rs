@@ -11,8 +11,8 @@ use crate::model::qwen::Kernels;
 /// The attention of one layer alone: q `(B, H, T, D)`, k and v `(B, KV, T, D)` of the model's
 /// shape, causal, no padding. It times the forward and the forward + backward (from a random
 /// output gradient, handed to the output directly: [`crate::fused::backward_seed`], so the time
-/// is the kernels' and not a reduction's), flash or composed as `shape.kernels` says. The FLOP floor is the
-/// causal attention's 4·B·H·T²·D/2 forward and 2.5× that backward (QKᵀ, PV; then dV, dP, dQ,
+/// is the kernels' and not a reduction's), flash or composed as `shape.kernels` says. The FLOP
+/// floor is the causal attention's 4·B·H·T²·D/2 forward and 2.5× that backward (QKᵀ, PV; then dV, dP, dQ,
 /// dK) at the device's peak. Median of `repeats` after a warm-up. `tokens` counts B·T;
 /// `seconds` is the forward + backward.
 pub fn bench_attention(m: &Subject, opts: &SpeedOptions) -> Result<Measurement> {

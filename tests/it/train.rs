@@ -757,6 +757,30 @@ fn the_checkpointed_backward_holds_one_layers_activations_at_a_time() {
         })
         .collect();
     assert_eq!(layers.len(), 6, "one mark a layer");
+    // Each layer's time is split into its parts (`device::part`): the recompute's matrix
+    // products and element-wise passes, the seed, the backward (the composed attention of the
+    // CPU is in its rest); together no more than the layer's time.
+    for &i in &layers {
+        let parts = marks[i]["parts"].as_array().expect("the layer's parts");
+        let names: Vec<&str> = parts.iter().filter_map(|p| p["name"].as_str()).collect();
+        for want in [
+            acpo::model::qwen::FORWARD_MATMUL,
+            acpo::model::qwen::FORWARD_ELEMENTWISE,
+            acpo::model::qwen::SEED,
+            acpo::model::qwen::BACKWARD_REST,
+        ] {
+            assert!(
+                names.contains(&want),
+                "layer mark {i} has no part {want}: {names:?}"
+            );
+        }
+        let summed: f64 = parts.iter().filter_map(|p| p["seconds"].as_f64()).sum();
+        let secs = marks[i]["seconds"].as_f64().expect("seconds");
+        assert!(
+            summed <= secs + 1e-9,
+            "parts {summed} s of a layer of {secs} s"
+        );
+    }
     let qcfg = acpo::model::QwenConfig::load(&config).expect("config");
     let layer_params: usize = acpo::model::init::layout(&qcfg)
         .iter()
