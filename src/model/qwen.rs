@@ -824,6 +824,9 @@ impl Qwen {
             crate::device::part(SEED);
             let mut layer = seed.backward()?;
             crate::device::part(BACKWARD_REST);
+            // The seed holds the layer's graph (y and everything y was made from): gone before
+            // the gradients go to the sink, so one layer's activations are alive at a time.
+            drop((seed, y));
             g = take_grad(&mut layer, input.as_tensor())?;
             sink(layer)?;
             crate::device::mark(|| format!("layer {i}: recomputed and backpropagated"));

@@ -789,8 +789,8 @@ fn the_checkpointed_backward_holds_one_layers_activations_at_a_time() {
         .sum();
     // Each layer's activations: its peak above the bytes in use when it started. The first
     // layer backpropagated also leaves what the rest of the step keeps (once, not a layer: two
-    // (B, T, H) tensors and a few bytes here, 5 % of a layer), so the steady state is read from
-    // the second layer on, and the first is held to 6 % above it.
+    // (B, T, H) tensors and a few bytes here, 6 % of a layer), so the steady state is read from
+    // the second layer on, and the first is held to those two tensors and 1 % above it.
     let activations: Vec<i64> = layers.iter().map(|&i| at(i).1 - at(i - 1).0).collect();
     let tolerance = activations[1] / 100;
     assert!(tolerance > 0);
@@ -800,8 +800,9 @@ fn the_checkpointed_backward_holds_one_layers_activations_at_a_time() {
             "the layers' activations differ: {activations:?}"
         );
     }
+    let kept_once = (2 * b * t * h * 4) as i64;
     assert!(
-        activations[0] - activations[1] <= 6 * tolerance,
+        activations[0] - activations[1] <= kept_once + tolerance,
         "the first layer's backward holds more than the others': {activations:?}"
     );
     let expected = (4 * layer_params) as i64 - (b * t * h * 4) as i64;

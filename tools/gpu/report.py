@@ -2,8 +2,9 @@
 """The GPU rows of docs/CUDA.md and REPRODUCE.md from one run of tools/gpu/suite.sh (issue #24):
 reads every raw file under a results/gpu/<device>-<date>/ directory (one sub-directory per device
 call; where a check ran in several calls, the later call's result counts) and writes there
-gpu-results.md (every measurement) and gpu-targets.md (the CUDA issues' targets beside what was
-measured). Every number comes from the raw files. The docs quote the two files through their
+gpu-results.md (every measurement), gpu-targets.md (the CUDA issues' targets beside what was
+measured) and gpu-step-parts.md (the train step by kind of work, and the step predicted for the
+code since). Every number comes from the raw files. The docs quote the two files through their
 `<!-- begin: NAME -->` blocks, filled by the binary's one filler (`acpo doc`, src/report/doc.rs):
 
     python3 tools/gpu/report.py results/gpu/NVIDIA-H100-80GB-HBM3-20261123
@@ -250,6 +251,39 @@ def part_seconds(marks, pred, name):
     return sum(p["seconds"] for m in marks if pred(m["phase"]) for p in m.get("parts", []) if p["name"] == name)
 
 
+def bench_attention_prediction(root, bw):
+    """`acpo bench attention`'s forward + backward beside the same without its old seed (a sum of
+    the output's B·H·T·D elements in one block, at the rate of the 2 × 2,048 step's embedding
+    phase, and its element passes at the copy rate; `backward_seed`'s instead), the kernels alone
+    and sdpa; rows only for runs whose bench still summed (before `backward_seed`)."""
+    a2048, _, _ = train_runs(root, 2048)
+    if not (a2048 and a2048.get("trace") and a2048.get("settings") and bw):
+        return []
+    if any(p["name"] == "backward seed" for m in a2048["trace"] for p in m.get("parts", [])):
+        return []
+    st = a2048["settings"]
+    emb = sum(m.get("seconds") or 0 for m in a2048["trace"] if m["phase"].startswith("embedding:"))
+    one_block = (st["vocab"] * st["hidden"] * st["tied"] + st["batch"] * st["seq_len"] * st["hidden"]) / emb
+    e = 2 if st["compute"] == "bf16" else 4
+    pat = re.compile(r"(\d+)×(\d+), (\d+) heads over \d+ KV heads of (\d+); .*forward \+ backward ([\d.]+) s")
+    rows = []
+    for length in (2048, 9220):
+        d = latest(root, f"attention-{length}")
+        acpo = load(d / "attention.json")[0] if d and (d / "attention.json").exists() else None
+        m = pat.search(acpo["shape"]) if acpo else None
+        kern = flash_kernel_ms(root, length)
+        torch = load(latest(root, f"torch-attention-{length}.json"))
+        if not (m and kern):
+            continue
+        b, t, h, dh, both = int(m.group(1)), int(m.group(2)), int(m.group(3)), int(m.group(4)), float(m.group(5))
+        elems = b * h * t * dh
+        pred = both - elems / one_block - elems * OLD_SEED_PASSES * e / bw + \
+            elems * (NEW_SEED_VALUE_PASSES + NEW_SEED_BACKWARD_PASSES) * e / bw
+        sdpa = f"{1e3 * torch['forward_backward_s']:.1f}" if torch else "—"
+        rows.append(f"| 2 × {length:,} | {1e3 * both:.1f} | {1e3 * pred:.1f} | {sum(kern):.1f} | {sdpa} |")
+    return rows
+
+
 def step_accounting(root):
     """The train step's time by kind of work at 2 × 2,048 and 2 × 9,220 (issue #59), from the raw
     results: measured where the run timed it (the step, its phases and, in a trace with parts, each
@@ -326,7 +360,7 @@ def step_accounting(root):
                     parts.get("gradients into the sums (after the last part)", 0.0) + rest
         col["parts"] = parts
         cols[length] = col
-        notes.append(f"2 × {length}: products {flops / 1e12:,.0f} TFLOP at {rate / 1e12:,.0f} TFLOP/s ({rate_note}); "
+        notes.append(f"2 × {length:,}: products {flops / 1e12:,.0f} TFLOP at {rate / 1e12:,.0f} TFLOP/s ({rate_note}); "
                      f"seeds: {seed_note}.")
     if not cols:
         return "The step's accounting: not measured in this run (it needs the traced step, flash_check's kernel times and the sampling run's copy rate).\n"
@@ -366,6 +400,11 @@ def step_accounting(root):
                "(its backward).")
     if saved:
         out.append(f"- Predicted time saved a step: {'; '.join(saved)}.")
+    bench = bench_attention_prediction(root, bw)
+    if bench:
+        out += ["", "| one layer's attention, forward + backward (ms) | `acpo bench attention` measured "
+                "| predicted, seeded by `backward_seed` | the kernels alone (flash_check) | torch sdpa |",
+                "|---|---:|---:|---:|---:|", *bench]
     for l in lens:
         if cols[l]["parts"]:
             out += ["", f"| 2 × {l:,}: the {layers} layers' recompute and backward by part (`--trace`, summed) | ms |",
