@@ -28,6 +28,20 @@ use serde::Serialize;
 use super::{Family, Params, QwenConfig, Result};
 use crate::algo::token;
 
+/// The parts a traced forward and a checkpointed layer's backward are split into
+/// ([`crate::device::part`]): the forward's matrix products, its attention and the rest
+/// (element-wise passes: norms, RoPE, SwiGLU, residual adds, copies), the seed of the layer's
+/// backward ([`crate::fused::backward_seed`]), and in the backward the attention's kernels
+/// ([`crate::fused::flash_attention`]'s backward) and the rest (its matrix products, which the
+/// trace does not split from candle's element-wise passes and adds: `tools/gpu/report.py`
+/// estimates them from their FLOPs at the forward's measured rate).
+pub const FORWARD_MATMUL: &str = "forward: matrix products";
+pub const FORWARD_ATTENTION: &str = "forward: attention";
+pub const FORWARD_ELEMENTWISE: &str = "forward: element-wise";
+pub const SEED: &str = "backward seed";
+pub const BACKWARD_ATTENTION: &str = "backward: attention";
+pub const BACKWARD_REST: &str = "backward: matrix products and element-wise";
+
 /// Large negative bias for masked attention logits. Finite, so a fully masked row (a padding
 /// query) gives a uniform distribution instead of NaN.
 const MASKED: f64 = -1e9;
@@ -53,12 +67,10 @@ impl Linear {
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(matmul_last(
-            x,
-            &self.weight,
-            self.bias.as_ref(),
-            self.decode.as_ref(),
-        )?)
+        crate::device::part(FORWARD_ELEMENTWISE);
+        let y = matmul_last(x, &self.weight, self.bias.as_ref(), self.decode.as_ref())?;
+        crate::device::part(FORWARD_MATMUL);
+        Ok(y)
     }
 }
 
@@ -229,7 +241,10 @@ impl Attention {
             }
             // The kernel reads the buffer in place, its first `s` columns.
             AttnMask::Keys { valid, past } => {
-                crate::fused::flash_attention(&q, &kb, &vb, valid, *past, scale)?
+                crate::device::part(FORWARD_ELEMENTWISE);
+                let out = crate::fused::flash_attention(&q, &kb, &vb, valid, *past, scale)?;
+                crate::device::part(FORWARD_ATTENTION);
+                out
             }
         }; // (B, H, T, D)
         let (k, v) = (kb, vb);
@@ -813,7 +828,8 @@ impl Qwen {
     /// kept, computing logits with the model it is given (this one, up to the lm_head's leaf),
     /// and its backward gives the gradient at the last layer's output. Each layer, last to
     /// first, is then run again from its kept input, with a graph, and backpropagated from the
-    /// gradient at its output: `∂(Σ y ⊙ g)/∂y = g`, exactly.
+    /// gradient at its output, seeded with it directly ([`crate::fused::backward_seed`]: the
+    /// gradients of `(y ⊙ g).sum_all()`, bit for bit, without a single-block reduction).
     ///
     /// Each backward's gradients go to `sink` as soon as it is done (the head's, each layer's,
     /// last to first, then the embedding's), and every parameter's gradient reaches `sink` in
@@ -870,14 +886,21 @@ impl Qwen {
             let y = block
                 .forward(input.as_tensor(), &cos, &sin, &mask, &none)?
                 .0;
-            let mut layer = (y * &g)?.sum_all()?.backward()?;
+            crate::device::part(FORWARD_ELEMENTWISE);
+            let seed = crate::fused::backward_seed(&y, &g)?;
+            crate::device::part(SEED);
+            let mut layer = seed.backward()?;
+            crate::device::part(BACKWARD_REST);
+            // The seed holds the layer's graph (y and everything y was made from): gone before
+            // the gradients go to the sink, so one layer's activations are alive at a time.
+            drop((seed, y));
             g = take_grad(&mut layer, input.as_tensor())?;
             sink(layer)?;
             crate::device::mark(|| format!("layer {i}: recomputed and backpropagated"));
         }
-        let mut tail = (x0 * g)?.sum_all()?;
+        let mut tail = crate::fused::backward_seed(&x0, &g)?;
         if let Some(g_lm) = g_lm {
-            tail = (tail + (&self.lm_head.weight * g_lm.detach())?.sum_all()?)?;
+            tail = (tail + crate::fused::backward_seed(&self.lm_head.weight, &g_lm)?)?;
         }
         sink(tail.backward()?)?;
         crate::device::mark(|| "embedding: backpropagated".into());
