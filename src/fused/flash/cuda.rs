@@ -469,14 +469,7 @@ pub fn flash_bwd(
             unsafe { b.launch(row_grid(rows, 1, 1)?) }.w()?;
 
             let mma = mma_dim(dims, dtype, &[q.1, k.1, v.1, o.1, dout.1]);
-            let (f, cfg) = pick!(
-                dev,
-                "flash_dq",
-                sfx,
-                mma,
-                mma_dq,
-                (dims.t, dims.h, dims.b),
-            );
+            let (f, cfg) = pick!(dev, "flash_dq", sfx, mma, mma_dq, (dims.t, dims.h, dims.b),);
             let mut b = f.builder();
             b.arg(&qv)
                 .arg(&kv)
