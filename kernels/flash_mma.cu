@@ -312,24 +312,27 @@ __device__ void fm_forward(const __nv_bfloat16* __restrict__ q, const __nv_bfloa
 // ---------------------------------------------------------------------------------------------
 // dQ = scale · dS·K with dS = P ⊙ (dO·Vᵀ − δ), P recomputed from the statistics; δ (rowsum of
 // dO ⊙ O) comes from flash_delta_bf16. The forward's layout and key tiles; a key tile is taken
-// in two halves of 32 keys, so S and dP of a half stay in 32 registers.
-// grid (ceil(Tq / 64), H, B), block 128, fm_smem_dq(D) bytes of dynamic shared memory.
-template <int D>
+// in two halves of 32 keys, so S and dP of a half stay in 32 registers. The forward's blocks
+// (WARPS warps of 16 query rows) and ring of STAGES stages.
+// grid (ceil(Tq / (16 · WARPS)), H, B), block 32 · WARPS, fm_smem_kv(D, STAGES) bytes of dynamic
+// shared memory.
+template <int D, int WARPS, int STAGES>
 __device__ void fm_dq(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
                       const __nv_bfloat16* __restrict__ v, const __nv_bfloat16* __restrict__ dout,
                       const float* __restrict__ stats, const float* __restrict__ delta,
                       const uint8_t* __restrict__ valid, const int* __restrict__ first,
                       __nv_bfloat16* __restrict__ dq, int H, int KV, int Tq, int S, int cap,
                       int past, float scale) {
+  static_assert(STAGES >= 2, "a ring of at least two stages");
+  constexpr int ROWS = 16 * WARPS, THREADS = 32 * WARPS;
   ACPO_DYNAMIC_SMEM(smem);
-  if (threadIdx.x == 0 && dynamic_smem_bytes() < (unsigned)fm_smem_dq(D)) kernel_trap();
-  FmRow<D>* ks = reinterpret_cast<FmRow<D>*>(smem);
-  FmRow<D>* vs = ks + 2 * FM_COLS;
-  uint32_t* vbits = reinterpret_cast<uint32_t*>(vs + 2 * FM_COLS);
+  if (threadIdx.x == 0 && dynamic_smem_bytes() < (unsigned)fm_smem_kv(D, STAGES)) kernel_trap();
+  FmRow<D>* ks = reinterpret_cast<FmRow<D>*>(smem);  // [STAGES][64]
+  FmRow<D>* vs = ks + STAGES * FM_COLS;               // [STAGES][64]
+  uint32_t* vbits = reinterpret_cast<uint32_t*>(vs + STAGES * FM_COLS);  // [STAGES][2]
   constexpr int KC = D / 16, DN = D / 8;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
   const int bi = blockIdx.z, hi = blockIdx.y, g = hi / (H / KV);
-  constexpr int ROWS = FM_ROWS;
   const int row0 = fm_row_block() * ROWS, wrow0 = row0 + warp * 16;
   const int r0 = wrow0 + gq, r1 = r0 + 8;
   const size_t head = ((size_t)bi * H + hi) * Tq;
@@ -348,23 +351,22 @@ __device__ void fm_dq(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* 
 #pragma unroll
   for (int dn = 0; dn < DN; ++dn) dqacc[dn][0] = dqacc[dn][1] = dqacc[dn][2] = dqacc[dn][3] = 0.0f;
   const FmKeys keys = fm_keys(first[bi], past, row0, ROWS, Tq, S);
-  auto load = [&](int it) {
-    const int st = it & 1, j0 = keys.kstart + it * FM_COLS;
-    fm_load<D>(ks + st * FM_COLS, kb, j0, S);
-    fm_load<D>(vs + st * FM_COLS, vb, j0, S);
-    cp_async_commit();
-    fm_valid_bits(vbits + 2 * st, valid_b, j0, S);
-  };
-  if (keys.tiles > 0) load(0);
-  for (int it = 0; it < keys.tiles; ++it) {
-    const int st = it & 1, j0 = keys.kstart + it * FM_COLS;
-    if (it + 1 < keys.tiles) {
-      load(it + 1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
+  auto load = [&](int it) {  // the forward's ring
+    if (it < keys.tiles) {
+      const int st = it % STAGES, j0 = keys.kstart + it * FM_COLS;
+      fm_load<D, THREADS>(ks + st * FM_COLS, kb, j0, S);
+      fm_load<D, THREADS>(vs + st * FM_COLS, vb, j0, S);
+      fm_valid_bits(vbits + 2 * st, valid_b, j0, S);
     }
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int it = 0; it < STAGES - 1; ++it) load(it);
+  for (int it = 0; it < keys.tiles; ++it) {
+    const int st = it % STAGES, j0 = keys.kstart + it * FM_COLS;
+    cp_async_wait<STAGES - 2>();
     __syncthreads();
+    load(it + STAGES - 1);
     const FmRow<D>* kt = ks + st * FM_COLS;
     const FmRow<D>* vt = vs + st * FM_COLS;
     const uint32_t bits[2] = {vbits[2 * st], vbits[2 * st + 1]};
@@ -413,7 +415,6 @@ __device__ void fm_dq(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* 
         }
       }
     }
-    __syncthreads();
   }
   __nv_bfloat16* qb = dq + head * D;
 #pragma unroll
@@ -585,11 +586,12 @@ __device__ void fm_dkdv(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16
     fm_forward<DIM, fm_fwd_warps(DIM), fm_fwd_stages(DIM)>(q, k, v, valid, first, o, stats, H, \
                                                            KV, Tq, S, cap, past, scale);       \
   }                                                                                            \
-  extern "C" __global__ void __launch_bounds__(FM_THREADS) flash_dq_mma_d##DIM##_bf16(        \
+  extern "C" __global__ void __launch_bounds__(fm_fwd_threads(DIM)) flash_dq_mma_d##DIM##_bf16( \
       const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,                  \
       const __nv_bfloat16* dout, const float* stats, const float* delta, const uint8_t* valid, \
       const int* first, __nv_bfloat16* dq, FA_ARGS) {                                          \
-    fm_dq<DIM>(q, k, v, dout, stats, delta, valid, first, dq, H, KV, Tq, S, cap, past, scale); \
+    fm_dq<DIM, fm_fwd_warps(DIM), fm_fwd_stages(DIM)>(q, k, v, dout, stats, delta, valid, first, \
+                                                      dq, H, KV, Tq, S, cap, past, scale);     \
   }                                                                                            \
   extern "C" __global__ void __launch_bounds__(FM_THREADS) flash_dkdv_mma_d##DIM##_bf16(      \
       const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,                  \

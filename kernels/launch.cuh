@@ -45,8 +45,8 @@
 __host__ __device__ constexpr int fdp_smem(int d, int elt) { return FDP_STAGES * 2 * FDP_TILE * d * elt; }
 
 // Tensor-core flash kernels (flash_mma.cu): warps of 16 rows (query rows for the forward and
-// dQ, keys for dK/dV) walking tiles of 64 columns (keys, or query rows). The dQ and dK/dV
-// kernels: 4 warps, blocks of 64 rows, two cp.async stages. The forward at head dim 128: 8 warps
+// dQ, keys for dK/dV) walking tiles of 64 columns (keys, or query rows). The dK/dV kernel: 4
+// warps, blocks of 64 keys, two cp.async stages. The forward and dQ at head dim 128: 8 warps
 // (blocks of 128 query rows: each K/V tile read from L2 once per 128 rows) and three stages; at
 // head dim 64, 4 warps and two stages. Shared memory rows are padded by 8 bf16 (16 bytes), so
 // the 8 rows one ldmatrix reads fall in distinct banks.
@@ -59,14 +59,14 @@ __host__ __device__ constexpr int fdp_smem(int d, int elt) { return FDP_STAGES *
 #define FM_FWD_WARPS_D64 4
 #define FM_FWD_STAGES_D64 2
 
-// The forward's warps, cp.async stages, query rows and threads per block at head dim d.
+// The forward's and dQ's warps, cp.async stages, query rows and threads per block at head dim d.
 __host__ __device__ constexpr int fm_fwd_warps(int d) { return d == 128 ? FM_FWD_WARPS_D128 : FM_FWD_WARPS_D64; }
 __host__ __device__ constexpr int fm_fwd_stages(int d) { return d == 128 ? FM_FWD_STAGES_D128 : FM_FWD_STAGES_D64; }
 __host__ __device__ constexpr int fm_fwd_rows(int d) { return 16 * fm_fwd_warps(d); }
 __host__ __device__ constexpr int fm_fwd_threads(int d) { return 32 * fm_fwd_warps(d); }
 
-// Dynamic shared memory of the forward: K and V tiles and the tiles' key-valid bits, one of
-// each per stage; of the dQ kernel: the same, two stages; of the dK/dV kernel: the block's K and
+// Dynamic shared memory of the forward and of dQ: K and V tiles and the tiles' key-valid bits,
+// one of each per stage; of the dK/dV kernel: the block's K and
 // V, Q and dO tiles in two stages and the tiles' row statistics (m, 1/sum, delta). Above 48 KB
 // a launch must raise the kernel's limit first (cudaFuncSetAttribute; the emulator refuses a
 // launch that did not).
@@ -74,7 +74,7 @@ __host__ __device__ constexpr int fm_smem_kv(int d, int stages) {
   return stages * (2 * FM_COLS * (d + FM_PAD) * 2 + 2 * 4);
 }
 __host__ __device__ constexpr int fm_smem_fwd(int d) { return fm_smem_kv(d, fm_fwd_stages(d)); }
-__host__ __device__ constexpr int fm_smem_dq(int d) { return fm_smem_kv(d, 2); }
+__host__ __device__ constexpr int fm_smem_dq(int d) { return fm_smem_kv(d, fm_fwd_stages(d)); }
 __host__ __device__ constexpr int fm_smem_dkdv(int d) {
   return 6 * FM_COLS * (d + FM_PAD) * 2 + 2 * FM_COLS * 3 * 4;
 }

@@ -198,15 +198,17 @@ static void backward(const Inputs& in, Path path, const bf* o, const float* stat
            scale);
     return;
   }
-  const dim3 gq((c.T + FM_ROWS - 1) / FM_ROWS, c.H, c.B), gk((S + FM_ROWS - 1) / FM_ROWS, c.KV, c.B);
+  const dim3 gq((c.T + fm_fwd_rows(c.D) - 1) / fm_fwd_rows(c.D), c.H, c.B),
+      gk((S + FM_ROWS - 1) / FM_ROWS, c.KV, c.B);
   if (c.D == 128) {
-    LAUNCH(flash_dq_mma_d128_bf16, gq, dim3(FM_THREADS), fm_smem_dq(128), in.dq_, in.dk_, in.dv_,
-           in.ddo, stats, delta, in.dvalid, in.dfirst, dq, c.H, c.KV, c.T, S, S, c.D, c.past, scale);
+    LAUNCH(flash_dq_mma_d128_bf16, gq, dim3(fm_fwd_threads(128)), fm_smem_dq(128), in.dq_, in.dk_,
+           in.dv_, in.ddo, stats, delta, in.dvalid, in.dfirst, dq, c.H, c.KV, c.T, S, S, c.D,
+           c.past, scale);
     LAUNCH(flash_dkdv_mma_d128_bf16, gk, dim3(FM_THREADS), fm_smem_dkdv(128), in.dq_, in.dk_,
            in.dv_, in.ddo, stats, delta, in.dvalid, in.dfirst, dk, dv, c.H, c.KV, c.T, S, S, c.D,
            c.past, scale);
   } else {
-    LAUNCH(flash_dq_mma_d64_bf16, gq, dim3(FM_THREADS), fm_smem_dq(64), in.dq_, in.dk_, in.dv_,
+    LAUNCH(flash_dq_mma_d64_bf16, gq, dim3(fm_fwd_threads(64)), fm_smem_dq(64), in.dq_, in.dk_, in.dv_,
            in.ddo, stats, delta, in.dvalid, in.dfirst, dq, c.H, c.KV, c.T, S, S, c.D, c.past, scale);
     LAUNCH(flash_dkdv_mma_d64_bf16, gk, dim3(FM_THREADS), fm_smem_dkdv(64), in.dq_, in.dk_, in.dv_,
            in.ddo, stats, delta, in.dvalid, in.dfirst, dk, dv, c.H, c.KV, c.T, S, S, c.D, c.past,

@@ -8,8 +8,8 @@
 //! tile a block loads (the cp.async copy, its wait and barrier, the softmax bookkeeping). The
 //! timed forward did 2 products a unit, the backward 7 (dQ 3, dK/dV 4) over two walks of the
 //! same units, so `fwd = N (2p + o)` and `bwd = N (7p + 2o)` give `N p` and `N o` at each shape.
-//! A forward block of 128 query rows loads each K/V tile once for two units: its loads, hence
-//! its `o`, are counted by tile loads. A backward in 5 products (one walk, dQ accumulated in
+//! A forward or dQ block of 128 query rows loads each K/V tile once for two units: their loads,
+//! hence their `o`, are counted by tile loads (dK/dV's stay). A backward in 5 products (one walk, dQ accumulated in
 //! order) is `N (5p + o)`: a floor, as it ignores the dQ accumulation's traffic. Beside them, the
 //! floors no kernel beats: the FLOPs at the tensor cores' dense bf16 peak and the bytes each
 //! kernel must move once at the measured device copy.
@@ -28,7 +28,7 @@ use crate::report::table::{Align::Left, Align::Right, Table};
 pub const TILE: usize = 64;
 /// Rows of the timed (version 3) kernels' blocks: `FM_ROWS`.
 pub const ROWS_V3: usize = 64;
-/// Query rows of a forward block at head dim 128 now: `fm_fwd_rows(128)` (8 warps of 16).
+/// Query rows of a forward or dQ block at head dim 128 now: `fm_fwd_rows(128)` (8 warps of 16).
 pub const FWD_ROWS_D128: usize = 128;
 /// The tensor cores' dense bf16 peak of an H100 or H200 SXM (the same SMs and clocks), FLOP/s.
 pub const PEAK_BF16: f64 = 989.4e12;
@@ -158,7 +158,7 @@ pub struct AttentionPredicted {
     /// The fitted model: N·p (one product over every unit) and N·o (one tile load a unit).
     pub np_ms: f64,
     pub no_ms: f64,
-    /// The forward in 128-row blocks, and with the measured backward.
+    /// The forward in 128-row blocks, and with the backward (dQ in 128-row blocks).
     pub fwd_ms: f64,
     pub fwd_bwd_ms: f64,
     /// The forward in 128-row blocks with a 5-product backward (a floor: the dQ accumulation's
@@ -219,7 +219,7 @@ pub fn predict(
                 np_ms: np,
                 no_ms: no,
                 fwd_ms: fwd,
-                fwd_bwd_ms: fwd + m.bwd_ms,
+                fwd_bwd_ms: fwd + m.bwd_ms - no * (1.0 - loads),
                 fwd_bwd5_ms: fwd + 5.0 * np + no,
                 peak_ms: 3.5 * f / PEAK_BF16 * 1e3,
                 bytes: bf + bb,
@@ -243,7 +243,7 @@ fn markdown(model: &str, log: &Path, rows: &[AttentionPredicted]) -> String {
         ("timed v3: fwd / bwd".to_owned(), Right),
         ("N·p / N·o".to_owned(), Right),
         ("fwd, 128-row blocks".to_owned(), Right),
-        ("fwd + bwd".to_owned(), Right),
+        ("fwd + bwd (dQ in 128-row blocks)".to_owned(), Right),
         ("fwd + 5-product bwd (floor)".to_owned(), Right),
         ("at the bf16 peak".to_owned(), Right),
     ];
@@ -271,7 +271,7 @@ fn markdown(model: &str, log: &Path, rows: &[AttentionPredicted]) -> String {
         t.row(cells);
     }
     format!(
-        "**Predicted, not measured.** One layer's causal attention of {model} (head dim 128, bf16, no padding) on the tensor-core kernels (`kernels/flash_mma.cu`), milliseconds and, in brackets, TFLOP/s counted FA2's way (forward 4·B·H·D·T²/2, backward 2.5× that). The model (`perf::flash_predict`, `acpo bench attention-predict`) is fitted to the version 3 kernels' times in `{}`: a 64 × 64 unit costs p per tensor-core product and o per tile load, the timed forward 2 products a unit and the backward 7 over two walks, so N·p and N·o follow at each shape; the forward in 128-row blocks loads each K/V tile once for two units (its o scaled by the tile loads), the backward is the timed one, and a 5-product backward would be N·(5p + o) (a floor: its dQ accumulation's traffic is not counted). The H100 and H200 have the same SMs and clocks, so one prediction serves both; the last columns are the floors no kernel beats: the FLOPs at the 989.4 TFLOP/s dense bf16 peak and the bytes forward + backward must move once at each GPU's measured copy (perf::decode's rates). Issue #59's target is ≥ 200 TFLOP/s forward + backward at 2 × 9,220.\n\n{t}",
+        "**Predicted, not measured.** One layer's causal attention of {model} (head dim 128, bf16, no padding) on the tensor-core kernels (`kernels/flash_mma.cu`), milliseconds and, in brackets, TFLOP/s counted FA2's way (forward 4·B·H·D·T²/2, backward 2.5× that). The model (`perf::flash_predict`, `acpo bench attention-predict`) is fitted to the version 3 kernels' times in `{}`: a 64 × 64 unit costs p per tensor-core product and o per tile load, the timed forward 2 products a unit and the backward 7 over two walks, so N·p and N·o follow at each shape; the forward and dQ in 128-row blocks load each K/V tile once for two units (their o scaled by the tile loads; dK/dV's unchanged), and a 5-product backward would be N·(5p + o) (a floor: its dQ accumulation's traffic is not counted). The H100 and H200 have the same SMs and clocks, so one prediction serves both; the last columns are the floors no kernel beats: the FLOPs at the 989.4 TFLOP/s dense bf16 peak and the bytes forward + backward must move once at each GPU's measured copy (perf::decode's rates). Issue #59's target is ≥ 200 TFLOP/s forward + backward at 2 × 9,220.\n\n{t}",
         log.display(),
     )
 }
@@ -360,6 +360,8 @@ mod tests {
         assert!((2.0 * r.np_ms + r.no_ms - 5.015).abs() < 1e-12);
         assert!((7.0 * r.np_ms + 2.0 * r.no_ms - 13.614).abs() < 1e-12);
         assert!(r.fwd_ms < 5.015 && r.fwd_ms > 2.0 * r.np_ms);
+        // the forward and dQ save the same tile loads
+        assert!((5.015 - r.fwd_ms - (13.614 + r.fwd_ms - r.fwd_bwd_ms)).abs() < 1e-9);
         assert!(r.fwd_bwd5_ms < r.fwd_bwd_ms);
         assert!((r.flops - 3.5 * 4.0 * 2.0 * 16.0 * 128.0 * 9220.0 * 9220.0 / 2.0).abs() < 1.0);
         let none = predict(&qwen3_17b(), &[m], &[]);

@@ -29,7 +29,7 @@ const DECODE_PTX: (&str, &str) = ptx!("flash_decode");
 type Arg<'a> = (&'a CudaStorage, &'a Layout);
 
 /// Warps (rows) per block of the row kernels and of the decode kernel; rows and threads per
-/// block of the tensor-core backward (the forward's are per head dim, [`mma_fwd`]); keys per split of the decode kernel and the most query
+/// block of the tensor-core dK/dV kernel (the forward's and dQ's are per head dim, [`mma_fwd`]); keys per split of the decode kernel and the most query
 /// heads per KV head it takes (a model with more uses the row kernel): kernels/launch.cuh.
 const ROW_WARPS: usize = sizes::FA_WARPS as usize;
 const DECODE_WARPS: u32 = sizes::FD_WARPS;
@@ -76,17 +76,15 @@ fn mma_fwd(d: usize) -> MmaLaunch {
         }
     }
 }
-/// The dQ kernel's launch at head dim `d`: 64 rows, `fm_smem_dq`.
+/// The dQ kernel's launch at head dim `d`: the forward's blocks, `fm_smem_dq`.
 fn mma_dq(d: usize) -> MmaLaunch {
-    debug_assert!(matches!(d, 64 | 128));
     MmaLaunch {
-        rows: MMA_ROWS,
-        threads: MMA_THREADS,
         smem: if d == 64 {
             sizes::FM_SMEM_DQ_D64
         } else {
             sizes::FM_SMEM_DQ_D128
         },
+        ..mma_fwd(d)
     }
 }
 /// The dK/dV kernel's launch at head dim `d`: 64 keys, `fm_smem_dkdv`.
