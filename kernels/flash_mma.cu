@@ -5,16 +5,15 @@
 // (kernels/check/flash_check.cu and tests/it/cuda.rs hold these kernels to both).
 //
 // The work. Each warp owns 16 of its block's rows and walks tiles of 64 columns:
-// - forward: 128 query rows (8 warps) of one (sequence, head) at head dim 128, 64 (4 warps) at
-//   64, against K/V tiles of 64 keys;
-// - dQ: 64 query rows (4 warps) against K/V tiles of 64 keys;
-// - dK/dV: 64 keys (4 warps) of one (sequence, KV head) against tiles of 64 query rows of every
-//   query head that reads this KV head (GQA without copying K/V; the heads are summed in head
-//   order).
+// - forward and dQ: 128 query rows (8 warps) of one (sequence, head) at head dim 128, 64 (4
+//   warps) at 64, against K/V tiles of 64 keys;
+// - dK/dV: 128 keys (8 warps) at head dim 128, 64 (4 warps) at 64, of one (sequence, KV head)
+//   against tiles of 64 query rows of every query head that reads this KV head (GQA without
+//   copying K/V; the heads are summed in head order).
 // Forward and dQ blocks take their row blocks from the last down: a causal head's heaviest
 // blocks first, the grid's tail on its lightest. Tiles reach shared memory by cp.async, in a
-// ring of stages: the forward's three at head dim 128 (tiles n + 1 and n + 2 load while tile n
-// is computed), two elsewhere. Operands reach the tensor cores by ldmatrix (.trans where a product needs a tile's
+// ring of stages: the forward's and dQ's three at head dim 128 (tiles n + 1 and n + 2 load while
+// tile n is computed), two elsewhere. Operands reach the tensor cores by ldmatrix (.trans where a product needs a tile's
 // transpose). P and dS pass from one product's accumulators to the next product's A operand in
 // registers, rounded to bf16 as FA2 rounds them.
 //
@@ -40,7 +39,7 @@ using FmRow = __nv_bfloat16[D + FM_PAD];
 
 // Rows r0..r0 + 63 of an (n, D) bf16 matrix into `dst` by cp.async, the rows past n as zeros;
 // the whole block (THREADS threads) takes part, 16 bytes per copy.
-template <int D, int THREADS = FM_THREADS>
+template <int D, int THREADS>
 __device__ __forceinline__ void fm_load(FmRow<D>* dst, const __nv_bfloat16* src, int r0, int n) {
   constexpr int VEC = D / 8;
   for (int x = threadIdx.x; x < FM_COLS * VEC; x += THREADS) {
@@ -430,30 +429,31 @@ __device__ void fm_dq(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* 
 }
 
 // ---------------------------------------------------------------------------------------------
-// dV = Pᵀ·dO and dK = scale · dSᵀ·Q for 64 keys of one (sequence, KV head), summed over the
-// query rows of every query head that reads it. The query rows that reach these keys: the blind
-// rows [0, nblind) (they see every key), then [max(nblind, key0 − past), Tq) rounded down to a
-// tile, none of them when every key of the block precedes the sequence's first valid key.
-// grid (ceil(S / 64), KV, B), block 128, fm_smem_dkdv(D) bytes of dynamic shared memory; K and V
-// are (B, KV, S, D) (cap == S).
-template <int D>
+// dV = Pᵀ·dO and dK = scale · dSᵀ·Q for 16 · WARPS keys of one (sequence, KV head), summed over
+// the query rows of every query head that reads it. The query rows that reach these keys: the
+// blind rows [0, nblind) (they see every key), then [max(nblind, key0 − past), Tq) rounded down
+// to a tile, none of them when every key of the block precedes the sequence's first valid key.
+// grid (ceil(S / (16 · WARPS)), KV, B), block 32 · WARPS, fm_smem_dkdv_of(D, 16 · WARPS) bytes of
+// dynamic shared memory; K and V are (B, KV, S, D) (cap == S).
+template <int D, int WARPS>
 __device__ void fm_dkdv(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
                         const __nv_bfloat16* __restrict__ v, const __nv_bfloat16* __restrict__ dout,
                         const float* __restrict__ stats, const float* __restrict__ delta,
                         const uint8_t* __restrict__ valid, const int* __restrict__ first,
                         __nv_bfloat16* __restrict__ dk, __nv_bfloat16* __restrict__ dv, int H,
                         int KV, int Tq, int S, int past, float scale) {
+  constexpr int ROWS = 16 * WARPS, THREADS = 32 * WARPS;
   ACPO_DYNAMIC_SMEM(smem);
-  if (threadIdx.x == 0 && dynamic_smem_bytes() < (unsigned)fm_smem_dkdv(D)) kernel_trap();
-  FmRow<D>* ks = reinterpret_cast<FmRow<D>*>(smem);  // [64]
-  FmRow<D>* vs = ks + FM_COLS;                       // [64]
-  FmRow<D>* qs = vs + FM_COLS;                       // [2][64]
+  if (threadIdx.x == 0 && dynamic_smem_bytes() < (unsigned)fm_smem_dkdv_of(D, ROWS)) kernel_trap();
+  FmRow<D>* ks = reinterpret_cast<FmRow<D>*>(smem);  // [ROWS]
+  FmRow<D>* vs = ks + ROWS;                          // [ROWS]
+  FmRow<D>* qs = vs + ROWS;                          // [2][64]
   FmRow<D>* ds = qs + 2 * FM_COLS;                   // [2][64] (dO)
   float* rs = reinterpret_cast<float*>(ds + 2 * FM_COLS);  // [2][64][3]: m, 1/l, delta
   constexpr int KC = D / 16, DN = D / 8;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
   const int bi = blockIdx.z, g = blockIdx.y, rep = H / KV;
-  const int key0 = blockIdx.x * FM_ROWS;
+  const int key0 = blockIdx.x * ROWS;
   const int jr[2] = {key0 + warp * 16 + gq, key0 + warp * 16 + gq + 8};  // this thread's keys
   const size_t kv_head = ((size_t)bi * KV + g) * S;
   const uint8_t* valid_b = valid + (size_t)bi * S;
@@ -462,7 +462,7 @@ __device__ void fm_dkdv(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16
   const int nblind = max(0, min(Tq, f - past));
   const int tiles_a = (nblind + FM_COLS - 1) / FM_COLS;
   const int b_start = max(tiles_a * FM_COLS, max(0, key0 - past) / FM_COLS * FM_COLS);
-  const bool hidden = key0 + FM_ROWS <= f;  // every key here precedes the first valid key
+  const bool hidden = key0 + ROWS <= f;  // every key here precedes the first valid key
   const int tiles_b = (hidden || b_start >= Tq) ? 0 : (Tq - b_start + FM_COLS - 1) / FM_COLS;
   const int per_head = tiles_a + tiles_b, tiles = rep * per_head;
   float dkacc[DN][4], dvacc[DN][4];
@@ -477,8 +477,8 @@ __device__ void fm_dkdv(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16
   auto load = [&](int it) {
     const int st = it & 1, i0 = tile_row0(it);
     const size_t head = ((size_t)bi * H + g * rep + it / per_head) * Tq;
-    fm_load<D>(qs + st * FM_COLS, q + head * D, i0, Tq);
-    fm_load<D>(ds + st * FM_COLS, dout + head * D, i0, Tq);
+    fm_load<D, THREADS>(qs + st * FM_COLS, q + head * D, i0, Tq);
+    fm_load<D, THREADS>(ds + st * FM_COLS, dout + head * D, i0, Tq);
     cp_async_commit();
     if (threadIdx.x < FM_COLS) {
       const int i = i0 + threadIdx.x;
@@ -489,8 +489,12 @@ __device__ void fm_dkdv(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16
     }
   };
   if (tiles > 0) {
-    fm_load<D>(ks, k + kv_head * D, key0, S);  // the block's keys land with the first tile
-    fm_load<D>(vs, v + kv_head * D, key0, S);
+    // the block's keys land with the first tile
+#pragma unroll
+    for (int c = 0; c < ROWS; c += FM_COLS) {
+      fm_load<D, THREADS>(ks + c, k + kv_head * D, key0 + c, S);
+      fm_load<D, THREADS>(vs + c, v + kv_head * D, key0 + c, S);
+    }
     load(0);
   }
   for (int it = 0; it < tiles; ++it) {
@@ -593,12 +597,12 @@ __device__ void fm_dkdv(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16
     fm_dq<DIM, fm_fwd_warps(DIM), fm_fwd_stages(DIM)>(q, k, v, dout, stats, delta, valid, first, \
                                                       dq, H, KV, Tq, S, cap, past, scale);     \
   }                                                                                            \
-  extern "C" __global__ void __launch_bounds__(FM_THREADS) flash_dkdv_mma_d##DIM##_bf16(      \
+  extern "C" __global__ void __launch_bounds__(fm_dkdv_threads(DIM)) flash_dkdv_mma_d##DIM##_bf16( \
       const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,                  \
       const __nv_bfloat16* dout, const float* stats, const float* delta, const uint8_t* valid, \
       const int* first, __nv_bfloat16* dk, __nv_bfloat16* dv, FA_ARGS) {                       \
-    fm_dkdv<DIM>(q, k, v, dout, stats, delta, valid, first, dk, dv, H, KV, Tq, S, past,        \
-                 scale);                                                                       \
+    fm_dkdv<DIM, fm_dkdv_warps(DIM)>(q, k, v, dout, stats, delta, valid, first, dk, dv, H, KV, \
+                                     Tq, S, past, scale);                                      \
   }
 
 FM_INSTANCE(64)

@@ -199,18 +199,18 @@ static void backward(const Inputs& in, Path path, const bf* o, const float* stat
     return;
   }
   const dim3 gq((c.T + fm_fwd_rows(c.D) - 1) / fm_fwd_rows(c.D), c.H, c.B),
-      gk((S + FM_ROWS - 1) / FM_ROWS, c.KV, c.B);
+      gk((S + fm_dkdv_rows(c.D) - 1) / fm_dkdv_rows(c.D), c.KV, c.B);
   if (c.D == 128) {
     LAUNCH(flash_dq_mma_d128_bf16, gq, dim3(fm_fwd_threads(128)), fm_smem_dq(128), in.dq_, in.dk_,
            in.dv_, in.ddo, stats, delta, in.dvalid, in.dfirst, dq, c.H, c.KV, c.T, S, S, c.D,
            c.past, scale);
-    LAUNCH(flash_dkdv_mma_d128_bf16, gk, dim3(FM_THREADS), fm_smem_dkdv(128), in.dq_, in.dk_,
+    LAUNCH(flash_dkdv_mma_d128_bf16, gk, dim3(fm_dkdv_threads(128)), fm_smem_dkdv(128), in.dq_, in.dk_,
            in.dv_, in.ddo, stats, delta, in.dvalid, in.dfirst, dk, dv, c.H, c.KV, c.T, S, S, c.D,
            c.past, scale);
   } else {
     LAUNCH(flash_dq_mma_d64_bf16, gq, dim3(fm_fwd_threads(64)), fm_smem_dq(64), in.dq_, in.dk_, in.dv_,
            in.ddo, stats, delta, in.dvalid, in.dfirst, dq, c.H, c.KV, c.T, S, S, c.D, c.past, scale);
-    LAUNCH(flash_dkdv_mma_d64_bf16, gk, dim3(FM_THREADS), fm_smem_dkdv(64), in.dq_, in.dk_, in.dv_,
+    LAUNCH(flash_dkdv_mma_d64_bf16, gk, dim3(fm_dkdv_threads(64)), fm_smem_dkdv(64), in.dq_, in.dk_, in.dv_,
            in.ddo, stats, delta, in.dvalid, in.dfirst, dk, dv, c.H, c.KV, c.T, S, S, c.D, c.past,
            scale);
   }
@@ -554,7 +554,8 @@ int main(int argc, char** argv) {
       {2, 2, 1, 200, 0, 64, 130, 0},    // padding over two whole key blocks
       {2, 4, 2, 100, 30, 128, 50, 0},   // a cached prefix (the forward after a prefill)
       {2, 2, 2, 70, 0, 64, 0, 0, true}, // a sequence of padding only: every row blind
-      {1, 2, 1, 300, 0, 128, 70, 0},    // three 128-row forward blocks, five key tiles (the ring)
+      {2, 2, 1, 300, 0, 128, 150, 0},   // three 128-row blocks, five key tiles (the ring); 150
+                                        // padded keys: a 128-key block hidden, 150 rows blind
   };
   const Case row_cases[] = {{2, 4, 2, 100, 30, 128, 50, 0}, {2, 4, 1, 129, 70, 64, 100, 0},
                             {2, 2, 1, 77, 0, 32, 20, 0}};

@@ -28,13 +28,11 @@ const DECODE_PTX: (&str, &str) = ptx!("flash_decode");
 
 type Arg<'a> = (&'a CudaStorage, &'a Layout);
 
-/// Warps (rows) per block of the row kernels and of the decode kernel; rows and threads per
-/// block of the tensor-core dK/dV kernel (the forward's and dQ's are per head dim, [`mma_fwd`]); keys per split of the decode kernel and the most query
+/// Warps (rows) per block of the row kernels and of the decode kernel (the tensor-core kernels'
+/// are per head dim: [`mma_fwd`], [`mma_dkdv`]); keys per split of the decode kernel and the most query
 /// heads per KV head it takes (a model with more uses the row kernel): kernels/launch.cuh.
 const ROW_WARPS: usize = sizes::FA_WARPS as usize;
 const DECODE_WARPS: u32 = sizes::FD_WARPS;
-const MMA_ROWS: usize = sizes::FM_ROWS as usize;
-const MMA_THREADS: u32 = sizes::FM_THREADS;
 const DECODE_SPLIT: usize = sizes::FD_SPLIT as usize;
 const DECODE_MAX_GROUP: usize = sizes::FD_MAXG as usize;
 /// The pipelined decode's threads per block, keys per chunk (the unit of its reduction order),
@@ -87,17 +85,22 @@ fn mma_dq(d: usize) -> MmaLaunch {
         ..mma_fwd(d)
     }
 }
-/// The dK/dV kernel's launch at head dim `d`: 64 keys, `fm_smem_dkdv`.
+/// The dK/dV kernel's launch at head dim `d`: `fm_dkdv_rows` keys (128 at head dim 128, 64 at
+/// 64), `fm_dkdv_threads`, `fm_smem_dkdv`.
 fn mma_dkdv(d: usize) -> MmaLaunch {
     debug_assert!(matches!(d, 64 | 128));
-    MmaLaunch {
-        rows: MMA_ROWS,
-        threads: MMA_THREADS,
-        smem: if d == 64 {
-            sizes::FM_SMEM_DKDV_D64
-        } else {
-            sizes::FM_SMEM_DKDV_D128
-        },
+    if d == 64 {
+        MmaLaunch {
+            rows: sizes::FM_DKDV_ROWS_D64 as usize,
+            threads: sizes::FM_DKDV_THREADS_D64,
+            smem: sizes::FM_SMEM_DKDV_D64,
+        }
+    } else {
+        MmaLaunch {
+            rows: sizes::FM_DKDV_ROWS_D128 as usize,
+            threads: sizes::FM_DKDV_THREADS_D128,
+            smem: sizes::FM_SMEM_DKDV_D128,
+        }
     }
 }
 
