@@ -172,6 +172,12 @@ memory-predict:
 decode-predict:
     cargo run --release -- bench decode-predict --measured results/gpu --out "$(mktemp -d)" --doc docs/CUDA.md
 
+# docs/CUDA.md's predicted tensor-core attention times: a model fitted to the kernels timed in
+# results/gpu/.
+[group('cuda')]
+attention-predict:
+    cargo run --release -- bench attention-predict --measured results/gpu --out "$(mktemp -d)" --doc docs/CUDA.md
+
 # The GPU blocks of docs/CUDA.md and REPRODUCE.md from one run of the GPU suite: its report
 # files (gpu-results.md, gpu-targets.md, gpu-step-parts.md), then the docs' blocks filled from them.
 [group('cuda')]

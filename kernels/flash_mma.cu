@@ -4,13 +4,16 @@
 // stay the oracle; src/fused/flash/mod.rs is the CPU twin and states the semantics
 // (kernels/check/flash_check.cu and tests/it/cuda.rs hold these kernels to both).
 //
-// The work. A block is 4 warps; each warp owns 16 of the block's 64 rows and walks tiles of 64
-// columns:
-// - forward and dQ: 64 query rows of one (sequence, head) against K/V tiles of 64 keys;
-// - dK/dV: 64 keys of one (sequence, KV head) against tiles of 64 query rows of every query head
-//   that reads this KV head (GQA without copying K/V; the heads are summed in head order).
-// Tiles reach shared memory by cp.async, two stages deep: tile n + 1 loads while tile n is
-// computed. Operands reach the tensor cores by ldmatrix (.trans where a product needs a tile's
+// The work. Each warp owns 16 of its block's rows and walks tiles of 64 columns:
+// - forward and dQ: 128 query rows (8 warps) of one (sequence, head) at head dim 128, 64 (4
+//   warps) at 64, against K/V tiles of 64 keys;
+// - dK/dV: 128 keys (8 warps) at head dim 128, 64 (4 warps) at 64, of one (sequence, KV head)
+//   against tiles of 64 query rows of every query head that reads this KV head (GQA without
+//   copying K/V; the heads are summed in head order).
+// Forward and dQ blocks take their row blocks from the last down: a causal head's heaviest
+// blocks first, the grid's tail on its lightest. Tiles reach shared memory by cp.async, in a
+// ring of stages: the forward's and dQ's three at head dim 128 (tiles n + 1 and n + 2 load while
+// tile n is computed), two elsewhere. Operands reach the tensor cores by ldmatrix (.trans where a product needs a tile's
 // transpose). P and dS pass from one product's accumulators to the next product's A operand in
 // registers, rounded to bf16 as FA2 rounds them.
 //
@@ -35,11 +38,11 @@ template <int D>
 using FmRow = __nv_bfloat16[D + FM_PAD];
 
 // Rows r0..r0 + 63 of an (n, D) bf16 matrix into `dst` by cp.async, the rows past n as zeros;
-// the whole block takes part, 16 bytes per copy.
-template <int D>
+// the whole block (THREADS threads) takes part, 16 bytes per copy.
+template <int D, int THREADS>
 __device__ __forceinline__ void fm_load(FmRow<D>* dst, const __nv_bfloat16* src, int r0, int n) {
   constexpr int VEC = D / 8;
-  for (int x = threadIdx.x; x < FM_COLS * VEC; x += FM_THREADS) {
+  for (int x = threadIdx.x; x < FM_COLS * VEC; x += THREADS) {
     const int rr = x / VEC, c = (x % VEC) * 8, r = r0 + rr;
     const bool in = r < n;
     cp_async16(&dst[rr][c], src + (size_t)(in ? r : 0) * D + c, in);
@@ -106,12 +109,12 @@ __device__ __forceinline__ void fm_rows_to_a(uint32_t (*a)[4], const __nv_bfloat
   }
 }
 
-// The key tiles a block of query rows row0..row0 + 63 reads: [kstart, kend).
+// The key tiles a block of query rows row0..row0 + rows - 1 reads: [kstart, kend).
 struct FmKeys {
   int kstart, kend, tiles;
 };
-__device__ __forceinline__ FmKeys fm_keys(int first, int past, int row0, int Tq, int S) {
-  const int last = min(Tq - 1, row0 + FM_ROWS - 1);
+__device__ __forceinline__ FmKeys fm_keys(int first, int past, int row0, int rows, int Tq, int S) {
+  const int last = min(Tq - 1, row0 + rows - 1);
   FmKeys r;
   if (fa_blind_rows(first, past, row0)) {
     r.kstart = 0;
@@ -143,22 +146,32 @@ __device__ __forceinline__ bool fm_full(const uint32_t* bits, int j0, int kend, 
 }
 
 // ---------------------------------------------------------------------------------------------
-// Forward. grid (ceil(Tq / 64), H, B), block 128, fm_smem_fwd(D) bytes of dynamic shared memory.
-template <int D>
+// The row block a forward or dQ block computes: the grid's x index from the last block down, so
+// that the heaviest blocks of a causal head (the last rows, which read the most keys) are issued
+// first and the grid ends on the lightest (a short tail on the last wave).
+__device__ __forceinline__ int fm_row_block() { return gridDim.x - 1 - blockIdx.x; }
+
+// Forward. WARPS warps of 16 query rows (a block of 16 · WARPS rows), K/V tiles in a ring of
+// STAGES cp.async stages: while tile n is computed, tiles n + 1 .. n + STAGES - 1 are in flight.
+// grid (ceil(Tq / (16 · WARPS)), H, B), block 32 · WARPS, fm_smem_kv(D, STAGES) bytes of
+// dynamic shared memory (launch.cuh: fm_fwd_* give WARPS and STAGES per head dim).
+template <int D, int WARPS, int STAGES>
 __device__ void fm_forward(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
                            const __nv_bfloat16* __restrict__ v, const uint8_t* __restrict__ valid,
                            const int* __restrict__ first, __nv_bfloat16* __restrict__ o,
                            float* __restrict__ stats, int H, int KV, int Tq, int S, int cap,
                            int past, float scale) {
+  static_assert(STAGES >= 2, "a ring of at least two stages");
+  constexpr int ROWS = 16 * WARPS, THREADS = 32 * WARPS;
   ACPO_DYNAMIC_SMEM(smem);
-  if (threadIdx.x == 0 && dynamic_smem_bytes() < (unsigned)fm_smem_fwd(D)) kernel_trap();
-  FmRow<D>* ks = reinterpret_cast<FmRow<D>*>(smem);  // [2][64]
-  FmRow<D>* vs = ks + 2 * FM_COLS;                    // [2][64]
-  uint32_t* vbits = reinterpret_cast<uint32_t*>(vs + 2 * FM_COLS);  // [2][2]
+  if (threadIdx.x == 0 && dynamic_smem_bytes() < (unsigned)fm_smem_kv(D, STAGES)) kernel_trap();
+  FmRow<D>* ks = reinterpret_cast<FmRow<D>*>(smem);  // [STAGES][64]
+  FmRow<D>* vs = ks + STAGES * FM_COLS;               // [STAGES][64]
+  uint32_t* vbits = reinterpret_cast<uint32_t*>(vs + STAGES * FM_COLS);  // [STAGES][2]
   constexpr int KC = D / 16, DN = D / 8, NT = FM_COLS / 8;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
   const int bi = blockIdx.z, hi = blockIdx.y, g = hi / (H / KV);
-  const int row0 = blockIdx.x * FM_ROWS, wrow0 = row0 + warp * 16;
+  const int row0 = fm_row_block() * ROWS, wrow0 = row0 + warp * 16;
   const int r0 = wrow0 + gq, r1 = r0 + 8;  // this thread's two query positions
   const __nv_bfloat16* qb = q + ((size_t)bi * H + hi) * Tq * D;
   const __nv_bfloat16* kb = k + ((size_t)bi * KV + g) * cap * D;
@@ -170,24 +183,27 @@ __device__ void fm_forward(const __nv_bfloat16* __restrict__ q, const __nv_bfloa
 #pragma unroll
   for (int dn = 0; dn < DN; ++dn) oacc[dn][0] = oacc[dn][1] = oacc[dn][2] = oacc[dn][3] = 0.0f;
   float m0 = -INFINITY, m1 = -INFINITY, l0 = 0.0f, l1 = 0.0f;
-  const FmKeys keys = fm_keys(first[bi], past, row0, Tq, S);
+  const FmKeys keys = fm_keys(first[bi], past, row0, ROWS, Tq, S);
+  // Tile `it` into stage it % STAGES, one commit group per tile (an empty group past the last
+  // tile, so that the wait below always leaves STAGES - 2 groups in flight).
   auto load = [&](int it) {
-    const int st = it & 1, j0 = keys.kstart + it * FM_COLS;
-    fm_load<D>(ks + st * FM_COLS, kb, j0, S);
-    fm_load<D>(vs + st * FM_COLS, vb, j0, S);
-    cp_async_commit();
-    fm_valid_bits(vbits + 2 * st, valid_b, j0, S);
-  };
-  if (keys.tiles > 0) load(0);
-  for (int it = 0; it < keys.tiles; ++it) {
-    const int st = it & 1, j0 = keys.kstart + it * FM_COLS;
-    if (it + 1 < keys.tiles) {
-      load(it + 1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
+    if (it < keys.tiles) {
+      const int st = it % STAGES, j0 = keys.kstart + it * FM_COLS;
+      fm_load<D, THREADS>(ks + st * FM_COLS, kb, j0, S);
+      fm_load<D, THREADS>(vs + st * FM_COLS, vb, j0, S);
+      fm_valid_bits(vbits + 2 * st, valid_b, j0, S);
     }
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int it = 0; it < STAGES - 1; ++it) load(it);
+  for (int it = 0; it < keys.tiles; ++it) {
+    const int st = it % STAGES, j0 = keys.kstart + it * FM_COLS;
+    cp_async_wait<STAGES - 2>();  // this thread's copies of tile `it` have landed
+    // every thread's have, and every warp is done with tile it - 1, whose stage the load
+    // below refills
     __syncthreads();
+    load(it + STAGES - 1);
     const FmRow<D>* kt = ks + st * FM_COLS;
     const FmRow<D>* vt = vs + st * FM_COLS;
     const uint32_t bits[2] = {vbits[2 * st], vbits[2 * st + 1]};
@@ -266,7 +282,6 @@ __device__ void fm_forward(const __nv_bfloat16* __restrict__ q, const __nv_bfloa
         mma_bf16_16816(oacc[2 * d2 + 1], pa, b[2], b[3]);
       }
     }
-    __syncthreads();  // every warp is done with this stage before it is loaded again
   }
   const float inv0 = 1.0f / l0, inv1 = 1.0f / l1;
   __nv_bfloat16* ob = o + ((size_t)bi * H + hi) * Tq * D;
@@ -296,24 +311,28 @@ __device__ void fm_forward(const __nv_bfloat16* __restrict__ q, const __nv_bfloa
 // ---------------------------------------------------------------------------------------------
 // dQ = scale · dS·K with dS = P ⊙ (dO·Vᵀ − δ), P recomputed from the statistics; δ (rowsum of
 // dO ⊙ O) comes from flash_delta_bf16. The forward's layout and key tiles; a key tile is taken
-// in two halves of 32 keys, so S and dP of a half stay in 32 registers.
-// grid (ceil(Tq / 64), H, B), block 128, fm_smem_fwd(D) bytes of dynamic shared memory.
-template <int D>
+// in two halves of 32 keys, so S and dP of a half stay in 32 registers. The forward's blocks
+// (WARPS warps of 16 query rows) and ring of STAGES stages.
+// grid (ceil(Tq / (16 · WARPS)), H, B), block 32 · WARPS, fm_smem_kv(D, STAGES) bytes of dynamic
+// shared memory.
+template <int D, int WARPS, int STAGES>
 __device__ void fm_dq(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
                       const __nv_bfloat16* __restrict__ v, const __nv_bfloat16* __restrict__ dout,
                       const float* __restrict__ stats, const float* __restrict__ delta,
                       const uint8_t* __restrict__ valid, const int* __restrict__ first,
                       __nv_bfloat16* __restrict__ dq, int H, int KV, int Tq, int S, int cap,
                       int past, float scale) {
+  static_assert(STAGES >= 2, "a ring of at least two stages");
+  constexpr int ROWS = 16 * WARPS, THREADS = 32 * WARPS;
   ACPO_DYNAMIC_SMEM(smem);
-  if (threadIdx.x == 0 && dynamic_smem_bytes() < (unsigned)fm_smem_fwd(D)) kernel_trap();
-  FmRow<D>* ks = reinterpret_cast<FmRow<D>*>(smem);
-  FmRow<D>* vs = ks + 2 * FM_COLS;
-  uint32_t* vbits = reinterpret_cast<uint32_t*>(vs + 2 * FM_COLS);
+  if (threadIdx.x == 0 && dynamic_smem_bytes() < (unsigned)fm_smem_kv(D, STAGES)) kernel_trap();
+  FmRow<D>* ks = reinterpret_cast<FmRow<D>*>(smem);  // [STAGES][64]
+  FmRow<D>* vs = ks + STAGES * FM_COLS;               // [STAGES][64]
+  uint32_t* vbits = reinterpret_cast<uint32_t*>(vs + STAGES * FM_COLS);  // [STAGES][2]
   constexpr int KC = D / 16, DN = D / 8;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
   const int bi = blockIdx.z, hi = blockIdx.y, g = hi / (H / KV);
-  const int row0 = blockIdx.x * FM_ROWS, wrow0 = row0 + warp * 16;
+  const int row0 = fm_row_block() * ROWS, wrow0 = row0 + warp * 16;
   const int r0 = wrow0 + gq, r1 = r0 + 8;
   const size_t head = ((size_t)bi * H + hi) * Tq;
   const __nv_bfloat16* kb = k + ((size_t)bi * KV + g) * cap * D;
@@ -330,24 +349,23 @@ __device__ void fm_dq(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* 
   float dqacc[DN][4];
 #pragma unroll
   for (int dn = 0; dn < DN; ++dn) dqacc[dn][0] = dqacc[dn][1] = dqacc[dn][2] = dqacc[dn][3] = 0.0f;
-  const FmKeys keys = fm_keys(first[bi], past, row0, Tq, S);
-  auto load = [&](int it) {
-    const int st = it & 1, j0 = keys.kstart + it * FM_COLS;
-    fm_load<D>(ks + st * FM_COLS, kb, j0, S);
-    fm_load<D>(vs + st * FM_COLS, vb, j0, S);
-    cp_async_commit();
-    fm_valid_bits(vbits + 2 * st, valid_b, j0, S);
-  };
-  if (keys.tiles > 0) load(0);
-  for (int it = 0; it < keys.tiles; ++it) {
-    const int st = it & 1, j0 = keys.kstart + it * FM_COLS;
-    if (it + 1 < keys.tiles) {
-      load(it + 1);
-      cp_async_wait<1>();
-    } else {
-      cp_async_wait<0>();
+  const FmKeys keys = fm_keys(first[bi], past, row0, ROWS, Tq, S);
+  auto load = [&](int it) {  // the forward's ring
+    if (it < keys.tiles) {
+      const int st = it % STAGES, j0 = keys.kstart + it * FM_COLS;
+      fm_load<D, THREADS>(ks + st * FM_COLS, kb, j0, S);
+      fm_load<D, THREADS>(vs + st * FM_COLS, vb, j0, S);
+      fm_valid_bits(vbits + 2 * st, valid_b, j0, S);
     }
+    cp_async_commit();
+  };
+#pragma unroll
+  for (int it = 0; it < STAGES - 1; ++it) load(it);
+  for (int it = 0; it < keys.tiles; ++it) {
+    const int st = it % STAGES, j0 = keys.kstart + it * FM_COLS;
+    cp_async_wait<STAGES - 2>();
     __syncthreads();
+    load(it + STAGES - 1);
     const FmRow<D>* kt = ks + st * FM_COLS;
     const FmRow<D>* vt = vs + st * FM_COLS;
     const uint32_t bits[2] = {vbits[2 * st], vbits[2 * st + 1]};
@@ -396,7 +414,6 @@ __device__ void fm_dq(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* 
         }
       }
     }
-    __syncthreads();
   }
   __nv_bfloat16* qb = dq + head * D;
 #pragma unroll
@@ -412,30 +429,31 @@ __device__ void fm_dq(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* 
 }
 
 // ---------------------------------------------------------------------------------------------
-// dV = Pᵀ·dO and dK = scale · dSᵀ·Q for 64 keys of one (sequence, KV head), summed over the
-// query rows of every query head that reads it. The query rows that reach these keys: the blind
-// rows [0, nblind) (they see every key), then [max(nblind, key0 − past), Tq) rounded down to a
-// tile, none of them when every key of the block precedes the sequence's first valid key.
-// grid (ceil(S / 64), KV, B), block 128, fm_smem_dkdv(D) bytes of dynamic shared memory; K and V
-// are (B, KV, S, D) (cap == S).
-template <int D>
+// dV = Pᵀ·dO and dK = scale · dSᵀ·Q for 16 · WARPS keys of one (sequence, KV head), summed over
+// the query rows of every query head that reads it. The query rows that reach these keys: the
+// blind rows [0, nblind) (they see every key), then [max(nblind, key0 − past), Tq) rounded down
+// to a tile, none of them when every key of the block precedes the sequence's first valid key.
+// grid (ceil(S / (16 · WARPS)), KV, B), block 32 · WARPS, fm_smem_dkdv_of(D, 16 · WARPS) bytes of
+// dynamic shared memory; K and V are (B, KV, S, D) (cap == S).
+template <int D, int WARPS>
 __device__ void fm_dkdv(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
                         const __nv_bfloat16* __restrict__ v, const __nv_bfloat16* __restrict__ dout,
                         const float* __restrict__ stats, const float* __restrict__ delta,
                         const uint8_t* __restrict__ valid, const int* __restrict__ first,
                         __nv_bfloat16* __restrict__ dk, __nv_bfloat16* __restrict__ dv, int H,
                         int KV, int Tq, int S, int past, float scale) {
+  constexpr int ROWS = 16 * WARPS, THREADS = 32 * WARPS;
   ACPO_DYNAMIC_SMEM(smem);
-  if (threadIdx.x == 0 && dynamic_smem_bytes() < (unsigned)fm_smem_dkdv(D)) kernel_trap();
-  FmRow<D>* ks = reinterpret_cast<FmRow<D>*>(smem);  // [64]
-  FmRow<D>* vs = ks + FM_COLS;                       // [64]
-  FmRow<D>* qs = vs + FM_COLS;                       // [2][64]
+  if (threadIdx.x == 0 && dynamic_smem_bytes() < (unsigned)fm_smem_dkdv_of(D, ROWS)) kernel_trap();
+  FmRow<D>* ks = reinterpret_cast<FmRow<D>*>(smem);  // [ROWS]
+  FmRow<D>* vs = ks + ROWS;                          // [ROWS]
+  FmRow<D>* qs = vs + ROWS;                          // [2][64]
   FmRow<D>* ds = qs + 2 * FM_COLS;                   // [2][64] (dO)
   float* rs = reinterpret_cast<float*>(ds + 2 * FM_COLS);  // [2][64][3]: m, 1/l, delta
   constexpr int KC = D / 16, DN = D / 8;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
   const int bi = blockIdx.z, g = blockIdx.y, rep = H / KV;
-  const int key0 = blockIdx.x * FM_ROWS;
+  const int key0 = blockIdx.x * ROWS;
   const int jr[2] = {key0 + warp * 16 + gq, key0 + warp * 16 + gq + 8};  // this thread's keys
   const size_t kv_head = ((size_t)bi * KV + g) * S;
   const uint8_t* valid_b = valid + (size_t)bi * S;
@@ -444,7 +462,7 @@ __device__ void fm_dkdv(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16
   const int nblind = max(0, min(Tq, f - past));
   const int tiles_a = (nblind + FM_COLS - 1) / FM_COLS;
   const int b_start = max(tiles_a * FM_COLS, max(0, key0 - past) / FM_COLS * FM_COLS);
-  const bool hidden = key0 + FM_ROWS <= f;  // every key here precedes the first valid key
+  const bool hidden = key0 + ROWS <= f;  // every key here precedes the first valid key
   const int tiles_b = (hidden || b_start >= Tq) ? 0 : (Tq - b_start + FM_COLS - 1) / FM_COLS;
   const int per_head = tiles_a + tiles_b, tiles = rep * per_head;
   float dkacc[DN][4], dvacc[DN][4];
@@ -459,8 +477,8 @@ __device__ void fm_dkdv(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16
   auto load = [&](int it) {
     const int st = it & 1, i0 = tile_row0(it);
     const size_t head = ((size_t)bi * H + g * rep + it / per_head) * Tq;
-    fm_load<D>(qs + st * FM_COLS, q + head * D, i0, Tq);
-    fm_load<D>(ds + st * FM_COLS, dout + head * D, i0, Tq);
+    fm_load<D, THREADS>(qs + st * FM_COLS, q + head * D, i0, Tq);
+    fm_load<D, THREADS>(ds + st * FM_COLS, dout + head * D, i0, Tq);
     cp_async_commit();
     if (threadIdx.x < FM_COLS) {
       const int i = i0 + threadIdx.x;
@@ -471,8 +489,12 @@ __device__ void fm_dkdv(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16
     }
   };
   if (tiles > 0) {
-    fm_load<D>(ks, k + kv_head * D, key0, S);  // the block's keys land with the first tile
-    fm_load<D>(vs, v + kv_head * D, key0, S);
+    // the block's keys land with the first tile
+#pragma unroll
+    for (int c = 0; c < ROWS; c += FM_COLS) {
+      fm_load<D, THREADS>(ks + c, k + kv_head * D, key0 + c, S);
+      fm_load<D, THREADS>(vs + c, v + kv_head * D, key0 + c, S);
+    }
     load(0);
   }
   for (int it = 0; it < tiles; ++it) {
@@ -562,23 +584,25 @@ __device__ void fm_dkdv(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16
 // The kernels, with the row kernels' argument lists (flash_attn.cu) so that the host passes the
 // same arguments to either; D in FA_ARGS must equal DIM.
 #define FM_INSTANCE(DIM)                                                                       \
-  extern "C" __global__ void __launch_bounds__(FM_THREADS) flash_fwd_mma_d##DIM##_bf16(       \
+  extern "C" __global__ void __launch_bounds__(fm_fwd_threads(DIM)) flash_fwd_mma_d##DIM##_bf16( \
       const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,                  \
       const uint8_t* valid, const int* first, __nv_bfloat16* o, float* stats, FA_ARGS) {      \
-    fm_forward<DIM>(q, k, v, valid, first, o, stats, H, KV, Tq, S, cap, past, scale);         \
+    fm_forward<DIM, fm_fwd_warps(DIM), fm_fwd_stages(DIM)>(q, k, v, valid, first, o, stats, H, \
+                                                           KV, Tq, S, cap, past, scale);       \
   }                                                                                            \
-  extern "C" __global__ void __launch_bounds__(FM_THREADS) flash_dq_mma_d##DIM##_bf16(        \
+  extern "C" __global__ void __launch_bounds__(fm_fwd_threads(DIM)) flash_dq_mma_d##DIM##_bf16( \
       const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,                  \
       const __nv_bfloat16* dout, const float* stats, const float* delta, const uint8_t* valid, \
       const int* first, __nv_bfloat16* dq, FA_ARGS) {                                          \
-    fm_dq<DIM>(q, k, v, dout, stats, delta, valid, first, dq, H, KV, Tq, S, cap, past, scale); \
+    fm_dq<DIM, fm_fwd_warps(DIM), fm_fwd_stages(DIM)>(q, k, v, dout, stats, delta, valid, first, \
+                                                      dq, H, KV, Tq, S, cap, past, scale);     \
   }                                                                                            \
-  extern "C" __global__ void __launch_bounds__(FM_THREADS) flash_dkdv_mma_d##DIM##_bf16(      \
+  extern "C" __global__ void __launch_bounds__(fm_dkdv_threads(DIM)) flash_dkdv_mma_d##DIM##_bf16( \
       const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,                  \
       const __nv_bfloat16* dout, const float* stats, const float* delta, const uint8_t* valid, \
       const int* first, __nv_bfloat16* dk, __nv_bfloat16* dv, FA_ARGS) {                       \
-    fm_dkdv<DIM>(q, k, v, dout, stats, delta, valid, first, dk, dv, H, KV, Tq, S, past,        \
-                 scale);                                                                       \
+    fm_dkdv<DIM, fm_dkdv_warps(DIM)>(q, k, v, dout, stats, delta, valid, first, dk, dv, H, KV, \
+                                     Tq, S, past, scale);                                      \
   }
 
 FM_INSTANCE(64)

@@ -50,23 +50,45 @@
 // V tiles, FDP_STAGES deep.
 __host__ __device__ constexpr int fdp_smem(int d, int elt) { return FDP_STAGES * 2 * FDP_TILE * d * elt; }
 
-// Tensor-core flash kernels (flash_mma.cu): 4 warps of 16 rows make a block of 64 rows (query
-// rows for the forward and dQ, keys for dK/dV), walking tiles of 64 columns (keys, or query
-// rows). Shared memory rows are padded by 8 bf16 (16 bytes), so the 8 rows one ldmatrix reads
-// fall in distinct banks.
-#define FM_ROWS 64
+// Tensor-core flash kernels (flash_mma.cu): warps of 16 rows (query rows for the forward and
+// dQ, keys for dK/dV) walking tiles of 64 columns (keys, or query rows). At head dim 128 each
+// kernel is 8 warps: blocks of 128 query rows (forward, dQ) or keys (dK/dV), so that a tile read
+// from L2 serves 128 rows; the forward's and dQ's K/V tiles in three cp.async stages, dK/dV's
+// Q/dO tiles in two. At head dim 64, 4 warps (64 rows) and two stages. Shared memory rows are padded by 8 bf16 (16 bytes), so
+// the 8 rows one ldmatrix reads fall in distinct banks.
 #define FM_COLS 64
-#define FM_THREADS 128
 #define FM_PAD 8
+#define FM_FWD_WARPS_D128 8
+#define FM_FWD_STAGES_D128 3
+#define FM_FWD_WARPS_D64 4
+#define FM_FWD_STAGES_D64 2
+#define FM_DKDV_WARPS_D128 8
+#define FM_DKDV_WARPS_D64 4
 
-// Dynamic shared memory of the forward and dQ kernels: K and V tiles, two stages, and the
-// tiles' key-valid bits; of the dK/dV kernel: the block's K and V, Q and dO tiles in two stages
-// and the tiles' row statistics (m, 1/sum, delta). Above 48 KB a launch must raise the kernel's
-// limit first (cudaFuncSetAttribute; the emulator refuses a launch that did not).
-__host__ __device__ constexpr int fm_smem_fwd(int d) { return 4 * FM_COLS * (d + FM_PAD) * 2 + 4 * 4; }
-__host__ __device__ constexpr int fm_smem_dkdv(int d) {
-  return 6 * FM_COLS * (d + FM_PAD) * 2 + 2 * FM_COLS * 3 * 4;
+// The forward's and dQ's warps, cp.async stages, query rows and threads per block at head dim d.
+__host__ __device__ constexpr int fm_fwd_warps(int d) { return d == 128 ? FM_FWD_WARPS_D128 : FM_FWD_WARPS_D64; }
+__host__ __device__ constexpr int fm_fwd_stages(int d) { return d == 128 ? FM_FWD_STAGES_D128 : FM_FWD_STAGES_D64; }
+__host__ __device__ constexpr int fm_fwd_rows(int d) { return 16 * fm_fwd_warps(d); }
+__host__ __device__ constexpr int fm_fwd_threads(int d) { return 32 * fm_fwd_warps(d); }
+// The dK/dV kernel's warps, keys and threads per block at head dim d.
+__host__ __device__ constexpr int fm_dkdv_warps(int d) { return d == 128 ? FM_DKDV_WARPS_D128 : FM_DKDV_WARPS_D64; }
+__host__ __device__ constexpr int fm_dkdv_rows(int d) { return 16 * fm_dkdv_warps(d); }
+__host__ __device__ constexpr int fm_dkdv_threads(int d) { return 32 * fm_dkdv_warps(d); }
+
+// Dynamic shared memory of the forward and of dQ: K and V tiles and the tiles' key-valid bits,
+// one of each per stage; of the dK/dV kernel: the block's K and
+// V, Q and dO tiles in two stages and the tiles' row statistics (m, 1/sum, delta). Above 48 KB
+// a launch must raise the kernel's limit first (cudaFuncSetAttribute; the emulator refuses a
+// launch that did not).
+__host__ __device__ constexpr int fm_smem_kv(int d, int stages) {
+  return stages * (2 * FM_COLS * (d + FM_PAD) * 2 + 2 * 4);
 }
+__host__ __device__ constexpr int fm_smem_fwd(int d) { return fm_smem_kv(d, fm_fwd_stages(d)); }
+__host__ __device__ constexpr int fm_smem_dq(int d) { return fm_smem_kv(d, fm_fwd_stages(d)); }
+__host__ __device__ constexpr int fm_smem_dkdv_of(int d, int rows) {
+  return (2 * rows + 4 * FM_COLS) * (d + FM_PAD) * 2 + 2 * FM_COLS * 3 * 4;
+}
+__host__ __device__ constexpr int fm_smem_dkdv(int d) { return fm_smem_dkdv_of(d, fm_dkdv_rows(d)); }
 
 // The most dynamic shared memory a block may use without asking, and with (H100, sm_90).
 #define SMEM_DEFAULT_LIMIT (48 * 1024)

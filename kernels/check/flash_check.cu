@@ -16,7 +16,8 @@
 //
 // The CPU build runs the same kernels in kernels/check/cuda_emu.hpp's emulator, checks only, at
 // small shapes (tests/it/kernels.rs runs it in `cargo test`); `./fa --seeds N` repeats the
-// tensor-core checks under N schedules (thread orders, a lagging warp, cp.async landing early).
+// tensor-core checks under N schedules (thread orders, a lagging warp, cp.async landing early);
+// `./fa --mma` runs the tensor-core checks alone.
 //
 // The reference adds a hidden key's -1e9 in f32, as the kernels and their CPU twin do: a row
 // that sees no key then averages V uniformly (src/fused/flash/mod.rs).
@@ -169,13 +170,15 @@ static void forward(const Inputs& in, Path path, bf* o, float* stats) {
     LAUNCH(flash_decode_combine_bf16, dim3(c.H, c.B), dim3(128), 0, part, o, stats, nsplit, c.H,
            c.D);
   } else {
-    const dim3 grid((c.T + FM_ROWS - 1) / FM_ROWS, c.H, c.B);
+    const dim3 grid((c.T + fm_fwd_rows(c.D) - 1) / fm_fwd_rows(c.D), c.H, c.B);
     if (c.D == 128)
-      LAUNCH(flash_fwd_mma_d128_bf16, grid, dim3(FM_THREADS), fm_smem_fwd(128), in.dq_, in.dk_,
-             in.dv_, in.dvalid, in.dfirst, o, stats, c.H, c.KV, c.T, S, cap, c.D, c.past, scale);
+      LAUNCH(flash_fwd_mma_d128_bf16, grid, dim3(fm_fwd_threads(128)), fm_smem_fwd(128), in.dq_,
+             in.dk_, in.dv_, in.dvalid, in.dfirst, o, stats, c.H, c.KV, c.T, S, cap, c.D, c.past,
+             scale);
     else
-      LAUNCH(flash_fwd_mma_d64_bf16, grid, dim3(FM_THREADS), fm_smem_fwd(64), in.dq_, in.dk_,
-             in.dv_, in.dvalid, in.dfirst, o, stats, c.H, c.KV, c.T, S, cap, c.D, c.past, scale);
+      LAUNCH(flash_fwd_mma_d64_bf16, grid, dim3(fm_fwd_threads(64)), fm_smem_fwd(64), in.dq_,
+             in.dk_, in.dv_, in.dvalid, in.dfirst, o, stats, c.H, c.KV, c.T, S, cap, c.D, c.past,
+             scale);
   }
 }
 
@@ -195,17 +198,19 @@ static void backward(const Inputs& in, Path path, const bf* o, const float* stat
            scale);
     return;
   }
-  const dim3 gq((c.T + FM_ROWS - 1) / FM_ROWS, c.H, c.B), gk((S + FM_ROWS - 1) / FM_ROWS, c.KV, c.B);
+  const dim3 gq((c.T + fm_fwd_rows(c.D) - 1) / fm_fwd_rows(c.D), c.H, c.B),
+      gk((S + fm_dkdv_rows(c.D) - 1) / fm_dkdv_rows(c.D), c.KV, c.B);
   if (c.D == 128) {
-    LAUNCH(flash_dq_mma_d128_bf16, gq, dim3(FM_THREADS), fm_smem_fwd(128), in.dq_, in.dk_, in.dv_,
-           in.ddo, stats, delta, in.dvalid, in.dfirst, dq, c.H, c.KV, c.T, S, S, c.D, c.past, scale);
-    LAUNCH(flash_dkdv_mma_d128_bf16, gk, dim3(FM_THREADS), fm_smem_dkdv(128), in.dq_, in.dk_,
+    LAUNCH(flash_dq_mma_d128_bf16, gq, dim3(fm_fwd_threads(128)), fm_smem_dq(128), in.dq_, in.dk_,
+           in.dv_, in.ddo, stats, delta, in.dvalid, in.dfirst, dq, c.H, c.KV, c.T, S, S, c.D,
+           c.past, scale);
+    LAUNCH(flash_dkdv_mma_d128_bf16, gk, dim3(fm_dkdv_threads(128)), fm_smem_dkdv(128), in.dq_, in.dk_,
            in.dv_, in.ddo, stats, delta, in.dvalid, in.dfirst, dk, dv, c.H, c.KV, c.T, S, S, c.D,
            c.past, scale);
   } else {
-    LAUNCH(flash_dq_mma_d64_bf16, gq, dim3(FM_THREADS), fm_smem_fwd(64), in.dq_, in.dk_, in.dv_,
+    LAUNCH(flash_dq_mma_d64_bf16, gq, dim3(fm_fwd_threads(64)), fm_smem_dq(64), in.dq_, in.dk_, in.dv_,
            in.ddo, stats, delta, in.dvalid, in.dfirst, dq, c.H, c.KV, c.T, S, S, c.D, c.past, scale);
-    LAUNCH(flash_dkdv_mma_d64_bf16, gk, dim3(FM_THREADS), fm_smem_dkdv(64), in.dq_, in.dk_, in.dv_,
+    LAUNCH(flash_dkdv_mma_d64_bf16, gk, dim3(fm_dkdv_threads(64)), fm_smem_dkdv(64), in.dq_, in.dk_, in.dv_,
            in.ddo, stats, delta, in.dvalid, in.dfirst, dk, dv, c.H, c.KV, c.T, S, S, c.D, c.past,
            scale);
   }
@@ -538,6 +543,9 @@ static void timing_pipe(Case c, double copy) {
 int main(int argc, char** argv) {
   setvbuf(stdout, nullptr, _IOLBF, 0);  // each check's line as it ends
   const int seeds = seeds_arg(argc, argv);
+  // `--mma`: the tensor-core checks alone (a quicker loop while changing flash_mma.cu)
+  bool mma_only = false;
+  for (int a = 1; a < argc; ++a) mma_only |= std::string(argv[a]) == "--mma";
   // {B, H, KV, T, past, D, pad, cap}
   const Case mma_cases[] = {
       {2, 4, 2, 100, 0, 128, 50, 0},    // GQA 2, left padding (blind rows), a partial tile
@@ -546,6 +554,8 @@ int main(int argc, char** argv) {
       {2, 2, 1, 200, 0, 64, 130, 0},    // padding over two whole key blocks
       {2, 4, 2, 100, 30, 128, 50, 0},   // a cached prefix (the forward after a prefill)
       {2, 2, 2, 70, 0, 64, 0, 0, true}, // a sequence of padding only: every row blind
+      {2, 2, 1, 300, 0, 128, 150, 0},   // three 128-row blocks, five key tiles (the ring); 150
+                                        // padded keys: a 128-key block hidden, 150 rows blind
   };
   const Case row_cases[] = {{2, 4, 2, 100, 30, 128, 50, 0}, {2, 4, 1, 129, 70, 64, 100, 0},
                             {2, 2, 1, 77, 0, 32, 20, 0}};
@@ -554,6 +564,7 @@ int main(int argc, char** argv) {
   for (int s = 0; s < seeds; ++s) {
     use_schedule(s, 4);  // fair or one warp lagging, copies landing late or early
     for (const Case& c : mma_cases) check(c, MMA);
+    if (mma_only) continue;
     check_pipes(s == 0);
     if (s == 0) {
       for (const Case& c : row_cases) check(c, ROW);

@@ -588,6 +588,9 @@ pub enum BenchKind {
     /// The decode attention's time per shape, predicted from its bytes at the copy rates of the
     /// GPU runs under --measured (results/gpu).
     DecodePredict,
+    /// The tensor-core attention's time per shape, predicted from a model fitted to the kernels
+    /// timed under --measured (results/gpu).
+    AttentionPredict,
     /// Verifier throughput (answers/s).
     Verifier,
 }

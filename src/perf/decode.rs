@@ -234,7 +234,7 @@ fn micros(s: f64) -> String {
     format!("{:.1} µs", s * 1e6)
 }
 
-fn thousands(x: f64) -> String {
+pub(super) fn thousands(x: f64) -> String {
     let n = x.round() as u64;
     let s = n.to_string();
     let mut out = String::new();

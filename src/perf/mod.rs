@@ -2,7 +2,8 @@
 //! continuous batching), `train_step` (one policy-gradient step, its peak memory and trace),
 //! `attention` (one layer's attention alone), [`verifier`], [`memory`] (the paper runs' memory
 //! arithmetic), [`plan`] (their GPU-hours), [`predict`] (GPU memory from CPU traces), [`decode`]
-//! (the decode attention's time from its bytes) and
+//! (the decode attention's time from its bytes), [`flash_predict`] (the tensor-core
+//! attention's time from a model of its timed kernels) and
 //! [`pipeline`]. Here: what they share (the models and shapes measured, the target device, a
 //! measurement and its Markdown, the FLOP counts), and the dispatch of the speed benchmarks. The
 //! same configurations and shapes are measured for PyTorch/transformers by
@@ -12,6 +13,7 @@
 
 mod attention;
 pub mod decode;
+pub mod flash_predict;
 mod generate;
 pub mod memory;
 pub mod pipeline;

@@ -740,6 +740,55 @@ fn bench_decode_predict_of_the_committed_gpu_runs_is_the_cuda_doc_block() {
     );
 }
 
+/// docs/CUDA.md's predicted tensor-core attention times (issue #59) are `acpo bench
+/// attention-predict` of the committed GPU runs: the model fitted to the kernels the H200 timed
+/// (5.015 / 13.614 ms at 2 × 9,220), and a folder without timed kernels is a usage error.
+#[test]
+fn bench_attention_predict_of_the_committed_gpu_runs_is_the_cuda_doc_block() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let run = |measured: &str| {
+        acpo(
+            &[
+                "bench",
+                "attention-predict",
+                "--measured",
+                measured,
+                "--out",
+                dir.path().to_str().expect("utf8"),
+            ],
+            repo(),
+        )
+    };
+    let out = run("results/gpu");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let table = std::fs::read_to_string(dir.path().join("attention-predicted.md")).expect("md");
+    for part in [
+        "| 2 × 2,048 |",
+        "| 2 × 9,220 |",
+        "5.015 / 13.614 ms",
+        "NVIDIA-H200-20261126",
+    ] {
+        assert!(table.contains(part), "no `{part}`:\n{table}");
+    }
+    let shipped = std::fs::read_to_string(repo().join("docs/CUDA.md")).expect("CUDA.md");
+    assert!(
+        shipped.contains(table.trim_end()),
+        "docs/CUDA.md's predicted attention times are stale: rerun `just attention-predict`"
+    );
+    let empty = tempfile::tempdir().expect("tempdir");
+    let nothing = run(empty.path().to_str().expect("utf8"));
+    assert_eq!(nothing.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&nothing.stderr).contains("no flash_kernels_check.log"),
+        "{}",
+        String::from_utf8_lossy(&nothing.stderr)
+    );
+}
+
 #[test]
 fn train_from_the_command_line_refuses_to_overwrite_and_resumes() {
     let dir = tempfile::tempdir().expect("tempdir");

@@ -97,7 +97,7 @@ def dynamic_smem(kernel, size):
     m = re.match(r"flash_(fwd|dq|dkdv)_mma_d(\d+)_bf16$", kernel)
     if not m:
         return 0
-    which = "DKDV" if m.group(1) == "dkdv" else "FWD"
+    which = m.group(1).upper()
     return size[f"FM_SMEM_{which}_D{m.group(2)}"]
 
 

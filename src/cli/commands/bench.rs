@@ -47,6 +47,16 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<Outcome> {
                 .unwrap_or_else(|| args.configs.join("qwen3-1.7b.json"));
             acpo::perf::decode::decode_predict(measured, &target, &args.out)?
         }
+        BenchKind::AttentionPredict => {
+            let Some(measured) = &args.measured else {
+                bail!("bench attention-predict needs --measured DIR (the GPU runs, results/gpu)");
+            };
+            let target = args
+                .config
+                .clone()
+                .unwrap_or_else(|| args.configs.join("qwen3-1.7b.json"));
+            acpo::perf::flash_predict::attention_predict(measured, &target, &args.out)?
+        }
     };
     println!("report: {}", report.display());
     fill_doc(args.doc.as_deref(), &args.out)

@@ -28,13 +28,11 @@ const DECODE_PTX: (&str, &str) = ptx!("flash_decode");
 
 type Arg<'a> = (&'a CudaStorage, &'a Layout);
 
-/// Warps (rows) per block of the row kernels and of the decode kernel; rows and threads per
-/// block of the tensor-core kernels; keys per split of the decode kernel and the most query
+/// Warps (rows) per block of the row kernels and of the decode kernel (the tensor-core kernels'
+/// are per head dim: [`mma_fwd`], [`mma_dkdv`]); keys per split of the decode kernel and the most query
 /// heads per KV head it takes (a model with more uses the row kernel): kernels/launch.cuh.
 const ROW_WARPS: usize = sizes::FA_WARPS as usize;
 const DECODE_WARPS: u32 = sizes::FD_WARPS;
-const MMA_ROWS: usize = sizes::FM_ROWS as usize;
-const MMA_THREADS: u32 = sizes::FM_THREADS;
 const DECODE_SPLIT: usize = sizes::FD_SPLIT as usize;
 const DECODE_MAX_GROUP: usize = sizes::FD_MAXG as usize;
 /// The pipelined decode's threads per block, keys per chunk (the unit of its reduction order),
@@ -48,23 +46,61 @@ const PIPE_FILL_BLOCKS: usize = sizes::FDP_FILL_BLOCKS as usize;
 const DEFAULT_SMEM: u32 = sizes::SMEM_DEFAULT_LIMIT;
 const _: () = assert!(FLASH_MAX_HEAD_DIM as u32 == sizes::FA_MAXD);
 
-/// Dynamic shared memory of the tensor-core forward and dQ kernels, and of the dK/dV kernel, at
-/// head dim `d` (64 or 128, [`mma_dim`]): `fm_smem_fwd` and `fm_smem_dkdv` of launch.cuh, as
-/// nvcc computed them (a kernel given less traps).
-fn mma_smem_fwd(d: usize) -> u32 {
+/// A tensor-core kernel's launch at one head dim: rows per block, threads per block, bytes of
+/// dynamic shared memory (a kernel given less traps).
+#[derive(Clone, Copy)]
+struct MmaLaunch {
+    rows: usize,
+    threads: u32,
+    smem: u32,
+}
+
+/// The tensor-core forward's launch at head dim `d` (64 or 128, [`mma_dim`]): `fm_fwd_rows`,
+/// `fm_fwd_threads` and `fm_smem_fwd` of launch.cuh, as nvcc computed them (128 query rows a
+/// block at head dim 128, 64 at 64).
+fn mma_fwd(d: usize) -> MmaLaunch {
     debug_assert!(matches!(d, 64 | 128));
     if d == 64 {
-        sizes::FM_SMEM_FWD_D64
+        MmaLaunch {
+            rows: sizes::FM_FWD_ROWS_D64 as usize,
+            threads: sizes::FM_FWD_THREADS_D64,
+            smem: sizes::FM_SMEM_FWD_D64,
+        }
     } else {
-        sizes::FM_SMEM_FWD_D128
+        MmaLaunch {
+            rows: sizes::FM_FWD_ROWS_D128 as usize,
+            threads: sizes::FM_FWD_THREADS_D128,
+            smem: sizes::FM_SMEM_FWD_D128,
+        }
     }
 }
-fn mma_smem_dkdv(d: usize) -> u32 {
+/// The dQ kernel's launch at head dim `d`: the forward's blocks, `fm_smem_dq`.
+fn mma_dq(d: usize) -> MmaLaunch {
+    MmaLaunch {
+        smem: if d == 64 {
+            sizes::FM_SMEM_DQ_D64
+        } else {
+            sizes::FM_SMEM_DQ_D128
+        },
+        ..mma_fwd(d)
+    }
+}
+/// The dK/dV kernel's launch at head dim `d`: `fm_dkdv_rows` keys (128 at head dim 128, 64 at
+/// 64), `fm_dkdv_threads`, `fm_smem_dkdv`.
+fn mma_dkdv(d: usize) -> MmaLaunch {
     debug_assert!(matches!(d, 64 | 128));
     if d == 64 {
-        sizes::FM_SMEM_DKDV_D64
+        MmaLaunch {
+            rows: sizes::FM_DKDV_ROWS_D64 as usize,
+            threads: sizes::FM_DKDV_THREADS_D64,
+            smem: sizes::FM_SMEM_DKDV_D64,
+        }
     } else {
-        sizes::FM_SMEM_DKDV_D128
+        MmaLaunch {
+            rows: sizes::FM_DKDV_ROWS_D128 as usize,
+            threads: sizes::FM_DKDV_THREADS_D128,
+            smem: sizes::FM_SMEM_DKDV_D128,
+        }
     }
 }
 
@@ -115,33 +151,33 @@ fn row_grid(rows: usize, y: usize, z: usize) -> Result<LaunchConfig> {
     })
 }
 
-/// A tensor-core launch over `rows` rows in blocks of 64, with `smem` bytes of dynamic shared
-/// memory (the kernel's limit raised to it first).
-fn mma_grid(rows: usize, y: usize, z: usize, smem: u32) -> Result<LaunchConfig> {
+/// A tensor-core launch over `rows` rows in blocks of `l.rows`, with `l.smem` bytes of dynamic
+/// shared memory (the kernel's limit raised to it first).
+fn mma_grid(rows: usize, y: usize, z: usize, l: MmaLaunch) -> Result<LaunchConfig> {
     Ok(LaunchConfig {
         grid_dim: (
-            grid_dim(rows.div_ceil(MMA_ROWS), "flash attention")?,
+            grid_dim(rows.div_ceil(l.rows), "flash attention")?,
             y as u32,
             z as u32,
         ),
-        block_dim: (MMA_THREADS, 1, 1),
-        shared_mem_bytes: smem,
+        block_dim: (l.threads, 1, 1),
+        shared_mem_bytes: l.smem,
     })
 }
 
 /// Allows kernel `f` `smem` bytes of dynamic shared memory (more than the default needs asking).
 /// The kernel for `op` and its launch over `rows` × `y` × `z`: on tensor cores
-/// (`{op}_mma_d{d}_bf16`, its dynamic shared memory `smem(d)` allowed) where `mma` is `Some(d)`,
-/// else the row kernel `{op}_{sfx}`. Both take the same arguments. A macro because candle's
-/// loaded-kernel type, whose `builder` launches, cannot be named outside candle.
+/// (`{op}_mma_d{d}_bf16`, launched as `launch(d)` says, its dynamic shared memory allowed) where
+/// `mma` is `Some(d)`, else the row kernel `{op}_{sfx}`. Both take the same arguments. A macro
+/// because candle's loaded-kernel type, whose `builder` launches, cannot be named outside candle.
 macro_rules! pick {
-    ($dev:expr, $op:expr, $sfx:expr, $mma:expr, $smem:expr, ($rows:expr, $y:expr, $z:expr) $(,)?) => {
+    ($dev:expr, $op:expr, $sfx:expr, $mma:expr, $launch:expr, ($rows:expr, $y:expr, $z:expr) $(,)?) => {
         match $mma {
             Some(d) => {
-                let smem = $smem(d);
+                let l: MmaLaunch = $launch(d);
                 let f = kernel!($dev, &format!("{}_mma_d{d}_bf16", $op), MMA_PTX)?;
-                allow_smem(&f, smem)?;
-                (f, mma_grid($rows, $y, $z, smem)?)
+                allow_smem(&f, l.smem)?;
+                (f, mma_grid($rows, $y, $z, l)?)
             }
             None => (
                 kernel!($dev, &format!("{}_{}", $op, $sfx), ROW_PTX)?,
@@ -273,7 +309,7 @@ pub fn flash_fwd(
                 "flash_fwd",
                 sfx,
                 mma_dim(dims, dtype, &[q.1, k.1, v.1]),
-                mma_smem_fwd,
+                mma_fwd,
                 (dims.t, dims.h, dims.b),
             );
             let mut b = f.builder();
@@ -434,14 +470,7 @@ pub fn flash_bwd(
             unsafe { b.launch(row_grid(rows, 1, 1)?) }.w()?;
 
             let mma = mma_dim(dims, dtype, &[q.1, k.1, v.1, o.1, dout.1]);
-            let (f, cfg) = pick!(
-                dev,
-                "flash_dq",
-                sfx,
-                mma,
-                mma_smem_fwd,
-                (dims.t, dims.h, dims.b),
-            );
+            let (f, cfg) = pick!(dev, "flash_dq", sfx, mma, mma_dq, (dims.t, dims.h, dims.b),);
             let mut b = f.builder();
             b.arg(&qv)
                 .arg(&kv)
@@ -461,7 +490,7 @@ pub fn flash_bwd(
                 "flash_dkdv",
                 sfx,
                 mma,
-                mma_smem_dkdv,
+                mma_dkdv,
                 (dims.s, dims.kv, dims.b),
             );
             let mut b = f.builder();
