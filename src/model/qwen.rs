@@ -25,6 +25,7 @@ use candle_core::{DType, Device, Module, Tensor, D};
 use candle_nn::Embedding;
 use serde::Serialize;
 
+use super::paged::{PagedKv, PagedRead, PagedStep};
 use super::{Family, Params, QwenConfig, Result};
 use crate::algo::token;
 
@@ -182,6 +183,68 @@ impl Attention {
         past: &LayerCache,
     ) -> Result<(Tensor, (Tensor, Tensor))> {
         let (b, t, _) = x.dims3()?;
+        let (q, k, v) = self.qkv(x, cos, sin)?;
+        let (kb, vb) = (past.write(&k, 0)?, past.write(&v, 1)?);
+        let out = self.attend(&q, &kb, &vb, past.len + t, mask)?;
+        Ok((self.output(&out, b, t)?, (kb, vb)))
+    }
+
+    /// The same layer over a paged cache ([`super::paged`]): the new positions' keys and values
+    /// written to the pool rows `step` names, then attention over each sequence's keys, read
+    /// through its blocks.
+    fn forward_paged(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        mask: Option<&AttnMask>,
+        pool: &(Tensor, Tensor),
+        step: &PagedStep,
+    ) -> Result<Tensor> {
+        let (b, t, _) = x.dims3()?;
+        let (q, k, v) = self.qkv(x, cos, sin)?;
+        let rows = b * self.kv_heads * t;
+        pool.0
+            .scatter_set(&step.write, &k.reshape((rows, self.head_dim))?, 0)?;
+        pool.1
+            .scatter_set(&step.write, &v.reshape((rows, self.head_dim))?, 0)?;
+        let out = match (&step.read, mask) {
+            (PagedRead::Gather { index, width, .. }, Some(mask)) => {
+                let gather = |p: &Tensor| -> Result<Tensor> {
+                    Ok(p.index_select(index, 0)?
+                        .reshape((b, self.kv_heads, *width, self.head_dim))?)
+                };
+                let (kb, vb) = (gather(&pool.0)?, gather(&pool.1)?);
+                self.attend(&q, &kb, &vb, *width, mask)?
+            }
+            (PagedRead::Table { tables, lens, block }, _) => {
+                let paged = |p: &Tensor| -> Result<Tensor> {
+                    let per = self.kv_heads * block;
+                    Ok(p.reshape((p.dim(0)? / per, self.kv_heads, *block, self.head_dim))?)
+                };
+                crate::fused::paged_attention_decode(
+                    &q,
+                    &paged(&pool.0)?,
+                    &paged(&pool.1)?,
+                    tables,
+                    lens,
+                    1.0 / (self.head_dim as f64).sqrt(),
+                )?
+            }
+            (PagedRead::Gather { .. }, None) => {
+                return Err(candle_core::Error::Msg(
+                    "paged attention: a gathered read without its mask".into(),
+                )
+                .into())
+            }
+        };
+        self.output(&out, b, t)
+    }
+
+    /// q `(B, H, T, D)` and k, v `(B, KV, T, D)` of `x` `(B, T, H)`: projected, normed (Qwen3)
+    /// and rotated.
+    fn qkv(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+        let (b, t, _) = x.dims3()?;
         let split = |y: Tensor, heads: usize| -> Result<Tensor> {
             Ok(y.reshape((b, t, heads, self.head_dim))?)
         };
@@ -196,10 +259,22 @@ impl Attention {
         let q = crate::fused::rope_heads(&q, cos, sin)?; // (B, H, T, D)
         let k = crate::fused::rope_heads(&k, cos, sin)?; // (B, KV, T, D)
         let v = v.transpose(1, 2)?.contiguous()?;
-        let (kb, vb) = (past.write(&k, 0)?, past.write(&v, 1)?);
-        let s = past.len + t;
+        Ok((q, k, v))
+    }
+
+    /// Attention of `q` over the first `s` columns of the key/value buffers `kb`, `vb`
+    /// `(B, KV, capacity, D)`: `(B, H, T, D)`.
+    fn attend(
+        &self,
+        q: &Tensor,
+        kb: &Tensor,
+        vb: &Tensor,
+        s: usize,
+        mask: &AttnMask,
+    ) -> Result<Tensor> {
+        let t = q.dim(2)?;
         let scale = 1.0 / (self.head_dim as f64).sqrt();
-        let out = match mask {
+        Ok(match mask {
             AttnMask::Bias(bias) => {
                 // The filled columns, read in place: each (row, head)'s keys are one matrix
                 // with the layout of a contiguous copy, only further apart in the buffer, and
@@ -211,26 +286,29 @@ impl Attention {
                 // A detached model's decode step: the same numbers without gemm's per-call
                 // cost (fused::attention_decode).
                 let decoded = match (t, &self.q.decode) {
-                    (1, Some(_)) => crate::fused::attention_decode(&q, &k, &v, bias, scale)?,
+                    (1, Some(_)) => crate::fused::attention_decode(q, &k, &v, bias, scale)?,
                     _ => None,
                 };
                 match decoded {
                     Some(out) => out,
-                    None => crate::fused::attention_composed(&q, &k, &v, bias, scale)?,
+                    None => crate::fused::attention_composed(q, &k, &v, bias, scale)?,
                 }
             }
             // The kernel reads the buffer in place, its first `s` columns.
             AttnMask::Keys { valid, past } => {
-                crate::fused::flash_attention(&q, &kb, &vb, valid, *past, scale)?
+                crate::fused::flash_attention(q, kb, vb, valid, *past, scale)?
             }
-        }; // (B, H, T, D)
-        let (k, v) = (kb, vb);
+        }) // (B, H, T, D)
+    }
+
+    /// The output projection of the heads' attention `(B, H, T, D)`.
+    fn output(&self, out: &Tensor, b: usize, t: usize) -> Result<Tensor> {
         let out = out
             .reshape((b, self.heads, t, self.head_dim))?
             .transpose(1, 2)?
             .contiguous()?
             .reshape((b, t, self.heads * self.head_dim))?;
-        Ok((self.o.forward(&out)?, (k, v)))
+        self.o.forward(&out)
     }
 }
 
@@ -322,6 +400,28 @@ impl Block {
         let x = (x + a)?;
         let y = (&x + self.mlp.forward(&self.post_norm.forward(&x)?)?)?;
         Ok((y, kv))
+    }
+
+    /// [`Block::forward`] over a paged cache ([`Attention::forward_paged`]).
+    fn forward_paged(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        mask: Option<&AttnMask>,
+        pool: &(Tensor, Tensor),
+        step: &PagedStep,
+    ) -> Result<Tensor> {
+        let a = self.attn.forward_paged(
+            &self.input_norm.forward(x)?,
+            cos,
+            sin,
+            mask,
+            pool,
+            step,
+        )?;
+        let x = (x + a)?;
+        Ok((&x + self.mlp.forward(&self.post_norm.forward(&x)?)?)?)
     }
 
     /// The same layer on detached weights: runs without recording a graph.
@@ -453,6 +553,11 @@ impl KvCache {
             len,
             reserve: self.reserve,
         })
+    }
+
+    /// Each layer's key and value buffers `(B, kv_heads, capacity, D)`.
+    pub fn layers(&self) -> &[(Tensor, Tensor)] {
+        &self.layers
     }
 
     fn layer(&self, i: usize) -> LayerCache {
@@ -737,6 +842,40 @@ impl Qwen {
             reserve: cache.reserve,
         };
         Ok((self.norm.forward(&x)?, cache))
+    }
+
+    /// Final hidden states `(B, T, H)` for `ids` `(B, T)` at `positions` `(B, T)` (u32) over the
+    /// paged cache `kv`: each layer writes the new positions' keys and values to the pool rows
+    /// of `step` and attends through the blocks ([`PagedStep`]: a gathered view with the
+    /// composed attention's mask, or the block tables for the decode kernel, T = 1).
+    pub fn forward_paged(
+        &self,
+        ids: &Tensor,
+        positions: &Tensor,
+        kv: &PagedKv,
+        step: &PagedStep,
+    ) -> Result<Tensor> {
+        let t = ids.dim(1)?;
+        let (cos, sin) = rope_tables(
+            positions,
+            self.cfg.head_dim(),
+            self.cfg.rope_theta(),
+            self.dtype,
+        )?;
+        let mask = match &step.read {
+            PagedRead::Gather {
+                key_valid, width, ..
+            } => Some(self.attn_mask(key_valid, width - t, t)?),
+            PagedRead::Table { .. } => None,
+        };
+        let mut x = self.embed.forward(ids)?;
+        for (i, block) in self.blocks.iter().enumerate() {
+            let pool = kv.layer(i).ok_or_else(|| {
+                candle_core::Error::Msg(format!("paged KV cache: no layer {i}"))
+            })?;
+            x = block.forward_paged(&x, &cos, &sin, mask.as_ref(), pool, step)?;
+        }
+        self.norm.forward(&x)
     }
 
     /// A forward and backward with gradient checkpointing per decoder layer (the manifests'

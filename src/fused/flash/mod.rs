@@ -42,6 +42,9 @@ use super::{
 
 #[cfg(feature = "cuda")]
 mod cuda;
+mod paged;
+
+pub use paged::{paged_applies, paged_attention_decode};
 
 /// The largest head dimension the kernels take (the paper's models use 128). Larger heads use
 /// the composed attention.
