@@ -527,7 +527,10 @@ mod tests {
         ));
         assert_eq!(c.len(), 32, "a failed append leaves the sequence as it was");
         check_counts(&pool, &[&a, &c]);
-        assert!(matches!(BlockPool::new(4, 48), Err(PagedError::BlockSize(48))));
+        assert!(matches!(
+            BlockPool::new(4, 48),
+            Err(PagedError::BlockSize(48))
+        ));
     }
 
     #[test]
@@ -567,13 +570,16 @@ mod tests {
     fn a_budget_gives_whole_blocks_and_refuses_too_little() {
         let cfg = tiny_config();
         let per = PagedKv::block_bytes(&cfg, 4, 32);
-        let kv = PagedKv::for_budget(&cfg, DType::F32, &Device::Cpu, 5 * per as u128 + 7, 32)
-            .unwrap();
+        let kv =
+            PagedKv::for_budget(&cfg, DType::F32, &Device::Cpu, 5 * per as u128 + 7, 32).unwrap();
         assert_eq!(kv.pool.capacity(), 4);
         let small = PagedKv::for_budget(&cfg, DType::F32, &Device::Cpu, per as u128, 32);
         assert!(matches!(
             small,
-            Err(crate::model::ModelError::Paged(PagedError::TooSmall { blocks: 1, .. }))
+            Err(crate::model::ModelError::Paged(PagedError::TooSmall {
+                blocks: 1,
+                ..
+            }))
         ));
     }
 

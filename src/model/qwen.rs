@@ -211,13 +211,24 @@ impl Attention {
         let out = match (&step.read, mask) {
             (PagedRead::Gather { index, width, .. }, Some(mask)) => {
                 let gather = |p: &Tensor| -> Result<Tensor> {
-                    Ok(p.index_select(index, 0)?
-                        .reshape((b, self.kv_heads, *width, self.head_dim))?)
+                    Ok(p.index_select(index, 0)?.reshape((
+                        b,
+                        self.kv_heads,
+                        *width,
+                        self.head_dim,
+                    ))?)
                 };
                 let (kb, vb) = (gather(&pool.0)?, gather(&pool.1)?);
                 self.attend(&q, &kb, &vb, *width, mask)?
             }
-            (PagedRead::Table { tables, lens, block }, _) => {
+            (
+                PagedRead::Table {
+                    tables,
+                    lens,
+                    block,
+                },
+                _,
+            ) => {
                 let paged = |p: &Tensor| -> Result<Tensor> {
                     let per = self.kv_heads * block;
                     Ok(p.reshape((p.dim(0)? / per, self.kv_heads, *block, self.head_dim))?)
@@ -412,14 +423,9 @@ impl Block {
         pool: &(Tensor, Tensor),
         step: &PagedStep,
     ) -> Result<Tensor> {
-        let a = self.attn.forward_paged(
-            &self.input_norm.forward(x)?,
-            cos,
-            sin,
-            mask,
-            pool,
-            step,
-        )?;
+        let a =
+            self.attn
+                .forward_paged(&self.input_norm.forward(x)?, cos, sin, mask, pool, step)?;
         let x = (x + a)?;
         Ok((&x + self.mlp.forward(&self.post_norm.forward(&x)?)?)?)
     }
@@ -870,9 +876,9 @@ impl Qwen {
         };
         let mut x = self.embed.forward(ids)?;
         for (i, block) in self.blocks.iter().enumerate() {
-            let pool = kv.layer(i).ok_or_else(|| {
-                candle_core::Error::Msg(format!("paged KV cache: no layer {i}"))
-            })?;
+            let pool = kv
+                .layer(i)
+                .ok_or_else(|| candle_core::Error::Msg(format!("paged KV cache: no layer {i}")))?;
             x = block.forward_paged(&x, &cos, &sin, mask.as_ref(), pool, step)?;
         }
         self.norm.forward(&x)

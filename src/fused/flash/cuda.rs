@@ -405,7 +405,8 @@ pub(super) fn paged_decode(
     let dtype = dtype_of(q.0);
     let sfx = suffix(dtype, what)?;
     let per16 = 16 / dtype.size_in_bytes();
-    let aligned = k.1.start_offset().is_multiple_of(per16) && v.1.start_offset().is_multiple_of(per16);
+    let aligned =
+        k.1.start_offset().is_multiple_of(per16) && v.1.start_offset().is_multiple_of(per16);
     if !matches!(dims.d, 64 | 128) || dims.h / dims.kv > PIPE_MAX_GROUP || !aligned {
         candle_core::bail!(
             "{what}: head dim {} with {} query heads per KV head (the kernel takes 64 or 128 and \
@@ -435,7 +436,11 @@ pub(super) fn paged_decode(
         if rows > 0 {
             let cpb = pipe_chunks_per_block(dims.b, dims.kv, nchunk);
             let smem = pipe_smem(dims.d, dtype);
-            let f = kernel!(dev, &format!("flash_decode_paged_d{}_{sfx}", dims.d), DECODE_PTX)?;
+            let f = kernel!(
+                dev,
+                &format!("flash_decode_paged_d{}_{sfx}", dims.d),
+                DECODE_PTX
+            )?;
             allow_smem(&f, smem)?;
             let ints = [
                 nchunk as i32,
@@ -447,7 +452,12 @@ pub(super) fn paged_decode(
                 dims.d as i32,
             ];
             let mut b = f.builder();
-            b.arg(&qv).arg(&kv).arg(&vv).arg(&tv).arg(&lv).arg(&mut part);
+            b.arg(&qv)
+                .arg(&kv)
+                .arg(&vv)
+                .arg(&tv)
+                .arg(&lv)
+                .arg(&mut part);
             for x in &ints {
                 b.arg(x);
             }

@@ -76,8 +76,13 @@ pub fn paged_attention_decode(
     }
     let host_lens = lens.to_vec1::<u32>()?;
     let longest = host_lens.iter().copied().max().unwrap_or(0) as usize;
-    if host_lens.iter().any(|&l| l == 0 || l as usize > nblk * block) {
-        candle_core::bail!("paged attention: row lengths {host_lens:?} for tables of {nblk} blocks of {block}");
+    if host_lens
+        .iter()
+        .any(|&l| l == 0 || l as usize > nblk * block)
+    {
+        candle_core::bail!(
+            "paged attention: row lengths {host_lens:?} for tables of {nblk} blocks of {block}"
+        );
     }
     let dims = PagedDims {
         b,
@@ -218,7 +223,9 @@ mod tests {
         let s = 70;
         let mut x = 1u64;
         let mut rnd = || {
-            x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            x = x
+                .wrapping_mul(6364136223846793005)
+                .wrapping_add(1442695040888963407);
             ((x >> 33) as f32 / (1u64 << 31) as f32) - 0.5
         };
         let q: Vec<f32> = (0..b * h * d).map(|_| rnd()).collect();
@@ -256,8 +263,9 @@ mod tests {
         let tt = Tensor::from_vec(tables.clone(), (b, nblk), &dev).unwrap();
         let lt = Tensor::from_vec(lens.map(|l| l as u32).to_vec(), b, &dev).unwrap();
         let scale = 1.0 / (d as f64).sqrt();
-        let paged = paged_attention_decode(&qt, &pool(kp.clone()), &pool(vp.clone()), &tt, &lt, scale)
-            .unwrap();
+        let paged =
+            paged_attention_decode(&qt, &pool(kp.clone()), &pool(vp.clone()), &tt, &lt, scale)
+                .unwrap();
         let bits = |t: &Tensor| -> Vec<u32> {
             t.flatten_all()
                 .unwrap()
@@ -297,7 +305,10 @@ mod tests {
         let mut bad = tables;
         bad[0] = blocks as u32;
         let bt = Tensor::from_vec(bad, (b, nblk), &dev).unwrap();
-        assert!(paged_attention_decode(&qt, &pool(kp.clone()), &pool(vp.clone()), &bt, &lt, scale).is_err());
+        assert!(
+            paged_attention_decode(&qt, &pool(kp.clone()), &pool(vp.clone()), &bt, &lt, scale)
+                .is_err()
+        );
         // So is a row longer than its table.
         let long = Tensor::from_vec(vec![5u32, 40, 97], b, &dev).unwrap();
         assert!(paged_attention_decode(&qt, &pool(kp), &pool(vp), &tt, &long, scale).is_err());
