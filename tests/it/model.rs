@@ -1064,9 +1064,12 @@ fn the_kv_cache_is_allocated_once_and_written_in_place() {
     assert!(max_abs_diff(&last, &want) < 1e-4);
 }
 
+/// Prompts, their sample keys, the sampling and the end-of-sequence tokens.
+type SamplingCase = (Vec<Vec<u32>>, Vec<[u64; 4]>, SamplingParams, Vec<u32>);
+
 /// Ragged prompts, a tenth of the vocabulary ending a sequence: sequences finish at different
 /// steps, so prompts join a batch part-way through decoding.
-fn paged_case() -> (Vec<Vec<u32>>, Vec<[u64; 4]>, SamplingParams, Vec<u32>) {
+fn paged_case() -> SamplingCase {
     let prompts: Vec<Vec<u32>> = vec![
         vec![5, 17, 99],
         vec![1, 2, 3, 4, 5, 6, 7],
