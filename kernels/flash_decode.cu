@@ -17,6 +17,11 @@
 //   block takes `cpb` consecutive chunks, its ring running on across them, and the host picks
 //   cpb to fill the GPU: it changes which block computes a chunk, never a result bit.
 //
+// `flash_decode_paged_*` is the same kernel over a paged KV cache (src/model/paged.rs): the
+// pool (blocks, KV, block, DH) read through each row's block table, the row's keys from its
+// first position (FdpPaged); only where a key's bytes are fetched from differs, so a row read
+// through its table has the dense kernel's bits on the same keys (kernels/check/flash_check.cu).
+//
 // So a row's attention depends only on its own keys, their positions from its first valid key,
 // and its valid bits: not on its batch (other rows, left padding, the buffer's capacity) nor on
 // cpb. kernels/check/flash_check.cu checks the bits of a row alone against the same row in a

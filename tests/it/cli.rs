@@ -270,6 +270,16 @@ fn model_init_then_generate_samples_with_the_real_tokenizer_and_chat_template() 
     let first = text.clone();
     assert!(acpo(&args, repo()).status.success());
     assert_eq!(std::fs::read_to_string(&jsonl).expect("output"), first);
+    // Over the paged cache (the three completions sharing the prompt's prefill and blocks):
+    // the same completions.
+    let paged: Vec<&str> = args.iter().copied().chain(["--paged-kv"]).collect();
+    let out = acpo(&paged, repo());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(std::fs::read_to_string(&jsonl).expect("output"), first);
     // A model directory without a tokenizer is one clear error, exit 2.
     std::fs::remove_file(model.join("tokenizer.json")).expect("rm");
     let out = acpo(
