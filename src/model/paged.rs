@@ -30,6 +30,10 @@ pub const BLOCK: usize = 32;
 /// The block that is never allocated (padding is written to and read from it).
 const SCRATCH: u32 = 0;
 
+/// Rows a prefill's store writes at once ([`PagedKv::store`]): 32 MB of scatter index at a head
+/// dim of 128.
+const STORE_ROWS: usize = 1 << 16;
+
 /// Why the paged cache could not do what was asked.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PagedError {
@@ -410,6 +414,16 @@ impl PagedKv {
         layers: &[(Tensor, Tensor)],
         dest: &[(u32, usize)],
     ) -> crate::model::Result<()> {
+        self.store_by(layers, dest, STORE_ROWS)
+    }
+
+    /// [`PagedKv::store`], `chunk` rows at a time.
+    fn store_by(
+        &self,
+        layers: &[(Tensor, Tensor)],
+        dest: &[(u32, usize)],
+        chunk: usize,
+    ) -> crate::model::Result<()> {
         let Some((k0, _)) = layers.first() else {
             return Ok(());
         };
@@ -437,11 +451,22 @@ impl PagedKv {
                 }
             }
         }
-        let index = self.write_index(&rows, k0.device())?;
-        for (i, (k, v)) in layers.iter().enumerate() {
-            let flat = |x: &Tensor| x.contiguous()?.reshape((b * kv * t, d));
-            self.write(i, 0, &flat(k)?, &index)?;
-            self.write(i, 1, &flat(v)?, &index)?;
+        // The scatter's index repeats each row's destination over the head dim: a prefill of
+        // many long prompts writes it a chunk of rows at a time, not all at once.
+        let flat: Vec<(Tensor, Tensor)> = layers
+            .iter()
+            .map(|(k, v)| {
+                let f = |x: &Tensor| x.contiguous()?.reshape((b * kv * t, d));
+                Ok((f(k)?, f(v)?))
+            })
+            .collect::<candle_core::Result<_>>()?;
+        for (n, part) in rows.chunks(chunk.max(1)).enumerate() {
+            let index = self.write_index(part, k0.device())?;
+            let at = n * chunk.max(1);
+            for (i, (k, v)) in flat.iter().enumerate() {
+                self.write(i, 0, &k.narrow(0, at, part.len())?, &index)?;
+                self.write(i, 1, &v.narrow(0, at, part.len())?, &index)?;
+            }
         }
         Ok(())
     }
@@ -599,8 +624,13 @@ mod tests {
             .map(|_| (k.clone(), (&k * 2.0).unwrap()))
             .collect();
         let blk = seq.table()[0];
-        kv.store(&layers, &[(SCRATCH, 0), (blk, 0), (blk, 1)])
-            .unwrap();
+        let dest = [(SCRATCH, 0), (blk, 0), (blk, 1)];
+        kv.store(&layers, &dest).unwrap();
+        // a store a few rows at a time writes the same pool
+        let whole = kv.layer(1).unwrap().0.to_vec2::<f32>().unwrap();
+        let other = PagedKv::new(&cfg, DType::F32, &Device::Cpu, 4, 32).unwrap();
+        other.store_by(&layers, &dest, 4).unwrap();
+        assert_eq!(other.layer(1).unwrap().0.to_vec2::<f32>().unwrap(), whole);
         let pool_k = kv.layer(1).unwrap().0.to_vec2::<f32>().unwrap();
         let pool_v = kv.layer(1).unwrap().1.to_vec2::<f32>().unwrap();
         for h in 0..g {
