@@ -118,7 +118,7 @@ fn pool(
 }
 
 /// [`super::generate`] over a paged cache (see the module).
-pub(super) fn decode_all_paged(
+pub fn decode_all_paged(
     model: &Qwen,
     prompts: &[Vec<u32>],
     keys: &[SampleKey],

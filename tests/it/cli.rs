@@ -270,16 +270,6 @@ fn model_init_then_generate_samples_with_the_real_tokenizer_and_chat_template() 
     let first = text.clone();
     assert!(acpo(&args, repo()).status.success());
     assert_eq!(std::fs::read_to_string(&jsonl).expect("output"), first);
-    // Over the paged cache (the three completions sharing the prompt's prefill and blocks):
-    // the same completions.
-    let paged: Vec<&str> = args.iter().copied().chain(["--paged-kv"]).collect();
-    let out = acpo(&paged, repo());
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    assert_eq!(std::fs::read_to_string(&jsonl).expect("output"), first);
     // A model directory without a tokenizer is one clear error, exit 2.
     std::fs::remove_file(model.join("tokenizer.json")).expect("rm");
     let out = acpo(
@@ -294,6 +284,58 @@ fn model_init_then_generate_samples_with_the_real_tokenizer_and_chat_template() 
     );
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("tokenizer.json"));
+}
+
+#[test]
+fn generate_over_the_paged_kv_cache_writes_the_same_completions() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let model = dir.path().join("tiny");
+    let config = repo().join("tests/fixtures/tiny-qwen3/config.json");
+    let init = [
+        "model",
+        "init",
+        "--config",
+        config.to_str().expect("utf8"),
+        "--out",
+        model.to_str().expect("utf8"),
+        "--char-tokenizer",
+    ];
+    let out = acpo(&init, repo());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let jsonl = dir.path().join("out.jsonl");
+    let args = [
+        "generate",
+        "--model",
+        model.to_str().expect("utf8"),
+        "--prompt",
+        "2 + 2 =",
+        "--n",
+        "4",
+        "--max-new-tokens",
+        "40",
+        "--seed",
+        "5",
+        "--output",
+        jsonl.to_str().expect("utf8"),
+    ];
+    let run = |extra: &[&str]| -> String {
+        let all: Vec<&str> = args.iter().chain(extra).copied().collect();
+        let out = acpo(&all, repo());
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::fs::read_to_string(&jsonl).expect("output")
+    };
+    let dense = run(&[]);
+    assert_eq!(dense.lines().count(), 4);
+    // The four completions share the prompt's prefill and blocks: the same completions.
+    assert_eq!(run(&["--paged-kv"]), dense);
 }
 
 #[test]

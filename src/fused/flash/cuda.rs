@@ -394,7 +394,7 @@ fn decode<T: CudaDType>(
 /// keys from each row's first, [`pipe_chunks_per_block`] a block), then the combine in chunk
 /// order. O in the storage dtype of q.
 pub(super) fn paged_decode(
-    dims: &super::paged::PagedDims,
+    dims: &super::PagedDims,
     q: Arg,
     k: Arg,
     v: Arg,

@@ -121,6 +121,22 @@ impl FlashDims {
     }
 }
 
+/// The shapes of one paged decode: q `(B, H, 1, D)`, pools `(blocks, KV, block, D)`, tables
+/// `(B, nblk)`.
+#[derive(Debug, Clone, Copy)]
+pub struct PagedDims {
+    pub b: usize,
+    pub h: usize,
+    pub kv: usize,
+    pub d: usize,
+    pub blocks: usize,
+    pub block: usize,
+    pub nblk: usize,
+    /// The longest row's keys.
+    pub longest: usize,
+    pub scale: f32,
+}
+
 /// Whether the flash kernels take attention on `device` in `dtype` with this head dim: CPU f32
 /// (the twin), or CUDA f32/bf16, head dim ≤ [`FLASH_MAX_HEAD_DIM`].
 pub fn flash_applies(device: &Device, dtype: DType, head_dim: usize) -> bool {

@@ -9,23 +9,7 @@
 use candle_core::{CpuStorage, CustomOp3, DType, Device, Layout, Result, Shape, Tensor};
 
 use super::super::{exp_shifted_in_place, row_max, slice_f32};
-use super::{dot, map_rows, FLASH_MAX_HEAD_DIM};
-
-/// The shapes of one paged decode: q `(B, H, 1, D)`, pools `(blocks, KV, block, D)`, tables
-/// `(B, nblk)`.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct PagedDims {
-    pub b: usize,
-    pub h: usize,
-    pub kv: usize,
-    pub d: usize,
-    pub blocks: usize,
-    pub block: usize,
-    pub nblk: usize,
-    /// The longest row's keys.
-    pub longest: usize,
-    pub scale: f32,
-}
+use super::{dot, map_rows, PagedDims, FLASH_MAX_HEAD_DIM};
 
 /// Whether [`paged_attention_decode`] runs on `device` in `dtype` without gathering: the CPU
 /// twin (f32), or CUDA's kernel (f32 or bf16, head dim 64 or 128, at most 8 query heads per
