@@ -11,7 +11,7 @@
 //!   prompt block is ever copied, full blocks are never written again).
 //! - Running out is an error ([`PagedError::Exhausted`]), never a panic; the sampler
 //!   ([`crate::rollout`]) admits prompts while blocks are free and gives a sequence's blocks
-//!   back to the pool when it finishes or is preempted.
+//!   back to the pool when it finishes.
 //!
 //! Layout: a layer's K (and V) is one `(blocks · KV · BLOCK, D)` tensor, block b's head g
 //! holding rows `(b · KV + g) · BLOCK ..`: each (block, head) is `BLOCK · D` contiguous numbers,

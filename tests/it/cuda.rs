@@ -869,7 +869,9 @@ fn the_paged_cache_on_cuda_gives_the_dense_engines_tokens() {
     };
     let eos: Vec<u32> = (0..6).collect();
     for dtype in [DType::F32, DType::BF16] {
-        let params = init::random_params(&cfg, 11, dtype, &gpu).expect("weights");
+        let params = init::random_params(&cfg, 11, DType::F32, &gpu)
+            .expect("weights")
+            .with_compute(dtype);
         let model = Qwen::new(&cfg, &params, true).expect("model");
         for slots in [None, Some(3)] {
             let request = || {
