@@ -173,7 +173,7 @@ decode-predict:
     cargo run --release -- bench decode-predict --measured results/gpu --out "$(mktemp -d)" --doc docs/CUDA.md
 
 # The GPU blocks of docs/CUDA.md and REPRODUCE.md from one run of the GPU suite: its report
-# files (gpu-results.md, gpu-targets.md), then the docs' blocks filled from them.
+# files (gpu-results.md, gpu-targets.md, gpu-step-parts.md), then the docs' blocks filled from them.
 [group('cuda')]
 gpu-report DIR:
     python3 tools/gpu/report.py {{DIR}}

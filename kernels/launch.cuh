@@ -16,6 +16,12 @@
 #define RMS_DW_GROUPS 8
 #define RMS_DW_ROWS 256
 
+// The decode step's fused chain (decode_chain.cu): threads per (row, head) block of the
+// q/k norm + RoPE + cache write (a multiple of 32, as block_sum needs), and the largest head
+// dim it takes (its shared row).
+#define DEC_THREADS 128
+#define DEC_MAXD 256
+
 // AdamW's whole-model step (adamw.cu): parameter elements per block (a tensor's chunk) and
 // threads per block (a power of two: its float64 norm reduction halves it).
 #define ADAMW_CHUNK 16384

@@ -7,6 +7,17 @@
 //!   675 / 230 for the full benchmarks; this reproduces the paper's weighted column).
 //! - Unbiased pass@j (Chen et al. 2021): 1 − C(k − c, j)/C(k, j), averaged over problems.
 //! - Per-problem pass rates are kept: they define easy / medium / hard for the r·Â histograms.
+//! - maj@k ([`maj_at_k`], `acpo eval` only): per problem, a majority vote over its k samples'
+//!   extracted answers; the problem counts as correct when the verdict of the winning answer is.
+//!   Answers vote together when their extracted strings are equal (the string the verifier
+//!   extracted, as verl votes on the reward's `pred` and lighteval on the extracted answer), not
+//!   when the verifier finds them equivalent: that relation is not transitive (numeric
+//!   tolerances), so classes built from it would depend on the order of the samples. A sample with
+//!   no extracted answer does not vote; a problem with none counts as wrong. Ties go to the answer
+//!   whose first sample comes first (lowest sample index), which is what verl's `calc_maj_val`
+//!   and lighteval's `MajAtK` pick too; the winner's verdict is that of its first sample. Unlike
+//!   verl (a bootstrap estimate over subsets of n samples) it is exact, over all k samples.
+//!   Training's `eval.jsonl` has no maj@k: it keeps no per-sample answers to vote on.
 //!
 //! Sampling is seeded per (seed, benchmark, problem, sample), independent of batching.
 
@@ -50,6 +61,10 @@ pub struct BenchResult {
     pub pass_at: BTreeMap<usize, f64>,
     /// Fraction correct per problem id.
     pub pass_rates: BTreeMap<String, f64>,
+    /// maj@k in [0, 1] ([`maj_at_k`]): set by `acpo eval` from its samples, absent from
+    /// training's evaluations (and then not written).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub maj_at_k: Option<f64>,
 }
 
 /// The evaluation of one checkpoint.
@@ -105,7 +120,51 @@ pub fn bench_result(name: &str, ids: &[String], correct: &[Vec<bool>]) -> BenchR
         avg_at_k: sum / ids.len().max(1) as f64,
         pass_at: pass,
         pass_rates,
+        maj_at_k: None,
     }
+}
+
+/// The sample whose answer wins a majority vote over one problem's samples, given in sample
+/// order as (extracted answer, verdict): answers vote together when their strings are equal, a
+/// sample with no answer does not vote, a tie goes to the answer seen first. None when no sample
+/// has an answer.
+pub fn majority_vote<'a>(answers: impl IntoIterator<Item = Option<&'a str>>) -> Option<usize> {
+    // answer -> (votes, first sample)
+    let mut votes: BTreeMap<&str, (usize, usize)> = BTreeMap::new();
+    for (i, a) in answers.into_iter().enumerate() {
+        if let Some(a) = a {
+            votes.entry(a).or_insert((0, i)).0 += 1;
+        }
+    }
+    votes
+        .into_values()
+        .max_by(|(n, first), (m, other)| n.cmp(m).then(other.cmp(first)))
+        .map(|(_, first)| first)
+}
+
+/// maj@k per benchmark from an evaluation's samples (module docs): the fraction of problems
+/// whose majority answer is correct. Samples are taken in sample order within each problem,
+/// whatever order the records come in.
+pub fn maj_at_k(records: &[SampleRecord]) -> BTreeMap<String, f64> {
+    let mut problems: BTreeMap<(&str, &str), Vec<&SampleRecord>> = BTreeMap::new();
+    for r in records {
+        problems
+            .entry((&r.benchmark, &r.problem_id))
+            .or_default()
+            .push(r);
+    }
+    let mut tally: BTreeMap<String, (usize, usize)> = BTreeMap::new();
+    for ((bench, _), mut samples) in problems {
+        samples.sort_by_key(|r| r.sample_index);
+        let winner = majority_vote(samples.iter().map(|r| r.extracted.as_deref()));
+        let entry = tally.entry(bench.to_string()).or_default();
+        entry.0 += usize::from(winner.is_some_and(|i| samples[i].correct));
+        entry.1 += 1;
+    }
+    tally
+        .into_iter()
+        .map(|(b, (right, n))| (b, right as f64 / n as f64))
+        .collect()
 }
 
 /// Weighted accuracy and metric names over per-benchmark results.
@@ -254,6 +313,7 @@ pub fn evaluate_into(
     )?;
     let policy = Qwen::new(&loaded.cfg, &loaded.params, true)?;
     let (summary, records) = evaluate(&policy, &loaded.tokenizer, exp, data, step, progress)?;
+    let summary = summary.with_majority(&records);
     let write = |name: &str, body: String| crate::atomic::write_in(out, name, body.as_bytes());
     let lines = records
         .iter()
@@ -268,15 +328,41 @@ pub fn evaluate_into(
 }
 
 impl EvalSummary {
+    /// Adds maj@k ([`maj_at_k`]) of each benchmark from the evaluation's samples, with verl's
+    /// metric names: `val-core/<benchmark>/acc/maj@k/mean` and the problem-weighted
+    /// `val-core/weighted/acc/maj@k/mean`.
+    pub fn with_majority(mut self, records: &[SampleRecord]) -> EvalSummary {
+        let maj = maj_at_k(records);
+        let (mut sum, mut total) = (0.0, 0);
+        for b in &mut self.benchmarks {
+            let v = maj.get(&b.benchmark).copied().unwrap_or(0.0);
+            b.maj_at_k = Some(v);
+            self.metrics
+                .insert(format!("val-core/{}/acc/maj@{}/mean", b.benchmark, b.k), v);
+            sum += v * b.problems as f64;
+            total += b.problems;
+        }
+        let k = self.benchmarks.first().map_or(0, |b| b.k);
+        self.metrics.insert(
+            format!("val-core/weighted/acc/maj@{k}/mean"),
+            sum / total.max(1) as f64,
+        );
+        self
+    }
+
     /// A line per benchmark and the weighted accuracy, for the user.
     pub fn describe(&self) -> String {
         let mut s = String::new();
         for b in &self.benchmarks {
             let (name, n, k) = (&b.benchmark, b.problems, b.k);
             s.push_str(&format!(
-                "{name:<14} {n:>4} problems  avg@{k} {:6.2} %\n",
+                "{name:<14} {n:>4} problems  avg@{k} {:6.2} %",
                 100.0 * b.avg_at_k
             ));
+            if let Some(maj) = b.maj_at_k {
+                s.push_str(&format!("  maj@{k} {:6.2} %", 100.0 * maj));
+            }
+            s.push('\n');
         }
         s.push_str(&format!(
             "weighted accuracy {:.2} %\n",

@@ -21,6 +21,7 @@
 // tests/it/kernels.rs runs the CPU build in `cargo test` (and once more built with
 // AddressSanitizer). Tolerances are relative L2 errors: f32 outputs 1e-5, bf16
 // outputs 1e-2 (their rounding alone is ~2e-3).
+#include "decode_chain.cu"
 #include "log_probs.cu"
 #include "rms_norm.cu"
 #include "rope.cu"
@@ -217,6 +218,116 @@ static void check_rope(int B, int H, int Tn, int D, bool x_heads, bool y_heads, 
   snprintf(what, sizeof what, "rope %s %s->%s sign %+.0f %dx%dx%dx%d", tname<T>(),
            x_heads ? "BHTD" : "BTHD", y_heads ? "BHTD" : "BTHD", sign, B, H, Tn, D);
   report(what, rel_err(out.get(), y), tol<T>());
+}
+
+// ---- the decode step's fused chain: q/k RMSNorm + RoPE + the KV cache's new column, and the
+// residual add + RMSNorm
+
+template <typename T>
+static void check_qk_norm_rope_cache(int B, int H, int KV, int D, int cap, int col, bool norm) {
+  const float eps = 1e-6f;
+  const auto q = randoms<T>((size_t)B * H * D, 2.0f), k = randoms<T>((size_t)B * KV * D, 2.0f),
+             v = randoms<T>((size_t)B * KV * D, 1.0f), qw = randoms<T>(D, 1.0f),
+             kw = randoms<T>(D, 1.0f);
+  std::vector<float> cs((size_t)B * D), sn(cs.size());
+  for (int b = 0; b < B; ++b)
+    for (int j = 0; j < D / 2; ++j) {
+      const float a = rnd() * 3.0f;
+      for (int i : {j, j + D / 2}) {
+        cs[(size_t)b * D + i] = Buf<T>::to_host(Buf<T>::from_host(std::cos(a)));
+        sn[(size_t)b * D + i] = Buf<T>::to_host(Buf<T>::from_host(std::sin(a)));
+      }
+    }
+  // the cache holds earlier columns the kernel must leave as they are
+  const auto kc0 = randoms<T>((size_t)B * KV * cap * D, 1.0f), vc0 = randoms<T>(kc0.size(), 1.0f);
+  const int half = D / 2;
+  // normalised and rotated: x's row of D at `x`, its weight, into `out`
+  auto reference = [&](const float* x, const std::vector<float>& w) {
+    std::vector<double> nv(D);
+    double ss = 0;
+    for (int j = 0; j < D; ++j) ss += (double)x[j] * x[j];
+    const double r = norm ? 1.0 / std::sqrt(ss / D + eps) : 1.0;
+    for (int j = 0; j < D; ++j) nv[j] = norm ? x[j] * r * w[j] : x[j];
+    return nv;
+  };
+  std::vector<double> qref((size_t)B * H * D), kref((size_t)B * KV * D), vref((size_t)B * KV * D);
+  auto rotate = [&](const std::vector<double>& nv, int b, double* out) {
+    for (int j = 0; j < half; ++j) {
+      const double c = cs[(size_t)b * D + j], s = sn[(size_t)b * D + j];
+      out[j] = nv[j] * c - nv[half + j] * s;
+      out[half + j] = nv[half + j] * c + nv[j] * s;
+    }
+  };
+  for (int b = 0; b < B; ++b) {
+    for (int h = 0; h < H; ++h)
+      rotate(reference(&q[((size_t)b * H + h) * D], qw), b, &qref[((size_t)b * H + h) * D]);
+    for (int h = 0; h < KV; ++h) {
+      rotate(reference(&k[((size_t)b * KV + h) * D], kw), b, &kref[((size_t)b * KV + h) * D]);
+      for (int j = 0; j < D; ++j) vref[((size_t)b * KV + h) * D + j] = v[((size_t)b * KV + h) * D + j];
+    }
+  }
+  Buf<T> dq(q), dk(k), dv(v), dqw(qw), dkw(kw), dc(cs), ds(sn), qo((size_t)B * H * D), kc(kc0), vc(vc0);
+  const size_t row_stride = (size_t)KV * cap * D, head_stride = (size_t)cap * D, c = col;
+  const int nm = norm;
+  const dim3 grid(B * (H + 2 * KV));
+  if constexpr (sizeof(T) == 4)
+    LAUNCH(qk_norm_rope_cache_f32, grid, dim3(DEC_THREADS), 0, dq.d, dk.d, dv.d, dqw.d, dkw.d, dc.d,
+           ds.d, qo.d, kc.d, vc.d, H, KV, D, eps, nm, row_stride, head_stride, c);
+  else
+    LAUNCH(qk_norm_rope_cache_bf16, grid, dim3(DEC_THREADS), 0, dq.d, dk.d, dv.d, dqw.d, dkw.d, dc.d,
+           ds.d, qo.d, kc.d, vc.d, H, KV, D, eps, nm, row_stride, head_stride, c);
+  const auto kgot = kc.get(), vgot = vc.get();
+  // the new column against the reference; every other column unchanged, bit for bit
+  std::vector<float> kcol, vcol;
+  size_t moved = 0;
+  for (int b = 0; b < B; ++b)
+    for (int h = 0; h < KV; ++h)
+      for (int t = 0; t < cap; ++t)
+        for (int j = 0; j < D; ++j) {
+          const size_t i = ((size_t)(b * KV + h) * cap + t) * D + j;
+          if (t == col) {
+            kcol.push_back(kgot[i]);
+            vcol.push_back(vgot[i]);
+          } else if (!(kgot[i] == kc0[i] && vgot[i] == vc0[i])) {
+            moved++;
+          }
+        }
+  char what[112];
+  snprintf(what, sizeof what, "qk_norm_rope_cache %s q %dx%dx%d%s", tname<T>(), B, H, D, norm ? "" : " no norm");
+  report(what, rel_err(qo.get(), qref), tol<T>());
+  snprintf(what, sizeof what, "qk_norm_rope_cache %s k col %d of %d, kv %d", tname<T>(), col, cap, KV);
+  report(what, rel_err(kcol, kref), tol<T>());
+  snprintf(what, sizeof what, "qk_norm_rope_cache %s v copied, the rest kept", tname<T>());
+  report(what, moved ? INFINITY : rel_err(vcol, vref), 0.0);
+}
+
+template <typename T>
+static void check_add_rms_norm(int rows, int n) {
+  const float eps = 1e-6f;
+  const auto x = randoms<T>((size_t)rows * n, 2.0f), a = randoms<T>((size_t)rows * n, 2.0f),
+             w = randoms<T>(n, 1.0f);
+  std::vector<double> hs(x.size()), y(x.size());
+  for (int i = 0; i < rows; ++i) {
+    double ss = 0;
+    for (int j = 0; j < n; ++j) {
+      const size_t e = (size_t)i * n + j;
+      // the sum as the storage type holds it: what the add's kernel writes and the norm reads
+      hs[e] = Buf<T>::to_host(Buf<T>::from_host(x[e] + a[e]));
+      ss += hs[e] * hs[e];
+    }
+    const double r = 1.0 / std::sqrt(ss / n + eps);
+    for (int j = 0; j < n; ++j) y[(size_t)i * n + j] = hs[(size_t)i * n + j] * r * w[j];
+  }
+  Buf<T> dx(x), da(a), dw(w), dh(x.size()), dy(x.size());
+  if constexpr (sizeof(T) == 4)
+    LAUNCH(add_rms_norm_f32, dim3(rows), dim3(ROW_THREADS), 0, dx.d, da.d, dw.d, dh.d, dy.d, n, eps);
+  else
+    LAUNCH(add_rms_norm_bf16, dim3(rows), dim3(ROW_THREADS), 0, dx.d, da.d, dw.d, dh.d, dy.d, n, eps);
+  char what[96];
+  snprintf(what, sizeof what, "add_rms_norm %s sum %dx%d", tname<T>(), rows, n);
+  report(what, rel_err(dh.get(), hs), 0.0);
+  snprintf(what, sizeof what, "add_rms_norm %s norm %dx%d", tname<T>(), rows, n);
+  report(what, rel_err(dy.get(), y), tol<T>());
 }
 
 // ---- attention softmax: x (B, H, T, n), bias (B, T, n)
@@ -533,6 +644,18 @@ static void check_all() {
       check_rope<float>(s[0], s[1], s[2], s[3], xh, yh, sign);
       check_rope<bf>(s[0], s[1], s[2], s[3], xh, yh, sign);
     }
+  // the decode chain: Qwen3's shape (16 q heads over 8 KV heads of 128), a head dim above the
+  // block (two passes a thread), a tiny one, Qwen2's (no q/k norm); the new column first, inside
+  // the buffer and last
+  const int chains[][6] = {{3, 16, 8, 128, 9, 4}, {2, 4, 2, 160, 3, 0}, {1, 2, 1, 16, 5, 4}, {2, 6, 2, 64, 2, 1}};
+  for (const auto& c : chains) {
+    check_qk_norm_rope_cache<float>(c[0], c[1], c[2], c[3], c[4], c[5], c[3] != 64);
+    check_qk_norm_rope_cache<bf>(c[0], c[1], c[2], c[3], c[4], c[5], c[3] != 64);
+  }
+  for (const auto& s : norms) {
+    check_add_rms_norm<float>(s[0], s[1]);
+    check_add_rms_norm<bf>(s[0], s[1]);
+  }
   const int softmaxes[][4] = {{1, 1, 1, 1}, {2, 3, 9, 13}, {2, 2, 5, 300}};
   for (const auto& s : softmaxes) {
     check_softmax<float>(s[0], s[1], s[2], s[3]);

@@ -24,9 +24,11 @@ Reward functions with each framework's own signature:
 - TRL: `acpo.trl.accuracy_reward`;
 - OpenRLHF: `acpo.openrlhf.reward_func`;
 - code written against Math-Verify: `acpo.math_verify_compat.parse` / `.verify`.
+
+Evaluation conventions: `maj_at_k` (and `majority_vote`) vote as `acpo eval` does.
 """
 import os
-from typing import List, NamedTuple, Optional, Sequence, Union
+from typing import Dict, Iterable, List, NamedTuple, Optional, Sequence, Union
 
 from . import _native
 
@@ -36,7 +38,8 @@ from . import _native
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_native._after_fork_in_child)
 
-__all__ = ["verify", "score_batch", "judge", "judge_batch", "Verdict", "WORK_BUDGET", "MAX_BATCH"]
+__all__ = ["verify", "score_batch", "judge", "judge_batch", "majority_vote", "maj_at_k", "Verdict", "WORK_BUDGET",
+           "MAX_BATCH"]
 
 Gold = Union[str, int, float]
 
@@ -83,3 +86,42 @@ def score_batch(golds: Sequence[Gold], answers: Sequence[str]) -> List[float]:
 def judge_batch(golds: Sequence[Gold], answers: Sequence[str]) -> List[Verdict]:
     """The verdict of every pair in full (`judge`'s), judged on every core."""
     return [Verdict(*v) for v in _native.judge_all(golds, answers)]
+
+
+def majority_vote(answers: Iterable[Optional[str]]) -> Optional[int]:
+    """The index of the sample whose answer wins a majority vote, as `acpo eval`'s maj@k votes.
+
+    `answers` are the samples' extracted answers in sample order (`Verdict.extracted`). Equal
+    strings vote together (the verifier's equivalence is not transitive, so classes built from it
+    would depend on the samples' order); None (no answer) does not vote; a tie goes to the answer
+    seen first, which is what verl's `calc_maj_val` and lighteval's `MajAtK` pick. None when no
+    sample has an answer.
+    """
+    votes: Dict[str, List[int]] = {}  # answer -> [count, first index]
+    for i, answer in enumerate(answers):
+        if answer is None:
+            continue
+        if not isinstance(answer, str):
+            raise TypeError(f"answers[{i}] must be str or None, not {type(answer).__name__}")
+        votes.setdefault(answer, [0, i])[0] += 1
+    if not votes:
+        return None
+    return max(votes.values(), key=lambda v: (v[0], -v[1]))[1]
+
+
+def maj_at_k(gold: Gold, responses: Sequence[str]) -> float:
+    """maj@k of one problem: 1.0 when the majority answer of its k `responses` states `gold`.
+
+    Each response is judged (`judge_batch`); the winner of `majority_vote` over the extracted
+    answers decides, by the verdict of its first sample; 0.0 when no response has an answer. The
+    mean over problems is the benchmark's maj@k, exact over the k samples (verl reports a
+    bootstrap estimate of it, `maj@k/mean`).
+    """
+    if isinstance(responses, str):
+        raise TypeError("responses must be a sequence of str, not one str")
+    responses = list(responses)
+    if not responses:
+        raise ValueError("responses is empty: maj@k needs k >= 1 samples")
+    verdicts = judge_batch([gold] * len(responses), responses)
+    winner = majority_vote(v.extracted for v in verdicts)
+    return 1.0 if winner is not None and verdicts[winner].correct else 0.0

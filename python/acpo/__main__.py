@@ -1,4 +1,6 @@
-"""`python -m acpo score FILE.jsonl`: every line's answer judged against its gold answer.
+"""`python -m acpo score FILE.jsonl`: every line's answer judged against its gold answer;
+`python -m acpo track RUN_DIR --to wandb|tensorboard|mlflow [--follow]`: a run into a tracker
+(acpo.track).
 
 Each line of FILE (`-` for standard input) is a JSON object with the gold answer (`gold`, or
 `--gold-key`) and the response (`answer`, or `--answer-key`); every other field is kept. Each
@@ -87,17 +89,22 @@ def score(args):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(prog="python -m acpo", description="acpo's math answer verifier")
+    parser = argparse.ArgumentParser(prog="python -m acpo", description="acpo's math answer verifier, and runs into trackers")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("score", help="judge the answers of a JSONL file against their gold answers")
     p.add_argument("file", help="a JSONL file, one object per line ('-': standard input)")
     p.add_argument("--gold-key", default="gold", help="the field of the gold answer (default: gold)")
     p.add_argument("--answer-key", default="answer", help="the field of the response (default: answer)")
     p.add_argument("--output", "-o", help="write the judged lines here instead of standard output")
+    from . import track
+
+    track.add_parser(sub)
     args = parser.parse_args(argv)
     try:
+        if args.command == "track":
+            return track.main(args)
         score(args)
-    except InputError as e:
+    except (InputError, track.TrackError) as e:
         print(f"error: {e}", file=sys.stderr)
         return USAGE_ERROR
     return 0

@@ -70,7 +70,7 @@ pub enum Command {
     Generate(GenerateArgs),
     /// Score responses against gold answers with the math verifier.
     Score(ScoreArgs),
-    /// Evaluate a model with Avg@k on the manifest's benchmarks.
+    /// Evaluate a model with Avg@k, pass@k and maj@k on the manifest's benchmarks.
     Eval(EvalArgs),
     /// Build Table 1, accuracy/entropy curves, r·A tail histograms and speedups from results/.
     Report(ReportArgs),
@@ -722,6 +722,24 @@ pub enum ModelCommand {
         /// Also copy a real tokenizer: the tokenizer.json and tokenizer_config.json of this
         /// directory (its vocabulary must fit the config's vocab_size).
         #[arg(long, conflicts_with_all = ["char_tokenizer", "bpe_tokenizer"])]
+        tokenizer_from: Option<PathBuf>,
+    },
+    /// A model directory transformers loads whole (AutoModelForCausalLM and AutoTokenizer):
+    /// config.json, the weights, the tokenizer's files and a generation_config.json.
+    ///
+    /// SOURCE is a run directory (its latest complete checkpoint, or --step's; the tokenizer of
+    /// its manifest's model) or a model directory in HF layout. OUT must not exist.
+    Export {
+        /// A run directory (holding manifest.yaml) or a model directory (config.json + weights).
+        source: PathBuf,
+        #[arg(long)]
+        out: PathBuf,
+        /// The checkpoint of this step (run directories only; default: the latest).
+        #[arg(long, value_parser = flags::from_zero(flags::MAX_STEPS))]
+        step: Option<usize>,
+        /// Take tokenizer.json, tokenizer_config.json (and the other tokenizer files present)
+        /// from this directory instead.
+        #[arg(long)]
         tokenizer_from: Option<PathBuf>,
     },
     /// Teacher-forced log-probabilities and entropies of token sequences (JSONL `{"ids": [...]}`

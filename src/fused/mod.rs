@@ -26,6 +26,11 @@
 //!   this kernel streams W once, row by row.
 //! - [`attention_decode`]: a decode step's attention (one query per row, no backward) with the
 //!   composed attention's numbers bit for bit, without two gemm calls per (row, key head).
+//! - [`qk_norm_rope_cache`], [`add_rms_norm`]: a decode step's q/k norms, rotary embedding and
+//!   KV-cache write in one CUDA launch, and the residual add with the next RMSNorm in another
+//!   (sampling on CUDA only; the CPU keeps the composed ops).
+//! - [`backward_seed`]: the scalar ⟨y, g⟩ whose backward hands a known output gradient `g` to
+//!   `y`, to start a backward from `g` without a single-block `sum_all` to differentiate.
 //! - [`exp_in_place`]: `f32::exp` eight at a time with libm's bits (glibc's `expf` in AVX2),
 //!   for SwiGLU.
 //!
@@ -37,6 +42,7 @@
 //! the CPU op in `tests/it/cuda.rs`.
 
 mod decode_attention;
+mod decode_chain;
 mod expf;
 mod flash;
 #[cfg(feature = "cuda")]
@@ -45,6 +51,7 @@ mod log_probs;
 mod matmul;
 mod rms_norm;
 mod rope;
+mod seed;
 mod small_m;
 mod softmax;
 mod swiglu;
@@ -52,6 +59,9 @@ mod vocab;
 mod vocab_chunk;
 
 pub use decode_attention::attention_decode;
+pub use decode_chain::{
+    add_rms_norm, add_rms_norm_composed, qk_norm_rope_cache, qk_norm_rope_cache_composed, QkNorms,
+};
 pub use expf::exp_in_place;
 pub use flash::{
     attention_composed, flash_applies, flash_attention, paged_applies, paged_attention_decode,
@@ -61,6 +71,7 @@ pub use log_probs::token_log_probs;
 pub use matmul::{matmul, DEPTH_BLOCK};
 pub use rms_norm::{rms_norm, rms_norm_composed};
 pub use rope::{rope, rope_composed, rope_heads};
+pub use seed::backward_seed;
 pub use small_m::{linear_small_m, linear_small_m_packed, pack_pairs, SMALL_M};
 pub use softmax::{attention_probs, attention_probs_composed, softmax_last_composed};
 pub use swiglu::{swiglu, swiglu_composed};

@@ -29,6 +29,20 @@ use super::paged::{PagedKv, PagedRead, PagedStep};
 use super::{Family, Params, QwenConfig, Result};
 use crate::algo::token;
 
+/// The parts a traced forward and a checkpointed layer's backward are split into
+/// ([`crate::device::part`]): the forward's matrix products, its attention and the rest
+/// (element-wise passes: norms, RoPE, SwiGLU, residual adds, copies), the seed of the layer's
+/// backward ([`crate::fused::backward_seed`]), and in the backward the attention's kernels
+/// ([`crate::fused::flash_attention`]'s backward) and the rest (its matrix products, which the
+/// trace does not split from candle's element-wise passes and adds: `tools/gpu/report.py`
+/// estimates them from their FLOPs at the forward's measured rate).
+pub const FORWARD_MATMUL: &str = "forward: matrix products";
+pub const FORWARD_ATTENTION: &str = "forward: attention";
+pub const FORWARD_ELEMENTWISE: &str = "forward: element-wise";
+pub const SEED: &str = "backward seed";
+pub const BACKWARD_ATTENTION: &str = "backward: attention";
+pub const BACKWARD_REST: &str = "backward: matrix products and element-wise";
+
 /// Large negative bias for masked attention logits. Finite, so a fully masked row (a padding
 /// query) gives a uniform distribution instead of NaN.
 const MASKED: f64 = -1e9;
@@ -54,12 +68,10 @@ impl Linear {
     }
 
     fn forward(&self, x: &Tensor) -> Result<Tensor> {
-        Ok(matmul_last(
-            x,
-            &self.weight,
-            self.bias.as_ref(),
-            self.decode.as_ref(),
-        )?)
+        crate::device::part(FORWARD_ELEMENTWISE);
+        let y = matmul_last(x, &self.weight, self.bias.as_ref(), self.decode.as_ref())?;
+        crate::device::part(FORWARD_MATMUL);
+        Ok(y)
     }
 }
 
@@ -169,6 +181,9 @@ struct Attention {
     heads: usize,
     kv_heads: usize,
     head_dim: usize,
+    /// [`Kernels::decode_chain`]: a detached model's decode step runs its element-wise chain
+    /// fused where the kernels apply.
+    decode_chain: bool,
 }
 
 impl Attention {
@@ -183,8 +198,14 @@ impl Attention {
         past: &LayerCache,
     ) -> Result<(Tensor, (Tensor, Tensor))> {
         let (b, t, _) = x.dims3()?;
-        let (q, k, v) = self.qkv(x, cos, sin)?;
-        let (kb, vb) = (past.write(&k, 0)?, past.write(&v, 1)?);
+        let (q, k, v) = self.project(x)?;
+        let (q, kb, vb) = match self.fused_chain(&q, &k, &v, cos, sin, past)? {
+            Some(done) => done,
+            None => {
+                let (q, k, v) = self.norm_rope(q, k, v, cos, sin)?;
+                (q, past.write(&k, 0)?, past.write(&v, 1)?)
+            }
+        };
         let out = self.attend(&q, &kb, &vb, past.len + t, mask)?;
         Ok((self.output(&out, b, t)?, (kb, vb)))
     }
@@ -255,13 +276,33 @@ impl Attention {
     /// q `(B, H, T, D)` and k, v `(B, KV, T, D)` of `x` `(B, T, H)`: projected, normed (Qwen3)
     /// and rotated.
     fn qkv(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+        let (q, k, v) = self.project(x)?;
+        self.norm_rope(q, k, v, cos, sin)
+    }
+
+    /// The projections of `x` `(B, T, H)`, tokens first: q `(B, T, H, D)`, k and v
+    /// `(B, T, KV, D)`.
+    fn project(&self, x: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
         let (b, t, _) = x.dims3()?;
         let split = |y: Tensor, heads: usize| -> Result<Tensor> {
             Ok(y.reshape((b, t, heads, self.head_dim))?)
         };
-        let mut q = split(self.q.forward(x)?, self.heads)?;
-        let mut k = split(self.k.forward(x)?, self.kv_heads)?;
+        let q = split(self.q.forward(x)?, self.heads)?;
+        let k = split(self.k.forward(x)?, self.kv_heads)?;
         let v = split(self.v.forward(x)?, self.kv_heads)?;
+        Ok((q, k, v))
+    }
+
+    /// The projections normed (Qwen3) and rotated, heads first: q `(B, H, T, D)`, k and v
+    /// `(B, KV, T, D)`.
+    fn norm_rope(
+        &self,
+        mut q: Tensor,
+        mut k: Tensor,
+        v: Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
         if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
             q = qn.forward(&q)?;
             k = kn.forward(&k)?;
@@ -307,7 +348,10 @@ impl Attention {
             }
             // The kernel reads the buffer in place, its first `s` columns.
             AttnMask::Keys { valid, past } => {
-                crate::fused::flash_attention(q, kb, vb, valid, *past, scale)?
+                crate::device::part(FORWARD_ELEMENTWISE);
+                let out = crate::fused::flash_attention(q, kb, vb, valid, *past, scale)?;
+                crate::device::part(FORWARD_ATTENTION);
+                out
             }
         }) // (B, H, T, D)
     }
@@ -320,6 +364,40 @@ impl Attention {
             .contiguous()?
             .reshape((b, t, self.heads * self.head_dim))?;
         self.o.forward(&out)
+    }
+
+    /// A detached model's decode step (one new position) on kernels that fuse its chain: the
+    /// q/k norms, the rotations and the new column's write into cache buffers that have room
+    /// for it, in one launch ([`crate::fused::qk_norm_rope_cache`]). Returns q heads first and
+    /// the buffers; None where the fused kernel does not apply (the composed ops then run).
+    fn fused_chain(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        past: &LayerCache,
+    ) -> Result<Option<(Tensor, Tensor, Tensor)>> {
+        if !self.decode_chain || q.dim(1)? != 1 || self.q.decode.is_none() {
+            return Ok(None);
+        }
+        let Some((kb, vb)) = &past.buffers else {
+            return Ok(None);
+        };
+        if kb.dim(2)? <= past.len {
+            return Ok(None);
+        }
+        let norms = match (&self.q_norm, &self.k_norm) {
+            (Some(qn), Some(kn)) => Some(crate::fused::QkNorms {
+                q: &qn.weight,
+                k: &kn.weight,
+                eps: qn.eps,
+            }),
+            _ => None,
+        };
+        let fused = crate::fused::qk_norm_rope_cache(q, k, v, norms, cos, sin, (kb, vb), past.len)?;
+        Ok(fused.map(|q| (q, kb.clone(), vb.clone())))
     }
 }
 
@@ -344,6 +422,11 @@ pub struct Kernels {
     /// lm_head + log-softmax + entropy in vocabulary chunks of this size, fused per chunk
     /// ([`crate::fused::vocab_log_probs`]); `None`: logits of `LOGIT_CHUNK` positions at a time.
     pub vocab_chunk: Option<usize>,
+    /// A sampling model's decode step with its element-wise chain fused where the kernels
+    /// apply (CUDA): the q/k norms, RoPE and the KV-cache write in one launch, the residual add
+    /// and the next RMSNorm in another ([`crate::fused::qk_norm_rope_cache`],
+    /// [`crate::fused::add_rms_norm`]). Off: the composed ops.
+    pub decode_chain: bool,
 }
 
 /// Vocabulary chunk of the GPU path: (rows, 8192) f32 per chunk instead of (rows, 151,936).
@@ -358,6 +441,7 @@ impl Kernels {
             Kernels {
                 flash_attention: true,
                 vocab_chunk: Some(VOCAB_CHUNK),
+                decode_chain: true,
             }
         } else {
             Kernels::composed()
@@ -369,6 +453,7 @@ impl Kernels {
         Kernels {
             flash_attention: false,
             vocab_chunk: None,
+            decode_chain: false,
         }
     }
 }
@@ -408,9 +493,27 @@ impl Block {
         let (a, kv) = self
             .attn
             .forward(&self.input_norm.forward(x)?, cos, sin, mask, past)?;
-        let x = (x + a)?;
-        let y = (&x + self.mlp.forward(&self.post_norm.forward(&x)?)?)?;
-        Ok((y, kv))
+        Ok((self.residual_mlp(x, &a)?, kv))
+    }
+
+    /// The layer after its attention `a`: x + a, then + mlp(norm(·)).
+    fn residual_mlp(&self, x: &Tensor, a: &Tensor) -> Result<Tensor> {
+        // A detached model's decode step adds and normalises in one launch where it can.
+        let fused = if self.attn.decode_chain && x.dim(1)? == 1 && self.attn.q.decode.is_some() {
+            let n = &self.post_norm;
+            crate::fused::add_rms_norm(x, &a, &n.weight, n.eps)?
+        } else {
+            None
+        };
+        let (x, normed) = match fused {
+            Some(both) => both,
+            None => {
+                let x = (x + a)?;
+                let normed = self.post_norm.forward(&x)?;
+                (x, normed)
+            }
+        };
+        Ok((&x + self.mlp.forward(&normed)?)?)
     }
 
     /// [`Block::forward`] over a paged cache ([`Attention::forward_paged`]).
@@ -426,8 +529,7 @@ impl Block {
         let a =
             self.attn
                 .forward_paged(&self.input_norm.forward(x)?, cos, sin, mask, pool, step)?;
-        let x = (x + a)?;
-        Ok((&x + self.mlp.forward(&self.post_norm.forward(&x)?)?)?)
+        self.residual_mlp(x, &a)
     }
 
     /// The same layer on detached weights: runs without recording a graph.
@@ -736,6 +838,7 @@ impl Qwen {
                     heads: nh,
                     kv_heads: nkv,
                     head_dim: hd,
+                    decode_chain: Kernels::for_device(&device).decode_chain,
                 },
                 post_norm: norm(&format!("{p}.post_attention_layernorm.weight"), h)?,
                 mlp: Mlp {
@@ -765,6 +868,9 @@ impl Qwen {
     /// The same model computing with `kernels`.
     pub fn with_kernels(mut self, kernels: Kernels) -> Qwen {
         self.kernels = kernels;
+        for block in &mut self.blocks {
+            block.attn.decode_chain = kernels.decode_chain;
+        }
         self
     }
 
@@ -891,7 +997,8 @@ impl Qwen {
     /// kept, computing logits with the model it is given (this one, up to the lm_head's leaf),
     /// and its backward gives the gradient at the last layer's output. Each layer, last to
     /// first, is then run again from its kept input, with a graph, and backpropagated from the
-    /// gradient at its output: `∂(Σ y ⊙ g)/∂y = g`, exactly.
+    /// gradient at its output, seeded with it directly ([`crate::fused::backward_seed`]: the
+    /// gradients of `(y ⊙ g).sum_all()`, bit for bit, without a single-block reduction).
     ///
     /// Each backward's gradients go to `sink` as soon as it is done (the head's, each layer's,
     /// last to first, then the embedding's), and every parameter's gradient reaches `sink` in
@@ -948,14 +1055,21 @@ impl Qwen {
             let y = block
                 .forward(input.as_tensor(), &cos, &sin, &mask, &none)?
                 .0;
-            let mut layer = (y * &g)?.sum_all()?.backward()?;
+            crate::device::part(FORWARD_ELEMENTWISE);
+            let seed = crate::fused::backward_seed(&y, &g)?;
+            crate::device::part(SEED);
+            let mut layer = seed.backward()?;
+            crate::device::part(BACKWARD_REST);
+            // The seed holds the layer's graph (y and everything y was made from): gone before
+            // the gradients go to the sink, so one layer's activations are alive at a time.
+            drop((seed, y));
             g = take_grad(&mut layer, input.as_tensor())?;
             sink(layer)?;
             crate::device::mark(|| format!("layer {i}: recomputed and backpropagated"));
         }
-        let mut tail = (x0 * g)?.sum_all()?;
+        let mut tail = crate::fused::backward_seed(&x0, &g)?;
         if let Some(g_lm) = g_lm {
-            tail = (tail + (&self.lm_head.weight * g_lm.detach())?.sum_all()?)?;
+            tail = (tail + crate::fused::backward_seed(&self.lm_head.weight, &g_lm)?)?;
         }
         sink(tail.backward()?)?;
         crate::device::mark(|| "embedding: backpropagated".into());

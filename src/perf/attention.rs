@@ -10,8 +10,9 @@ use crate::model::qwen::Kernels;
 
 /// The attention of one layer alone: q `(B, H, T, D)`, k and v `(B, KV, T, D)` of the model's
 /// shape, causal, no padding. It times the forward and the forward + backward (from a random
-/// output gradient), flash or composed as `shape.kernels` says. The FLOP floor is the
-/// causal attention's 4·B·H·T²·D/2 forward and 2.5× that backward (QKᵀ, PV; then dV, dP, dQ,
+/// output gradient, handed to the output directly: [`crate::fused::backward_seed`], so the time
+/// is the kernels' and not a reduction's), flash or composed as `shape.kernels` says. The FLOP
+/// floor is the causal attention's 4·B·H·T²·D/2 forward and 2.5× that backward (QKᵀ, PV; then dV, dP, dQ,
 /// dK) at the device's peak. Median of `repeats` after a warm-up. `tokens` counts B·T;
 /// `seconds` is the forward + backward.
 pub fn bench_attention(m: &Subject, opts: &SpeedOptions) -> Result<Measurement> {
@@ -66,7 +67,7 @@ pub fn bench_attention(m: &Subject, opts: &SpeedOptions) -> Result<Measurement> 
         let start = Instant::now();
         let out = forward()?;
         if backward {
-            let grads = (out * &dout)?.sum_all()?.backward()?;
+            let grads = crate::fused::backward_seed(&out, &dout)?.backward()?;
             debug_assert!(grads.get(&q).is_some());
         }
         target.sync()?;

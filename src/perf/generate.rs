@@ -10,7 +10,7 @@ use super::{
 };
 use crate::model::qwen::Qwen;
 use crate::model::{init, QwenConfig};
-use crate::rollout::{self, SampleRequest, SamplingParams};
+use crate::rollout::{self, GenStats, SampleRequest, SamplingParams};
 
 fn prompt_ids(vocab: usize, batch: usize, len: usize) -> Vec<Vec<u32>> {
     let mut rng = crate::rng::SplitMix64::new(11);
@@ -196,21 +196,29 @@ pub fn long_tail_lengths(n: usize, max: usize) -> Vec<usize> {
 }
 
 /// Sampling with long-tailed response lengths ([`long_tail_lengths`]), `max_batch` sequences
-/// at a time: in waves (each wave a batch that ends with its longest sequence; finished ones
-/// leave it, none join), then with continuous batching (a waiting prompt takes a finished one's
-/// place). The same prompts, keys and lengths; tokens/s of new tokens.
+/// at a time (on a GPU without `--max-batch`: as many as its memory holds,
+/// [`rollout::device_slots`], as training and evaluation decode): in waves (each wave a batch
+/// that ends with its longest sequence; finished ones leave it, none join), then with
+/// continuous batching (a waiting prompt takes a finished one's place). The same prompts, keys
+/// and lengths; tokens/s of new tokens. The continuous run carries its roofline: the bytes its
+/// decode steps must read (every weight once a step, each row's own cache so far) over the
+/// device's copy rate, beside the time its decode steps took.
 pub fn bench_long_tail(m: &Subject, opts: &SpeedOptions) -> Result<[Measurement; 2]> {
     let (target, shape) = (&opts.target, &opts.sample);
     let Sampler {
+        precision,
         params,
         model,
         prompts,
         keys,
         params_at_t1: p,
-        ..
     } = Sampler::new(&m.cfg, target, shape)?;
     let limits = long_tail_lengths(shape.batch, shape.new_tokens);
-    let slots = shape.max_batch.unwrap_or(shape.batch.div_ceil(4)).max(1);
+    let slots = shape
+        .max_batch
+        .or_else(|| rollout::device_slots(&model, shape.prompt_len + shape.new_tokens))
+        .unwrap_or(shape.batch.div_ceil(4))
+        .max(1);
     let tokens: usize = limits.iter().sum();
     let waves = || -> Result<f64> {
         let t = Instant::now();
@@ -222,14 +230,18 @@ pub fn bench_long_tail(m: &Subject, opts: &SpeedOptions) -> Result<[Measurement;
         target.sync()?;
         Ok(t.elapsed().as_secs_f64())
     };
-    let continuous = || -> Result<f64> {
+    // Seconds of the whole run, and what its prefills and decode steps took.
+    let continuous = |limits: &[usize]| -> Result<(f64, GenStats)> {
+        let stats = std::sync::Mutex::new(GenStats::default());
         let t = Instant::now();
         let req = SampleRequest::new(p)
-            .limits(limits.clone())
-            .max_batch(slots);
+            .limits(limits.to_vec())
+            .max_batch(slots)
+            .stats(&stats);
         rollout::generate(&model, &prompts, &keys, &req)?;
         target.sync()?;
-        Ok(t.elapsed().as_secs_f64())
+        let secs = t.elapsed().as_secs_f64();
+        Ok((secs, stats.into_inner().unwrap_or_else(|e| e.into_inner())))
     };
     let row = |what: &'static str, secs: f64, how: &str| Measurement {
         model: m.name.clone(),
@@ -250,19 +262,107 @@ pub fn bench_long_tail(m: &Subject, opts: &SpeedOptions) -> Result<[Measurement;
         trace: None,
         settings: None,
     };
-    waves()?;
+    // The warm-up (kernels loaded, the products' plans made at every batch size the runs
+    // meet) at two tokens a prompt: a whole run in waves, the slowest, cost the GPU suite's
+    // call as much as the measurement.
+    let short: Vec<usize> = limits.iter().map(|&l| l.min(2)).collect();
+    continuous(&short)?;
     let w = median(
         (0..opts.repeats)
             .map(|_| waves())
             .collect::<Result<Vec<_>>>()?,
     );
-    let c = median(
-        (0..opts.repeats)
-            .map(|_| continuous())
-            .collect::<Result<Vec<_>>>()?,
+    let mut runs = (0..opts.repeats)
+        .map(|_| continuous(&limits))
+        .collect::<Result<Vec<_>>>()?;
+    runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let (c, stats) = runs[runs.len() / 2];
+    let elem = precision.compute.size_in_bytes();
+    let read = continuous_reads(
+        &limits,
+        shape.prompt_len,
+        slots,
+        params.count() as f64 * elem as f64,
+        m.cfg.kv_bytes_per_position(elem) as f64,
     );
-    Ok([
-        row("generate", w, "waves"),
-        row("generate", c, "continuous batching"),
-    ])
+    let copy = copy_bandwidth(target)?;
+    let decode_seconds = stats.decode_seconds.max(f64::MIN_POSITIVE);
+    let drawn = tokens - shape.batch.min(tokens);
+    let steps = read.steps.max(1) as f64;
+    let mut cont = row("generate", c, "continuous batching");
+    cont.roofline = Some(Roofline {
+        bytes_per_step: read.bytes / steps,
+        step_seconds: decode_seconds / steps,
+        prefill_seconds: stats.prefill_seconds,
+        decode_tokens_per_second: drawn as f64 / decode_seconds,
+        achieved_gb_per_s: read.bytes / decode_seconds / 1e9,
+        copy_gb_per_s: copy / 1e9,
+        fraction: read.bytes / decode_seconds / copy,
+    });
+    Ok([row("generate", w, "waves"), cont])
+}
+
+/// What the decode steps of a continuous-batching run must read at least.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct DecodeReads {
+    /// Decode steps (each drawing a token for every row that goes on).
+    pub steps: usize,
+    /// Every weight once a step, and each row's own keys and values so far (its prompt and
+    /// the tokens before the one it feeds).
+    pub bytes: f64,
+}
+
+/// The decode steps [`rollout::generate`] makes for prompts of `prompt_len` tokens with response
+/// lengths `limits`, `slots` at a time (a finished row's place taken by the next waiting
+/// prompt, whose first token its prefill gives), and the bytes they read: `weights` a step and
+/// `kv_per_position` for each cached position a row attends to.
+pub fn continuous_reads(
+    limits: &[usize],
+    prompt_len: usize,
+    slots: usize,
+    weights: f64,
+    kv_per_position: f64,
+) -> DecodeReads {
+    let mut waiting = limits.iter().map(|&l| l.max(1));
+    // (tokens drawn, limit) of each row decoding
+    let mut active: Vec<(usize, usize)> = waiting
+        .by_ref()
+        .take(slots.max(1))
+        .map(|l| (0, l))
+        .collect();
+    let (mut steps, mut bytes) = (0usize, 0.0f64);
+    while !active.is_empty() {
+        for row in &mut active {
+            row.0 += 1;
+        }
+        let before = active.len();
+        active.retain(|&(n, l)| n < l);
+        let decoding = active.len();
+        if decoding > 0 {
+            steps += 1;
+            let positions: usize = active.iter().map(|&(n, _)| prompt_len + n).sum();
+            bytes += weights + positions as f64 * kv_per_position;
+        }
+        active.extend(waiting.by_ref().take(before - decoding).map(|l| (0, l)));
+    }
+    DecodeReads { steps, bytes }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Three prompts of 10 tokens, two slots: the first finishes on its prefill's token, the
+    /// third takes its place; every decode step reads the weights and each row's own positions.
+    #[test]
+    fn continuous_reads_follow_the_engine_s_schedule() {
+        let r = continuous_reads(&[1, 3, 2], 10, 2, 100.0, 1.0);
+        // step 1: the second row (11 positions); step 2: the second (12) and the third (11)
+        assert_eq!(r.steps, 2);
+        assert_eq!(r.bytes, 100.0 + 11.0 + 100.0 + 12.0 + 11.0);
+        // one slot: each prompt alone, its length − 1 steps
+        let alone = continuous_reads(&[4, 1, 2], 5, 1, 0.0, 1.0);
+        assert_eq!(alone.steps, 3 + 1);
+        assert_eq!(alone.bytes, (6 + 7 + 8 + 6) as f64);
+    }
 }

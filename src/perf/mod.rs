@@ -21,7 +21,9 @@ mod train_step;
 pub mod verifier;
 
 pub use attention::bench_attention;
-pub use generate::{bench_generate, bench_long_tail, long_tail_lengths};
+pub use generate::{
+    bench_generate, bench_long_tail, continuous_reads, long_tail_lengths, DecodeReads,
+};
 pub use train_step::{bench_train_step, TRAIN_MICRO_BATCH};
 
 use std::path::{Path, PathBuf};
@@ -603,6 +605,48 @@ pub fn markdown(title: &str, rows: &[Measurement]) -> String {
     s
 }
 
+/// The parts of the traced phases ([`crate::device::part`]), the decoder layers' summed; empty
+/// where no phase has parts.
+fn parts_markdown(trace: &[crate::device::Mark]) -> String {
+    let mut groups: Vec<(String, Vec<(String, f64)>)> = Vec::new();
+    for m in trace.iter().filter(|m| !m.parts.is_empty()) {
+        let group = if m.phase.starts_with("layer ") {
+            "the decoder layers (summed)".to_string()
+        } else {
+            m.phase.clone()
+        };
+        let at = match groups.iter().position(|(g, _)| *g == group) {
+            Some(i) => i,
+            None => {
+                groups.push((group, Vec::new()));
+                groups.len() - 1
+            }
+        };
+        let parts = &mut groups[at].1;
+        let mut add = |name: &str, secs: f64| match parts.iter_mut().find(|(n, _)| n == name) {
+            Some(p) => p.1 += secs,
+            None => parts.push((name.to_string(), secs)),
+        };
+        for p in &m.parts {
+            add(&p.name, p.seconds);
+        }
+        let rest = m.seconds.unwrap_or(0.0) - m.parts.iter().map(|p| p.seconds).sum::<f64>();
+        add("after the last part", rest);
+    }
+    if groups.is_empty() {
+        return String::new();
+    }
+    let mut t = Table::new([("phase", Left), ("part", Left), ("seconds", Right)]);
+    for (group, parts) in groups {
+        for (name, secs) in parts {
+            t.row([group.clone(), name, format!("{secs:.4}")]);
+        }
+    }
+    format!(
+        "\nThe phases by part (each part's time once the device has finished it; a layer's time after its last part is its gradients joining the sums):\n\n{t}"
+    )
+}
+
 /// A train step's memory trace: each phase's bytes in use at its end and its peak, then the
 /// named tensors the step holds by arithmetic and how much of the measured peak they explain.
 fn trace_markdown(model: &str, trace: &[crate::device::Mark], mem: &StepMemory) -> String {
@@ -626,6 +670,7 @@ fn trace_markdown(model: &str, trace: &[crate::device::Mark], mem: &StepMemory) 
         ]);
     }
     s.push_str(&phases.to_string());
+    s.push_str(&parts_markdown(trace));
     let named: u64 = mem.named.iter().map(|(_, b)| b).sum();
     let mut tensors = Table::new([("named tensor (arithmetic)", Left), ("GiB", Right)]);
     for (name, bytes) in &mem.named {

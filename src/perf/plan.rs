@@ -14,7 +14,8 @@
 //! decode step's bytes are mostly the KV cache's, so new tokens/s cannot exceed the device's
 //! copy rate over the KV bytes one token's attention reads at its mean context
 //! ([`kv_bytes_per_token`]). The copy rate is the one the sampling measurement recorded beside
-//! its roofline.
+//! its roofline. The same bound with a cache of one byte an element (an FP8 KV cache, which
+//! halves those bytes) says what the cache's precision alone could buy.
 
 use crate::files::AtPath;
 use std::path::{Path, PathBuf};
@@ -58,6 +59,8 @@ pub struct RunCost {
     pub rollout_kv_bound_tps: Option<f64>,
     pub eval_kv_bound_tps: Option<f64>,
     pub gpu_hours_at_kv_bound: Option<f64>,
+    /// The same with a KV cache of one byte an element (FP8): both bounds doubled.
+    pub gpu_hours_at_fp8_kv_bound: Option<f64>,
     pub paper_gpus: usize,
 }
 
@@ -180,9 +183,13 @@ fn run_cost(exp: &crate::manifest::Experiment, configs: &Path, rates: &Rates) ->
     };
     let rollout_bound = bound(prompt + response / 2.0);
     let eval_bound = bound(prompt + answer / 2.0);
-    let at_bound = rollout_bound
-        .zip(eval_bound)
-        .map(|(r, e)| (steps * per_step_sample / r + eval_tokens / e + train_seconds) / 3600.0);
+    // `speedup` scales both bounds: 1 for bf16, 2 for a cache of half the bytes (FP8).
+    let hours_at = |speedup: f64| {
+        rollout_bound.zip(eval_bound).map(|(r, e)| {
+            (steps * per_step_sample / (r * speedup) + eval_tokens / (e * speedup) + train_seconds)
+                / 3600.0
+        })
+    };
     Ok(RunCost {
         run: exp.name.clone(),
         steps: exp.trainer.total_steps,
@@ -195,7 +202,8 @@ fn run_cost(exp: &crate::manifest::Experiment, configs: &Path, rates: &Rates) ->
         gpu_hours: (rollout_seconds + eval_seconds + train_seconds) / 3600.0,
         rollout_kv_bound_tps: rollout_bound,
         eval_kv_bound_tps: eval_bound,
-        gpu_hours_at_kv_bound: at_bound,
+        gpu_hours_at_kv_bound: hours_at(1.0),
+        gpu_hours_at_fp8_kv_bound: hours_at(2.0),
         paper_gpus: paper_gpus(&exp.model.source.label()),
     })
 }
@@ -242,7 +250,7 @@ fn plan_markdown(rates: &Rates, rows: &[RunCost]) -> String {
         100.0 * RESPONSE_SHARE,
     );
     md.push_str(&match rates.copy() {
-        Some(gbps) => format!("The KV-bandwidth bound: new tokens/s ≤ the measured copy rate ({gbps:.0} GB/s) ÷ the bf16 KV bytes a token's attention reads at its mean context (prompt + half the response), per run below; the last column is the run's GPU-hours had both samplers run at it.\n\n"),
+        Some(gbps) => format!("The KV-bandwidth bound: new tokens/s ≤ the measured copy rate ({gbps:.0} GB/s) ÷ the bf16 KV bytes a token's attention reads at its mean context (prompt + half the response), per run below; the last columns are the run's GPU-hours had both samplers run at it, with this bf16 cache and with an FP8 cache (one byte an element, the bound doubled; training at its measured rate in both).\n\n"),
         None => "No copy rate was recorded beside the sampling measurement: no KV-bandwidth bound.\n\n".to_string(),
     });
     let mut t = Table::new([
@@ -257,6 +265,7 @@ fn plan_markdown(rates: &Rates, rows: &[RunCost]) -> String {
         ("GPU-hours on one GPU (acpo)", Right),
         ("KV bound, rollouts / eval tokens/s", Right),
         ("GPU-hours at the KV bound", Right),
+        ("GPU-hours at the FP8 KV bound", Right),
         ("GPUs the paper used", Right),
     ]);
     for r in rows {
@@ -275,6 +284,8 @@ fn plan_markdown(rates: &Rates, rows: &[RunCost]) -> String {
                 _ => "—".into(),
             },
             r.gpu_hours_at_kv_bound
+                .map_or("—".into(), |h| format!("{h:.0}")),
+            r.gpu_hours_at_fp8_kv_bound
                 .map_or("—".into(), |h| format!("{h:.0}")),
             r.paper_gpus.to_string(),
         ]);

@@ -13,8 +13,10 @@ use crate::rng::SplitMix64;
 
 /// A token and its log-probability for each row of `logits`, row r drawing from the RNG of
 /// sample `rows[r]`. On a GPU, full-distribution sampling (T > 0, no top-k/top-p: the paper's
-/// setting) runs in one kernel and only the tokens come back; anything else copies the logits
-/// to the host for [`sample_token`].
+/// setting) runs in one kernel and only the tokens come back; anything else (top-p < 1, top-k;
+/// said once on stderr) copies the logits to the host for [`sample_token`], which draws the same
+/// one uniform from row r's stream `rngs[rows[r]]`, so a completion depends only on its prompt
+/// and key either way.
 pub fn sample_rows(
     logits: &Tensor,
     rows: &[usize],
@@ -36,6 +38,17 @@ pub fn sample_rows(
             .into_iter()
             .map(|r| (r[0] as u32, r[1]))
             .collect());
+    }
+    if logits.device().is_cuda() && params.temperature > 0.0 {
+        // Said once a process: every step of such a run copies its logits to the host.
+        static SAID: std::sync::Once = std::sync::Once::new();
+        SAID.call_once(|| {
+            eprintln!(
+                "sampling: top-p {} / top-k {:?} draw on the host (the logits copied each step); \
+                 the GPU's kernel draws from the full distribution only (top-p 1, no top-k)",
+                params.top_p, params.top_k
+            )
+        });
     }
     let host = logits.to_vec2::<f32>()?;
     Ok(rows

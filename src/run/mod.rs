@@ -7,6 +7,7 @@
 //! spelled. Every file is written atomically; a checkpoint directory appears only when complete.
 
 pub mod complete;
+pub mod export;
 pub mod lock;
 pub mod provenance;
 pub mod tails;

@@ -580,6 +580,13 @@ fn bench_paper_plan_costs_every_paper_run_from_measured_rates() {
         "{grpo}"
     );
     assert!(f("gpu_hours_at_kv_bound") < f("gpu_hours"), "{grpo}");
+    // An FP8 cache halves the KV bytes: the sampling hours at the bound halve, training's stay.
+    let sampling_at_bound = f("gpu_hours_at_kv_bound") - f("train_hours");
+    let fp8 = f("train_hours") + sampling_at_bound / 2.0;
+    assert!(
+        (f("gpu_hours_at_fp8_kv_bound") / fp8 - 1.0).abs() < 1e-12,
+        "{grpo}"
+    );
     // a measurement at the evaluation's own shape is used for the evaluations
     std::fs::write(
         measured.join("generate-eval.json"),

@@ -497,22 +497,32 @@ fn the_four_algorithms_train_on_cuda_and_resume_exactly() {
 }
 
 /// The GPU sampler (kernels/sample.cu) draws what the CPU sampler draws from the same logits
-/// with the same keys: the same tokens, and log-probabilities to f32 rounding.
+/// with the same keys: the same tokens, and log-probabilities to f32 rounding; top-p < 1 and
+/// top-k fall back to the host and draw the same, each row from its own sample's stream.
 #[test]
 fn the_gpu_sampler_draws_the_cpu_samplers_tokens() {
     let Some(gpu) = gpu("the_gpu_sampler_draws_the_cpu_samplers_tokens") else {
         return;
     };
     use acpo::rollout::{sample_rows, SamplingParams};
-    for (rows, v, temperature) in [(5usize, 7usize, 1.0f64), (37, 1000, 0.7), (8, 151_936, 1.0)] {
+    // the full distribution (the GPU's kernel), then top-p and top-k (drawn on the host)
+    let cases = [
+        (5usize, 7usize, 1.0f64, 1.0f64, None),
+        (37, 1000, 0.7, 1.0, None),
+        (8, 151_936, 1.0, 1.0, None),
+        (37, 1000, 1.0, 0.9, None),
+        (8, 151_936, 0.7, 0.95, Some(50usize)),
+    ];
+    for (rows, v, temperature, top_p, top_k) in cases {
         let logits = random(40 + rows as u64, &[rows, v], 3.0);
         let params = SamplingParams {
             temperature,
-            top_p: 1.0,
-            top_k: None,
+            top_p,
+            top_k,
             max_new_tokens: 1,
         };
-        let active: Vec<usize> = (0..rows).collect();
+        // row r draws from sample active[r]'s stream, not from the r-th
+        let active: Vec<usize> = (0..rows).rev().collect();
         let draw = |device: &Device| {
             let mut rngs: Vec<acpo::rng::SplitMix64> = (0..rows as u64)
                 .map(|i| acpo::rng::SplitMix64::from_key(&[7, i, 0, 0]))
@@ -525,7 +535,10 @@ fn the_gpu_sampler_draws_the_cpu_samplers_tokens() {
         };
         let (cpu, cuda) = (draw(&Device::Cpu), draw(&gpu));
         for ((ta, la), (tb, lb)) in cpu.iter().zip(&cuda) {
-            assert_eq!(ta, tb, "{rows}x{v} T={temperature}: tokens differ");
+            assert_eq!(
+                ta, tb,
+                "{rows}x{v} T={temperature} top-p {top_p} top-k {top_k:?}: tokens differ"
+            );
             assert!(
                 (la - lb).abs() <= 1e-5 * la.abs().max(1.0),
                 "log-prob {la} vs {lb}"
@@ -835,6 +848,169 @@ fn continuous_batching_on_cuda_gives_every_prompt_its_solo_completion() {
     }
 }
 
+/// The decode step's fused chain (kernels/decode_chain.cu) against the composed ops it
+/// replaces, run on the CPU: q normalised and rotated into heads first, k and v written into
+/// the cache's column and nothing else of it changed (Qwen3's norms and Qwen2's none); the
+/// residual add with the next RMSNorm.
+#[test]
+fn the_fused_decode_chain_matches_the_composed_ops_on_the_cpu() {
+    let Some(gpu) = gpu("the_fused_decode_chain_matches_the_composed_ops_on_the_cpu") else {
+        return;
+    };
+    use acpo::fused;
+    let (b, h, kv, cap, col) = (3usize, 16usize, 8usize, 9usize, 4usize);
+    for d in [128usize, 16] {
+        let q = random(11, &[b, 1, h, d], 2.0);
+        let k = random(12, &[b, 1, kv, d], 2.0);
+        let v = random(13, &[b, 1, kv, d], 1.0);
+        let (qw, kw) = (random(14, &[d], 1.0), random(15, &[d], 1.0));
+        let angles = random(16, &[b, 1, 1, d / 2], 3.0);
+        let angles = Tensor::cat(&[&angles, &angles], 3).expect("cat");
+        let (cos, sin) = (angles.cos().expect("cos"), angles.sin().expect("sin"));
+        let (kc, vc) = (
+            random(17, &[b, kv, cap, d], 1.0),
+            random(18, &[b, kv, cap, d], 1.0),
+        );
+        for norm in [true, false] {
+            let norms = |qw: &'_ Tensor, kw: &'_ Tensor| norm.then(|| (qw.clone(), kw.clone()));
+            let (kc_cpu, vc_cpu) = (kc.copy().expect("copy"), vc.copy().expect("copy"));
+            let cpu_norms = norms(&qw, &kw);
+            let q_cpu = fused::qk_norm_rope_cache_composed(
+                &q,
+                &k,
+                &v,
+                cpu_norms.as_ref().map(|(a, b)| fused::QkNorms {
+                    q: a,
+                    k: b,
+                    eps: 1e-6,
+                }),
+                &cos,
+                &sin,
+                (&kc_cpu, &vc_cpu),
+                col,
+            )
+            .expect("composed");
+            for dtype in [DType::F32, DType::BF16] {
+                let on = |t: &Tensor| {
+                    t.to_dtype(dtype)
+                        .and_then(|t| t.to_device(&gpu))
+                        .expect("to")
+                };
+                let (kc_gpu, vc_gpu) = (on(&kc), on(&vc));
+                let gpu_norms = norms(&on(&qw), &on(&kw));
+                let q_gpu = fused::qk_norm_rope_cache(
+                    &on(&q),
+                    &on(&k),
+                    &on(&v),
+                    gpu_norms.as_ref().map(|(a, b)| fused::QkNorms {
+                        q: a,
+                        k: b,
+                        eps: 1e-6,
+                    }),
+                    &on(&cos),
+                    &on(&sin),
+                    (&kc_gpu, &vc_gpu),
+                    col,
+                )
+                .expect("fused")
+                .expect("the fused kernel applies on CUDA");
+                let what = format!("head dim {d}, norms {norm}, {dtype:?}");
+                for (name, got, want) in [
+                    ("q", &q_gpu, &q_cpu),
+                    ("k cache", &kc_gpu, &kc_cpu),
+                    ("v cache", &vc_gpu, &vc_cpu),
+                ] {
+                    let e = rel_err(got, want);
+                    assert!(e <= tolerance(dtype), "{what}: {name} relative error {e}");
+                }
+            }
+        }
+    }
+    // the residual add and the next RMSNorm, rows of the hidden size
+    let (x, a, w) = (
+        random(21, &[5, 1, 300], 2.0),
+        random(22, &[5, 1, 300], 2.0),
+        random(23, &[300], 1.0),
+    );
+    let (h_cpu, y_cpu) = fused::add_rms_norm_composed(&x, &a, &w, 1e-6).expect("composed");
+    for dtype in [DType::F32, DType::BF16] {
+        let on = |t: &Tensor| {
+            t.to_dtype(dtype)
+                .and_then(|t| t.to_device(&gpu))
+                .expect("to")
+        };
+        let (h_gpu, y_gpu) = fused::add_rms_norm(&on(&x), &on(&a), &on(&w), 1e-6)
+            .expect("fused")
+            .expect("the fused kernel applies on CUDA");
+        for (name, got, want) in [("sum", &h_gpu, &h_cpu), ("norm", &y_gpu, &y_cpu)] {
+            let e = rel_err(got, want);
+            assert!(
+                e <= tolerance(dtype),
+                "add_rms_norm {dtype:?}: {name} relative error {e}"
+            );
+        }
+    }
+}
+
+/// A sampling model's decode steps on CUDA (f32) with the fused chain and without it: the same
+/// greedy tokens and their log-probabilities within f32's tolerance at every step.
+#[test]
+fn decoding_with_the_fused_chain_gives_the_composed_chain_s_logits() {
+    let Some(gpu) = gpu("decoding_with_the_fused_chain_gives_the_composed_chain_s_logits") else {
+        return;
+    };
+    use acpo::model::{qwen::Qwen, Params, QwenConfig};
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-qwen3");
+    let cfg = QwenConfig::load(&dir.join("config.json")).expect("config");
+    {
+        let dtype = DType::F32;
+        let params = Params::load_dir(&dir, dtype, &gpu).expect("weights");
+        let fused_model = Qwen::new(&cfg, &params, true).expect("model");
+        assert!(
+            fused_model.kernels().decode_chain,
+            "CUDA's default kernels fuse the chain"
+        );
+        let composed = fused_model
+            .clone()
+            .with_kernels(acpo::model::qwen::Kernels {
+                decode_chain: false,
+                ..fused_model.kernels()
+            });
+        let prompts = vec![vec![5u32, 17, 99, 3], vec![42u32, 7, 1, 8]];
+        let greedy = |model: &Qwen| -> Vec<Vec<f32>> {
+            let keys = [[0u64; 4], [0, 0, 1, 0]];
+            let r = acpo::rollout::SampleRequest::new(acpo::rollout::SamplingParams {
+                temperature: 0.0,
+                top_p: 1.0,
+                top_k: None,
+                max_new_tokens: 10,
+            });
+            acpo::rollout::generate(model, &prompts, &keys, &r)
+                .expect("generate")
+                .into_iter()
+                .map(|c| {
+                    c.tokens
+                        .iter()
+                        .map(|&t| t as f32)
+                        .chain(c.log_probs)
+                        .collect()
+                })
+                .collect()
+        };
+        let (a, b) = (greedy(&fused_model), greedy(&composed));
+        for (row, (x, y)) in a.iter().zip(&b).enumerate() {
+            let n = x.len() / 2;
+            assert_eq!(x[..n], y[..n], "{dtype:?}: row {row}: greedy tokens differ");
+            for (p, q) in x[n..].iter().zip(&y[n..]) {
+                assert!(
+                    (p - q).abs() <= 1e-4 * p.abs().max(1.0),
+                    "{dtype:?}: row {row}: log-probs {p} vs {q}"
+                );
+            }
+        }
+    }
+}
+
 /// The paged sampling engine on CUDA, at a head dim the paged decode kernel takes (64), in f32
 /// and bf16: read through the block tables (`flash_decode_paged_*`) and through a gathered
 /// view, every prompt gets the dense engine's tokens; so do the responses of a group sharing
@@ -844,7 +1020,8 @@ fn the_paged_cache_on_cuda_gives_the_dense_engines_tokens() {
     let Some(gpu) = gpu("the_paged_cache_on_cuda_gives_the_dense_engines_tokens") else {
         return;
     };
-    use acpo::model::{init, qwen::Qwen, QwenConfig};
+    use acpo::model::qwen::{Kernels, Qwen};
+    use acpo::model::{init, QwenConfig};
     use acpo::rollout::{self, PagedOptions, SampleRequest, SamplingParams};
     let json = r#"{"model_type": "qwen3", "vocab_size": 128, "hidden_size": 128,
         "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
@@ -872,7 +1049,13 @@ fn the_paged_cache_on_cuda_gives_the_dense_engines_tokens() {
         let params = init::random_params(&cfg, 11, DType::F32, &gpu)
             .expect("weights")
             .with_compute(dtype);
+        // Without the fused q/k norm, RoPE and cache write, which the dense cache's decode
+        // step takes and the paged one does not: both engines then run the same ops.
         let model = Qwen::new(&cfg, &params, true).expect("model");
+        let model = model.clone().with_kernels(Kernels {
+            decode_chain: false,
+            ..model.kernels()
+        });
         for slots in [None, Some(3)] {
             let request = || {
                 let r = SampleRequest::new(p).eos(eos.clone());

@@ -5,7 +5,7 @@ use std::process::Command;
 
 use acpo::data::Benchmark;
 use acpo::data::{self, DataError, DataLocation};
-use acpo::eval::{bench_result, pass_at, summarize};
+use acpo::eval::{bench_result, maj_at_k, majority_vote, pass_at, summarize, SampleRecord};
 use acpo::hub::HubOptions;
 
 fn repo() -> &'static Path {
@@ -91,6 +91,85 @@ fn avg_at_k_pass_rates_and_metric_names() {
     assert_eq!(s.step, 7);
     assert!((s.metrics["val-core/math500/acc/mean@4"] - 0.5).abs() < 1e-12);
     assert!((s.metrics["val-aux/math500/acc/pass@4"] - 2.0 / 3.0).abs() < 1e-12);
+}
+
+/// A judged sample of problem `p` with answer `a`, correct when `ok`.
+fn sample(p: &str, i: usize, a: Option<&str>, ok: bool) -> SampleRecord {
+    SampleRecord {
+        benchmark: "math500".into(),
+        problem_id: p.into(),
+        sample_index: i,
+        response: String::new(),
+        extracted: a.map(String::from),
+        correct: ok,
+        error: None,
+        finish_reason: acpo::rollout::FinishReason::Eos,
+        num_tokens: 1,
+    }
+}
+
+#[test]
+fn maj_at_k_votes_on_extracted_answers_with_the_first_seen_winning_ties() {
+    // the most frequent answer wins; a sample with no answer does not vote
+    assert_eq!(
+        majority_vote([Some("3"), None, Some("4"), Some("4"), None, None]),
+        Some(2)
+    );
+    // a tie goes to the answer seen first, as verl's calc_maj_val and lighteval's MajAtK pick
+    assert_eq!(
+        majority_vote([Some("4"), Some("3"), Some("3"), Some("4")]),
+        Some(0)
+    );
+    assert_eq!(majority_vote([Some("b"), Some("a")]), Some(0));
+    // equal strings vote together, equivalent ones do not (1/2 and 0.5 are two answers)
+    assert_eq!(
+        majority_vote([Some("1/2"), Some("0.5"), Some("7"), Some("7")]),
+        Some(2)
+    );
+    assert_eq!(majority_vote([None, None]), None);
+    assert_eq!(majority_vote(std::iter::empty()), None);
+    let records = vec![
+        // a: 2 right of 4, but the wrong answer 5 has 2 votes and comes first: wrong
+        sample("a", 0, Some("5"), false),
+        sample("a", 1, Some("6"), true),
+        sample("a", 2, Some("5"), false),
+        sample("a", 3, Some("6"), true),
+        // b: one right answer among samples with none: right
+        sample("b", 0, None, false),
+        sample("b", 1, Some("2"), true),
+        sample("b", 2, None, false),
+        sample("b", 3, None, false),
+        // c: no answer at all: wrong; d: the majority is right (given out of order)
+        sample("c", 0, None, false),
+        sample("c", 1, None, false),
+        sample("c", 2, None, false),
+        sample("c", 3, None, false),
+        sample("d", 3, Some("9"), true),
+        sample("d", 0, Some("8"), false),
+        sample("d", 2, Some("9"), true),
+        sample("d", 1, Some("9"), true),
+    ];
+    let maj = maj_at_k(&records);
+    assert_eq!(maj.len(), 1);
+    assert!((maj["math500"] - 0.5).abs() < 1e-12, "{maj:?}");
+    // in the summary: per benchmark, verl's metric names, and weighted by problems
+    let ids: Vec<String> = ["a", "b", "c", "d"].iter().map(|s| s.to_string()).collect();
+    let correct = vec![
+        vec![false, true, false, true],
+        vec![false, true, false, false],
+        vec![false; 4],
+        vec![false, true, true, true],
+    ];
+    let plain = summarize(3, vec![bench_result("math500", &ids, &correct)]);
+    assert_eq!(plain.benchmarks[0].maj_at_k, None);
+    // training's eval.jsonl lines (no maj@k) are written as before
+    let line = serde_json::to_string(&plain).expect("json");
+    assert!(!line.contains("maj"), "{line}");
+    let s = plain.with_majority(&records);
+    assert_eq!(s.benchmarks[0].maj_at_k, Some(0.5));
+    assert!((s.metrics["val-core/math500/acc/maj@4/mean"] - 0.5).abs() < 1e-12);
+    assert!((s.metrics["val-core/weighted/acc/maj@4/mean"] - 0.5).abs() < 1e-12);
+    assert!(s.describe().contains("maj@4  50.00 %"), "{}", s.describe());
 }
 
 #[test]
@@ -352,6 +431,13 @@ fn eval_runs_end_to_end_on_a_tiny_model_and_writes_samples_and_summary() {
     let w = summary["weighted_accuracy"].as_f64().expect("w");
     assert!((0.0..=1.0).contains(&w));
     assert!(summary["metrics"]["val-core/aime-like/acc/mean@2"].is_number());
+    let maj = summary["benchmarks"][0]["maj_at_k"]
+        .as_f64()
+        .expect("maj@k");
+    assert!((0.0..=1.0).contains(&maj));
+    assert_eq!(summary["metrics"]["val-core/math500/acc/maj@2/mean"], maj);
+    assert!(summary["metrics"]["val-core/weighted/acc/maj@2/mean"].is_number());
+    assert!(String::from_utf8_lossy(&out.stdout).contains("maj@2"));
     let samples = std::fs::read_to_string(out_dir.join("samples.jsonl")).expect("samples");
     assert_eq!(samples.lines().count(), 4 * 3 * 2);
     let first: serde_json::Value =

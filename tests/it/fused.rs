@@ -748,3 +748,53 @@ fn exp_matches_libm_on_every_float() {
         &bad[..bad.len().min(8)]
     );
 }
+
+/// A backward seeded with its output gradient ([`fused::backward_seed`]) gives the gradients of
+/// differentiating `(y ⊙ g).sum_all()`, bit for bit (signed zeros of `g` included: both add the
+/// gradient into zeros), and its value is ⟨y, g⟩; mismatched operands are an error.
+#[test]
+fn backward_seed_gives_the_sum_all_gradients_bit_for_bit() {
+    let shape = [3, 5, 70];
+    let w = Var::from_tensor(&randn(41, &shape, 1.0)).unwrap();
+    let b = Var::from_tensor(&randn(42, &[70], 1.0)).unwrap();
+    let mut g = randn(43, &shape, 1.0)
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f32>()
+        .unwrap();
+    for (i, x) in g.iter_mut().enumerate() {
+        match i % 7 {
+            0 => *x = -0.0,
+            1 => *x = 0.0,
+            _ => {}
+        }
+    }
+    let g = Tensor::from_vec(g, &shape[..], &Device::Cpu).unwrap();
+    // y uses w twice and b broadcast, so the gradients add up from several paths.
+    let y = || {
+        let x = w.as_tensor();
+        ((x.exp().unwrap() * x).unwrap().tanh().unwrap() + x.broadcast_add(b.as_tensor())).unwrap()
+    };
+    let old = (y() * &g).unwrap().sum_all().unwrap();
+    let old_grads = old.backward().unwrap();
+    let seed = fused::backward_seed(&y(), &g).unwrap();
+    assert_eq!(seed.dims(), old.dims());
+    let (sv, ov) = (
+        seed.to_scalar::<f32>().unwrap(),
+        old.to_scalar::<f32>().unwrap(),
+    );
+    assert!((sv - ov).abs() <= 1e-4 * ov.abs().max(1.0), "{sv} vs {ov}");
+    let new_grads = seed.backward().unwrap();
+    for v in [&w, &b] {
+        let bits = |store: &candle_core::backprop::GradStore| -> Vec<u32> {
+            let t = store.get(v.as_tensor()).expect("a gradient");
+            let t = t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+            t.iter().map(|x| x.to_bits()).collect()
+        };
+        assert_eq!(bits(&new_grads), bits(&old_grads));
+    }
+    // g is a constant: it gets no gradient, where the sum gave it y.
+    assert!(new_grads.get(&g).is_none());
+    assert!(fused::backward_seed(&y(), &g.narrow(2, 0, 69).unwrap()).is_err());
+    assert!(fused::backward_seed(&y(), &g.to_dtype(DType::F64).unwrap()).is_err());
+}

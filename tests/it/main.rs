@@ -6,6 +6,7 @@ mod cuda;
 mod determinism;
 mod doc;
 mod eval;
+mod export;
 mod flags;
 mod from;
 mod fused;

@@ -840,14 +840,17 @@ fn flash_attention_and_vocabulary_chunks_give_the_composed_model_and_its_gradien
             Kernels {
                 flash_attention: true,
                 vocab_chunk: None,
+                decode_chain: false,
             },
             Kernels {
                 flash_attention: false,
                 vocab_chunk: Some(37),
+                decode_chain: false,
             },
             Kernels {
                 flash_attention: true,
                 vocab_chunk: Some(64),
+                decode_chain: false,
             },
         ] {
             let (l1, g1) = run(kernels);
@@ -883,6 +886,7 @@ fn gradient_checkpointing_gives_the_plain_gradients_bit_for_bit() {
             Kernels {
                 flash_attention: true,
                 vocab_chunk: Some(64),
+                decode_chain: false,
             },
         ] {
             let model = Qwen::new(&cfg, &params, false)
@@ -1062,6 +1066,44 @@ fn the_kv_cache_is_allocated_once_and_written_in_place() {
         .expect("v");
     assert_eq!(want.len(), h);
     assert!(max_abs_diff(&last, &want) < 1e-4);
+}
+
+/// The backward from a known output gradient (each checkpointed layer's, the embedding's and the
+/// tied lm_head's, one layer's attention in `acpo bench attention`) is seeded with that gradient
+/// (`fused::backward_seed`), not through a `sum_all` to differentiate, which candle 0.11's CUDA
+/// backend reduces in one block (tens of ms a step at the paper's shapes).
+#[test]
+fn no_backward_from_an_output_gradient_differentiates_a_sum_all() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let body = |file: &str, from: &str| -> String {
+        let text = std::fs::read_to_string(root.join(file)).expect("source");
+        let start = text
+            .find(from)
+            .unwrap_or_else(|| panic!("{from} in {file}"));
+        // up to the next item at the same depth (a line opening with `    pub fn`, `pub fn` or `}`
+        // at column 0 ends an fn in an impl or at top level)
+        let rest = &text[start..];
+        let end = rest[from.len()..]
+            .find("\n    pub fn ")
+            .or_else(|| rest[from.len()..].find("\n}\n"))
+            .map_or(rest.len(), |e| e + from.len());
+        rest[..end].to_string()
+    };
+    for (file, from) in [
+        ("src/model/qwen.rs", "pub fn checkpointed_backward"),
+        ("src/perf/attention.rs", "pub fn bench_attention"),
+    ] {
+        let code = body(file, from);
+        assert!(
+            code.contains("backward_seed"),
+            "{file}: {from} is not seeded with backward_seed"
+        );
+        let sums: Vec<&str> = code.lines().filter(|l| l.contains("sum_all")).collect();
+        assert!(
+            sums.is_empty(),
+            "{file}: {from} still sums to seed: {sums:?}"
+        );
+    }
 }
 
 /// Prompts, their sample keys, the sampling and the end-of-sequence tokens.

@@ -2,8 +2,9 @@
 """The GPU rows of docs/CUDA.md and REPRODUCE.md from one run of tools/gpu/suite.sh (issue #24):
 reads every raw file under a results/gpu/<device>-<date>/ directory (one sub-directory per device
 call; where a check ran in several calls, the later call's result counts) and writes there
-gpu-results.md (every measurement) and gpu-targets.md (the CUDA issues' targets beside what was
-measured). Every number comes from the raw files. The docs quote the two files through their
+gpu-results.md (every measurement), gpu-targets.md (the CUDA issues' targets beside what was
+measured) and gpu-step-parts.md (the train step by kind of work, and the step predicted for the
+code since). Every number comes from the raw files. The docs quote the two files through their
 `<!-- begin: NAME -->` blocks, filled by the binary's one filler (`acpo doc`, src/report/doc.rs):
 
     python3 tools/gpu/report.py results/gpu/NVIDIA-H100-80GB-HBM3-20261123
@@ -202,6 +203,215 @@ def attention(root):
     return out
 
 
+# The decoder layer's element-wise forward, in elements moved per token (read + written) by its
+# passes outside the matrix products and the attention: the two RMSNorms (x in, y out), QK-norm
+# and RoPE on q and k, v's and the attention output's transposed copies, the two residual adds
+# (two in, one out) and SwiGLU (gate and up in, one out).
+def forward_elementwise_elems(st):
+    h, q, kv, i = st["hidden"], st["heads"] * st["head_dim"], st["kv_heads"] * st["head_dim"], st["intermediate"]
+    return 2 * h + 2 * (q + kv) + 2 * (q + kv) + 2 * kv + 2 * q + 2 * 3 * h + 2 * h + 3 * i
+
+
+def layer_matmul_params(st):
+    h, q, kv, i = st["hidden"], st["heads"] * st["head_dim"], st["kv_heads"] * st["head_dim"], st["intermediate"]
+    return h * q + 2 * h * kv + q * h + 3 * h * i
+
+
+# Element passes (reads + writes of one element of y) of the old seed, `(y*g).sum_all().backward()`,
+# outside its one-block sum: the product (2 in, 1 out); in the backward, the ones of y's shape
+# (a zero fill, then zeros + ones: 1 + 3), 1·g (3), y's gradient (a zero fill and an add: 1 + 3),
+# g's unused gradient 1·y (3) and its zero fill and add (1 + 3).
+OLD_SEED_PASSES = 3 + (1 + 3) + 3 + (1 + 3) + 3 + (1 + 3)
+# The new seed (`fused::backward_seed`): the product and its rows' sums (3 + 1) forward; g·1 (2),
+# y's zero fill and add (1 + 3) in the backward. Its forward alone is its own line.
+NEW_SEED_VALUE_PASSES = 3 + 1
+NEW_SEED_BACKWARD_PASSES = 2 + (1 + 3)
+
+
+def flash_kernel_ms(root, length):
+    """flash_check's tensor-core forward and backward at B2 T`length` (ms), or None."""
+    check = latest(root, "flash_kernels_check.log")
+    if not check:
+        return None
+    for l in check.read_text().splitlines():
+        m = re.match(rf"time mma fwd\s+B2 H\d+ KV\d+ T{length} past0 D\d+: forward ([\d.]+) ms.*?; backward ([\d.]+) ms", l)
+        if m:
+            return float(m.group(1)), float(m.group(2))
+    return None
+
+
+def copy_bandwidth(root):
+    """The device's measured copy rate (bytes/s), from the sampling run's roofline."""
+    d = latest(root, "generate-paper")
+    g = load(d / "generate.json") if d and (d / "generate.json").exists() else None
+    return g[0]["roofline"]["copy_gb_per_s"] * 1e9 if g else None
+
+
+def part_seconds(marks, pred, name):
+    return sum(p["seconds"] for m in marks if pred(m["phase"]) for p in m.get("parts", []) if p["name"] == name)
+
+
+def bench_attention_prediction(root, bw):
+    """`acpo bench attention`'s forward + backward beside the same without its old seed (a sum of
+    the output's B·H·T·D elements in one block, at the rate of the 2 × 2,048 step's embedding
+    phase, and its element passes at the copy rate; `backward_seed`'s instead), the kernels alone
+    and sdpa; rows only for runs whose bench still summed (before `backward_seed`)."""
+    a2048, _, _ = train_runs(root, 2048)
+    if not (a2048 and a2048.get("trace") and a2048.get("settings") and bw):
+        return []
+    if any(p["name"] == "backward seed" for m in a2048["trace"] for p in m.get("parts", [])):
+        return []
+    st = a2048["settings"]
+    emb = sum(m.get("seconds") or 0 for m in a2048["trace"] if m["phase"].startswith("embedding:"))
+    one_block = (st["vocab"] * st["hidden"] * st["tied"] + st["batch"] * st["seq_len"] * st["hidden"]) / emb
+    e = 2 if st["compute"] == "bf16" else 4
+    pat = re.compile(r"(\d+)×(\d+), (\d+) heads over \d+ KV heads of (\d+); .*forward \+ backward ([\d.]+) s")
+    rows = []
+    for length in (2048, 9220):
+        d = latest(root, f"attention-{length}")
+        acpo = load(d / "attention.json")[0] if d and (d / "attention.json").exists() else None
+        m = pat.search(acpo["shape"]) if acpo else None
+        kern = flash_kernel_ms(root, length)
+        torch = load(latest(root, f"torch-attention-{length}.json"))
+        if not (m and kern):
+            continue
+        b, t, h, dh, both = int(m.group(1)), int(m.group(2)), int(m.group(3)), int(m.group(4)), float(m.group(5))
+        elems = b * h * t * dh
+        pred = both - elems / one_block - elems * OLD_SEED_PASSES * e / bw + \
+            elems * (NEW_SEED_VALUE_PASSES + NEW_SEED_BACKWARD_PASSES) * e / bw
+        sdpa = f"{1e3 * torch['forward_backward_s']:.1f}" if torch else "—"
+        rows.append(f"| 2 × {length:,} | {1e3 * both:.1f} | {1e3 * pred:.1f} | {sum(kern):.1f} | {sdpa} |")
+    return rows
+
+
+def step_accounting(root):
+    """The train step's time by kind of work at 2 × 2,048 and 2 × 9,220 (issue #59), from the raw
+    results: measured where the run timed it (the step, its phases and, in a trace with parts, each
+    layer's parts; the attention kernels alone in flash_check), estimated from FLOPs and bytes at
+    the run's own rates where it did not; and the step predicted for the code that seeds each
+    backward with its output gradient, where the run's code still summed."""
+    bw = copy_bandwidth(root)
+    cols, notes = {}, []
+    for length in (2048, 9220):
+        acpo, torch, _ = train_runs(root, length)
+        kern = flash_kernel_ms(root, length)
+        if not (acpo and acpo.get("trace") and acpo.get("settings") and kern and bw):
+            continue
+        st, marks = acpo["settings"], acpo["trace"]
+        e = 2 if st["compute"] == "bf16" else 4
+        layers, n = st["layers"], st["batch"] * st["seq_len"]
+        nr = st["batch"] * (st["seq_len"] - st["prompt_len"])
+        vh = st["vocab"] * st["hidden"]
+        is_layer = lambda p: re.match(r"layer \d+:", p) is not None
+        phase = lambda start: sum(m.get("seconds") or 0 for m in marks if m["phase"].startswith(start))
+        f, b = (x / 1e3 for x in kern)
+        attention = layers * (2 * f + b)
+        fwd_flops = 2 * n * layer_matmul_params(st) * layers
+        flops = 4 * fwd_flops + 8 * nr * vh
+        timed = part_seconds(marks, lambda p: p.startswith("forward without a graph"), "forward: matrix products")
+        if timed > 0:
+            rate, rate_note = fwd_flops / timed, "measured: the forward's products, timed by the trace"
+        else:
+            elementwise = layers * n * forward_elementwise_elems(st) * e / bw
+            rate = fwd_flops / (phase("forward without a graph") - layers * f - elementwise)
+            rate_note = ("the forward's rate once its attention kernels and its element-wise passes at the copy "
+                         "rate are taken out: an upper bound on the products' time")
+        matmul = flops / rate
+        seeded = [(n * st["hidden"], layers + 1)] + ([(vh, 1)] if st["tied"] else [])
+        seed_elems = sum(x * k for x, k in seeded)
+        new_code = any(p["name"] == "backward seed" for m in marks for p in m.get("parts", []))
+        if new_code:
+            seeds = part_seconds(marks, is_layer, "backward seed")
+            seed_note = "measured: the layers' `backward seed` parts"
+        else:
+            # candle's one-block sum, at the rate the 2 × 2,048 embedding phase gives it: that
+            # phase is mostly the tied lm_head's seed (V·H elements) and the embedding's (N·H).
+            a2048, _, _ = train_runs(root, 2048)
+            st2 = a2048["settings"]
+            emb = sum(m.get("seconds") or 0 for m in a2048["trace"] if m["phase"].startswith("embedding:"))
+            one_block = (st2["vocab"] * st2["hidden"] * st2["tied"] + st2["batch"] * st2["seq_len"] * st2["hidden"]) / emb
+            seeds = seed_elems / one_block
+            seed_note = (f"estimate: {seed_elems / 1e6:,.0f} M elements summed in one block at "
+                         f"{one_block / 1e9:.1f}e9 elements/s, the rate of the 2 × 2,048 embedding phase")
+        adamw = phase("actor mini-batch 0: the optimizer step") + phase("micro-batch ") + \
+            phase("actor mini-batch 0: the compute copy")
+        step = acpo["seconds"]
+        other = step - attention - matmul - seeds - adamw
+        col = {"attention": attention, "matmul": matmul, "seeds": seeds, "other": other, "adamw": adamw,
+               "step": step}
+        if not new_code:
+            old_passes = seed_elems * OLD_SEED_PASSES * e / bw
+            new_value = seed_elems * NEW_SEED_VALUE_PASSES * e / bw
+            new_bwd = seed_elems * NEW_SEED_BACKWARD_PASSES * e / bw
+            pred = dict(col, seeds=new_value, other=other - old_passes + new_bwd)
+            pred["step"] = sum(pred[k] for k in ("attention", "matmul", "seeds", "other", "adamw"))
+            col["predicted"] = pred
+        if torch:
+            t = load(latest(root, f"torch-attention-{length}.json"))
+            twin_attn = layers * (t["forward_s"] + t["forward_backward_s"]) if t else None
+            col["twin"] = (twin_attn, torch["seconds"])
+        parts = {}
+        for m in marks:
+            if is_layer(m["phase"]) and m.get("parts"):
+                for p in m["parts"]:
+                    parts[p["name"]] = parts.get(p["name"], 0.0) + p["seconds"]
+                rest = (m.get("seconds") or 0) - sum(p["seconds"] for p in m["parts"])
+                parts["gradients into the sums (after the last part)"] = \
+                    parts.get("gradients into the sums (after the last part)", 0.0) + rest
+        col["parts"] = parts
+        cols[length] = col
+        notes.append(f"2 × {length:,}: products {flops / 1e12:,.0f} TFLOP at {rate / 1e12:,.0f} TFLOP/s ({rate_note}); "
+                     f"seeds: {seed_note}.")
+    if not cols:
+        return "The step's accounting: not measured in this run (it needs the traced step, flash_check's kernel times and the sampling run's copy rate).\n"
+    ms = lambda x: "—" if x is None else f"{1e3 * x:,.0f}"
+    lens = sorted(cols)
+    head = "| part of the step (ms) | " + " | ".join(
+        f"2 × {l:,} measured | 2 × {l:,} predicted, seeded by `backward_seed`" for l in lens) + " | the twin |"
+    out = [head, "|---|" + "---:|---:|" * len(lens) + "---|"]
+    names = [("attention", "attention kernels (forward, recompute, backward; flash_check's kernel times)"),
+             ("matmul", "cuBLAS matrix products (estimate: FLOPs at the rate below)"),
+             ("seeds", "backward seeds (the layers', the embedding's and the tied lm_head's)"),
+             ("other", "other element-wise passes, zero fills, adds and casts (the rest)"),
+             ("adamw", "AdamW, the bf16 copy, the gradient sums (their phases)"),
+             ("step", "step (measured; predicted: the sum)")]
+    for key, label in names:
+        cells = []
+        for l in lens:
+            c = cols[l]
+            cells += [ms(c[key]), ms(c["predicted"][key]) if "predicted" in c else "—"]
+        twin = ""
+        if key == "attention":
+            twin = "sdpa " + " / ".join(ms(cols[l].get("twin", (None, None))[0]) for l in lens)
+        elif key == "other":
+            rest = [cols[l]["twin"][1] - cols[l]["twin"][0] if cols[l].get("twin", (None,))[0] else None for l in lens]
+            twin = "the rest of the twin " + " / ".join(ms(r) for r in rest)
+        elif key == "step":
+            twin = " / ".join(ms(cols[l].get("twin", (None, None))[1]) for l in lens)
+        out.append(f"| {label} | {' | '.join(cells)} | {twin} |")
+    saved = [f"2 × {l:,}: {1e3 * (cols[l]['step'] - cols[l]['predicted']['step']):,.0f} ms "
+             f"({cols[l]['step'] / cols[l]['predicted']['step']:.2f}× the step's speed)"
+             for l in lens if "predicted" in cols[l]]
+    out.append("")
+    out += [f"- {n}" for n in notes]
+    out.append(f"- Bytes at the run's measured copy rate, {bw / 1e9:,.0f} GB/s (the sampling run's roofline). "
+               f"The prediction takes out the old seed's one-block sums and its {OLD_SEED_PASSES} element passes a seeded "
+               f"tensor and adds `backward_seed`'s {NEW_SEED_VALUE_PASSES} (its value) and {NEW_SEED_BACKWARD_PASSES} "
+               "(its backward).")
+    if saved:
+        out.append(f"- Predicted time saved a step: {'; '.join(saved)}.")
+    bench = bench_attention_prediction(root, bw)
+    if bench:
+        out += ["", "| one layer's attention, forward + backward (ms) | `acpo bench attention` measured "
+                "| predicted, seeded by `backward_seed` | the kernels alone (flash_check) | torch sdpa |",
+                "|---|---:|---:|---:|---:|", *bench]
+    for l in lens:
+        if cols[l]["parts"]:
+            out += ["", f"| 2 × {l:,}: the {layers} layers' recompute and backward by part (`--trace`, summed) | ms |",
+                    "|---|---:|", *[f"| {k} | {ms(v)} |" for k, v in cols[l]["parts"].items()]]
+    return "\n".join(out) + "\n"
+
+
 def decode_rate(row):
     """New tokens/s of the decode steps alone (prefill left out), where the run measured it."""
     r = row.get("roofline", row)
@@ -256,10 +466,40 @@ def generate(root, lines):
                 "|---|---:|---:|---:|",
                 f"| {cont['shape'].split(': ')[0]} | {fmt(waves['tokens_per_second'])} "
                 f"| {fmt(cont['tokens_per_second'])} | {cont['tokens_per_second'] / waves['tokens_per_second']:.2f}× |"]
+        out += long_tail_bound(cont)
+    out += decode_launches(root)
     check = latest(root, "flash_kernels_check.log")
     if check:
         out += flash_kernels(check, root)
     return out or ["sampling: not run"]
+
+
+def long_tail_bound(cont):
+    """The continuous run's decode steps against the bytes they must read (`acpo bench generate
+    --long-tail` from issue #57 on; nothing for a run without them)."""
+    r = cont.get("roofline")
+    if not r:
+        return []
+    bound = r["decode_tokens_per_second"] / r["fraction"]
+    return ["", f"Continuous batching's decode steps: {fmt(r['decode_tokens_per_second'])} tokens/s "
+            f"({1000 * r['step_seconds']:.1f} ms a step; the prefills {r['prefill_seconds']:.1f} s in all, not counted), "
+            f"{100 * r['fraction']:.1f} % of the KV-bandwidth bound of {fmt(bound)} tokens/s: every weight once a "
+            f"step and each row's own cache, {r['bytes_per_step'] / 1e9:.2f} GB a step on average, at the measured "
+            f"copy of {r['copy_gb_per_s']:,.0f} GB/s (target ≥ 70 %)."]
+
+
+def decode_launches(root):
+    """The kernels one decode step launches (ncu, tools/gpu/launches.py), where the run counted
+    them."""
+    got = load(latest(root, "launches.json"))
+    if not got:
+        return []
+    out = ["", f"The kernels of one decode step (ncu over `acpo bench generate`, {got['decode_steps']} steps "
+           f"counted by `tools/gpu/launches.py`): {got['launches_per_step']} launches, "
+           f"{got['kernel_ms_per_step']:.2f} ms of kernel time a step at the profiled shape:", "",
+           "| kernel | launches a step | µs a step |", "|---|---:|---:|"]
+    out += [f"| {r['kernel']} | {r['launches']:g} | {r['us']:.1f} |" for r in got["by_kernel"]]
+    return out
 
 
 def flash_kernels(check, root):
@@ -482,6 +722,14 @@ def targets(root):
         waves, cont = load(lt / "generate.json")
         rows.append(("#20", "continuous batching against waves on long-tailed lengths (no number set)",
                      f"{cont['tokens_per_second'] / waves['tokens_per_second']:.2f}× the tokens/s", "measured"))
+        if cont.get("roofline"):
+            f = cont["roofline"]["fraction"]
+            rows.append(("#57", "tokens/s at the memory-sized batch with long-tailed lengths ≥ 70 % of the "
+                         "KV-bandwidth bound", f"{100 * f:.1f} % ({cont['shape']})", "yes" if f >= 0.7 else "no"))
+    got = load(latest(root, "launches.json"))
+    if got:
+        rows.append(("#57", "a decode step with few launches (no number set)",
+                     f"{got['launches_per_step']} launches a step", "measured"))
     plan = latest(root, "paper-plan.json")
     rows.append(("#20", "a costed plan of the 16 paper runs from measured rates", "docs/CUDA.md" if plan else "not run",
                  "measured" if plan else "no"))
@@ -549,12 +797,13 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("results", type=Path)
     ap.add_argument("--check", action="store_true",
-                    help="write nothing; exit 1 if gpu-results.md or gpu-targets.md differ from the raw results")
+                    help="write nothing; exit 1 if a generated file differs from the raw results")
     args = ap.parse_args()
     if not args.results.is_dir():
         print(f"error: {args.results} is not a directory of GPU suite results", file=sys.stderr)
         return 2
-    files = {"gpu-results.md": report(args.results), "gpu-targets.md": targets(args.results) + "\n"}
+    files = {"gpu-results.md": report(args.results), "gpu-targets.md": targets(args.results) + "\n",
+             "gpu-step-parts.md": step_accounting(args.results)}
     if args.check:
         stale = [name for name, text in files.items()
                  if not (args.results / name).is_file() or (args.results / name).read_text() != text]

@@ -1,20 +1,27 @@
 #!/usr/bin/env bash
-# The GPU suite (issue #44): the train step measured first, everything in one lent call. In
-# fail-fast order, each step's raw results packed into $OUT as soon as it ends:
+# The GPU suite (issues #44, #55): everything in one lent call, the sections ordered by what
+# changed since the last run (the kernels and the decode step first). In fail-fast order, each
+# step's raw results packed into $OUT as soon as it ends:
 #
-#   1 kernels    the flash kernels and the AdamW step against float64 references and their CPU
-#                twins, timed (kernels/check/*_check.cu, built by `just pack-gpu-suite`)   gate
-#   2 attention  one layer's attention, forward and backward, at 2 × 2,048 and 2 × 9,220:
+#   1 kernels    the flash kernels, the AdamW step and every other kernel (the fused decode
+#                chain too) against float64 references and their CPU twins, timed
+#                (kernels/check/*_check.cu, built by `just pack-gpu-suite`)                 gate
+#   2 decode     sampling the way a paper run samples: `acpo bench generate` at 64 prompts x
+#                (1,024 + SUITE_DECODE_NEW, default 1,024) with its HBM roofline, beside HF
+#                `generate` with its static cache (tools/twins/bench_generate_torch.py); the
+#                launches of one decode step counted by ncu (tools/gpu/launches.py); then
+#                SUITE_TAIL_BATCH prompts (default 128) of 1,024 with long-tailed response
+#                lengths up to SUITE_TAIL_NEW (default 4,096; most short, a tail to the limit,
+#                as a GRPO run's), decoded at the batch the GPU's memory allows, beside the
+#                KV-bandwidth bound
+#   3 step       the Qwen3-1.7B train step at 2 x 2,048 (a gate) and 2 x 9,220, `--trace`
+#                (memory and seconds by phase), beside the PyTorch twin
+#                (tools/twins/bench_train_torch.py; an out-of-memory exit is a result)
+#   4 attention  one layer's attention, forward and backward, at 2 x 2,048 and 2 x 9,220:
 #                `acpo bench attention` beside torch's sdpa (tools/twins/bench_attention_torch.py)
-#   3 step-2048  the Qwen3-1.7B train step at 2 × 2,048, `--trace` (memory and seconds by phase),
-#                beside the PyTorch twin (tools/twins/bench_train_torch.py)                gate
-#   4 step-9220  the same at 2 × 9,220 (an out-of-memory exit is a result, not a failure)
 #   5 pipeline   `acpo pipeline` on qwen3-1.7b-grpo at paper shape, 2 steps, in the time left
 #                but the tests' (its metrics are written step by step)
 #   6 tests      the Rust CUDA tests (every kernel against its CPU twin, the model, training)
-#   7 decode     sampling at 64 prompts x (1,024 + SUITE_DECODE_NEW, default 1,024): `acpo bench
-#                generate` beside HF `generate` (tools/twins/bench_generate_torch.py), in what
-#                time is left (a whole run of both takes ~4.5 minutes on an H100)
 #
 # SUITE_STEPS picks the sections (default: all, in the order above), so that a second call
 # reruns only what the first left: SUITE_STEPS="pipeline tests" bash tools/gpu/suite.sh.
@@ -70,11 +77,11 @@ save() {
     cp "$res/summary.txt" "$OUT/summary.txt" 2>/dev/null
 }
 failed=0
-steps=" ${SUITE_STEPS:-kernels attention step pipeline tests decode} "
+steps=" ${SUITE_STEPS:-kernels decode step attention pipeline tests} "
 for want in $steps; do
     case "$want" in
-        kernels | attention | step | pipeline | tests | decode) ;;
-        *) echo "suite: SUITE_STEPS names '$want'; the sections are kernels attention step pipeline tests decode" >&2; exit 2 ;;
+        kernels | decode | step | attention | pipeline | tests) ;;
+        *) echo "suite: SUITE_STEPS names '$want'; the sections are kernels decode step attention pipeline tests" >&2; exit 2 ;;
     esac
 done
 # wanted SECTION: whether SUITE_STEPS includes it.
@@ -222,20 +229,55 @@ gate $? "the other kernels check"
 tail -16 "$res/ops_check.log" | tee -a "$res/summary.txt"
 fi
 
-# ---- 2: one layer's attention, acpo beside torch's sdpa
-wanted attention && for len in "${lens[@]}"; do
-    step "acpo flash attention qwen3-1.7b 2x$len" 45 "acpo-attention-$len.log" \
-        "$acpo" bench attention --config "$cfg" --device "$device" --dtype bf16 \
-        --seq-len "$len" --micro-batch 2 --repeats 3 --out "$res/attention-$len"
-    rc=$?
-    tail -2 "$res/acpo-attention-$len.log" | tee -a "$res/summary.txt"
-    gate $rc "acpo bench attention"
-    torch_step "torch sdpa attention qwen3-1.7b 2x$len" 45 "torch-attention-$len.log" \
-        tools/twins/bench_attention_torch.py --config "$cfg" --seq-len "$len" --micro-batch 2 \
-        --json "$res/torch-attention-$len.json"
-done
+# ---- 2: decode the way a paper run samples: acpo beside HF generate (static cache) and the
+# roofline, the launches of a decode step, then long-tailed lengths at the memory-sized batch
+if wanted decode; then
+    new=${SUITE_DECODE_NEW:-1024}
+    gen=(--batch 64 --prompt-len 1024 --new-tokens "$new")
+    tail_shape=(--batch "${SUITE_TAIL_BATCH:-128}" --prompt-len 1024 --new-tokens "${SUITE_TAIL_NEW:-4096}")
+    if [ "$dry" = 1 ]; then
+        gen=(--batch 2 --prompt-len 16 --new-tokens 8)
+        tail_shape=(--batch 6 --prompt-len 16 --new-tokens 12)
+    fi
+    step "acpo generate qwen3-1.7b ${gen[*]}" 120 acpo-generate.log \
+        "$acpo" bench generate --config "$cfg" --device "$device" --dtype bf16 "${gen[@]}" \
+        --repeats 1 --out "$res/generate-paper"
+    [ $? = 0 ] || failed=1
+    tail -2 "$res/acpo-generate.log" | tee -a "$res/summary.txt"
+    torch_step "torch generate (static cache) qwen3-1.7b ${gen[*]}" 240 torch-generate-static.log \
+        tools/twins/bench_generate_torch.py --config "$cfg" "${gen[@]}" --repeats 1 --cache static \
+        --json "$res/torch-generate-static.json"
+    # The kernels one decode step launches, by name: ncu over a short run (the count does not
+    # depend on the lengths); tools/gpu/launches.py finds the decode steps between the sampler's
+    # launches. A dry run parses the H100's committed profile instead, so that the parser runs;
+    # a GPU machine without ncu counts nothing (no older profile passes for this run's).
+    profile=
+    if [ "$dry" = 1 ]; then
+        log "== ncu: a dry run reads the committed H100 profile instead (the parser's check)"
+        profile=results/gpu/NVIDIA-H100-80GB-HBM3-20261123/5-profile/profile/ncu.csv.gz
+    elif command -v ncu > /dev/null 2>&1; then
+        step "ncu: the launches of a decode step (64 prompts of 64, 4 new tokens)" 90 ncu-decode.log \
+            ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+            "$acpo" bench generate --config "$cfg" --device "$device" \
+            --dtype bf16 --batch 64 --prompt-len 64 --new-tokens 4 --repeats 1 --out "$res/generate-ncu"
+        profile=$res/ncu-decode.log
+    else
+        log "== ncu: not on this machine; the launches of a decode step are not counted"
+    fi
+    if [ -n "$profile" ]; then
+        step "the launches per decode step (tools/gpu/launches.py)" 30 launches.log \
+            python3 tools/gpu/launches.py "$profile" --json "$res/launches.json"
+        [ $? = 0 ] || failed=1
+        tail -1 "$res/launches.log" | tee -a "$res/summary.txt"
+    fi
+    step "acpo generate long-tailed lengths, the memory-sized batch, qwen3-1.7b ${tail_shape[*]}" 150 \
+        acpo-generate-long-tail.log "$acpo" bench generate --config "$cfg" --device "$device" \
+        --dtype bf16 "${tail_shape[@]}" --long-tail --repeats 1 --out "$res/generate-long-tail"
+    [ $? = 0 ] || failed=1
+    tail -3 "$res/acpo-generate-long-tail.log" | tee -a "$res/summary.txt"
+fi
 
-# ---- 3, 4: the train step, memory and time by phase, beside the twin
+# ---- 3: the train step, memory and time by phase, beside the twin
 wanted step && for len in "${lens[@]}"; do
     step "acpo train-step qwen3-1.7b 2x$len --trace" 120 "acpo-train-$len.log" \
         "$acpo" bench train-step --config "$cfg" --device "$device" --dtype bf16 \
@@ -248,6 +290,19 @@ wanted step && for len in "${lens[@]}"; do
         tools/twins/bench_train_torch.py --config "$cfg" --seq-len "$len" \
         --prompt-len "$((len / 2 < 1024 ? len / 2 : 1024))" --micro-batch 2 --checkpointing \
         --repeats 2 --json "$res/torch-train-$len.json"
+done
+
+# ---- 4: one layer's attention, acpo beside torch's sdpa
+wanted attention && for len in "${lens[@]}"; do
+    step "acpo flash attention qwen3-1.7b 2x$len" 45 "acpo-attention-$len.log" \
+        "$acpo" bench attention --config "$cfg" --device "$device" --dtype bf16 \
+        --seq-len "$len" --micro-batch 2 --repeats 3 --out "$res/attention-$len"
+    rc=$?
+    tail -2 "$res/acpo-attention-$len.log" | tee -a "$res/summary.txt"
+    gate $rc "acpo bench attention"
+    torch_step "torch sdpa attention qwen3-1.7b 2x$len" 45 "torch-attention-$len.log" \
+        tools/twins/bench_attention_torch.py --config "$cfg" --seq-len "$len" --micro-batch 2 \
+        --json "$res/torch-attention-$len.json"
 done
 
 # ---- 5: a paper run end to end on random weights, in the time left but the tests'
@@ -277,18 +332,4 @@ else
     log "== cuda tests: skipped (no test binary: ACPO_IT_BIN)"
 fi
 
-# ---- 7: decode, acpo's sampler beside HF generate at one shape (the roofline: docs/CUDA.md)
-if wanted decode; then
-    new=${SUITE_DECODE_NEW:-1024}
-    gen=(--batch 64 --prompt-len 1024 --new-tokens "$new")
-    [ "$dry" = 1 ] && gen=(--batch 2 --prompt-len 16 --new-tokens 8)
-    torch_step "torch generate (dynamic cache) qwen3-1.7b ${gen[*]}" 200 torch-generate-dynamic.log \
-        tools/twins/bench_generate_torch.py --config "$cfg" "${gen[@]}" --repeats 1 --cache dynamic \
-        --json "$res/torch-generate-dynamic.json"
-    step "acpo generate qwen3-1.7b ${gen[*]}" 150 acpo-generate.log \
-        "$acpo" bench generate --config "$cfg" --device "$device" --dtype bf16 "${gen[@]}" \
-        --repeats 1 --out "$res/generate-paper"
-    [ $? = 0 ] || failed=1
-    tail -2 "$res/acpo-generate.log" | tee -a "$res/summary.txt"
-fi
 finish

@@ -72,6 +72,7 @@ fn speed_options(args: &args::BenchArgs) -> anyhow::Result<acpo::perf::SpeedOpti
             vocab_chunk: args
                 .vocab_chunk
                 .map_or(default.vocab_chunk, |c| (c > 0).then_some(c)),
+            decode_chain: default.decode_chain,
         }
     });
     Ok(acpo::perf::SpeedOptions {

@@ -1,5 +1,5 @@
-//! `acpo model init` and `acpo model logprobs`: a seeded random model, and a model's
-//! log-probabilities of given token ids.
+//! `acpo model init`, `acpo model export` and `acpo model logprobs`: a seeded random model, a
+//! model directory transformers loads whole, and a model's log-probabilities of given token ids.
 
 use anyhow::Context;
 
@@ -25,6 +25,18 @@ pub fn run(cmd: ModelCommand) -> anyhow::Result<Outcome> {
                 _ => None,
             };
             println!("{}", acpo::model::init::create(&config, &out, seed, kind)?);
+            Ok(Outcome::Success)
+        }
+        ModelCommand::Export {
+            source,
+            out,
+            step,
+            tokenizer_from,
+        } => {
+            let hub = acpo::hub::HubOptions::from_env();
+            let done =
+                acpo::run::export::export(&source, step, tokenizer_from.as_deref(), &out, &hub)?;
+            println!("{done}");
             Ok(Outcome::Success)
         }
         ModelCommand::Logprobs {

@@ -427,6 +427,7 @@ impl CustomOp3 for FlashAttention {
             .ok_or_else(|| {
                 candle_core::Error::Msg(format!("{}: backward before forward", self.name()))
             })?;
+        crate::device::part(crate::model::qwen::BACKWARD_REST);
         let dout = dout.contiguous()?;
         let (dq, dk, dv) = if q.device().is_cpu() {
             let dims = &self.dims;
@@ -448,6 +449,8 @@ impl CustomOp3 for FlashAttention {
         } else {
             self.cuda_backward(q, k, v, o, &dout, &stats)?
         };
+        // A traced backward's attention, apart from the rest of the layer's backward.
+        crate::device::part(crate::model::qwen::BACKWARD_ATTENTION);
         Ok((Some(dq), Some(dk), Some(dv)))
     }
 }

@@ -1,0 +1,98 @@
+// The decode step's per-layer element-wise chain, fused (one query position per row):
+//
+// - `qk_norm_rope_cache_*`: after the q/k/v projections, Qwen3's RMSNorm of every q and k head
+//   (Qwen2: none), the rotary embedding of both, q written heads first for attention, and the
+//   new token's k and v written into the KV cache at column `col`. Composed, that is q_norm,
+//   k_norm, two RoPE launches and the cache's two column writes: six launches, one here.
+//   One block of DEC_THREADS threads per (row, head), heads in the order q (h), k (kv), v (kv).
+//   The norm reduces as rms_norm.cu's row kernel does (block_sum: a warp's xor tree, then the
+//   warps' in warp order), and each value is rounded to the storage type where the composed
+//   chain stores it (the normalised row, its product with w, the rotation), so for head dims
+//   up to DEC_THREADS the result is the composed kernels' bit for bit.
+// - `add_rms_norm_*`: the residual add and the next RMSNorm, h = x + a (rounded as the add's
+//   kernel rounds it) and y = rms_norm(h)·w, both written: two launches, one here; one block of
+//   ROW_THREADS per row, reducing as rms_norm.cu does (the same bits).
+//
+// CPU twin: src/fused/decode_chain.rs (the composed ops it replaces).
+#include "common.cuh"
+
+template <typename T>
+__device__ void qk_norm_rope_cache(const T* q, const T* k, const T* v, const T* qw, const T* kw,
+                                   const T* cos, const T* sin, T* qo, T* kc, T* vc, int h,
+                                   int kv, int d, float eps, int norm, size_t row_stride,
+                                   size_t head_stride, size_t col) {
+  __shared__ float n[DEC_MAXD];
+  const int heads = h + 2 * kv;
+  const size_t b = blockIdx.x / heads;
+  const int hd = blockIdx.x % heads;
+  if (hd >= h + kv) {  // v: the new column, as it is
+    const int j0 = hd - h - kv;
+    const T* src = v + (b * kv + j0) * d;
+    T* dst = vc + b * row_stride + j0 * head_stride + col * d;
+    for (int j = threadIdx.x; j < d; j += blockDim.x) dst[j] = src[j];
+    return;
+  }
+  const bool is_q = hd < h;
+  const T* x = is_q ? q + (b * h + hd) * d : k + (b * kv + (hd - h)) * d;
+  const T* w = is_q ? qw : kw;
+  T* y = is_q ? qo + (b * h + hd) * d : kc + b * row_stride + (hd - h) * head_stride + col * d;
+  if (norm) {
+    float ss = 0.0f;
+    for (int j = threadIdx.x; j < d; j += blockDim.x) {
+      const float xv = to_f(x[j]);
+      ss += xv * xv;
+    }
+    const float r = 1.0f / sqrtf(block_sum(ss) / d + eps);
+    for (int j = threadIdx.x; j < d; j += blockDim.x)
+      n[j] = to_f(from_f<T>(to_f(from_f<T>(to_f(x[j]) * r)) * to_f(w[j])));
+  } else {
+    for (int j = threadIdx.x; j < d; j += blockDim.x) n[j] = to_f(x[j]);
+  }
+  __syncthreads();
+  const int half = d / 2;
+  const T* c = cos + b * d;
+  const T* s = sin + b * d;
+  for (int j = threadIdx.x; j < half; j += blockDim.x) {
+    const float cj = to_f(c[j]), sj = to_f(s[j]);
+    const float x1 = n[j], x2 = n[half + j];
+    y[j] = from_f<T>(x1 * cj - x2 * sj);
+    y[half + j] = from_f<T>(x2 * cj + x1 * sj);
+  }
+}
+
+template <typename T>
+__device__ void add_rms_norm(const T* x, const T* a, const T* w, T* hs, T* y, int n, float eps) {
+  const size_t row = blockIdx.x;
+  const T* xr = x + row * n;
+  const T* ar = a + row * n;
+  T* hr = hs + row * n;
+  T* yr = y + row * n;
+  float ss = 0.0f;
+  for (int j = threadIdx.x; j < n; j += blockDim.x) {
+    const T sum = from_f<T>(to_f(xr[j]) + to_f(ar[j]));
+    hr[j] = sum;
+    const float v = to_f(sum);
+    ss += v * v;
+  }
+  const float r = 1.0f / sqrtf(block_sum(ss) / n + eps);
+  // each thread reads back the sums it wrote itself: no barrier needed between the loops
+  for (int j = threadIdx.x; j < n; j += blockDim.x) {
+    yr[j] = from_f<T>(to_f(from_f<T>(to_f(hr[j]) * r)) * to_f(w[j]));
+  }
+}
+
+#define DECODE_CHAIN(NAME, T)                                                                   \
+  extern "C" __global__ void __launch_bounds__(DEC_THREADS) qk_norm_rope_cache_##NAME(          \
+      const T* q, const T* k, const T* v, const T* qw, const T* kw, const T* cos, const T* sin, \
+      T* qo, T* kc, T* vc, int h, int kv, int d, float eps, int norm, size_t row_stride,        \
+      size_t head_stride, size_t col) {                                                         \
+    qk_norm_rope_cache<T>(q, k, v, qw, kw, cos, sin, qo, kc, vc, h, kv, d, eps, norm,           \
+                          row_stride, head_stride, col);                                        \
+  }                                                                                             \
+  extern "C" __global__ void __launch_bounds__(ROW_THREADS)                                     \
+      add_rms_norm_##NAME(const T* x, const T* a, const T* w, T* hs, T* y, int n, float eps) {  \
+    add_rms_norm<T>(x, a, w, hs, y, n, eps);                                                    \
+  }
+
+DECODE_CHAIN(f32, float)
+DECODE_CHAIN(bf16, __nv_bfloat16)

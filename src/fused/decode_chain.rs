@@ -1,0 +1,434 @@
+//! The decode step's per-layer element-wise chain in two kernels (kernels/decode_chain.cu), for
+//! a sampling model on CUDA (one query position per row, no autograd graph):
+//!
+//! - [`qk_norm_rope_cache`]: Qwen3's RMSNorm of every q and k head (Qwen2: none), the rotary
+//!   embedding of both, q returned heads first, and the new token's k and v written into the KV
+//!   cache's buffers at one column: one launch for the six of the composed chain
+//!   ([`qk_norm_rope_cache_composed`]: two norms, two rotations, two column writes).
+//! - [`add_rms_norm`]: the residual add and the RMSNorm that follows it, both results returned:
+//!   one launch for two ([`add_rms_norm_composed`]).
+//!
+//! Each returns `None` where its kernel does not apply (the CPU, another dtype, a shape the
+//! kernel does not take): the caller then runs the composed twin, which is also the kernel's
+//! oracle (tests/it/cuda.rs). The CPU never takes the fused path, so no CPU result changes.
+
+use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
+
+/// Qwen3's q and k norms (their weights `(D)`) and ε.
+#[derive(Clone, Copy)]
+pub struct QkNorms<'a> {
+    pub q: &'a Tensor,
+    pub k: &'a Tensor,
+    pub eps: f64,
+}
+
+/// The largest head dim the fused kernel takes (its shared row, `DEC_MAXD`).
+#[cfg(feature = "cuda")]
+const MAX_HEAD_DIM: usize = crate::fused::launch::sizes::DEC_MAXD as usize;
+
+/// The composed chain the fused kernel replaces, as the model runs it: q and k `(B, 1, H, D)`
+/// and `(B, 1, KV, D)` normalised (when `norms`) and rotated by `cos`, `sin` `(B, 1, 1, D)`
+/// into heads first; k and v `(B, 1, KV, D)` written at column `col` of the cache buffers
+/// `(B, KV, capacity, D)`. Returns q `(B, H, 1, D)`.
+#[allow(clippy::too_many_arguments)]
+pub fn qk_norm_rope_cache_composed(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    norms: Option<QkNorms>,
+    cos: &Tensor,
+    sin: &Tensor,
+    (k_cache, v_cache): (&Tensor, &Tensor),
+    col: usize,
+) -> Result<Tensor> {
+    let (q, k) = match norms {
+        Some(n) => (
+            super::rms_norm(q, n.q, n.eps)?,
+            super::rms_norm(k, n.k, n.eps)?,
+        ),
+        None => (q.clone(), k.clone()),
+    };
+    let q = super::rope_heads(&q, cos, sin)?;
+    let k = super::rope_heads(&k, cos, sin)?;
+    let v = v.transpose(1, 2)?.contiguous()?;
+    k_cache.slice_set(&k, 2, col)?;
+    v_cache.slice_set(&v, 2, col)?;
+    Ok(q)
+}
+
+/// [`qk_norm_rope_cache_composed`] in one launch, where the kernel applies: CUDA, f32 or bf16
+/// throughout, one position per row, an even head dim up to `DEC_MAXD`, contiguous operands and
+/// a cache with room at `col`. None elsewhere (nothing written).
+#[allow(clippy::too_many_arguments)]
+pub fn qk_norm_rope_cache(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    norms: Option<QkNorms>,
+    cos: &Tensor,
+    sin: &Tensor,
+    (k_cache, v_cache): (&Tensor, &Tensor),
+    col: usize,
+) -> Result<Option<Tensor>> {
+    #[cfg(feature = "cuda")]
+    {
+        let Some(dims) = chain_dims(q, k, v, norms, cos, sin, (k_cache, v_cache), col)? else {
+            return Ok(None);
+        };
+        let (qw, kw) = match norms {
+            Some(n) => (n.q.contiguous()?, n.k.contiguous()?),
+            // not read without norms: any tensor of the dtype
+            None => (cos.clone(), cos.clone()),
+        };
+        let op = QkChain {
+            dims,
+            qw,
+            kw,
+            cos: cos.contiguous()?,
+            sin: sin.contiguous()?,
+            k_cache: k_cache.clone(),
+            v_cache: v_cache.clone(),
+            eps: norms.map_or(0.0, |n| n.eps as f32),
+            norm: norms.is_some(),
+            col,
+        };
+        let out = q
+            .contiguous()?
+            .apply_op3_no_bwd(&k.contiguous()?, &v.contiguous()?, &op)?;
+        Ok(Some(out))
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (q, k, v, norms, cos, sin, k_cache, v_cache, col);
+        Ok(None)
+    }
+}
+
+/// `(B, H, KV, D, capacity)` where the fused kernel takes these operands, else None.
+#[cfg(feature = "cuda")]
+#[allow(clippy::too_many_arguments)]
+fn chain_dims(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    norms: Option<QkNorms>,
+    cos: &Tensor,
+    sin: &Tensor,
+    (k_cache, v_cache): (&Tensor, &Tensor),
+    col: usize,
+) -> Result<Option<ChainDims>> {
+    let dtype = q.dtype();
+    let mut all = vec![q, k, v, cos, sin, k_cache, v_cache];
+    if let Some(n) = norms {
+        all.extend([n.q, n.k]);
+    }
+    if !q.device().is_cuda()
+        || !matches!(dtype, candle_core::DType::F32 | candle_core::DType::BF16)
+        || all
+            .iter()
+            .any(|t| t.dtype() != dtype || !t.device().same_device(q.device()))
+        || q.rank() != 4
+        || k.rank() != 4
+        || k_cache.rank() != 4
+        || !k_cache.is_contiguous()
+        || !v_cache.is_contiguous()
+    {
+        return Ok(None);
+    }
+    let (b, t, h, d) = q.dims4()?;
+    let (_, _, kv, _) = k.dims4()?;
+    let (cb, ckv, cap, cd) = k_cache.dims4()?;
+    let fits = t == 1
+        && d % 2 == 0
+        && d <= MAX_HEAD_DIM
+        && k.dims() == [b, 1, kv, d]
+        && v.dims() == k.dims()
+        && cos.dims() == [b, 1, 1, d]
+        && sin.dims() == cos.dims()
+        && (cb, ckv, cd) == (b, kv, d)
+        && v_cache.dims() == k_cache.dims()
+        && col < cap
+        && norms.is_none_or(|n| n.q.dims() == [d] && n.k.dims() == [d]);
+    Ok(fits.then_some(ChainDims { b, h, kv, d, cap }))
+}
+
+#[cfg(feature = "cuda")]
+#[derive(Debug, Clone, Copy)]
+struct ChainDims {
+    b: usize,
+    h: usize,
+    kv: usize,
+    d: usize,
+    cap: usize,
+}
+
+/// The fused chain as a custom op on (q, k, v); the cache buffers it writes and the tables it
+/// reads are held here.
+#[cfg(feature = "cuda")]
+struct QkChain {
+    dims: ChainDims,
+    qw: Tensor,
+    kw: Tensor,
+    cos: Tensor,
+    sin: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    eps: f32,
+    norm: bool,
+    col: usize,
+}
+
+#[cfg(feature = "cuda")]
+impl CustomOp3 for QkChain {
+    fn name(&self) -> &'static str {
+        "acpo-qk-norm-rope-cache"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        candle_core::bail!("{}: the CPU runs the composed chain", self.name())
+    }
+
+    fn cuda_fwd(
+        &self,
+        q: &candle_core::CudaStorage,
+        lq: &Layout,
+        k: &candle_core::CudaStorage,
+        lk: &Layout,
+        v: &candle_core::CudaStorage,
+        lv: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let held = [
+            &self.qw,
+            &self.kw,
+            &self.cos,
+            &self.sin,
+            &self.k_cache,
+            &self.v_cache,
+        ];
+        let guards: Vec<_> = held.iter().map(|t| t.storage_and_layout()).collect();
+        let mut stores = Vec::with_capacity(held.len());
+        for (s, l) in &guards {
+            match &**s {
+                candle_core::Storage::Cuda(c) => stores.push((c, *l)),
+                _ => candle_core::bail!("{}: operands on different devices", self.name()),
+            }
+        }
+        let d = &self.dims;
+        let out = cuda::qk_chain(
+            [(q, lq), (k, lk), (v, lv)],
+            [stores[0], stores[1], stores[2], stores[3]],
+            [stores[4], stores[5]],
+            (d.h, d.kv, d.d, d.cap),
+            (self.eps, self.norm, self.col),
+        )?;
+        Ok((out, Shape::from((d.b, d.h, 1, d.d))))
+    }
+}
+
+/// The residual add and the RMSNorm after it: `(x + a, rms_norm(x + a)·w)`, as the model
+/// composes them.
+pub fn add_rms_norm_composed(
+    x: &Tensor,
+    a: &Tensor,
+    w: &Tensor,
+    eps: f64,
+) -> Result<(Tensor, Tensor)> {
+    let h = (x + a)?;
+    let y = super::rms_norm(&h, w, eps)?;
+    Ok((h, y))
+}
+
+/// [`add_rms_norm_composed`] in one launch where the kernel applies (CUDA, f32 or bf16, `x` and
+/// `a` of one shape whose last dim is `w`'s); None elsewhere. No backward: for a model
+/// without a graph.
+pub fn add_rms_norm(
+    x: &Tensor,
+    a: &Tensor,
+    w: &Tensor,
+    eps: f64,
+) -> Result<Option<(Tensor, Tensor)>> {
+    let dtype = x.dtype();
+    let applies = cfg!(feature = "cuda")
+        && x.device().is_cuda()
+        && matches!(dtype, candle_core::DType::F32 | candle_core::DType::BF16)
+        && a.dtype() == dtype
+        && w.dtype() == dtype
+        && x.dims() == a.dims()
+        && w.rank() == 1
+        && x.dims().last() == Some(&w.dim(0)?);
+    if !applies {
+        return Ok(None);
+    }
+    let both = x.contiguous()?.apply_op3_no_bwd(
+        &a.contiguous()?,
+        &w.contiguous()?,
+        &AddRmsNorm { eps: eps as f32 },
+    )?;
+    Ok(Some((both.get(0)?, both.get(1)?)))
+}
+
+/// `[x + a; rms_norm(x + a)·w]` stacked on a new first dim (a custom op has one output).
+struct AddRmsNorm {
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    eps: f32,
+}
+
+impl CustomOp3 for AddRmsNorm {
+    fn name(&self) -> &'static str {
+        "acpo-add-rms-norm"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        candle_core::bail!("{}: the CPU runs the composed add and norm", self.name())
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        x: &candle_core::CudaStorage,
+        lx: &Layout,
+        a: &candle_core::CudaStorage,
+        la: &Layout,
+        w: &candle_core::CudaStorage,
+        lw: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let out = cuda::add_rms_norm((x, lx), (a, la), (w, lw), self.eps)?;
+        let mut dims = vec![2];
+        dims.extend_from_slice(lx.dims());
+        Ok((out, Shape::from(dims)))
+    }
+}
+
+/// The CUDA launches of `kernels/decode_chain.cu`; the CPU twins are this file's `*_composed`.
+#[cfg(feature = "cuda")]
+mod cuda {
+    use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+    use candle_core::cuda_backend::WrapErr;
+    use candle_core::{CudaStorage, DType, Layout, Result};
+
+    use crate::fused::launch::{
+        dtype_of, grid_dim, kernel, ptx, rows_config, sizes, suffix, view, with_type,
+    };
+
+    const PTX: (&str, &str) = ptx!("decode_chain");
+
+    type Arg<'a> = (&'a CudaStorage, &'a Layout);
+
+    /// q heads first `(B, H, 1, D)` from q, k, v; k and v into the caches at column `col`.
+    pub fn qk_chain(
+        [(q, lq), (k, lk), (v, lv)]: [Arg; 3],
+        [(qw, lqw), (kw, lkw), (cos, lc), (sin, ls)]: [Arg; 4],
+        [(kc, lkc), (vc, lvc)]: [Arg; 2],
+        (h, kv, d, cap): (usize, usize, usize, usize),
+        (eps, norm, col): (f32, bool, usize),
+    ) -> Result<CudaStorage> {
+        let what = "acpo-qk-norm-rope-cache";
+        let sfx = suffix(dtype_of(q), what)?;
+        with_type!(dtype_of(q), T, {
+            let dev = &q.device;
+            let (qv, kv_, vv) = (
+                view::<T>(q, lq, what)?,
+                view::<T>(k, lk, what)?,
+                view::<T>(v, lv, what)?,
+            );
+            let (qwv, kwv, cv, sv) = (
+                view::<T>(qw, lqw, what)?,
+                view::<T>(kw, lkw, what)?,
+                view::<T>(cos, lc, what)?,
+                view::<T>(sin, ls, what)?,
+            );
+            // The cache buffers are written in place, as `slice_set` writes them: their storage
+            // is shared by the cache's tensors, and this stream's kernels run in order.
+            let (kcv, vcv) = (view::<T>(kc, lkc, what)?, view::<T>(vc, lvc, what)?);
+            let rows = qv.len() / (h * d).max(1);
+            // SAFETY: every element of q's output is written (each (row, q head) block its row).
+            let mut out = unsafe { dev.alloc::<T>(qv.len()) }?;
+            let f = kernel!(dev, &format!("qk_norm_rope_cache_{sfx}"), PTX)?;
+            let (h_i, kv_i, d_i, norm_i) = (h as i32, kv as i32, d as i32, i32::from(norm));
+            let (row_stride, head_stride) = (kv * cap * d, cap * d);
+            let mut b = f.builder();
+            b.arg(&qv)
+                .arg(&kv_)
+                .arg(&vv)
+                .arg(&qwv)
+                .arg(&kwv)
+                .arg(&cv)
+                .arg(&sv)
+                .arg(&mut out)
+                .arg(&kcv)
+                .arg(&vcv)
+                .arg(&h_i)
+                .arg(&kv_i)
+                .arg(&d_i)
+                .arg(&eps)
+                .arg(&norm_i)
+                .arg(&row_stride)
+                .arg(&head_stride)
+                .arg(&col);
+            let cfg = LaunchConfig {
+                grid_dim: (grid_dim(rows * (h + 2 * kv), what)?, 1, 1),
+                block_dim: (sizes::DEC_THREADS, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            if rows > 0 {
+                // SAFETY: the arguments match qk_norm_rope_cache_* in kernels/decode_chain.cu;
+                // the caller checked the shapes (chain_dims), so every write is in its buffer.
+                unsafe { b.launch(cfg) }.w()?;
+            }
+            Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+        })
+    }
+
+    /// `[x + a; rms_norm(x + a)·w]` stacked.
+    pub fn add_rms_norm((x, lx): Arg, (a, la): Arg, (w, lw): Arg, eps: f32) -> Result<CudaStorage> {
+        let what = "acpo-add-rms-norm";
+        let sfx = suffix(dtype_of(x), what)?;
+        with_type!(dtype_of(x), T, {
+            let dev = &x.device;
+            let (xv, av, wv) = (
+                view::<T>(x, lx, what)?,
+                view::<T>(a, la, what)?,
+                view::<T>(w, lw, what)?,
+            );
+            let n = wv.len();
+            let len = xv.len();
+            let rows = len / n.max(1);
+            // SAFETY: both halves are written whole (each row's block covers its row of each).
+            let mut out = unsafe { dev.alloc::<T>(2 * len) }?;
+            let f = kernel!(dev, &format!("add_rms_norm_{sfx}"), PTX)?;
+            let n_i = n as i32;
+            {
+                let (mut hs, mut y) = out.split_at_mut(len);
+                let mut b = f.builder();
+                b.arg(&xv)
+                    .arg(&av)
+                    .arg(&wv)
+                    .arg(&mut hs)
+                    .arg(&mut y)
+                    .arg(&n_i)
+                    .arg(&eps);
+                if rows > 0 {
+                    // SAFETY: the arguments match add_rms_norm_* in kernels/decode_chain.cu.
+                    unsafe { b.launch(rows_config(rows)?) }.w()?;
+                }
+            }
+            Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
+        })
+    }
+}
