@@ -501,7 +501,7 @@ impl Block {
         // A detached model's decode step adds and normalises in one launch where it can.
         let fused = if self.attn.decode_chain && x.dim(1)? == 1 && self.attn.q.decode.is_some() {
             let n = &self.post_norm;
-            crate::fused::add_rms_norm(x, &a, &n.weight, n.eps)?
+            crate::fused::add_rms_norm(x, a, &n.weight, n.eps)?
         } else {
             None
         };
