@@ -17,6 +17,11 @@
 //   block takes `cpb` consecutive chunks, its ring running on across them, and the host picks
 //   cpb to fill the GPU: it changes which block computes a chunk, never a result bit.
 //
+// `flash_decode_paged_*` is the same kernel over a paged KV cache (src/model/paged.rs): the
+// pool (blocks, KV, block, DH) read through each row's block table, the row's keys from its
+// first position (FdpPaged); only where a key's bytes are fetched from differs, so a row read
+// through its table has the dense kernel's bits on the same keys (kernels/check/flash_check.cu).
+//
 // So a row's attention depends only on its own keys, their positions from its first valid key,
 // and its valid bits: not on its batch (other rows, left padding, the buffer's capacity) nor on
 // cpb. kernels/check/flash_check.cu checks the bits of a row alone against the same row in a
@@ -58,13 +63,68 @@ __device__ __forceinline__ void fdp_unpack(const __nv_bfloat16* p, float (&x)[8]
   }
 }
 
+// Where the keys of one (sequence, KV head) are, as fdp_decode reads them: keys [lo, end) of
+// the row, key j's DH numbers at key(j) and val(j), visible(j) whether the query sees key j.
+//
+// A dense cache buffer (B, KV, cap, DH) with its valid bits: the row's keys from its first
+// valid one (column 0 for a row that sees no key), the causal limit `past`.
+template <typename T>
+struct FdpDenseRow {
+  const T *kb, *vb;
+  const uint8_t* valid_b;
+  int lo, end, past, dh;
+  __device__ const T* key(int j) const { return kb + (size_t)j * dh; }
+  __device__ const T* val(int j) const { return vb + (size_t)j * dh; }
+  __device__ bool visible(int j) const { return valid_b[j] && j <= past; }
+};
+template <typename T>
+struct FdpDense {
+  const T *k, *v;
+  const uint8_t* valid;
+  const int* first;
+  int KV, S, cap, past;
+  template <int DH>
+  __device__ FdpDenseRow<T> at(int bi, int g) const {
+    const int f = first[bi];
+    const size_t base = ((size_t)bi * KV + g) * cap * DH;
+    return {k + base, v + base, valid + (size_t)bi * S, f > past ? 0 : f, S, past, DH};
+  }
+};
+
+// A paged pool (blocks, KV, block, DH) (src/model/paged.rs): the row's keys are its first
+// lens[bi] positions, position j in block table[j / block], row j % block; the query (the last
+// position) sees every one. A row's chunks start at its key 0 as a dense row's start at its
+// first valid key, so a row read through its table has the bits of the same keys read dense.
+template <typename T>
+struct FdpPagedRow {
+  const T *k, *v;
+  const unsigned* table;
+  int lo, end, g, KV, block, dh;
+  __device__ size_t at(int j) const {
+    return (((size_t)table[j / block] * KV + g) * block + j % block) * dh;
+  }
+  __device__ const T* key(int j) const { return k + at(j); }
+  __device__ const T* val(int j) const { return v + at(j); }
+  __device__ bool visible(int) const { return true; }
+};
+template <typename T>
+struct FdpPaged {
+  const T *k, *v;
+  const unsigned* tables;
+  const unsigned* lens;
+  int KV, nblk, block;
+  template <int DH>
+  __device__ FdpPagedRow<T> at(int bi, int g) const {
+    return {k, v, tables + (size_t)bi * nblk, 0, (int)lens[bi], g, KV, block, DH};
+  }
+};
+
 // grid (ceil(nchunk / cpb), KV, B), block FDP_THREADS, fdp_smem(DH, sizeof(T)) bytes of dynamic
-// shared memory. part: (B, H, nchunk, 2 + DH) f32 = m, l, acc; nchunk = ceil(S / FDP_CHUNK).
-template <typename T, int DH>
-__device__ void fdp_decode(const T* __restrict__ q, const T* __restrict__ k,
-                           const T* __restrict__ v, const uint8_t* __restrict__ valid,
-                           const int* __restrict__ first, float* __restrict__ part, int nchunk,
-                           int cpb, int H, int KV, int S, int cap, int D, int past, float scale) {
+// shared memory. part: (B, H, nchunk, 2 + DH) f32 = m, l, acc; nchunk = ceil(S / FDP_CHUNK),
+// S the longest row's keys.
+template <typename T, int DH, typename Rows>
+__device__ void fdp_decode(const T* __restrict__ q, const Rows rows, float* __restrict__ part,
+                           int nchunk, int cpb, int H, int KV, int D, float scale) {
   constexpr int VEC = 16 / (int)sizeof(T);    // elements in 16 bytes
   constexpr int LPK = DH / VEC;               // lanes per key row
   constexpr int SLOTS = FDP_THREADS / LPK;    // rows in work at once
@@ -84,16 +144,14 @@ __device__ void fdp_decode(const T* __restrict__ q, const T* __restrict__ k,
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int sub = tid % LPK, slot = tid / LPK;
   const int bi = blockIdx.z, g = blockIdx.y, G = H / KV, h0 = g * G;
-  const int f = first[bi], lo = f > past ? 0 : f;
+  const auto src = rows.template at<DH>(bi, g);
+  const int lo = src.lo, S = src.end;
   // chunks [c0, c1) are this block's, [c0, cf) of them hold keys, [jbeg, jend) are their keys
   const int row_chunks = (S - lo + FDP_CHUNK - 1) / FDP_CHUNK;
   const int c0 = blockIdx.x * cpb, c1 = min(nchunk, c0 + cpb);
   const int cf = min(c1, max(c0, row_chunks));
   const int jbeg = lo + c0 * FDP_CHUNK, jend = min(S, lo + cf * FDP_CHUNK);
   const int ntile = cf > c0 ? (jend - jbeg + FDP_TILE - 1) / FDP_TILE : 0;
-  const T* kb = k + ((size_t)bi * KV + g) * cap * DH;
-  const T* vb = v + ((size_t)bi * KV + g) * cap * DH;
-  const uint8_t* valid_b = valid + (size_t)bi * S;
 
   // Tile t into stage t % FDP_STAGES (keys past jend zero-filled); a group every call, empty or
   // not, so that a wait counts tiles.
@@ -105,9 +163,9 @@ __device__ void fdp_decode(const T* __restrict__ q, const T* __restrict__ k,
       for (int x = tid; x < FDP_TILE * LPK; x += FDP_THREADS) {
         const int r = x / LPK, c = (x % LPK) * VEC, j = j0 + r;
         const bool in = j < jend;
-        const size_t src = (size_t)(in ? j : j0) * DH + c;
-        cp_async16(ks + r * DH + c, kb + src, in);
-        cp_async16(vs + r * DH + c, vb + src, in);
+        const int jr = in ? j : j0;
+        cp_async16(ks + r * DH + c, src.key(jr) + c, in);
+        cp_async16(vs + r * DH + c, src.val(jr) + c, in);
       }
     }
     cp_async_commit();
@@ -123,7 +181,7 @@ __device__ void fdp_decode(const T* __restrict__ q, const T* __restrict__ k,
 #pragma unroll
     for (int e = 0; e < VEC; ++e)
       qr[h][e] = h < G ? to_f(q[((size_t)bi * H + h0 + h) * DH + sub * VEC + e]) : 0.0f;
-  bool vis = jbeg + tid < jend && valid_b[jbeg + tid] && jbeg + tid <= past;
+  bool vis = jbeg + tid < jend && src.visible(jbeg + tid);
 
   float m[FDP_MAXG], l[FDP_MAXG], acc[FDP_MAXG][VEC];
   auto reset = [&]() {
@@ -143,7 +201,7 @@ __device__ void fdp_decode(const T* __restrict__ q, const T* __restrict__ k,
       // every thread is past the last chunk's merge, whose barriers follow its last read
       bias_s[tid] = vis ? 0.0f : FA_MASKED;
       const int jn = jbeg + (t + TPC) * FDP_TILE + tid;
-      vis = jn < jend && valid_b[jn] && jn <= past;
+      vis = jn < jend && src.visible(jn);
     }
     cp_async_wait<FDP_STAGES - 2>();
     __syncthreads();  // tile t and the chunk's bias are in; stage (t - 1) % FDP_STAGES is free
@@ -273,7 +331,16 @@ __device__ void fdp_decode(const T* __restrict__ q, const T* __restrict__ k,
       const T* q, const T* k, const T* v, const uint8_t* valid, const int* first, float* part,  \
       int nchunk, int cpb, FA_ARGS) {                                                           \
     (void)Tq;                                                                                   \
-    fdp_decode<T, DH>(q, k, v, valid, first, part, nchunk, cpb, H, KV, S, cap, D, past, scale); \
+    fdp_decode<T, DH>(q, FdpDense<T>{k, v, valid, first, KV, S, cap, past}, part, nchunk, cpb,  \
+                      H, KV, D, scale);                                                         \
+  }                                                                                             \
+  /* The same through a paged pool's block tables (B, nblk), lens (B): keys a row. */           \
+  extern "C" __global__ void __launch_bounds__(FDP_THREADS) flash_decode_paged_d##DH##_##SFX(    \
+      const T* q, const T* k, const T* v, const unsigned* tables, const unsigned* lens,         \
+      float* part, int nchunk, int cpb, int nblk, int block, int H, int KV, int D,              \
+      float scale) {                                                                            \
+    fdp_decode<T, DH>(q, FdpPaged<T>{k, v, tables, lens, KV, nblk, block}, part, nchunk, cpb,   \
+                      H, KV, D, scale);                                                         \
   }
 
 FDP_INSTANCE(__nv_bfloat16, bf16, 64)

@@ -331,6 +331,20 @@ pub fn mark(phase: impl FnOnce() -> String) {
     }
 }
 
+/// The parts a traced forward and a checkpointed layer's backward are split into
+/// ([`part`]): the forward's matrix products, its attention and the rest
+/// (element-wise passes: norms, RoPE, SwiGLU, residual adds, copies), the seed of the layer's
+/// backward ([`crate::fused::backward_seed`]), and in the backward the attention's kernels
+/// ([`crate::fused::flash_attention`]'s backward) and the rest (its matrix products, which the
+/// trace does not split from candle's element-wise passes and adds: `tools/gpu/report.py`
+/// estimates them from their FLOPs at the forward's measured rate).
+pub const FORWARD_MATMUL: &str = "forward: matrix products";
+pub const FORWARD_ATTENTION: &str = "forward: attention";
+pub const FORWARD_ELEMENTWISE: &str = "forward: element-wise";
+pub const SEED: &str = "backward seed";
+pub const BACKWARD_ATTENTION: &str = "backward: attention";
+pub const BACKWARD_REST: &str = "backward: matrix products and element-wise";
+
 /// The end of a part of the phase under way in a running trace: once the device has finished
 /// the work queued before it, the time since the previous part ended (or the phase began) is
 /// added to the part `name` of the next [`mark`] (a layer's backward: its recompute's matrix

@@ -59,6 +59,8 @@ pub struct GenerateOptions {
     pub chat: bool,
     pub device: crate::model::spec::Device,
     pub dtype: crate::model::spec::DType,
+    /// Decode over a paged KV cache ([`rollout::PagedOptions`], its defaults).
+    pub paged_kv: bool,
 }
 
 /// A sampling temperature: 0 (greedy), or at least [`crate::manifest::MIN_TEMPERATURE`] (the
@@ -185,9 +187,12 @@ pub fn generate(opts: &GenerateOptions) -> Result<Vec<Generated>> {
             index.push((pi, si));
         }
     }
-    let request = SampleRequest::new(opts.params())
+    let mut request = SampleRequest::new(opts.params())
         .eos(loaded.eos_ids())
         .pad(loaded.tokenizer.pad_id());
+    if opts.paged_kv {
+        request = request.paged(rollout::PagedOptions::default());
+    }
     let completions = rollout::generate(&model, &batch, &keys, &request)?;
     let mut out = Vec::with_capacity(completions.len());
     for ((pi, si), c) in index.into_iter().zip(completions) {

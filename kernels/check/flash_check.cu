@@ -436,6 +436,85 @@ static std::vector<int> ragged(int B, int lo, int hi) {
   return lens;
 }
 
+// ---- the paged decode (flash_decode.cu's flash_decode_paged_*)
+
+// The batch of `in` (row b's keys its last lens[b] columns) copied into a pool of `block`-key
+// blocks (blocks, KV, block, D) in a shuffled order, each row's table naming its blocks; the
+// pool's rows that hold no key are NaN and the tables' unused entries out of range, so a read
+// past a row's keys shows. Then the paged kernel (`cpb` chunks a block) against the dense one
+// on the same batch, bit for bit (the dense kernel's rows are independent of their batch, so
+// this is also the row alone), and against the float64 reference.
+template <typename T>
+static void check_paged(Case c, const std::vector<int>& lens, int block, int cpb) {
+  Inputs in(c);
+  set_lengths(in, lens);
+  const Reference ref(in);
+  int longest = 0, nblk = 0, nblocks = 1;  // block 0 is the pool's scratch block
+  for (int len : lens) {
+    longest = std::max(longest, len);
+    nblk = std::max(nblk, (len + block - 1) / block);
+    nblocks += (len + block - 1) / block;
+  }
+  nblocks += 3;  // blocks no row holds
+  std::vector<unsigned> ids(nblocks - 1);
+  for (int i = 0; i < nblocks - 1; ++i) ids[i] = i + 1;
+  for (int i = nblocks - 2; i > 0; --i)
+    std::swap(ids[i], ids[(int)((rnd() * 0.5 + 0.5) * i) % (i + 1)]);
+  std::vector<unsigned> tables((size_t)c.B * nblk, 0xfffffff0u);
+  std::vector<float> kp((size_t)nblocks * c.KV * block * c.D, NAN), vp(kp.size(), NAN);
+  size_t next = 0;
+  for (int b = 0; b < c.B; ++b)
+    for (int i = 0; i * block < lens[b]; ++i) tables[(size_t)b * nblk + i] = ids[next++];
+  for (int b = 0; b < c.B; ++b)
+    for (int g = 0; g < c.KV; ++g)
+      for (int j = 0; j < lens[b]; ++j) {
+        const size_t from = (((size_t)b * c.KV + g) * in.cap + (in.S - lens[b] + j)) * c.D;
+        const size_t to =
+            (((size_t)tables[(size_t)b * nblk + j / block] * c.KV + g) * block + j % block) * c.D;
+        std::copy(&in.k[from], &in.k[from] + c.D, &kp[to]);
+        std::copy(&in.v[from], &in.v[from] + c.D, &vp[to]);
+      }
+  std::vector<unsigned> ulens(lens.begin(), lens.end());
+  unsigned* dtables = (unsigned*)dalloc(tables.size() * 4);
+  unsigned* dlens = (unsigned*)dalloc(ulens.size() * 4);
+  h2d(dtables, tables.data(), tables.size() * 4), h2d(dlens, ulens.data(), ulens.size() * 4);
+  PipeOperands x = PipeOperands::of<T>(in);
+  T* kpool = (T*)PipeOperands::up<T>(kp);
+  T* vpool = (T*)PipeOperands::up<T>(vp);
+  const int nchunk = (longest + FDP_CHUNK - 1) / FDP_CHUNK;
+  const size_t npart = (size_t)c.B * c.H * nchunk * (c.D + 2);
+  float* part = (float*)dalloc(npart * 4);
+  T* o = (T*)dalloc(in.nq * sizeof(T));
+  float* stats = (float*)dalloc(in.nq / c.D * 8);
+  poison(part, npart * 4), poison(o, in.nq * sizeof(T)), poison(stats, in.nq / c.D * 8);
+  const dim3 grid((nchunk + cpb - 1) / cpb, c.KV, c.B), blk(FDP_THREADS);
+  const size_t smem = fdp_smem(c.D, sizeof(T));
+  const T* q = (const T*)x.q;
+#define PAGED_ARGS q, kpool, vpool, dtables, dlens, part, nchunk, cpb, nblk, block, c.H, c.KV, c.D, in.scale()
+  if constexpr (sizeof(T) == 2) {
+    if (c.D == 128) LAUNCH(flash_decode_paged_d128_bf16, grid, blk, smem, PAGED_ARGS);
+    else LAUNCH(flash_decode_paged_d64_bf16, grid, blk, smem, PAGED_ARGS);
+    LAUNCH(flash_decode_combine_bf16, dim3(c.H, c.B), dim3(128), 0, part, o, stats, nchunk, c.H, c.D);
+  } else {
+    if (c.D == 128) LAUNCH(flash_decode_paged_d128_f32, grid, blk, smem, PAGED_ARGS);
+    else LAUNCH(flash_decode_paged_d64_f32, grid, blk, smem, PAGED_ARGS);
+    LAUNCH(flash_decode_combine_f32, dim3(c.H, c.B), dim3(128), 0, part, o, stats, nchunk, c.H, c.D);
+  }
+#undef PAGED_ARGS
+  const PipeOut paged{download(o, in.nq), download(stats, in.nq / c.D * 2)};
+  const char* what = sizeof(T) == 2 ? "decode paged" : "decode paged f32";
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%s (blocks of %d)", what, block);
+  report_lens(buf, c, lens, forward_err(ref, paged.o, paged.stats), sizeof(T) == 2 ? 1e-2 : 1e-4);
+  const PipeOut dense = run_pipe<T>(in, host_cpb(c.B, c.KV, (in.S + FDP_CHUNK - 1) / FDP_CHUNK));
+  const bool same = same_bits(paged.o, dense.o) && same_bits(paged.stats, dense.stats);
+  printf("%s blocks of %d vs the dense kernel B%d H%d KV%d S%d D%d, chunks a block %d: %s\n", what,
+         block, c.B, c.H, c.KV, in.S, c.D, cpb, same ? "the same bits ok" : "FAILED (bits differ)");
+  if (!same) failures++;
+  dfree(part), dfree(o), dfree(stats), dfree(dtables), dfree(dlens), dfree(kpool), dfree(vpool);
+  x.release<T>(in);
+}
+
 // The pipelined decode's checks, under the emulator schedule already set.
 static void check_pipes(bool big) {
   // {B, H, KV, T, past, D, pad, cap}
@@ -455,7 +534,14 @@ static void check_pipes(bool big) {
   check_pipe_alone<bf>({4, 16, 8, 1, 399, 128, 0, 512}, {400, 257, 129, 40}, 1, 2);
   check_pipe_alone<bf>({3, 28, 4, 1, 260, 64, 0, 0}, {100, 261, 3}, 0, 1);
   check_pipe_alone<float>({3, 4, 2, 1, 300, 128, 0, 0}, {301, 55, 200}, 2, 3);
+  // through a paged pool's block tables: ragged rows, the block and chunk edges (31, 32, 33,
+  // 128, 129 keys), blocks of 32 and 64, head dim 64 with GQA 7, several chunks a block, f32
+  check_paged<bf>({5, 16, 8, 1, 299, 128, 0, 384}, {1, 300, 129, 32, 77}, 32, 1);
+  check_paged<bf>({4, 16, 8, 1, 200, 128, 0, 0}, {31, 33, 128, 201}, 64, 2);
+  check_paged<bf>({3, 28, 4, 1, 260, 64, 0, 0}, {100, 261, 3}, 32, 3);
+  check_paged<float>({3, 4, 2, 1, 300, 128, 0, 0}, {301, 55, 200}, 32, 1);
   if (!big) return;
+  check_paged<bf>({64, 2, 1, 1, 2046, 128, 0, 2048}, ragged(64, 1024, 2047), 32, host_cpb(64, 8, 16));
   // the shapes of the issue: one row of 8,192 keys with Qwen3-1.7B's heads; 64 rows of 1,024
   // and of 2,047 keys, and 64 ragged rows, with its grouping (2 query heads a KV head) over one
   // KV head (the emulator is slow; the GPU's checks below take all 16 heads)
@@ -578,6 +664,8 @@ int main(int argc, char** argv) {
         check_pipe<bf>({64, 16, 8, 1, 2046, 128, 0, 2048}, {}, {host_cpb(64, 8, 16), 1});
         check_pipe_alone<bf>({64, 16, 8, 1, 2046, 128, 0, 2048}, ragged(64, 1024, 2047), 5,
                              host_cpb(64, 8, 16));
+        check_paged<bf>({64, 16, 8, 1, 2046, 128, 0, 2048}, ragged(64, 1024, 2047), 32,
+                        host_cpb(64, 8, 16));
       }
     }
   }

@@ -230,6 +230,11 @@ pub struct GenerateArgs {
     /// Write completions as JSONL here instead of printing them.
     #[arg(long)]
     pub output: Option<PathBuf>,
+    /// Decode over a paged KV cache: blocks from one pool (half the free memory on CUDA)
+    /// taken as the sequences grow, the --n completions of a prompt sharing its prefill and
+    /// blocks. On the CPU the same completions, bit for bit.
+    #[arg(long)]
+    pub paged_kv: bool,
 }
 
 impl GenerateArgs {
@@ -249,6 +254,7 @@ impl GenerateArgs {
             chat: self.chat,
             device: self.device.into(),
             dtype: self.dtype.into(),
+            paged_kv: self.paged_kv,
         }
     }
 }

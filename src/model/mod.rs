@@ -13,6 +13,7 @@
 pub mod budget;
 pub mod init;
 pub mod load;
+pub mod paged;
 pub mod qwen;
 pub mod score;
 pub mod spec;
@@ -57,6 +58,8 @@ pub enum ModelError {
         have: String,
         place: &'static str,
     },
+    #[error(transparent)]
+    Paged(#[from] paged::PagedError),
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
 }

@@ -25,22 +25,10 @@ use candle_core::{DType, Device, Module, Tensor, D};
 use candle_nn::Embedding;
 use serde::Serialize;
 
+use super::paged::{PagedKv, PagedRead, PagedStep};
 use super::{Family, Params, QwenConfig, Result};
 use crate::algo::token;
-
-/// The parts a traced forward and a checkpointed layer's backward are split into
-/// ([`crate::device::part`]): the forward's matrix products, its attention and the rest
-/// (element-wise passes: norms, RoPE, SwiGLU, residual adds, copies), the seed of the layer's
-/// backward ([`crate::fused::backward_seed`]), and in the backward the attention's kernels
-/// ([`crate::fused::flash_attention`]'s backward) and the rest (its matrix products, which the
-/// trace does not split from candle's element-wise passes and adds: `tools/gpu/report.py`
-/// estimates them from their FLOPs at the forward's measured rate).
-pub const FORWARD_MATMUL: &str = "forward: matrix products";
-pub const FORWARD_ATTENTION: &str = "forward: attention";
-pub const FORWARD_ELEMENTWISE: &str = "forward: element-wise";
-pub const SEED: &str = "backward seed";
-pub const BACKWARD_ATTENTION: &str = "backward: attention";
-pub const BACKWARD_REST: &str = "backward: matrix products and element-wise";
+use crate::device::{BACKWARD_REST, FORWARD_ATTENTION, FORWARD_ELEMENTWISE, FORWARD_MATMUL, SEED};
 
 /// Large negative bias for masked attention logits. Finite, so a fully masked row (a padding
 /// query) gives a uniform distribution instead of NaN.
@@ -197,29 +185,135 @@ impl Attention {
         past: &LayerCache,
     ) -> Result<(Tensor, (Tensor, Tensor))> {
         let (b, t, _) = x.dims3()?;
-        let split = |y: Tensor, heads: usize| -> Result<Tensor> {
-            Ok(y.reshape((b, t, heads, self.head_dim))?)
-        };
-        let mut q = split(self.q.forward(x)?, self.heads)?;
-        let mut k = split(self.k.forward(x)?, self.kv_heads)?;
-        let v = split(self.v.forward(x)?, self.kv_heads)?;
+        let (q, k, v) = self.project(x)?;
         let (q, kb, vb) = match self.fused_chain(&q, &k, &v, cos, sin, past)? {
             Some(done) => done,
             None => {
-                if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
-                    q = qn.forward(&q)?;
-                    k = kn.forward(&k)?;
-                }
-                // q and k rotated into heads first as they are read: no transposed copy first
-                let q = crate::fused::rope_heads(&q, cos, sin)?; // (B, H, T, D)
-                let k = crate::fused::rope_heads(&k, cos, sin)?; // (B, KV, T, D)
-                let v = v.transpose(1, 2)?.contiguous()?;
+                let (q, k, v) = self.norm_rope(q, k, v, cos, sin)?;
                 (q, past.write(&k, 0)?, past.write(&v, 1)?)
             }
         };
-        let s = past.len + t;
+        let out = self.attend(&q, &kb, &vb, past.len + t, mask)?;
+        Ok((self.output(&out, b, t)?, (kb, vb)))
+    }
+
+    /// The same layer over a paged cache ([`super::paged`]): the new positions' keys and values
+    /// written to the pool rows `step` names, then attention over each sequence's keys, read
+    /// through its blocks.
+    fn forward_paged(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        mask: Option<&AttnMask>,
+        pool: &(Tensor, Tensor),
+        step: &PagedStep,
+    ) -> Result<Tensor> {
+        let (b, t, _) = x.dims3()?;
+        let (q, k, v) = self.qkv(x, cos, sin)?;
+        let rows = b * self.kv_heads * t;
+        pool.0
+            .scatter_set(&step.write, &k.reshape((rows, self.head_dim))?, 0)?;
+        pool.1
+            .scatter_set(&step.write, &v.reshape((rows, self.head_dim))?, 0)?;
+        let out = match (&step.read, mask) {
+            (PagedRead::Gather { index, width, .. }, Some(mask)) => {
+                let gather = |p: &Tensor| -> Result<Tensor> {
+                    Ok(p.index_select(index, 0)?.reshape((
+                        b,
+                        self.kv_heads,
+                        *width,
+                        self.head_dim,
+                    ))?)
+                };
+                let (kb, vb) = (gather(&pool.0)?, gather(&pool.1)?);
+                self.attend(&q, &kb, &vb, *width, mask)?
+            }
+            (
+                PagedRead::Table {
+                    tables,
+                    lens,
+                    block,
+                },
+                _,
+            ) => {
+                let paged = |p: &Tensor| -> Result<Tensor> {
+                    let per = self.kv_heads * block;
+                    Ok(p.reshape((p.dim(0)? / per, self.kv_heads, *block, self.head_dim))?)
+                };
+                crate::fused::paged_attention_decode(
+                    &q,
+                    &paged(&pool.0)?,
+                    &paged(&pool.1)?,
+                    tables,
+                    lens,
+                    1.0 / (self.head_dim as f64).sqrt(),
+                )?
+            }
+            (PagedRead::Gather { .. }, None) => {
+                return Err(candle_core::Error::Msg(
+                    "paged attention: a gathered read without its mask".into(),
+                )
+                .into())
+            }
+        };
+        self.output(&out, b, t)
+    }
+
+    /// q `(B, H, T, D)` and k, v `(B, KV, T, D)` of `x` `(B, T, H)`: projected, normed (Qwen3)
+    /// and rotated.
+    fn qkv(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+        let (q, k, v) = self.project(x)?;
+        self.norm_rope(q, k, v, cos, sin)
+    }
+
+    /// The projections of `x` `(B, T, H)`, tokens first: q `(B, T, H, D)`, k and v
+    /// `(B, T, KV, D)`.
+    fn project(&self, x: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
+        let (b, t, _) = x.dims3()?;
+        let split = |y: Tensor, heads: usize| -> Result<Tensor> {
+            Ok(y.reshape((b, t, heads, self.head_dim))?)
+        };
+        let q = split(self.q.forward(x)?, self.heads)?;
+        let k = split(self.k.forward(x)?, self.kv_heads)?;
+        let v = split(self.v.forward(x)?, self.kv_heads)?;
+        Ok((q, k, v))
+    }
+
+    /// The projections normed (Qwen3) and rotated, heads first: q `(B, H, T, D)`, k and v
+    /// `(B, KV, T, D)`.
+    fn norm_rope(
+        &self,
+        mut q: Tensor,
+        mut k: Tensor,
+        v: Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        if let (Some(qn), Some(kn)) = (&self.q_norm, &self.k_norm) {
+            q = qn.forward(&q)?;
+            k = kn.forward(&k)?;
+        }
+        // q and k rotated into heads first as they are read: no transposed copy first
+        let q = crate::fused::rope_heads(&q, cos, sin)?; // (B, H, T, D)
+        let k = crate::fused::rope_heads(&k, cos, sin)?; // (B, KV, T, D)
+        let v = v.transpose(1, 2)?.contiguous()?;
+        Ok((q, k, v))
+    }
+
+    /// Attention of `q` over the first `s` columns of the key/value buffers `kb`, `vb`
+    /// `(B, KV, capacity, D)`: `(B, H, T, D)`.
+    fn attend(
+        &self,
+        q: &Tensor,
+        kb: &Tensor,
+        vb: &Tensor,
+        s: usize,
+        mask: &AttnMask,
+    ) -> Result<Tensor> {
+        let t = q.dim(2)?;
         let scale = 1.0 / (self.head_dim as f64).sqrt();
-        let out = match mask {
+        Ok(match mask {
             AttnMask::Bias(bias) => {
                 // The filled columns, read in place: each (row, head)'s keys are one matrix
                 // with the layout of a contiguous copy, only further apart in the buffer, and
@@ -231,29 +325,32 @@ impl Attention {
                 // A detached model's decode step: the same numbers without gemm's per-call
                 // cost (fused::attention_decode).
                 let decoded = match (t, &self.q.decode) {
-                    (1, Some(_)) => crate::fused::attention_decode(&q, &k, &v, bias, scale)?,
+                    (1, Some(_)) => crate::fused::attention_decode(q, &k, &v, bias, scale)?,
                     _ => None,
                 };
                 match decoded {
                     Some(out) => out,
-                    None => crate::fused::attention_composed(&q, &k, &v, bias, scale)?,
+                    None => crate::fused::attention_composed(q, &k, &v, bias, scale)?,
                 }
             }
             // The kernel reads the buffer in place, its first `s` columns.
             AttnMask::Keys { valid, past } => {
                 crate::device::part(FORWARD_ELEMENTWISE);
-                let out = crate::fused::flash_attention(&q, &kb, &vb, valid, *past, scale)?;
+                let out = crate::fused::flash_attention(q, kb, vb, valid, *past, scale)?;
                 crate::device::part(FORWARD_ATTENTION);
                 out
             }
-        }; // (B, H, T, D)
-        let (k, v) = (kb, vb);
+        }) // (B, H, T, D)
+    }
+
+    /// The output projection of the heads' attention `(B, H, T, D)`.
+    fn output(&self, out: &Tensor, b: usize, t: usize) -> Result<Tensor> {
         let out = out
             .reshape((b, self.heads, t, self.head_dim))?
             .transpose(1, 2)?
             .contiguous()?
             .reshape((b, t, self.heads * self.head_dim))?;
-        Ok((self.o.forward(&out)?, (k, v)))
+        self.o.forward(&out)
     }
 
     /// A detached model's decode step (one new position) on kernels that fuse its chain: the
@@ -383,10 +480,15 @@ impl Block {
         let (a, kv) = self
             .attn
             .forward(&self.input_norm.forward(x)?, cos, sin, mask, past)?;
+        Ok((self.residual_mlp(x, &a)?, kv))
+    }
+
+    /// The layer after its attention `a`: x + a, then + mlp(norm(·)).
+    fn residual_mlp(&self, x: &Tensor, a: &Tensor) -> Result<Tensor> {
         // A detached model's decode step adds and normalises in one launch where it can.
         let fused = if self.attn.decode_chain && x.dim(1)? == 1 && self.attn.q.decode.is_some() {
             let n = &self.post_norm;
-            crate::fused::add_rms_norm(x, &a, &n.weight, n.eps)?
+            crate::fused::add_rms_norm(x, a, &n.weight, n.eps)?
         } else {
             None
         };
@@ -398,8 +500,23 @@ impl Block {
                 (x, normed)
             }
         };
-        let y = (&x + self.mlp.forward(&normed)?)?;
-        Ok((y, kv))
+        Ok((&x + self.mlp.forward(&normed)?)?)
+    }
+
+    /// [`Block::forward`] over a paged cache ([`Attention::forward_paged`]).
+    fn forward_paged(
+        &self,
+        x: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        mask: Option<&AttnMask>,
+        pool: &(Tensor, Tensor),
+        step: &PagedStep,
+    ) -> Result<Tensor> {
+        let a =
+            self.attn
+                .forward_paged(&self.input_norm.forward(x)?, cos, sin, mask, pool, step)?;
+        self.residual_mlp(x, &a)
     }
 
     /// The same layer on detached weights: runs without recording a graph.
@@ -531,6 +648,11 @@ impl KvCache {
             len,
             reserve: self.reserve,
         })
+    }
+
+    /// Each layer's key and value buffers `(B, kv_heads, capacity, D)`.
+    pub fn layers(&self) -> &[(Tensor, Tensor)] {
+        &self.layers
     }
 
     fn layer(&self, i: usize) -> LayerCache {
@@ -819,6 +941,40 @@ impl Qwen {
             reserve: cache.reserve,
         };
         Ok((self.norm.forward(&x)?, cache))
+    }
+
+    /// Final hidden states `(B, T, H)` for `ids` `(B, T)` at `positions` `(B, T)` (u32) over the
+    /// paged cache `kv`: each layer writes the new positions' keys and values to the pool rows
+    /// of `step` and attends through the blocks ([`PagedStep`]: a gathered view with the
+    /// composed attention's mask, or the block tables for the decode kernel, T = 1).
+    pub fn forward_paged(
+        &self,
+        ids: &Tensor,
+        positions: &Tensor,
+        kv: &PagedKv,
+        step: &PagedStep,
+    ) -> Result<Tensor> {
+        let t = ids.dim(1)?;
+        let (cos, sin) = rope_tables(
+            positions,
+            self.cfg.head_dim(),
+            self.cfg.rope_theta(),
+            self.dtype,
+        )?;
+        let mask = match &step.read {
+            PagedRead::Gather {
+                key_valid, width, ..
+            } => Some(self.attn_mask(key_valid, width - t, t)?),
+            PagedRead::Table { .. } => None,
+        };
+        let mut x = self.embed.forward(ids)?;
+        for (i, block) in self.blocks.iter().enumerate() {
+            let pool = kv
+                .layer(i)
+                .ok_or_else(|| candle_core::Error::Msg(format!("paged KV cache: no layer {i}")))?;
+            x = block.forward_paged(&x, &cos, &sin, mask.as_ref(), pool, step)?;
+        }
+        self.norm.forward(&x)
     }
 
     /// A forward and backward with gradient checkpointing per decoder layer (the manifests'

@@ -17,9 +17,11 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::qwen::{KvCache, Qwen};
 
+mod paged;
 mod sample;
 use crate::model::Result;
 use crate::rng::SplitMix64;
+pub use paged::PagedOptions;
 pub use sample::{argmax, sample_rows, sample_token};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -77,6 +79,8 @@ pub struct SampleRequest<'a> {
     pub limits: Option<Vec<usize>>,
     /// Where the engine adds what its prefills and decode steps took ([`GenStats`]).
     pub stats: Option<&'a std::sync::Mutex<GenStats>>,
+    /// Decode over a paged KV cache ([`PagedOptions`]) instead of the dense one.
+    pub paged: Option<PagedOptions>,
 }
 
 /// What a sampler call did: seconds and tokens of its prefills, and of its decode steps (each
@@ -118,7 +122,14 @@ impl<'a> SampleRequest<'a> {
             max_batch: None,
             limits: None,
             stats: None,
+            paged: None,
         }
+    }
+
+    /// Decode over a paged KV cache sized and read as `opts` says.
+    pub fn paged(mut self, opts: PagedOptions) -> SampleRequest<'a> {
+        self.paged = Some(opts);
+        self
     }
 
     /// Add what the engine's prefills and decode steps take to `stats`.
@@ -186,7 +197,10 @@ pub fn generate(
     request: &SampleRequest,
 ) -> Result<Vec<Completion>> {
     check_request(prompts, keys, request)?;
-    decode_all(model, prompts, keys, request)
+    match request.paged {
+        Some(opts) => paged::decode_all_paged(model, prompts, keys, request, opts),
+        None => decode_all(model, prompts, keys, request),
+    }
 }
 
 /// A batch being decoded: row r is prompt `active[r]`, its keys valid where `valid[r]` is 1.

@@ -287,6 +287,58 @@ fn model_init_then_generate_samples_with_the_real_tokenizer_and_chat_template() 
 }
 
 #[test]
+fn generate_over_the_paged_kv_cache_writes_the_same_completions() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let model = dir.path().join("tiny");
+    let config = repo().join("tests/fixtures/tiny-qwen3/config.json");
+    let init = [
+        "model",
+        "init",
+        "--config",
+        config.to_str().expect("utf8"),
+        "--out",
+        model.to_str().expect("utf8"),
+        "--char-tokenizer",
+    ];
+    let out = acpo(&init, repo());
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let jsonl = dir.path().join("out.jsonl");
+    let args = [
+        "generate",
+        "--model",
+        model.to_str().expect("utf8"),
+        "--prompt",
+        "2 + 2 =",
+        "--n",
+        "4",
+        "--max-new-tokens",
+        "40",
+        "--seed",
+        "5",
+        "--output",
+        jsonl.to_str().expect("utf8"),
+    ];
+    let run = |extra: &[&str]| -> String {
+        let all: Vec<&str> = args.iter().chain(extra).copied().collect();
+        let out = acpo(&all, repo());
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        std::fs::read_to_string(&jsonl).expect("output")
+    };
+    let dense = run(&[]);
+    assert_eq!(dense.lines().count(), 4);
+    // The four completions share the prompt's prefill and blocks: the same completions.
+    assert_eq!(run(&["--paged-kv"]), dense);
+}
+
+#[test]
 fn bench_writes_a_report() {
     // Both throughput benchmarks, on the tiny model; train-step runs the trainer's micro-batches
     // side by side, its summed gradients and the AdamW update; in f32, and in bf16 arithmetic on

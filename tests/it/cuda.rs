@@ -1010,3 +1010,78 @@ fn decoding_with_the_fused_chain_gives_the_composed_chain_s_logits() {
         }
     }
 }
+
+/// The paged sampling engine on CUDA, at a head dim the paged decode kernel takes (64), in f32
+/// and bf16: read through the block tables (`flash_decode_paged_*`) and through a gathered
+/// view, every prompt gets the dense engine's tokens; so do the responses of a group sharing
+/// their prompt's blocks.
+#[test]
+fn the_paged_cache_on_cuda_gives_the_dense_engines_tokens() {
+    let Some(gpu) = gpu("the_paged_cache_on_cuda_gives_the_dense_engines_tokens") else {
+        return;
+    };
+    use acpo::model::qwen::{Kernels, Qwen};
+    use acpo::model::{init, QwenConfig};
+    use acpo::rollout::{self, PagedOptions, SampleRequest, SamplingParams};
+    let json = r#"{"model_type": "qwen3", "vocab_size": 128, "hidden_size": 128,
+        "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 64, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
+        "tie_word_embeddings": true, "max_position_embeddings": 256}"#;
+    let cfg = QwenConfig::from_json(json, std::path::Path::new("config.json")).expect("config");
+    let mut prompts: Vec<Vec<u32>> = vec![
+        vec![5, 17, 99],
+        vec![1, 2, 3, 4, 5, 6, 7],
+        vec![42],
+        vec![9; 40],
+        vec![3, 1, 4, 1, 5],
+    ];
+    // a group of four responses of one prompt
+    prompts.extend(std::iter::repeat_n(vec![8, 6, 4, 2], 4));
+    let keys: Vec<[u64; 4]> = (0..prompts.len() as u64).map(|i| [4, 2, i, 0]).collect();
+    let p = SamplingParams {
+        temperature: 1.0,
+        top_p: 1.0,
+        top_k: None,
+        max_new_tokens: 60,
+    };
+    let eos: Vec<u32> = (0..6).collect();
+    for dtype in [DType::F32, DType::BF16] {
+        let params = init::random_params(&cfg, 11, DType::F32, &gpu)
+            .expect("weights")
+            .with_compute(dtype);
+        // Without the fused q/k norm, RoPE and cache write, which the dense cache's decode
+        // step takes and the paged one does not: both engines then run the same ops.
+        let model = Qwen::new(&cfg, &params, true).expect("model");
+        let model = model.clone().with_kernels(Kernels {
+            decode_chain: false,
+            ..model.kernels()
+        });
+        for slots in [None, Some(3)] {
+            let request = || {
+                let r = SampleRequest::new(p).eos(eos.clone());
+                match slots {
+                    Some(n) => r.max_batch(n),
+                    None => r,
+                }
+            };
+            let dense = rollout::generate(&model, &prompts, &keys, &request()).expect("dense");
+            for tables in [true, false] {
+                // In bf16 a product's last bits may depend on its row count, which sharing a
+                // prompt's prefill changes: there the paged engine prefills what the dense one
+                // does, and only the reads differ.
+                let r = request().paged(PagedOptions {
+                    tables: Some(tables),
+                    share_prompts: dtype == DType::F32,
+                    ..Default::default()
+                });
+                let paged = rollout::generate(&model, &prompts, &keys, &r).expect("paged");
+                for (i, (a, b)) in paged.iter().zip(&dense).enumerate() {
+                    assert_eq!(
+                        a.tokens, b.tokens,
+                        "{dtype:?}, tables {tables}, {slots:?} slots, prompt {i}: tokens differ"
+                    );
+                }
+            }
+        }
+    }
+}

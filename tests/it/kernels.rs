@@ -98,7 +98,7 @@ fn text(out: &Output) -> (String, String) {
 /// forward, dQ and dK/dV under four schedules (a fair one, one warp lagging behind the others,
 /// cp.async copies landing late or as soon as issued: a missing barrier or wait fails one of
 /// them), the row kernels' forward and backward, the split-K decode, and the pipelined decode
-/// (under the four schedules at small shapes, once at the issue's).
+/// (under the four schedules at small shapes, once at the issue's), and its paged instance.
 #[test]
 fn flash_kernels_match_the_float64_reference_in_the_emulator() {
     let test = "flash_kernels_match_the_float64_reference_in_the_emulator";
@@ -131,11 +131,17 @@ fn flash_kernels_match_the_float64_reference_in_the_emulator() {
         "decode pipe chunks a block 8 vs 1 B1 H16 KV8 past8191",
         "decode pipe row alone vs in a batch B64",
         "decode pipe f32 row alone vs in a batch",
+        // through a paged pool's block tables, bit for bit the dense kernel on the same keys
+        "decode paged (blocks of 32), rows of 1024-2047 keys B64",
+        "decode paged blocks of 32 vs the dense kernel B64",
+        "decode paged blocks of 64 vs the dense kernel",
+        "decode paged blocks of 32 vs the dense kernel B3 H28 KV4",
+        "decode paged f32 blocks of 32 vs the dense kernel",
     ] {
         assert!(stdout.contains(check), "no check `{check}` ran:\n{stdout}");
     }
     assert!(
-        stdout.matches("the same bits ok").count() >= 4 * 10 + 3,
+        stdout.matches("the same bits ok").count() >= 4 * (10 + 4) + 4,
         "the pipelined decode's bit-for-bit checks did not all run under the four schedules:\n{stdout}"
     );
 }

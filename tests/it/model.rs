@@ -1105,3 +1105,221 @@ fn no_backward_from_an_output_gradient_differentiates_a_sum_all() {
         );
     }
 }
+
+/// Prompts, their sample keys, the sampling and the end-of-sequence tokens.
+type SamplingCase = (Vec<Vec<u32>>, Vec<[u64; 4]>, SamplingParams, Vec<u32>);
+
+/// Ragged prompts, a tenth of the vocabulary ending a sequence: sequences finish at different
+/// steps, so prompts join a batch part-way through decoding.
+fn paged_case() -> SamplingCase {
+    let prompts: Vec<Vec<u32>> = vec![
+        vec![5, 17, 99],
+        vec![1, 2, 3, 4, 5, 6, 7],
+        vec![42],
+        vec![9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9, 9],
+        vec![3, 1, 4, 1, 5],
+        vec![100, 101],
+        vec![7, 7, 7, 7],
+    ];
+    let keys: Vec<[u64; 4]> = (0..prompts.len() as u64).map(|i| [5, 1, i, 0]).collect();
+    let p = SamplingParams {
+        temperature: 1.0,
+        top_p: 1.0,
+        top_k: None,
+        max_new_tokens: 40,
+    };
+    (prompts, keys, p, (0..13).collect())
+}
+
+/// Tokens, finish reasons and log-probabilities (these to `tol`; 0: the same bits).
+fn assert_same_completions(
+    got: &[rollout::Completion],
+    want: &[rollout::Completion],
+    tol: f32,
+    what: &str,
+) {
+    assert_eq!(got.len(), want.len());
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g.tokens, w.tokens, "{what}, prompt {i}: tokens differ");
+        assert_eq!(g.finish, w.finish, "{what}, prompt {i}");
+        if tol == 0.0 {
+            let bits = |c: &rollout::Completion| -> Vec<u32> {
+                c.log_probs.iter().map(|x| x.to_bits()).collect()
+            };
+            assert_eq!(bits(g), bits(w), "{what}, prompt {i}: log-prob bits differ");
+        } else {
+            assert!(
+                max_abs_diff(&g.log_probs, &w.log_probs) < tol,
+                "{what}, prompt {i}: log-probs differ"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_paged_cache_gives_the_dense_caches_bits_on_the_cpu() {
+    // The CPU reads the paged cache through a gathered view in the dense engine's layout: the
+    // same numbers, bit for bit, whatever the batch (every prompt at once, or slots that fill
+    // as sequences finish, prompts joining without moving the others' keys).
+    let (cfg, params) = load("tiny-qwen3");
+    let model = Qwen::new(&cfg, &params, true).expect("model");
+    let (prompts, keys, p, eos) = paged_case();
+    for slots in [None, Some(1), Some(3), Some(5)] {
+        let request = |paged: bool| {
+            let mut r = SampleRequest::new(p).eos(eos.clone());
+            if let Some(n) = slots {
+                r = r.max_batch(n);
+            }
+            if paged {
+                r = r.paged(rollout::PagedOptions::default());
+            }
+            r
+        };
+        let dense = rollout::generate(&model, &prompts, &keys, &request(false)).expect("dense");
+        let lengths: Vec<usize> = dense.iter().map(|c| c.tokens.len()).collect();
+        assert!(
+            lengths.iter().any(|&l| l > 33) && lengths.iter().any(|&l| l < 10),
+            "the test needs sequences crossing a block boundary and short ones: {lengths:?}"
+        );
+        let paged = rollout::generate(&model, &prompts, &keys, &request(true)).expect("paged");
+        assert_same_completions(&paged, &dense, 0.0, &format!("{slots:?} slots"));
+    }
+}
+
+#[test]
+fn the_paged_cache_read_through_block_tables_gives_the_dense_tokens() {
+    // The decode kernel's path (its CPU twin): attention over each row's own keys through its
+    // block table, no gathered view.
+    let (cfg, params) = load("tiny-qwen3");
+    let model = Qwen::new(&cfg, &params, true).expect("model");
+    let (prompts, keys, p, eos) = paged_case();
+    let dense = rollout::generate(
+        &model,
+        &prompts,
+        &keys,
+        &SampleRequest::new(p).eos(eos.clone()),
+    )
+    .expect("dense");
+    for slots in [None, Some(2)] {
+        let mut r = SampleRequest::new(p)
+            .eos(eos.clone())
+            .paged(rollout::PagedOptions {
+                tables: Some(true),
+                ..Default::default()
+            });
+        if let Some(n) = slots {
+            r = r.max_batch(n);
+        }
+        let paged = rollout::generate(&model, &prompts, &keys, &r).expect("paged");
+        assert_same_completions(&paged, &dense, 1e-5, &format!("tables, {slots:?} slots"));
+    }
+}
+
+#[test]
+fn a_group_of_responses_shares_its_prompts_prefill_and_blocks() {
+    // GRPO's n responses of a prompt: one prefill per distinct prompt, every response its own
+    // key; the completions are the dense engine's, which prefills each copy.
+    let (cfg, params) = load("tiny-qwen3");
+    let model = Qwen::new(&cfg, &params, true).expect("model");
+    let (distinct, _, p, eos) = paged_case();
+    let distinct = &distinct[..3];
+    let n = 4;
+    let prompts: Vec<Vec<u32>> = distinct
+        .iter()
+        .flat_map(|q| std::iter::repeat_n(q.clone(), n))
+        .collect();
+    let keys: Vec<[u64; 4]> = (0..prompts.len() as u64)
+        .map(|i| [9, 0, i / n as u64, i % n as u64])
+        .collect();
+    let dense = rollout::generate(
+        &model,
+        &prompts,
+        &keys,
+        &SampleRequest::new(p).eos(eos.clone()),
+    )
+    .expect("dense");
+    let first: Vec<&[u32]> = dense.iter().map(|c| &c.tokens[..1]).collect();
+    assert!(
+        first.chunks(n).any(|g| g.iter().any(|t| *t != g[0])),
+        "the responses of a group should differ from their first token: {first:?}"
+    );
+    let distinct_tokens: usize = distinct.iter().map(Vec::len).sum();
+    // every prompt at once, and a batch of 5 that splits groups across admissions
+    for slots in [None, Some(5)] {
+        let stats = std::sync::Mutex::new(rollout::GenStats::default());
+        let mut r = SampleRequest::new(p)
+            .eos(eos.clone())
+            .paged(rollout::PagedOptions::default())
+            .stats(&stats);
+        if let Some(s) = slots {
+            r = r.max_batch(s);
+        }
+        let paged = rollout::generate(&model, &prompts, &keys, &r).expect("paged");
+        assert_same_completions(&paged, &dense, 1e-5, &format!("groups, {slots:?} slots"));
+        let prefilled = stats.lock().unwrap().prefill_tokens;
+        assert_eq!(
+            prefilled, distinct_tokens,
+            "{slots:?} slots: one prefill per prompt"
+        );
+        // Without sharing, every copy is prefilled.
+        let stats = std::sync::Mutex::new(rollout::GenStats::default());
+        let mut r = SampleRequest::new(p)
+            .eos(eos.clone())
+            .paged(rollout::PagedOptions {
+                share_prompts: false,
+                ..Default::default()
+            })
+            .stats(&stats);
+        if let Some(s) = slots {
+            r = r.max_batch(s);
+        }
+        let unshared = rollout::generate(&model, &prompts, &keys, &r).expect("unshared");
+        assert_same_completions(&unshared, &dense, 1e-5, "groups, unshared");
+        assert_eq!(stats.lock().unwrap().prefill_tokens, n * distinct_tokens);
+    }
+}
+
+#[test]
+fn a_small_pool_admits_by_real_lengths_and_too_small_a_pool_is_an_error() {
+    let (cfg, params) = load("tiny-qwen3");
+    let model = Qwen::new(&cfg, &params, true).expect("model");
+    let (prompts, keys, p, eos) = paged_case();
+    let dense = rollout::generate(
+        &model,
+        &prompts,
+        &keys,
+        &SampleRequest::new(p).eos(eos.clone()),
+    )
+    .expect("dense");
+    let block = acpo::model::paged::PagedKv::block_bytes(&cfg, 4, 32) as u128;
+    // Six blocks (and the scratch one) for seven prompts, some of which grow past a block: not
+    // all of them fit at once, so prompts join as finished sequences free their blocks, and
+    // every completion is still its prompt's.
+    let small = SampleRequest::new(p)
+        .eos(eos.clone())
+        .paged(rollout::PagedOptions {
+            budget: Some(7 * block),
+            ..Default::default()
+        });
+    let paged = rollout::generate(&model, &prompts, &keys, &small).expect("a small pool");
+    assert_same_completions(&paged, &dense, 1e-5, "a pool of 6 blocks");
+    // One usable block: the longest sequence cannot grow past it, and says so.
+    let tiny = SampleRequest::new(p)
+        .eos(eos.clone())
+        .paged(rollout::PagedOptions {
+            budget: Some(2 * block),
+            ..Default::default()
+        });
+    let err = rollout::generate(&model, &prompts, &keys, &tiny).expect_err("too small");
+    assert!(
+        matches!(
+            err,
+            acpo::model::ModelError::Paged(acpo::model::paged::PagedError::Exhausted { .. })
+        ),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains("KV cache pool is exhausted"),
+        "{err}"
+    );
+}

@@ -764,10 +764,10 @@ fn the_checkpointed_backward_holds_one_layers_activations_at_a_time() {
         let parts = marks[i]["parts"].as_array().expect("the layer's parts");
         let names: Vec<&str> = parts.iter().filter_map(|p| p["name"].as_str()).collect();
         for want in [
-            acpo::model::qwen::FORWARD_MATMUL,
-            acpo::model::qwen::FORWARD_ELEMENTWISE,
-            acpo::model::qwen::SEED,
-            acpo::model::qwen::BACKWARD_REST,
+            acpo::device::FORWARD_MATMUL,
+            acpo::device::FORWARD_ELEMENTWISE,
+            acpo::device::SEED,
+            acpo::device::BACKWARD_REST,
         ] {
             assert!(
                 names.contains(&want),

@@ -91,7 +91,8 @@ def sizes(ptx):
 
 def dynamic_smem(kernel, size):
     """The dynamic shared memory the host launches `kernel` with (0 for the others)."""
-    m = re.match(r"flash_decode_pipe_d(\d+)_(bf16|f32)$", kernel)
+    # the pipelined decode and its paged instance: the same ring of tiles
+    m = re.match(r"flash_decode_(?:pipe|paged)_d(\d+)_(bf16|f32)$", kernel)
     if m:
         return size[f"FDP_SMEM_D{m.group(1)}_{m.group(2).upper()}"]
     m = re.match(r"flash_(fwd|dq|dkdv)_mma_d(\d+)_bf16$", kernel)

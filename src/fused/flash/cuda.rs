@@ -425,6 +425,113 @@ fn decode<T: CudaDType>(
     Ok(())
 }
 
+/// One decode step's attention through a paged pool's block tables ([`super::paged`]): the
+/// pipelined kernel's paged instance (`flash_decode_paged_d{d}_*`, chunks of [`PIPE_CHUNK`]
+/// keys from each row's first, [`pipe_chunks_per_block`] a block), then the combine in chunk
+/// order. O in the storage dtype of q.
+pub(super) fn paged_decode(
+    dims: &super::PagedDims,
+    q: Arg,
+    k: Arg,
+    v: Arg,
+    tables: Arg,
+    lens: Arg,
+) -> Result<CudaStorage> {
+    let what = "acpo-paged-decode";
+    let dtype = dtype_of(q.0);
+    let sfx = suffix(dtype, what)?;
+    let per16 = 16 / dtype.size_in_bytes();
+    let aligned =
+        k.1.start_offset().is_multiple_of(per16) && v.1.start_offset().is_multiple_of(per16);
+    if !matches!(dims.d, 64 | 128) || dims.h / dims.kv > PIPE_MAX_GROUP || !aligned {
+        candle_core::bail!(
+            "{what}: head dim {} with {} query heads per KV head (the kernel takes 64 or 128 and \
+             at most {PIPE_MAX_GROUP}, pools on 16 bytes)",
+            dims.d,
+            dims.h / dims.kv
+        );
+    }
+    with_type!(dtype, T, {
+        let dev = &q.0.device;
+        let (qv, kv, vv) = (
+            view::<T>(q.0, q.1, what)?,
+            view::<T>(k.0, k.1, what)?,
+            view::<T>(v.0, v.1, what)?,
+        );
+        let (tv, lv) = (
+            view::<u32>(tables.0, tables.1, what)?,
+            view::<u32>(lens.0, lens.1, what)?,
+        );
+        let rows = dims.b * dims.h;
+        let nchunk = dims.longest.div_ceil(PIPE_CHUNK).max(1);
+        // SAFETY: every (row, chunk) partial is written by its block, empty ones included, and
+        // every row of O and of the statistics by the combine.
+        let mut part = unsafe { dev.alloc::<f32>((rows * nchunk * (2 + dims.d)).max(1)) }?;
+        let mut o = unsafe { dev.alloc::<T>((rows * dims.d).max(1)) }?;
+        let mut stats = unsafe { dev.alloc::<f32>(2 * rows.max(1)) }?;
+        if rows > 0 {
+            let cpb = pipe_chunks_per_block(dims.b, dims.kv, nchunk);
+            let smem = pipe_smem(dims.d, dtype);
+            let f = kernel!(
+                dev,
+                &format!("flash_decode_paged_d{}_{sfx}", dims.d),
+                DECODE_PTX
+            )?;
+            allow_smem(&f, smem)?;
+            let ints = [
+                nchunk as i32,
+                cpb as i32,
+                dims.nblk as i32,
+                dims.block as i32,
+                dims.h as i32,
+                dims.kv as i32,
+                dims.d as i32,
+            ];
+            let mut b = f.builder();
+            b.arg(&qv)
+                .arg(&kv)
+                .arg(&vv)
+                .arg(&tv)
+                .arg(&lv)
+                .arg(&mut part);
+            for x in &ints {
+                b.arg(x);
+            }
+            b.arg(&dims.scale);
+            let cfg = LaunchConfig {
+                grid_dim: (
+                    grid_dim(nchunk.div_ceil(cpb), "paged decode")?,
+                    dims.kv as u32,
+                    dims.b as u32,
+                ),
+                block_dim: (PIPE_THREADS, 1, 1),
+                shared_mem_bytes: smem,
+            };
+            // SAFETY: the arguments match flash_decode_paged_* in kernels/flash_decode.cu, its
+            // dynamic shared memory is launch.cuh's fdp_smem for (d, T), and every table entry
+            // a row reads names a block of the pool (model::paged builds them).
+            unsafe { b.launch(cfg) }.w()?;
+            let nchunk_i = nchunk as i32;
+            let f = kernel!(dev, &format!("flash_decode_combine_{sfx}"), ROW_PTX)?;
+            let mut b = f.builder();
+            b.arg(&part)
+                .arg(&mut o)
+                .arg(&mut stats)
+                .arg(&nchunk_i)
+                .arg(&ints[4])
+                .arg(&ints[6]);
+            let cfg = LaunchConfig {
+                grid_dim: (dims.h as u32, dims.b as u32, 1),
+                block_dim: (FLASH_MAX_HEAD_DIM as u32, 1, 1),
+                shared_mem_bytes: 0,
+            };
+            // SAFETY: the arguments match flash_decode_combine_* in kernels/flash_attn.cu.
+            unsafe { b.launch(cfg) }.w()?;
+        }
+        Ok(CudaStorage::wrap_cuda_slice(o, dev.clone()))
+    })
+}
+
 /// dQ, dK, dV (the storage dtype of q): δ = rowsum(dO ⊙ O) by the row kernel, then dQ and
 /// dK/dV by the tensor-core kernels where they apply, else by the row kernels.
 #[allow(clippy::too_many_arguments)]

@@ -42,6 +42,9 @@ use super::{
 
 #[cfg(feature = "cuda")]
 mod cuda;
+mod paged;
+
+pub use paged::{paged_applies, paged_attention_decode};
 
 /// The largest head dimension the kernels take (the paper's models use 128). Larger heads use
 /// the composed attention.
@@ -116,6 +119,22 @@ impl FlashDims {
             MASKED
         }
     }
+}
+
+/// The shapes of one paged decode: q `(B, H, 1, D)`, pools `(blocks, KV, block, D)`, tables
+/// `(B, nblk)`.
+#[derive(Debug, Clone, Copy)]
+pub struct PagedDims {
+    pub b: usize,
+    pub h: usize,
+    pub kv: usize,
+    pub d: usize,
+    pub blocks: usize,
+    pub block: usize,
+    pub nblk: usize,
+    /// The longest row's keys.
+    pub longest: usize,
+    pub scale: f32,
 }
 
 /// Whether the flash kernels take attention on `device` in `dtype` with this head dim: CPU f32
@@ -408,7 +427,7 @@ impl CustomOp3 for FlashAttention {
             .ok_or_else(|| {
                 candle_core::Error::Msg(format!("{}: backward before forward", self.name()))
             })?;
-        crate::device::part(crate::model::qwen::BACKWARD_REST);
+        crate::device::part(crate::device::BACKWARD_REST);
         let dout = dout.contiguous()?;
         let (dq, dk, dv) = if q.device().is_cpu() {
             let dims = &self.dims;
@@ -431,7 +450,7 @@ impl CustomOp3 for FlashAttention {
             self.cuda_backward(q, k, v, o, &dout, &stats)?
         };
         // A traced backward's attention, apart from the rest of the layer's backward.
-        crate::device::part(crate::model::qwen::BACKWARD_ATTENTION);
+        crate::device::part(crate::device::BACKWARD_ATTENTION);
         Ok((Some(dq), Some(dk), Some(dv)))
     }
 }

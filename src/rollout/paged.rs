@@ -1,0 +1,478 @@
+//! The sampling engine over a paged KV cache ([`crate::model::paged`]), an option of
+//! [`super::generate`] ([`SampleRequest::paged`]).
+//!
+//! What differs from the dense engine ([`super::decode_all`]):
+//! - Admission by memory: a waiting prompt joins while the pool has its prompt's blocks and
+//!   one block of room for every sequence in the batch (`max_batch`, when given, still caps
+//!   it). A sequence takes a block when its length crosses a block boundary, at most one a
+//!   step, so that room is always enough: the batch is bounded by the lengths sampled (and one
+//!   block a sequence), not by the longest a response may grow to.
+//! - A joining prompt writes only its own blocks: nothing of the other sequences moves.
+//! - Identical prompts (the n responses of a GRPO group) are prefilled once and share the
+//!   prompt's blocks; the first token of each is drawn from the same logits, each with its own
+//!   key, and a response copies only the partially filled last prompt block, when it first
+//!   writes into it.
+//!
+//! Attention reads each sequence's keys through its blocks: on CUDA the decode kernel reads
+//! the block tables; on the CPU each layer gathers the keys into the dense engine's layout
+//! (its width and right alignment), so that the numbers are the dense engine's bit for bit
+//! (tests/it/model.rs holds the two engines to that, and the block-table path to the same
+//! tokens).
+
+use std::collections::{HashMap, VecDeque};
+
+use candle_core::{DType, Tensor};
+
+use super::{
+    add_stats, hits_stop_string, last_logits, prefill, sample_rows, Completion, FinishReason,
+    GenStats, SampleKey, SampleRequest,
+};
+use crate::model::paged::{PagedKv, PagedRead, PagedStep, SeqBlocks};
+use crate::model::qwen::Qwen;
+use crate::model::Result;
+use crate::rng::SplitMix64;
+
+/// How the paged engine sizes and reads its pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PagedOptions {
+    /// Bytes for the pool. None: half the device's free memory on CUDA (the other half for the
+    /// step's activations and logits); on the CPU, room for every prompt at its full length.
+    pub budget: Option<u128>,
+    /// Positions per block (a multiple of 32).
+    pub block: usize,
+    /// Identical prompts share one prefill and the prompt's blocks.
+    pub share_prompts: bool,
+    /// Attention through the block tables (the decode kernel on CUDA, its twin on the CPU)
+    /// rather than a gathered view; None: the tables where the kernel runs (CUDA), else the
+    /// gathered view.
+    pub tables: Option<bool>,
+}
+
+impl Default for PagedOptions {
+    fn default() -> PagedOptions {
+        PagedOptions {
+            budget: None,
+            block: crate::model::paged::BLOCK,
+            share_prompts: true,
+            tables: None,
+        }
+    }
+}
+
+/// A sequence being decoded: prompt `prompt`, its positions in `seq`.
+struct Row {
+    prompt: usize,
+    seq: SeqBlocks,
+}
+
+/// A prefilled prompt kept while more of its responses wait: its blocks and the logits its
+/// first token is drawn from `(1, V)`.
+struct Shared {
+    seq: SeqBlocks,
+    logits: Tensor,
+}
+
+/// The engine's state besides the completions.
+struct Engine<'a> {
+    model: &'a Qwen,
+    prompts: &'a [Vec<u32>],
+    pad_id: u32,
+    opts: PagedOptions,
+    tables: bool,
+    kv: PagedKv,
+    rows: Vec<Row>,
+    /// `(rows, V)` f32: the logits the next token of each row is drawn from.
+    logits: Option<Tensor>,
+    /// The dense engine's column count for this batch (the gathered view's width).
+    width: usize,
+    /// Per distinct prompt, how many of its sequences have not been admitted.
+    pending: HashMap<&'a [u32], usize>,
+    shared: HashMap<&'a [u32], Shared>,
+}
+
+/// The pool for this request: `opts.budget`, or what the device gives (see [`PagedOptions`]).
+fn pool(
+    model: &Qwen,
+    prompts: &[Vec<u32>],
+    max_new: usize,
+    opts: &PagedOptions,
+) -> Result<PagedKv> {
+    let (cfg, dtype, device) = (model.config(), model.dtype(), model.device());
+    let budget = match opts.budget {
+        Some(b) => b,
+        None if device.is_cuda() => {
+            let free = crate::device::PeakMeter::new(device).free().unwrap_or(0);
+            u128::from(free / 2)
+        }
+        None => {
+            // Each prompt at full length and the block of room admission keeps for it.
+            let per = PagedKv::block_bytes(cfg, dtype.size_in_bytes(), opts.block) as u128;
+            let blocks: usize = prompts
+                .iter()
+                .map(|p| (p.len() + max_new).div_ceil(opts.block.max(1)) + 1)
+                .sum();
+            (blocks as u128 + 1) * per
+        }
+    };
+    PagedKv::for_budget(cfg, dtype, device, budget, opts.block)
+}
+
+/// [`super::generate`] over a paged cache (see the module).
+pub fn decode_all_paged(
+    model: &Qwen,
+    prompts: &[Vec<u32>],
+    keys: &[SampleKey],
+    request: &SampleRequest,
+    opts: PagedOptions,
+) -> Result<Vec<Completion>> {
+    let limit = |i: usize| {
+        request
+            .limits
+            .as_ref()
+            .map_or(request.params.max_new_tokens, |l| {
+                l[i].min(request.params.max_new_tokens).max(1)
+            })
+    };
+    let (params, stop) = (&request.params, &request.stop);
+    let mut out: Vec<Completion> = prompts
+        .iter()
+        .map(|_| Completion {
+            tokens: Vec::new(),
+            log_probs: Vec::new(),
+            finish: FinishReason::Length,
+        })
+        .collect();
+    if prompts.is_empty() || params.max_new_tokens == 0 {
+        return Ok(out);
+    }
+    let mut rngs: Vec<SplitMix64> = keys.iter().map(|k| SplitMix64::from_key(k)).collect();
+    let slots = request.max_batch.unwrap_or(prompts.len()).max(1);
+    let mut waiting: VecDeque<usize> = (0..prompts.len()).collect();
+    let mut pending: HashMap<&[u32], usize> = HashMap::new();
+    for p in prompts {
+        *pending.entry(p.as_slice()).or_default() += 1;
+    }
+    let device = model.device();
+    let cfg = model.config();
+    let groups = cfg.num_attention_heads / cfg.num_key_value_heads.max(1);
+    let tables = opts.tables.unwrap_or(device.is_cuda())
+        && crate::fused::paged_applies(device, model.dtype(), cfg.head_dim(), groups);
+    let mut engine = Engine {
+        model,
+        prompts,
+        pad_id: request.pad_id,
+        opts,
+        tables,
+        kv: pool(model, prompts, params.max_new_tokens, &opts)?,
+        rows: Vec::new(),
+        logits: None,
+        width: 0,
+        pending,
+        shared: HashMap::new(),
+    };
+    let mut next_pos: Vec<u32> = prompts.iter().map(|p| p.len() as u32).collect();
+    let started = std::time::Instant::now();
+    let mut timed = GenStats::default();
+    let first = engine.admissible(&mut waiting, slots, 0);
+    engine.join(first, request, &mut timed)?;
+
+    loop {
+        let active: Vec<usize> = engine.rows.iter().map(|r| r.prompt).collect();
+        let mut keep = Vec::with_capacity(active.len());
+        let mut next_ids = Vec::with_capacity(active.len());
+        if let Some(logits) = &engine.logits {
+            let drawn = sample_rows(logits, &active, &mut rngs, params)?;
+            for (r, &i) in active.iter().enumerate() {
+                let (token, lp) = drawn[r];
+                let c = &mut out[i];
+                c.tokens.push(token);
+                c.log_probs.push(lp);
+                if stop.eos_ids.contains(&token) {
+                    c.finish = FinishReason::Eos;
+                } else if hits_stop_string(&c.tokens, stop) {
+                    c.finish = FinishReason::Stop;
+                } else if c.tokens.len() < limit(i) {
+                    keep.push(r);
+                    next_ids.push(token);
+                }
+            }
+        }
+        // The finished rows give their blocks back.
+        let (kept, finished) = engine.split_rows(&keep);
+        for row in finished {
+            engine.kv.pool.release(row.seq);
+        }
+        // Admission holds back a block for each row besides what its next position takes, so
+        // that the next step's positions always find room (a row needs at most one block a
+        // step); only a lone sequence can outgrow the pool, and its append says so.
+        let room = slots.saturating_sub(kept.len());
+        let reserved = engine.append_needs(&kept);
+        let joining = engine.admissible(&mut waiting, room, reserved + kept.len());
+        if kept.is_empty() && joining.is_empty() {
+            if let Some(&i) = waiting.front() {
+                let need = engine.kv.pool.blocks_for(prompts[i].len()) + 1;
+                return Err(crate::model::paged::PagedError::Exhausted {
+                    needed: need.saturating_sub(engine.kv.pool.free_blocks()).max(1),
+                    free: engine.kv.pool.free_blocks(),
+                    total: engine.kv.pool.capacity(),
+                    block: engine.kv.pool.block(),
+                }
+                .into());
+            }
+            break;
+        }
+        engine.rows = kept;
+        if engine.rows.is_empty() {
+            engine.logits = None;
+        } else {
+            engine.decode(next_ids, &mut next_pos)?;
+        }
+        if !joining.is_empty() {
+            engine.join(joining, request, &mut timed)?;
+        }
+    }
+    for (_, s) in engine.shared.drain() {
+        engine.kv.pool.release(s.seq);
+    }
+    debug_assert_eq!(engine.kv.pool.free_blocks(), engine.kv.pool.capacity());
+    if let Some(stats) = request.stats {
+        let decode_seconds = started.elapsed().as_secs_f64() - timed.prefill_seconds;
+        add_stats(stats, &timed, decode_seconds, &out);
+    }
+    Ok(out)
+}
+
+impl<'a> Engine<'a> {
+    /// Blocks the rows need for their next position.
+    fn append_needs(&self, rows: &[Row]) -> usize {
+        rows.iter().map(|r| self.kv.pool.append_needs(&r.seq)).sum()
+    }
+
+    /// The rows at `keep` (in that order), and the others.
+    fn split_rows(&mut self, keep: &[usize]) -> (Vec<Row>, Vec<Row>) {
+        let mut all: Vec<Option<Row>> = std::mem::take(&mut self.rows)
+            .into_iter()
+            .map(Some)
+            .collect();
+        let kept = keep
+            .iter()
+            .map(|&r| all[r].take().expect("invariant: each row kept once"))
+            .collect();
+        (kept, all.into_iter().flatten().collect())
+    }
+
+    /// Up to `room` prompts from the head of `waiting` that the pool takes, `reserved` blocks
+    /// held back: each needs its prompt's blocks (none when it shares a prompt already
+    /// prefilled or joining with it) and one more for its first positions. The first prompt
+    /// of an empty batch is taken whenever its blocks fit at all.
+    fn admissible(
+        &self,
+        waiting: &mut VecDeque<usize>,
+        room: usize,
+        reserved: usize,
+    ) -> Vec<usize> {
+        let mut free = self.kv.pool.free_blocks().saturating_sub(reserved);
+        let mut taken: Vec<usize> = Vec::new();
+        while taken.len() < room {
+            let Some(&i) = waiting.front() else { break };
+            let p = self.prompts[i].as_slice();
+            let shares = self.opts.share_prompts
+                && (self.shared.contains_key(p)
+                    || taken.iter().any(|&j| self.prompts[j].as_slice() == p));
+            let prompt_blocks = if shares {
+                0
+            } else {
+                self.kv.pool.blocks_for(p.len())
+            };
+            let lone = self.rows.is_empty() && taken.is_empty() && reserved == 0;
+            let need = prompt_blocks + usize::from(!lone);
+            if need > free || (lone && prompt_blocks > free) {
+                break;
+            }
+            free -= need.min(free);
+            taken.push(i);
+            waiting.pop_front();
+        }
+        taken
+    }
+
+    /// Prefills the distinct new prompts among `joining` as one left-padded batch, writes their
+    /// keys and values to fresh blocks, and appends every joining prompt as a row (sharing the
+    /// blocks of an identical prompt's prefill), right-aligned to the dense engine's width.
+    fn join(
+        &mut self,
+        joining: Vec<usize>,
+        request: &SampleRequest,
+        timed: &mut GenStats,
+    ) -> Result<()> {
+        let prompts = self.prompts;
+        let share = self.opts.share_prompts;
+        // The prompts to prefill: each distinct one not already held.
+        let mut fresh: Vec<usize> = Vec::new();
+        for &i in &joining {
+            let p = prompts[i].as_slice();
+            let held = share
+                && (self.shared.contains_key(p)
+                    || fresh.iter().any(|&j| prompts[j].as_slice() == p));
+            if !held {
+                fresh.push(i);
+            }
+        }
+        let mut prefilled: Vec<(usize, SeqBlocks, Tensor)> = Vec::new();
+        if !fresh.is_empty() {
+            let t = std::time::Instant::now();
+            timed.prefill_tokens += fresh.iter().map(|&i| prompts[i].len()).sum::<usize>();
+            let batch = prefill(self.model, prompts, fresh.clone(), self.pad_id, 0)?;
+            let longest = batch.valid.first().map_or(0, Vec::len);
+            let mut dest = Vec::with_capacity(fresh.len() * longest);
+            let mut seqs = Vec::with_capacity(fresh.len());
+            for &i in &fresh {
+                let seq = self.kv.pool.allocate(prompts[i].len())?;
+                let pad = longest - prompts[i].len();
+                dest.extend((0..longest).map(|c| {
+                    if c < pad {
+                        (0, 0)
+                    } else {
+                        seq.slot(c - pad, self.kv.block())
+                    }
+                }));
+                seqs.push(seq);
+            }
+            self.kv.store(batch.cache.layers(), &dest)?;
+            for (r, (i, seq)) in fresh.iter().zip(seqs).enumerate() {
+                prefilled.push((*i, seq, batch.logits.narrow(0, r, 1)?));
+            }
+            if request.stats.is_some() && self.model.device().is_cuda() {
+                self.model.device().synchronize()?;
+            }
+            timed.prefill_seconds += t.elapsed().as_secs_f64();
+        }
+        // Each joining prompt's row: its own prefill's blocks, or a fork of a shared one.
+        let mut logits = Vec::with_capacity(joining.len());
+        let mut first_use: Vec<Option<(SeqBlocks, Tensor)>> = Vec::new();
+        let mut index_of: HashMap<usize, usize> = HashMap::new();
+        for (i, seq, l) in prefilled {
+            index_of.insert(i, first_use.len());
+            first_use.push(Some((seq, l)));
+        }
+        for &i in &joining {
+            let p = prompts[i].as_slice();
+            let left = self
+                .pending
+                .get_mut(p)
+                .expect("invariant: every prompt counted");
+            *left -= 1;
+            let (seq, l) = if let Some(slot) = index_of.get(&i) {
+                let (seq, l) = first_use[*slot].take().expect("invariant: used once");
+                if share && *left > 0 {
+                    let kept = self.kv.pool.fork(&seq);
+                    self.shared.insert(
+                        p,
+                        Shared {
+                            seq: kept,
+                            logits: l.clone(),
+                        },
+                    );
+                }
+                (seq, l)
+            } else {
+                let s = self
+                    .shared
+                    .get(p)
+                    .expect("invariant: a shared prompt is held");
+                let seq = self.kv.pool.fork(&s.seq);
+                (seq, s.logits.clone())
+            };
+            if *left == 0 {
+                if let Some(s) = self.shared.remove(p) {
+                    self.kv.pool.release(s.seq);
+                }
+            }
+            logits.push(l);
+            self.rows.push(Row { prompt: i, seq });
+        }
+        let joined_width = joining.iter().map(|&i| prompts[i].len()).max().unwrap_or(0);
+        let had = self.logits.take();
+        self.width = if had.is_some() {
+            self.width.max(joined_width)
+        } else {
+            joined_width
+        };
+        let mut all: Vec<Tensor> = had.into_iter().collect();
+        all.extend(logits);
+        self.logits = Some(Tensor::cat(&all, 0)?);
+        Ok(())
+    }
+
+    /// One decode step of every row (each row's next token `next_ids[r]`): room for the new
+    /// position (a block copied first where one is shared), its keys and values written there,
+    /// attention through the blocks.
+    fn decode(&mut self, next_ids: Vec<u32>, next_pos: &mut [u32]) -> Result<()> {
+        let device = self.model.device().clone();
+        let (kvh, block) = (self.kv.kv_heads(), self.kv.block());
+        let n = self.rows.len();
+        let mut copies = Vec::new();
+        let mut write = Vec::with_capacity(n * kvh);
+        for row in &mut self.rows {
+            let ap = self.kv.pool.append(&mut row.seq)?;
+            copies.extend(ap.copy);
+            write.extend((0..kvh).map(|g| self.kv.row(ap.block, g, ap.row)));
+        }
+        self.kv.copy_blocks(&copies)?;
+        self.width += 1;
+        let read = if self.tables {
+            let nblk = self
+                .rows
+                .iter()
+                .map(|r| r.seq.table().len())
+                .max()
+                .unwrap_or(0);
+            let mut tables = vec![0u32; n * nblk];
+            for (r, row) in self.rows.iter().enumerate() {
+                tables[r * nblk..r * nblk + row.seq.table().len()].copy_from_slice(row.seq.table());
+            }
+            let lens: Vec<u32> = self.rows.iter().map(|r| r.seq.len() as u32).collect();
+            PagedRead::Table {
+                tables: Tensor::from_vec(tables, (n, nblk), &device)?,
+                lens: Tensor::from_vec(lens, n, &device)?,
+                block,
+            }
+        } else {
+            let w = self.width;
+            let mut index = Vec::with_capacity(n * kvh * w);
+            let mut valid = Vec::with_capacity(n * w);
+            for row in &self.rows {
+                let pad = w - row.seq.len();
+                for g in 0..kvh {
+                    index.extend((0..w).map(|c| {
+                        if c < pad {
+                            self.kv.scratch_row()
+                        } else {
+                            let (b, r) = row.seq.slot(c - pad, block);
+                            self.kv.row(b, g, r)
+                        }
+                    }));
+                }
+                valid.extend((0..w).map(|c| u8::from(c >= pad)));
+            }
+            PagedRead::Gather {
+                index: Tensor::from_vec(index, n * kvh * w, &device)?,
+                width: w,
+                key_valid: Tensor::from_vec(valid, (n, w), &device)?,
+            }
+        };
+        let step = PagedStep {
+            write: self.kv.write_index(&write, &device)?,
+            read,
+        };
+        let ids = Tensor::from_vec(next_ids, (n, 1), &device)?;
+        let pos: Vec<u32> = self.rows.iter().map(|r| next_pos[r.prompt]).collect();
+        for r in &self.rows {
+            next_pos[r.prompt] += 1;
+        }
+        let pos = Tensor::from_vec(pos, (n, 1), &device)?;
+        let hidden = self.model.forward_paged(&ids, &pos, &self.kv, &step)?;
+        self.logits = Some(last_logits(self.model, &hidden)?.to_dtype(DType::F32)?);
+        Ok(())
+    }
+}
