@@ -293,14 +293,16 @@ pub fn evaluate(
     Ok((summarize(step, results), records))
 }
 
-/// `acpo eval`: loads the manifest's model (or `model`), evaluates it, and writes every sample
-/// (`samples.jsonl`) and the summary (`summary.json`) into `out`.
+/// `acpo eval`: loads the manifest's model (or `model`), its KV cache as `kv_cache` says,
+/// evaluates it, and writes every sample (`samples.jsonl`) and the summary (`summary.json`)
+/// into `out`.
 pub fn evaluate_into(
     exp: &Experiment,
     model: Option<crate::hub::ModelSource>,
     hub: &crate::hub::HubOptions,
     data: &DataLocation,
     step: usize,
+    kv_cache: crate::model::qwen::KvCacheDtype,
     out: &std::path::Path,
     progress: impl FnMut(&str, usize, usize),
 ) -> Result<EvalSummary, EvalError> {
@@ -311,7 +313,7 @@ pub fn evaluate_into(
         exp.device,
         crate::model::Precision::inference(exp.model.dtype),
     )?;
-    let policy = Qwen::new(&loaded.cfg, &loaded.params, true)?;
+    let policy = Qwen::new(&loaded.cfg, &loaded.params, true)?.with_kv_cache(kv_cache)?;
     let (summary, records) = evaluate(&policy, &loaded.tokenizer, exp, data, step, progress)?;
     let summary = summary.with_majority(&records);
     let write = |name: &str, body: String| crate::atomic::write_in(out, name, body.as_bytes());

@@ -292,6 +292,11 @@ pub struct EvalArgs {
     /// Where to write samples.jsonl and summary.json.
     #[arg(long)]
     pub out: PathBuf,
+    /// How the KV cache holds keys and values while sampling: `model` (the model's dtype, what
+    /// every result uses) or `fp8` (rounded to FP8 E4M3, emulated on the CPU: what an FP8
+    /// cache would do to Avg@k).
+    #[arg(long, value_enum, default_value_t = KvCache::Model)]
+    pub kv_cache: KvCache,
 }
 
 #[derive(Debug, Args)]
@@ -666,6 +671,23 @@ impl From<Device> for acpo::model::spec::Device {
             Device::Cpu => Self::Cpu,
             Device::Cuda => Self::Cuda,
             Device::Auto => Self::Auto,
+        }
+    }
+}
+
+/// `--kv-cache`: how sampling's KV cache holds keys and values
+/// ([`acpo::model::qwen::KvCacheDtype`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum KvCache {
+    Model,
+    Fp8,
+}
+
+impl From<KvCache> for acpo::model::qwen::KvCacheDtype {
+    fn from(k: KvCache) -> Self {
+        match k {
+            KvCache::Model => Self::Model,
+            KvCache::Fp8 => Self::Fp8E4m3,
         }
     }
 }

@@ -171,6 +171,8 @@ struct Attention {
     /// [`Kernels::decode_chain`]: a detached model's decode step runs its element-wise chain
     /// fused where the kernels apply.
     decode_chain: bool,
+    /// How the cache holds this layer's keys and values ([`KvCacheDtype`]).
+    kv_dtype: KvCacheDtype,
 }
 
 impl Attention {
@@ -298,7 +300,10 @@ impl Attention {
         let q = crate::fused::rope_heads(&q, cos, sin)?; // (B, H, T, D)
         let k = crate::fused::rope_heads(&k, cos, sin)?; // (B, KV, T, D)
         let v = v.transpose(1, 2)?.contiguous()?;
-        Ok((q, k, v))
+        match self.kv_dtype {
+            KvCacheDtype::Model => Ok((q, k, v)),
+            KvCacheDtype::Fp8E4m3 => Ok((q, fp8_e4m3(&k)?, fp8_e4m3(&v)?)),
+        }
     }
 
     /// Attention of `q` over the first `s` columns of the key/value buffers `kb`, `vb`
@@ -366,7 +371,12 @@ impl Attention {
         sin: &Tensor,
         past: &LayerCache,
     ) -> Result<Option<(Tensor, Tensor, Tensor)>> {
-        if !self.decode_chain || q.dim(1)? != 1 || self.q.decode.is_none() {
+        // The fused chain writes the model's dtype; an FP8 cache takes the composed path.
+        if !self.decode_chain
+            || q.dim(1)? != 1
+            || self.q.decode.is_none()
+            || self.kv_dtype != KvCacheDtype::Model
+        {
             return Ok(None);
         }
         let Some((kb, vb)) = &past.buffers else {
@@ -552,6 +562,30 @@ impl Block {
             },
         }
     }
+}
+
+/// How a KV cache holds keys and values.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvCacheDtype {
+    /// In the model's dtype (bf16 on a GPU, f32 at the mini scale): what every result uses.
+    #[default]
+    Model,
+    /// Rounded to FP8 E4M3 (4 exponent bits, 3 mantissa bits, largest finite 448), with a
+    /// scale of 1 as an uncalibrated FP8 cache stores them (vLLM's `kv_cache_dtype="fp8"`
+    /// without scales): half a bf16 cache's bytes, so twice the KV-bandwidth bound on decode
+    /// (`acpo bench paper-plan`). Values beyond ±448 saturate.
+    Fp8E4m3,
+}
+
+/// FP8 E4M3's largest finite magnitude.
+pub const FP8_E4M3_MAX: f64 = 448.0;
+
+/// `x` rounded to the nearest FP8 E4M3 value (ties to even, saturating at ±448), in its own
+/// dtype.
+pub fn fp8_e4m3(x: &Tensor) -> Result<Tensor> {
+    Ok(x.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX)?
+        .to_dtype(DType::F8E4M3)?
+        .to_dtype(x.dtype())?)
 }
 
 /// Keys and values of every layer, in buffers `(B, kv_heads, capacity, D)` whose first `len`
@@ -826,6 +860,7 @@ impl Qwen {
                     kv_heads: nkv,
                     head_dim: hd,
                     decode_chain: Kernels::for_device(&device).decode_chain,
+                    kv_dtype: KvCacheDtype::Model,
                 },
                 post_norm: norm(&format!("{p}.post_attention_layernorm.weight"), h)?,
                 mlp: Mlp {
@@ -863,6 +898,22 @@ impl Qwen {
 
     pub fn kernels(&self) -> Kernels {
         self.kernels
+    }
+
+    /// The same model with its KV cache holding keys and values as `dtype` says. FP8 is
+    /// emulated (each key and value rounded to E4M3 as it is cached) and on the CPU only: it
+    /// measures what an FP8 cache would do to accuracy, not its speed.
+    pub fn with_kv_cache(mut self, dtype: KvCacheDtype) -> Result<Qwen> {
+        if dtype == KvCacheDtype::Fp8E4m3 && !self.device.is_cpu() {
+            return Err(candle_core::Error::Msg(
+                "an FP8 KV cache is emulated on the CPU only (--device cpu)".into(),
+            )
+            .into());
+        }
+        for block in &mut self.blocks {
+            block.attn.kv_dtype = dtype;
+        }
+        Ok(self)
     }
 
     /// What every layer of a forward over `t` new positions after `past` cached ones takes

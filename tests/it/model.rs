@@ -161,10 +161,10 @@ fn greedy_sampling_with_the_kv_cache_reproduces_transformers_tokens() {
     }
 }
 
-#[test]
-fn kv_cache_decoding_equals_full_recomputation() {
-    let (cfg, params) = load("tiny-qwen3");
-    let model = Qwen::new(&cfg, &params, true).expect("model");
+/// The largest |Δ| over positions 6.. between `model`'s logits decoded one token at a time
+/// through its cache after a 6-token prefill and its logits of the whole sequence at once, and
+/// the cached logits themselves.
+fn cached_decode_against_full_recomputation(model: &Qwen) -> (f32, Vec<f32>) {
     let seq: Vec<u32> = vec![5, 17, 99, 3, 64, 2, 127, 40, 8, 11];
     let dev = Device::Cpu;
     // Prefill 6 tokens, then feed the remaining 4 one at a time through the cache.
@@ -187,8 +187,9 @@ fn kv_cache_decoding_equals_full_recomputation() {
             .expect("prefill")
     };
     let full = model
-        .logits(&forward_full(&model, std::slice::from_ref(&seq)))
+        .logits(&forward_full(model, std::slice::from_ref(&seq)))
         .expect("logits");
+    let (mut worst, mut cached) = (0f32, Vec::new());
     for (t, &token) in seq.iter().enumerate().skip(6) {
         let x = Tensor::new(&[[token]], &dev).expect("id");
         let pos = Tensor::new(&[[t as u32]], &dev).expect("pos");
@@ -211,10 +212,110 @@ fn kv_cache_decoding_equals_full_recomputation() {
             .expect("f")
             .to_vec1()
             .expect("v");
-        let d = max_abs_diff(&step, &want);
-        assert!(d < 1e-4, "position {t}: cached vs full |Δ| = {d}");
+        worst = worst.max(max_abs_diff(&step, &want));
+        cached.extend(step);
     }
     assert_eq!(cache.len(), seq.len());
+    (worst, cached)
+}
+
+#[test]
+fn kv_cache_decoding_equals_full_recomputation() {
+    let (cfg, params) = load("tiny-qwen3");
+    let model = Qwen::new(&cfg, &params, true).expect("model");
+    let (d, _) = cached_decode_against_full_recomputation(&model);
+    assert!(d < 1e-4, "cached vs full |Δ| = {d}");
+}
+
+/// Every finite FP8 E4M3 value, decoded from its bits by the format's definition (OCP 8-bit
+/// floating point, E4M3: bias 7, 3 mantissa bits, subnormals at exponent 0, no infinities,
+/// S.1111.111 NaN), independently of the library that converts.
+fn e4m3_values() -> Vec<(u8, f64)> {
+    (0u8..=255)
+        .filter(|b| b & 0x7f != 0x7f)
+        .map(|b| {
+            let sign = if b & 0x80 != 0 { -1.0 } else { 1.0 };
+            let (e, m) = (i32::from((b >> 3) & 0xf), f64::from(b & 0x7));
+            let mag = if e == 0 {
+                m / 8.0 * 2f64.powi(-6)
+            } else {
+                (1.0 + m / 8.0) * 2f64.powi(e - 7)
+            };
+            (b, sign * mag)
+        })
+        .collect()
+}
+
+#[test]
+fn the_fp8_kv_cache_rounds_to_the_nearest_e4m3_value_ties_to_even_saturating() {
+    use acpo::model::qwen::fp8_e4m3;
+    let table = e4m3_values();
+    assert_eq!(
+        table.iter().map(|t| t.1).fold(0f64, f64::max),
+        acpo::model::qwen::FP8_E4M3_MAX
+    );
+    // Inputs: every value, every midpoint between neighbours (ties), points beside them, and a
+    // spread of ordinary numbers, beyond ±448 included.
+    let mut sorted: Vec<f64> = table.iter().map(|t| t.1).collect();
+    sorted.sort_by(f64::total_cmp);
+    sorted.dedup();
+    let mut xs: Vec<f32> = Vec::new();
+    for w in sorted.windows(2) {
+        let mid = (w[0] + w[1]) / 2.0;
+        xs.extend([
+            w[0] as f32,
+            mid as f32,
+            (mid * 1.01) as f32,
+            (mid * 0.99) as f32,
+        ]);
+    }
+    xs.extend((-600..=600).map(|i| i as f32 * 0.7531));
+    xs.extend([1e-9f32, -1e-9, 500.0, -1e6, 1e6]);
+    let got: Vec<f32> = fp8_e4m3(&Tensor::new(xs.as_slice(), &Device::Cpu).expect("x"))
+        .expect("fp8")
+        .to_vec1()
+        .expect("v");
+    for (&x, &g) in xs.iter().zip(&got) {
+        let x = f64::from(x).clamp(-448.0, 448.0);
+        let best = sorted
+            .iter()
+            .map(|&v| (v - x).abs())
+            .fold(f64::INFINITY, f64::min);
+        // the nearest value; of two at the same distance, the one with an even mantissa
+        let near: Vec<&(u8, f64)> = table
+            .iter()
+            .filter(|t| (t.1 - x).abs() == best && (t.1 != 0.0 || t.0 == 0))
+            .collect();
+        let want = if near.len() > 1 {
+            near.iter().find(|t| t.0 & 1 == 0).expect("an even one").1
+        } else {
+            near[0].1
+        };
+        assert_eq!(f64::from(g), want, "{x}");
+    }
+}
+
+#[test]
+fn an_fp8_kv_cache_holds_keys_and_values_rounded_in_prefill_and_decode_alike() {
+    use acpo::model::qwen::KvCacheDtype;
+    let (cfg, params) = load("tiny-qwen3");
+    let model = Qwen::new(&cfg, &params, true).expect("model");
+    let fp8 = Qwen::new(&cfg, &params, true)
+        .expect("model")
+        .with_kv_cache(KvCacheDtype::Fp8E4m3)
+        .expect("cpu");
+    // The rounding applies wherever a key or value is cached: decoding through the cache and
+    // recomputing the whole sequence agree under FP8 as they do without it.
+    let (d, rounded) = cached_decode_against_full_recomputation(&fp8);
+    assert!(d < 1e-4, "FP8: cached vs full |Δ| = {d}");
+    // It changes the logits, by about E4M3's relative precision (2^-4) at most.
+    let (_, plain) = cached_decode_against_full_recomputation(&model);
+    let shift = max_abs_diff(&rounded, &plain);
+    let scale = plain.iter().fold(0f32, |m, v| m.max(v.abs()));
+    assert!(
+        shift > 0.0 && shift < 0.25 * scale,
+        "|Δ| {shift} of {scale}"
+    );
 }
 
 #[test]

@@ -17,8 +17,16 @@ pub fn run(args: &EvalArgs) -> anyhow::Result<Outcome> {
     };
     let progress = |b: &str, done, total| eprint!("\r{b}: {done}/{total} samples   ");
     let model = args.model.clone().map(acpo::hub::ModelSource::Dir);
-    let summary =
-        acpo::eval::evaluate_into(&exp, model, &hub, &data, args.step, &args.out, progress)?;
+    let summary = acpo::eval::evaluate_into(
+        &exp,
+        model,
+        &hub,
+        &data,
+        args.step,
+        args.kv_cache.into(),
+        &args.out,
+        progress,
+    )?;
     eprintln!();
     print!("{}", summary.describe());
     println!("wrote {}", args.out.display());
