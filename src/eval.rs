@@ -296,6 +296,7 @@ pub fn evaluate(
 /// `acpo eval`: loads the manifest's model (or `model`), its KV cache as `kv_cache` says,
 /// evaluates it, and writes every sample (`samples.jsonl`) and the summary (`summary.json`)
 /// into `out`.
+#[allow(clippy::too_many_arguments)]
 pub fn evaluate_into(
     exp: &Experiment,
     model: Option<crate::hub::ModelSource>,

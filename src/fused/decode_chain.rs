@@ -95,6 +95,7 @@ pub fn qk_norm_rope_cache(
         let out = q
             .contiguous()?
             .apply_op3_no_bwd(&k.contiguous()?, &v.contiguous()?, &op)?;
+        counted();
         Ok(Some(out))
     }
     #[cfg(not(feature = "cuda"))]
@@ -272,7 +273,24 @@ pub fn add_rms_norm(
         &w.contiguous()?,
         &AddRmsNorm { eps: eps as f32 },
     )?;
+    counted();
     Ok(Some((both.get(0)?, both.get(1)?)))
+}
+
+thread_local! {
+    static LAUNCHES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+#[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+fn counted() {
+    LAUNCHES.with(|n| n.set(n.get() + 1));
+}
+
+/// How many fused decode-chain kernels ([`qk_norm_rope_cache`], [`add_rms_norm`]) this thread
+/// has launched: so a test can tell the fused path ran rather than the composed fallback that
+/// gives the same numbers.
+pub fn decode_chain_launches() -> usize {
+    LAUNCHES.with(std::cell::Cell::get)
 }
 
 /// `[x + a; rms_norm(x + a)·w]` stacked on a new first dim (a custom op has one output).

@@ -74,17 +74,10 @@ struct Rate {
     copy_gb_per_s: Option<f64>,
 }
 
-/// The bytes of KV cache one new token's attention reads at `context` positions, in bf16: a key
-/// and a value of `head_dim` for each KV head of each layer and each position.
-pub fn kv_bytes_per_token(cfg: &crate::model::QwenConfig, context: f64) -> f64 {
-    let head_dim = cfg
-        .head_dim
-        .unwrap_or(cfg.hidden_size / cfg.num_attention_heads.max(1));
-    2.0 * cfg.num_hidden_layers as f64
-        * cfg.num_key_value_heads as f64
-        * head_dim as f64
-        * 2.0
-        * context
+/// The bytes of KV cache one new token's attention reads at `context` positions, each element
+/// `elem_size` bytes (2 for bf16, 1 for FP8).
+pub fn kv_bytes_per_token(cfg: &crate::model::QwenConfig, context: f64, elem_size: usize) -> f64 {
+    cfg.kv_bytes_per_position(elem_size) as f64 * context
 }
 
 /// The first measurement in `dir/<name>.json` on CUDA in bf16.
@@ -176,20 +169,19 @@ fn run_cost(exp: &crate::manifest::Experiment, configs: &Path, rates: &Rates) ->
     let eval_seconds = eval_tokens / eval_rate;
     // A token generated half-way through its response attends to the prompt and half the
     // response: the mean context over a response.
-    let bound = |context: f64| {
+    let bound = |context: f64, elem_size: usize| {
         rates
             .copy()
-            .map(|gbps| gbps * 1e9 / kv_bytes_per_token(&cfg, context))
+            .map(|gbps| gbps * 1e9 / kv_bytes_per_token(&cfg, context, elem_size))
     };
-    let rollout_bound = bound(prompt + response / 2.0);
-    let eval_bound = bound(prompt + answer / 2.0);
-    // `speedup` scales both bounds: 1 for bf16, 2 for a cache of half the bytes (FP8).
-    let hours_at = |speedup: f64| {
-        rollout_bound.zip(eval_bound).map(|(r, e)| {
-            (steps * per_step_sample / (r * speedup) + eval_tokens / (e * speedup) + train_seconds)
-                / 3600.0
-        })
+    let (rollout_context, eval_context) = (prompt + response / 2.0, prompt + answer / 2.0);
+    // GPU-hours had both samplers run at the bound of a cache of `elem_size` bytes an element.
+    let hours_at = |elem_size: usize| {
+        bound(rollout_context, elem_size)
+            .zip(bound(eval_context, elem_size))
+            .map(|(r, e)| (steps * per_step_sample / r + eval_tokens / e + train_seconds) / 3600.0)
     };
+    let (bf16, fp8) = (2, 1);
     Ok(RunCost {
         run: exp.name.clone(),
         steps: exp.trainer.total_steps,
@@ -200,10 +192,10 @@ fn run_cost(exp: &crate::manifest::Experiment, configs: &Path, rates: &Rates) ->
         eval_hours: eval_seconds / 3600.0,
         train_hours: train_seconds / 3600.0,
         gpu_hours: (rollout_seconds + eval_seconds + train_seconds) / 3600.0,
-        rollout_kv_bound_tps: rollout_bound,
-        eval_kv_bound_tps: eval_bound,
-        gpu_hours_at_kv_bound: hours_at(1.0),
-        gpu_hours_at_fp8_kv_bound: hours_at(2.0),
+        rollout_kv_bound_tps: bound(rollout_context, bf16),
+        eval_kv_bound_tps: bound(eval_context, bf16),
+        gpu_hours_at_kv_bound: hours_at(bf16),
+        gpu_hours_at_fp8_kv_bound: hours_at(fp8),
         paper_gpus: paper_gpus(&exp.model.source.label()),
     })
 }

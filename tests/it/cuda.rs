@@ -997,7 +997,18 @@ fn decoding_with_the_fused_chain_gives_the_composed_chain_s_logits() {
                 })
                 .collect()
         };
-        let (a, b) = (greedy(&fused_model), greedy(&composed));
+        // The fused kernels ran (the composed fallback gives the same numbers, so the tokens
+        // alone cannot tell), and the composed model launched none.
+        let before = acpo::fused::decode_chain_launches();
+        let a = greedy(&fused_model);
+        let fused_launches = acpo::fused::decode_chain_launches() - before;
+        let b = greedy(&composed);
+        assert!(fused_launches > 0, "the fused chain never launched");
+        assert_eq!(
+            acpo::fused::decode_chain_launches() - before,
+            fused_launches,
+            "the composed model launched the fused chain"
+        );
         for (row, (x, y)) in a.iter().zip(&b).enumerate() {
             let n = x.len() / 2;
             assert_eq!(x[..n], y[..n], "{dtype:?}: row {row}: greedy tokens differ");
