@@ -218,6 +218,55 @@ impl StagedDir {
         self.done = true;
         Ok(())
     }
+
+    /// Puts the complete staged directory at `dir`, which must not exist: whatever is at `dir`
+    /// when it is put in place (even what appeared after the caller looked) is refused, kind
+    /// `AlreadyExists`, and left as it is ([`rename_dir_new`]); the staged directory is then
+    /// removed when dropped.
+    pub fn commit_new(mut self, dir: &Path) -> std::io::Result<()> {
+        rename_dir_new(&self.path, dir)?;
+        self.done = true;
+        Ok(())
+    }
+}
+
+/// Renames the directory `from` to `to` unless something is at `to` (kind `AlreadyExists`,
+/// nothing replaced): Linux's `renameat2(RENAME_NOREPLACE)`, one step; where the file system or
+/// the system has no such rename, `to` is made with `mkdir` (which refuses an existing one)
+/// and `from` renamed onto that empty directory (a rename replaces only an empty one).
+pub fn rename_dir_new(from: &Path, to: &Path) -> std::io::Result<()> {
+    #[cfg(target_os = "linux")]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let c = |p: &Path| {
+            std::ffi::CString::new(p.as_os_str().as_bytes()).map_err(|_| {
+                std::io::Error::new(std::io::ErrorKind::InvalidInput, "a path with a NUL byte")
+            })
+        };
+        let (f, t) = (c(from)?, c(to)?);
+        // SAFETY: both are NUL-terminated strings alive across the call.
+        let rc = unsafe {
+            libc::renameat2(
+                libc::AT_FDCWD,
+                f.as_ptr(),
+                libc::AT_FDCWD,
+                t.as_ptr(),
+                libc::RENAME_NOREPLACE,
+            )
+        };
+        if rc == 0 {
+            return Ok(());
+        }
+        let e = std::io::Error::last_os_error();
+        // EINVAL: a file system without the flag; ENOSYS: a kernel without renameat2
+        if !matches!(e.raw_os_error(), Some(libc::EINVAL) | Some(libc::ENOSYS)) {
+            return Err(e);
+        }
+    }
+    std::fs::create_dir(to)?;
+    std::fs::rename(from, to).inspect_err(|_| {
+        let _ = std::fs::remove_dir(to); // the empty directory this call made, if still empty
+    })
 }
 
 impl Drop for StagedDir {
@@ -441,6 +490,33 @@ pub fn save_safetensors(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_staged_directory_committed_as_new_never_replaces_what_appeared_at_its_place() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let out = tmp.path().join("out");
+        let stage = StagedDir::new(&out, "test").expect("stage");
+        std::fs::write(stage.path().join("ours"), b"ours").expect("write");
+        let staged = stage.path().to_owned();
+        std::fs::create_dir(&out).expect("mkdir");
+        std::fs::write(out.join("theirs"), b"theirs").expect("write");
+        let err = stage.commit_new(&out).expect_err("refused");
+        assert_eq!(err.kind(), std::io::ErrorKind::AlreadyExists, "{err}");
+        assert_eq!(std::fs::read(out.join("theirs")).expect("kept"), b"theirs");
+        assert!(!out.join("ours").exists());
+        assert!(!staged.exists(), "the staged directory is removed");
+        // an empty directory is refused too (a plain rename would replace it)
+        std::fs::remove_file(out.join("theirs")).expect("rm");
+        let stage = StagedDir::new(&out, "test").expect("stage");
+        let err = stage.commit_new(&out).expect_err("refused");
+        assert_eq!(err.kind(), std::io::ErrorKind::AlreadyExists, "{err}");
+        // and with nothing there it is put in place
+        std::fs::remove_dir(&out).expect("rmdir");
+        let stage = StagedDir::new(&out, "test").expect("stage");
+        std::fs::write(stage.path().join("ours"), b"ours").expect("write");
+        stage.commit_new(&out).expect("committed");
+        assert_eq!(std::fs::read(out.join("ours")).expect("read"), b"ours");
+    }
 
     /// The names the next temporaries of `path` will try, from the counter on.
     fn next_names(path: &Path, n: u64) -> Vec<PathBuf> {

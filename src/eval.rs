@@ -16,7 +16,13 @@
 //!   no extracted answer does not vote; a problem with none counts as wrong. Ties go to the answer
 //!   whose first sample comes first (lowest sample index), which is what verl's `calc_maj_val`
 //!   and lighteval's `MajAtK` pick too; the winner's verdict is that of its first sample. Unlike
-//!   verl (a bootstrap estimate over subsets of n samples) it is exact, over all k samples.
+//!   verl (a bootstrap estimate over subsets of n samples) it is exact, over all k samples. It
+//!   also differs from verl where samples have no answer: `acpo.verl`'s reward returns `pred: ""`
+//!   for them and verl votes on `""` like any answer, so where they outnumber the largest answer
+//!   (or tie with it, the first of them coming first) verl's winner is `""`, scored wrong, while
+//!   this vote picks that answer; with every sample answered the two pick the same sample.
+//!   The Python package's `acpo.majority_vote` is the same vote, checked on shared cases
+//!   (python/tests/fixtures/majority.json).
 //!   Training's `eval.jsonl` has no maj@k: it keeps no per-sample answers to vote on.
 //!
 //! Sampling is seeded per (seed, benchmark, problem, sample), independent of batching.

@@ -95,7 +95,9 @@ def majority_vote(answers: Iterable[Optional[str]]) -> Optional[int]:
     strings vote together (the verifier's equivalence is not transitive, so classes built from it
     would depend on the samples' order); None (no answer) does not vote; a tie goes to the answer
     seen first, which is what verl's `calc_maj_val` and lighteval's `MajAtK` pick. None when no
-    sample has an answer.
+    sample has an answer. Unlike verl, which votes on `acpo.verl`'s `pred` and so counts an
+    answerless sample as a vote for "" (python/README.md: where those outnumber the largest
+    answer, verl's winner is "" and the problem is wrong).
     """
     votes: Dict[str, List[int]] = {}  # answer -> [count, first index]
     for i, answer in enumerate(answers):

@@ -12,12 +12,20 @@ characters MLflow refuses -> `_`).
 
 Records go to the tracker in step order, never a step below one already sent (W&B drops those):
 the trainer writes step s's evaluation before its metrics line, and `metrics.jsonl` is read before
-`eval.jsonl`, so an evaluation is sent once the metrics of its step are there.
+`eval.jsonl`, so an evaluation is sent once the metrics of its step have been sent.
+
+The last line of `metrics.jsonl` is not final while the run goes on: after a checkpoint the
+trainer rewrites its step's line with `timing_s/save_checkpoint` added. So a run being followed has
+its last metrics line (and the evaluations of that step) held back until a later line is there or
+the run is finished; each step is sent once, with its final values.
 
 `--follow` polls the files (every `--poll` seconds) until the run is finished: `provenance.json`
 has its finish time and `SHA256SUMS` is written (what `acpo` itself takes as a finished run). It
-gives up, exit 1, after `--idle-timeout` seconds with nothing new. Without `--follow` what is there
-is sent once.
+gives up, exit 1, after `--idle-timeout` seconds in which the run showed no sign of life: no new
+record, no change to `metrics.jsonl` or `eval.jsonl` (size, modification time), and the run's lock
+(`.RUN_DIR.lock` beside it, which `acpo train` holds while it trains) not held (seen in Linux's
+`/proc/locks`, without taking it). A run whose steps take longer than the timeout is followed for
+as long as its trainer lives. Without `--follow` what is there is sent once.
 """
 import json
 import os
@@ -94,17 +102,45 @@ class RunReader:
             return False
         return isinstance(prov, dict) and prov.get("finished_unix") is not None and (self.root / "SHA256SUMS").is_file()
 
+    def lock_held(self) -> bool:
+        """Whether a process holds the run's lock (`acpo train` does while it trains), read from
+        `/proc/locks` without taking the lock (taking it, even briefly, could turn away a trainer
+        starting or resuming at that moment). False where that cannot be told."""
+        lock = self.root.resolve()
+        lock = lock.with_name(f".{lock.name}.lock")
+        try:
+            st = lock.stat()
+            table = Path("/proc/locks").read_text()
+        except OSError:
+            return False
+        ident = f"{os.major(st.st_dev):02x}:{os.minor(st.st_dev):02x}:{st.st_ino}"
+        return any(ident in line.split() for line in table.splitlines())
+
+    def signature(self) -> tuple:
+        """What changes while the run is alive: its files' sizes and modification times."""
+        sig = []
+        for name in ("metrics.jsonl", "eval.jsonl"):
+            try:
+                st = (self.root / name).stat()
+                sig.append((st.st_size, st.st_mtime_ns))
+            except OSError:
+                sig.append(None)
+        return tuple(sig)
+
     def poll(self, final: bool = False) -> List[Record]:
-        """New records: metrics lines past the last sent, evaluations up to the last metrics step
-        (all of them when `final`)."""
+        """New records: metrics lines past the last sent but the last line (which the trainer
+        may still rewrite), evaluations up to the last metrics step sent; all of them when
+        `final`."""
         metrics_path, eval_path = self.root / "metrics.jsonl", self.root / "eval.jsonl"
         metrics = [(_step(metrics_path, n, o.get(STEP)), o) for n, o in _lines(metrics_path)]
         evals = [(_step(eval_path, n, o.get("step")), o) for n, o in _lines(eval_path)]
-        horizon = max([s for s, _ in metrics] + [0])
+        if not final:
+            metrics = metrics[:-1]
         out: List[Record] = []
         for s, o in metrics:
             if s > self.metrics_sent:
                 out.append((s, "metrics", _numbers(o)))
+        horizon = max([s for s, _, _ in out] + [self.metrics_sent, 0])
         for s, o in evals:
             if s > self.eval_sent and (final or s <= horizon):
                 m = o.get("metrics")
@@ -217,7 +253,8 @@ def track(run: RunReader, sink: Sink, follow: bool = False, poll: float = 10.0, 
           sleep: Callable[[float], None] = time.sleep, clock: Callable[[], float] = time.monotonic,
           say: Callable[[str], None] = lambda s: print(s, file=sys.stderr)) -> int:
     """Sends the run's records to `sink`; with `follow`, until the run is finished. Returns the
-    exit code: 0, or 1 when following gave up after `idle_timeout` seconds with nothing new."""
+    exit code: 0, or 1 when following gave up after `idle_timeout` seconds without a sign of
+    life from the run (see the module's doc)."""
     sent = 0
 
     def send(records: List[Record]) -> None:
@@ -234,6 +271,7 @@ def track(run: RunReader, sink: Sink, follow: bool = False, poll: float = 10.0, 
             say(f"acpo track: {sent} records of {run.name} sent; the run is {state}")
             return 0
         last_news = clock()
+        seen = run.signature()
         while True:
             finished = run.finished()  # before reading: a run sealed now has all its lines written
             records = run.poll(final=finished)
@@ -242,10 +280,16 @@ def track(run: RunReader, sink: Sink, follow: bool = False, poll: float = 10.0, 
                 say(f"acpo track: {sent} records of {run.name} sent; the run is finished")
                 return 0
             now = clock()
-            if records:
+            sig = run.signature()
+            # a step may take longer than the timeout: the run is alive while its trainer holds
+            # its lock or its files change
+            alive = bool(records) or sig != seen or run.lock_held()
+            seen = sig
+            if alive:
                 last_news = now
             elif now - last_news >= idle_timeout:
-                say(f"acpo track: nothing new in {run.name} for {idle_timeout:g} s and the run is not finished "
+                say(f"acpo track: no sign of life from {run.name} for {idle_timeout:g} s (no new record, no "
+                    f"change to its files, its lock not held) and the run is not finished "
                     f"({sent} records sent); track it again once it resumes")
                 return 1
             sleep(poll)
@@ -280,7 +324,8 @@ def add_parser(sub) -> None:
     p.add_argument("--poll", type=_seconds("--poll", 0.01, 3600), default=10.0,
                    help="seconds between reads with --follow (default 10)")
     p.add_argument("--idle-timeout", type=_seconds("--idle-timeout", 0, 7 * 24 * 3600), default=3600.0,
-                   help="with --follow, give up (exit 1) after this many seconds with nothing new (default 3600)")
+                   help="with --follow, give up (exit 1) after this many seconds in which the run shows no sign "
+                        "of life: no new record, no change to its files, its lock not held (default 3600)")
 
 
 def main(args) -> int:

@@ -98,10 +98,46 @@ class Reading(unittest.TestCase):
             run = make_run(tmp, upto=1, sealed=False)
             write_lines(run / "eval.jsonl", [eval_line(0), eval_line(2)])
             reader = track.RunReader(run)
-            self.assertEqual([(s, k) for s, k, _ in reader.poll()], [(0, "eval"), (1, "metrics")])
+            # the last metrics line (step 1) is held back: the trainer may still rewrite it
+            self.assertEqual([(s, k) for s, k, _ in reader.poll()], [(0, "eval")])
             write_lines(run / "metrics.jsonl", [metrics_line(1), metrics_line(2)])
+            self.assertEqual([(s, k) for s, k, _ in reader.poll()], [(1, "metrics")])
+            write_lines(run / "metrics.jsonl", [metrics_line(1), metrics_line(2), metrics_line(3)])
             self.assertEqual([(s, k) for s, k, _ in reader.poll()], [(2, "metrics"), (2, "eval")])
             self.assertEqual(reader.poll(), [])
+            self.assertEqual([(s, k) for s, k, _ in reader.poll(final=True)], [(3, "metrics")])
+
+    def test_a_line_rewritten_after_its_checkpoint_reaches_the_tracker_with_its_final_values(self):
+        # the trainer writes step s's line, saves the checkpoint, then rewrites the line with
+        # the checkpoint's time; a poll may fall between the two writes
+        with tempfile.TemporaryDirectory() as tmp:
+            run = make_run(tmp, upto=0, sealed=False)
+            final = lambda t: {**metrics_line(t), "timing_s/save_checkpoint": 0.5 + t}
+            writes = [0]
+
+            def trainer(_seconds):  # one write per poll: step s's first line, then its rewrite
+                writes[0] += 1
+                s, rewritten = (writes[0] + 1) // 2, writes[0] % 2 == 0
+                if s in EVAL_AT:
+                    write_lines(run / "eval.jsonl", [eval_line(t) for t in EVAL_AT if t <= s])
+                lines = [final(t) for t in range(1, s)] + [final(s) if rewritten else metrics_line(s)]
+                write_lines(run / "metrics.jsonl", lines)
+                if s == STEPS and rewritten:
+                    make_run(tmp, upto=STEPS, sealed=True)
+                    write_lines(run / "metrics.jsonl", lines)
+
+            sink = Recorder()
+            code = track.track(track.RunReader(run), sink, follow=True, poll=0.01, idle_timeout=60,
+                               sleep=trainer, clock=lambda: 0.0, say=lambda s: None)
+            self.assertEqual(code, 0)
+            self.assertEqual(writes[0], 2 * STEPS)
+            sent = {s: d for s, d in sink.logged if "training/global_step" in d}
+            self.assertEqual(sorted(sent), list(range(1, STEPS + 1)))
+            for s, d in sent.items():
+                self.assertEqual(d, final(s), f"step {s}")
+            self.assertEqual(len(sink.logged), STEPS + len(EVAL_AT))  # nothing sent twice
+            steps = [s for s, _ in sink.logged]
+            self.assertEqual(steps, sorted(steps))
 
     def test_follow_sends_each_step_once_until_the_run_is_finished(self):
         with tempfile.TemporaryDirectory() as tmp:
@@ -138,6 +174,49 @@ class Reading(unittest.TestCase):
                                sleep=sleep, clock=lambda: now[0], say=said.append)
             self.assertEqual(code, 1)
             self.assertEqual(now[0], 30)
+            self.assertIn("not finished", said[-1])
+
+    def test_a_run_whose_files_change_is_alive_past_the_idle_timeout(self):
+        # a step longer than the timeout: no new record, but the trainer rewrites its last line
+        with tempfile.TemporaryDirectory() as tmp:
+            run = make_run(tmp, upto=2, sealed=False)
+            now, said = [0.0], []
+
+            def sleep(seconds):
+                now[0] += seconds
+                if now[0] >= 100:
+                    make_run(tmp, upto=2, sealed=True)
+                else:
+                    line = {**metrics_line(2), "timing_s/save_checkpoint": now[0]}
+                    write_lines(run / "metrics.jsonl", [metrics_line(1), line])
+
+            sink = Recorder()
+            code = track.track(track.RunReader(run), sink, follow=True, poll=5, idle_timeout=30,
+                               sleep=sleep, clock=lambda: now[0], say=said.append)
+            self.assertEqual(code, 0, said)
+            self.assertEqual(now[0], 100)
+            self.assertIn("finished", said[-1])
+
+    @unittest.skipUnless(os.path.exists("/proc/locks"), "the lock is read from Linux's /proc/locks")
+    def test_a_run_whose_lock_is_held_is_alive_past_the_idle_timeout(self):
+        import fcntl
+
+        with tempfile.TemporaryDirectory() as tmp:
+            run = make_run(tmp, upto=2, sealed=False)
+            now, said = [0.0], []
+            with open(run.parent / f".{run.name}.lock", "w") as lock:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)  # as `acpo train` holds it
+
+                def sleep(seconds):
+                    now[0] += seconds
+                    if now[0] == 100:
+                        fcntl.flock(lock, fcntl.LOCK_UN)  # the trainer died, the run unfinished
+
+                code = track.track(track.RunReader(run), Recorder(), follow=True, poll=5, idle_timeout=30,
+                                   sleep=sleep, clock=lambda: now[0], say=said.append)
+            self.assertEqual(code, 1)
+            # last seen held at 95 (the poll before it was let go at 100): given up 30 s after
+            self.assertEqual(now[0], 125)
             self.assertIn("not finished", said[-1])
 
     def test_mlflow_names_are_made_valid_as_verl_makes_them(self):

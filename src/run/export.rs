@@ -13,7 +13,9 @@
 //! Qwen's own, and the text would no longer tokenize as it did in training.
 //!
 //! The directory is staged beside `out` and put in place complete ([`crate::atomic`]); an
-//! existing `out` is refused, never overwritten.
+//! existing `out` is refused, never overwritten, including one that appeared while the files
+//! were copied (the staged directory is put in place by a rename that refuses an existing
+//! target). What is copied is read as regular files only.
 
 use std::path::{Path, PathBuf};
 
@@ -231,6 +233,17 @@ pub fn generation_config(cfg: &QwenConfig, tokenizer: &Tokenizer) -> serde_json:
     g
 }
 
+/// Puts the staged export at `out`. `out` was checked at the start; what appeared there since
+/// (during the copy) is refused all the same and left as it is.
+fn put_in_place(stage: crate::atomic::StagedDir, out: &Path) -> Result<()> {
+    match stage.commit_new(out) {
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => Err(ExportError::Exists {
+            path: out.to_owned(),
+        }),
+        r => Ok(r.at(out)?),
+    }
+}
+
 /// Exports `source` ([`locate`]) into the new directory `out`.
 pub fn export(
     source: &Path,
@@ -258,9 +271,12 @@ pub fn export(
     let weight_files = weight_files(&weights)?;
     let stage = crate::atomic::StagedDir::new(out, "export").at(out)?;
     let mut files = Vec::new();
+    // read as a regular file only: a pipe named by the index would never end
     let copy = |from: &Path, name: &str| -> Result<()> {
+        let mut src = crate::files::open(from).at(from)?;
         let to = stage.path().join(name);
-        std::fs::copy(from, &to).at(from)?;
+        let mut dst = std::fs::File::create_new(&to).at(&to)?;
+        std::io::copy(&mut src, &mut dst).at(from)?;
         Ok(())
     };
     for f in std::iter::once("config.json".to_string()).chain(weight_files) {
@@ -283,11 +299,34 @@ pub fn export(
         .expect("invariant: JSON values serialise");
     crate::atomic::write(&stage.path().join("generation_config.json"), g.as_bytes())?;
     files.push("generation_config.json".into());
-    stage.commit(out).at(out)?;
+    put_in_place(stage, out)?;
     Ok(Exported {
         out: out.to_owned(),
         weights,
         tokenizer: tok_dir,
         files,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_out_that_appeared_during_the_copy_is_refused_and_left_as_it_is() {
+        let tmp = tempfile::tempdir().expect("tmp");
+        let out = tmp.path().join("out");
+        let stage = crate::atomic::StagedDir::new(&out, "export").expect("stage");
+        std::fs::write(stage.path().join("model.safetensors"), b"ours").expect("write");
+        let staged = stage.path().to_owned();
+        // another process makes `out` after the check at the start of the export
+        std::fs::create_dir(&out).expect("mkdir");
+        std::fs::write(out.join("theirs"), b"theirs").expect("write");
+        let err = put_in_place(stage, &out).expect_err("refused");
+        assert!(matches!(err, ExportError::Exists { .. }), "{err}");
+        assert!(err.to_string().contains("already exists"), "{err}");
+        assert_eq!(std::fs::read(out.join("theirs")).expect("kept"), b"theirs");
+        assert!(!out.join("model.safetensors").exists());
+        assert!(!staged.exists(), "the staged export is removed");
+    }
 }

@@ -108,6 +108,28 @@ fn sample(p: &str, i: usize, a: Option<&str>, ok: bool) -> SampleRecord {
     }
 }
 
+/// The vote has two homes, this crate's and the Python package's `acpo.majority_vote`
+/// (python/tests/test_majority.py reads the same cases): they must agree.
+#[test]
+fn majority_vote_agrees_with_the_python_packages_cases() {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("python/tests/fixtures/majority.json");
+    let fixture: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).expect("the fixture")).expect("json");
+    let cases = fixture["cases"].as_array().expect("cases");
+    assert!(cases.len() >= 10);
+    for case in cases {
+        let answers: Vec<Option<&str>> = case["answers"]
+            .as_array()
+            .expect("answers")
+            .iter()
+            .map(|a| a.as_str())
+            .collect();
+        let winner = case["winner"].as_u64().map(|w| w as usize);
+        assert_eq!(majority_vote(answers.iter().copied()), winner, "{case}");
+    }
+}
+
 #[test]
 fn maj_at_k_votes_on_extracted_answers_with_the_first_seen_winning_ties() {
     // the most frequent answer wins; a sample with no answer does not vote

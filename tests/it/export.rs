@@ -235,3 +235,42 @@ fn a_run_directory_exports_its_latest_checkpoint_with_its_manifests_tokenizer() 
     );
     assert!(!third.exists());
 }
+
+#[cfg(unix)]
+#[test]
+fn a_shard_that_is_not_a_regular_file_is_refused_naming_it() {
+    let dir = tempfile::tempdir().expect("tmp");
+    let model = init(dir.path(), "model", "1", true);
+    // the weights as a sharded checkpoint whose one shard is a pipe: read, it would never end
+    std::fs::remove_file(model.join("model.safetensors")).expect("rm");
+    let shard = "model-00001-of-00001.safetensors";
+    std::fs::write(
+        model.join("model.safetensors.index.json"),
+        serde_json::json!({"metadata": {}, "weight_map": {"lm_head.weight": shard}}).to_string(),
+    )
+    .expect("index");
+    let made = Command::new("mkfifo")
+        .arg(model.join(shard))
+        .status()
+        .expect("mkfifo");
+    assert!(made.success());
+    let out = dir.path().join("out");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_acpo"))
+        .args(["model", "export", s(&model), "--out", s(&out)])
+        .current_dir(repo())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("acpo runs");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    while child.try_wait().expect("wait").is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("acpo model export hangs reading a pipe named as a shard");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let output = child.wait_with_output().expect("output");
+    refused(output, shard);
+    assert!(!out.exists());
+}
