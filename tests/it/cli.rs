@@ -829,7 +829,7 @@ fn bench_decode_predict_of_the_committed_gpu_runs_is_the_cuda_doc_block() {
     );
 }
 
-/// docs/CUDA.md's predicted tensor-core attention times (issue #59) are `acpo bench
+/// docs/CUDA.md's predicted tensor-core attention times are `acpo bench
 /// attention-predict` of the committed GPU runs: the model fitted to the kernels the H200 timed
 /// (5.015 / 13.614 ms at 2 × 9,220), and a folder without timed kernels is a usage error.
 #[test]
