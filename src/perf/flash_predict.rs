@@ -425,7 +425,9 @@ mod tests {
         );
         assert_eq!(lines[0].fwd_ms, 3.0);
         assert_eq!(
-            run_date(Path::new("results/gpu/a-20261127/x/flash_kernels_check.log")),
+            run_date(Path::new(
+                "results/gpu/a-20261127/x/flash_kernels_check.log"
+            )),
             Some("20261127")
         );
         assert_eq!(run_date(Path::new("flash_kernels_check.log")), None);

@@ -463,7 +463,11 @@ fn bench_train_step_takes_a_config_a_shape_and_the_memory_settings_and_reports_p
         ],
         repo(),
     );
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let rows: Vec<serde_json::Value> = serde_json::from_str(
         &std::fs::read_to_string(dir.path().join("train-step.json")).expect("json"),
     )
