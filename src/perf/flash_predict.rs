@@ -132,7 +132,7 @@ pub fn timed(measured: &Path) -> Result<(PathBuf, Vec<Timed>)> {
     logs_named(measured, &mut logs)?;
     // Run folders are named <device>-<yyyymmdd>: the latest is the latest date, whatever the
     // device (a plain path sort would order by the device's name first).
-    logs.sort_by(|a, b| (run_date(a), a).cmp(&(run_date(b), b)));
+    logs.sort_by_cached_key(|p| (run_date(p).map(str::to_owned), p.clone()));
     for log in logs.iter().rev() {
         let lines = timed_lines(&crate::files::read_to_string(log).at(log)?);
         if !lines.is_empty() {
