@@ -551,9 +551,10 @@ pub struct BenchArgs {
     /// train-step: gradient checkpointing per decoder layer.
     #[arg(long)]
     pub checkpointing: bool,
-    /// train-step: trace the device's memory by phase through the timed steps (forward, head,
-    /// each layer's recompute, gradients, optimizer), beside the named tensors the step holds by
-    /// arithmetic, in train-step.md and train-step.json.
+    /// train-step: trace the device's memory and time by phase (forward, head, each layer's
+    /// recompute, gradients, optimizer) through one more step after the timed ones, which run
+    /// untraced, beside the named tensors the step holds by arithmetic, in train-step.md and
+    /// train-step.json.
     #[arg(long)]
     pub trace: bool,
     /// memory-plan: the manifests of the runs.

@@ -130,7 +130,9 @@ pub fn timed_lines(text: &str) -> Vec<Timed> {
 pub fn timed(measured: &Path) -> Result<(PathBuf, Vec<Timed>)> {
     let mut logs = Vec::new();
     logs_named(measured, &mut logs)?;
-    logs.sort();
+    // Run folders are named <device>-<yyyymmdd>: the latest is the latest date, whatever the
+    // device (a plain path sort would order by the device's name first).
+    logs.sort_by_cached_key(|p| (run_date(p).map(str::to_owned), p.clone()));
     for log in logs.iter().rev() {
         let lines = timed_lines(&crate::files::read_to_string(log).at(log)?);
         if !lines.is_empty() {
@@ -141,6 +143,16 @@ pub fn timed(measured: &Path) -> Result<(PathBuf, Vec<Timed>)> {
         "{}: no flash_kernels_check.log with a `time mma fwd` line",
         measured.display()
     )))
+}
+
+/// The date of the run folder holding `log`: the suffix of the innermost folder named
+/// `<anything>-<yyyymmdd>`, or None (ordered first) where no folder is named so.
+fn run_date(log: &Path) -> Option<&str> {
+    log.parent()?.components().rev().find_map(|c| {
+        let name = c.as_os_str().to_str()?;
+        let (_, date) = name.rsplit_once('-')?;
+        (date.len() == 8 && date.bytes().all(|b| b.is_ascii_digit())).then_some(date)
+    })
 }
 
 fn logs_named(dir: &Path, found: &mut Vec<PathBuf>) -> Result<()> {
@@ -386,6 +398,39 @@ mod tests {
         assert!((r.flops - 3.5 * 4.0 * 2.0 * 16.0 * 128.0 * 9220.0 * 9220.0 / 2.0).abs() < 1.0);
         let none = predict(&qwen3_17b(), &[m], &[]);
         assert!(none.is_err(), "a shape without timings is an error");
+    }
+
+    /// The latest run is the latest date in its folder's name, not the last device name: an
+    /// older h200 run sorts after a newer h100 run by path.
+    #[test]
+    fn the_latest_run_is_ordered_by_its_date() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let line = |ms: f64| {
+            format!("time mma fwd  B2 H16 KV8 T2048 past0 D128: forward {ms} ms, 1 GB/s (K/V once), 1.0 TFLOP/s; backward 1.0 ms, 1.0 TFLOP/s\n")
+        };
+        for (run, ms) in [
+            ("nvidia-h200-20260101", 1.0),
+            ("nvidia-h100-20260301", 3.0),
+            ("nvidia-h200-20260201", 2.0),
+        ] {
+            let d = dir.path().join(run).join("logs");
+            std::fs::create_dir_all(&d).expect("mkdir");
+            std::fs::write(d.join("flash_kernels_check.log"), line(ms)).expect("write");
+        }
+        let (log, lines) = timed(dir.path()).expect("a timed run");
+        assert!(
+            log.to_string_lossy().contains("nvidia-h100-20260301"),
+            "{}",
+            log.display()
+        );
+        assert_eq!(lines[0].fwd_ms, 3.0);
+        assert_eq!(
+            run_date(Path::new(
+                "results/gpu/a-20261127/x/flash_kernels_check.log"
+            )),
+            Some("20261127")
+        );
+        assert_eq!(run_date(Path::new("flash_kernels_check.log")), None);
     }
 
     #[test]

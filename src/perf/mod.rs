@@ -385,8 +385,8 @@ pub struct Measurement {
     /// Generate: the decode steps' memory traffic against the device's copy bandwidth.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub roofline: Option<Roofline>,
-    /// Train step with `--trace`: the device's memory at the end of each phase of the timed
-    /// steps, and its peak during the phase.
+    /// Train step with `--trace`: the device's memory at the end of each phase of one step
+    /// traced after the timed ones (which run untraced), and its peak during the phase.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub trace: Option<Vec<crate::device::Mark>>,
     /// Train step: what ran, as data (`shape` says it in words), for the memory prediction

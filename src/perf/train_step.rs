@@ -28,7 +28,8 @@ pub const TRAIN_MICRO_BATCH: usize = 4;
 /// token-mean), micro-batches of `shape.micro_batch` (side by side on the CPU, one after another
 /// on a GPU, as the trainer runs them), the entropy computed as training does, then one
 /// global-norm clip (1.0) and AdamW step. Median of `repeats` after a warm-up; the peak memory
-/// over the timed steps.
+/// over the timed steps. With `shape.trace`, one more step after them, traced and left out of
+/// the timing, gives the phases and their parts.
 pub fn bench_train_step(m: &Subject, opts: &SpeedOptions) -> Result<Measurement> {
     let (target, shape) = (&opts.target, &opts.step);
     let cfg = &m.cfg;
@@ -68,20 +69,24 @@ pub fn bench_train_step(m: &Subject, opts: &SpeedOptions) -> Result<Measurement>
     let meter = crate::device::PeakMeter::new(&dev);
     let before = meter.current();
     meter.reset();
-    if shape.trace {
-        crate::device::start(&dev);
-        crate::device::mark(|| "before the step: masters and optimizer state".into());
-    }
+    // The timed steps run untraced: a trace waits for the device at every part of every
+    // layer, which would slow the very steps whose rate is reported.
     let secs = median(
         (0..opts.repeats)
             .map(|_| step())
             .collect::<Result<Vec<_>>>()?,
     );
-    // A trace resets the meter at each mark: the peak of the steps is the largest phase's.
-    let trace = shape.trace.then(crate::device::finish);
-    let peak = match &trace {
-        Some(marks) => marks.iter().filter_map(|m| m.peak).max(),
-        None => meter.peak(),
+    let peak = meter.peak();
+    // The phases and parts come from one more step, traced and not timed.
+    let trace = if shape.trace {
+        crate::device::start(&dev);
+        crate::device::mark(|| "before the step: masters and optimizer state".into());
+        let traced = step();
+        let marks = crate::device::finish();
+        traced?;
+        Some(marks)
+    } else {
+        None
     };
     let n = params.count() as u64;
     let bf16 = precision.compute != precision.master;

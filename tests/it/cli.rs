@@ -440,6 +440,47 @@ fn bench_train_step_takes_a_config_a_shape_and_the_memory_settings_and_reports_p
     for part in ["flash attention", "vocab chunks of 64", "checkpointing"] {
         assert!(shape.contains(part), "{shape}");
     }
+    // The timed steps run untraced (a trace waits for the device at every part): the trace
+    // holds one step, the extra one after the timed two.
+    let out = acpo(
+        &[
+            "bench",
+            "train-step",
+            "--config",
+            config.to_str().expect("utf8"),
+            "--seq-len",
+            "40",
+            "--prompt-len",
+            "8",
+            "--micro-batch",
+            "2",
+            "--checkpointing",
+            "--trace",
+            "--repeats",
+            "2",
+            "--out",
+            dir.path().to_str().expect("utf8"),
+        ],
+        repo(),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<serde_json::Value> = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("train-step.json")).expect("json"),
+    )
+    .expect("rows");
+    let traced = &rows[0];
+    let marks = traced["trace"].as_array().expect("a trace");
+    let steps = marks
+        .iter()
+        .filter(|m| m["phase"] == "actor mini-batch 0: the optimizer step")
+        .count();
+    assert_eq!(steps, 1, "{marks:?}");
+    assert_eq!(traced["repeats"], 2);
+    assert!(traced["seconds"].as_f64().expect("seconds") > 0.0);
     // A shape that cannot be a step is refused with exit 2 naming the flags.
     let out = acpo(
         &[
@@ -792,7 +833,7 @@ fn bench_decode_predict_of_the_committed_gpu_runs_is_the_cuda_doc_block() {
     );
 }
 
-/// docs/CUDA.md's predicted tensor-core attention times (issue #59) are `acpo bench
+/// docs/CUDA.md's predicted tensor-core attention times are `acpo bench
 /// attention-predict` of the committed GPU runs: the model fitted to the kernels the H200 timed
 /// (5.015 / 13.614 ms at 2 × 9,220), and a folder without timed kernels is a usage error.
 #[test]

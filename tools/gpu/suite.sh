@@ -11,7 +11,7 @@
 #                `generate` with its static cache (tools/twins/bench_generate_torch.py); the
 #                launches of one decode step counted by ncu (tools/gpu/launches.py); then
 #                SUITE_TAIL_BATCH prompts (default 128) of 1,024 with long-tailed response
-#                lengths up to SUITE_TAIL_NEW (default 4,096; most short, a tail to the limit,
+#                lengths up to SUITE_TAIL_NEW (default 2,048; most short, a tail to the limit,
 #                as a GRPO run's), decoded at the batch the GPU's memory allows, beside the
 #                KV-bandwidth bound
 #   3 step       the Qwen3-1.7B train step at 2 x 2,048 (a gate) and 2 x 9,220, `--trace`
@@ -27,8 +27,12 @@
 # reruns only what the first left: SUITE_STEPS="pipeline tests" bash tools/gpu/suite.sh.
 #
 # A gate that fails stops the suite (SUITE_KEEP_GOING=1 runs on): what comes after it would
-# measure broken kernels or a binary that does not start. Every step runs under the smaller of
-# its own limit and what SUITE_SECONDS (default 480: 8 minutes, the issue's budget) leaves.
+# measure broken kernels or a binary that does not start. Each section has its own share of
+# SUITE_SECONDS (default 480: 8 minutes, so that one rerun fits in a lent machine's time): kernels
+# 60 s, decode 150, step 150, attention 40, tests 75, the pipeline what they leave. The shares of
+# the sections still to come are kept from the ones before, so a slow section cannot starve a
+# later gate. Every step runs under the smaller of its own limit and what its section and the
+# call leave; a step the time cut (124) is reported "cut", not failed, and stops no gate.
 # Times on the last run (an H200, results/gpu/NVIDIA-H200-20261126) and the H100 before it:
 # docs/CUDA.md, "The next GPU run".
 #
@@ -52,10 +56,10 @@ case "${1:-}" in
 esac
 repo=$(pwd)
 start=$(date +%s)
-# A dry run is the CPU's (the emulator, a busy CI machine): its steps get 20 times their time
-# and the run an hour.
+# A dry run is the CPU's (the emulator, a busy CI machine): its steps, its sections and the run
+# get 20 times their time.
 slow=$([ "$dry" = 1 ] && echo 20 || echo 1)
-deadline=$((start + ${SUITE_SECONDS:-$([ "$dry" = 1 ] && echo 3600 || echo 480)}))
+deadline=$((start + ${SUITE_SECONDS:-$((480 * slow))}))
 cfg=experiments/paper/configs/qwen3-1.7b.json
 lens=(2048 9220)
 gpu=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr -c 'A-Za-z0-9\n' '-' | tr -s '-')
@@ -86,26 +90,67 @@ for want in $steps; do
 done
 # wanted SECTION: whether SUITE_STEPS includes it.
 wanted() { [[ "$steps" == *" $1 "* ]]; }
-# step NAME SECONDS LOGFILE CMD...: runs CMD under the smaller of SECONDS and what the deadline
-# leaves (less `reserve` seconds kept for later steps), logs the command and its exit (124: cut
-# by the time limit), saves.
-reserve=0
+# Each section's share of the call (seconds on a GPU; `pipeline` takes what the others leave).
+order=(kernels decode step attention pipeline tests)
+declare -A share=([kernels]=60 [decode]=150 [step]=150 [attention]=40 [pipeline]=0 [tests]=75)
+# shares_after SECTION: the shares of the wanted sections after it, kept for them.
+shares_after() {
+    local after=0 sum=0 s
+    for s in "${order[@]}"; do
+        [ "$after" = 1 ] && wanted "$s" && sum=$((sum + share[$s] * slow))
+        [ "$s" = "$1" ] && after=1
+    done
+    echo "$sum"
+}
+# section NAME: starts a section; its steps end by its share's end, and before the shares of
+# the sections after it.
+section_end=$deadline
+section() {
+    local now; now=$(date +%s)
+    section_end=$((deadline - $(shares_after "$1")))
+    if [ "${share[$1]}" -gt 0 ] && [ $((now + share[$1] * slow)) -lt "$section_end" ]; then
+        section_end=$((now + share[$1] * slow))
+    fi
+    log "== section $1: $((section_end > now ? section_end - now : 0)) s"
+}
+# step NAME SECONDS LOGFILE CMD...: runs CMD under the smaller of SECONDS and what its section
+# and the call leave, logs the command and its exit (124: cut by a time limit), saves. `cut` says
+# whether the time the section or the call left (not the step's own limit) stopped it.
+cut=0
 step() {
     local name=$1 limit=$(($2 * slow)) logfile=$3; shift 3
-    local left=$((deadline - $(date +%s) - reserve))
-    if [ "$left" -lt 10 ]; then log "== $name: not run (the call's time is spent)"; return 124; fi
+    local left=$((section_end - $(date +%s)))
+    cut=0
+    if [ "$left" -lt 10 ]; then
+        cut=1
+        log "== $name: cut, not run (its section's time is spent)"
+        return 124
+    fi
+    local own=$limit
     [ "$limit" -gt "$left" ] && limit=$left
     echo "$(date -u +%H:%M:%S) $*" >> "$res/commands.txt"
     local t0; t0=$(date +%s)
     timeout "$limit" "$@" > "$res/$logfile" 2>&1
     local rc=$?
-    log "== $name: exit $rc in $(( $(date +%s) - t0 )) s$([ $rc = 124 ] && echo " (cut at ${limit} s)")"
+    [ $rc = 124 ] && [ "$limit" -lt "$own" ] && cut=1
+    log "== $name: exit $rc in $(( $(date +%s) - t0 )) s$([ $rc = 124 ] && echo " ($([ $cut = 1 ] && echo "cut: its section's time ran out" || echo "its own limit") at ${limit} s)")"
     save
     return $rc
 }
-# gate RC NAME: a failed gate stops the suite, unless SUITE_KEEP_GOING=1.
+# passed RC: a step's exit counted; one the section's time cut is neither passed nor failed.
+passed() {
+    [ "$1" = 0 ] && return 0
+    [ "$1" = 124 ] && [ "$cut" = 1 ] && return 0
+    failed=1
+}
+# gate RC NAME: a failed gate stops the suite, unless SUITE_KEEP_GOING=1; a gate the section's
+# time cut stops nothing (what needs it is cut too, or runs in its own share).
 gate() {
     [ "$1" = 0 ] && return 0
+    if [ "$1" = 124 ] && [ "$cut" = 1 ]; then
+        log "== $2: cut (its section's time ran out), not a failure"
+        return 0
+    fi
     failed=1
     if [ "${SUITE_KEEP_GOING:-0}" != 1 ]; then
         log "== stopped: $2 failed (a gate; SUITE_KEEP_GOING=1 runs on)"
@@ -212,10 +257,22 @@ else
 fi
 log "== suite on $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "this machine's CPU (dry run)")"
 log "== commit $(cat target/gpu/commit 2>/dev/null || git rev-parse HEAD 2>/dev/null || echo unknown), $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+shares=() total=0
+for s in "${order[@]}"; do
+    wanted "$s" || continue
+    shares+=("$s $([ "${share[$s]}" -gt 0 ] && echo "$((share[$s] * slow)) s" || echo "the rest")")
+    total=$((total + share[$s] * slow))
+done
+log "== sections: $(IFS=,; echo "${shares[*]}" | sed 's/,/, /g'); total $total s of the call's $((deadline - start)) s"
+if [ "$total" -gt $((deadline - start)) ]; then
+    echo "suite: the sections' shares ($total s) are more than SUITE_SECONDS ($((deadline - start)) s)" >&2
+    exit 2
+fi
 save
 
 # ---- 1: the kernels against their references (on the CPU: the emulator's build, its checks)
 if wanted kernels; then
+section kernels
 step "flash kernels check" 90 flash_kernels_check.log "$bin/flash_check"
 gate $? "the flash kernels check"
 tail -22 "$res/flash_kernels_check.log" | tee -a "$res/summary.txt"
@@ -232,19 +289,20 @@ fi
 # ---- 2: decode the way a paper run samples: acpo beside HF generate (static cache) and the
 # roofline, the launches of a decode step, then long-tailed lengths at the memory-sized batch
 if wanted decode; then
+    section decode
     new=${SUITE_DECODE_NEW:-1024}
     gen=(--batch 64 --prompt-len 1024 --new-tokens "$new")
-    tail_shape=(--batch "${SUITE_TAIL_BATCH:-128}" --prompt-len 1024 --new-tokens "${SUITE_TAIL_NEW:-4096}")
+    tail_shape=(--batch "${SUITE_TAIL_BATCH:-128}" --prompt-len 1024 --new-tokens "${SUITE_TAIL_NEW:-2048}")
     if [ "$dry" = 1 ]; then
         gen=(--batch 2 --prompt-len 16 --new-tokens 8)
         tail_shape=(--batch 6 --prompt-len 16 --new-tokens 12)
     fi
-    step "acpo generate qwen3-1.7b ${gen[*]}" 120 acpo-generate.log \
+    step "acpo generate qwen3-1.7b ${gen[*]}" 60 acpo-generate.log \
         "$acpo" bench generate --config "$cfg" --device "$device" --dtype bf16 "${gen[@]}" \
         --repeats 1 --out "$res/generate-paper"
-    [ $? = 0 ] || failed=1
+    passed $?
     tail -2 "$res/acpo-generate.log" | tee -a "$res/summary.txt"
-    torch_step "torch generate (static cache) qwen3-1.7b ${gen[*]}" 240 torch-generate-static.log \
+    torch_step "torch generate (static cache) qwen3-1.7b ${gen[*]}" 45 torch-generate-static.log \
         tools/twins/bench_generate_torch.py --config "$cfg" "${gen[@]}" --repeats 1 --cache static \
         --json "$res/torch-generate-static.json"
     # The kernels one decode step launches, by name: ncu over a short run (the count does not
@@ -256,7 +314,7 @@ if wanted decode; then
         log "== ncu: a dry run reads the committed H100 profile instead (the parser's check)"
         profile=results/gpu/NVIDIA-H100-80GB-HBM3-20261123/5-profile/profile/ncu.csv.gz
     elif command -v ncu > /dev/null 2>&1; then
-        step "ncu: the launches of a decode step (64 prompts of 64, 4 new tokens)" 90 ncu-decode.log \
+        step "ncu: the launches of a decode step (64 prompts of 64, 4 new tokens)" 30 ncu-decode.log \
             ncu --clock-control none --metrics gpu__time_duration.sum --csv \
             "$acpo" bench generate --config "$cfg" --device "$device" \
             --dtype bf16 --batch 64 --prompt-len 64 --new-tokens 4 --repeats 1 --out "$res/generate-ncu"
@@ -265,19 +323,20 @@ if wanted decode; then
         log "== ncu: not on this machine; the launches of a decode step are not counted"
     fi
     if [ -n "$profile" ]; then
-        step "the launches per decode step (tools/gpu/launches.py)" 30 launches.log \
+        step "the launches per decode step (tools/gpu/launches.py)" 10 launches.log \
             python3 tools/gpu/launches.py "$profile" --json "$res/launches.json"
-        [ $? = 0 ] || failed=1
+        passed $?
         tail -1 "$res/launches.log" | tee -a "$res/summary.txt"
     fi
-    step "acpo generate long-tailed lengths, the memory-sized batch, qwen3-1.7b ${tail_shape[*]}" 150 \
+    step "acpo generate long-tailed lengths, the memory-sized batch, qwen3-1.7b ${tail_shape[*]}" 45 \
         acpo-generate-long-tail.log "$acpo" bench generate --config "$cfg" --device "$device" \
         --dtype bf16 "${tail_shape[@]}" --long-tail --repeats 1 --out "$res/generate-long-tail"
-    [ $? = 0 ] || failed=1
+    passed $?
     tail -3 "$res/acpo-generate-long-tail.log" | tee -a "$res/summary.txt"
 fi
 
 # ---- 3: the train step, memory and time by phase, beside the twin
+wanted step && section step
 wanted step && for len in "${lens[@]}"; do
     step "acpo train-step qwen3-1.7b 2x$len --trace" 120 "acpo-train-$len.log" \
         "$acpo" bench train-step --config "$cfg" --device "$device" --dtype bf16 \
@@ -293,6 +352,7 @@ wanted step && for len in "${lens[@]}"; do
 done
 
 # ---- 4: one layer's attention, acpo beside torch's sdpa
+wanted attention && section attention
 wanted attention && for len in "${lens[@]}"; do
     step "acpo flash attention qwen3-1.7b 2x$len" 45 "acpo-attention-$len.log" \
         "$acpo" bench attention --config "$cfg" --device "$device" --dtype bf16 \
@@ -309,14 +369,13 @@ done
 if ! wanted pipeline; then
     :
 elif [ -n "$data" ] && [ -n "$tokenizer" ]; then
-    reserve=$([ "$dry" = 1 ] && echo 0 || echo 75)
+    section pipeline
     step "acpo pipeline qwen3-1.7b-grpo (2 steps)" 600 pipeline-qwen3-1.7b-grpo.log \
         "$acpo" pipeline "$manifest" "${pipe_cfg[@]}" \
         --divisor 64 --steps 2 --eval-limit 1 --micro-batch 2 --tokenizer "$tokenizer" \
         --data-dir "$data" --results "$res/pipeline-results" --models "$bin/models" \
         --out "$res/pipeline"
     tail -3 "$res/pipeline-qwen3-1.7b-grpo.log" | tee -a "$res/summary.txt"
-    reserve=0
 else
     log "== acpo pipeline: skipped (no prepared data or no Qwen3 tokenizer: ACPO_DATA_DIR, ACPO_QWEN3_TOKENIZER)"
 fi
@@ -325,8 +384,9 @@ fi
 if ! wanted tests; then
     :
 elif [ -n "$it" ]; then
+    section tests
     step "cuda tests" 300 cuda_tests.log "$it" cuda:: --test-threads=1 --nocapture
-    [ $? = 0 ] || failed=1
+    passed $?
     grep -E '^(test |skipped|thread |test result)|relative error' "$res/cuda_tests.log" | tee -a "$res/summary.txt"
 else
     log "== cuda tests: skipped (no test binary: ACPO_IT_BIN)"
