@@ -179,8 +179,6 @@ pub fn decode_all_paged(
     let mut next_pos: Vec<u32> = prompts.iter().map(|p| p.len() as u32).collect();
     let started = std::time::Instant::now();
     let mut timed = GenStats::default();
-    let first = engine.admissible(&mut waiting, slots, 0);
-    engine.join(first, request, &mut timed)?;
 
     loop {
         let active: Vec<usize> = engine.rows.iter().map(|r| r.prompt).collect();

@@ -1489,3 +1489,30 @@ fn sequences_outgrowing_a_small_pool_are_preempted_and_decoded_again_to_the_same
         }
     }
 }
+
+#[test]
+fn a_first_prompt_larger_than_the_pool_is_the_exhausted_error() {
+    let (cfg, params) = load("tiny-qwen3");
+    let model = Qwen::new(&cfg, &params, true).expect("model");
+    let block = acpo::model::paged::PagedKv::block_bytes(&cfg, 4, 32) as u128;
+    let (_, keys, p, eos) = paged_case();
+    // One usable block; the first prompt fills two.
+    let prompts = long_prompts(2, 40, 2);
+    let r = SampleRequest::new(p).eos(eos).paged(rollout::PagedOptions {
+        budget: Some(2 * block),
+        ..Default::default()
+    });
+    let err = rollout::generate(&model, &prompts, &keys[..2], &r).expect_err("too small");
+    assert!(
+        matches!(
+            err,
+            acpo::model::ModelError::Paged(acpo::model::paged::PagedError::Exhausted {
+                free: 1,
+                total: 1,
+                block: 32,
+                ..
+            })
+        ),
+        "{err}"
+    );
+}
