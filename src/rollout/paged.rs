@@ -4,9 +4,15 @@
 //! What differs from the dense engine ([`super::decode_all`]):
 //! - Admission by memory: a waiting prompt joins while the pool has its prompt's blocks and
 //!   one block of room for every sequence in the batch (`max_batch`, when given, still caps
-//!   it). A sequence takes a block when its length crosses a block boundary, at most one a
-//!   step, so that room is always enough: the batch is bounded by the lengths sampled (and one
-//!   block a sequence), not by the longest a response may grow to.
+//!   it): the batch is bounded by the lengths sampled, not by the longest a response may grow
+//!   to. A sequence takes a block when its length crosses a block boundary, at most one a
+//!   step, so admission's room covers the next step only; as the sequences grow they can
+//!   outgrow the pool. Then the most recently admitted sequences are preempted (as vLLM
+//!   does, by recomputation): their blocks go back to the pool and their prompts to the head
+//!   of the queue, to be prefilled and decoded again from the start. A completion depends only
+//!   on its prompt and its key (its random stream restarts), so a preempted sequence's tokens
+//!   are the same. The oldest sequence is never preempted, so every step makes progress; a
+//!   sequence that alone does not fit in the pool is an error ([`PagedError::Exhausted`]).
 //! - A joining prompt writes only its own blocks: nothing of the other sequences moves.
 //! - Identical prompts (the n responses of a GRPO group) are prefilled once and share the
 //!   prompt's blocks; the first token of each is drawn from the same logits, each with its own
@@ -27,7 +33,7 @@ use super::{
     add_stats, hits_stop_string, last_logits, prefill, sample_rows, Completion, FinishReason,
     GenStats, SampleKey, SampleRequest,
 };
-use crate::model::paged::{PagedKv, PagedRead, PagedStep, SeqBlocks};
+use crate::model::paged::{PagedError, PagedKv, PagedRead, PagedStep, SeqBlocks};
 use crate::model::qwen::Qwen;
 use crate::model::Result;
 use crate::rng::SplitMix64;
@@ -173,8 +179,6 @@ pub fn decode_all_paged(
     let mut next_pos: Vec<u32> = prompts.iter().map(|p| p.len() as u32).collect();
     let started = std::time::Instant::now();
     let mut timed = GenStats::default();
-    let first = engine.admissible(&mut waiting, slots, 0);
-    engine.join(first, request, &mut timed)?;
 
     loop {
         let active: Vec<usize> = engine.rows.iter().map(|r| r.prompt).collect();
@@ -198,20 +202,53 @@ pub fn decode_all_paged(
             }
         }
         // The finished rows give their blocks back.
-        let (kept, finished) = engine.split_rows(&keep);
+        let (mut kept, finished) = engine.split_rows(&keep);
         for row in finished {
             engine.kv.pool.release(row.seq);
         }
+        // Admission's room covers one step, not the rows' growth: when the pool cannot give
+        // every row its next position, the most recently admitted rows are preempted.
+        loop {
+            let (needs, free) = (engine.append_needs(&kept), engine.kv.pool.free_blocks());
+            if needs <= free {
+                break;
+            }
+            if kept.len() > 1 {
+                let row = kept.pop().expect("invariant: more than one row");
+                next_ids.pop();
+                let i = row.prompt;
+                engine.preempt(row);
+                waiting.push_front(i);
+                out[i].tokens.clear();
+                out[i].log_probs.clear();
+                out[i].finish = FinishReason::Length;
+                rngs[i] = SplitMix64::from_key(&keys[i]);
+                next_pos[i] = prompts[i].len() as u32;
+            } else if !engine.shared.is_empty() {
+                // A lone row: the prompts held for responses still waiting are prefilled
+                // again when those join.
+                for (_, s) in engine.shared.drain() {
+                    engine.kv.pool.release(s.seq);
+                }
+            } else {
+                return Err(PagedError::Exhausted {
+                    needed: needs - free,
+                    free,
+                    total: engine.kv.pool.capacity(),
+                    block: engine.kv.pool.block(),
+                }
+                .into());
+            }
+        }
         // Admission holds back a block for each row besides what its next position takes, so
-        // that the next step's positions always find room (a row needs at most one block a
-        // step); only a lone sequence can outgrow the pool, and its append says so.
+        // that the next step's positions find room (a row needs at most one block a step).
         let room = slots.saturating_sub(kept.len());
         let reserved = engine.append_needs(&kept);
         let joining = engine.admissible(&mut waiting, room, reserved + kept.len());
         if kept.is_empty() && joining.is_empty() {
             if let Some(&i) = waiting.front() {
                 let need = engine.kv.pool.blocks_for(prompts[i].len()) + 1;
-                return Err(crate::model::paged::PagedError::Exhausted {
+                return Err(PagedError::Exhausted {
                     needed: need.saturating_sub(engine.kv.pool.free_blocks()).max(1),
                     free: engine.kv.pool.free_blocks(),
                     total: engine.kv.pool.capacity(),
@@ -246,6 +283,15 @@ impl<'a> Engine<'a> {
     /// Blocks the rows need for their next position.
     fn append_needs(&self, rows: &[Row]) -> usize {
         rows.iter().map(|r| self.kv.pool.append_needs(&r.seq)).sum()
+    }
+
+    /// Gives a row's blocks back and counts its prompt as waiting again.
+    fn preempt(&mut self, row: Row) {
+        self.kv.pool.release(row.seq);
+        *self
+            .pending
+            .entry(self.prompts[row.prompt].as_slice())
+            .or_default() += 1;
     }
 
     /// The rows at `keep` (in that order), and the others.

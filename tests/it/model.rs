@@ -1424,3 +1424,95 @@ fn a_small_pool_admits_by_real_lengths_and_too_small_a_pool_is_an_error() {
         "{err}"
     );
 }
+
+/// `n` prompts of `len` tokens (the ones at `i` and `i + groups` identical when `groups < n`).
+fn long_prompts(n: usize, len: usize, groups: usize) -> Vec<Vec<u32>> {
+    (0..n)
+        .map(|i| {
+            (0..len)
+                .map(|t| ((i % groups) * 31 + t * 7 + 20) as u32 % 100 + 14)
+                .collect()
+        })
+        .collect()
+}
+
+#[test]
+fn sequences_outgrowing_a_small_pool_are_preempted_and_decoded_again_to_the_same_tokens() {
+    // Admission keeps one block of room a row; rows that all run to their limit outgrow the
+    // pool part-way through decoding, and the latest admitted give their blocks back and
+    // start again from their prompts: the completions are still the dense engine's.
+    let (cfg, params) = load("tiny-qwen3");
+    let model = Qwen::new(&cfg, &params, true).expect("model");
+    let block = acpo::model::paged::PagedKv::block_bytes(&cfg, 4, 32) as u128;
+    // (prompts, prompt length, distinct prompts, max new tokens, usable blocks, max batch)
+    let cases = [
+        (3, 32, 3, 80, 10, None),
+        (8, 10, 8, 100, 20, None),
+        (8, 10, 2, 100, 14, None),
+        (6, 20, 6, 90, 12, Some(4)),
+    ];
+    for (n, len, groups, max_new, blocks, slots) in cases {
+        let what = format!("{n} prompts of {len}, {max_new} new, {blocks} blocks, {slots:?}");
+        let prompts = long_prompts(n, len, groups);
+        let keys: Vec<[u64; 4]> = (0..n as u64).map(|i| [3, 7, i, 0]).collect();
+        let p = SamplingParams {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: None,
+            max_new_tokens: max_new,
+        };
+        // No end of sequence: every row grows to its limit.
+        let dense =
+            rollout::generate(&model, &prompts, &keys, &SampleRequest::new(p)).expect("dense");
+        assert!(dense.iter().all(|c| c.tokens.len() == max_new), "{what}");
+        let per_row = (len + max_new).div_ceil(32);
+        assert!(per_row >= 3, "{what}: rows should need 3 blocks or more");
+        let at_once = n
+            .min(slots.unwrap_or(n))
+            .min(blocks / (len.div_ceil(32) + 1));
+        assert!(
+            at_once * per_row > blocks && per_row <= blocks,
+            "{what}: the rows admitted at once should outgrow the pool, one alone fit"
+        );
+        for tables in [false, true] {
+            let mut r = SampleRequest::new(p).paged(rollout::PagedOptions {
+                budget: Some((blocks as u128 + 1) * block),
+                tables: Some(tables),
+                ..Default::default()
+            });
+            if let Some(s) = slots {
+                r = r.max_batch(s);
+            }
+            let paged = rollout::generate(&model, &prompts, &keys, &r)
+                .unwrap_or_else(|e| panic!("{what}, tables {tables}: {e}"));
+            assert_same_completions(&paged, &dense, 1e-5, &format!("{what}, tables {tables}"));
+        }
+    }
+}
+
+#[test]
+fn a_first_prompt_larger_than_the_pool_is_the_exhausted_error() {
+    let (cfg, params) = load("tiny-qwen3");
+    let model = Qwen::new(&cfg, &params, true).expect("model");
+    let block = acpo::model::paged::PagedKv::block_bytes(&cfg, 4, 32) as u128;
+    let (_, keys, p, eos) = paged_case();
+    // One usable block; the first prompt fills two.
+    let prompts = long_prompts(2, 40, 2);
+    let r = SampleRequest::new(p).eos(eos).paged(rollout::PagedOptions {
+        budget: Some(2 * block),
+        ..Default::default()
+    });
+    let err = rollout::generate(&model, &prompts, &keys[..2], &r).expect_err("too small");
+    assert!(
+        matches!(
+            err,
+            acpo::model::ModelError::Paged(acpo::model::paged::PagedError::Exhausted {
+                free: 1,
+                total: 1,
+                block: 32,
+                ..
+            })
+        ),
+        "{err}"
+    );
+}
