@@ -254,10 +254,10 @@ pub enum PagedRead {
         key_valid: Tensor,
     },
     /// The decode kernel reads through the block tables (`tables` `(B, blocks)` u32, padded
-    /// with 0; `lens` `(B)` u32 keys a row, the new one included), one query position a row.
+    /// with 0; `lens` the keys of each row, the new one included), one query position a row.
     Table {
         tables: Tensor,
-        lens: Tensor,
+        lens: crate::fused::RowLens,
         block: usize,
     },
 }

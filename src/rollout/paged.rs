@@ -480,7 +480,7 @@ impl<'a> Engine<'a> {
             let lens: Vec<u32> = self.rows.iter().map(|r| r.seq.len() as u32).collect();
             PagedRead::Table {
                 tables: Tensor::from_vec(tables, (n, nblk), &device)?,
-                lens: Tensor::from_vec(lens, n, &device)?,
+                lens: crate::fused::RowLens::new(lens, &device)?,
                 block,
             }
         } else {

@@ -44,7 +44,7 @@ use super::{
 mod cuda;
 mod paged;
 
-pub use paged::{paged_applies, paged_attention_decode};
+pub use paged::{paged_applies, paged_attention_decode, RowLens};
 
 /// The largest head dimension the kernels take (the paper's models use 128). Larger heads use
 /// the composed attention.

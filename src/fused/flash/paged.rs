@@ -25,16 +25,34 @@ pub fn paged_applies(device: &Device, dtype: DType, head_dim: usize, groups: usi
         && (1..=8).contains(&groups)
 }
 
+/// Each row's key count, `(B)` u32 on the device the kernel reads, and the same values on the
+/// host, where the launch's checks and its grid need them: made once a decode step, so the
+/// layers never copy them back from the device (a wait for the GPU in every layer).
+#[derive(Debug, Clone)]
+pub struct RowLens {
+    device: Tensor,
+    host: Vec<u32>,
+}
+
+impl RowLens {
+    pub fn new(host: Vec<u32>, device: &candle_core::Device) -> Result<RowLens> {
+        Ok(RowLens {
+            device: Tensor::from_vec(host.clone(), host.len(), device)?,
+            host,
+        })
+    }
+}
+
 /// softmax(q·kᵀ·scale)·v `(B, H, 1, D)` over each row's keys read through its block table:
 /// `q` `(B, H, 1, D)`, `k_pool`, `v_pool` `(blocks, KV, block, D)`, `tables` `(B, nblk)` u32,
-/// `lens` `(B)` u32 (at least 1, at most nblk · block; every table entry a row reads below
+/// `lens` `(B)` (at least 1, at most nblk · block; every table entry a row reads below
 /// `blocks`: checked here on the CPU, by the table's maker on CUDA).
 pub fn paged_attention_decode(
     q: &Tensor,
     k_pool: &Tensor,
     v_pool: &Tensor,
     tables: &Tensor,
-    lens: &Tensor,
+    lens: &RowLens,
     scale: f64,
 ) -> Result<Tensor> {
     let (b, h, t, d) = q.dims4()?;
@@ -46,19 +64,19 @@ pub fn paged_attention_decode(
         || kv == 0
         || h % kv != 0
         || tb != b
-        || lens.dims() != [b]
+        || lens.device.dims() != [b]
+        || lens.host.len() != b
         || tables.dtype() != DType::U32
-        || lens.dtype() != DType::U32
     {
         candle_core::bail!(
             "paged attention: q {:?}, pools {:?}, tables {:?} and lens {:?} do not fit together",
             q.dims(),
             k_pool.dims(),
             tables.dims(),
-            lens.dims()
+            lens.device.dims()
         );
     }
-    let host_lens = lens.to_vec1::<u32>()?;
+    let host_lens = &lens.host;
     let longest = host_lens.iter().copied().max().unwrap_or(0) as usize;
     if host_lens
         .iter()
@@ -82,7 +100,7 @@ pub fn paged_attention_decode(
     let op = PagedDecode {
         dims,
         tables: tables.contiguous()?,
-        lens: lens.contiguous()?,
+        lens: lens.device.contiguous()?,
     };
     q.contiguous()?
         .apply_op3(&k_pool.contiguous()?, &v_pool.contiguous()?, op)
@@ -245,7 +263,7 @@ mod tests {
         let qt = Tensor::from_vec(q, (b, h, 1, d), &dev).unwrap();
         let pool = |x: Vec<f32>| Tensor::from_vec(x, (blocks, kv, block, d), &dev).unwrap();
         let tt = Tensor::from_vec(tables.clone(), (b, nblk), &dev).unwrap();
-        let lt = Tensor::from_vec(lens.map(|l| l as u32).to_vec(), b, &dev).unwrap();
+        let lt = RowLens::new(lens.map(|l| l as u32).to_vec(), &dev).unwrap();
         let scale = 1.0 / (d as f64).sqrt();
         let paged =
             paged_attention_decode(&qt, &pool(kp.clone()), &pool(vp.clone()), &tt, &lt, scale)
@@ -294,7 +312,7 @@ mod tests {
                 .is_err()
         );
         // So is a row longer than its table.
-        let long = Tensor::from_vec(vec![5u32, 40, 97], b, &dev).unwrap();
+        let long = RowLens::new(vec![5u32, 40, 97], &dev).unwrap();
         assert!(paged_attention_decode(&qt, &pool(kp), &pool(vp), &tt, &long, scale).is_err());
     }
 }
