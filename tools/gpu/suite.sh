@@ -59,6 +59,11 @@ start=$(date +%s)
 # A dry run is the CPU's (the emulator, a busy CI machine): its steps, its sections and the run
 # get 20 times their time.
 slow=$([ "$dry" = 1 ] && echo 20 || echo 1)
+# A longer call than the default (`just gpu-suite` on a user's own GPU) scales every share and
+# limit with it, so a slower GPU is not cut at a lent machine's shares.
+if [ -n "${SUITE_SECONDS:-}" ] && [ "$SUITE_SECONDS" -gt $((480 * slow)) ] 2>/dev/null; then
+    slow=$((SUITE_SECONDS / 480))
+fi
 deadline=$((start + ${SUITE_SECONDS:-$((480 * slow))}))
 cfg=experiments/paper/configs/qwen3-1.7b.json
 lens=(2048 9220)
