@@ -114,6 +114,16 @@ pub fn device_slots(model: &Qwen, positions: usize) -> Option<usize> {
 
 impl<'a> SampleRequest<'a> {
     /// Sampling with `params`, stopping at the length limit only, padding with token 0.
+    /// Prompt `i`'s limit on new tokens: its own where the request has them (at least one, at
+    /// most the params'), else the params'.
+    fn limit(&self, i: usize) -> usize {
+        self.limits
+            .as_ref()
+            .map_or(self.params.max_new_tokens, |l| {
+                l[i].min(self.params.max_new_tokens).max(1)
+            })
+    }
+
     pub fn new(params: SamplingParams) -> SampleRequest<'a> {
         SampleRequest {
             params,
@@ -176,6 +186,17 @@ pub struct Completion {
     /// log π(token) under softmax(logits / T) (T = 1 when greedy); one per token.
     pub log_probs: Vec<f32>,
     pub finish: FinishReason,
+}
+
+impl Completion {
+    /// Nothing drawn yet.
+    fn empty() -> Completion {
+        Completion {
+            tokens: Vec::new(),
+            log_probs: Vec::new(),
+            finish: FinishReason::Length,
+        }
+    }
 }
 
 /// Where sample randomness comes from: (seed, step, prompt index, sample index).
@@ -258,23 +279,8 @@ fn decode_all(
     keys: &[SampleKey],
     request: &SampleRequest,
 ) -> Result<Vec<Completion>> {
-    let limit = |i: usize| {
-        request
-            .limits
-            .as_ref()
-            .map_or(request.params.max_new_tokens, |l| {
-                l[i].min(request.params.max_new_tokens).max(1)
-            })
-    };
-    let (params, stop, pad_id) = (&request.params, &request.stop, request.pad_id);
-    let mut out: Vec<Completion> = prompts
-        .iter()
-        .map(|_| Completion {
-            tokens: Vec::new(),
-            log_probs: Vec::new(),
-            finish: FinishReason::Length,
-        })
-        .collect();
+    let (params, pad_id) = (&request.params, request.pad_id);
+    let mut out: Vec<Completion> = prompts.iter().map(|_| Completion::empty()).collect();
     if prompts.is_empty() || params.max_new_tokens == 0 {
         return Ok(out);
     }
@@ -300,23 +306,7 @@ fn decode_all(
     let mut next_pos: Vec<u32> = prompts.iter().map(|p| p.len() as u32).collect();
 
     loop {
-        let mut keep = Vec::with_capacity(batch.active.len());
-        let mut next_ids = Vec::with_capacity(batch.active.len());
-        let drawn = sample_rows(&batch.logits, &batch.active, &mut rngs, params)?;
-        for (r, &i) in batch.active.iter().enumerate() {
-            let (token, lp) = drawn[r];
-            let c = &mut out[i];
-            c.tokens.push(token);
-            c.log_probs.push(lp);
-            if stop.eos_ids.contains(&token) {
-                c.finish = FinishReason::Eos;
-            } else if hits_stop_string(&c.tokens, stop) {
-                c.finish = FinishReason::Stop;
-            } else if c.tokens.len() < limit(i) {
-                keep.push(r);
-                next_ids.push(token);
-            }
-        }
+        let (keep, next_ids) = draw(&batch.logits, &batch.active, &mut rngs, &mut out, request)?;
         let joining: Vec<usize> = waiting
             .drain(..(batch.active.len() - keep.len()).min(waiting.len()))
             .collect();
@@ -346,6 +336,35 @@ fn decode_all(
         add_stats(stats, &timed, decode_seconds, &out);
     }
     Ok(out)
+}
+
+/// Draws each active row's next token (`logits` row r is prompt `active[r]`'s) into its
+/// completion and ends the completions that stop: at an end-of-sequence token, a stop string or
+/// the prompt's length limit. Returns the rows that go on and the tokens they feed next.
+fn draw(
+    logits: &Tensor,
+    active: &[usize],
+    rngs: &mut [SplitMix64],
+    out: &mut [Completion],
+    request: &SampleRequest,
+) -> Result<(Vec<usize>, Vec<u32>)> {
+    let (mut keep, mut next_ids) = (Vec::new(), Vec::new());
+    let drawn = sample_rows(logits, active, rngs, &request.params)?;
+    for (r, &i) in active.iter().enumerate() {
+        let (token, lp) = drawn[r];
+        let c = &mut out[i];
+        c.tokens.push(token);
+        c.log_probs.push(lp);
+        if request.stop.eos_ids.contains(&token) {
+            c.finish = FinishReason::Eos;
+        } else if hits_stop_string(&c.tokens, &request.stop) {
+            c.finish = FinishReason::Stop;
+        } else if c.tokens.len() < request.limit(i) {
+            keep.push(r);
+            next_ids.push(token);
+        }
+    }
+    Ok((keep, next_ids))
 }
 
 /// One length limit (when the request has them) and one sample key per prompt, and no empty

@@ -30,8 +30,7 @@ use std::collections::{HashMap, VecDeque};
 use candle_core::{DType, Tensor};
 
 use super::{
-    add_stats, hits_stop_string, last_logits, prefill, sample_rows, Completion, FinishReason,
-    GenStats, SampleKey, SampleRequest,
+    add_stats, draw, last_logits, prefill, Completion, GenStats, SampleKey, SampleRequest,
 };
 use crate::model::paged::{PagedError, PagedKv, PagedRead, PagedStep, SeqBlocks};
 use crate::model::qwen::Qwen;
@@ -131,23 +130,8 @@ pub fn decode_all_paged(
     request: &SampleRequest,
     opts: PagedOptions,
 ) -> Result<Vec<Completion>> {
-    let limit = |i: usize| {
-        request
-            .limits
-            .as_ref()
-            .map_or(request.params.max_new_tokens, |l| {
-                l[i].min(request.params.max_new_tokens).max(1)
-            })
-    };
-    let (params, stop) = (&request.params, &request.stop);
-    let mut out: Vec<Completion> = prompts
-        .iter()
-        .map(|_| Completion {
-            tokens: Vec::new(),
-            log_probs: Vec::new(),
-            finish: FinishReason::Length,
-        })
-        .collect();
+    let params = &request.params;
+    let mut out: Vec<Completion> = prompts.iter().map(|_| Completion::empty()).collect();
     if prompts.is_empty() || params.max_new_tokens == 0 {
         return Ok(out);
     }
@@ -182,25 +166,10 @@ pub fn decode_all_paged(
 
     loop {
         let active: Vec<usize> = engine.rows.iter().map(|r| r.prompt).collect();
-        let mut keep = Vec::with_capacity(active.len());
-        let mut next_ids = Vec::with_capacity(active.len());
-        if let Some(logits) = &engine.logits {
-            let drawn = sample_rows(logits, &active, &mut rngs, params)?;
-            for (r, &i) in active.iter().enumerate() {
-                let (token, lp) = drawn[r];
-                let c = &mut out[i];
-                c.tokens.push(token);
-                c.log_probs.push(lp);
-                if stop.eos_ids.contains(&token) {
-                    c.finish = FinishReason::Eos;
-                } else if hits_stop_string(&c.tokens, stop) {
-                    c.finish = FinishReason::Stop;
-                } else if c.tokens.len() < limit(i) {
-                    keep.push(r);
-                    next_ids.push(token);
-                }
-            }
-        }
+        let (keep, mut next_ids) = match &engine.logits {
+            Some(logits) => draw(logits, &active, &mut rngs, &mut out, request)?,
+            None => (Vec::new(), Vec::new()),
+        };
         // The finished rows give their blocks back.
         let (mut kept, finished) = engine.split_rows(&keep);
         for row in finished {
@@ -219,9 +188,7 @@ pub fn decode_all_paged(
                 let i = row.prompt;
                 engine.preempt(row);
                 waiting.push_front(i);
-                out[i].tokens.clear();
-                out[i].log_probs.clear();
-                out[i].finish = FinishReason::Length;
+                out[i] = Completion::empty();
                 rngs[i] = SplitMix64::from_key(&keys[i]);
                 next_pos[i] = prompts[i].len() as u32;
             } else if !engine.shared.is_empty() {
