@@ -166,7 +166,10 @@ fn tokenize(s: &str) -> Result<Vec<Tok>, ParseError> {
             _ => {}
         }
         if c.is_ascii_digit() || (c == '.' && chars.get(i + 1).is_some_and(char::is_ascii_digit)) {
-            i = lex_number(&chars, i, brackets, &mut out)?;
+            // `\frac12,7`: the digits after `\frac` are its two arguments, never a number with
+            // a decimal or thousands comma (12,7), so they lex as inside brackets.
+            let args = matches!(out.last(), Some(Tok::Cmd(c)) if c == "frac" || c == "binom");
+            i = lex_number(&chars, i, brackets + usize::from(args), &mut out)?;
             continue;
         }
         if c == '\\' {

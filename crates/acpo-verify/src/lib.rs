@@ -14,7 +14,12 @@
 //!   inequality on a name also accepts the interval it describes (`x > 2` ~ `(2, \infty)`);
 //! - a gold of assignments accepts the tuple of its values (`p = 1, q = 2` ~ `(1, 2)`, unordered
 //!   as Math-Verify reads such a gold), and a gold matrix a sum, scalar multiple or product of
-//!   two written-out matrices that evaluates to it.
+//!   two written-out matrices that evaluates to it;
+//! - a gold tuple accepts several answers in the order given (`(3, 5)` ~ `\boxed{3}, \boxed{5}`
+//!   or `\boxed{3, 5}`, not `\boxed{5}, \boxed{3}`); text compares by its words, lowercase,
+//!   with "and" / "or" read as the comma they stand for (`\text{Alice and Bob}` ~
+//!   `\text{Alice, Bob}`, in order), and a short text joining items (`C or A`) is the list of
+//!   them (~ `A \text{ or } C`).
 //!
 //! # Numeric tolerance
 //!
@@ -396,6 +401,11 @@ fn equal(g: &Expr, p: &Expr, depth: usize) -> bool {
     }
     match (g, p) {
         (Expr::Text(a), Expr::Text(b)) => norm_text(a) == norm_text(b),
+        // A short text answer joined by "and" / "or" against the same items as a list
+        // (`A \text{ or } C` ~ `C or A`), unordered as lists are.
+        (Expr::Text(t), Expr::List(items)) | (Expr::List(items), Expr::Text(t)) => {
+            text_items(t).is_some_and(|parts| multiset_equal(&parts, items, depth))
+        }
         (Expr::Text(a), Expr::Sym(b)) | (Expr::Sym(b), Expr::Text(a)) => {
             norm_text(a) == norm_text(b)
         }
@@ -440,6 +450,20 @@ fn equal(g: &Expr, p: &Expr, depth: usize) -> bool {
                     .iter()
                     .zip(&sorted)
                     .all(|(x, y)| equal(x, y, depth + 1))
+        }
+        // A gold tuple against several answers in order (`(3, 5)` ~ `\boxed{3}, \boxed{5}` or
+        // `\boxed{3, 5}`): the parts of a multi-part answer, read in the order given, as
+        // Math-Verify 0.9.0 judges them (it refuses `\boxed{5}, \boxed{3}`, and a closed `[3, 5]`).
+        (
+            Expr::Seq {
+                open: '(',
+                close: ')',
+                items,
+            },
+            Expr::List(parts),
+        ) => {
+            items.len() == parts.len()
+                && items.iter().zip(parts).all(|(x, y)| equal(x, y, depth + 1))
         }
         (Expr::Union(a), Expr::Union(b)) => multiset_equal(a, b, depth),
         (Expr::Matrix(a), Expr::Matrix(b)) => {
@@ -630,13 +654,45 @@ fn multiset_equal(a: &[Expr], b: &[Expr], depth: usize) -> bool {
     true
 }
 
+/// A text answer as it is compared: its words, lowercase, without punctuation and without the
+/// connectives "and" / "or", which read as the comma they stand for (`\text{Alice and Bob}` ~
+/// `\text{Alice, Bob}`, `\text{red or blue}` ~ `\text{red, blue}`, in order, as Math-Verify
+/// 0.9.0 compares such strings).
 fn norm_text(s: &str) -> String {
-    let t: String = s
-        .chars()
-        .filter(|c| c.is_alphanumeric())
-        .collect::<String>()
-        .to_lowercase();
-    t
+    let lower = s.to_lowercase();
+    let words: Vec<&str> = lower
+        .split(|c: char| !c.is_alphanumeric())
+        .filter(|w| !w.is_empty())
+        .collect();
+    let kept: Vec<&str> = words
+        .iter()
+        .copied()
+        .filter(|w| !matches!(*w, "and" | "or"))
+        .collect();
+    // "and" alone is a word, not a connective
+    if kept.is_empty() { words } else { kept }.concat()
+}
+
+/// The items of a short text answer joined by commas, "and" or "or" (`C or A`: `C`, `A`), each
+/// parsed; None for text that joins fewer than two items.
+fn text_items(s: &str) -> Option<Vec<Expr>> {
+    let mut parts: Vec<Vec<&str>> = vec![Vec::new()];
+    for piece in s.split_inclusive([' ', ',']) {
+        let word = piece.trim_matches([' ', ',']);
+        if word.eq_ignore_ascii_case("and") || word.eq_ignore_ascii_case("or") {
+            parts.push(Vec::new());
+        } else if !word.is_empty() {
+            parts.last_mut().expect("invariant: one part").push(word);
+        }
+        if piece.ends_with(',') {
+            parts.push(Vec::new());
+        }
+    }
+    parts.retain(|p| !p.is_empty());
+    if parts.len() < 2 || parts.len() > 16 {
+        return None;
+    }
+    parts.iter().map(|p| parse(&p.join(" ")).ok()).collect()
 }
 
 /// `a < x < b` (or ≤) as the interval it describes.
@@ -951,6 +1007,68 @@ mod tests {
         ] {
             assert!(!verify(gold, &boxed(answer)).correct, "{gold} vs {answer}");
         }
+    }
+
+    #[test]
+    fn a_gold_tuple_accepts_several_answers_in_order() {
+        // Math-Verify 0.9.0's verdicts on these pairs (gold; response), each measured
+        for (gold, response) in [
+            ("(3, 5)", "The answers are \\boxed{3}, \\boxed{5}."),
+            ("(3, 5)", "\\boxed{3} and \\boxed{5}"),
+            ("(3, 5)", "\\boxed{3, 5}"),
+            ("(3, 5)", "(a) \\boxed{3}\n(b) \\boxed{5}"),
+            ("(1, 2, 3)", "\\boxed{1}, \\boxed{2}, \\boxed{3}"),
+            (
+                "\\left(3, \\frac{\\pi}{2}\\right)",
+                "\\boxed{3}, \\boxed{\\frac{\\pi}{2}}",
+            ),
+            ("(2, -1)", "$x = \\boxed{2}$ and $y = \\boxed{-1}$"),
+            ("(2, -1)", "\\boxed{x=2}, \\boxed{y=-1}"),
+            ("(2, -1)", "\\boxed{x=2, y=-1}"),
+            // `\frac12` directly before the joining comma is one half, not \frac of 12,7
+            ("\\frac{1}{2}, 7", "\\boxed{\\frac12} and \\boxed{7}"),
+        ] {
+            assert!(verify(gold, response).correct, "{gold} vs {response}");
+        }
+        for (gold, response) in [
+            ("(3, 5)", "\\boxed{5}, \\boxed{3}"),
+            ("(3, 5)", "\\boxed{5, 3}"),
+            ("(1, 2, 3)", "\\boxed{1}, \\boxed{3}, \\boxed{2}"),
+            ("[3, 5]", "\\boxed{3}, \\boxed{5}"),
+            ("(3, 5)", "\\boxed{3}"),
+        ] {
+            assert!(!verify(gold, response).correct, "{gold} vs {response}");
+        }
+        // not measured: another count of parts is never the tuple
+        assert!(!verify("(3, 5)", "\\boxed{3}, \\boxed{5}, \\boxed{7}").correct);
+    }
+
+    #[test]
+    fn short_text_answers_joined_by_and_or() {
+        // Math-Verify 0.9.0's verdicts on these pairs (gold; response), each measured
+        for (gold, response) in [
+            ("\\text{Alice and Bob}", "\\boxed{\\text{Alice, Bob}}"),
+            ("\\text{Alice, Bob}", "\\boxed{\\text{Alice and Bob}}"),
+            ("\\text{yes and no}", "\\boxed{\\text{yes, no}}"),
+            ("\\text{red or blue}", "\\boxed{\\text{red, blue}}"),
+            ("\\text{red or blue}", "\\boxed{\\text{Red or Blue}}"),
+            ("A \\text{ or } C", "\\boxed{C or A}"),
+            ("2 \\text{ or } 3", "\\boxed{3, 2}"),
+        ] {
+            assert!(verify(gold, response).correct, "{gold} vs {response}");
+        }
+        for (gold, response) in [
+            ("\\text{Alice and Bob}", "\\boxed{\\text{Bob and Alice}}"),
+            ("\\text{even and odd}", "\\boxed{\\text{odd and even}}"),
+            ("\\text{A} \\text{ or } \\text{C}", "\\boxed{C}"),
+            ("\\text{A or C}", "\\boxed{A}"),
+            ("2 \\text{ or } 3", "\\boxed{2}"),
+        ] {
+            assert!(!verify(gold, response).correct, "{gold} vs {response}");
+        }
+        // not measured: a connective alone is a word, and a missing item is still wrong
+        assert!(!verify("\\text{and}", "\\boxed{\\text{or}}").correct);
+        assert!(!verify("A \\text{ or } C", "\\boxed{C or B}").correct);
     }
 
     #[test]
