@@ -551,6 +551,11 @@ pub struct BenchArgs {
     /// train-step: gradient checkpointing per decoder layer.
     #[arg(long)]
     pub checkpointing: bool,
+    /// train-step (with --checkpointing): each decoder layer's backward written out by hand
+    /// (each gradient written once; no autograd graph but the attention's) instead of
+    /// candle's autograd over the composed layer [default: autograd].
+    #[arg(long, requires = "checkpointing")]
+    pub layer_by_hand: bool,
     /// train-step: trace the device's memory and time by phase (forward, head, each layer's
     /// recompute, gradients, optimizer) through one more step after the timed ones, which run
     /// untraced, beside the named tensors the step holds by arithmetic, in train-step.md and

@@ -30,6 +30,8 @@ use super::{Family, Params, QwenConfig, Result};
 use crate::algo::token;
 use crate::device::{BACKWARD_REST, FORWARD_ATTENTION, FORWARD_ELEMENTWISE, FORWARD_MATMUL, SEED};
 
+mod by_hand;
+
 /// Large negative bias for masked attention logits. Finite, so a fully masked row (a padding
 /// query) gives a uniform distribution instead of NaN.
 const MASKED: f64 = -1e9;
@@ -424,6 +426,11 @@ pub struct Kernels {
     /// and the next RMSNorm in another ([`crate::fused::qk_norm_rope_cache`],
     /// [`crate::fused::add_rms_norm`]). Off: the composed ops.
     pub decode_chain: bool,
+    /// A checkpointed backward takes each decoder layer's backward written out by hand
+    /// (`qwen/by_hand.rs`: each gradient written once, no autograd graph but the attention's)
+    /// instead of candle's autograd over the composed layer, its oracle. Off on every device
+    /// until a GPU run times the two side by side (`acpo bench train-step --layer-backward`).
+    pub layer_by_hand: bool,
 }
 
 /// Vocabulary chunk of the GPU path: (rows, 8192) f32 per chunk instead of (rows, 151,936).
@@ -439,6 +446,7 @@ impl Kernels {
                 flash_attention: true,
                 vocab_chunk: Some(VOCAB_CHUNK),
                 decode_chain: true,
+                layer_by_hand: false,
             }
         } else {
             Kernels::composed()
@@ -451,6 +459,7 @@ impl Kernels {
             flash_attention: false,
             vocab_chunk: None,
             decode_chain: false,
+            layer_by_hand: false,
         }
     }
 }
@@ -1089,6 +1098,14 @@ impl Qwen {
         sink(grads)?;
         crate::device::mark(|| "head: the loss, its backward to the last layer".into());
         for (i, (block, input)) in self.blocks.iter().zip(inputs).enumerate().rev() {
+            if self.kernels.layer_by_hand {
+                let (dx, layer) = block.backward_by_hand(&input, &g, &cos, &sin, &mask)?;
+                drop(input);
+                g = dx;
+                sink(layer)?;
+                crate::device::mark(|| format!("layer {i}: recomputed and backpropagated"));
+                continue;
+            }
             let input = candle_core::Var::from_tensor(&input)?;
             let y = block
                 .forward(input.as_tensor(), &cos, &sin, &mask, &none)?

@@ -801,6 +801,82 @@ fn gradient_checkpointing_on_cuda_is_bit_identical_in_f32() {
     }
 }
 
+/// Each decoder layer's backward written out by hand (`Kernels::layer_by_hand`, issue #59 item
+/// 2) on CUDA, with the GPU's kernels (flash attention, the chunked vocabulary), against
+/// autograd over the composed layer: the same gradients to f32 round-off in f32, within bf16's
+/// rounding in bf16 (the two order their roundings differently).
+#[test]
+fn the_layer_backward_by_hand_on_cuda_gives_autograds_gradients() {
+    let Some(gpu) = gpu("the_layer_backward_by_hand_on_cuda_gives_autograds_gradients") else {
+        return;
+    };
+    use acpo::model::qwen::{Kernels, Qwen};
+    use acpo::model::{Params, QwenConfig};
+    let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-qwen3");
+    let cfg = QwenConfig::load(&dir.join("config.json")).expect("config");
+    let (b, t) = (2usize, 40usize);
+    let ids: Vec<u32> = (0..(b * t) as u32).map(|i| (i * 37 + 5) % 128).collect();
+    let ids = Tensor::from_vec(ids, (b, t), &gpu).expect("ids");
+    let pos = Tensor::arange(0u32, t as u32, &gpu)
+        .and_then(|p| p.unsqueeze(0))
+        .and_then(|p| p.repeat((b, 1)))
+        .expect("pos");
+    let valid = Tensor::ones((b, t), DType::U8, &gpu).expect("valid");
+    let targets = ids.narrow(1, 1, t - 1).expect("targets");
+    for (dtype, tolerance) in [(DType::F32, 1e-4f32), (DType::BF16, 3e-2)] {
+        let params = Params::load_dir(&dir, DType::F32, &gpu)
+            .expect("weights")
+            .with_compute(dtype);
+        let grads = |by_hand: bool| {
+            let model = Qwen::new(&cfg, &params, false).expect("model");
+            let model = model.clone().with_kernels(Kernels {
+                layer_by_hand: by_hand,
+                ..model.kernels()
+            });
+            assert!(model.kernels().flash_attention);
+            let mut store = candle_core::backprop::GradStore::default();
+            model
+                .checkpointed_backward(
+                    &ids,
+                    &pos,
+                    &valid,
+                    |m, h| -> acpo::model::Result<(Tensor, ())> {
+                        let (lp, ent) =
+                            m.token_log_probs(&h.narrow(1, 0, t - 1)?, &targets, 1.0, 16, true)?;
+                        let ent = ent.expect("entropy");
+                        Ok(((ent.mean_all()? * 0.01 - lp.mean_all()?)?, ()))
+                    },
+                    |layer| Ok(store.extend(layer)?),
+                )
+                .expect("checkpointed");
+            store
+        };
+        let (autograd, by_hand) = (grads(false), grads(true));
+        for (name, var) in params.vars() {
+            let host = |s: &candle_core::backprop::GradStore| {
+                s.get(var.as_tensor())
+                    .unwrap_or_else(|| panic!("{name}: no gradient"))
+                    .to_dtype(DType::F32)
+                    .and_then(|g| g.flatten_all())
+                    .and_then(|g| g.to_vec1::<f32>())
+                    .expect("to host")
+            };
+            let (a, h) = (host(&autograd), host(&by_hand));
+            let scale = a.iter().fold(1e-12f32, |m, x| m.max(x.abs()));
+            let d = a
+                .iter()
+                .zip(&h)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0, f32::max)
+                / scale;
+            assert!(
+                d < tolerance,
+                "{dtype:?} {name}: differs by {d} of its largest"
+            );
+        }
+    }
+}
+
 /// The sampling engine on CUDA (flash attention reading the preallocated cache in place,
 /// continuous batching): each prompt's completion is its solo completion, whatever the slots.
 #[test]
@@ -974,6 +1050,7 @@ fn decoding_with_the_fused_chain_gives_the_composed_chain_s_logits() {
             .clone()
             .with_kernels(acpo::model::qwen::Kernels {
                 decode_chain: false,
+                layer_by_hand: false,
                 ..fused_model.kernels()
             });
         let prompts = vec![vec![5u32, 17, 99, 3], vec![42u32, 7, 1, 8]];
@@ -1065,6 +1142,7 @@ fn the_paged_cache_on_cuda_gives_the_dense_engines_tokens() {
         let model = Qwen::new(&cfg, &params, true).expect("model");
         let model = model.clone().with_kernels(Kernels {
             decode_chain: false,
+            layer_by_hand: false,
             ..model.kernels()
         });
         for slots in [None, Some(3)] {

@@ -131,6 +131,15 @@ def train_step(root, lines):
              f"{torch['peak_bytes'] / 2**30:.1f}") if torch else ("not run", "—", "—")
         ratio = f"{acpo['tokens_per_second'] / torch['tokens_per_second']:.2f}×" if acpo and torch else "—"
         out.append(f"| 2 × {length} | {' | '.join(a)} | {' | '.join(t)} | {ratio} |")
+        # The same step with each layer's backward by hand (`--layer-by-hand`, issue #59), where
+        # the run has it: a row of its own beside the same twin.
+        h = latest(root, f"paper-{length}-by-hand")
+        hand = load(h / "train-step.json")[0] if h and (h / "train-step.json").exists() else None
+        if hand:
+            cells = (fmt(hand["tokens_per_second"]), f"{100 * hand['mfu']:.1f} %",
+                     f"{hand['memory']['peak'] / 2**30:.1f}")
+            ratio = f"{hand['tokens_per_second'] / torch['tokens_per_second']:.2f}×" if torch else "—"
+            out.append(f"| 2 × {length}, layer backward by hand | {' | '.join(cells)} | {' | '.join(t)} | {ratio} |")
     out.append("")
     out.append("Qwen3-1.7B shape, random weights, bf16 with fp32 masters, prompt 1,024, gradient "
                "checkpointing on both sides; acpo with flash attention and vocabulary chunks of 8,192, "

@@ -354,6 +354,14 @@ wanted step && for len in "${lens[@]}"; do
         tools/twins/bench_train_torch.py --config "$cfg" --seq-len "$len" \
         --prompt-len "$((len / 2 < 1024 ? len / 2 : 1024))" --micro-batch 2 --checkpointing \
         --repeats 2 --json "$res/torch-train-$len.json"
+    # The same step with each layer's backward written out by hand (issue #59 item 2), after
+    # the pair above so that it never takes their time: the side-by-side that decides whether
+    # it becomes the GPU's default.
+    step "acpo train-step qwen3-1.7b 2x$len --layer-by-hand" 90 "acpo-train-$len-by-hand.log" \
+        "$acpo" bench train-step --config "$cfg" --device "$device" --dtype bf16 \
+        --seq-len "$len" --prompt-len "$((len / 2 < 1024 ? len / 2 : 1024))" --micro-batch 2 \
+        --checkpointing --layer-by-hand --repeats 1 --out "$res/paper-$len-by-hand"
+    tail -2 "$res/acpo-train-$len-by-hand.log" | tee -a "$res/summary.txt"
 done
 
 # ---- 4: one layer's attention, acpo beside torch's sdpa

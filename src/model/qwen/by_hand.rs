@@ -1,0 +1,276 @@
+//! A decoder layer's backward written out by hand (issue #59, item 2): the layer run forward once
+//! on detached weights, keeping the activations its backward reads, then every gradient computed
+//! from the formulas below and written once, where candle's autograd records ~60 nodes a layer,
+//! zero-fills a gradient buffer for each and adds into it. Only the attention keeps a graph of
+//! its own (its kernel's backward: flash attention's, or the composed softmax's), three inputs
+//! deep.
+//!
+//! The layer (Qwen2/Qwen3, `super::Block::forward`), per token row, with `·ᵀ` the weights as
+//! stored (out, in):
+//!
+//! ```text
+//! n₁ = rms(x)·w₁            q, k, v = n₁·Wqᵀ (+bq), n₁·Wkᵀ (+bk), n₁·Wvᵀ (+bv)
+//! q̂, k̂ = rope(rms_h(q)·wq), rope(rms_h(k)·wk)      (Qwen3's per-head norms)
+//! o = attention(q̂, k̂, v)   h = x + o·Woᵀ
+//! n₂ = rms(h)·w₂            s = silu(n₂·Wgᵀ) ⊙ (n₂·Wuᵀ)      y = h + s·Wdᵀ
+//! ```
+//!
+//! and its backward from `g = ∂L/∂y`, last to first:
+//!
+//! ```text
+//! dWd = gᵀ·s            ds = g·Wd
+//! dγ = ds ⊙ u ⊙ σ(γ)(1 + γ(1 − σ(γ)))     du = ds ⊙ silu(γ)          (γ = n₂·Wgᵀ, u = n₂·Wuᵀ)
+//! dWg = dγᵀ·n₂  dWu = duᵀ·n₂  dn₂ = dγ·Wg + du·Wu
+//! dh = g + rms_bwd(h, w₂, dn₂)                       dw₂ = Σ_rows dn₂ ⊙ rms(h)
+//! dWo = dhᵀ·o   do = dh·Wo   dq̂, dk̂, dv = attention_bwd(do)
+//! dq = rope(dq̂, cos, −sin) (rotations are orthogonal, and both halves of sin are equal)
+//! dq = rms_bwd(q, wq, dq)   (likewise k)
+//! dW· = d·ᵀ·n₁  db· = Σ_rows d·    dn₁ = dq·Wq + dk·Wk + dv·Wv
+//! dx = dh + rms_bwd(x, w₁, dn₁)
+//! ```
+//!
+//! with `rms_bwd(x, w, dn) = r·(dn⊙w − n̂·mean(dn⊙w⊙n̂))`, `n̂ = x·r`, `r = 1/√(mean(x²)+ε)`,
+//! computed in f32 as the forward is (HF's RMSNorm). The composed layer under autograd is the
+//! oracle (tests/it/model.rs): the same gradients to f32 round-off, at the Qwen3-1.7B layer's
+//! shapes. Off by default ([`super::Kernels::layer_by_hand`]) until a GPU run times it against
+//! the autograd layer.
+
+use candle_core::backprop::GradStore;
+use candle_core::{DType, Tensor, D};
+
+use super::{AttnMask, Block, Linear, RmsNorm};
+use crate::device::{BACKWARD_ATTENTION, BACKWARD_REST, FORWARD_ELEMENTWISE};
+use crate::model::Result;
+
+/// What an RMSNorm's backward reads: the normalised input `n̂ = x·r` and `r`, both f32.
+struct Normed {
+    unit: Tensor,
+    r: Tensor,
+}
+
+/// RMSNorm forward as [`crate::fused::rms_norm_composed`] computes it (f32, cast, times w),
+/// keeping `n̂` and `r`.
+fn norm_forward(norm: &RmsNorm, x: &Tensor) -> Result<(Tensor, Normed)> {
+    let x32 = x.to_dtype(DType::F32)?;
+    let r = (x32.sqr()?.mean_keepdim(D::Minus1)? + norm.eps)?
+        .sqrt()?
+        .recip()?;
+    let unit = x32.broadcast_mul(&r)?;
+    let y = unit.to_dtype(x.dtype())?.broadcast_mul(&norm.weight)?;
+    Ok((y, Normed { unit, r }))
+}
+
+/// RMSNorm backward: `(dx, dw)` from the gradient `dy` at its output.
+fn norm_backward(norm: &RmsNorm, saved: &Normed, dy: &Tensor) -> Result<(Tensor, Tensor)> {
+    let dtype = dy.dtype();
+    let dy32 = dy.to_dtype(DType::F32)?;
+    let w32 = norm.weight.to_dtype(DType::F32)?;
+    // dw: Σ over every row of dy ⊙ n̂ (the forward multiplied w by n̂ cast to the dtype)
+    let unit_cast = saved.unit.to_dtype(dtype)?.to_dtype(DType::F32)?;
+    let width = w32.dim(0)?;
+    let dw = (&dy32 * &unit_cast)?
+        .reshape(((), width))?
+        .sum(0)?
+        .to_dtype(norm.weight.dtype())?;
+    let dn = dy32.broadcast_mul(&w32)?;
+    let mean = (&dn * &saved.unit)?.mean_keepdim(D::Minus1)?;
+    let dx = (dn - saved.unit.broadcast_mul(&mean)?)?
+        .broadcast_mul(&saved.r)?
+        .to_dtype(dtype)?;
+    Ok((dx, dw))
+}
+
+/// A linear layer's backward from its input `x` `(.., in)` and output gradient `dy` `(.., out)`:
+/// `(dx, dW, db)`, each written once.
+fn linear_backward(
+    lin: &Linear,
+    x: &Tensor,
+    dy: &Tensor,
+) -> Result<(Tensor, Tensor, Option<Tensor>)> {
+    let (inp, out) = (x.dim(D::Minus1)?, dy.dim(D::Minus1)?);
+    let x2 = x.reshape(((), inp))?;
+    let dy2 = dy.reshape(((), out))?;
+    let w = lin.weight.detach();
+    let dx = crate::fused::matmul(&dy2, &w)?;
+    let dw = crate::fused::matmul(&dy2.t()?, &x2)?;
+    let db = match &lin.bias {
+        Some(_) => Some(dy2.sum(0)?),
+        None => None,
+    };
+    let mut dims = x.dims().to_vec();
+    *dims.last_mut().expect("invariant: at least 1-D") = inp;
+    Ok((dx.reshape(dims)?, dw, db))
+}
+
+/// The layer's gradients as they are made, keyed by the weights the layer read.
+#[derive(Default)]
+struct Kept {
+    store: GradStore,
+    /// Gradients of weights the model computes with in another dtype than their masters'
+    /// (`Params::weight`: a cast of the master, bf16 on the GPU): handed back through the cast.
+    cast: Vec<(Tensor, Tensor)>,
+}
+
+impl Kept {
+    fn insert(&mut self, weight: &Tensor, grad: Tensor) {
+        if weight.is_variable() {
+            self.store.insert(weight, grad);
+        } else {
+            self.cast.push((weight.clone(), grad));
+        }
+    }
+
+    fn linear(&mut self, lin: &Linear, dw: Tensor, db: Option<Tensor>) {
+        self.insert(&lin.weight, dw);
+        if let (Some(b), Some(db)) = (&lin.bias, db) {
+            self.insert(b, db);
+        }
+    }
+
+    /// The store keyed by the masters. A cast weight's gradient reaches its master through the
+    /// cast's own backward (seeded with it, [`crate::fused::backward_seed`]): the gradient cast
+    /// to the master's dtype, as autograd's backward of the cast gives it; candle keeps a
+    /// cast's source private, so the master cannot be named directly.
+    fn into_store(mut self) -> Result<GradStore> {
+        let mut total: Option<Tensor> = None;
+        for (w, g) in &self.cast {
+            let seed = crate::fused::backward_seed(w, g)?;
+            total = Some(match total {
+                Some(t) => (t + seed)?,
+                None => seed,
+            });
+        }
+        if let Some(total) = total {
+            let masters = total.backward()?;
+            self.store.extend(masters)?;
+        }
+        Ok(self.store)
+    }
+}
+
+impl Block {
+    /// The layer's forward from `x` `(B, T, H)` and its backward from `g` = ∂L/∂y, by hand
+    /// (module docs): returns ∂L/∂x and a store with the gradient of every parameter of the
+    /// layer (keyed by this block's weights, as autograd's backward would give them). Training
+    /// only: no KV cache, the whole sequence at once.
+    pub(super) fn backward_by_hand(
+        &self,
+        x: &Tensor,
+        g: &Tensor,
+        cos: &Tensor,
+        sin: &Tensor,
+        mask: &AttnMask,
+    ) -> Result<(Tensor, GradStore)> {
+        let layer = self.detached();
+        let attn = &layer.attn;
+        let (b, t, _) = x.dims3()?;
+        let x = x.detach();
+        let g = g.detach();
+
+        // Forward, keeping what the backward reads.
+        let (n1, norm1) = norm_forward(&layer.input_norm, &x)?;
+        let (q, k, v) = attn.project(&n1)?; // tokens first: (B, T, heads, D)
+        let (qn, kn, q_saved, k_saved) = match (&attn.q_norm, &attn.k_norm) {
+            (Some(qn), Some(kn)) => {
+                let (qy, qs) = norm_forward(qn, &q)?;
+                let (ky, ks) = norm_forward(kn, &k)?;
+                (qy, ky, Some(qs), Some(ks))
+            }
+            _ => (q.clone(), k.clone(), None, None),
+        };
+        let q_rot = crate::fused::rope_heads(&qn, cos, sin)?; // (B, H, T, D)
+        let k_rot = crate::fused::rope_heads(&kn, cos, sin)?; // (B, KV, T, D)
+        let v_heads = v.transpose(1, 2)?.contiguous()?;
+        // The attention is the one piece with a graph: its kernel's own backward.
+        let leaf = |t: &Tensor| -> Result<Tensor> {
+            Ok(candle_core::Var::from_tensor(t)?.as_tensor().clone())
+        };
+        let (q_var, k_var, v_var) = (leaf(&q_rot)?, leaf(&k_rot)?, leaf(&v_heads)?);
+        let o_heads = attn.attend(&q_var, &k_var, &v_var, t, mask)?; // (B, H, T, D)
+        let o = o_heads.detach().transpose(1, 2)?.contiguous()?.reshape((
+            b,
+            t,
+            attn.heads * attn.head_dim,
+        ))?;
+        let h = (&x + attn.o.forward(&o)?)?;
+        let (n2, norm2) = norm_forward(&layer.post_norm, &h)?;
+        let gate = layer.mlp.gate.forward(&n2)?;
+        let up = layer.mlp.up.forward(&n2)?;
+        let gate32 = gate.to_dtype(DType::F32)?;
+        let sig = (gate32.neg()?.exp()? + 1.0)?.recip()?; // σ(γ)
+        let silu = (&gate32 * &sig)?;
+        let s = (&silu * up.to_dtype(DType::F32)?)?.to_dtype(gate.dtype())?;
+        crate::device::part(FORWARD_ELEMENTWISE);
+
+        // Backward, last to first; `store` gets each gradient once.
+        let mut store = Kept::default();
+        let (ds, dw_down, db_down) = linear_backward(&layer.mlp.down, &s, &g)?;
+        store.linear(&self.mlp.down, dw_down, db_down);
+        let ds32 = ds.to_dtype(DType::F32)?;
+        // silu'(γ) = σ(γ)·(1 + γ·(1 − σ(γ)))
+        let dsilu = (&sig * ((&gate32 * sig.affine(-1.0, 1.0)?)? + 1.0)?)?;
+        let dgate = (&ds32 * up.to_dtype(DType::F32)?)?
+            .mul(&dsilu)?
+            .to_dtype(gate.dtype())?;
+        let dup = (&ds32 * &silu)?.to_dtype(up.dtype())?;
+        let (dn2_g, dw_gate, db_gate) = linear_backward(&layer.mlp.gate, &n2, &dgate)?;
+        let (dn2_u, dw_up, db_up) = linear_backward(&layer.mlp.up, &n2, &dup)?;
+        store.linear(&self.mlp.gate, dw_gate, db_gate);
+        store.linear(&self.mlp.up, dw_up, db_up);
+        let (dh_norm, dw_post) = norm_backward(&layer.post_norm, &norm2, &(dn2_g + dn2_u)?)?;
+        store.insert(&self.post_norm.weight, dw_post);
+        let dh = (&g + dh_norm)?;
+
+        let (do_, dw_o, db_o) = linear_backward(&attn.o, &o, &dh)?;
+        store.linear(&self.attn.o, dw_o, db_o);
+        let do_heads = do_
+            .reshape((b, t, attn.heads, attn.head_dim))?
+            .transpose(1, 2)?
+            .contiguous()?;
+        crate::device::part(BACKWARD_REST);
+        let mut grads = crate::fused::backward_seed(&o_heads, &do_heads)?.backward()?;
+        let mut take = |t: &Tensor| -> Result<Tensor> {
+            Ok(grads.remove(t).ok_or_else(|| {
+                candle_core::Error::Msg("attention: an input without a gradient".into())
+            })?)
+        };
+        let (dq_rot, dk_rot, dv_heads) = (take(&q_var)?, take(&k_var)?, take(&v_var)?);
+        crate::device::part(BACKWARD_ATTENTION);
+
+        // The inverse rotation, back to tokens first (B, T, heads, D).
+        let minus_sin = sin.neg()?;
+        let unrotate = |d: &Tensor| -> Result<Tensor> {
+            Ok(crate::fused::rope(d, cos, &minus_sin)?
+                .transpose(1, 2)?
+                .contiguous()?)
+        };
+        let mut dq = unrotate(&dq_rot)?;
+        let mut dk = unrotate(&dk_rot)?;
+        let dv = dv_heads.transpose(1, 2)?.contiguous()?;
+        if let (Some(qn), Some(kn), Some(qs), Some(ks)) =
+            (&attn.q_norm, &attn.k_norm, &q_saved, &k_saved)
+        {
+            let (dq_in, dwq) = norm_backward(qn, qs, &dq)?;
+            let (dk_in, dwk) = norm_backward(kn, ks, &dk)?;
+            let (sq, sk) = (&self.attn.q_norm, &self.attn.k_norm);
+            if let (Some(sq), Some(sk)) = (sq, sk) {
+                store.insert(&sq.weight, dwq);
+                store.insert(&sk.weight, dwk);
+            }
+            (dq, dk) = (dq_in, dk_in);
+        }
+        let flat = |d: Tensor, heads: usize| d.reshape((b, t, heads * attn.head_dim));
+        let (dn1_q, dw_q, db_q) = linear_backward(&attn.q, &n1, &flat(dq, attn.heads)?)?;
+        let (dn1_k, dw_k, db_k) = linear_backward(&attn.k, &n1, &flat(dk, attn.kv_heads)?)?;
+        let (dn1_v, dw_v, db_v) = linear_backward(&attn.v, &n1, &flat(dv, attn.kv_heads)?)?;
+        store.linear(&self.attn.q, dw_q, db_q);
+        store.linear(&self.attn.k, dw_k, db_k);
+        store.linear(&self.attn.v, dw_v, db_v);
+        let dn1 = ((dn1_q + dn1_k)? + dn1_v)?;
+        let (dx_norm, dw_in) = norm_backward(&layer.input_norm, &norm1, &dn1)?;
+        store.insert(&self.input_norm.weight, dw_in);
+        let dx = (dh + dx_norm)?;
+        crate::device::part(BACKWARD_REST);
+        Ok((dx, store.into_store()?))
+    }
+}
