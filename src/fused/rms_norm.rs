@@ -147,6 +147,43 @@ pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
     rms_norm_composed(x, w, eps)
 }
 
+/// RMSNorm's backward from its input `x`, weight `w` and output gradient `dy`: `(dx, dw)`, the
+/// gradients [`rms_norm`]'s backward gives (one pass, fused on CPU f32 and CUDA) or, elsewhere,
+/// those of [`rms_norm_composed`] from its formula (in f32):
+/// `dx = r·(dy⊙w − n̂·mean(dy⊙w⊙n̂))`, `dw = Σ_rows dy ⊙ n̂`, with `r = 1/rms(x)`, `n̂ = x·r`.
+/// For a backward written out by hand (`model/qwen/by_hand.rs`); `dw` sums every row.
+pub fn rms_norm_backward(
+    x: &Tensor,
+    w: &Tensor,
+    dy: &Tensor,
+    eps: f64,
+) -> Result<(Tensor, Tensor)> {
+    if fused_on(x) && fused_on(w) && x.dtype() == w.dtype() && dy.dtype() == x.dtype() {
+        let (dx, dw) = RmsNorm { eps: eps as f32 }.bwd(x, w, dy, dy)?;
+        let missing = || candle_core::Error::Msg("rms_norm backward: no gradient".into());
+        return Ok((dx.ok_or_else(missing)?, dw.ok_or_else(missing)?));
+    }
+    let x32 = x.to_dtype(DType::F32)?;
+    let r = (x32.sqr()?.mean_keepdim(D::Minus1)? + eps)?
+        .sqrt()?
+        .recip()?;
+    let unit = x32.broadcast_mul(&r)?;
+    let dy32 = dy.to_dtype(DType::F32)?;
+    // the forward multiplied w by n̂ cast to the input's dtype
+    let unit_cast = unit.to_dtype(x.dtype())?.to_dtype(DType::F32)?;
+    let dw = (&dy32 * &unit_cast)?
+        .reshape(((), w.elem_count()))?
+        .sum(0)?
+        .reshape(w.shape())?
+        .to_dtype(w.dtype())?;
+    let dn = dy32.broadcast_mul(&w.to_dtype(DType::F32)?)?;
+    let mean = (&dn * &unit)?.mean_keepdim(D::Minus1)?;
+    let dx = (dn - unit.broadcast_mul(&mean)?)?
+        .broadcast_mul(&r)?
+        .to_dtype(x.dtype())?;
+    Ok((dx, dw))
+}
+
 /// The reference: RMSNorm from basic ops, in f32 like HF.
 pub fn rms_norm_composed(x: &Tensor, w: &Tensor, eps: f64) -> Result<Tensor> {
     let dtype = x.dtype();

@@ -1,7 +1,7 @@
 //! SwiGLU, silu(gate) ⊙ up, fused with its backward for both inputs, beside the composed
 //! reference.
 
-use candle_core::{CpuStorage, CustomOp2, CustomOp3, Layout, Result, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
 
 use super::{for_rows, fused_on, parallel, slice_f32};
@@ -141,6 +141,26 @@ pub fn swiglu(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
         return gate.contiguous()?.apply_op2(&up.contiguous()?, SwiGlu);
     }
     swiglu_composed(gate, up)
+}
+
+/// SwiGLU's backward from its inputs and output gradient `dy`: `(dgate, dup)`, the gradients
+/// [`swiglu`]'s backward gives (both in one pass, fused on CPU f32 and CUDA) or, elsewhere, from
+/// the formula in f32: with σ = sigmoid(g), `dg = dy·u·σ·(1 + g·(1 − σ))`, `du = dy·g·σ`. For a
+/// backward written out by hand (`model/qwen/by_hand.rs`).
+pub fn swiglu_backward(gate: &Tensor, up: &Tensor, dy: &Tensor) -> Result<(Tensor, Tensor)> {
+    if fused_on(gate) && fused_on(up) && gate.dtype() == up.dtype() && dy.dtype() == gate.dtype() {
+        let (dg, du) = SwiGlu.bwd(&gate.contiguous()?, &up.contiguous()?, dy, dy)?;
+        let missing = || candle_core::Error::Msg("swiglu backward: no gradient".into());
+        return Ok((dg.ok_or_else(missing)?, du.ok_or_else(missing)?));
+    }
+    let g = gate.to_dtype(DType::F32)?;
+    let u = up.to_dtype(DType::F32)?;
+    let dy = dy.to_dtype(DType::F32)?;
+    let sig = (g.neg()?.exp()? + 1.0)?.recip()?;
+    let dsilu = (&sig * ((&g * sig.affine(-1.0, 1.0)?)? + 1.0)?)?;
+    let dg = ((&dy * &u)? * dsilu)?.to_dtype(gate.dtype())?;
+    let du = ((&dy * &g)? * &sig)?.to_dtype(up.dtype())?;
+    Ok((dg, du))
 }
 
 /// The reference: candle's silu, then the product.

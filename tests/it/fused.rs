@@ -798,3 +798,56 @@ fn backward_seed_gives_the_sum_all_gradients_bit_for_bit() {
     assert!(fused::backward_seed(&y(), &g.narrow(2, 0, 69).unwrap()).is_err());
     assert!(fused::backward_seed(&y(), &g.to_dtype(DType::F64).unwrap()).is_err());
 }
+
+/// The backwards a hand-written layer calls (`model/qwen/by_hand.rs`), against autograd over the
+/// composed ops: `rms_norm_backward` and `swiglu_backward` in f32 (the fused one-pass kernels)
+/// and in f64 (their formulas, the path of every dtype the kernels do not take).
+#[test]
+fn rms_norm_and_swiglu_backwards_called_directly_are_autograds() {
+    for dtype in [DType::F32, DType::F64] {
+        // both sides compute in f32 (HF's RMSNorm; the formulas), in their own orders
+        let tol = 1e-5;
+        let f64s = |t: &Tensor| {
+            t.to_dtype(DType::F64)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f64>()
+                .unwrap()
+        };
+        let close = |what: &str, a: &Tensor, b: &Tensor| {
+            assert_eq!(a.dtype(), dtype, "{what}: dtype");
+            let (a, b) = (f64s(a), f64s(b));
+            let scale = b.iter().fold(1e-30f64, |m, x| m.max(x.abs()));
+            let d = a
+                .iter()
+                .zip(&b)
+                .map(|(x, y)| (x - y).abs())
+                .fold(0.0, f64::max)
+                / scale;
+            assert!(d < tol, "{dtype:?} {what}: differs by {d} of its largest");
+        };
+        let (b, t, n) = (3, 7, 40);
+        let x = randn(21, &[b, t, n], 2.0).to_dtype(dtype).unwrap();
+        let w = (randn(22, &[n], 0.3) + 1.0)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
+        let dy = randn(23, &[b, t, n], 1.0).to_dtype(dtype).unwrap();
+        let (xv, wv) = (Var::from_tensor(&x).unwrap(), Var::from_tensor(&w).unwrap());
+        let y = fused::rms_norm_composed(xv.as_tensor(), wv.as_tensor(), 1e-6).unwrap();
+        let grads = (y * &dy).unwrap().sum_all().unwrap().backward().unwrap();
+        let (dx, dw) = fused::rms_norm_backward(&x, &w, &dy, 1e-6).unwrap();
+        close("rms_norm dx", &dx, grads.get(xv.as_tensor()).unwrap());
+        close("rms_norm dw", &dw, grads.get(wv.as_tensor()).unwrap());
+
+        let g = randn(24, &[b, t, n], 3.0).to_dtype(dtype).unwrap();
+        let u = randn(25, &[b, t, n], 1.0).to_dtype(dtype).unwrap();
+        let (gv, uv) = (Var::from_tensor(&g).unwrap(), Var::from_tensor(&u).unwrap());
+        let s = fused::swiglu_composed(gv.as_tensor(), uv.as_tensor()).unwrap();
+        let grads = (s * &dy).unwrap().sum_all().unwrap().backward().unwrap();
+        let (dg, du) = fused::swiglu_backward(&g, &u, &dy).unwrap();
+        close("swiglu dgate", &dg, grads.get(gv.as_tensor()).unwrap());
+        close("swiglu dup", &du, grads.get(uv.as_tensor()).unwrap());
+    }
+}

@@ -979,6 +979,28 @@ fn flash_attention_and_vocabulary_chunks_give_the_composed_model_and_its_gradien
     }
 }
 
+/// [`toy_loss`] through a checkpointed backward: the loss and every gradient in one store.
+fn checkpointed_toy_loss(
+    model: &Qwen,
+    (ids, pos, valid): (&Tensor, &Tensor, &Tensor),
+    targets: &Tensor,
+) -> (f32, candle_core::backprop::GradStore) {
+    let mut store = candle_core::backprop::GradStore::default();
+    let loss = model
+        .checkpointed_backward(
+            ids,
+            pos,
+            valid,
+            |m, h| -> acpo::model::Result<_> {
+                let loss = toy_loss(m, h, targets);
+                Ok((loss.clone(), loss.to_scalar::<f32>()?))
+            },
+            |layer| Ok(store.extend(layer)?),
+        )
+        .expect("checkpointed");
+    (loss, store)
+}
+
 #[test]
 fn gradient_checkpointing_gives_the_plain_gradients_bit_for_bit() {
     use acpo::model::qwen::Kernels;
@@ -1002,19 +1024,7 @@ fn gradient_checkpointing_gives_the_plain_gradients_bit_for_bit() {
                 .expect("forward");
             let plain_loss = toy_loss(&model, &hidden, &targets);
             let plain = grads_by_name(&params, &plain_loss.backward().expect("backward"));
-            let mut store = candle_core::backprop::GradStore::default();
-            let loss = model
-                .checkpointed_backward(
-                    &ids,
-                    &pos,
-                    &valid,
-                    |m, h| -> acpo::model::Result<_> {
-                        let loss = toy_loss(m, h, &targets);
-                        Ok((loss.clone(), loss.to_scalar::<f32>()?))
-                    },
-                    |layer| Ok(store.extend(layer)?),
-                )
-                .expect("checkpointed");
+            let (loss, store) = checkpointed_toy_loss(&model, (&ids, &pos, &valid), &targets);
             assert_eq!(loss, plain_loss.to_scalar::<f32>().expect("s"));
             for ((n, a), (_, b)) in grads_by_name(&params, &store).iter().zip(&plain) {
                 let d = a
@@ -1067,19 +1077,7 @@ fn the_layer_backward_by_hand_gives_autograds_gradients() {
                 let model = Qwen::new(cfg, params, false)
                     .expect("model")
                     .with_kernels(kernels);
-                let mut store = candle_core::backprop::GradStore::default();
-                let loss = model
-                    .checkpointed_backward(
-                        &ids,
-                        &pos,
-                        &valid,
-                        |m, h| -> acpo::model::Result<_> {
-                            let loss = toy_loss(m, h, &targets);
-                            Ok((loss.clone(), loss.to_scalar::<f32>()?))
-                        },
-                        |layer| Ok(store.extend(layer)?),
-                    )
-                    .expect("checkpointed");
+                let (loss, store) = checkpointed_toy_loss(&model, (&ids, &pos, &valid), &targets);
                 let grads: Vec<(String, Vec<f32>)> = params
                     .vars()
                     .map(|(n, v)| {

@@ -29,55 +29,30 @@
 //! dx = dh + rms_bwd(x, w₁, dn₁)
 //! ```
 //!
-//! with `rms_bwd(x, w, dn) = r·(dn⊙w − n̂·mean(dn⊙w⊙n̂))`, `n̂ = x·r`, `r = 1/√(mean(x²)+ε)`,
-//! computed in f32 as the forward is (HF's RMSNorm). The composed layer under autograd is the
+//! with `rms_bwd(x, w, dn) = r·(dn⊙w − n̂·mean(dn⊙w⊙n̂))`, `n̂ = x·r`, `r = 1/√(mean(x²)+ε)`.
+//! The forward runs the model's own ops (the fused RMSNorm and SwiGLU where they apply), and the
+//! norms' and SwiGLU's backwards are their kernels' (`crate::fused::rms_norm_backward`,
+//! `crate::fused::swiglu_backward`: one pass each on CPU f32 and CUDA, the formulas in f32
+//! elsewhere). The composed layer under autograd is the
 //! oracle (tests/it/model.rs): the same gradients to f32 round-off, at the Qwen3-1.7B layer's
 //! shapes. Off by default ([`super::Kernels::layer_by_hand`]) until a GPU run times it against
 //! the autograd layer.
 
 use candle_core::backprop::GradStore;
-use candle_core::{DType, Tensor, D};
+use candle_core::{Tensor, D};
 
 use super::{AttnMask, Block, Linear, RmsNorm};
 use crate::device::{BACKWARD_ATTENTION, BACKWARD_REST, FORWARD_ELEMENTWISE};
 use crate::model::Result;
 
-/// What an RMSNorm's backward reads: the normalised input `n̂ = x·r` and `r`, both f32.
-struct Normed {
-    unit: Tensor,
-    r: Tensor,
-}
-
-/// RMSNorm forward as [`crate::fused::rms_norm_composed`] computes it (f32, cast, times w),
-/// keeping `n̂` and `r`.
-fn norm_forward(norm: &RmsNorm, x: &Tensor) -> Result<(Tensor, Normed)> {
-    let x32 = x.to_dtype(DType::F32)?;
-    let r = (x32.sqr()?.mean_keepdim(D::Minus1)? + norm.eps)?
-        .sqrt()?
-        .recip()?;
-    let unit = x32.broadcast_mul(&r)?;
-    let y = unit.to_dtype(x.dtype())?.broadcast_mul(&norm.weight)?;
-    Ok((y, Normed { unit, r }))
-}
-
-/// RMSNorm backward: `(dx, dw)` from the gradient `dy` at its output.
-fn norm_backward(norm: &RmsNorm, saved: &Normed, dy: &Tensor) -> Result<(Tensor, Tensor)> {
-    let dtype = dy.dtype();
-    let dy32 = dy.to_dtype(DType::F32)?;
-    let w32 = norm.weight.to_dtype(DType::F32)?;
-    // dw: Σ over every row of dy ⊙ n̂ (the forward multiplied w by n̂ cast to the dtype)
-    let unit_cast = saved.unit.to_dtype(dtype)?.to_dtype(DType::F32)?;
-    let width = w32.dim(0)?;
-    let dw = (&dy32 * &unit_cast)?
-        .reshape(((), width))?
-        .sum(0)?
-        .to_dtype(norm.weight.dtype())?;
-    let dn = dy32.broadcast_mul(&w32)?;
-    let mean = (&dn * &saved.unit)?.mean_keepdim(D::Minus1)?;
-    let dx = (dn - saved.unit.broadcast_mul(&mean)?)?
-        .broadcast_mul(&saved.r)?
-        .to_dtype(dtype)?;
-    Ok((dx, dw))
+/// RMSNorm's backward (`crate::fused::rms_norm_backward`: one kernel on CPU f32 and CUDA).
+fn norm_backward(norm: &RmsNorm, x: &Tensor, dy: &Tensor) -> Result<(Tensor, Tensor)> {
+    Ok(crate::fused::rms_norm_backward(
+        x,
+        &norm.weight,
+        dy,
+        norm.eps,
+    )?)
 }
 
 /// A linear layer's backward from its input `x` `(.., in)` and output gradient `dy` `(.., out)`:
@@ -168,15 +143,11 @@ impl Block {
         let g = g.detach();
 
         // Forward, keeping what the backward reads.
-        let (n1, norm1) = norm_forward(&layer.input_norm, &x)?;
+        let n1 = layer.input_norm.forward(&x)?;
         let (q, k, v) = attn.project(&n1)?; // tokens first: (B, T, heads, D)
-        let (qn, kn, q_saved, k_saved) = match (&attn.q_norm, &attn.k_norm) {
-            (Some(qn), Some(kn)) => {
-                let (qy, qs) = norm_forward(qn, &q)?;
-                let (ky, ks) = norm_forward(kn, &k)?;
-                (qy, ky, Some(qs), Some(ks))
-            }
-            _ => (q.clone(), k.clone(), None, None),
+        let (qn, kn) = match (&attn.q_norm, &attn.k_norm) {
+            (Some(qn), Some(kn)) => (qn.forward(&q)?, kn.forward(&k)?),
+            _ => (q.clone(), k.clone()),
         };
         let q_rot = crate::fused::rope_heads(&qn, cos, sin)?; // (B, H, T, D)
         let k_rot = crate::fused::rope_heads(&kn, cos, sin)?; // (B, KV, T, D)
@@ -193,31 +164,22 @@ impl Block {
             attn.heads * attn.head_dim,
         ))?;
         let h = (&x + attn.o.forward(&o)?)?;
-        let (n2, norm2) = norm_forward(&layer.post_norm, &h)?;
+        let n2 = layer.post_norm.forward(&h)?;
         let gate = layer.mlp.gate.forward(&n2)?;
         let up = layer.mlp.up.forward(&n2)?;
-        let gate32 = gate.to_dtype(DType::F32)?;
-        let sig = (gate32.neg()?.exp()? + 1.0)?.recip()?; // σ(γ)
-        let silu = (&gate32 * &sig)?;
-        let s = (&silu * up.to_dtype(DType::F32)?)?.to_dtype(gate.dtype())?;
+        let s = crate::fused::swiglu(&gate, &up)?;
         crate::device::part(FORWARD_ELEMENTWISE);
 
         // Backward, last to first; `store` gets each gradient once.
         let mut store = Kept::default();
         let (ds, dw_down, db_down) = linear_backward(&layer.mlp.down, &s, &g)?;
         store.linear(&self.mlp.down, dw_down, db_down);
-        let ds32 = ds.to_dtype(DType::F32)?;
-        // silu'(γ) = σ(γ)·(1 + γ·(1 − σ(γ)))
-        let dsilu = (&sig * ((&gate32 * sig.affine(-1.0, 1.0)?)? + 1.0)?)?;
-        let dgate = (&ds32 * up.to_dtype(DType::F32)?)?
-            .mul(&dsilu)?
-            .to_dtype(gate.dtype())?;
-        let dup = (&ds32 * &silu)?.to_dtype(up.dtype())?;
+        let (dgate, dup) = crate::fused::swiglu_backward(&gate, &up, &ds)?;
         let (dn2_g, dw_gate, db_gate) = linear_backward(&layer.mlp.gate, &n2, &dgate)?;
         let (dn2_u, dw_up, db_up) = linear_backward(&layer.mlp.up, &n2, &dup)?;
         store.linear(&self.mlp.gate, dw_gate, db_gate);
         store.linear(&self.mlp.up, dw_up, db_up);
-        let (dh_norm, dw_post) = norm_backward(&layer.post_norm, &norm2, &(dn2_g + dn2_u)?)?;
+        let (dh_norm, dw_post) = norm_backward(&layer.post_norm, &h, &(dn2_g + dn2_u)?)?;
         store.insert(&self.post_norm.weight, dw_post);
         let dh = (&g + dh_norm)?;
 
@@ -247,11 +209,9 @@ impl Block {
         let mut dq = unrotate(&dq_rot)?;
         let mut dk = unrotate(&dk_rot)?;
         let dv = dv_heads.transpose(1, 2)?.contiguous()?;
-        if let (Some(qn), Some(kn), Some(qs), Some(ks)) =
-            (&attn.q_norm, &attn.k_norm, &q_saved, &k_saved)
-        {
-            let (dq_in, dwq) = norm_backward(qn, qs, &dq)?;
-            let (dk_in, dwk) = norm_backward(kn, ks, &dk)?;
+        if let (Some(qn), Some(kn)) = (&attn.q_norm, &attn.k_norm) {
+            let (dq_in, dwq) = norm_backward(qn, &q, &dq)?;
+            let (dk_in, dwk) = norm_backward(kn, &k, &dk)?;
             let (sq, sk) = (&self.attn.q_norm, &self.attn.k_norm);
             if let (Some(sq), Some(sk)) = (sq, sk) {
                 store.insert(&sq.weight, dwq);
@@ -267,7 +227,7 @@ impl Block {
         store.linear(&self.attn.k, dw_k, db_k);
         store.linear(&self.attn.v, dw_v, db_v);
         let dn1 = ((dn1_q + dn1_k)? + dn1_v)?;
-        let (dx_norm, dw_in) = norm_backward(&layer.input_norm, &norm1, &dn1)?;
+        let (dx_norm, dw_in) = norm_backward(&layer.input_norm, &x, &dn1)?;
         store.insert(&self.input_norm.weight, dw_in);
         let dx = (dh + dx_norm)?;
         crate::device::part(BACKWARD_REST);
