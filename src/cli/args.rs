@@ -548,6 +548,10 @@ pub struct BenchArgs {
     /// against continuous batching.
     #[arg(long)]
     pub long_tail: bool,
+    /// generate: decode over the paged KV cache; with --long-tail, a third run: continuous
+    /// batching with as many rows as the pool holds.
+    #[arg(long)]
+    pub paged_kv: bool,
     /// train-step: gradient checkpointing per decoder layer.
     #[arg(long)]
     pub checkpointing: bool,

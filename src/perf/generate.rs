@@ -114,9 +114,14 @@ pub fn bench_generate(m: &Subject, opts: &SpeedOptions) -> Result<Measurement> {
             max_new_tokens: new_tokens,
             ..p
         });
-        match shape.max_batch {
+        let r = match shape.max_batch {
             Some(n) => r.max_batch(n),
             None => r,
+        };
+        if shape.paged {
+            r.paged(rollout::PagedOptions::default())
+        } else {
+            r
         }
     };
     // Median seconds of `repeats` runs after a warm-up.
@@ -169,13 +174,14 @@ pub fn bench_generate(m: &Subject, opts: &SpeedOptions) -> Result<Measurement> {
         tokens_per_second: tokens as f64 / secs,
         repeats,
         shape: Some(format!(
-            "{} prompts of {} + {} new tokens{}",
+            "{} prompts of {} + {} new tokens{}{}",
             shape.batch,
             shape.prompt_len,
             shape.new_tokens,
             shape
                 .max_batch
-                .map_or_else(String::new, |n| format!(", {n} at once"))
+                .map_or_else(String::new, |n| format!(", {n} at once")),
+            if shape.paged { ", paged KV cache" } else { "" }
         )),
         mfu: None,
         memory: None,
@@ -203,7 +209,7 @@ pub fn long_tail_lengths(n: usize, max: usize) -> Vec<usize> {
 /// and lengths; tokens/s of new tokens. The continuous run carries its roofline: the bytes its
 /// decode steps must read (every weight once a step, each row's own cache so far) over the
 /// device's copy rate, beside the time its decode steps took.
-pub fn bench_long_tail(m: &Subject, opts: &SpeedOptions) -> Result<[Measurement; 2]> {
+pub fn bench_long_tail(m: &Subject, opts: &SpeedOptions) -> Result<Vec<Measurement>> {
     let (target, shape) = (&opts.target, &opts.sample);
     let Sampler {
         precision,
@@ -231,13 +237,17 @@ pub fn bench_long_tail(m: &Subject, opts: &SpeedOptions) -> Result<[Measurement;
         Ok(t.elapsed().as_secs_f64())
     };
     // Seconds of the whole run, and what its prefills and decode steps took.
-    let continuous = |limits: &[usize]| -> Result<(f64, GenStats)> {
+    // With `paged`, over the paged cache, as many rows as its pool holds (at most
+    // --max-batch when given).
+    let continuous = |limits: &[usize], paged: bool| -> Result<(f64, GenStats)> {
         let stats = std::sync::Mutex::new(GenStats::default());
         let t = Instant::now();
-        let req = SampleRequest::new(p)
-            .limits(limits.to_vec())
-            .max_batch(slots)
-            .stats(&stats);
+        let req = SampleRequest::new(p).limits(limits.to_vec()).stats(&stats);
+        let req = match (paged, shape.max_batch) {
+            (false, _) => req.max_batch(slots),
+            (true, Some(n)) => req.max_batch(n).paged(rollout::PagedOptions::default()),
+            (true, None) => req.paged(rollout::PagedOptions::default()),
+        };
         rollout::generate(&model, &prompts, &keys, &req)?;
         target.sync()?;
         let secs = t.elapsed().as_secs_f64();
@@ -266,14 +276,17 @@ pub fn bench_long_tail(m: &Subject, opts: &SpeedOptions) -> Result<[Measurement;
     // meet) at two tokens a prompt: a whole run in waves, the slowest, cost the GPU suite's
     // call as much as the measurement.
     let short: Vec<usize> = limits.iter().map(|&l| l.min(2)).collect();
-    continuous(&short)?;
+    continuous(&short, false)?;
+    if shape.paged {
+        continuous(&short, true)?;
+    }
     let w = median(
         (0..opts.repeats)
             .map(|_| waves())
             .collect::<Result<Vec<_>>>()?,
     );
     let mut runs = (0..opts.repeats)
-        .map(|_| continuous(&limits))
+        .map(|_| continuous(&limits, false))
         .collect::<Result<Vec<_>>>()?;
     runs.sort_by(|a, b| a.0.total_cmp(&b.0));
     let (c, stats) = runs[runs.len() / 2];
@@ -299,7 +312,30 @@ pub fn bench_long_tail(m: &Subject, opts: &SpeedOptions) -> Result<[Measurement;
         copy_gb_per_s: copy / 1e9,
         fraction: read.bytes / decode_seconds / copy,
     });
-    Ok([row("generate", w, "waves"), cont])
+    let mut rows = vec![row("generate", w, "waves"), cont];
+    if shape.paged {
+        // The same prompts, keys and lengths through the paged cache; the rows it decoded at
+        // once are the pool's choice, so its row says how many (no roofline: its reads depend
+        // on which rows the pool held at each step).
+        let mut runs = (0..opts.repeats)
+            .map(|_| continuous(&limits, true))
+            .collect::<Result<Vec<_>>>()?;
+        runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+        let (secs, stats) = runs[runs.len() / 2];
+        let mut paged = row("generate", secs, "");
+        paged.shape = Some(format!(
+            "{} prompts of {}, long-tailed lengths ≤ {} (Σ {tokens}), continuous batching over \
+             the paged KV cache, at most {} at once; decode {:.0} tokens/s",
+            shape.batch,
+            shape.prompt_len,
+            shape.new_tokens,
+            stats.most_rows,
+            stats.decode_tokens.saturating_sub(shape.batch) as f64
+                / stats.decode_seconds.max(f64::MIN_POSITIVE),
+        ));
+        rows.push(paged);
+    }
+    Ok(rows)
 }
 
 /// What the decode steps of a continuous-batching run must read at least.

@@ -127,6 +127,10 @@ pub struct SampleShape {
     /// Response lengths from a long-tailed distribution instead of `new_tokens` for all: the
     /// benchmark then compares waves of `max_batch` prompts with continuous batching.
     pub long_tail: bool,
+    /// Decode over the paged KV cache (`rollout::PagedOptions`): `generate` samples through
+    /// it; the long-tail benchmark adds a third run, continuous batching with as many rows as
+    /// the pool holds (`max_batch`, when given, still caps them).
+    pub paged: bool,
 }
 
 impl Default for SampleShape {
@@ -137,6 +141,7 @@ impl Default for SampleShape {
             new_tokens: NEW_TOKENS,
             max_batch: None,
             long_tail: false,
+            paged: false,
         }
     }
 }
@@ -222,7 +227,7 @@ pub fn speed(kind: SpeedKind, out: &Path, opts: &SpeedOptions) -> Result<PathBuf
     let mut rows = Vec::new();
     for m in opts.subjects()? {
         let measured = match kind {
-            SpeedKind::Generate if opts.sample.long_tail => bench_long_tail(&m, opts)?.to_vec(),
+            SpeedKind::Generate if opts.sample.long_tail => bench_long_tail(&m, opts)?,
             SpeedKind::Generate => vec![bench_generate(&m, opts)?],
             SpeedKind::Attention => vec![bench_attention(&m, opts)?],
             SpeedKind::TrainStep => vec![bench_train_step(&m, opts)?],

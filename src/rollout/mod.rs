@@ -93,6 +93,9 @@ pub struct GenStats {
     pub decode_seconds: f64,
     /// Tokens drawn.
     pub decode_tokens: usize,
+    /// The most rows one decode step took: the batch `max_batch`, or a paged cache's pool,
+    /// allowed.
+    pub most_rows: usize,
 }
 
 /// Sequences to decode at once on `model`'s device (issue #34): on CUDA, as many as half the
@@ -304,9 +307,10 @@ fn decode_all(
     };
     let mut batch = prefill_timed(first)?;
     let mut next_pos: Vec<u32> = prompts.iter().map(|p| p.len() as u32).collect();
-
+    let mut most_rows = 0;
     loop {
         let (keep, next_ids) = draw(&batch.logits, &batch.active, &mut rngs, &mut out, request)?;
+        most_rows = most_rows.max(keep.len());
         let joining: Vec<usize> = waiting
             .drain(..(batch.active.len() - keep.len()).min(waiting.len()))
             .collect();
@@ -331,6 +335,7 @@ fn decode_all(
             }
         };
     }
+    timed.most_rows = most_rows;
     if let Some(stats) = request.stats {
         let decode_seconds = started.elapsed().as_secs_f64() - timed.prefill_seconds;
         add_stats(stats, &timed, decode_seconds, &out);
@@ -400,6 +405,7 @@ fn add_stats(
     s.prefill_tokens += timed.prefill_tokens;
     s.decode_seconds += decode_seconds;
     s.decode_tokens += out.iter().map(|c| c.tokens.len()).sum::<usize>();
+    s.most_rows = s.most_rows.max(timed.most_rows);
 }
 
 /// One decode step of the rows `keep` of `batch`, whose next tokens are `next_ids`: the

@@ -229,6 +229,7 @@ pub fn decode_all_paged(
         if engine.rows.is_empty() {
             engine.logits = None;
         } else {
+            timed.most_rows = timed.most_rows.max(engine.rows.len());
             engine.decode(next_ids, &mut next_pos)?;
         }
         if !joining.is_empty() {

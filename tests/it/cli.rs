@@ -502,9 +502,10 @@ fn bench_train_step_takes_a_config_a_shape_and_the_memory_settings_and_reports_p
 
 #[test]
 fn bench_generate_compares_waves_with_continuous_batching_on_long_tails() {
-    let dir = tempfile::tempdir().expect("tempdir");
-    let out = acpo(
-        &[
+    // With --paged-kv a third run: the same work through the paged KV cache.
+    for paged in [false, true] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut args = vec![
             "bench",
             "generate",
             "--tiny-only",
@@ -519,28 +520,40 @@ fn bench_generate_compares_waves_with_continuous_batching_on_long_tails() {
             "1",
             "--out",
             dir.path().to_str().expect("utf8"),
-        ],
-        repo(),
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let rows: Vec<serde_json::Value> = serde_json::from_str(
-        &std::fs::read_to_string(dir.path().join("generate.json")).expect("json"),
-    )
-    .expect("rows");
-    assert_eq!(rows.len(), 2);
-    assert!(rows[0]["shape"].as_str().expect("s").ends_with("waves"));
-    assert!(rows[1]["shape"]
-        .as_str()
-        .expect("s")
-        .ends_with("continuous batching"));
-    // The same work both ways: the long-tailed lengths' sum.
-    let want: usize = acpo::perf::long_tail_lengths(12, 16).iter().sum();
-    assert_eq!(rows[0]["tokens"], want);
-    assert_eq!(rows[1]["tokens"], want);
+        ];
+        if paged {
+            args.push("--paged-kv");
+        }
+        let out = acpo(&args, repo());
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let rows: Vec<serde_json::Value> = serde_json::from_str(
+            &std::fs::read_to_string(dir.path().join("generate.json")).expect("json"),
+        )
+        .expect("rows");
+        assert_eq!(rows.len(), 2 + usize::from(paged));
+        let shape = |i: usize| rows[i]["shape"].as_str().expect("s").to_string();
+        assert!(shape(0).ends_with("waves"));
+        assert!(shape(1).ends_with("continuous batching"));
+        // The same work every way: the long-tailed lengths' sum.
+        let want: usize = acpo::perf::long_tail_lengths(12, 16).iter().sum();
+        for row in &rows {
+            assert_eq!(row["tokens"], want);
+        }
+        if paged {
+            // --max-batch still caps the rows the pool admits
+            let most: usize = shape(2)
+                .split("at most ")
+                .nth(1)
+                .and_then(|s| s.split(' ').next())
+                .and_then(|n| n.parse().ok())
+                .expect("the most rows at once");
+            assert!(shape(2).contains("paged KV cache") && (1..=4).contains(&most));
+        }
+    }
 }
 
 #[test]

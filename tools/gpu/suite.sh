@@ -338,6 +338,14 @@ if wanted decode; then
         --dtype bf16 "${tail_shape[@]}" --long-tail --repeats 1 --out "$res/generate-long-tail"
     passed $?
     tail -3 "$res/acpo-generate-long-tail.log" | tee -a "$res/summary.txt"
+    # The same with a third run over the paged KV cache (issue #57: as many rows as its pool
+    # holds), last in the section: the paged engine has never run on a GPU, and a failure here
+    # takes nothing from the steps above.
+    step "acpo generate long-tailed lengths, paged KV cache, qwen3-1.7b ${tail_shape[*]}" 60 \
+        acpo-generate-long-tail-paged.log "$acpo" bench generate --config "$cfg" --device "$device" \
+        --dtype bf16 "${tail_shape[@]}" --long-tail --paged-kv --repeats 1 \
+        --out "$res/generate-long-tail-paged"
+    tail -4 "$res/acpo-generate-long-tail-paged.log" | tee -a "$res/summary.txt"
 fi
 
 # ---- 3: the train step, memory and time by phase, beside the twin

@@ -114,6 +114,7 @@ fn speed_options(args: &args::BenchArgs) -> anyhow::Result<acpo::perf::SpeedOpti
             new_tokens: args.new_tokens.unwrap_or(acpo::perf::NEW_TOKENS),
             max_batch: args.max_batch,
             long_tail: args.long_tail,
+            paged: args.paged_kv,
         },
     })
 }
