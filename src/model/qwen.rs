@@ -429,7 +429,7 @@ pub struct Kernels {
     /// A checkpointed backward takes each decoder layer's backward written out by hand
     /// (`qwen/by_hand.rs`: each gradient written once, no autograd graph but the attention's)
     /// instead of candle's autograd over the composed layer, its oracle. Off on every device
-    /// until a GPU run times the two side by side (`acpo bench train-step --layer-backward`).
+    /// until a GPU run times the two side by side (`acpo bench train-step --layer-by-hand`).
     pub layer_by_hand: bool,
 }
 

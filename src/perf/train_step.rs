@@ -207,7 +207,7 @@ fn bench_plan(shape: &StepShape, horizon: usize, kernels: Kernels, cpu: bool) ->
 /// A train step's shape and memory settings in words, for the report's table.
 fn step_label(shape: &StepShape, kernels: Kernels) -> String {
     format!(
-        "{}×{} (prompt {}), micro-batch {}, {}{}{}",
+        "{}×{} (prompt {}), micro-batch {}, {}{}{}{}",
         shape.batch,
         shape.seq_len,
         shape.prompt_len,
@@ -223,6 +223,11 @@ fn step_label(shape: &StepShape, kernels: Kernels) -> String {
         ),
         if shape.checkpointing {
             ", checkpointing"
+        } else {
+            ""
+        },
+        if kernels.layer_by_hand {
+            ", layer backward by hand"
         } else {
             ""
         },

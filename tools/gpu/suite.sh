@@ -345,6 +345,7 @@ if wanted decode; then
         acpo-generate-long-tail-paged.log "$acpo" bench generate --config "$cfg" --device "$device" \
         --dtype bf16 "${tail_shape[@]}" --long-tail --paged-kv --repeats 1 \
         --out "$res/generate-long-tail-paged"
+    passed $?
     tail -4 "$res/acpo-generate-long-tail-paged.log" | tee -a "$res/summary.txt"
 fi
 
@@ -362,13 +363,17 @@ wanted step && for len in "${lens[@]}"; do
         tools/twins/bench_train_torch.py --config "$cfg" --seq-len "$len" \
         --prompt-len "$((len / 2 < 1024 ? len / 2 : 1024))" --micro-batch 2 --checkpointing \
         --repeats 2 --json "$res/torch-train-$len.json"
-    # The same step with each layer's backward written out by hand (issue #59 item 2), after
-    # the pair above so that it never takes their time: the side-by-side that decides whether
-    # it becomes the GPU's default.
+done
+# The same steps with each layer's backward written out by hand (issue #59 item 2), after every
+# autograd step and its twin so that they never take those steps' time: the side-by-side that
+# decides whether it becomes the GPU's default. Never run on a GPU before: a failure fails the
+# suite (a time cut does not).
+wanted step && for len in "${lens[@]}"; do
     step "acpo train-step qwen3-1.7b 2x$len --layer-by-hand" 90 "acpo-train-$len-by-hand.log" \
         "$acpo" bench train-step --config "$cfg" --device "$device" --dtype bf16 \
         --seq-len "$len" --prompt-len "$((len / 2 < 1024 ? len / 2 : 1024))" --micro-batch 2 \
         --checkpointing --layer-by-hand --repeats 1 --out "$res/paper-$len-by-hand"
+    passed $?
     tail -2 "$res/acpo-train-$len-by-hand.log" | tee -a "$res/summary.txt"
 done
 

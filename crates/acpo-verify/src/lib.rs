@@ -654,23 +654,43 @@ fn multiset_equal(a: &[Expr], b: &[Expr], depth: usize) -> bool {
     true
 }
 
-/// A text answer as it is compared: its words, lowercase, without punctuation and without the
-/// connectives "and" / "or", which read as the comma they stand for (`\text{Alice and Bob}` ~
-/// `\text{Alice, Bob}`, `\text{red or blue}` ~ `\text{red, blue}`, in order, as Math-Verify
-/// 0.9.0 compares such strings).
+/// A text answer as it is compared: lowercase, its items (separated by commas or the
+/// connectives "and" / "or") in order, each the letters and digits of its words without spaces
+/// (`\text{Alice and Bob}` ~ `\text{Alice, Bob}`, `\text{red or blue}` ~ `\text{red, blue}`,
+/// `\text{north east}` ~ `\text{northeast}`, as Math-Verify 0.9.0 compares such strings), so
+/// items never run together: `\text{I and II}` is not `III`.
 fn norm_text(s: &str) -> String {
     let lower = s.to_lowercase();
-    let words: Vec<&str> = lower
-        .split(|c: char| !c.is_alphanumeric())
-        .filter(|w| !w.is_empty())
-        .collect();
-    let kept: Vec<&str> = words
-        .iter()
-        .copied()
-        .filter(|w| !matches!(*w, "and" | "or"))
-        .collect();
-    // "and" alone is a word, not a connective
-    if kept.is_empty() { words } else { kept }.concat()
+    let mut items: Vec<String> = vec![String::new()];
+    let mut word = String::new();
+    let end_word = |word: &mut String, items: &mut Vec<String>| {
+        if matches!(word.as_str(), "and" | "or") {
+            items.push(String::new());
+        } else {
+            items
+                .last_mut()
+                .expect("invariant: one item")
+                .push_str(word);
+        }
+        word.clear();
+    };
+    for c in lower.chars() {
+        if c.is_alphanumeric() {
+            word.push(c);
+            continue;
+        }
+        end_word(&mut word, &mut items);
+        if c == ',' || c == ';' {
+            items.push(String::new());
+        }
+    }
+    end_word(&mut word, &mut items);
+    items.retain(|i| !i.is_empty());
+    if items.is_empty() {
+        // a connective alone ("and") is a word, not a separator
+        return lower.chars().filter(|c| c.is_alphanumeric()).collect();
+    }
+    items.join(",")
 }
 
 /// The items of a short text answer joined by commas, "and" or "or" (`C or A`: `C`, `A`), each
@@ -1068,6 +1088,11 @@ mod tests {
         }
         // not measured: a connective alone is a word, and a missing item is still wrong
         assert!(!verify("\\text{and}", "\\boxed{\\text{or}}").correct);
+        // items never run together once the connective is gone (measured: Math-Verify refuses)
+        assert!(!verify("\\text{I and II}", "\\boxed{III}").correct);
+        assert!(!verify("\\text{I and II}", "\\boxed{\\text{III}}").correct);
+        assert!(verify("\\text{I and II}", "\\boxed{\\text{I, II}}").correct);
+        assert!(verify("\\text{north east}", "\\boxed{\\text{northeast}}").correct);
         assert!(!verify("A \\text{ or } C", "\\boxed{C or B}").correct);
     }
 

@@ -197,6 +197,9 @@ impl Block {
             })?)
         };
         let (dq_rot, dk_rot, dv_heads) = (take(&q_var)?, take(&k_var)?, take(&v_var)?);
+        // the attention's inputs, output and graph are done with: gone before the projections'
+        // backward allocates
+        drop((grads, q_var, k_var, v_var, q_rot, k_rot, v_heads, o_heads));
         crate::device::part(BACKWARD_ATTENTION);
 
         // The inverse rotation, back to tokens first (B, T, heads, D).
