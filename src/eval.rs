@@ -210,6 +210,19 @@ pub fn summarize(step: usize, benchmarks: Vec<BenchResult>) -> EvalSummary {
 /// once as the device's memory holds ([`rollout::device_slots`], issue #34).
 const GENERATE_BATCH: usize = 64;
 
+/// How evaluation's sampler holds its KV cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KvLayout {
+    /// A buffer per sequence at its full length (`rollout::generate`'s dense engine), as many
+    /// at once as [`rollout::device_slots`] says on a GPU.
+    #[default]
+    Dense,
+    /// Blocks from one pool, taken as sequences grow (`rollout::PagedOptions`): on a GPU a
+    /// benchmark's samples in one call, as many decoding at once as the pool holds at their real
+    /// lengths; on the CPU the same calls as the dense engine's, and the same completions.
+    Paged,
+}
+
 /// Evaluates `model` on the benchmarks of `exp`'s eval section (from its data suite, with its
 /// seed). Returns the summary and every sample.
 pub fn evaluate(
@@ -218,6 +231,19 @@ pub fn evaluate(
     exp: &Experiment,
     data: &DataLocation,
     step: usize,
+    progress: impl FnMut(&str, usize, usize),
+) -> Result<(EvalSummary, Vec<SampleRecord>), EvalError> {
+    evaluate_with(model, tokenizer, exp, data, step, KvLayout::Dense, progress)
+}
+
+/// [`evaluate`] with the sampler's KV cache held as `layout` says.
+pub fn evaluate_with(
+    model: &Qwen,
+    tokenizer: &Tokenizer,
+    exp: &Experiment,
+    data: &DataLocation,
+    step: usize,
+    layout: KvLayout,
     mut progress: impl FnMut(&str, usize, usize),
 ) -> Result<(EvalSummary, Vec<SampleRecord>), EvalError> {
     let (spec, suite, seed) = (&exp.eval, exp.data.suite, exp.seed);
@@ -229,6 +255,10 @@ pub fn evaluate(
     })
     .eos(eos_ids(model.config(), tokenizer))
     .pad(tokenizer.pad_id());
+    let paged = layout == KvLayout::Paged;
+    if paged {
+        request = request.paged(rollout::PagedOptions::default());
+    }
     let mut results = Vec::new();
     let mut records = Vec::new();
     for (bi, b) in spec.benchmarks.iter().enumerate() {
@@ -256,10 +286,14 @@ pub fn evaluate(
             .flat_map(|p| (0..k).map(move |s| (p, s)))
             .collect();
         let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
-        request.max_batch = rollout::device_slots(model, longest + spec.max_new_tokens);
-        let per_call = match request.max_batch {
-            Some(_) => jobs.len().max(1),
-            None => GENERATE_BATCH,
+        // Paged, the pool bounds the rows decoding at once, not a slot count.
+        request.max_batch = match paged {
+            true => None,
+            false => rollout::device_slots(model, longest + spec.max_new_tokens),
+        };
+        let per_call = match (request.max_batch, paged && model.device().is_cuda()) {
+            (Some(_), _) | (None, true) => jobs.len().max(1),
+            (None, false) => GENERATE_BATCH,
         };
         let mut correct = vec![vec![false; k]; problems.len()];
         for (done, chunk) in jobs.chunks(per_call).enumerate() {
@@ -299,7 +333,7 @@ pub fn evaluate(
     Ok((summarize(step, results), records))
 }
 
-/// `acpo eval`: loads the manifest's model (or `model`), its KV cache as `kv_cache` says,
+/// `acpo eval`: loads the manifest's model (or `model`), its KV cache as `kv_cache` and `layout` say,
 /// evaluates it, and writes every sample (`samples.jsonl`) and the summary (`summary.json`)
 /// into `out`.
 #[allow(clippy::too_many_arguments)]
@@ -310,6 +344,7 @@ pub fn evaluate_into(
     data: &DataLocation,
     step: usize,
     kv_cache: crate::model::qwen::KvCacheDtype,
+    layout: KvLayout,
     out: &std::path::Path,
     progress: impl FnMut(&str, usize, usize),
 ) -> Result<EvalSummary, EvalError> {
@@ -321,7 +356,15 @@ pub fn evaluate_into(
         crate::model::Precision::inference(exp.model.dtype),
     )?;
     let policy = Qwen::new(&loaded.cfg, &loaded.params, true)?.with_kv_cache(kv_cache)?;
-    let (summary, records) = evaluate(&policy, &loaded.tokenizer, exp, data, step, progress)?;
+    let (summary, records) = evaluate_with(
+        &policy,
+        &loaded.tokenizer,
+        exp,
+        data,
+        step,
+        layout,
+        progress,
+    )?;
     let summary = summary.with_majority(&records);
     let write = |name: &str, body: String| crate::atomic::write_in(out, name, body.as_bytes());
     let lines = records

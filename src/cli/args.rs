@@ -297,6 +297,11 @@ pub struct EvalArgs {
     /// cache would do to Avg@k).
     #[arg(long, value_enum, default_value_t = KvCache::Model)]
     pub kv_cache: KvCache,
+    /// Sample over the paged KV cache: on a GPU each benchmark's samples in one call, as many
+    /// decoding at once as the pool holds at their real lengths (k samples of a problem sharing
+    /// its prompt's prefill and blocks); on the CPU the same samples, bit for bit.
+    #[arg(long)]
+    pub paged_kv: bool,
 }
 
 #[derive(Debug, Args)]

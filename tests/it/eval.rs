@@ -466,4 +466,22 @@ fn eval_runs_end_to_end_on_a_tiny_model_and_writes_samples_and_summary() {
         serde_json::from_str(samples.lines().next().expect("line")).expect("json");
     assert_eq!(first["benchmark"], "math500");
     assert!(first["num_tokens"].as_u64().expect("n") <= 6);
+    // Over the paged KV cache (a problem's k samples sharing its prompt's prefill and blocks):
+    // on the CPU the same samples and summary, byte for byte.
+    let paged_dir = dir.path().join("eval-paged");
+    let mut paged_args = args.to_vec();
+    paged_args[5] = paged_dir.to_str().expect("u");
+    let paged = acpo(&[&paged_args[..], &["--device", "cpu", "--paged-kv"]].concat());
+    assert!(
+        paged.status.success(),
+        "{}",
+        String::from_utf8_lossy(&paged.stderr)
+    );
+    for file in ["samples.jsonl", "summary.json"] {
+        let read = |d: &Path| std::fs::read(d.join(file)).expect("read");
+        assert!(
+            read(&out_dir) == read(&paged_dir),
+            "{file}: the paged cache's differs"
+        );
+    }
 }

@@ -24,6 +24,11 @@ pub fn run(args: &EvalArgs) -> anyhow::Result<Outcome> {
         &data,
         args.step,
         args.kv_cache.into(),
+        if args.paged_kv {
+            acpo::eval::KvLayout::Paged
+        } else {
+            acpo::eval::KvLayout::Dense
+        },
         &args.out,
         progress,
     )?;
