@@ -285,11 +285,15 @@ pub fn bench_long_tail(m: &Subject, opts: &SpeedOptions) -> Result<Vec<Measureme
             .map(|_| waves())
             .collect::<Result<Vec<_>>>()?,
     );
-    let mut runs = (0..opts.repeats)
-        .map(|_| continuous(&limits, false))
-        .collect::<Result<Vec<_>>>()?;
-    runs.sort_by(|a, b| a.0.total_cmp(&b.0));
-    let (c, stats) = runs[runs.len() / 2];
+    // The median run of `repeats` continuous runs (by seconds), with its stats.
+    let median_continuous = |paged: bool| -> Result<(f64, GenStats)> {
+        let mut runs = (0..opts.repeats)
+            .map(|_| continuous(&limits, paged))
+            .collect::<Result<Vec<_>>>()?;
+        runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+        Ok(runs[runs.len() / 2])
+    };
+    let (c, stats) = median_continuous(false)?;
     let elem = precision.compute.size_in_bytes();
     let read = continuous_reads(
         &limits,
@@ -317,11 +321,7 @@ pub fn bench_long_tail(m: &Subject, opts: &SpeedOptions) -> Result<Vec<Measureme
         // The same prompts, keys and lengths through the paged cache; the rows it decoded at
         // once are the pool's choice, so its row says how many (no roofline: its reads depend
         // on which rows the pool held at each step).
-        let mut runs = (0..opts.repeats)
-            .map(|_| continuous(&limits, true))
-            .collect::<Result<Vec<_>>>()?;
-        runs.sort_by(|a, b| a.0.total_cmp(&b.0));
-        let (secs, stats) = runs[runs.len() / 2];
+        let (secs, stats) = median_continuous(true)?;
         let mut paged = row("generate", secs, "");
         paged.shape = Some(format!(
             "{} prompts of {}, long-tailed lengths ≤ {} (Σ {tokens}), continuous batching over \

@@ -862,13 +862,7 @@ fn the_layer_backward_by_hand_on_cuda_gives_autograds_gradients() {
                     .expect("to host")
             };
             let (a, h) = (host(&autograd), host(&by_hand));
-            let scale = a.iter().fold(1e-12f32, |m, x| m.max(x.abs()));
-            let d = a
-                .iter()
-                .zip(&h)
-                .map(|(x, y)| (x - y).abs())
-                .fold(0.0, f32::max)
-                / scale;
+            let d = super::model::scaled_max_diff(&h, &a, 1e-12);
             assert!(
                 d < tolerance,
                 "{dtype:?} {name}: differs by {d} of its largest"

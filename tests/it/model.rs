@@ -898,6 +898,17 @@ fn toy_loss(model: &Qwen, hidden: &Tensor, targets: &Tensor) -> Tensor {
         .expect("neg")
 }
 
+/// The largest |a − b| over the largest |b| (or `floor`, if larger): a difference on the scale
+/// of the reference `b`.
+pub(crate) fn scaled_max_diff(a: &[f32], b: &[f32], floor: f32) -> f32 {
+    let scale = b.iter().fold(floor, |m, x| m.max(x.abs()));
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs())
+        .fold(0.0, f32::max)
+        / scale
+}
+
 fn grads_by_name(
     params: &Params,
     store: &candle_core::backprop::GradStore,
@@ -963,13 +974,7 @@ fn flash_attention_and_vocabulary_chunks_give_the_composed_model_and_its_gradien
                 "{name} {kernels:?}: loss {l1} vs {l0}"
             );
             for ((n, a), (_, b)) in g1.iter().zip(&g0) {
-                let scale = b.iter().fold(1e-6f32, |m, x| m.max(x.abs()));
-                let d = a
-                    .iter()
-                    .zip(b)
-                    .map(|(x, y)| (x - y).abs())
-                    .fold(0.0, f32::max)
-                    / scale;
+                let d = scaled_max_diff(a, b, 1e-6);
                 assert!(
                     d < 1e-4,
                     "{name} {kernels:?}: gradient of {n} differs by {d}"
@@ -1097,13 +1102,7 @@ fn the_layer_backward_by_hand_gives_autograds_gradients() {
             let mut layer_params = 0;
             for ((n, a), (_, b)) in g1.iter().zip(&g0) {
                 layer_params += usize::from(n.contains(".layers."));
-                let scale = b.iter().fold(1e-12f32, |m, x| m.max(x.abs()));
-                let d = a
-                    .iter()
-                    .zip(b)
-                    .map(|(x, y)| (x - y).abs())
-                    .fold(0.0, f32::max)
-                    / scale;
+                let d = scaled_max_diff(a, b, 1e-12);
                 assert!(
                     d < 2e-4,
                     "{name} flash={flash}: the gradient of {n} differs by {d} of its largest"

@@ -654,6 +654,11 @@ fn multiset_equal(a: &[Expr], b: &[Expr], depth: usize) -> bool {
     true
 }
 
+/// "and" / "or" (any case): a word that joins the items of a short text answer.
+fn is_connective(word: &str) -> bool {
+    word.eq_ignore_ascii_case("and") || word.eq_ignore_ascii_case("or")
+}
+
 /// A text answer as it is compared: lowercase, its items (separated by commas or the
 /// connectives "and" / "or") in order, each the letters and digits of its words without spaces
 /// (`\text{Alice and Bob}` ~ `\text{Alice, Bob}`, `\text{red or blue}` ~ `\text{red, blue}`,
@@ -664,7 +669,7 @@ fn norm_text(s: &str) -> String {
     let mut items: Vec<String> = vec![String::new()];
     let mut word = String::new();
     let end_word = |word: &mut String, items: &mut Vec<String>| {
-        if matches!(word.as_str(), "and" | "or") {
+        if is_connective(word) {
             items.push(String::new());
         } else {
             items
@@ -699,7 +704,7 @@ fn text_items(s: &str) -> Option<Vec<Expr>> {
     let mut parts: Vec<Vec<&str>> = vec![Vec::new()];
     for piece in s.split_inclusive([' ', ',']) {
         let word = piece.trim_matches([' ', ',']);
-        if word.eq_ignore_ascii_case("and") || word.eq_ignore_ascii_case("or") {
+        if is_connective(word) {
             parts.push(Vec::new());
         } else if !word.is_empty() {
             parts.last_mut().expect("invariant: one part").push(word);
