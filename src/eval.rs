@@ -39,7 +39,7 @@ use crate::model::load::eos_ids;
 use crate::model::qwen::Qwen;
 use crate::model::tokenizer::{Message, Tokenizer};
 use crate::reward::{self, Judged};
-use crate::rollout::{self, SampleRequest, SamplingParams};
+use crate::rollout::{self, KvLayout, SampleRequest, SamplingParams};
 
 /// One judged sample.
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -210,21 +210,9 @@ pub fn summarize(step: usize, benchmarks: Vec<BenchResult>) -> EvalSummary {
 /// once as the device's memory holds ([`rollout::device_slots`], issue #34).
 const GENERATE_BATCH: usize = 64;
 
-/// How evaluation's sampler holds its KV cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum KvLayout {
-    /// A buffer per sequence at its full length (`rollout::generate`'s dense engine), as many
-    /// at once as [`rollout::device_slots`] says on a GPU.
-    #[default]
-    Dense,
-    /// Blocks from one pool, taken as sequences grow (`rollout::PagedOptions`): on a GPU a
-    /// benchmark's samples in one call, as many decoding at once as the pool holds at their real
-    /// lengths; on the CPU the same calls as the dense engine's, and the same completions.
-    Paged,
-}
-
 /// Evaluates `model` on the benchmarks of `exp`'s eval section (from its data suite, with its
-/// seed). Returns the summary and every sample.
+/// seed), its sampler's KV cache as the manifest's `kv_layout` says. Returns the summary and
+/// every sample.
 pub fn evaluate(
     model: &Qwen,
     tokenizer: &Tokenizer,
@@ -233,7 +221,7 @@ pub fn evaluate(
     step: usize,
     progress: impl FnMut(&str, usize, usize),
 ) -> Result<(EvalSummary, Vec<SampleRecord>), EvalError> {
-    evaluate_with(model, tokenizer, exp, data, step, KvLayout::Dense, progress)
+    evaluate_with(model, tokenizer, exp, data, step, exp.kv_layout(), progress)
 }
 
 /// [`evaluate`] with the sampler's KV cache held as `layout` says.
@@ -247,18 +235,13 @@ pub fn evaluate_with(
     mut progress: impl FnMut(&str, usize, usize),
 ) -> Result<(EvalSummary, Vec<SampleRecord>), EvalError> {
     let (spec, suite, seed) = (&exp.eval, exp.data.suite, exp.seed);
-    let mut request = SampleRequest::new(SamplingParams {
+    let params = SamplingParams {
         temperature: spec.sampling.temperature,
         top_p: spec.sampling.top_p,
         top_k: spec.sampling.top_k,
         max_new_tokens: spec.max_new_tokens,
-    })
-    .eos(eos_ids(model.config(), tokenizer))
-    .pad(tokenizer.pad_id());
-    let paged = layout == KvLayout::Paged;
-    if paged {
-        request = request.paged(rollout::PagedOptions::default());
-    }
+    };
+    let eos = eos_ids(model.config(), tokenizer);
     let mut results = Vec::new();
     let mut records = Vec::new();
     for (bi, b) in spec.benchmarks.iter().enumerate() {
@@ -286,11 +269,11 @@ pub fn evaluate_with(
             .flat_map(|p| (0..k).map(move |s| (p, s)))
             .collect();
         let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
-        // Paged, the pool bounds the rows decoding at once, not a slot count.
-        request.max_batch = match paged {
-            true => None,
-            false => rollout::device_slots(model, longest + spec.max_new_tokens),
-        };
+        let request = SampleRequest::new(params)
+            .eos(eos.clone())
+            .pad(tokenizer.pad_id());
+        let request = layout.request(request, model, longest);
+        let paged = request.paged.is_some();
         let per_call = match (request.max_batch, paged && model.device().is_cuda()) {
             (Some(_), _) | (None, true) => jobs.len().max(1),
             (None, false) => GENERATE_BATCH,

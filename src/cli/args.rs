@@ -297,9 +297,10 @@ pub struct EvalArgs {
     /// cache would do to Avg@k).
     #[arg(long, value_enum, default_value_t = KvCache::Model)]
     pub kv_cache: KvCache,
-    /// Sample over the paged KV cache: on a GPU each benchmark's samples in one call, as many
-    /// decoding at once as the pool holds at their real lengths (k samples of a problem sharing
-    /// its prompt's prefill and blocks); on the CPU the same samples, bit for bit.
+    /// Sample over the paged KV cache whatever the manifest's `kv_layout` says: on a GPU each
+    /// benchmark's samples in one call, as many decoding at once as the pool holds at their
+    /// real lengths (k samples of a problem sharing its prompt's prefill and blocks); on the
+    /// CPU the same samples, bit for bit.
     #[arg(long)]
     pub paged_kv: bool,
 }
@@ -335,6 +336,10 @@ pub struct PipelineArgs {
     /// Run on this device instead of each manifest's.
     #[arg(long, value_enum)]
     pub device: Option<Device>,
+    /// Sample every run's rollouts and evaluations over the paged KV cache (`kv_layout:
+    /// paged`) whatever the manifests say.
+    #[arg(long)]
+    pub paged_kv: bool,
     /// Sequences per micro-batch (memory only); it must divide the responses of a divided
     /// mini-batch [default: the manifest's, made to divide them].
     #[arg(long, value_parser = flags::count(flags::MAX_SEQUENCES))]

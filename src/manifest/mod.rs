@@ -30,7 +30,7 @@ use crate::hub::ModelSource;
 use crate::model::spec::{Device, ModelSpec};
 use crate::optim::OptimSpec;
 use crate::reward::RewardKind;
-use crate::rollout::Sampling;
+use crate::rollout::{KvLayout, Sampling};
 use diagnostics::{parse_error, quoted_scalar};
 use validate::Validator;
 
@@ -123,6 +123,10 @@ pub struct Experiment {
     pub scale: Scale,
     pub seed: u64,
     pub device: Device,
+    /// How the samplers hold their KV cache ([`Experiment::kv_layout`]); left out of the
+    /// fingerprint when unset, so manifests without it keep theirs.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_layout: Option<KvLayout>,
     pub model: ModelSpec,
     pub algorithm: Algorithm,
     pub data: DataSpec,
@@ -426,6 +430,12 @@ impl Experiment {
         let exp = Experiment::from_yaml(&varied, path)?;
         debug_assert_eq!(exp.seed, seed);
         Ok((exp, varied))
+    }
+
+    /// How the run's samplers (rollouts, the probe, evaluations) hold their KV cache: the
+    /// manifest's `kv_layout`, dense when absent.
+    pub fn kv_layout(&self) -> KvLayout {
+        self.kv_layout.unwrap_or_default()
     }
 
     /// SHA-256 (hex) of the canonical JSON of every validated field.

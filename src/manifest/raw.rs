@@ -14,6 +14,7 @@ use crate::model::init::InitTokenizer;
 use crate::model::spec::{DType, Device};
 use crate::optim::LrSchedule;
 use crate::reward::RewardKind;
+use crate::rollout::KvLayout;
 
 #[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
@@ -24,6 +25,10 @@ pub struct Manifest {
     pub scale: Scale,
     pub seed: u64,
     pub device: Device,
+    /// How the run's samplers (rollouts, the probe, evaluations) hold their KV cache; absent:
+    /// `dense`.
+    #[serde(default)]
+    pub kv_layout: Option<KvLayout>,
     pub model: Model,
     pub algorithm: Algorithm,
     pub data: Data,

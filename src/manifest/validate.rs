@@ -159,6 +159,7 @@ impl Validator<'_> {
             scale: raw.scale,
             seed: raw.seed,
             device: raw.device,
+            kv_layout: raw.kv_layout,
             model,
             algorithm,
             data,

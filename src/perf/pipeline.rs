@@ -48,6 +48,9 @@ pub struct Derivation {
     pub config: Option<PathBuf>,
     /// Another device for every run; None: each manifest's own.
     pub device: Option<crate::model::spec::Device>,
+    /// Another KV-cache layout for every run's samplers (`kv_layout`); None: each manifest's
+    /// own.
+    pub kv_layout: Option<crate::rollout::KvLayout>,
     /// Sequences per micro-batch (memory only: the loss aggregates exactly across them); None:
     /// the manifest's, reduced to divide the smaller mini-batch.
     pub micro_batch: Option<usize>,
@@ -237,6 +240,9 @@ fn derived_fields(
     ];
     if let Some(device) = d.device {
         fields.push(("device", Some(json(&device))));
+    }
+    if let Some(layout) = d.kv_layout {
+        fields.push(("kv_layout", Some(json(&layout))));
     }
     if let Some(mb) = micro_batch {
         fields.push(("actor.micro_batch_size", Some(mb.to_string())));

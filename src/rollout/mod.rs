@@ -21,7 +21,7 @@ mod paged;
 mod sample;
 use crate::model::Result;
 use crate::rng::SplitMix64;
-pub use paged::PagedOptions;
+pub use paged::{PagedOptions, PREFILL_TOKENS};
 pub use sample::{argmax, sample_rows, sample_token};
 
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -96,6 +96,48 @@ pub struct GenStats {
     /// The most rows one decode step took: the batch `max_batch`, or a paged cache's pool,
     /// allowed.
     pub most_rows: usize,
+    /// The most positions one prefill call took: its rows × their left-padded width (a paged
+    /// cache's [`PagedOptions::prefill_tokens`] bounds it).
+    pub widest_prefill: usize,
+}
+
+/// How a sampler holds its KV cache: a manifest's `kv_layout` (training's rollouts, the probe
+/// and its evaluations), `acpo eval --paged-kv`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KvLayout {
+    /// A buffer per sequence at its full length ([`generate`]'s dense engine): on a GPU as many
+    /// sequences at once as [`device_slots`] says, every one reserving its longest response.
+    #[default]
+    Dense,
+    /// Blocks from one pool, taken as the sequences grow ([`PagedOptions`]): on a GPU one call
+    /// takes all of a request's prompts, as many decoding at once as the pool holds at their
+    /// real lengths, a group's identical prompts prefilled once; on the CPU the dense engine's
+    /// calls and completions, bit for bit.
+    Paged,
+}
+
+impl KvLayout {
+    /// `request` sampling `prompts` of at most `longest` tokens on `model` this way: the dense
+    /// engine capped at [`device_slots`] (None on the CPU: every prompt at once), or the paged
+    /// engine with its defaults, the pool bounding how many decode at once.
+    pub fn request<'a>(
+        self,
+        request: SampleRequest<'a>,
+        model: &Qwen,
+        longest: usize,
+    ) -> SampleRequest<'a> {
+        match self {
+            KvLayout::Dense => {
+                let positions = longest + request.params.max_new_tokens;
+                match device_slots(model, positions) {
+                    Some(slots) => request.max_batch(slots),
+                    None => request,
+                }
+            }
+            KvLayout::Paged => request.paged(PagedOptions::default()),
+        }
+    }
 }
 
 /// Sequences to decode at once on `model`'s device (issue #34): on CUDA, as many as half the
@@ -299,6 +341,8 @@ fn decode_all(
         let t = std::time::Instant::now();
         timed.prefill_tokens += rows.iter().map(|&i| prompts[i].len()).sum::<usize>();
         let b = prefill(model, prompts, rows, pad_id, reserve)?;
+        let width = b.valid.first().map_or(0, Vec::len);
+        timed.widest_prefill = timed.widest_prefill.max(b.active.len() * width);
         if request.stats.is_some() && model.device().is_cuda() {
             model.device().synchronize()?;
         }
@@ -406,6 +450,7 @@ fn add_stats(
     s.decode_seconds += decode_seconds;
     s.decode_tokens += out.iter().map(|c| c.tokens.len()).sum::<usize>();
     s.most_rows = s.most_rows.max(timed.most_rows);
+    s.widest_prefill = s.widest_prefill.max(timed.widest_prefill);
 }
 
 /// One decode step of the rows `keep` of `batch`, whose next tokens are `next_ids`: the

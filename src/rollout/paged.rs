@@ -51,7 +51,21 @@ pub struct PagedOptions {
     /// rather than a gathered view; None: the tables where the kernel runs (CUDA), else the
     /// gathered view.
     pub tables: Option<bool>,
+    /// At most this many positions (rows × their left-padded width) in one prefill call: the
+    /// joining prompts are prefilled in consecutive groups under it (a prompt longer than it
+    /// alone), which bounds the prefill's transient memory (its dense keys and values before
+    /// they are written to blocks, and its activations) while the pool holds the rest. None:
+    /// [`PREFILL_TOKENS`] on CUDA; on the CPU one call for all, as the dense engine prefills
+    /// (the padding is part of a result's bits there).
+    pub prefill_tokens: Option<usize>,
 }
+
+/// The prefill's token budget on CUDA when [`PagedOptions::prefill_tokens`] is unset: 16,384
+/// positions, about 1.9 GB of transient keys and values and 1 GB of activations at
+/// Qwen3-1.7B's shapes (2.4 GB and 2 GB at Qwen3-8B's), a few percent of an H100 beside the
+/// pool's half; enough for 16 of the paper's 1,024-token prompts in one call, whose prefill is
+/// already compute-bound at that size.
+pub const PREFILL_TOKENS: usize = 16_384;
 
 impl Default for PagedOptions {
     fn default() -> PagedOptions {
@@ -60,6 +74,7 @@ impl Default for PagedOptions {
             block: crate::model::paged::BLOCK,
             share_prompts: true,
             tables: None,
+            prefill_tokens: None,
         }
     }
 }
@@ -84,6 +99,8 @@ struct Engine<'a> {
     pad_id: u32,
     opts: PagedOptions,
     tables: bool,
+    /// Positions one prefill call takes at most (None: no bound).
+    prefill_budget: Option<usize>,
     kv: PagedKv,
     rows: Vec<Row>,
     /// `(rows, V)` f32: the logits the next token of each row is drawn from.
@@ -147,12 +164,16 @@ pub fn decode_all_paged(
     let groups = cfg.num_attention_heads / cfg.num_key_value_heads.max(1);
     let tables = opts.tables.unwrap_or(device.is_cuda())
         && crate::fused::paged_applies(device, model.dtype(), cfg.head_dim(), groups);
+    let prefill_budget = opts
+        .prefill_tokens
+        .or_else(|| device.is_cuda().then_some(PREFILL_TOKENS));
     let mut engine = Engine {
         model,
         prompts,
         pad_id: request.pad_id,
         opts,
         tables,
+        prefill_budget,
         kv: pool(model, prompts, params.max_new_tokens, &opts)?,
         rows: Vec::new(),
         logits: None,
@@ -333,14 +354,15 @@ impl<'a> Engine<'a> {
             }
         }
         let mut prefilled: Vec<(usize, SeqBlocks, Tensor)> = Vec::new();
-        if !fresh.is_empty() {
+        for group in prefill_groups(prompts, &fresh, self.prefill_budget) {
             let t = std::time::Instant::now();
-            timed.prefill_tokens += fresh.iter().map(|&i| prompts[i].len()).sum::<usize>();
-            let batch = prefill(self.model, prompts, fresh.clone(), self.pad_id, 0)?;
+            timed.prefill_tokens += group.iter().map(|&i| prompts[i].len()).sum::<usize>();
+            let batch = prefill(self.model, prompts, group.clone(), self.pad_id, 0)?;
             let longest = batch.valid.first().map_or(0, Vec::len);
-            let mut dest = Vec::with_capacity(fresh.len() * longest);
-            let mut seqs = Vec::with_capacity(fresh.len());
-            for &i in &fresh {
+            timed.widest_prefill = timed.widest_prefill.max(group.len() * longest);
+            let mut dest = Vec::with_capacity(group.len() * longest);
+            let mut seqs = Vec::with_capacity(group.len());
+            for &i in &group {
                 let seq = self.kv.pool.allocate(prompts[i].len())?;
                 let pad = longest - prompts[i].len();
                 dest.extend((0..longest).map(|c| {
@@ -353,9 +375,11 @@ impl<'a> Engine<'a> {
                 seqs.push(seq);
             }
             self.kv.store(batch.cache.layers(), &dest)?;
-            for (r, (i, seq)) in fresh.iter().zip(seqs).enumerate() {
+            for (r, (i, seq)) in group.iter().zip(seqs).enumerate() {
                 prefilled.push((*i, seq, batch.logits.narrow(0, r, 1)?));
             }
+            // The group's dense keys and values go before the next group's prefill.
+            drop(batch);
             if request.stats.is_some() && self.model.device().is_cuda() {
                 self.model.device().synchronize()?;
             }
@@ -489,4 +513,27 @@ impl<'a> Engine<'a> {
         self.logits = Some(last_logits(self.model, &hidden)?.to_dtype(DType::F32)?);
         Ok(())
     }
+}
+
+/// `fresh` (prompt indices, in order) cut into consecutive groups of at most `budget` positions
+/// each once left-padded to the group's longest prompt; a prompt longer than the budget is a
+/// group alone. None: one group.
+fn prefill_groups(prompts: &[Vec<u32>], fresh: &[usize], budget: Option<usize>) -> Vec<Vec<usize>> {
+    let mut groups: Vec<Vec<usize>> = Vec::new();
+    let mut longest = 0;
+    for &i in fresh {
+        let len = prompts[i].len();
+        let fits = |g: &Vec<usize>| budget.is_none_or(|b| (g.len() + 1) * longest.max(len) <= b);
+        match groups.last_mut() {
+            Some(g) if fits(g) => {
+                g.push(i);
+                longest = longest.max(len);
+            }
+            _ => {
+                groups.push(vec![i]);
+                longest = len;
+            }
+        }
+    }
+    groups
 }

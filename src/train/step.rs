@@ -121,8 +121,11 @@ impl Trainer {
 
     /// `per_prompt` completions of each prompt (problem `indices[i]`, tokens `prompts[i]`), in
     /// that order, sample s of problem p drawn on the stream (seed, step, p, first_stream + s).
-    /// On a GPU as many decode at once as its free memory holds ([`rollout::device_slots`]),
-    /// each waiting prompt taking a finished one's place; on the CPU all at once, as before.
+    /// The cache as the manifest's `kv_layout` says ([`rollout::KvLayout`]): dense, on a GPU
+    /// as many decode at once as its free memory holds at full length
+    /// ([`rollout::device_slots`]), each waiting prompt taking a finished one's place; paged,
+    /// as many as the pool holds at their real lengths, a group's n responses sharing one
+    /// prefill. On the CPU all at once either way, with the same completions.
     #[allow(clippy::too_many_arguments)]
     pub(super) fn sample_each(
         &self,
@@ -146,12 +149,7 @@ impl Trainer {
             })
             .collect();
         let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
-        let mut request = self.sample_request();
-        if let Some(slots) =
-            rollout::device_slots(sampler, longest + self.exp.data.max_response_length)
-        {
-            request = request.max_batch(slots);
-        }
+        let mut request = (self.exp.kv_layout()).request(self.sample_request(), sampler, longest);
         if let Some(stats) = stats {
             request = request.stats(stats);
         }

@@ -382,6 +382,13 @@ fn run_fields(l: &mut Launch, m: &raw::Manifest, target: &Target) {
     if m.description.is_some() {
         l.note("description", Account::Metadata, "for people");
     }
+    if m.kv_layout.is_some() {
+        l.note(
+            "kv_layout",
+            Account::VerlDefault,
+            "vLLM, verl's rollout engine, always pages its KV cache",
+        );
+    }
     // Logs our import reads (`acpo import verl`): one JSON line per step, validation dumps.
     l.set("trainer.logger", "[console,file]", &[]);
     l.set(

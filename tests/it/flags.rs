@@ -299,6 +299,7 @@ fn pipeline_refuses_a_micro_batch_that_does_not_divide_its_mini_batch() {
         models: tmp.path().join("models"),
         config: None,
         device: None,
+        kv_layout: None,
         micro_batch,
     };
     let (exp, _) =

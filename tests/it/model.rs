@@ -1471,6 +1471,64 @@ fn a_group_of_responses_shares_its_prompts_prefill_and_blocks() {
 }
 
 #[test]
+fn the_paged_prefill_goes_in_groups_under_its_token_budget() {
+    // Joining prompts are prefilled in consecutive groups of at most `prefill_tokens` padded
+    // positions (a longer prompt alone): the completions are still the dense engine's, and no
+    // prefill call is wider than the budget allows.
+    let (cfg, params) = load("tiny-qwen3");
+    let model = Qwen::new(&cfg, &params, true).expect("model");
+    let (mut prompts, _, p, eos) = paged_case();
+    // A GRPO-like pair of identical prompts: shared prompts are prefilled once either way.
+    prompts.push(prompts[1].clone());
+    let keys: Vec<[u64; 4]> = (0..prompts.len() as u64).map(|i| [5, 2, i, 0]).collect();
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
+    let dense = rollout::generate(
+        &model,
+        &prompts,
+        &keys,
+        &SampleRequest::new(p).eos(eos.clone()),
+    )
+    .expect("dense");
+    for slots in [None, Some(3)] {
+        for (budget, widest) in [
+            (None, None),
+            (Some(1), Some(longest)),
+            (Some(12), Some(12)),
+            (Some(30), Some(30)),
+        ] {
+            for tables in [false, true] {
+                let what = format!("budget {budget:?}, {slots:?} slots, tables {tables}");
+                let stats = std::sync::Mutex::new(rollout::GenStats::default());
+                let mut r = SampleRequest::new(p)
+                    .eos(eos.clone())
+                    .paged(rollout::PagedOptions {
+                        prefill_tokens: budget,
+                        tables: Some(tables),
+                        ..Default::default()
+                    })
+                    .stats(&stats);
+                if let Some(s) = slots {
+                    r = r.max_batch(s);
+                }
+                let paged = rollout::generate(&model, &prompts, &keys, &r).expect(&what);
+                assert_same_completions(&paged, &dense, 1e-5, &what);
+                let s = *stats.lock().unwrap();
+                let distinct: usize = prompts[..prompts.len() - 1].iter().map(Vec::len).sum();
+                assert_eq!(s.prefill_tokens, distinct, "{what}: one prefill a prompt");
+                match widest {
+                    Some(w) => assert!(s.widest_prefill <= w, "{what}: {}", s.widest_prefill),
+                    // Unbounded and every prompt at once: one call of all of them, padded.
+                    None if slots.is_none() => {
+                        assert_eq!(s.widest_prefill, (prompts.len() - 1) * longest, "{what}")
+                    }
+                    None => {}
+                }
+            }
+        }
+    }
+}
+
+#[test]
 fn a_small_pool_admits_by_real_lengths_and_too_small_a_pool_is_an_error() {
     let (cfg, params) = load("tiny-qwen3");
     let model = Qwen::new(&cfg, &params, true).expect("model");

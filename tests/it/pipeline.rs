@@ -7,6 +7,7 @@ use acpo::hub::ModelSource;
 use acpo::manifest::{Experiment, Scale};
 use acpo::model::init::{InitTokenizer, TokenizerFiles};
 use acpo::perf::pipeline::{derive, run_phases, Derivation};
+use acpo::rollout::KvLayout;
 
 fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -22,6 +23,7 @@ fn derivation(tokenizer: &Path, models: &Path) -> Derivation {
         models: models.to_owned(),
         config: None,
         device: None,
+        kv_layout: None,
         micro_batch: None,
     }
 }
@@ -83,6 +85,21 @@ fn a_paper_manifest_derives_into_a_random_weights_run_at_its_own_shapes() {
         assert_eq!(exp.trainer.total_steps, 1);
         assert_eq!(exp.eval.limit, Some(1));
         assert!(!exp.trainer.evaluates_at_start());
+        assert_eq!(exp.kv_layout, paper.kv_layout);
+        // `acpo pipeline --paged-kv`: the samplers over the paged cache, nothing else changed
+        let paged_d = Derivation {
+            kv_layout: Some(KvLayout::Paged),
+            ..d.clone()
+        };
+        let (paged, _) = derive(&text, &path, &paged_d).expect("derives paged");
+        assert_eq!(paged.kv_layout(), KvLayout::Paged);
+        assert_eq!(
+            Experiment {
+                kv_layout: None,
+                ..paged
+            },
+            exp
+        );
     }
     let path = repo().join("experiments/paper/qwen3-1.7b-grpo.yaml");
     let text = std::fs::read_to_string(&path).expect("manifest");

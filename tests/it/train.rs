@@ -644,6 +644,54 @@ fn gradient_checkpointing_trains_the_same_run_bit_for_bit() {
     }
 }
 
+#[test]
+fn the_paged_kv_layout_trains_the_same_run_bit_for_bit() {
+    // `kv_layout: paged` samples the rollouts, the PPO types' difficulty probe and the
+    // evaluations over the paged KV cache; on the CPU it gives the dense engine's bits, so the
+    // run is the same to the last bit: its metrics, its evaluations and its weights.
+    for name in ["smoke-grpo", "smoke-ppo"] {
+        let ws = workspace();
+        let (dense, text) = manifest(ws.path(), name, &[]);
+        assert_eq!(dense.kv_layout, None);
+        assert_eq!(dense.kv_layout(), acpo::rollout::KvLayout::Dense);
+        let (paged, paged_text) = manifest(
+            ws.path(),
+            name,
+            &[("\ndevice: cpu\n", "\ndevice: cpu\nkv_layout: paged\n")],
+        );
+        assert_eq!(paged.kv_layout(), acpo::rollout::KvLayout::Paged);
+        // A choice the run records: a run directory of its own.
+        assert_ne!(paged.fingerprint(), dense.fingerprint());
+        let a = train(&dense, &text, &options(&ws.path().join("a"), false, None)).expect("dense");
+        let b = train(
+            &paged,
+            &paged_text,
+            &options(&ws.path().join("b"), false, None),
+        )
+        .expect("paged");
+        assert_eq!(
+            without_timing(metrics(&a)),
+            without_timing(metrics(&b)),
+            "{name}: metrics differ"
+        );
+        let evals = |d: &Path| std::fs::read_to_string(d.join("eval.jsonl")).expect("eval.jsonl");
+        assert!(evals(&a).lines().count() >= 2, "{name}: evaluations");
+        assert_eq!(evals(&a), evals(&b), "{name}: evaluations differ");
+        let weights = |d: &Path| {
+            let (_, dir) = acpo::run::RunDir::at(d)
+                .latest_checkpoint()
+                .expect("ls")
+                .expect("a checkpoint");
+            std::fs::read(dir.path().join("policy/model.safetensors")).expect("weights")
+        };
+        assert_eq!(
+            weights(&a),
+            weights(&b),
+            "{name}: the trained weights differ"
+        );
+    }
+}
+
 /// Issue #23: the clipping family trains through the same code path at smoke scale, each
 /// logging verl's clip metrics (PPO types: the critic's advantages are non-zero even where the
 /// tiny model solves nothing); GSPO at its published bounds (3e-4 / 4e-4) clips sequences once

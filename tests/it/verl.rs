@@ -43,42 +43,58 @@ fn leaves(v: &serde_json::Value, prefix: &str, out: &mut Vec<String>, nulls: &mu
     }
 }
 
+/// Every field `raw` (read from `path`) writes is mapped or reported by its verl launch, and the
+/// launch accounts for no field it lacks.
+fn assert_accounted(path: &Path, raw: &acpo::manifest::raw::Manifest) {
+    let l = launch(raw, &TARGET);
+    let accounted: Vec<&str> = l.fields().collect();
+    let (mut written, mut nulls) = (Vec::new(), Vec::new());
+    let json = serde_json::to_value(raw).expect("json");
+    leaves(&json, "", &mut written, &mut nulls);
+    for leaf in &written {
+        let covered = accounted
+            .iter()
+            .any(|f| leaf == f || leaf.starts_with(&format!("{f}.")));
+        assert!(
+            covered,
+            "{}: `{leaf}` is dropped by the verl launch",
+            path.display()
+        );
+    }
+    // and nothing is accounted for that the manifest has no field for
+    for f in &accounted {
+        assert!(
+            nulls.iter().any(|w| w == f)
+                || written
+                    .iter()
+                    .any(|w| w == f || w.starts_with(&format!("{f}."))),
+            "{}: the launch accounts for `{f}`, which the manifest has no field for",
+            path.display()
+        );
+    }
+}
+
 #[test]
 fn every_field_of_every_shipped_manifest_is_mapped_or_reported() {
     let mut checked = 0;
     for dir in ["paper", "mini", "smoke"] {
         for path in manifests(dir) {
             let (_, raw) = Experiment::load_with_raw(&path).expect("a shipped manifest");
-            let l = launch(&raw, &TARGET);
-            let accounted: Vec<&str> = l.fields().collect();
-            let (mut written, mut nulls) = (Vec::new(), Vec::new());
-            let json = serde_json::to_value(&raw).expect("json");
-            leaves(&json, "", &mut written, &mut nulls);
-            for leaf in &written {
-                let covered = accounted
-                    .iter()
-                    .any(|f| leaf == f || leaf.starts_with(&format!("{f}.")));
-                assert!(
-                    covered,
-                    "{}: `{leaf}` is dropped by the verl launch",
-                    path.display()
-                );
-            }
-            // and nothing is accounted for that the manifest has no field for
-            for f in &accounted {
-                assert!(
-                    nulls.iter().any(|w| w == f)
-                        || written
-                            .iter()
-                            .any(|w| w == f || w.starts_with(&format!("{f}."))),
-                    "{}: the launch accounts for `{f}`, which the manifest has no field for",
-                    path.display()
-                );
-            }
+            assert_accounted(&path, &raw);
             checked += 1;
         }
     }
     assert!(checked >= 16 + 16, "the paper and mini manifests at least");
+    // The optional fields no shipped manifest sets.
+    let path = manifests("paper").remove(0);
+    let text = std::fs::read_to_string(&path).expect("manifest");
+    let text = text.replacen("\ndevice: cuda\n", "\ndevice: cuda\nkv_layout: paged\n", 1);
+    let dir = tempfile::tempdir().expect("tmp");
+    let edited = dir.path().join(path.file_name().expect("a file"));
+    std::fs::write(&edited, text).expect("write");
+    let (exp, raw) = Experiment::load_with_raw(&edited).expect("kv_layout: paged");
+    assert_eq!(exp.kv_layout(), acpo::rollout::KvLayout::Paged);
+    assert_accounted(&edited, &raw);
 }
 
 #[test]

@@ -20,7 +20,9 @@
 #   4 attention  one layer's attention, forward and backward, at 2 x 2,048 and 2 x 9,220:
 #                `acpo bench attention` beside torch's sdpa (tools/twins/bench_attention_torch.py)
 #   5 pipeline   `acpo pipeline` on qwen3-1.7b-grpo at paper shape, 2 steps, in the time left
-#                but the tests' (its metrics are written step by step)
+#                but the tests' (its metrics are written step by step); its rollouts and
+#                evaluation over the paged KV cache (`--paged-kv`; SUITE_PIPELINE_KV=dense for
+#                the dense cache every earlier run used)
 #   6 tests      the Rust CUDA tests (every kernel against its CPU twin, the model, training)
 #
 # SUITE_STEPS picks the sections (default: all, in the order above), so that a second call
@@ -396,11 +398,17 @@ if ! wanted pipeline; then
     :
 elif [ -n "$data" ] && [ -n "$tokenizer" ]; then
     section pipeline
+    case "${SUITE_PIPELINE_KV:-paged}" in
+        paged) pipe_kv=(--paged-kv) ;;
+        dense) pipe_kv=() ;;
+        *) echo "suite: SUITE_PIPELINE_KV is '${SUITE_PIPELINE_KV}'; it is paged or dense" >&2; exit 2 ;;
+    esac
+    log "== the pipeline's samplers: ${SUITE_PIPELINE_KV:-paged} KV cache"
     step "acpo pipeline qwen3-1.7b-grpo (2 steps)" 600 pipeline-qwen3-1.7b-grpo.log \
         "$acpo" pipeline "$manifest" "${pipe_cfg[@]}" \
         --divisor 64 --steps 2 --eval-limit 1 --micro-batch 2 --tokenizer "$tokenizer" \
         --data-dir "$data" --results "$res/pipeline-results" --models "$bin/models" \
-        --out "$res/pipeline"
+        --out "$res/pipeline" "${pipe_kv[@]}"
     tail -3 "$res/pipeline-qwen3-1.7b-grpo.log" | tee -a "$res/summary.txt"
 else
     log "== acpo pipeline: skipped (no prepared data or no Qwen3 tokenizer: ACPO_DATA_DIR, ACPO_QWEN3_TOKENIZER)"

@@ -24,10 +24,9 @@ pub fn run(args: &EvalArgs) -> anyhow::Result<Outcome> {
         &data,
         args.step,
         args.kv_cache.into(),
-        if args.paged_kv {
-            acpo::eval::KvLayout::Paged
-        } else {
-            acpo::eval::KvLayout::Dense
+        match args.paged_kv {
+            true => acpo::rollout::KvLayout::Paged,
+            false => exp.kv_layout(),
         },
         &args.out,
         progress,

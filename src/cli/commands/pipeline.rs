@@ -14,6 +14,7 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<Outcome> {
         models: args.models.clone(),
         config: args.config.clone(),
         device: args.device.map(Into::into),
+        kv_layout: args.paged_kv.then_some(acpo::rollout::KvLayout::Paged),
         micro_batch: args.micro_batch,
     };
     let out = args
