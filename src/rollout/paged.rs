@@ -198,35 +198,12 @@ pub fn decode_all_paged(
         }
         // Admission's room covers one step, not the rows' growth: when the pool cannot give
         // every row its next position, the most recently admitted rows are preempted.
-        loop {
-            let (needs, free) = (engine.append_needs(&kept), engine.kv.pool.free_blocks());
-            if needs <= free {
-                break;
-            }
-            if kept.len() > 1 {
-                let row = kept.pop().expect("invariant: more than one row");
-                next_ids.pop();
-                let i = row.prompt;
-                engine.preempt(row);
-                waiting.push_front(i);
-                out[i] = Completion::empty();
-                rngs[i] = SplitMix64::from_key(&keys[i]);
-                next_pos[i] = prompts[i].len() as u32;
-            } else if !engine.shared.is_empty() {
-                // A lone row: the prompts held for responses still waiting are prefilled
-                // again when those join.
-                for (_, s) in engine.shared.drain() {
-                    engine.kv.pool.release(s.seq);
-                }
-            } else {
-                return Err(PagedError::Exhausted {
-                    needed: needs - free,
-                    free,
-                    total: engine.kv.pool.capacity(),
-                    block: engine.kv.pool.block(),
-                }
-                .into());
-            }
+        for i in engine.make_room(&mut kept)? {
+            next_ids.pop();
+            waiting.push_front(i);
+            out[i] = Completion::empty();
+            rngs[i] = SplitMix64::from_key(&keys[i]);
+            next_pos[i] = prompts[i].len() as u32;
         }
         // Admission holds back a block for each row besides what its next position takes, so
         // that the next step's positions find room (a row needs at most one block a step).
@@ -272,6 +249,39 @@ impl<'a> Engine<'a> {
     /// Blocks the rows need for their next position.
     fn append_needs(&self, rows: &[Row]) -> usize {
         rows.iter().map(|r| self.kv.pool.append_needs(&r.seq)).sum()
+    }
+
+    /// Makes room in the pool for the next position of every row of `kept`: preempts the most
+    /// recently admitted rows (popped from `kept`; their prompts returned, latest first, to be
+    /// queued again) and, for a lone row, drops the prefilled prompts held for responses still
+    /// waiting. A lone row that still does not fit is [`PagedError::Exhausted`].
+    fn make_room(&mut self, kept: &mut Vec<Row>) -> Result<Vec<usize>> {
+        let mut preempted = Vec::new();
+        loop {
+            let (needs, free) = (self.append_needs(kept), self.kv.pool.free_blocks());
+            if needs <= free {
+                return Ok(preempted);
+            }
+            if kept.len() > 1 {
+                let row = kept.pop().expect("invariant: more than one row");
+                preempted.push(row.prompt);
+                self.preempt(row);
+            } else if !self.shared.is_empty() {
+                // The prompts held for responses still waiting are prefilled again when
+                // those join.
+                for (_, s) in self.shared.drain() {
+                    self.kv.pool.release(s.seq);
+                }
+            } else {
+                return Err(PagedError::Exhausted {
+                    needed: needs - free,
+                    free,
+                    total: self.kv.pool.capacity(),
+                    block: self.kv.pool.block(),
+                }
+                .into());
+            }
+        }
     }
 
     /// Gives a row's blocks back and counts its prompt as waiting again.
@@ -353,38 +363,7 @@ impl<'a> Engine<'a> {
                 fresh.push(i);
             }
         }
-        let mut prefilled: Vec<(usize, SeqBlocks, Tensor)> = Vec::new();
-        for group in prefill_groups(prompts, &fresh, self.prefill_budget) {
-            let t = std::time::Instant::now();
-            timed.prefill_tokens += group.iter().map(|&i| prompts[i].len()).sum::<usize>();
-            let batch = prefill(self.model, prompts, group.clone(), self.pad_id, 0)?;
-            let longest = batch.valid.first().map_or(0, Vec::len);
-            timed.widest_prefill = timed.widest_prefill.max(group.len() * longest);
-            let mut dest = Vec::with_capacity(group.len() * longest);
-            let mut seqs = Vec::with_capacity(group.len());
-            for &i in &group {
-                let seq = self.kv.pool.allocate(prompts[i].len())?;
-                let pad = longest - prompts[i].len();
-                dest.extend((0..longest).map(|c| {
-                    if c < pad {
-                        (0, 0)
-                    } else {
-                        seq.slot(c - pad, self.kv.block())
-                    }
-                }));
-                seqs.push(seq);
-            }
-            self.kv.store(batch.cache.layers(), &dest)?;
-            for (r, (i, seq)) in group.iter().zip(seqs).enumerate() {
-                prefilled.push((*i, seq, batch.logits.narrow(0, r, 1)?));
-            }
-            // The group's dense keys and values go before the next group's prefill.
-            drop(batch);
-            if request.stats.is_some() && self.model.device().is_cuda() {
-                self.model.device().synchronize()?;
-            }
-            timed.prefill_seconds += t.elapsed().as_secs_f64();
-        }
+        let prefilled = self.prefill_fresh(&fresh, request, timed)?;
         // Each joining prompt's row: its own prefill's blocks, or a fork of a shared one.
         let mut logits = Vec::with_capacity(joining.len());
         let mut first_use: Vec<Option<(SeqBlocks, Tensor)>> = Vec::new();
@@ -440,6 +419,51 @@ impl<'a> Engine<'a> {
         all.extend(logits);
         self.logits = Some(Tensor::cat(&all, 0)?);
         Ok(())
+    }
+
+    /// Prefills `fresh` (distinct prompts, in order) in groups under the prefill budget, each
+    /// group's keys and values written to fresh blocks: per prompt its blocks and the logits its
+    /// first token is drawn from, in `fresh`'s order.
+    fn prefill_fresh(
+        &mut self,
+        fresh: &[usize],
+        request: &SampleRequest,
+        timed: &mut GenStats,
+    ) -> Result<Vec<(usize, SeqBlocks, Tensor)>> {
+        let prompts = self.prompts;
+        let mut prefilled = Vec::with_capacity(fresh.len());
+        for group in prefill_groups(prompts, fresh, self.prefill_budget) {
+            let t = std::time::Instant::now();
+            timed.prefill_tokens += group.iter().map(|&i| prompts[i].len()).sum::<usize>();
+            let batch = prefill(self.model, prompts, group.clone(), self.pad_id, 0)?;
+            let longest = batch.valid.first().map_or(0, Vec::len);
+            timed.widest_prefill = timed.widest_prefill.max(group.len() * longest);
+            let mut dest = Vec::with_capacity(group.len() * longest);
+            let mut seqs = Vec::with_capacity(group.len());
+            for &i in &group {
+                let seq = self.kv.pool.allocate(prompts[i].len())?;
+                let pad = longest - prompts[i].len();
+                dest.extend((0..longest).map(|c| {
+                    if c < pad {
+                        (0, 0)
+                    } else {
+                        seq.slot(c - pad, self.kv.block())
+                    }
+                }));
+                seqs.push(seq);
+            }
+            self.kv.store(batch.cache.layers(), &dest)?;
+            for (r, (i, seq)) in group.iter().zip(seqs).enumerate() {
+                prefilled.push((*i, seq, batch.logits.narrow(0, r, 1)?));
+            }
+            // The group's dense keys and values go before the next group's prefill.
+            drop(batch);
+            if request.stats.is_some() && self.model.device().is_cuda() {
+                self.model.device().synchronize()?;
+            }
+            timed.prefill_seconds += t.elapsed().as_secs_f64();
+        }
+        Ok(prefilled)
     }
 
     /// One decode step of every row (each row's next token `next_ids[r]`): room for the new
