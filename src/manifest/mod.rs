@@ -123,8 +123,9 @@ pub struct Experiment {
     pub scale: Scale,
     pub seed: u64,
     pub device: Device,
-    /// How the samplers hold their KV cache ([`Experiment::kv_layout`]); left out of the
-    /// fingerprint when unset, so manifests without it keep theirs.
+    /// How the samplers hold their KV cache ([`Experiment::kv_layout`]): `Some(Paged)` or
+    /// None (dense, written or not); left out of the fingerprint when None, so manifests
+    /// without it keep theirs.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub kv_layout: Option<KvLayout>,
     pub model: ModelSpec,

@@ -17,7 +17,7 @@ use crate::hub::ModelSource;
 use crate::model::init::{InitTokenizer, ModelInitSpec, TokenizerFiles, WarmStartSpec};
 use crate::model::spec::{Device, ModelSpec};
 use crate::optim::OptimSpec;
-use crate::rollout::Sampling;
+use crate::rollout::{KvLayout, Sampling};
 
 /// Walks a raw manifest; the first rule broken becomes the error.
 pub(super) struct Validator<'a> {
@@ -159,7 +159,8 @@ impl Validator<'_> {
             scale: raw.scale,
             seed: raw.seed,
             device: raw.device,
-            kv_layout: raw.kv_layout,
+            // `dense` is the default: written or not, the same run and fingerprint
+            kv_layout: raw.kv_layout.filter(|l| *l != KvLayout::Dense),
             model,
             algorithm,
             data,

@@ -341,9 +341,10 @@ impl<'a> Engine<'a> {
         taken
     }
 
-    /// Prefills the distinct new prompts among `joining` as one left-padded batch, writes their
-    /// keys and values to fresh blocks, and appends every joining prompt as a row (sharing the
-    /// blocks of an identical prompt's prefill), right-aligned to the dense engine's width.
+    /// Prefills the distinct new prompts among `joining` (in left-padded groups under the
+    /// prefill budget: [`Engine::prefill_fresh`]), writes their keys and values to fresh blocks,
+    /// and appends every joining prompt as a row (sharing the blocks of an identical prompt's
+    /// prefill), right-aligned to the dense engine's width.
     fn join(
         &mut self,
         joining: Vec<usize>,

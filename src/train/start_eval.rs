@@ -2,7 +2,8 @@
 //! the same model and evaluate it the same way.
 //!
 //! A fresh run's step-0 evaluation depends on its start model, its `eval` section, its data
-//! suite and where the data is read, its device and its seed (sampling is keyed by seed,
+//! suite and where the data is read, its device, its sampler's KV-cache layout (the same bits
+//! on the CPU, not on a GPU) and its seed (sampling is keyed by seed,
 //! benchmark, problem and sample: [`crate::eval`]), and on nothing its algorithm sets: the four
 //! methods of a seed evaluate one model to the same bytes. `reproduce` and `sweep` train many
 //! such runs in one process (the main job's 80 runs need 20 distinct step-0 evaluations, not 80:
@@ -39,6 +40,7 @@ impl StartEvals {
         let of = serde_json::json!({
             "model": exp.model,
             "device": exp.device,
+            "kv_layout": exp.kv_layout(),
             "seed": exp.seed,
             "suite": exp.data.suite,
             "eval": exp.eval,

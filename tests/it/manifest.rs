@@ -753,6 +753,11 @@ fn parse_errors_name_the_file_line_and_field() {
             "rollout.n",
         ),
         (
+            "unknown KV-cache layout",
+            text.replace("device: cuda\n", "device: cuda\nkv_layout: pagd\n"),
+            "kv_layout",
+        ),
+        (
             "unterminated quote",
             text.replace("name: ppo\n", "name: \"ppo\n"),
             "algorithm.name",
@@ -797,6 +802,7 @@ fn mutations(path: &str, leaf: &Value) -> Vec<Value> {
         ("data.prompt_template", &["boxed", "raw"]),
         ("eval.prompt_template", &["dapo", "raw"]),
         ("trainer.reward", &["signed"]),
+        ("kv_layout", &["dense"]),
     ];
     match leaf {
         Value::Bool(b) => vec![json!(!b)],
@@ -863,6 +869,22 @@ fn set_leaf(mut v: Value, path: &str, new: Value) -> Value {
 }
 
 #[test]
+fn kv_layout_dense_is_the_default_written_or_not() {
+    // The KV-cache layout is how the samplers hold their cache: absent or `dense`, the same
+    // run and the same fingerprint (every manifest written before the field keeps its run
+    // directory); `paged`, a run of its own.
+    let base = base_value("experiments/paper/qwen3-8b-ppo.yaml");
+    let fp = |v: Value| validate(v).expect("valid").fingerprint();
+    let absent = validate(base.clone()).expect("valid");
+    assert_eq!(absent.kv_layout, None);
+    let dense = set(base.clone(), "kv_layout", serde_json::json!("dense"));
+    assert_eq!(fp(dense), absent.fingerprint());
+    let paged = validate(set(base, "kv_layout", serde_json::json!("paged"))).expect("valid");
+    assert_eq!(paged.kv_layout(), acpo::rollout::KvLayout::Paged);
+    assert_ne!(paged.fingerprint(), absent.fingerprint());
+}
+
+#[test]
 fn changing_any_single_field_changes_the_fingerprint() {
     // Between them these two manifests set every field the schema has (ratio and advantage
     // clipping, GAE and group normalisation, the critic, the optional fields).
@@ -871,6 +893,7 @@ fn changing_any_single_field_changes_the_fingerprint() {
     ppo = set(ppo, "eval.limit", serde_json::json!(100));
     ppo = set(ppo, "description", serde_json::json!("a run"));
     ppo = set(ppo, "actor.optim.warmup_steps", serde_json::json!(3));
+    ppo = set(ppo, "kv_layout", serde_json::json!("paged"));
     let grpo_ac = base_value("experiments/paper/qwen3-8b-grpo-ac.yaml");
     let mut unchecked = Vec::new();
     let mut checked = 0;

@@ -674,6 +674,21 @@ fn the_paged_kv_layout_trains_the_same_run_bit_for_bit() {
             without_timing(metrics(&b)),
             "{name}: metrics differ"
         );
+        // The rollouts did go through the paged engine: a GRPO group's n copies of a prompt
+        // are prefilled once there, n times by the dense engine.
+        let prefilled = |d: &Path| -> Vec<f64> {
+            metrics(d)
+                .iter()
+                .map(|m| m["perf/tokens_per_s/gen_prefill"] * m["timing_s/gen_prefill"])
+                .collect()
+        };
+        let n = dense.rollout.n as f64;
+        for (d, p) in prefilled(&a).into_iter().zip(prefilled(&b)) {
+            assert!(
+                d > 0.0 && (d / p - n).abs() < 1e-6,
+                "{name}: {d} vs {p}, n {n}"
+            );
+        }
         let evals = |d: &Path| std::fs::read_to_string(d.join("eval.jsonl")).expect("eval.jsonl");
         assert!(evals(&a).lines().count() >= 2, "{name}: evaluations");
         assert_eq!(evals(&a), evals(&b), "{name}: evaluations differ");

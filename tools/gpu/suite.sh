@@ -97,6 +97,13 @@ for want in $steps; do
 done
 # wanted SECTION: whether SUITE_STEPS includes it.
 wanted() { [[ "$steps" == *" $1 "* ]]; }
+# The pipeline's samplers: checked here, before any section spends the call's time.
+case "${SUITE_PIPELINE_KV:-paged}" in
+    paged) pipe_kv=(--paged-kv) ;;
+    dense) pipe_kv=() ;;
+    *) echo "suite: SUITE_PIPELINE_KV is '${SUITE_PIPELINE_KV}'; it is paged or dense" >&2; exit 2 ;;
+esac
+
 # Each section's share of the call (seconds on a GPU; `pipeline` takes what the others leave).
 order=(kernels decode step attention pipeline tests)
 declare -A share=([kernels]=60 [decode]=150 [step]=150 [attention]=40 [pipeline]=0 [tests]=75)
@@ -398,11 +405,6 @@ if ! wanted pipeline; then
     :
 elif [ -n "$data" ] && [ -n "$tokenizer" ]; then
     section pipeline
-    case "${SUITE_PIPELINE_KV:-paged}" in
-        paged) pipe_kv=(--paged-kv) ;;
-        dense) pipe_kv=() ;;
-        *) echo "suite: SUITE_PIPELINE_KV is '${SUITE_PIPELINE_KV}'; it is paged or dense" >&2; exit 2 ;;
-    esac
     log "== the pipeline's samplers: ${SUITE_PIPELINE_KV:-paged} KV cache"
     step "acpo pipeline qwen3-1.7b-grpo (2 steps)" 600 pipeline-qwen3-1.7b-grpo.log \
         "$acpo" pipeline "$manifest" "${pipe_cfg[@]}" \
