@@ -67,3 +67,49 @@ __device__ __forceinline__ float block_max(float v) {
   __syncthreads();
   return out;
 }
+
+// ---- blocks that add into one buffer in a fixed order (issue #59: dQ in key-block order)
+//
+// A counter in global memory (zeroed before the launch) holds how many blocks have added to
+// a destination. Block k waits until it equals the number of blocks that add there before k
+// (`block_wait_count`), adds with plain loads and stores, then counts itself
+// (`block_post_count`). The sum's order is then the blocks' order, not the schedule's: the same
+// bits on every run. A block waits only on blocks before it in grid order, which are issued
+// first, so the wait cannot deadlock. The fence that makes a block's adds visible before its
+// count lives in `block_post_count`, so no kernel can leave it out (the emulator cannot see a
+// missing one: kernels/check/cuda_emu.hpp).
+
+// Waits (the whole block) until `*count` equals `want`.
+__device__ __forceinline__ void block_wait_count(const int* count, int want) {
+  if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {
+#ifdef ACPO_EMU
+    emu::wait_flag(count, want);
+#else
+    int seen;
+    do {
+      asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(seen) : "l"(count) : "memory");
+    } while (seen != want);
+#endif
+  }
+  __syncthreads();
+}
+
+// *p += v for an ordered add: through L2 on a GPU (cache-global loads and stores: another SM's
+// earlier adds are there, never in this SM's L1).
+__device__ __forceinline__ void ordered_add_f32(float* p, float v) {
+#ifdef ACPO_EMU
+  *p += v;
+#else
+  __stcg(p, __ldcg(p) + v);
+#endif
+}
+
+// Counts this block's adds as done: after every thread's (the barrier), made visible to every
+// block (the fence), then the count.
+__device__ __forceinline__ void block_post_count(int* count) {
+  __syncthreads();
+  if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {
+    __threadfence();
+    atomicAdd(count, 1);
+  }
+}

@@ -21,6 +21,18 @@
 //   stage before waiting for it reads stale data in the first, and one that reloads a stage
 //   before every warp is done with it corrupts a slower warp's operands in the second.
 // - Device memory is host memory; launches run to completion (no streams, no events).
+// - Blocks that wait on one another (issue #59: a deterministic cross-block accumulation, each
+//   block adding its share after the ones before it, `block_wait_count` / `block_post_count` in
+//   common.cuh): with `S.resident` above 1 (a check sets it for such a launch, `use_residency`
+//   in harness.hpp), blocks are issued in grid order (x fastest) and up to that many are
+//   resident at once, each with its own threads and dynamic shared memory; one thread of a
+//   drawn resident block runs at a time, to its next barrier, collective or flag wait, so the
+//   blocks interleave at every such point and a thread's flag wait holds it until the flag has
+//   its value. A block that adds before the ones it should wait for (a missing wait, a post
+//   before the block's other threads are done) then adds in another order, which a check of the
+//   result's bits sees; a wait no block will satisfy stops with a deadlock naming every
+//   resident block's wait. Such kernels keep to dynamic shared memory: a static __shared__ is one
+//   copy here, shared by the resident blocks.
 //
 // What it refuses, as hardware does (each stops the program with a message naming the block,
 // the thread and the fault; exit status 3):
@@ -47,9 +59,10 @@
 //   for it).
 //
 // What it does not model: timing, occupancy, bank conflicts, register limits, static shared
-// memory's share of the 227 KB, memory ordering across blocks (blocks run one after another),
-// or any instruction not defined here (a kernel using one fails to compile here rather than
-// run wrongly).
+// memory's share of the 227 KB, memory ordering across blocks (every write is seen at once by
+// every block: a missing __threadfence passes here, which is why the fence lives inside
+// `block_post_count` rather than in the kernels), or any instruction not defined here (a kernel
+// using one fails to compile here rather than run wrongly).
 #pragma once
 #include <signal.h>
 #include <sys/mman.h>
@@ -142,9 +155,12 @@ struct Thread {
   ucontext_t ctx;
   dim3 idx;
   bool done = false;
-  // what the thread waits for: 0 nothing, 1 the block barrier, 2 its warp's collective
+  // what the thread waits for: 0 nothing, 1 the block barrier, 2 its warp's collective, 3 a
+  // flag in global memory to equal `want`
   int waits = 0;
   unsigned wait_gen = 0;
+  const volatile int* flag = nullptr;
+  int want = 0;
   std::vector<std::vector<Copy>> groups{std::vector<Copy>()};  // cp.async groups, last open
 };
 
@@ -189,6 +205,11 @@ struct State {
   // bit 0: one warp per block lags; bit 1: cp.async copies land when issued
   int schedule = 0;
   int lag = -1;  // the lagging warp of the block that runs
+  // the block's thread order (drawn), and where a resident block's next thread is looked for
+  std::vector<int> order;
+  size_t cursor = 0;
+  // blocks of a launch resident at once: 1 runs each block to its end before the next
+  int resident = 1;
   std::vector<Region> regions;
   std::vector<std::pair<const void*, size_t>> smem_limits;  // cudaFuncSetAttribute per kernel
 #ifdef EMU_ASAN
@@ -450,6 +471,7 @@ inline bool runnable(const Thread& t) {
   if (t.done) return false;
   if (t.waits == 1) return S.barrier_gen != t.wait_gen;
   if (t.waits == 2) return S.warps[(&t - S.th.data()) >> 5].gen != t.wait_gen;
+  if (t.waits == 3) return *t.flag == t.want;
   return true;
 }
 
@@ -478,7 +500,9 @@ inline uint64_t next_rand() {
   return S.rng;
 }
 
-inline void run_block() {
+// Sets up the threads of block S.bidx: their contexts, the order they run in and the lagging
+// warp, drawn from the schedule's seed.
+inline void start_block() {
   const int n = S.n;
   if (S.stacks.size() < (size_t)n * STACK) S.stacks.resize((size_t)n * STACK);
   S.th.assign(n, Thread());
@@ -494,26 +518,191 @@ inline void run_block() {
     t.ctx.uc_link = nullptr;
     makecontext(&t.ctx, entry, 0);
   }
-  std::vector<int> order(n);
-  for (int i = 0; i < n; ++i) order[i] = i;
-  for (int i = n - 1; i > 0; --i) std::swap(order[i], order[next_rand() % (i + 1)]);
+  S.order.resize(n);
+  for (int i = 0; i < n; ++i) S.order[i] = i;
+  for (int i = n - 1; i > 0; --i) std::swap(S.order[i], S.order[next_rand() % (i + 1)]);
   S.lag = (S.schedule & 1) ? (int)(next_rand() % ((n + 31) / 32)) : -1;
+  S.cursor = 0;
+}
+
+inline void run_thread(int i) {
+  Thread& t = S.th[i];
+  t.waits = 0;
+  S.cur = i;
+  to_thread(i);
+  S.cur = -1;
+}
+
+// Every runnable thread of the block once, in its order; the lagging warp only when no other
+// thread can run. Whether any ran.
+inline bool run_round() {
   auto run = [&](bool lagging) {
     bool progress = false;
-    for (int i : order) {
-      Thread& t = S.th[i];
-      if ((i >> 5 == S.lag) != lagging || !runnable(t)) continue;
-      t.waits = 0;
-      S.cur = i;
-      to_thread(i);
+    for (int i : S.order) {
+      if ((i >> 5 == S.lag) != lagging || !runnable(S.th[i])) continue;
+      run_thread(i);
       progress = true;
     }
     return progress;
   };
+  return run(false) || run(true);
+}
+
+// One runnable thread of a resident block, the next in its order after the last one that ran
+// (the lagging warp only when no other thread can run). Whether one ran.
+inline bool run_one() {
+  const size_t n = S.order.size();
+  for (int lagging = 0; lagging < 2; ++lagging)
+    for (size_t k = 0; k < n; ++k) {
+      const size_t at = (S.cursor + k) % n;
+      const int i = S.order[at];
+      if ((i >> 5 == S.lag) != (lagging == 1) || !runnable(S.th[i])) continue;
+      S.cursor = at + 1;
+      run_thread(i);
+      return true;
+    }
+  return false;
+}
+
+// What the block's waiting threads wait for, for a deadlock's message.
+inline void describe_waits(char* buf, size_t len) {
+  int at_flag = -1, others = 0;
+  for (int i = 0; i < S.n; ++i) {
+    const Thread& t = S.th[i];
+    if (t.done) continue;
+    if (t.waits == 3 && at_flag < 0)
+      at_flag = i;
+    else
+      ++others;
+  }
+  if (at_flag >= 0) {
+    const Thread& t = S.th[at_flag];
+    std::snprintf(buf, len,
+                  "block (%u, %u, %u): thread %d waits for the flag at %p to equal %d (it holds "
+                  "%d), %d other threads wait",
+                  S.bidx.x, S.bidx.y, S.bidx.z, at_flag, (const void*)t.flag, t.want, *t.flag,
+                  others);
+  } else {
+    std::snprintf(buf, len, "block (%u, %u, %u): %d threads wait at a barrier or collective",
+                  S.bidx.x, S.bidx.y, S.bidx.z, others);
+  }
+}
+
+inline void run_block() {
+  start_block();
   while (S.live > 0)
-    if (!run(false) && !run(true))
-      fail("deadlock: threads wait at a barrier or collective others never reach");
-  S.cur = -1;
+    if (!run_round()) {
+      char what[256];
+      describe_waits(what, sizeof what);
+      failf("deadlock: threads wait at a barrier, collective or flag that nothing will reach "
+            "or set (%s)",
+            what);
+    }
+}
+
+// A resident block's own state, kept here while another block's is in S.
+struct Block {
+  dim3 bidx;
+  std::vector<Thread> th;
+  std::vector<Warp> warps;
+  std::vector<char> stacks;
+  std::vector<int> order;
+  size_t cursor = 0;
+  int live = 0, arrived = 0, lag = -1;
+  unsigned barrier_gen = 0;
+  const char* bar_file = nullptr;
+  int bar_line = 0;
+  unsigned char* dyn = nullptr;
+};
+
+// Exchanges the block in S with `b` (vectors swap their buffers: the threads' contexts and
+// stacks stay where they are).
+inline void swap_block(Block& b) {
+  std::swap(S.bidx, b.bidx);
+  std::swap(S.th, b.th);
+  std::swap(S.warps, b.warps);
+  std::swap(S.stacks, b.stacks);
+  std::swap(S.order, b.order);
+  std::swap(S.cursor, b.cursor);
+  std::swap(S.live, b.live);
+  std::swap(S.arrived, b.arrived);
+  std::swap(S.lag, b.lag);
+  std::swap(S.barrier_gen, b.barrier_gen);
+  std::swap(S.bar_file, b.bar_file);
+  std::swap(S.bar_line, b.bar_line);
+  std::swap(S.dyn, b.dyn);
+}
+
+// The grid's blocks with up to S.resident at once (see the top of this file): issued in grid
+// order, x fastest; each step runs one thread of a drawn resident block that can run.
+inline void run_resident(size_t dyn_bytes) {
+  const unsigned gx = S.grid.x, gy = S.grid.y;
+  const uint64_t total = (uint64_t)gx * gy * S.grid.z;
+  uint64_t next = 0;
+  std::vector<Block> res;
+  std::vector<std::vector<char>> spare;  // stacks of finished blocks, for the next ones
+  spare.push_back(std::move(S.stacks));
+  while (next < total || !res.empty()) {
+    while ((int)res.size() < S.resident && next < total) {
+      Block b;
+      b.bidx = dim3((unsigned)(next % gx), (unsigned)(next / gx % gy), (unsigned)(next / gx / gy));
+      ++next;
+      b.dyn = (unsigned char*)region_alloc(dyn_bytes, "the block's dynamic shared memory");
+      std::memset(b.dyn, 0xA5, dyn_bytes);
+      if (!spare.empty()) {
+        b.stacks = std::move(spare.back());
+        spare.pop_back();
+      }
+      swap_block(b);
+      start_block();
+      swap_block(b);
+      res.push_back(std::move(b));
+    }
+    const size_t first = next_rand() % res.size();
+    bool ran = false;
+    for (size_t k = 0; k < res.size() && !ran; ++k) {
+      const size_t i = (first + k) % res.size();
+      swap_block(res[i]);
+      ran = run_one();
+      const bool done = S.live == 0;
+      swap_block(res[i]);
+      if (done) {
+        check_slack();
+        region_free(res[i].dyn);
+        spare.push_back(std::move(res[i].stacks));
+        res.erase(res.begin() + (long)i);
+      }
+    }
+    if (!ran) {
+      char msg[1024];
+      int len = std::snprintf(msg, sizeof msg,
+                              "deadlock: every resident block waits (%zu resident, %llu of %llu "
+                              "blocks issued)",
+                              res.size(), (unsigned long long)next, (unsigned long long)total);
+      for (Block& b : res) {
+        swap_block(b);
+        char what[256];
+        describe_waits(what, sizeof what);
+        swap_block(b);
+        if (len < (int)sizeof msg)
+          len += std::snprintf(msg + len, sizeof msg - len, "; %s", what);
+      }
+      fail(msg);
+    }
+  }
+  S.stacks = spare.empty() ? std::vector<char>() : std::move(spare.back());
+}
+
+// A thread's wait until the flag at `flag` equals `want` (block_wait_count in common.cuh): the
+// thread holds until some block sets it; with one block resident, a flag not already set is a
+// deadlock.
+inline void wait_flag(const volatile int* flag, int want) {
+  if (*flag == want) return;
+  Thread& t = me();
+  t.waits = 3;
+  t.flag = flag;
+  t.want = want;
+  yield();
 }
 
 inline unsigned char* dynamic_smem() { return S.dyn; }
@@ -539,7 +728,8 @@ inline size_t max_dynamic_smem(const void* f) {
 }
 
 // Runs `body` (the call of kernel `f`, named `name`) for every thread of every block, blocks
-// in order, after the checks a GPU's launch makes.
+// in order (S.resident of them interleaving when above 1), after the checks a GPU's launch
+// makes.
 inline void launch(const void* f, const char* name, dim3 grid, dim3 block, size_t dyn_bytes,
                    const std::function<void()>& body) {
   S.kernel = name;
@@ -560,9 +750,15 @@ inline void launch(const void* f, const char* name, dim3 grid, dim3 block, size_
     failf("a launch with %zu bytes of dynamic shared memory, above the %zu the kernel allows "
           "(raise it with cudaFuncSetAttribute(MaxDynamicSharedMemorySize) first)",
           dyn_bytes, max_dynamic_smem(f));
-  S.dyn = (unsigned char*)region_alloc(dyn_bytes, "the block's dynamic shared memory");
   S.dyn_bytes = dyn_bytes;
   S.body = &body;
+  if (S.resident > 1) {
+    run_resident(dyn_bytes);
+    check_slack();
+    S.kernel = "";
+    return;
+  }
+  S.dyn = (unsigned char*)region_alloc(dyn_bytes, "the block's dynamic shared memory");
   for (unsigned z = 0; z < grid.z; ++z)
     for (unsigned y = 0; y < grid.y; ++y)
       for (unsigned x = 0; x < grid.x; ++x) {
@@ -713,6 +909,14 @@ inline void cp_async_commit() { me().groups.emplace_back(); }
 inline void cp_async_wait(int keep) { retire_groups(me(), (size_t)keep); }
 
 }  // namespace emu
+
+// Blocks run on one host thread: every write is seen by every block at once (see the top).
+inline void __threadfence() {}
+inline int atomicAdd(int* p, int v) {
+  const int old = *p;
+  *p = old + v;
+  return old;
+}
 
 #define threadIdx (emu::me().idx)
 #define blockIdx (emu::S.bidx)

@@ -9,7 +9,9 @@
 //
 // The static shared overflow is caught only in a build with -fsanitize=address (the test makes
 // one); the other modes in both builds. Exit status: 0 when the mode ran to its end (a fault
-// not caught), 3 when the emulator refused.
+// not caught), 3 when the emulator refused, 1 when a cross-block sum came out in another order
+// than its blocks' (the modes `unordered-add` and `post-before-barrier`: interleaving resident
+// blocks, cuda_emu.hpp, is what shows them).
 #include "mma.cuh"
 #include "check/harness.hpp"
 
@@ -86,6 +88,62 @@ extern "C" __global__ void planted_big_smem(float* out, int bytes) {
   if (threadIdx.x == 0) out[0] = smem[0] + smem[bytes - 1];
 }
 
+// Block b adds its `n` values into `out` after blocks 0..b-1 (`count` holds how many have): a
+// cross-block sum in the blocks' order, as the 5-product attention backward is to add dQ
+// (common.cuh). `plant`: 0 none; 1 no wait; 2 the count posted by thread 0 without the barrier
+// that waits for the block's other threads; 3 the wait for one block too many.
+extern "C" __global__ void ordered_add(const float* part, float* out, int* count, int n,
+                                       int plant) {
+  const int b = blockIdx.x;
+  if (plant != 1) block_wait_count(count, plant == 3 ? b + 1 : b);
+  for (int i = threadIdx.x; i < n; i += blockDim.x) out[i] += part[b * n + i];
+  if (plant == 2) {
+    if (threadIdx.x == 0) {
+      __threadfence();
+      atomicAdd(count, 1);
+    }
+  } else {
+    block_post_count(count);
+  }
+}
+
+// `ordered_add` with `plant`, with `first` to 4 blocks resident under 8 schedules each: whether
+// every run's bits are the sum in block order (a message and false at the first that is not).
+static bool ordered_sums(int plant, int first) {
+  const int blocks = 8, n = 64;
+  std::vector<float> part(blocks * n);
+  // values of many magnitudes: another order of the adds gives other bits
+  for (size_t i = 0; i < part.size(); ++i) part[i] = rnd() * std::ldexp(1.0f, (int)(i * 7 % 41) - 20);
+  std::vector<float> want(n, 0.0f);
+  for (int b = 0; b < blocks; ++b)
+    for (int i = 0; i < n; ++i) want[i] += part[b * n + i];
+  float* d_part = (float*)dalloc(part.size() * 4);
+  float* d_out = (float*)dalloc(n * 4);
+  int* d_count = (int*)dalloc(4);
+  h2d(d_part, part.data(), part.size() * 4);
+  bool ok = true;
+  for (int resident = first; resident <= 4 && ok; ++resident)
+    for (int s = 0; s < 8 && ok; ++s) {
+      use_schedule(s, 4);
+      use_residency(resident);
+      std::vector<float> zeros(n, 0.0f);
+      const int zero = 0;
+      h2d(d_out, zeros.data(), n * 4);
+      h2d(d_count, &zero, 4);
+      LAUNCH(ordered_add, dim3(blocks), dim3(32), 0, d_part, d_out, d_count, n, plant);
+      std::vector<float> got(n);
+      d2h(got.data(), d_out, n * 4);
+      if (std::memcmp(got.data(), want.data(), n * 4) != 0) {
+        fprintf(stderr, "ordered_add: the blocks added out of order (%d resident, schedule %d)\n",
+                resident, s);
+        ok = false;
+      }
+    }
+  use_residency(1);
+  dfree(d_part), dfree(d_out), dfree(d_count);
+  return ok;
+}
+
 int main(int argc, char** argv) {
   if (argc != 2) {
     fprintf(stderr, "usage: %s MODE\n", argv[0]);
@@ -142,6 +200,19 @@ int main(int argc, char** argv) {
   if (all || mode == "smem-above-limit") {
     const int bytes = all ? SMEM_OPT_IN_LIMIT : SMEM_OPT_IN_LIMIT + 1024;
     LAUNCH(planted_big_smem, dim3(1), dim3(32), bytes, y, bytes);
+    ran = true;
+  }
+  if (all || mode == "unordered-add" || mode == "post-before-barrier" ||
+      mode == "wait-never-met") {
+    const int plant = all                              ? 0
+                      : mode == "unordered-add"        ? 1
+                      : mode == "post-before-barrier" ? 2
+                                                       : 3;
+    // the wait never met: with one block resident (below), and with several (here)
+    if (!ordered_sums(plant, plant == 3 ? 3 : 1)) {
+      dfree(x), dfree(y), dfree(u);
+      return 1;
+    }
     ran = true;
   }
   if (!ran) {

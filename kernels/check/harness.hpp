@@ -111,6 +111,16 @@ static void use_schedule(int s, int kinds) {
   (void)s, (void)kinds;
 #endif
 }
+// Up to `r` blocks of the next launches resident at once, interleaving (cuda_emu.hpp: for kernels
+// whose blocks wait on one another); 1, every block to its end before the next. Nothing on a GPU,
+// where the hardware decides.
+static void use_residency(int r) {
+#ifdef ACPO_EMU
+  emu::S.resident = std::max(1, r);
+#else
+  (void)r;
+#endif
+}
 static unsigned long long st = 88172645463325252ull;
 // Uniform in [-1, 1).
 static float rnd() {

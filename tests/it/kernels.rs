@@ -264,6 +264,33 @@ fn the_emulator_refuses_what_a_gpu_refuses() {
     }
 }
 
+/// Blocks that add into one buffer in their grid order (common.cuh's `block_wait_count` /
+/// `block_post_count`, the deterministic dQ of issue #59): with several blocks resident and
+/// interleaving, the emulator shows a block that adds without waiting, or that counts itself
+/// before its other threads have added (the sum's bits are another order's), and a wait no
+/// block will satisfy (a deadlock naming each resident block's wait); the rule-keeping kernel
+/// gives the ordered sum's bits with 1 to 4 blocks resident under 8 schedules each.
+#[test]
+fn the_emulator_catches_blocks_that_add_out_of_order() {
+    let test = "the_emulator_catches_blocks_that_add_out_of_order";
+    let Some(prog) = build_emulated(test, "emu_faults", false) else {
+        return;
+    };
+    let out = prog.run(&["control"]);
+    assert!(
+        out.status.success(),
+        "the ordered adds, keeping the rules, fail:\n{}",
+        text(&out).1
+    );
+    for (mode, says) in [
+        ("unordered-add", "the blocks added out of order (2 resident"),
+        ("post-before-barrier", "the blocks added out of order"),
+        ("wait-never-met", "deadlock: every resident block waits (3 resident"),
+    ] {
+        assert_refused(&prog, mode, says);
+    }
+}
+
 /// Built with AddressSanitizer, the emulator catches what its guard pages cannot: an overflow
 /// of a static `__shared__` array; out-of-bounds device accesses are caught to the byte.
 #[test]
