@@ -74,8 +74,9 @@ __device__ __forceinline__ float block_max(float v) {
 // a destination. Block k waits until it equals the number of blocks that add there before k
 // (`block_wait_count`), adds with plain loads and stores, then counts itself
 // (`block_post_count`). The sum's order is then the blocks' order, not the schedule's: the same
-// bits on every run. A block waits only on blocks before it in grid order, which are issued
-// first, so the wait cannot deadlock. The fence that makes a block's adds visible before its
+// bits on every run. A block must wait only on blocks that are running or done: CUDA does not
+// promise to start blocks in grid order, so a kernel numbers its blocks by a ticket each takes
+// at its start (an atomicAdd), and waits only on smaller tickets (flash_mma.cu's fused dQ). The fence that makes a block's adds visible before its
 // count lives in `block_post_count`, so no kernel can leave it out (the emulator cannot see a
 // missing one: kernels/check/cuda_emu.hpp).
 

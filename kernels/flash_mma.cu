@@ -23,6 +23,8 @@
 // Determinism: each output row has one owner (O and dQ by query rows, dK and dV by key rows) and
 // every sum runs in a fixed order; there are no atomics. FA2 adds dQ up with atomicAdd instead;
 // the price here is S and dP computed in both backward kernels (7 products where FA2 does 5).
+// The fused dK/dV kernel (`DQ`, flash_dkdvq_*) does 5: dQ's shares added in key-block order,
+// each tile's adds after the key blocks before it (a counter, not an atomic sum).
 //
 // Masking is flash.cuh's rule. A row that sees no key (a left-padding row: "blind") averages V
 // over every key, so a block holding one reads every key (and the dK/dV kernel visits those rows
@@ -429,31 +431,86 @@ __device__ void fm_dq(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* 
 }
 
 // ---------------------------------------------------------------------------------------------
+// How many key blocks before key block `kb` visit the query tile at row `row0` of a head (the
+// dK/dV kernel's walk, below): every key block visits the blind rows' tiles (row0 below
+// tiles_a · 64); a later tile, the key blocks whose keys are not all hidden (before the first
+// valid key `f`) and whose first visited tile is at or before it.
+__device__ __forceinline__ int fm_visits_before(int kb, int row0, int tiles_a, int rows, int f,
+                                                int past, int Tq) {
+  if (row0 < tiles_a * FM_COLS) return kb;
+  int n = 0;
+  for (int j = 0; j < kb; ++j) {
+    const int key0 = j * rows;
+    const int b_start = max(tiles_a * FM_COLS, max(0, key0 - past) / FM_COLS * FM_COLS);
+    n += key0 + rows > f && b_start < Tq && b_start <= row0;
+  }
+  return n;
+}
+
+// ---------------------------------------------------------------------------------------------
 // dV = Pᵀ·dO and dK = scale · dSᵀ·Q for 16 · WARPS keys of one (sequence, KV head), summed over
 // the query rows of every query head that reads it. The query rows that reach these keys: the
 // blind rows [0, nblind) (they see every key), then [max(nblind, key0 − past), Tq) rounded down
 // to a tile, none of them when every key of the block precedes the sequence's first valid key.
 // grid (ceil(S / (16 · WARPS)), KV, B), block 32 · WARPS, fm_smem_dkdv_of(D, 16 · WARPS) bytes of
 // dynamic shared memory; K and V are (B, KV, S, D) (cap == S).
-template <int D, int WARPS>
+//
+// With DQ (the backward in 5 products: FA2's, deterministic), the same kernel also adds each
+// visited query tile's dQ share, dS·K over this block's keys, to an f32 buffer `dq_acc`
+// (B, H, Tq, D), zeroed before the launch, in key-block order: `dq_count` (B, H, ceil(Tq / 64)
+// counters and one ticket after them), zeroed too, holds per query tile how many key blocks have
+// added, and block kb adds to a tile
+// once the key blocks before it that visit the tile have (`fm_visits_before`, common.cuh's
+// `block_wait_count` / `block_post_count`). The sum's order is then the key blocks' order, not
+// the schedule's. dS goes through shared memory (query rows × this block's keys, bf16, as FA2
+// rounds it); each warp computes 16 of the D columns. flash_dq_acc_bf16 then writes
+// dQ = scale · dq_acc in bf16. The dQ kernel (and its recomputed S and dP) is not run.
+template <int D, int WARPS, bool DQ = false>
 __device__ void fm_dkdv(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16* __restrict__ k,
                         const __nv_bfloat16* __restrict__ v, const __nv_bfloat16* __restrict__ dout,
                         const float* __restrict__ stats, const float* __restrict__ delta,
                         const uint8_t* __restrict__ valid, const int* __restrict__ first,
                         __nv_bfloat16* __restrict__ dk, __nv_bfloat16* __restrict__ dv, int H,
-                        int KV, int Tq, int S, int past, float scale) {
+                        int KV, int Tq, int S, int past, float scale, float* dq_acc = nullptr,
+                        int* dq_count = nullptr) {
   constexpr int ROWS = 16 * WARPS, THREADS = 32 * WARPS;
+  // dQ's columns: 16 a warp (D = 16 · WARPS), dS's rows are FmRow<D> (ROWS == D keys)
+  static_assert(!DQ || (ROWS == D && D == 16 * WARPS), "the fused dQ's layout");
   ACPO_DYNAMIC_SMEM(smem);
-  if (threadIdx.x == 0 && dynamic_smem_bytes() < (unsigned)fm_smem_dkdv_of(D, ROWS)) kernel_trap();
+  const int smem_need = DQ ? fm_smem_dkdvq_of(D, ROWS) : fm_smem_dkdv_of(D, ROWS);
+  if (threadIdx.x == 0 && dynamic_smem_bytes() < (unsigned)smem_need) kernel_trap();
   FmRow<D>* ks = reinterpret_cast<FmRow<D>*>(smem);  // [ROWS]
   FmRow<D>* vs = ks + ROWS;                          // [ROWS]
   FmRow<D>* qs = vs + ROWS;                          // [2][64]
   FmRow<D>* ds = qs + 2 * FM_COLS;                   // [2][64] (dO)
   float* rs = reinterpret_cast<float*>(ds + 2 * FM_COLS);  // [2][64][3]: m, 1/l, delta
+  // with DQ, the tile's dS: [64 query rows][ROWS keys], then the block's ticket
+  FmRow<D>* dss = reinterpret_cast<FmRow<D>*>(rs + 2 * FM_COLS * 3);
   constexpr int KC = D / 16, DN = D / 8;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, gq = lane >> 2, tq = lane & 3;
-  const int bi = blockIdx.z, g = blockIdx.y, rep = H / KV;
-  const int key0 = blockIdx.x * ROWS;
+  // the block's key block kb of KV head g of sequence bi: the grid's indices, or with DQ a
+  // ticket taken at the start, key blocks first (kb = ticket / (KV · B)): every block whose adds
+  // this one waits for holds a smaller ticket, so it is running or done whatever order the GPU
+  // starts blocks in, and the first wave holds the first key blocks of every head (with the
+  // grid's order it would hold all the key blocks of a few heads, the later ones waiting)
+  volatile int* slot = reinterpret_cast<volatile int*>(dss + FM_COLS);  // {kb, g, bi}
+  if constexpr (DQ) {
+    if (threadIdx.x == 0) {
+      const int ticket = atomicAdd(dq_count + (size_t)gridDim.z * H * ((Tq + FM_COLS - 1) / FM_COLS), 1);
+      const int groups = KV * (int)gridDim.z;
+      slot[0] = ticket / groups, slot[1] = ticket % groups % KV, slot[2] = ticket % groups / KV;
+    }
+    __syncthreads();
+  }
+  // kb, g or bi, read again where needed (the special registers, or the ticket's in shared
+  // memory) rather than held in registers through the walk: the fused kernel is at the limit
+  const auto ids = [&](int which) {
+    if constexpr (!DQ) return which == 0 ? (int)blockIdx.x : which == 1 ? (int)blockIdx.y : (int)blockIdx.z;
+    return (int)slot[which];
+  };
+  const int kb = ids(0), g = ids(1), bi = ids(2);
+  const int rep = H / KV;
+  const int key0 = kb * ROWS;
   const int jr[2] = {key0 + warp * 16 + gq, key0 + warp * 16 + gq + 8};  // this thread's keys
   const size_t kv_head = ((size_t)bi * KV + g) * S;
   const uint8_t* valid_b = valid + (size_t)bi * S;
@@ -476,7 +533,7 @@ __device__ void fm_dkdv(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16
   };
   auto load = [&](int it) {
     const int st = it & 1, i0 = tile_row0(it);
-    const size_t head = ((size_t)bi * H + g * rep + it / per_head) * Tq;
+    const size_t head = ((size_t)ids(2) * H + ids(1) * rep + it / per_head) * Tq;
     fm_load<D, THREADS>(qs + st * FM_COLS, q + head * D, i0, Tq);
     fm_load<D, THREADS>(ds + st * FM_COLS, dout + head * D, i0, Tq);
     cp_async_commit();
@@ -546,6 +603,7 @@ __device__ void fm_dkdv(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16
           }
           s[nt][e] = p;
           dp[nt][e] = p * (dp[nt][e] - st3[2]);  // dSᵀ, unscaled
+          if constexpr (DQ) dss[ii][warp * 16 + gq + 8 * r] = __float2bfloat16_rn(dp[nt][e]);
         }
 #pragma unroll
       for (int kc = 0; kc < 2; ++kc) {
@@ -564,6 +622,43 @@ __device__ void fm_dkdv(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16
         }
       }
     }
+    if constexpr (DQ) {
+      __syncthreads();  // every warp's dS is in dss
+      // this warp's 16 columns of the tile's dQ share: dS (64 x ROWS) · K (ROWS x D), added to
+      // the sums once the key blocks before this one have added theirs
+      float qacc[4][2][4];
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+        for (int e = 0; e < 4; ++e) qacc[mt][0][e] = qacc[mt][1][e] = 0.0f;
+#pragma unroll
+      for (int kc = 0; kc < ROWS / 16; ++kc) {
+        uint32_t b[4];
+        fm_ld_bt<D>(b, ks, kc * 16, warp * 16);
+#pragma unroll
+        for (int mt = 0; mt < 4; ++mt) {
+          uint32_t a[4];
+          fm_ld_a<D>(a, dss, mt * 16, kc * 16);
+          mma_bf16_16816(qacc[mt][0], a, b[0], b[1]);
+          mma_bf16_16816(qacc[mt][1], a, b[2], b[3]);
+        }
+      }
+      const int hq = ids(1) * rep + it / per_head;
+      const size_t head = ((size_t)ids(2) * H + hq) * Tq;
+      int* count = dq_count + ((size_t)ids(2) * H + hq) * ((Tq + FM_COLS - 1) / FM_COLS) + i0 / FM_COLS;
+      block_wait_count(count, fm_visits_before(ids(0), i0, tiles_a, ROWS, first[ids(2)], past, Tq));
+#pragma unroll
+      for (int mt = 0; mt < 4; ++mt)
+#pragma unroll
+        for (int nt = 0; nt < 2; ++nt)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const int i = i0 + mt * 16 + gq + (e >= 2 ? 8 : 0);
+            const int d = warp * 16 + nt * 8 + 2 * tq + (e & 1);
+            if (i < Tq) ordered_add_f32(dq_acc + (head + i) * D + d, qacc[mt][nt][e]);
+          }
+      block_post_count(count);
+    }
     __syncthreads();
   }
 #pragma unroll
@@ -572,7 +667,7 @@ __device__ void fm_dkdv(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16
 #pragma unroll
     for (int r = 0; r < 2; ++r)
       if (jr[r] < S) {
-        const size_t at = (kv_head + jr[r]) * D + d;
+        const size_t at = (((size_t)ids(2) * KV + ids(1)) * S + jr[r]) * D + d;
         *reinterpret_cast<__nv_bfloat162*>(dk + at) =
             __floats2bfloat162_rn(dkacc[dn][2 * r] * scale, dkacc[dn][2 * r + 1] * scale);
         *reinterpret_cast<__nv_bfloat162*>(dv + at) =
@@ -603,7 +698,23 @@ __device__ void fm_dkdv(const __nv_bfloat16* __restrict__ q, const __nv_bfloat16
       const int* first, __nv_bfloat16* dk, __nv_bfloat16* dv, FA_ARGS) {                       \
     fm_dkdv<DIM, fm_dkdv_warps(DIM)>(q, k, v, dout, stats, delta, valid, first, dk, dv, H, KV, \
                                      Tq, S, past, scale);                                      \
+  }                                                                                            \
+  extern "C" __global__ void __launch_bounds__(fm_dkdv_threads(DIM))                           \
+      flash_dkdvq_mma_d##DIM##_bf16(                                                           \
+          const __nv_bfloat16* q, const __nv_bfloat16* k, const __nv_bfloat16* v,              \
+          const __nv_bfloat16* dout, const float* stats, const float* delta,                   \
+          const uint8_t* valid, const int* first, __nv_bfloat16* dk, __nv_bfloat16* dv,        \
+          float* dq_acc, int* dq_count, FA_ARGS) {                                             \
+    fm_dkdv<DIM, fm_dkdv_warps(DIM), true>(q, k, v, dout, stats, delta, valid, first, dk, dv, H, \
+                                           KV, Tq, S, past, scale, dq_acc, dq_count);          \
   }
 
 FM_INSTANCE(64)
 FM_INSTANCE(128)
+
+// dQ = scale · dq_acc in bf16, n elements (the fused backward's last pass).
+extern "C" __global__ void flash_dq_acc_bf16(const float* __restrict__ dq_acc,
+                                             __nv_bfloat16* __restrict__ dq, int n, float scale) {
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    dq[i] = __float2bfloat16_rn(dq_acc[i] * scale);
+}

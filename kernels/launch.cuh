@@ -89,6 +89,12 @@ __host__ __device__ constexpr int fm_smem_dkdv_of(int d, int rows) {
   return (2 * rows + 4 * FM_COLS) * (d + FM_PAD) * 2 + 2 * FM_COLS * 3 * 4;
 }
 __host__ __device__ constexpr int fm_smem_dkdv(int d) { return fm_smem_dkdv_of(d, fm_dkdv_rows(d)); }
+// With the fused dQ (flash_dkdvq_*): also the tile's dS, 64 query rows by the block's keys, and
+// the block's ticket (16 bytes, keeping the alignment).
+__host__ __device__ constexpr int fm_smem_dkdvq_of(int d, int rows) {
+  return fm_smem_dkdv_of(d, rows) + FM_COLS * (rows + FM_PAD) * 2 + 16;
+}
+__host__ __device__ constexpr int fm_smem_dkdvq(int d) { return fm_smem_dkdvq_of(d, fm_dkdv_rows(d)); }
 
 // The most dynamic shared memory a block may use without asking, and with (H100, sm_90).
 #define SMEM_DEFAULT_LIMIT (48 * 1024)

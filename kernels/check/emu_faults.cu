@@ -91,7 +91,9 @@ extern "C" __global__ void planted_big_smem(float* out, int bytes) {
 // Block b adds its `n` values into `out` after blocks 0..b-1 (`count` holds how many have): a
 // cross-block sum in the blocks' order, as the 5-product attention backward is to add dQ
 // (common.cuh). `plant`: 0 none; 1 no wait; 2 the count posted by thread 0 without the barrier
-// that waits for the block's other threads; 3 the wait for one block too many.
+// that waits for the block's other threads; 3 the wait for one block too many. It numbers its
+// blocks by blockIdx.x, which the emulator issues in order (a GPU kernel takes a ticket instead,
+// as flash_mma.cu's fused dQ does).
 extern "C" __global__ void ordered_add(const float* part, float* out, int* count, int n,
                                        int plant) {
   const int b = blockIdx.x;
@@ -203,13 +205,13 @@ int main(int argc, char** argv) {
     ran = true;
   }
   if (all || mode == "unordered-add" || mode == "post-before-barrier" ||
-      mode == "wait-never-met") {
+      mode == "wait-never-met" || mode == "wait-never-met-resident") {
     const int plant = all                              ? 0
                       : mode == "unordered-add"        ? 1
                       : mode == "post-before-barrier" ? 2
                                                        : 3;
-    // the wait never met: with one block resident (below), and with several (here)
-    if (!ordered_sums(plant, plant == 3 ? 3 : 1)) {
+    // the wait never met: with one block resident, and with three interleaving
+    if (!ordered_sums(plant, mode == "wait-never-met-resident" ? 3 : 1)) {
       dfree(x), dfree(y), dfree(u);
       return 1;
     }

@@ -216,6 +216,83 @@ static void backward(const Inputs& in, Path path, const bf* o, const float* stat
   }
 }
 
+// The backward in 5 products (flash_dkdvq_*): δ, then dK, dV and dQ from one kernel, dQ added
+// up in the f32 buffer `acc` in key-block order (`count`: its tiles' counters and the blocks'
+// ticket; both zeroed here), then rounded; with up to `resident` blocks resident at once in the emulator
+// (interleaving), nothing different on a GPU.
+static void backward5(const Inputs& in, const bf* o, const float* stats, float* delta, float* acc,
+                      int* count, bf* dq, bf* dk, bf* dv, int resident) {
+  const Case& c = in.c;
+  const int S = in.S, rows = c.B * c.H * c.T, ntiles = (c.T + FM_COLS - 1) / FM_COLS;
+  const float scale = in.scale();
+  LAUNCH(flash_delta_bf16, dim3((rows + 3) / 4), dim3(128), 0, o, in.ddo, delta, rows, c.D);
+  dzero(acc, in.nq * 4);
+  dzero(count, ((size_t)c.B * c.H * ntiles + 1) * 4);
+  const dim3 gk((S + fm_dkdv_rows(c.D) - 1) / fm_dkdv_rows(c.D), c.KV, c.B);
+  use_residency(resident);
+  if (c.D == 128)
+    LAUNCH(flash_dkdvq_mma_d128_bf16, gk, dim3(fm_dkdv_threads(128)), fm_smem_dkdvq(128), in.dq_,
+           in.dk_, in.dv_, in.ddo, stats, delta, in.dvalid, in.dfirst, dk, dv, acc, count, c.H,
+           c.KV, c.T, S, S, c.D, c.past, scale);
+  else
+    LAUNCH(flash_dkdvq_mma_d64_bf16, gk, dim3(fm_dkdv_threads(64)), fm_smem_dkdvq(64), in.dq_,
+           in.dk_, in.dv_, in.ddo, stats, delta, in.dvalid, in.dfirst, dk, dv, acc, count, c.H,
+           c.KV, c.T, S, S, c.D, c.past, scale);
+  use_residency(1);
+  LAUNCH(flash_dq_acc_bf16, dim3((unsigned)((in.nq + 255) / 256)), dim3(256), 0, acc, dq,
+         (int)in.nq, scale);
+}
+
+// The f32 sums a 5-product backward rounded dQ from (the bits another order of the adds would
+// change; bf16's rounding hides most such changes).
+static std::vector<float> backward5_sums(const Inputs& in, const bf* o, const float* stats,
+                                         float* delta, bf* dq, bf* dk, bf* dv, int resident) {
+  const int ntiles = (in.c.T + FM_COLS - 1) / FM_COLS;
+  float* acc = (float*)dalloc(in.nq * 4);
+  int* count = (int*)dalloc(((size_t)in.c.B * in.c.H * ntiles + 1) * 4);
+  backward5(in, o, stats, delta, acc, count, dq, dk, dv, resident);
+  std::vector<float> sums(in.nq);
+  d2h(sums.data(), acc, in.nq * 4);
+  dfree(acc), dfree(count);
+  return sums;
+}
+
+static std::vector<uint16_t> bits_of(const bf* d, size_t n) {
+  std::vector<uint16_t> h(n);
+  d2h(h.data(), d, n * 2);
+  return h;
+}
+
+// The 5-product backward against the float64 reference, and bit for bit: its dK and dV are the
+// 7-product kernels' (`dk7`, `dv7`), and dQ's f32 sums are the same with 1 and with 3 blocks
+// resident (in the emulator: blocks interleaving, in another order under each schedule; on a
+// GPU, two runs).
+static void check_backward5(const Inputs& in, const Reference& ref, const bf* o,
+                            const float* stats, float* delta, const bf* dk7, const bf* dv7) {
+  const Case& c = in.c;
+  bf *dq = (bf*)dalloc(in.nq * 2), *dk = (bf*)dalloc(in.nk * 2), *dv = (bf*)dalloc(in.nk * 2);
+  std::vector<float> first;
+  // on a GPU the two runs are the hardware's schedules: the same sums, or the order leaks
+  for (int resident : {1, 3}) {
+    poison(dq, in.nq * 2), poison(dk, in.nk * 2), poison(dv, in.nk * 2);
+    const std::vector<float> got = backward5_sums(in, o, stats, delta, dq, dk, dv, resident);
+    if (resident == 1) {
+      first = got;
+      const double e = rel_err(download_bf(dq, in.nq), ref.dq);
+      report("mma5 bwd", c, e, 2e-2);
+      if (bits_of(dk, in.nk) != bits_of(dk7, in.nk) || bits_of(dv, in.nk) != bits_of(dv7, in.nk)) {
+        printf("mma5 bwd: dK or dV differs from the 7-product kernel's FAILED\n");
+        failures++;
+      }
+    } else if (std::memcmp(got.data(), first.data(), got.size() * 4) != 0) {
+      printf("mma5 bwd: dQ's sums differ from one run to the next (%d blocks resident) FAILED\n",
+             resident);
+      failures++;
+    }
+  }
+  dfree(dq), dfree(dk), dfree(dv);
+}
+
 // A forward's error against the reference: O's relative error, or the statistics' (m relative,
 // 1/l against l) scaled so that 1e-3 there weighs as 1e-2 in O, whichever is larger.
 static double forward_err(const Reference& ref, const std::vector<float>& got,
@@ -257,6 +334,7 @@ static void check(Case c, Path path) {
                                rel_err(download_bf(dk, in.nk), ref.dk),
                                rel_err(download_bf(dv, in.nk), ref.dv)});
     report(name(path, true), c, e, 2e-2);
+    if (path == MMA) check_backward5(in, ref, o, stats, delta, dk, dv);
     dfree(dq), dfree(dk), dfree(dv), dfree(delta);
   }
   dfree(o), dfree(stats);
@@ -578,6 +656,21 @@ static void timing(Case c, Path path) {
     const float bwd = time_ms([&] { backward(in, path, o, stats, delta, dq, dk, dv); });
     printf("; backward %.3f ms, %.1f TFLOP/s; forward + backward %.3f ms, %.1f TFLOP/s", bwd,
            2.5 * flops / bwd / 1e9, fwd + bwd, 3.5 * flops / (fwd + bwd) / 1e9);
+    if (path == MMA) {
+      // the backward in 5 products beside it (δ, the zeroed sums and counters, the fused
+      // kernel, dQ's rounding), on its own line
+      const int ntiles = (c.T + FM_COLS - 1) / FM_COLS;
+      float* acc = (float*)dalloc(in.nq * 4);
+      int* count = (int*)dalloc(((size_t)c.B * c.H * ntiles + 1) * 4);
+      const float bwd5 = time_ms(
+          [&] { backward5(in, o, stats, delta, acc, count, dq, dk, dv, 1); });
+      printf("\ntime %-8s B%d H%d KV%d T%d past%d D%d: forward %.3f ms, %.0f GB/s (K/V once), "
+             "%.1f TFLOP/s; backward %.3f ms, %.1f TFLOP/s; forward + backward %.3f ms, %.1f "
+             "TFLOP/s",
+             "mma5", c.B, c.H, c.KV, c.T, c.past, c.D, fwd, bytes / fwd / 1e6, flops / fwd / 1e9,
+             bwd5, 2.5 * flops / bwd5 / 1e9, fwd + bwd5, 3.5 * flops / (fwd + bwd5) / 1e9);
+      dfree(acc), dfree(count);
+    }
     dfree(dq), dfree(dk), dfree(dv), dfree(delta);
   }
   printf("\n");

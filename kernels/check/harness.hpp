@@ -19,6 +19,7 @@ static void dfree(void* p) { emu::device_free(p); }
 static void h2d(void* d, const void* h, size_t n) { std::memcpy(d, h, n); }
 static void d2h(void* h, const void* d, size_t n) { std::memcpy(h, d, n); }
 static void poison(void* d, size_t n) { std::memset(d, 0xFF, n); }  // NaN in f32 and bf16
+static void dzero(void* d, size_t n) { std::memset(d, 0, n); }
 static void device_sync() {}
 // A launch as a GPU's: above the default dynamic shared memory the kernel's limit is raised
 // first (the Rust launches do the same, src/fused/flash/cuda.rs).
@@ -51,6 +52,7 @@ static void dfree(void* p) { cudaFree(p); }
 static void h2d(void* d, const void* h, size_t n) { CK(cudaMemcpy(d, h, n, cudaMemcpyHostToDevice)); }
 static void d2h(void* h, const void* d, size_t n) { CK(cudaMemcpy(h, d, n, cudaMemcpyDeviceToHost)); }
 static void poison(void* d, size_t n) { CK(cudaMemset(d, 0xFF, n)); }
+static void dzero(void* d, size_t n) { CK(cudaMemset(d, 0, n)); }
 static void device_sync() { CK(cudaDeviceSynchronize()); }
 #define LAUNCH(kernel, grid, block, smem, ...)                                                 \
   do {                                                                                         \

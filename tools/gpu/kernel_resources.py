@@ -95,7 +95,7 @@ def dynamic_smem(kernel, size):
     m = re.match(r"flash_decode_(?:pipe|paged)_d(\d+)_(bf16|f32)$", kernel)
     if m:
         return size[f"FDP_SMEM_D{m.group(1)}_{m.group(2).upper()}"]
-    m = re.match(r"flash_(fwd|dq|dkdv)_mma_d(\d+)_bf16$", kernel)
+    m = re.match(r"flash_(fwd|dq|dkdvq|dkdv)_mma_d(\d+)_bf16$", kernel)
     if not m:
         return 0
     which = m.group(1).upper()
