@@ -85,6 +85,14 @@ fn mma_dq(d: usize) -> MmaLaunch {
         ..mma_fwd(d)
     }
 }
+// The backward in 5 products (kernels/flash_mma.cu, flash_dkdvq_*: dK/dV with dQ added up in
+// key-block order) is checked and timed by kernels/check/flash_check.cu but not launched here
+// yet (kernels/NOTES.md, version 8); its shared memory must fit a block when it is.
+const _: () = assert!(
+    sizes::FM_SMEM_DKDVQ_D64 <= sizes::SMEM_OPT_IN_LIMIT
+        && sizes::FM_SMEM_DKDVQ_D128 <= sizes::SMEM_OPT_IN_LIMIT
+);
+
 /// The dK/dV kernel's launch at head dim `d`: `fm_dkdv_rows` keys (128 at head dim 128, 64 at
 /// 64), `fm_dkdv_threads`, `fm_smem_dkdv`.
 fn mma_dkdv(d: usize) -> MmaLaunch {
