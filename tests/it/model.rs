@@ -1322,6 +1322,19 @@ fn paged_case() -> SamplingCase {
     (prompts, keys, p, (0..13).collect())
 }
 
+/// The dense engine's completions of `prompts`, every one at once, stopping at `eos`: the
+/// reference the paged engine's tests compare with.
+fn dense_completions(
+    model: &Qwen,
+    prompts: &[Vec<u32>],
+    keys: &[[u64; 4]],
+    p: SamplingParams,
+    eos: &[u32],
+) -> Vec<rollout::Completion> {
+    let request = SampleRequest::new(p).eos(eos.to_vec());
+    rollout::generate(model, prompts, keys, &request).expect("dense")
+}
+
 /// Tokens, finish reasons and log-probabilities (these to `tol`; 0: the same bits).
 fn assert_same_completions(
     got: &[rollout::Completion],
@@ -1384,13 +1397,7 @@ fn the_paged_cache_read_through_block_tables_gives_the_dense_tokens() {
     let (cfg, params) = load("tiny-qwen3");
     let model = Qwen::new(&cfg, &params, true).expect("model");
     let (prompts, keys, p, eos) = paged_case();
-    let dense = rollout::generate(
-        &model,
-        &prompts,
-        &keys,
-        &SampleRequest::new(p).eos(eos.clone()),
-    )
-    .expect("dense");
+    let dense = dense_completions(&model, &prompts, &keys, p, &eos);
     for slots in [None, Some(2)] {
         let mut r = SampleRequest::new(p)
             .eos(eos.clone())
@@ -1422,13 +1429,7 @@ fn a_group_of_responses_shares_its_prompts_prefill_and_blocks() {
     let keys: Vec<[u64; 4]> = (0..prompts.len() as u64)
         .map(|i| [9, 0, i / n as u64, i % n as u64])
         .collect();
-    let dense = rollout::generate(
-        &model,
-        &prompts,
-        &keys,
-        &SampleRequest::new(p).eos(eos.clone()),
-    )
-    .expect("dense");
+    let dense = dense_completions(&model, &prompts, &keys, p, &eos);
     let first: Vec<&[u32]> = dense.iter().map(|c| &c.tokens[..1]).collect();
     assert!(
         first.chunks(n).any(|g| g.iter().any(|t| *t != g[0])),
@@ -1482,13 +1483,7 @@ fn the_paged_prefill_goes_in_groups_under_its_token_budget() {
     prompts.push(prompts[1].clone());
     let keys: Vec<[u64; 4]> = (0..prompts.len() as u64).map(|i| [5, 2, i, 0]).collect();
     let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
-    let dense = rollout::generate(
-        &model,
-        &prompts,
-        &keys,
-        &SampleRequest::new(p).eos(eos.clone()),
-    )
-    .expect("dense");
+    let dense = dense_completions(&model, &prompts, &keys, p, &eos);
     for slots in [None, Some(3)] {
         for (budget, widest) in [
             (None, None),
@@ -1533,13 +1528,7 @@ fn a_small_pool_admits_by_real_lengths_and_too_small_a_pool_is_an_error() {
     let (cfg, params) = load("tiny-qwen3");
     let model = Qwen::new(&cfg, &params, true).expect("model");
     let (prompts, keys, p, eos) = paged_case();
-    let dense = rollout::generate(
-        &model,
-        &prompts,
-        &keys,
-        &SampleRequest::new(p).eos(eos.clone()),
-    )
-    .expect("dense");
+    let dense = dense_completions(&model, &prompts, &keys, p, &eos);
     let block = acpo::model::paged::PagedKv::block_bytes(&cfg, 4, 32) as u128;
     // Six blocks (and the scratch one) for seven prompts, some of which grow past a block: not
     // all of them fit at once, so prompts join as finished sequences free their blocks, and
