@@ -149,7 +149,10 @@ impl Trainer {
             })
             .collect();
         let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
-        let mut request = (self.exp.kv_layout()).request(self.sample_request(), sampler, longest);
+        let mut request = self
+            .exp
+            .kv_layout()
+            .request(self.sample_request(), sampler, longest);
         if let Some(stats) = stats {
             request = request.stats(stats);
         }
