@@ -570,6 +570,11 @@ pub struct BenchArgs {
     /// candle's autograd over the composed layer [default: autograd].
     #[arg(long, requires = "checkpointing")]
     pub layer_by_hand: bool,
+    /// train-step, attention: the flash kernels' backward on CUDA, the pair of kernels in 7
+    /// products or one kernel in 5 with dQ added up in key-block order (the CPU has one
+    /// backward) [default: pair].
+    #[arg(long, value_enum)]
+    pub flash_backward: Option<FlashBackwardKind>,
     /// train-step: trace the device's memory and time by phase (forward, head, each layer's
     /// recompute, gradients, optimizer) through one more step after the timed ones, which run
     /// untraced, beside the named tensors the step holds by arithmetic, in train-step.md and
@@ -592,6 +597,24 @@ pub struct BenchArgs {
     /// with the reports in --out (memory-plan.md, train-step.md, ...).
     #[arg(long)]
     pub doc: Option<PathBuf>,
+}
+
+/// The flash kernels' backward (`acpo::fused::FlashBackward`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum FlashBackwardKind {
+    /// Two kernels, 7 products: dQ by query tiles, dK and dV by key blocks.
+    Pair,
+    /// One kernel, 5 products: dK and dV by key blocks adding dQ in key-block order.
+    Five,
+}
+
+impl From<FlashBackwardKind> for acpo::fused::FlashBackward {
+    fn from(k: FlashBackwardKind) -> Self {
+        match k {
+            FlashBackwardKind::Pair => Self::Pair,
+            FlashBackwardKind::Five => Self::FiveProducts,
+        }
+    }
 }
 
 /// The attention of the train-step benchmark.

@@ -341,9 +341,13 @@ impl Attention {
                 }
             }
             // The kernel reads the buffer in place, its first `s` columns.
-            AttnMask::Keys { valid, past } => {
+            AttnMask::Keys {
+                valid,
+                past,
+                backward,
+            } => {
                 crate::device::part(FORWARD_ELEMENTWISE);
-                let out = crate::fused::flash_attention(q, kb, vb, valid, *past, scale)?;
+                let out = crate::fused::flash_attention(q, kb, vb, valid, *past, scale, *backward)?;
                 crate::device::part(FORWARD_ATTENTION);
                 out
             }
@@ -407,7 +411,11 @@ enum AttnMask {
     Bias(Tensor),
     /// Flash attention's: `key_valid` `(B, S)` and the cached positions; the kernel applies
     /// causality itself, and no `(T, S)` tensor exists.
-    Keys { valid: Tensor, past: usize },
+    Keys {
+        valid: Tensor,
+        past: usize,
+        backward: crate::fused::FlashBackward,
+    },
 }
 
 /// How a model computes its two memory-heavy parts (issue #19): the attention, which composed
@@ -431,6 +439,10 @@ pub struct Kernels {
     /// instead of candle's autograd over the composed layer, its oracle. Off on every device
     /// until a GPU run times the two side by side (`acpo bench train-step --layer-by-hand`).
     pub layer_by_hand: bool,
+    /// The flash kernels' backward ([`crate::fused::FlashBackward`]): the pair of kernels in 7
+    /// products, or one in 5 with dQ added up in key-block order. The pair on every device until
+    /// a GPU run times the two side by side (`acpo bench train-step --flash-backward five`).
+    pub flash_backward: crate::fused::FlashBackward,
 }
 
 /// Vocabulary chunk of the GPU path: (rows, 8192) f32 per chunk instead of (rows, 151,936).
@@ -447,6 +459,7 @@ impl Kernels {
                 vocab_chunk: Some(VOCAB_CHUNK),
                 decode_chain: true,
                 layer_by_hand: false,
+                flash_backward: crate::fused::FlashBackward::Pair,
             }
         } else {
             Kernels::composed()
@@ -460,6 +473,7 @@ impl Kernels {
             vocab_chunk: None,
             decode_chain: false,
             layer_by_hand: false,
+            flash_backward: crate::fused::FlashBackward::Pair,
         }
     }
 }
@@ -952,6 +966,7 @@ impl Qwen {
             Ok(AttnMask::Keys {
                 valid: key_valid.to_dtype(DType::U8)?.contiguous()?,
                 past,
+                backward: self.kernels.flash_backward,
             })
         } else {
             Ok(AttnMask::Bias(attention_bias(

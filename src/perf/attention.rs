@@ -58,7 +58,9 @@ pub fn bench_attention(m: &Subject, opts: &SpeedOptions) -> Result<Measurement> 
     let scale = 1.0 / (d as f64).sqrt();
     let forward = || -> Result<Tensor> {
         Ok(match &bias {
-            None => crate::fused::flash_attention(&q, &k, &v, &valid, 0, scale)?,
+            None => {
+                crate::fused::flash_attention(&q, &k, &v, &valid, 0, scale, kernels.flash_backward)?
+            }
             Some(bias) => crate::fused::attention_composed(&q, &k, &v, bias, scale)?,
         })
     };
@@ -97,7 +99,11 @@ pub fn bench_attention(m: &Subject, opts: &SpeedOptions) -> Result<Measurement> 
         repeats: opts.repeats,
         shape: Some(format!(
             "{}: {b}×{t}, {h} heads over {kv} KV heads of {d}; forward {fwd:.4} s ({:.3} TFLOP/s), forward + backward {both:.4} s ({:.3} TFLOP/s){}",
-            if flash { "flash" } else { "composed" },
+            match (flash, kernels.flash_backward) {
+                (false, _) => "composed",
+                (true, crate::fused::FlashBackward::Pair) => "flash",
+                (true, crate::fused::FlashBackward::FiveProducts) => "flash, backward in 5 products",
+            },
             fwd_flops / fwd / 1e12,
             3.5 * fwd_flops / both / 1e12,
             floor.map_or_else(String::new, |(f, fb)| format!(

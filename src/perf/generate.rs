@@ -325,11 +325,13 @@ pub fn bench_long_tail(m: &Subject, opts: &SpeedOptions) -> Result<Vec<Measureme
         let mut paged = row("generate", secs, "");
         paged.shape = Some(format!(
             "{} prompts of {}, long-tailed lengths ≤ {} (Σ {tokens}), continuous batching over \
-             the paged KV cache, at most {} at once; decode {:.0} tokens/s",
+             the paged KV cache, at most {} at once, the widest prefill {} positions; decode \
+             {:.0} tokens/s",
             shape.batch,
             shape.prompt_len,
             shape.new_tokens,
             stats.most_rows,
+            stats.widest_prefill,
             stats.decode_tokens.saturating_sub(shape.batch) as f64
                 / stats.decode_seconds.max(f64::MIN_POSITIVE),
         ));

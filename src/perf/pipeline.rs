@@ -287,6 +287,8 @@ pub struct RunPhases {
     pub step_tokens: f64,
     /// Mean response length over the limit: 1 when every response ran to its end.
     pub response_share: f64,
+    /// How its samplers held their KV cache (the manifest's `kv_layout`, or `--paged-kv`'s).
+    pub kv_layout: crate::rollout::KvLayout,
 }
 
 /// The phases of the run in `dir` (its metrics.jsonl), averaged over its steps.
@@ -346,6 +348,7 @@ pub fn run_phases(dir: &Path, exp: &Experiment, paper_run: &str) -> Result<RunPh
         responses,
         step_tokens: responses as f64 * (prompt + response),
         response_share: response / limit.max(1.0),
+        kv_layout: exp.kv_layout(),
     })
 }
 
@@ -355,11 +358,15 @@ pub fn markdown(runs: &[RunPhases]) -> String {
     let opt = |v: Option<f64>, f: &dyn Fn(f64) -> String| v.map_or_else(|| "—".into(), f);
     for r in runs {
         s.push_str(&format!(
-            "### {} (from {}; {} steps; responses at {:.0} % of their limit)\n\n",
+            "### {} (from {}; {} steps; responses at {:.0} % of their limit; {} KV cache)\n\n",
             r.run,
             r.paper_run,
             r.steps,
-            100.0 * r.response_share
+            100.0 * r.response_share,
+            match r.kv_layout {
+                crate::rollout::KvLayout::Dense => "dense",
+                crate::rollout::KvLayout::Paged => "paged",
+            }
         ));
         let mut t = Table::new([
             ("phase", Left),

@@ -12,6 +12,7 @@ use super::{
 };
 use crate::algo::clip::PolicyClip;
 use crate::algo::method::LossAggMode;
+use crate::fused::FlashBackward;
 use crate::model::init;
 use crate::model::qwen::Kernels;
 use crate::optim::{AdamW, LrSchedule, OptimSpec};
@@ -207,7 +208,7 @@ fn bench_plan(shape: &StepShape, horizon: usize, kernels: Kernels, cpu: bool) ->
 /// A train step's shape and memory settings in words, for the report's table.
 fn step_label(shape: &StepShape, kernels: Kernels) -> String {
     format!(
-        "{}×{} (prompt {}), micro-batch {}, {}{}{}{}",
+        "{}×{} (prompt {}), micro-batch {}, {}{}{}{}{}",
         shape.batch,
         shape.seq_len,
         shape.prompt_len,
@@ -228,6 +229,11 @@ fn step_label(shape: &StepShape, kernels: Kernels) -> String {
         },
         if kernels.layer_by_hand {
             ", layer backward by hand"
+        } else {
+            ""
+        },
+        if kernels.flash_attention && kernels.flash_backward == FlashBackward::FiveProducts {
+            ", attention backward in 5 products"
         } else {
             ""
         },

@@ -435,11 +435,56 @@ fn bench_train_step_takes_a_config_a_shape_and_the_memory_settings_and_reports_p
         "--vocab-chunk",
         "64",
         "--checkpointing",
+        "--layer-by-hand",
+        "--flash-backward",
+        "five",
     ]);
     let shape = all["shape"].as_str().expect("shape");
-    for part in ["flash attention", "vocab chunks of 64", "checkpointing"] {
+    for part in [
+        "flash attention",
+        "vocab chunks of 64",
+        "checkpointing",
+        "layer backward by hand",
+        "attention backward in 5 products",
+    ] {
         assert!(shape.contains(part), "{shape}");
     }
+    // The attention benchmark says which backward it timed.
+    let out = acpo(
+        &[
+            "bench",
+            "attention",
+            "--config",
+            config.to_str().expect("utf8"),
+            "--seq-len",
+            "40",
+            "--micro-batch",
+            "2",
+            "--attention",
+            "flash",
+            "--flash-backward",
+            "five",
+            "--repeats",
+            "1",
+            "--out",
+            dir.path().to_str().expect("utf8"),
+        ],
+        repo(),
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let rows: Vec<serde_json::Value> = serde_json::from_str(
+        &std::fs::read_to_string(dir.path().join("attention.json")).expect("json"),
+    )
+    .expect("rows");
+    let shape = rows[0]["shape"].as_str().expect("shape");
+    assert!(
+        shape.starts_with("flash, backward in 5 products: 2×40"),
+        "{shape}"
+    );
     // The timed steps run untraced (a trace waits for the device at every part): the trace
     // holds one step, the extra one after the timed two.
     let out = acpo(
@@ -552,6 +597,16 @@ fn bench_generate_compares_waves_with_continuous_batching_on_long_tails() {
                 .and_then(|n| n.parse().ok())
                 .expect("the most rows at once");
             assert!(shape(2).contains("paged KV cache") && (1..=4).contains(&most));
+            // and the prefill goes in groups under its token budget (on the CPU: one group of
+            // the admitted prompts, at most --max-batch of 32 positions; a prompt whose response
+            // is its first token is prefilled but never decodes, so it can exceed `most`)
+            let widest: usize = shape(2)
+                .split("the widest prefill ")
+                .nth(1)
+                .and_then(|s| s.split(' ').next())
+                .and_then(|n| n.parse().ok())
+                .expect("the widest prefill");
+            assert!((32..=4 * 32).contains(&widest), "{}", shape(2));
         }
     }
 }

@@ -623,7 +623,8 @@ fn cuda_logits_and_greedy_tokens_match_transformers() {
 /// backward (kernels/flash_mma.cu: padding over whole key blocks, blocks with blind rows,
 /// several tiles); one query position runs a decode kernel, the pipelined one at head dim 64 and
 /// 128 (kernels/flash_decode.cu: several chunks, up to 7 query heads per KV head, and a row that
-/// sees no key), the split-K one at head dim 32, whose statistics the backward reads.
+/// sees no key), the split-K one at head dim 32, whose statistics the backward reads. Both
+/// backwards of the tensor-core kernels (`FlashBackward`: the pair, and the one in 5 products).
 #[test]
 fn flash_attention_forward_and_backward_match_the_cpu_twin() {
     let Some(gpu) = gpu("flash_attention_forward_and_backward_match_the_cpu_twin") else {
@@ -648,20 +649,117 @@ fn flash_attention_forward_and_backward_match_the_cpu_twin() {
             .collect();
         let valid = Tensor::from_vec(valid, (b, s), &Device::Cpu).expect("valid");
         let scale = 1.0 / (d as f64).sqrt();
-        parity(
-            &format!("flash attention {:?}", [b, h, kv, t, past, d, pad]),
-            &gpu,
-            &[
-                random(seed, &[b, h, t, d], 1.0),
-                random(seed + 10, &[b, kv, s, d], 1.0),
-                random(seed + 20, &[b, kv, s, d], 1.0),
-            ],
-            &[true, true, true],
-            |x| {
-                let valid = valid.to_device(x[0].device()).expect("valid");
-                fused::flash_attention(&x[0], &x[1], &x[2], &valid, past, scale).expect("flash")
-            },
+        for backward in [
+            fused::FlashBackward::Pair,
+            fused::FlashBackward::FiveProducts,
+        ] {
+            parity(
+                &format!(
+                    "flash attention {:?} {backward:?}",
+                    [b, h, kv, t, past, d, pad]
+                ),
+                &gpu,
+                &[
+                    random(seed, &[b, h, t, d], 1.0),
+                    random(seed + 10, &[b, kv, s, d], 1.0),
+                    random(seed + 20, &[b, kv, s, d], 1.0),
+                ],
+                &[true, true, true],
+                |x| {
+                    let valid = valid.to_device(x[0].device()).expect("valid");
+                    fused::flash_attention(&x[0], &x[1], &x[2], &valid, past, scale, backward)
+                        .expect("flash")
+                },
+            );
+        }
+    }
+}
+
+/// The backward in 5 products (`FlashBackward::FiveProducts`, kernels/flash_mma.cu
+/// `flash_dkdvq_*`) against the pair, on the tensor-core kernels (bf16, head dims 64 and 128):
+/// dK and dV the pair's bits (the same kernel computes them in the same order), dQ within bf16
+/// rounding of the pair's, and dQ's bits the same from one run to the next, the determinism its
+/// ordered adds are for (the emulator checks every schedule it draws; this is the hardware's).
+/// Shapes with left padding, a partial last query tile, several key blocks per head and 2 query
+/// heads per KV head, and the paper's 16 over 8 at 1,100 positions, so that hundreds of blocks
+/// wait on one another.
+#[test]
+fn flash_backward_in_five_products_gives_the_pairs_gradients_and_repeats_its_bits() {
+    let Some(gpu) =
+        gpu("flash_backward_in_five_products_gives_the_pairs_gradients_and_repeats_its_bits")
+    else {
+        return;
+    };
+    use acpo::fused::{self, FlashBackward};
+    // (b, h, kv, t, d, pad)
+    for (seed, [b, h, kv, t, d, pad]) in [
+        (1u64, [2usize, 4, 2, 200, 64, 37]),
+        (2, [3, 2, 1, 129, 128, 0]),
+        (3, [2, 16, 8, 1100, 128, 300]),
+    ] {
+        let valid: Vec<u8> = (0..b * t)
+            .map(|i| u8::from(!(i / t == 0 && i % t < pad)))
+            .collect();
+        let valid = Tensor::from_vec(valid, (b, t), &gpu).expect("valid");
+        let scale = 1.0 / (d as f64).sqrt();
+        let on_gpu = |t: Tensor| {
+            Var::from_tensor(
+                &t.to_dtype(DType::BF16)
+                    .and_then(|t| t.to_device(&gpu))
+                    .expect("to"),
+            )
+            .expect("var")
+        };
+        let (q, k, v) = (
+            on_gpu(random(seed, &[b, h, t, d], 1.0)),
+            on_gpu(random(seed + 10, &[b, kv, t, d], 1.0)),
+            on_gpu(random(seed + 20, &[b, kv, t, d], 1.0)),
         );
+        let dout = random(seed + 30, &[b, h, t, d], 1.0)
+            .to_dtype(DType::BF16)
+            .and_then(|t| t.to_device(&gpu))
+            .expect("dout");
+        let grads = |backward: FlashBackward| -> [Tensor; 3] {
+            let out =
+                fused::flash_attention(&q, &k, &v, &valid, 0, scale, backward).expect("flash");
+            let g = fused::backward_seed(&out, &dout)
+                .and_then(|seed| seed.backward())
+                .expect("backward");
+            [&q, &k, &v].map(|x| g.get(x.as_tensor()).expect("a gradient").clone())
+        };
+        // bf16 widens to f32 exactly: equal f32 bits are equal bf16 bits
+        let bits = |t: &Tensor| -> Vec<u32> {
+            t.flatten_all()
+                .and_then(|t| t.to_dtype(DType::F32))
+                .and_then(|t| t.to_vec1::<f32>())
+                .expect("host")
+                .iter()
+                .map(|x| x.to_bits())
+                .collect()
+        };
+        let what = format!("{:?}", [b, h, kv, t, d, pad]);
+        let [dq7, dk7, dv7] = grads(FlashBackward::Pair);
+        let [dq5, dk5, dv5] = grads(FlashBackward::FiveProducts);
+        assert!(
+            bits(&dk5) == bits(&dk7),
+            "{what}: dK differs from the pair's"
+        );
+        assert!(
+            bits(&dv5) == bits(&dv7),
+            "{what}: dV differs from the pair's"
+        );
+        let e = rel_err(&dq5, &dq7);
+        assert!(
+            e <= tolerance(DType::BF16),
+            "{what}: dQ off the pair's by {e:.2e}"
+        );
+        for run in 1..=3 {
+            let [dq, _, _] = grads(FlashBackward::FiveProducts);
+            assert!(
+                bits(&dq) == bits(&dq5),
+                "{what}: dQ's bits changed on run {run}"
+            );
+        }
     }
 }
 
@@ -693,7 +791,9 @@ fn flash_decode_rows_do_not_depend_on_their_batch() {
         let kb = on_gpu(random(2, &[b, kv, cap, d], 1.0));
         let vb = on_gpu(random(3, &[b, kv, cap, d], 1.0));
         let valid = Tensor::from_vec(valid.clone(), (b, s), &gpu).expect("valid");
-        let batch = fused::flash_attention(&q, &kb, &vb, &valid, s - 1, scale).expect("batch");
+        let pair = fused::FlashBackward::Pair;
+        let batch =
+            fused::flash_attention(&q, &kb, &vb, &valid, s - 1, scale, pair).expect("batch");
         for (r, &n) in lens.iter().enumerate() {
             let own = |t: &Tensor| {
                 t.narrow(0, r, 1)
@@ -703,8 +803,9 @@ fn flash_decode_rows_do_not_depend_on_their_batch() {
             };
             let ones = Tensor::ones((1, n), DType::U8, &gpu).expect("ones");
             let q_r = q.narrow(0, r, 1).expect("q");
-            let alone = fused::flash_attention(&q_r, &own(&kb), &own(&vb), &ones, n - 1, scale)
-                .expect("alone");
+            let alone =
+                fused::flash_attention(&q_r, &own(&kb), &own(&vb), &ones, n - 1, scale, pair)
+                    .expect("alone");
             let bits = |t: &Tensor| -> Vec<f32> {
                 t.to_dtype(DType::F32)
                     .and_then(|t| t.flatten_all())
@@ -831,6 +932,7 @@ fn the_layer_backward_by_hand_on_cuda_gives_autograds_gradients() {
             let model = Qwen::new(&cfg, &params, false).expect("model");
             let model = model.clone().with_kernels(Kernels {
                 layer_by_hand: by_hand,
+                flash_backward: acpo::fused::FlashBackward::Pair,
                 ..model.kernels()
             });
             assert!(model.kernels().flash_attention);
@@ -868,6 +970,87 @@ fn the_layer_backward_by_hand_on_cuda_gives_autograds_gradients() {
                 "{dtype:?} {name}: differs by {d} of its largest"
             );
         }
+    }
+}
+
+/// The model's step with the attention's backward in 5 products (`Kernels::flash_backward`,
+/// issue #59 item 3) on CUDA at the Qwen3-1.7B layer's shapes (16 query and 8 key heads of 128,
+/// two layers, bf16, where the tensor-core kernels run; a padded row, several query tiles and
+/// key blocks): every weight's gradient within bf16's rounding of the pair's, and the same bits
+/// from one step to the next (its dQ adds in a fixed order, so the step stays deterministic).
+#[test]
+fn the_attention_backward_in_five_products_gives_the_steps_gradients_on_cuda() {
+    let Some(gpu) =
+        gpu("the_attention_backward_in_five_products_gives_the_steps_gradients_on_cuda")
+    else {
+        return;
+    };
+    use acpo::fused::FlashBackward;
+    use acpo::model::qwen::{Kernels, Qwen};
+    use acpo::model::{init, QwenConfig};
+    let layer_1_7b = r#"{"model_type": "qwen3", "vocab_size": 128, "hidden_size": 2048,
+        "intermediate_size": 6144, "num_hidden_layers": 2, "num_attention_heads": 16,
+        "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
+        "tie_word_embeddings": true, "max_position_embeddings": 512}"#;
+    let cfg =
+        QwenConfig::from_json(layer_1_7b, std::path::Path::new("config.json")).expect("config");
+    let (b, t, pad) = (2usize, 300usize, 45usize);
+    let ids: Vec<u32> = (0..(b * t) as u32).map(|i| (i * 37 + 5) % 128).collect();
+    let ids = Tensor::from_vec(ids, (b, t), &gpu).expect("ids");
+    let pos = Tensor::arange(0u32, t as u32, &gpu)
+        .and_then(|p| p.unsqueeze(0))
+        .and_then(|p| p.repeat((b, 1)))
+        .expect("pos");
+    let valid: Vec<u8> = (0..b * t).map(|i| u8::from(i >= pad)).collect();
+    let valid = Tensor::from_vec(valid, (b, t), &gpu).expect("valid");
+    let targets = ids.narrow(1, 1, t - 1).expect("targets");
+    let params = init::random_params(&cfg, 7, DType::F32, &gpu)
+        .expect("weights")
+        .with_compute(DType::BF16);
+    let grads = |backward: FlashBackward| {
+        let model = Qwen::new(&cfg, &params, false).expect("model");
+        let model = model.clone().with_kernels(Kernels {
+            flash_backward: backward,
+            ..model.kernels()
+        });
+        assert!(model.kernels().flash_attention);
+        let mut store = candle_core::backprop::GradStore::default();
+        model
+            .checkpointed_backward(
+                &ids,
+                &pos,
+                &valid,
+                |m, h| -> acpo::model::Result<(Tensor, ())> {
+                    let (lp, _) =
+                        m.token_log_probs(&h.narrow(1, 0, t - 1)?, &targets, 1.0, 16, false)?;
+                    Ok(((lp.mean_all()? * -1.0)?, ()))
+                },
+                |layer| Ok(store.extend(layer)?),
+            )
+            .expect("checkpointed");
+        store
+    };
+    let (pair, five, again) = (
+        grads(FlashBackward::Pair),
+        grads(FlashBackward::FiveProducts),
+        grads(FlashBackward::FiveProducts),
+    );
+    for (name, var) in params.vars() {
+        let host = |s: &candle_core::backprop::GradStore| {
+            s.get(var.as_tensor())
+                .unwrap_or_else(|| panic!("{name}: no gradient"))
+                .to_dtype(DType::F32)
+                .and_then(|g| g.flatten_all())
+                .and_then(|g| g.to_vec1::<f32>())
+                .expect("to host")
+        };
+        let (p, f) = (host(&pair), host(&five));
+        let d = super::model::scaled_max_diff(&f, &p, 1e-12);
+        assert!(
+            d < 3e-2,
+            "{name}: differs from the pair's by {d} of its largest"
+        );
+        assert!(f == host(&again), "{name}: another step gave other bits");
     }
 }
 
@@ -1045,6 +1228,7 @@ fn decoding_with_the_fused_chain_gives_the_composed_chain_s_logits() {
             .with_kernels(acpo::model::qwen::Kernels {
                 decode_chain: false,
                 layer_by_hand: false,
+                flash_backward: acpo::fused::FlashBackward::Pair,
                 ..fused_model.kernels()
             });
         let prompts = vec![vec![5u32, 17, 99, 3], vec![42u32, 7, 1, 8]];
@@ -1137,6 +1321,7 @@ fn the_paged_cache_on_cuda_gives_the_dense_engines_tokens() {
         let model = model.clone().with_kernels(Kernels {
             decode_chain: false,
             layer_by_hand: false,
+            flash_backward: acpo::fused::FlashBackward::Pair,
             ..model.kernels()
         });
         for slots in [None, Some(3)] {

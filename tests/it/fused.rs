@@ -380,13 +380,25 @@ fn flash_attention_matches_the_composed_attention_with_gradients() {
         let bias = acpo::model::qwen::attention_bias(&valid, past, t, DType::F32).unwrap();
         let scale = 1.0 / (d as f64).sqrt();
         assert!(fused::flash_applies(&Device::Cpu, DType::F32, d));
-        assert_same(
-            &format!("flash attention {:?}", [b, h, kv, t, past, d, pad]),
-            &[q, k, v],
-            &|x| fused::flash_attention(&x[0], &x[1], &x[2], &valid, past, scale).unwrap(),
-            &|x| fused::attention_composed(&x[0], &x[1], &x[2], &bias, scale).unwrap(),
-            1e-5,
-        );
+        // the CPU twin has one backward, whichever the kernels are asked for
+        for backward in [
+            fused::FlashBackward::Pair,
+            fused::FlashBackward::FiveProducts,
+        ] {
+            assert_same(
+                &format!(
+                    "flash attention {:?} {backward:?}",
+                    [b, h, kv, t, past, d, pad]
+                ),
+                &[q.clone(), k.clone(), v.clone()],
+                &|x| {
+                    fused::flash_attention(&x[0], &x[1], &x[2], &valid, past, scale, backward)
+                        .unwrap()
+                },
+                &|x| fused::attention_composed(&x[0], &x[1], &x[2], &bias, scale).unwrap(),
+                1e-5,
+            );
+        }
     }
     assert!(!fused::flash_applies(&Device::Cpu, DType::F32, 256));
     assert!(!fused::flash_applies(&Device::Cpu, DType::BF16, 64));

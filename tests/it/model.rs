@@ -954,18 +954,21 @@ fn flash_attention_and_vocabulary_chunks_give_the_composed_model_and_its_gradien
                 vocab_chunk: None,
                 decode_chain: false,
                 layer_by_hand: false,
+                flash_backward: acpo::fused::FlashBackward::Pair,
             },
             Kernels {
                 flash_attention: false,
                 vocab_chunk: Some(37),
                 decode_chain: false,
                 layer_by_hand: false,
+                flash_backward: acpo::fused::FlashBackward::Pair,
             },
             Kernels {
                 flash_attention: true,
                 vocab_chunk: Some(64),
                 decode_chain: false,
                 layer_by_hand: false,
+                flash_backward: acpo::fused::FlashBackward::Pair,
             },
         ] {
             let (l1, g1) = run(kernels);
@@ -1019,6 +1022,7 @@ fn gradient_checkpointing_gives_the_plain_gradients_bit_for_bit() {
                 vocab_chunk: Some(64),
                 decode_chain: false,
                 layer_by_hand: false,
+                flash_backward: acpo::fused::FlashBackward::Pair,
             },
         ] {
             let model = Qwen::new(&cfg, &params, false)
@@ -1077,6 +1081,7 @@ fn the_layer_backward_by_hand_gives_autograds_gradients() {
                 let kernels = Kernels {
                     flash_attention: flash,
                     layer_by_hand: by_hand,
+                    flash_backward: acpo::fused::FlashBackward::Pair,
                     ..Kernels::composed()
                 };
                 let model = Qwen::new(cfg, params, false)

@@ -189,6 +189,7 @@ fn pipeline_runs_train_and_report_every_phase() {
         let phases = run_phases(run.path(), exp, paper).expect("phases");
         assert_eq!(phases.steps, 1);
         assert_eq!(phases.responses, exp.trainer.batch_size * exp.rollout.n);
+        assert_eq!(phases.kv_layout, exp.kv_layout());
         measured.push(phases);
     }
     let out = dir.path().join("report");
@@ -225,6 +226,8 @@ fn pipeline_runs_train_and_report_every_phase() {
         md.contains("### qwen3-1.7b-grpo-random") && md.contains("| gen_decode |"),
         "{md}"
     );
+    // each run says how its samplers held their KV cache (these: the manifests' dense)
+    assert!(md.contains("of their limit; dense KV cache)"), "{md}");
     // `--report-only` reports the runs of exactly the derived manifests; these were trained
     // with shorter lengths, so the binary finds none and says so, naming the run
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_acpo"))

@@ -16,9 +16,12 @@
 #                KV-bandwidth bound
 #   3 step       the Qwen3-1.7B train step at 2 x 2,048 (a gate) and 2 x 9,220, `--trace`
 #                (memory and seconds by phase), beside the PyTorch twin
-#                (tools/twins/bench_train_torch.py; an out-of-memory exit is a result)
+#                (tools/twins/bench_train_torch.py; an out-of-memory exit is a result); then the
+#                same steps with each layer's backward by hand, and with the attention's
+#                backward in 5 products (`--flash-backward five`)
 #   4 attention  one layer's attention, forward and backward, at 2 x 2,048 and 2 x 9,220:
-#                `acpo bench attention` beside torch's sdpa (tools/twins/bench_attention_torch.py)
+#                `acpo bench attention` beside torch's sdpa (tools/twins/bench_attention_torch.py),
+#                and again with the backward in 5 products
 #   5 pipeline   `acpo pipeline` on qwen3-1.7b-grpo at paper shape, 2 steps, in the time left
 #                but the tests' (its metrics are written step by step); its rollouts and
 #                evaluation over the paged KV cache (`--paged-kv`; SUITE_PIPELINE_KV=dense for
@@ -31,7 +34,7 @@
 # A gate that fails stops the suite (SUITE_KEEP_GOING=1 runs on): what comes after it would
 # measure broken kernels or a binary that does not start. Each section has its own share of
 # SUITE_SECONDS (default 480: 8 minutes, so that one rerun fits in a lent machine's time): kernels
-# 60 s, decode 150, step 150, attention 40, tests 75, the pipeline what they leave. The shares of
+# 60 s, decode 150, step 150, attention 50, tests 75, the pipeline what they leave. The shares of
 # the sections still to come are kept from the ones before, so a slow section cannot starve a
 # later gate. Every step runs under the smaller of its own limit and what its section and the
 # call leave; a step the time cut (124) is reported "cut", not failed, and stops no gate.
@@ -106,7 +109,7 @@ esac
 
 # Each section's share of the call (seconds on a GPU; `pipeline` takes what the others leave).
 order=(kernels decode step attention pipeline tests)
-declare -A share=([kernels]=60 [decode]=150 [step]=150 [attention]=40 [pipeline]=0 [tests]=75)
+declare -A share=([kernels]=60 [decode]=150 [step]=150 [attention]=50 [pipeline]=0 [tests]=75)
 # shares_after SECTION: the shares of the wanted sections after it, kept for them.
 shares_after() {
     local after=0 sum=0 s
@@ -385,6 +388,16 @@ wanted step && for len in "${lens[@]}"; do
     passed $?
     tail -2 "$res/acpo-train-$len-by-hand.log" | tee -a "$res/summary.txt"
 done
+# And with the attention's backward in 5 products (issue #59 item 3, `--flash-backward five`:
+# dQ added up in key-block order inside the dK/dV kernel), last: never run in the step before.
+wanted step && for len in "${lens[@]}"; do
+    step "acpo train-step qwen3-1.7b 2x$len --flash-backward five" 90 "acpo-train-$len-five.log" \
+        "$acpo" bench train-step --config "$cfg" --device "$device" --dtype bf16 \
+        --seq-len "$len" --prompt-len "$((len / 2 < 1024 ? len / 2 : 1024))" --micro-batch 2 \
+        --checkpointing --flash-backward five --repeats 1 --out "$res/paper-$len-five"
+    passed $?
+    tail -2 "$res/acpo-train-$len-five.log" | tee -a "$res/summary.txt"
+done
 
 # ---- 4: one layer's attention, acpo beside torch's sdpa
 wanted attention && section attention
@@ -398,6 +411,13 @@ wanted attention && for len in "${lens[@]}"; do
     torch_step "torch sdpa attention qwen3-1.7b 2x$len" 45 "torch-attention-$len.log" \
         tools/twins/bench_attention_torch.py --config "$cfg" --seq-len "$len" --micro-batch 2 \
         --json "$res/torch-attention-$len.json"
+    # the same layer with the backward in 5 products (issue #59 item 3)
+    step "acpo flash attention qwen3-1.7b 2x$len --flash-backward five" 30 \
+        "acpo-attention-$len-five.log" "$acpo" bench attention --config "$cfg" --device "$device" \
+        --dtype bf16 --seq-len "$len" --micro-batch 2 --flash-backward five --repeats 3 \
+        --out "$res/attention-$len-five"
+    passed $?
+    tail -2 "$res/acpo-attention-$len-five.log" | tee -a "$res/summary.txt"
 done
 
 # ---- 5: a paper run end to end on random weights, in the time left but the tests'

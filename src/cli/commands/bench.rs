@@ -73,20 +73,26 @@ fn speed_options(args: &args::BenchArgs) -> anyhow::Result<acpo::perf::SpeedOpti
     let device = acpo::model::device(args.device.into())?;
     let defaults = acpo::perf::StepShape::default();
     let micro_batch = args.micro_batch.unwrap_or(defaults.micro_batch);
-    let kernels = (args.attention.is_some() || args.vocab_chunk.is_some() || args.layer_by_hand)
-        .then(|| {
-            let default = acpo::model::qwen::Kernels::for_device(&device);
-            acpo::model::qwen::Kernels {
-                flash_attention: args
-                    .attention
-                    .map_or(default.flash_attention, |a| a == args::AttentionKind::Flash),
-                vocab_chunk: args
-                    .vocab_chunk
-                    .map_or(default.vocab_chunk, |c| (c > 0).then_some(c)),
-                decode_chain: default.decode_chain,
-                layer_by_hand: args.layer_by_hand,
-            }
-        });
+    let kernels = (args.attention.is_some()
+        || args.vocab_chunk.is_some()
+        || args.layer_by_hand
+        || args.flash_backward.is_some())
+    .then(|| {
+        let default = acpo::model::qwen::Kernels::for_device(&device);
+        acpo::model::qwen::Kernels {
+            flash_attention: args
+                .attention
+                .map_or(default.flash_attention, |a| a == args::AttentionKind::Flash),
+            vocab_chunk: args
+                .vocab_chunk
+                .map_or(default.vocab_chunk, |c| (c > 0).then_some(c)),
+            decode_chain: default.decode_chain,
+            layer_by_hand: args.layer_by_hand,
+            flash_backward: args
+                .flash_backward
+                .map_or(default.flash_backward, Into::into),
+        }
+    });
     Ok(acpo::perf::SpeedOptions {
         repeats: args.repeats,
         tiny_only: args.tiny_only,

@@ -17,9 +17,9 @@ use candle_core::cuda_backend::cudarc::driver::{
 use candle_core::cuda_backend::{CudaDType, CudaDevice, WrapErr};
 use candle_core::{CudaStorage, DType, Layout, Result};
 
-use super::{FlashDims, FLASH_MAX_HEAD_DIM};
+use super::{FlashBackward, FlashDims, FLASH_MAX_HEAD_DIM};
 use crate::fused::launch::{
-    dtype_of, grid_dim, kernel, ptx, rows_config, sizes, suffix, view, with_type,
+    dtype_of, elems_config, grid_dim, kernel, ptx, rows_config, sizes, suffix, view, with_type,
 };
 
 const ROW_PTX: (&str, &str) = ptx!("flash_attn");
@@ -85,13 +85,6 @@ fn mma_dq(d: usize) -> MmaLaunch {
         ..mma_fwd(d)
     }
 }
-// The backward in 5 products (kernels/flash_mma.cu, flash_dkdvq_*: dK/dV with dQ added up in
-// key-block order) is checked and timed by kernels/check/flash_check.cu but not launched here
-// yet (kernels/NOTES.md, version 8); its shared memory must fit a block when it is.
-const _: () = assert!(
-    sizes::FM_SMEM_DKDVQ_D64 <= sizes::SMEM_OPT_IN_LIMIT
-        && sizes::FM_SMEM_DKDVQ_D128 <= sizes::SMEM_OPT_IN_LIMIT
-);
 
 /// The dK/dV kernel's launch at head dim `d`: `fm_dkdv_rows` keys (128 at head dim 128, 64 at
 /// 64), `fm_dkdv_threads`, `fm_smem_dkdv`.
@@ -111,6 +104,24 @@ fn mma_dkdv(d: usize) -> MmaLaunch {
         }
     }
 }
+
+/// The backward in 5 products' dK/dV kernel at head dim `d` (kernels/flash_mma.cu,
+/// `flash_dkdvq_*`): the dK/dV kernel's blocks with room for a query tile's dS and the block's
+/// ticket, `fm_smem_dkdvq`.
+fn mma_dkdvq(d: usize) -> MmaLaunch {
+    MmaLaunch {
+        smem: if d == 64 {
+            sizes::FM_SMEM_DKDVQ_D64
+        } else {
+            sizes::FM_SMEM_DKDVQ_D128
+        },
+        ..mma_dkdv(d)
+    }
+}
+
+/// Query rows per tile of the tensor-core backward: the unit the 5-product kernel's counters
+/// order dQ's adds by (`FM_COLS`).
+const MMA_TILE: usize = sizes::FM_COLS as usize;
 
 /// The pipelined decode's head dim for these inputs, if it takes them: head dim 64 or 128, at
 /// most [`PIPE_MAX_GROUP`] query heads per KV head, K and V each starting on 16 bytes (its
@@ -540,11 +551,13 @@ pub(super) fn paged_decode(
     })
 }
 
-/// dQ, dK, dV (the storage dtype of q): δ = rowsum(dO ⊙ O) by the row kernel, then dQ and
-/// dK/dV by the tensor-core kernels where they apply, else by the row kernels.
+/// dQ, dK, dV (the storage dtype of q): δ = rowsum(dO ⊙ O) by the row kernel, then, where the
+/// tensor-core kernels apply, dQ and dK/dV as `backward` says ([`FlashBackward`]), else the row
+/// kernels' dQ and dK/dV.
 #[allow(clippy::too_many_arguments)]
 pub fn flash_bwd(
     dims: &FlashDims,
+    backward: FlashBackward,
     q: Arg,
     k: Arg,
     v: Arg,
@@ -585,42 +598,77 @@ pub fn flash_bwd(
             unsafe { b.launch(row_grid(rows, 1, 1)?) }.w()?;
 
             let mma = mma_dim(dims, dtype, &[q.1, k.1, v.1, o.1, dout.1]);
-            let (f, cfg) = pick!(dev, "flash_dq", sfx, mma, mma_dq, (dims.t, dims.h, dims.b),);
-            let mut b = f.builder();
-            b.arg(&qv)
-                .arg(&kv)
-                .arg(&vv)
-                .arg(&dov)
-                .arg(&statsv)
-                .arg(&delta)
-                .arg(&validv)
-                .arg(&first);
-            b.arg(&mut dq);
-            n.push(&mut b);
-            // SAFETY: the arguments match flash_dq_* and flash_dq_mma_* (the same list).
-            unsafe { b.launch(cfg) }.w()?;
+            if let (FlashBackward::FiveProducts, Some(d)) = (backward, mma) {
+                // dQ's f32 sums, and a counter per (sequence, query head, query tile) then the
+                // blocks' ticket, all zeroed: the kernel adds to the sums in key-block order.
+                let elems = rows * d;
+                let elems_i = i32::try_from(elems).map_err(|_| {
+                    candle_core::Error::Msg(format!("{what}: dQ's {elems} elements in one launch"))
+                })?;
+                let mut sums = dev.alloc_zeros::<f32>(elems)?;
+                let tiles = dims.b * dims.h * dims.t.div_ceil(MMA_TILE);
+                let mut counts = dev.alloc_zeros::<i32>(tiles + 1)?;
+                let l = mma_dkdvq(d);
+                let f = kernel!(dev, &format!("flash_dkdvq_mma_d{d}_bf16"), MMA_PTX)?;
+                allow_smem(&f, l.smem)?;
+                let mut b = f.builder();
+                b.arg(&qv)
+                    .arg(&kv)
+                    .arg(&vv)
+                    .arg(&dov)
+                    .arg(&statsv)
+                    .arg(&delta)
+                    .arg(&validv)
+                    .arg(&first);
+                b.arg(&mut dk).arg(&mut dv).arg(&mut sums).arg(&mut counts);
+                n.push(&mut b);
+                // SAFETY: the arguments match flash_dkdvq_mma_* in kernels/flash_mma.cu; the
+                // counters and the ticket are zero, as its waits need.
+                unsafe { b.launch(mma_grid(dims.s, dims.kv, dims.b, l)?) }.w()?;
 
-            let (f, cfg) = pick!(
-                dev,
-                "flash_dkdv",
-                sfx,
-                mma,
-                mma_dkdv,
-                (dims.s, dims.kv, dims.b),
-            );
-            let mut b = f.builder();
-            b.arg(&qv)
-                .arg(&kv)
-                .arg(&vv)
-                .arg(&dov)
-                .arg(&statsv)
-                .arg(&delta)
-                .arg(&validv)
-                .arg(&first);
-            b.arg(&mut dk).arg(&mut dv);
-            n.push(&mut b);
-            // SAFETY: the arguments match flash_dkdv_* and flash_dkdv_mma_* (the same list).
-            unsafe { b.launch(cfg) }.w()?;
+                let f = kernel!(dev, "flash_dq_acc_bf16", MMA_PTX)?;
+                let mut b = f.builder();
+                b.arg(&sums).arg(&mut dq).arg(&elems_i).arg(&n.scale);
+                // SAFETY: the arguments match flash_dq_acc_bf16 (a grid-stride loop over elems).
+                unsafe { b.launch(elems_config(elems)) }.w()?;
+            } else {
+                let (f, cfg) = pick!(dev, "flash_dq", sfx, mma, mma_dq, (dims.t, dims.h, dims.b),);
+                let mut b = f.builder();
+                b.arg(&qv)
+                    .arg(&kv)
+                    .arg(&vv)
+                    .arg(&dov)
+                    .arg(&statsv)
+                    .arg(&delta)
+                    .arg(&validv)
+                    .arg(&first);
+                b.arg(&mut dq);
+                n.push(&mut b);
+                // SAFETY: the arguments match flash_dq_* and flash_dq_mma_* (the same list).
+                unsafe { b.launch(cfg) }.w()?;
+
+                let (f, cfg) = pick!(
+                    dev,
+                    "flash_dkdv",
+                    sfx,
+                    mma,
+                    mma_dkdv,
+                    (dims.s, dims.kv, dims.b),
+                );
+                let mut b = f.builder();
+                b.arg(&qv)
+                    .arg(&kv)
+                    .arg(&vv)
+                    .arg(&dov)
+                    .arg(&statsv)
+                    .arg(&delta)
+                    .arg(&validv)
+                    .arg(&first);
+                b.arg(&mut dk).arg(&mut dv);
+                n.push(&mut b);
+                // SAFETY: the arguments match flash_dkdv_* and flash_dkdv_mma_* (the same list).
+                unsafe { b.launch(cfg) }.w()?;
+            }
         }
         Ok((
             CudaStorage::wrap_cuda_slice(dq, dev.clone()),

@@ -35,6 +35,7 @@ use std::sync::Mutex;
 use candle_core::{op::BackpropOp, Storage};
 use candle_core::{CpuStorage, CustomOp3, DType, Device, Layout, Result, Shape, Tensor};
 use rayon::prelude::*;
+use serde::Serialize;
 
 use super::{
     attention_probs, exp_shifted_in_place, row_max, slice_f32, worth_splitting, PAR_MIN_ELEMS,
@@ -147,9 +148,26 @@ pub fn flash_applies(device: &Device, dtype: DType, head_dim: usize) -> bool {
     kernel && head_dim <= FLASH_MAX_HEAD_DIM
 }
 
+/// How the CUDA tensor-core kernels compute the backward (FA2, Algorithm 2). Both give the same
+/// dK and dV bits and a dQ that is the same from run to run; they differ in dQ's order of sums
+/// and in speed. The CPU twin and the row kernels have one backward, which both choices take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum FlashBackward {
+    /// Two kernels, 7 products: dQ by query tiles (recomputing S and dP), dK and dV by key
+    /// blocks. Each gradient row has one owner. What every shipped result ran.
+    #[default]
+    Pair,
+    /// One kernel, 5 products (`flash_dkdvq_*`, kernels/NOTES.md version 8): dK/dV by key
+    /// blocks, each adding its share of dQ (dS·K) to f32 sums in key-block order, a counter per
+    /// query tile holding the order; then dQ = scale · sums in bf16. Needs one f32 copy of dQ and
+    /// the counters, zeroed per call.
+    FiveProducts,
+}
+
 /// softmax(q·kᵀ·scale + mask)·v, `(B, H, T, D)`, with q `(B, H, T, D)`, k and v `(B, KV, S, D)`,
-/// `key_valid` `(B, S)` (1 = a real token) and `past` = S − T cached positions. Callers check
-/// [`flash_applies`]; q, k and v share a dtype.
+/// `key_valid` `(B, S)` (1 = a real token) and `past` = S − T cached positions; its backward as
+/// `backward` says. Callers check [`flash_applies`]; q, k and v share a dtype.
 pub fn flash_attention(
     q: &Tensor,
     k: &Tensor,
@@ -157,6 +175,7 @@ pub fn flash_attention(
     key_valid: &Tensor,
     past: usize,
     scale: f64,
+    backward: FlashBackward,
 ) -> Result<Tensor> {
     let dims = FlashDims::of(q, k, v, past, scale)?;
     if key_valid.dims() != [dims.b, dims.s] {
@@ -169,6 +188,7 @@ pub fn flash_attention(
     }
     let op = FlashAttention {
         dims,
+        backward,
         key_valid: key_valid.to_dtype(DType::U8)?.contiguous()?,
         stats: Mutex::new(None),
     };
@@ -199,6 +219,9 @@ pub fn attention_composed(
 /// op for the backward, in f32 whatever the storage dtype. The autograd graph keeps the op alive.
 struct FlashAttention {
     dims: FlashDims,
+    /// Read by the CUDA kernels' backward only.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    backward: FlashBackward,
     key_valid: Tensor,
     stats: Mutex<Option<Tensor>>,
 }
@@ -476,7 +499,15 @@ impl FlashAttention {
             }
         }
         let (dq, dk, dv) = cuda::flash_bwd(
-            &self.dims, cuda[0], cuda[1], cuda[2], cuda[3], cuda[4], cuda[5], cuda[6],
+            &self.dims,
+            self.backward,
+            cuda[0],
+            cuda[1],
+            cuda[2],
+            cuda[3],
+            cuda[4],
+            cuda[5],
+            cuda[6],
         )?;
         let wrap = |s, t: &Tensor| {
             Tensor::from_storage(Storage::Cuda(s), t.shape(), BackpropOp::none(), false)

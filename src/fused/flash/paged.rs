@@ -298,6 +298,7 @@ mod tests {
                 &vt,
                 len - 1,
                 scale,
+                super::super::FlashBackward::Pair,
             )
             .unwrap();
             dense.extend(bits(&o));
