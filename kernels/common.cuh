@@ -80,15 +80,26 @@ __device__ __forceinline__ float block_max(float v) {
 // count lives in `block_post_count`, so no kernel can leave it out (the emulator cannot see a
 // missing one: kernels/check/cuda_emu.hpp).
 
-// Waits (the whole block) until `*count` equals `want`.
+// The longest a block waits for the blocks before it before trapping, in ns: a wait the
+// kernel's order can never meet (a wrong visit count, a block waiting on a later ticket) then
+// fails its launch with an error instead of hanging the GPU until the caller's time runs out.
+// A met wait takes microseconds; a whole layer's backward takes milliseconds.
+#define BLOCK_WAIT_LIMIT_NS 10000000000ull
+
+// Waits (the whole block) until `*count` equals `want` (traps after BLOCK_WAIT_LIMIT_NS; the
+// emulator reports a wait never met as a deadlock instead).
 __device__ __forceinline__ void block_wait_count(const int* count, int want) {
   if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {
 #ifdef ACPO_EMU
     emu::wait_flag(count, want);
 #else
+    unsigned long long start, now;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
     int seen;
     do {
       asm volatile("ld.acquire.gpu.global.s32 %0, [%1];" : "=r"(seen) : "l"(count) : "memory");
+      asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+      if (now - start > BLOCK_WAIT_LIMIT_NS) __trap();
     } while (seen != want);
 #endif
   }

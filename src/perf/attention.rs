@@ -99,7 +99,7 @@ pub fn bench_attention(m: &Subject, opts: &SpeedOptions) -> Result<Measurement> 
         repeats: opts.repeats,
         shape: Some(format!(
             "{}: {b}×{t}, {h} heads over {kv} KV heads of {d}; forward {fwd:.4} s ({:.3} TFLOP/s), forward + backward {both:.4} s ({:.3} TFLOP/s){}",
-            match (flash, kernels.flash_backward) {
+            match (flash, kernels.flash_backward.runs_on(&dev, dtype, d)) {
                 (false, _) => "composed",
                 (true, crate::fused::FlashBackward::Pair) => "flash",
                 (true, crate::fused::FlashBackward::FiveProducts) => "flash, backward in 5 products",
@@ -119,9 +119,9 @@ pub fn bench_attention(m: &Subject, opts: &SpeedOptions) -> Result<Measurement> 
 }
 
 /// Bytes the benchmark holds at least, in `elem` bytes per value: q, k, v and the output's
-/// gradient (q's shape), their gradients, and without flash the composed attention's `(B, H,
-/// T, T)` scores and probabilities beside the `(B, 1, T, T)` causal bias. Computed from the
-/// flags before anything is allocated.
+/// gradient (q's shape), their gradients; with flash the backward's f32 dQ sums, without it the
+/// composed attention's `(B, H, T, T)` scores and probabilities beside the `(B, 1, T, T)` causal
+/// bias. Computed from the flags before anything is allocated.
 fn attention_bytes(
     b: usize,
     t: usize,
@@ -141,7 +141,9 @@ fn attention_bytes(
     );
     let tensors = 2 * (2 * b * h * t * d + 2 * b * kv * t * d) * e;
     let square = if flash {
-        0
+        // the backward's transient f32 dQ sums, which the 5-product backward needs (the
+        // pair's δ and statistics are less)
+        4 * b * h * t * d
     } else {
         (2 * h + 1) * b * t * t * e
     };

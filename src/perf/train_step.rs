@@ -102,7 +102,13 @@ pub fn bench_train_step(m: &Subject, opts: &SpeedOptions) -> Result<Measurement>
         seconds: secs,
         tokens_per_second: tokens as f64 / secs,
         repeats: opts.repeats,
-        shape: Some(step_label(shape, kernels)),
+        shape: Some(step_label(
+            shape,
+            kernels,
+            kernels
+                .flash_backward
+                .runs_on(&dev, precision.compute, cfg.head_dim()),
+        )),
         mfu: peak_flops(target).map(|peak| train_flops(cfg, b, t) / secs / peak),
         memory: Some(StepMemory {
             source: meter.source(),
@@ -205,8 +211,9 @@ fn bench_plan(shape: &StepShape, horizon: usize, kernels: Kernels, cpu: bool) ->
     }
 }
 
-/// A train step's shape and memory settings in words, for the report's table.
-fn step_label(shape: &StepShape, kernels: Kernels) -> String {
+/// A train step's shape and memory settings in words, for the report's table; `backward` is the
+/// attention backward that ran ([`FlashBackward::runs_on`]), not the one asked.
+fn step_label(shape: &StepShape, kernels: Kernels, backward: FlashBackward) -> String {
     format!(
         "{}×{} (prompt {}), micro-batch {}, {}{}{}{}{}",
         shape.batch,
@@ -232,7 +239,7 @@ fn step_label(shape: &StepShape, kernels: Kernels) -> String {
         } else {
             ""
         },
-        if kernels.flash_attention && kernels.flash_backward == FlashBackward::FiveProducts {
+        if kernels.flash_attention && backward == FlashBackward::FiveProducts {
             ", attention backward in 5 products"
         } else {
             ""

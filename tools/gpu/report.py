@@ -682,7 +682,8 @@ def pipeline_run(root):
              else "before the call's time ran out, no out-of-memory" if cut else "no out-of-memory")
     # the samplers' KV cache, as the run's own manifest says (absent: dense, every run before #57)
     manifest = found[-1].parent / "manifest.yaml"
-    paged = manifest.exists() and re.search(r"(?m)^kv_layout:\s*paged\s*$", manifest.read_text())
+    # (`acpo pipeline --paged-kv` writes the value quoted, a manifest by hand may not)
+    paged = manifest.exists() and re.search(r"""(?m)^kv_layout:\s*["']?paged["']?\s*$""", manifest.read_text())
     out = [f"Samplers on the {'paged' if paged else 'dense'} KV cache.", "",
            "| step | s | gen s | old log-prob s | update s | gen tokens/s | peak GiB (gen, update) | response length |",
            "|---:|---:|---:|---:|---:|---:|---:|---:|"]

@@ -34,7 +34,7 @@
 # A gate that fails stops the suite (SUITE_KEEP_GOING=1 runs on): what comes after it would
 # measure broken kernels or a binary that does not start. Each section has its own share of
 # SUITE_SECONDS (default 480: 8 minutes, so that one rerun fits in a lent machine's time): kernels
-# 60 s, decode 150, step 150, attention 50, tests 75, the pipeline what they leave. The shares of
+# 60 s, decode 150, step 150, attention 45, tests 70, the pipeline what they leave. The shares of
 # the sections still to come are kept from the ones before, so a slow section cannot starve a
 # later gate. Every step runs under the smaller of its own limit and what its section and the
 # call leave; a step the time cut (124) is reported "cut", not failed, and stops no gate.
@@ -109,7 +109,7 @@ esac
 
 # Each section's share of the call (seconds on a GPU; `pipeline` takes what the others leave).
 order=(kernels decode step attention pipeline tests)
-declare -A share=([kernels]=60 [decode]=150 [step]=150 [attention]=50 [pipeline]=0 [tests]=75)
+declare -A share=([kernels]=60 [decode]=150 [step]=150 [attention]=45 [pipeline]=0 [tests]=70)
 # shares_after SECTION: the shares of the wanted sections after it, kept for them.
 shares_after() {
     local after=0 sum=0 s

@@ -119,6 +119,12 @@ fn mma_dkdvq(d: usize) -> MmaLaunch {
     }
 }
 
+// The fused kernel's shared memory fits a block (allow_smem checks it again at the launch).
+const _: () = assert!(
+    sizes::FM_SMEM_DKDVQ_D64 <= sizes::SMEM_OPT_IN_LIMIT
+        && sizes::FM_SMEM_DKDVQ_D128 <= sizes::SMEM_OPT_IN_LIMIT
+);
+
 /// Query rows per tile of the tensor-core backward: the unit the 5-product kernel's counters
 /// order dQ's adds by (`FM_COLS`).
 const MMA_TILE: usize = sizes::FM_COLS as usize;

@@ -165,6 +165,24 @@ pub enum FlashBackward {
     FiveProducts,
 }
 
+impl FlashBackward {
+    /// The backward that runs where `self` is asked on `device` in `dtype` at this head dim:
+    /// the 5 products only on CUDA's tensor-core kernels (bf16, head dim 64 or 128, operands on
+    /// 16 bytes, which a contiguous tensor of its own is), the pair's everywhere else. What a
+    /// report says ran.
+    pub fn runs_on(self, device: &Device, dtype: DType, head_dim: usize) -> FlashBackward {
+        let tensor_cores = cfg!(feature = "cuda")
+            && device.is_cuda()
+            && dtype == DType::BF16
+            && matches!(head_dim, 64 | 128);
+        if tensor_cores {
+            self
+        } else {
+            FlashBackward::Pair
+        }
+    }
+}
+
 /// softmax(q·kᵀ·scale + mask)·v, `(B, H, T, D)`, with q `(B, H, T, D)`, k and v `(B, KV, S, D)`,
 /// `key_valid` `(B, S)` (1 = a real token) and `past` = S − T cached positions; its backward as
 /// `backward` says. Callers check [`flash_applies`]; q, k and v share a dtype.
