@@ -303,24 +303,14 @@ pub fn bench_long_tail(m: &Subject, opts: &SpeedOptions) -> Result<Vec<Measureme
         m.cfg.kv_bytes_per_position(elem) as f64,
     );
     let copy = copy_bandwidth(target)?;
-    let decode_seconds = stats.decode_seconds.max(f64::MIN_POSITIVE);
     let drawn = tokens - shape.batch.min(tokens);
-    let steps = read.steps.max(1) as f64;
     let mut cont = row("generate", c, "continuous batching");
-    cont.roofline = Some(Roofline {
-        bytes_per_step: read.bytes / steps,
-        step_seconds: decode_seconds / steps,
-        prefill_seconds: stats.prefill_seconds,
-        decode_tokens_per_second: drawn as f64 / decode_seconds,
-        achieved_gb_per_s: read.bytes / decode_seconds / 1e9,
-        copy_gb_per_s: copy / 1e9,
-        fraction: read.bytes / decode_seconds / copy,
-    });
+    cont.roofline = Some(decode_roofline(read.bytes, read.steps, &stats, drawn, copy));
     let mut rows = vec![row("generate", w, "waves"), cont];
     if shape.paged {
         // The same prompts, keys and lengths through the paged cache; the rows it decoded at
-        // once are the pool's choice, so its row says how many (no roofline: its reads depend
-        // on which rows the pool held at each step).
+        // once are the pool's choice, so its row says how many. Its reads: the weights once a
+        // step it ran, and each row's own cache at each of its steps, whatever the schedule.
         let (secs, stats) = median_continuous(true)?;
         let mut paged = row("generate", secs, "");
         paged.shape = Some(format!(
@@ -335,9 +325,60 @@ pub fn bench_long_tail(m: &Subject, opts: &SpeedOptions) -> Result<Vec<Measureme
             stats.decode_tokens.saturating_sub(shape.batch) as f64
                 / stats.decode_seconds.max(f64::MIN_POSITIVE),
         ));
+        let weights = params.count() as f64 * elem as f64;
+        let bytes = stats.decode_steps as f64 * weights
+            + kv_reads(
+                &limits,
+                shape.prompt_len,
+                m.cfg.kv_bytes_per_position(elem) as f64,
+            );
+        paged.roofline = Some(decode_roofline(
+            bytes,
+            stats.decode_steps,
+            &stats,
+            drawn,
+            copy,
+        ));
         rows.push(paged);
     }
     Ok(rows)
+}
+
+/// A decode run's roofline: `bytes` read by its `steps` decode steps in `stats`' decode
+/// seconds, `drawn` tokens (all but each prompt's first, which its prefill gives), against the
+/// device's measured `copy` rate.
+fn decode_roofline(
+    bytes: f64,
+    steps: usize,
+    stats: &GenStats,
+    drawn: usize,
+    copy: f64,
+) -> Roofline {
+    let seconds = stats.decode_seconds.max(f64::MIN_POSITIVE);
+    Roofline {
+        bytes_per_step: bytes / steps.max(1) as f64,
+        step_seconds: seconds / steps.max(1) as f64,
+        prefill_seconds: stats.prefill_seconds,
+        decode_tokens_per_second: drawn as f64 / seconds,
+        achieved_gb_per_s: bytes / seconds / 1e9,
+        copy_gb_per_s: copy / 1e9,
+        fraction: bytes / seconds / copy,
+    }
+}
+
+/// The KV cache that the decode steps of prompts of `prompt_len` sampled to `limits` read,
+/// whatever their schedule: a row reads its own positions so far at each of its steps, from
+/// the prompt's length plus one to the prompt's plus its limit less one (its first token comes
+/// from the prefill), `kv_per_position` bytes each.
+pub fn kv_reads(limits: &[usize], prompt_len: usize, kv_per_position: f64) -> f64 {
+    let positions: f64 = limits
+        .iter()
+        .map(|&l| {
+            let steps = l.max(1) as f64 - 1.0;
+            steps * prompt_len as f64 + steps * (steps + 1.0) / 2.0
+        })
+        .sum();
+    positions * kv_per_position
 }
 
 /// What the decode steps of a continuous-batching run must read at least.
@@ -402,5 +443,13 @@ mod tests {
         let alone = continuous_reads(&[4, 1, 2], 5, 1, 0.0, 1.0);
         assert_eq!(alone.steps, 3 + 1);
         assert_eq!(alone.bytes, (6 + 7 + 8 + 6) as f64);
+        // the cache's share is the schedule's to none: the same at every slot count
+        for slots in 1..=4 {
+            let r = continuous_reads(&[1, 3, 2, 7], 10, slots, 100.0, 1.0);
+            assert_eq!(
+                r.bytes,
+                r.steps as f64 * 100.0 + kv_reads(&[1, 3, 2, 7], 10, 1.0)
+            );
+        }
     }
 }

@@ -24,7 +24,7 @@ pub mod verifier;
 
 pub use attention::bench_attention;
 pub use generate::{
-    bench_generate, bench_long_tail, continuous_reads, long_tail_lengths, DecodeReads,
+    bench_generate, bench_long_tail, continuous_reads, kv_reads, long_tail_lengths, DecodeReads,
 };
 pub use train_step::{bench_train_step, TRAIN_MICRO_BATCH};
 

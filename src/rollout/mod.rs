@@ -93,6 +93,9 @@ pub struct GenStats {
     pub decode_seconds: f64,
     /// Tokens drawn.
     pub decode_tokens: usize,
+    /// Decode steps run (each appending a token to every row that goes on): what a decode
+    /// roofline charges the weights' reads by.
+    pub decode_steps: usize,
     /// The most rows one decode step took: the batch `max_batch`, or a paged cache's pool,
     /// allowed.
     pub most_rows: usize,
@@ -365,6 +368,7 @@ fn decode_all(
         let next = if keep.is_empty() {
             None
         } else {
+            timed.decode_steps += 1;
             Some(decode(model, batch, &keep, next_ids, &mut next_pos)?)
         };
         // Waiting prompts take the finished sequences' places.
@@ -449,6 +453,7 @@ fn add_stats(
     s.prefill_tokens += timed.prefill_tokens;
     s.decode_seconds += decode_seconds;
     s.decode_tokens += out.iter().map(|c| c.tokens.len()).sum::<usize>();
+    s.decode_steps += timed.decode_steps;
     s.most_rows = s.most_rows.max(timed.most_rows);
     s.widest_prefill = s.widest_prefill.max(timed.widest_prefill);
 }

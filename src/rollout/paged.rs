@@ -228,6 +228,7 @@ pub fn decode_all_paged(
             engine.logits = None;
         } else {
             timed.most_rows = timed.most_rows.max(engine.rows.len());
+            timed.decode_steps += 1;
             engine.decode(next_ids, &mut next_pos)?;
         }
         if !joining.is_empty() {

@@ -1477,6 +1477,50 @@ fn a_group_of_responses_shares_its_prompts_prefill_and_blocks() {
 }
 
 #[test]
+fn both_engines_run_the_decode_steps_the_roofline_charges() {
+    // `acpo bench generate --long-tail` charges a decode roofline the weights once a step: the
+    // dense engine's steps are `perf::continuous_reads`' schedule (prompts of one length, the
+    // lengths their limits), and both engines count the steps they run (`GenStats::
+    // decode_steps`), which the paged row's roofline takes.
+    let (cfg, params) = load("tiny-qwen3");
+    let model = Qwen::new(&cfg, &params, true).expect("model");
+    let (prompt_len, batch) = (6usize, 9usize);
+    let prompts: Vec<Vec<u32>> = (0..batch as u32)
+        .map(|i| {
+            (0..prompt_len as u32)
+                .map(|j| (i * 7 + j * 3) % 100 + 1)
+                .collect()
+        })
+        .collect();
+    let keys: Vec<[u64; 4]> = (0..batch as u64).map(|i| [3, 3, i, 0]).collect();
+    let limits = acpo::perf::long_tail_lengths(batch, 12);
+    let p = SamplingParams {
+        temperature: 1.0,
+        top_p: 1.0,
+        top_k: None,
+        max_new_tokens: 12,
+    };
+    for slots in [1usize, 2, 4, batch] {
+        let want = acpo::perf::continuous_reads(&limits, prompt_len, slots, 0.0, 0.0).steps;
+        for paged in [false, true] {
+            let stats = std::sync::Mutex::new(rollout::GenStats::default());
+            let mut r = SampleRequest::new(p)
+                .limits(limits.clone())
+                .max_batch(slots)
+                .stats(&stats);
+            if paged {
+                r = r.paged(rollout::PagedOptions::default());
+            }
+            let out = rollout::generate(&model, &prompts, &keys, &r).expect("generate");
+            let lens: Vec<usize> = out.iter().map(|c| c.tokens.len()).collect();
+            assert_eq!(lens, limits, "no EOS: every row runs to its limit");
+            let s = *stats.lock().unwrap();
+            assert_eq!(s.decode_steps, want, "{slots} slots, paged {paged}");
+        }
+    }
+}
+
+#[test]
 fn the_paged_prefill_goes_in_groups_under_its_token_budget() {
     // Joining prompts are prefilled in consecutive groups of at most `prefill_tokens` padded
     // positions (a longer prompt alone): the completions are still the dense engine's, and no

@@ -524,6 +524,11 @@ def generate(root, lines):
                 f"| {cont['shape'].split(': ')[0]} | {fmt(waves['tokens_per_second'])} "
                 f"| {fmt(cont['tokens_per_second'])} | {cont['tokens_per_second'] / waves['tokens_per_second']:.2f}× |"]
         out += long_tail_bound(cont)
+    paged = long_tail_paged(root)
+    if paged:
+        out += ["", f"The same over the paged KV cache (`--paged-kv`: {paged['shape'].split(', continuous batching over the paged KV cache, ')[-1]}): "
+                f"{fmt(paged['tokens_per_second'])} tokens/s in all."]
+        out += long_tail_bound(paged, "The paged run's")
     out += decode_launches(root)
     check = latest(root, "flash_kernels_check.log")
     if check:
@@ -531,14 +536,22 @@ def generate(root, lines):
     return out or ["sampling: not run"]
 
 
-def long_tail_bound(cont):
-    """The continuous run's decode steps against the bytes they must read (`acpo bench generate
+def long_tail_paged(root):
+    """The long-tail run over the paged KV cache (`acpo bench generate --long-tail --paged-kv`,
+    its third row), or None."""
+    d = latest(root, "generate-long-tail-paged")
+    rows = load(d / "generate.json") if d and (d / "generate.json").exists() else None
+    return rows[2] if rows and len(rows) > 2 else None
+
+
+def long_tail_bound(cont, who="Continuous batching's"):
+    """A long-tail run's decode steps against the bytes they must read (`acpo bench generate
     --long-tail`; nothing for a run without them)."""
     r = cont.get("roofline")
     if not r:
         return []
     bound = r["decode_tokens_per_second"] / r["fraction"]
-    return ["", f"Continuous batching's decode steps: {fmt(r['decode_tokens_per_second'])} tokens/s "
+    return ["", f"{who} decode steps: {fmt(r['decode_tokens_per_second'])} tokens/s "
             f"({1000 * r['step_seconds']:.1f} ms a step; the prefills {r['prefill_seconds']:.1f} s in all, not counted), "
             f"{100 * r['fraction']:.1f} % of the KV-bandwidth bound of {fmt(bound)} tokens/s: every weight once a "
             f"step and each row's own cache, {r['bytes_per_step'] / 1e9:.2f} GB a step on average, at the measured "
@@ -788,6 +801,11 @@ def targets(root):
             f = cont["roofline"]["fraction"]
             rows.append(("#57", "tokens/s at the memory-sized batch with long-tailed lengths ≥ 70 % of the "
                          "KV-bandwidth bound", f"{100 * f:.1f} % ({cont['shape']})", "yes" if f >= 0.7 else "no"))
+    paged = long_tail_paged(root)
+    if paged and paged.get("roofline"):
+        f = paged["roofline"]["fraction"]
+        rows.append(("#57", "the same over the paged KV cache (the batch its pool holds at real lengths)",
+                     f"{100 * f:.1f} % ({paged['shape']})", "yes" if f >= 0.7 else "no"))
     got = load(latest(root, "launches.json"))
     if got:
         rows.append(("#57", "a decode step with few launches (no number set)",
