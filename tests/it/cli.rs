@@ -15,6 +15,18 @@ fn repo() -> &'static Path {
     Path::new(env!("CARGO_MANIFEST_DIR"))
 }
 
+/// Runs `acpo ARGS` from the repository, which must succeed (its stderr in the message), and
+/// reads the JSON rows it wrote to `report`.
+fn report_rows(args: &[&str], report: &Path) -> Vec<serde_json::Value> {
+    let out = acpo(args, repo());
+    assert!(
+        out.status.success(),
+        "{args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_str(&std::fs::read_to_string(report).expect("a report")).expect("rows")
+}
+
 /// Copies `experiments/` into `dir`: manifests name their model config relative to the
 /// working directory, as a user running from the repository root has it.
 fn copy_experiments(dir: &Path) {
@@ -350,7 +362,7 @@ fn bench_writes_a_report() {
         ("attention", "f32"),
     ] {
         let dir = tempfile::tempdir().expect("tempdir");
-        let out = acpo(
+        let rows = report_rows(
             &[
                 "bench",
                 kind,
@@ -362,17 +374,8 @@ fn bench_writes_a_report() {
                 "--out",
                 dir.path().to_str().expect("utf8"),
             ],
-            repo(),
+            &dir.path().join(format!("{kind}.json")),
         );
-        assert!(
-            out.status.success(),
-            "{kind}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let rows: Vec<serde_json::Value> = serde_json::from_str(
-            &std::fs::read_to_string(dir.path().join(format!("{kind}.json"))).expect("json"),
-        )
-        .expect("rows");
         assert_eq!(rows[0]["model"], "tiny");
         assert_eq!(rows[0]["what"], kind);
         assert_eq!(rows[0]["target"], format!("cpu/{dtype}"));
@@ -407,16 +410,7 @@ fn bench_train_step_takes_a_config_a_shape_and_the_memory_settings_and_reports_p
             dir.path().to_str().expect("utf8"),
         ];
         args.extend_from_slice(extra);
-        let out = acpo(&args, repo());
-        assert!(
-            out.status.success(),
-            "{extra:?}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let rows: Vec<serde_json::Value> = serde_json::from_str(
-            &std::fs::read_to_string(dir.path().join("train-step.json")).expect("json"),
-        )
-        .expect("rows");
+        let rows = report_rows(&args, &dir.path().join("train-step.json"));
         rows[0].clone()
     };
     let plain = run(&[]);
@@ -460,7 +454,7 @@ fn bench_train_step_takes_a_config_a_shape_and_the_memory_settings_and_reports_p
         acpo::fused::FlashBackward::Pair
     );
     // Likewise the attention benchmark.
-    let out = acpo(
+    let rows = report_rows(
         &[
             "bench",
             "attention",
@@ -479,22 +473,13 @@ fn bench_train_step_takes_a_config_a_shape_and_the_memory_settings_and_reports_p
             "--out",
             dir.path().to_str().expect("utf8"),
         ],
-        repo(),
+        &dir.path().join("attention.json"),
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let rows: Vec<serde_json::Value> = serde_json::from_str(
-        &std::fs::read_to_string(dir.path().join("attention.json")).expect("json"),
-    )
-    .expect("rows");
     let shape = rows[0]["shape"].as_str().expect("shape");
     assert!(shape.starts_with("flash: 2×40"), "{shape}");
     // The timed steps run untraced (a trace waits for the device at every part): the trace
     // holds one step, the extra one after the timed two.
-    let out = acpo(
+    let rows = report_rows(
         &[
             "bench",
             "train-step",
@@ -513,17 +498,8 @@ fn bench_train_step_takes_a_config_a_shape_and_the_memory_settings_and_reports_p
             "--out",
             dir.path().to_str().expect("utf8"),
         ],
-        repo(),
+        &dir.path().join("train-step.json"),
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let rows: Vec<serde_json::Value> = serde_json::from_str(
-        &std::fs::read_to_string(dir.path().join("train-step.json")).expect("json"),
-    )
-    .expect("rows");
     let traced = &rows[0];
     let marks = traced["trace"].as_array().expect("a trace");
     let steps = marks
@@ -576,16 +552,7 @@ fn bench_generate_compares_waves_with_continuous_batching_on_long_tails() {
         if paged {
             args.push("--paged-kv");
         }
-        let out = acpo(&args, repo());
-        assert!(
-            out.status.success(),
-            "{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        let rows: Vec<serde_json::Value> = serde_json::from_str(
-            &std::fs::read_to_string(dir.path().join("generate.json")).expect("json"),
-        )
-        .expect("rows");
+        let rows = report_rows(&args, &dir.path().join("generate.json"));
         assert_eq!(rows.len(), 2 + usize::from(paged));
         let shape = |i: usize| rows[i]["shape"].as_str().expect("s").to_string();
         assert!(shape(0).ends_with("waves"));
@@ -642,7 +609,7 @@ fn bench_paper_plan_costs_every_paper_run_from_measured_rates() {
     let mut generate = row("generate", 5_000.0);
     generate[0]["roofline"] = serde_json::json!({"copy_gb_per_s": 3_000.0});
     std::fs::write(measured.join("generate.json"), generate.to_string()).expect("w");
-    let ok = acpo(
+    let rows = report_rows(
         &[
             "bench",
             "paper-plan",
@@ -651,17 +618,8 @@ fn bench_paper_plan_costs_every_paper_run_from_measured_rates() {
             "--out",
             out,
         ],
-        repo(),
+        &dir.path().join("paper-plan.json"),
     );
-    assert!(
-        ok.status.success(),
-        "{}",
-        String::from_utf8_lossy(&ok.stderr)
-    );
-    let rows: Vec<serde_json::Value> = serde_json::from_str(
-        &std::fs::read_to_string(dir.path().join("paper-plan.json")).expect("json"),
-    )
-    .expect("rows");
     assert_eq!(rows.len(), 16);
     let hours = |run: &str| {
         rows.iter().find(|r| r["run"] == run).expect(run)["gpu_hours"]

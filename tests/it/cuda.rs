@@ -910,6 +910,72 @@ fn gradient_checkpointing_on_cuda_is_bit_identical_in_f32() {
     }
 }
 
+/// A batch a checkpointed step trains on: `b` sequences of `t` tokens (ids from a fixed
+/// pattern of a 128-token vocabulary), the first `pad` positions of the first one padding, the
+/// next token the target.
+struct StepBatch {
+    ids: Tensor,
+    pos: Tensor,
+    valid: Tensor,
+    targets: Tensor,
+}
+
+impl StepBatch {
+    fn new(gpu: &Device, b: usize, t: usize, pad: usize) -> StepBatch {
+        let ids: Vec<u32> = (0..(b * t) as u32).map(|i| (i * 37 + 5) % 128).collect();
+        let ids = Tensor::from_vec(ids, (b, t), gpu).expect("ids");
+        let pos = Tensor::arange(0u32, t as u32, gpu)
+            .and_then(|p| p.unsqueeze(0))
+            .and_then(|p| p.repeat((b, 1)))
+            .expect("pos");
+        let valid: Vec<u8> = (0..b * t).map(|i| u8::from(i >= pad)).collect();
+        let valid = Tensor::from_vec(valid, (b, t), gpu).expect("valid");
+        let targets = ids.narrow(1, 1, t - 1).expect("targets");
+        StepBatch {
+            ids,
+            pos,
+            valid,
+            targets,
+        }
+    }
+
+    /// `var`'s gradient in `store`, in f32 on the host.
+    fn host_grad(store: &candle_core::backprop::GradStore, var: &Var, name: &str) -> Vec<f32> {
+        store
+            .get(var.as_tensor())
+            .unwrap_or_else(|| panic!("{name}: no gradient"))
+            .to_dtype(DType::F32)
+            .and_then(|g| g.flatten_all())
+            .and_then(|g| g.to_vec1::<f32>())
+            .expect("to host")
+    }
+
+    /// Every weight's gradient of a checkpointed step of `model` on the batch: the loss is
+    /// 0.01 × the mean entropy less the targets' mean log-probability, vocabulary chunks of 16.
+    fn checkpointed_grads(
+        &self,
+        model: &acpo::model::qwen::Qwen,
+    ) -> candle_core::backprop::GradStore {
+        let t = self.ids.dim(1).expect("t");
+        let mut store = candle_core::backprop::GradStore::default();
+        model
+            .checkpointed_backward(
+                &self.ids,
+                &self.pos,
+                &self.valid,
+                |m, h| -> acpo::model::Result<(Tensor, ())> {
+                    let (lp, ent) =
+                        m.token_log_probs(&h.narrow(1, 0, t - 1)?, &self.targets, 1.0, 16, true)?;
+                    let ent = ent.expect("entropy");
+                    Ok(((ent.mean_all()? * 0.01 - lp.mean_all()?)?, ()))
+                },
+                |layer| Ok(store.extend(layer)?),
+            )
+            .expect("checkpointed");
+        store
+    }
+}
+
 /// Each decoder layer's backward written out by hand (`Kernels::layer_by_hand`, issue #59 item
 /// 2) on CUDA, with the GPU's kernels (flash attention, the chunked vocabulary), against
 /// autograd over the composed layer: the same gradients to f32 round-off in f32, within bf16's
@@ -923,15 +989,7 @@ fn the_layer_backward_by_hand_on_cuda_gives_autograds_gradients() {
     use acpo::model::{Params, QwenConfig};
     let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/tiny-qwen3");
     let cfg = QwenConfig::load(&dir.join("config.json")).expect("config");
-    let (b, t) = (2usize, 40usize);
-    let ids: Vec<u32> = (0..(b * t) as u32).map(|i| (i * 37 + 5) % 128).collect();
-    let ids = Tensor::from_vec(ids, (b, t), &gpu).expect("ids");
-    let pos = Tensor::arange(0u32, t as u32, &gpu)
-        .and_then(|p| p.unsqueeze(0))
-        .and_then(|p| p.repeat((b, 1)))
-        .expect("pos");
-    let valid = Tensor::ones((b, t), DType::U8, &gpu).expect("valid");
-    let targets = ids.narrow(1, 1, t - 1).expect("targets");
+    let batch = StepBatch::new(&gpu, 2, 40, 0);
     for (dtype, tolerance) in [(DType::F32, 1e-4f32), (DType::BF16, 3e-2)] {
         let params = Params::load_dir(&dir, DType::F32, &gpu)
             .expect("weights")
@@ -944,33 +1002,11 @@ fn the_layer_backward_by_hand_on_cuda_gives_autograds_gradients() {
                 ..model.kernels()
             });
             assert!(model.kernels().flash_attention);
-            let mut store = candle_core::backprop::GradStore::default();
-            model
-                .checkpointed_backward(
-                    &ids,
-                    &pos,
-                    &valid,
-                    |m, h| -> acpo::model::Result<(Tensor, ())> {
-                        let (lp, ent) =
-                            m.token_log_probs(&h.narrow(1, 0, t - 1)?, &targets, 1.0, 16, true)?;
-                        let ent = ent.expect("entropy");
-                        Ok(((ent.mean_all()? * 0.01 - lp.mean_all()?)?, ()))
-                    },
-                    |layer| Ok(store.extend(layer)?),
-                )
-                .expect("checkpointed");
-            store
+            batch.checkpointed_grads(&model)
         };
         let (autograd, by_hand) = (grads(false), grads(true));
         for (name, var) in params.vars() {
-            let host = |s: &candle_core::backprop::GradStore| {
-                s.get(var.as_tensor())
-                    .unwrap_or_else(|| panic!("{name}: no gradient"))
-                    .to_dtype(DType::F32)
-                    .and_then(|g| g.flatten_all())
-                    .and_then(|g| g.to_vec1::<f32>())
-                    .expect("to host")
-            };
+            let host = |s| StepBatch::host_grad(s, var, name);
             let (a, h) = (host(&autograd), host(&by_hand));
             let d = super::model::scaled_max_diff(&h, &a, 1e-12);
             assert!(
@@ -1002,16 +1038,7 @@ fn the_attention_backward_in_five_products_gives_the_steps_gradients_on_cuda() {
         "tie_word_embeddings": true, "max_position_embeddings": 512}"#;
     let cfg =
         QwenConfig::from_json(layer_1_7b, std::path::Path::new("config.json")).expect("config");
-    let (b, t, pad) = (2usize, 300usize, 45usize);
-    let ids: Vec<u32> = (0..(b * t) as u32).map(|i| (i * 37 + 5) % 128).collect();
-    let ids = Tensor::from_vec(ids, (b, t), &gpu).expect("ids");
-    let pos = Tensor::arange(0u32, t as u32, &gpu)
-        .and_then(|p| p.unsqueeze(0))
-        .and_then(|p| p.repeat((b, 1)))
-        .expect("pos");
-    let valid: Vec<u8> = (0..b * t).map(|i| u8::from(i >= pad)).collect();
-    let valid = Tensor::from_vec(valid, (b, t), &gpu).expect("valid");
-    let targets = ids.narrow(1, 1, t - 1).expect("targets");
+    let batch = StepBatch::new(&gpu, 2, 300, 45);
     let params = init::random_params(&cfg, 7, DType::F32, &gpu)
         .expect("weights")
         .with_compute(DType::BF16);
@@ -1022,21 +1049,7 @@ fn the_attention_backward_in_five_products_gives_the_steps_gradients_on_cuda() {
             ..model.kernels()
         });
         assert!(model.kernels().flash_attention);
-        let mut store = candle_core::backprop::GradStore::default();
-        model
-            .checkpointed_backward(
-                &ids,
-                &pos,
-                &valid,
-                |m, h| -> acpo::model::Result<(Tensor, ())> {
-                    let (lp, _) =
-                        m.token_log_probs(&h.narrow(1, 0, t - 1)?, &targets, 1.0, 16, false)?;
-                    Ok(((lp.mean_all()? * -1.0)?, ()))
-                },
-                |layer| Ok(store.extend(layer)?),
-            )
-            .expect("checkpointed");
-        store
+        batch.checkpointed_grads(&model)
     };
     let (pair, five, again) = (
         grads(FlashBackward::Pair),
@@ -1044,14 +1057,7 @@ fn the_attention_backward_in_five_products_gives_the_steps_gradients_on_cuda() {
         grads(FlashBackward::FiveProducts),
     );
     for (name, var) in params.vars() {
-        let host = |s: &candle_core::backprop::GradStore| {
-            s.get(var.as_tensor())
-                .unwrap_or_else(|| panic!("{name}: no gradient"))
-                .to_dtype(DType::F32)
-                .and_then(|g| g.flatten_all())
-                .and_then(|g| g.to_vec1::<f32>())
-                .expect("to host")
-        };
+        let host = |s| StepBatch::host_grad(s, var, name);
         let (p, f) = (host(&pair), host(&five));
         let d = super::model::scaled_max_diff(&f, &p, 1e-12);
         assert!(

@@ -604,6 +604,20 @@ pub fn flash_bwd(
             unsafe { b.launch(row_grid(rows, 1, 1)?) }.w()?;
 
             let mma = mma_dim(dims, dtype, &[q.1, k.1, v.1, o.1, dout.1]);
+            // The inputs every backward kernel takes first, in their order: q, k, v, dO, the
+            // statistics, δ, the valid keys, each sequence's first valid key.
+            macro_rules! push_inputs {
+                ($b:expr) => {
+                    $b.arg(&qv)
+                        .arg(&kv)
+                        .arg(&vv)
+                        .arg(&dov)
+                        .arg(&statsv)
+                        .arg(&delta)
+                        .arg(&validv)
+                        .arg(&first)
+                };
+            }
             if let (FlashBackward::FiveProducts, Some(d)) = (backward, mma) {
                 // dQ's f32 sums, and a counter per (sequence, query head, query tile) then the
                 // blocks' ticket, all zeroed: the kernel adds to the sums in key-block order.
@@ -618,14 +632,7 @@ pub fn flash_bwd(
                 let f = kernel!(dev, &format!("flash_dkdvq_mma_d{d}_bf16"), MMA_PTX)?;
                 allow_smem(&f, l.smem)?;
                 let mut b = f.builder();
-                b.arg(&qv)
-                    .arg(&kv)
-                    .arg(&vv)
-                    .arg(&dov)
-                    .arg(&statsv)
-                    .arg(&delta)
-                    .arg(&validv)
-                    .arg(&first);
+                push_inputs!(b);
                 b.arg(&mut dk).arg(&mut dv).arg(&mut sums).arg(&mut counts);
                 n.push(&mut b);
                 // SAFETY: the arguments match flash_dkdvq_mma_* in kernels/flash_mma.cu; the
@@ -640,14 +647,7 @@ pub fn flash_bwd(
             } else {
                 let (f, cfg) = pick!(dev, "flash_dq", sfx, mma, mma_dq, (dims.t, dims.h, dims.b),);
                 let mut b = f.builder();
-                b.arg(&qv)
-                    .arg(&kv)
-                    .arg(&vv)
-                    .arg(&dov)
-                    .arg(&statsv)
-                    .arg(&delta)
-                    .arg(&validv)
-                    .arg(&first);
+                push_inputs!(b);
                 b.arg(&mut dq);
                 n.push(&mut b);
                 // SAFETY: the arguments match flash_dq_* and flash_dq_mma_* (the same list).
@@ -662,14 +662,7 @@ pub fn flash_bwd(
                     (dims.s, dims.kv, dims.b),
                 );
                 let mut b = f.builder();
-                b.arg(&qv)
-                    .arg(&kv)
-                    .arg(&vv)
-                    .arg(&dov)
-                    .arg(&statsv)
-                    .arg(&delta)
-                    .arg(&validv)
-                    .arg(&first);
+                push_inputs!(b);
                 b.arg(&mut dk).arg(&mut dv);
                 n.push(&mut b);
                 // SAFETY: the arguments match flash_dkdv_* and flash_dkdv_mma_* (the same list).
