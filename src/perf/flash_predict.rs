@@ -55,6 +55,14 @@ pub fn key_tile_loads(t: usize, rows: usize) -> u64 {
         .sum()
 }
 
+/// The bytes the 5-product backward's ordered adds move (kernels/flash_mma.cu, `flash_dkdvq_*`):
+/// each 128-key block reads and writes, for every query head of its KV head, an f32 tile of 64
+/// query rows × `d` for each query tile it visits ([`key_tile_loads`]).
+pub fn dq_add_bytes(batch: usize, heads: usize, d: usize, t: usize) -> f64 {
+    let visits = (batch * heads) as f64 * key_tile_loads(t, DKDV_ROWS_D128) as f64;
+    visits * (TILE * d) as f64 * 4.0 * 2.0
+}
+
 /// FLOPs of one layer's causal attention as FA2 counts them: the forward 4·B·H·D·T²/2, the
 /// backward 2.5× that.
 pub fn flops_fwd(batch: usize, heads: usize, d: usize, t: usize) -> f64 {
@@ -188,6 +196,10 @@ pub struct AttentionPredicted {
     /// The forward in 128-row blocks with a 5-product backward in 128-key blocks (a floor: the
     /// dQ accumulation's traffic is not counted).
     pub fwd_bwd5_ms: f64,
+    /// The 5-product backward's ordered adds of dQ ([`dq_add_bytes`]), and the floor above with
+    /// them moved at each GPU's copy rate (label, ms): what it costs if none stays in L2.
+    pub dq_add_bytes: f64,
+    pub fwd_bwd5_adds_ms: Vec<(String, f64)>,
     /// FA2's FLOPs at [`PEAK_BF16`].
     pub peak_ms: f64,
     /// The bytes forward + backward must move, and their time at each GPU's copy rate
@@ -237,6 +249,14 @@ pub fn predict(
             let fwd = 2.0 * np + no * loads;
             let f = flops_fwd(batch, h, d, t);
             let (bf, bb) = min_bytes(cfg, batch, t);
+            let fwd_bwd5 = fwd + 5.0 * np + no * loads_k;
+            let adds = dq_add_bytes(batch, h, d, t);
+            let at_copy = |bytes: f64| -> Vec<(String, f64)> {
+                rates
+                    .iter()
+                    .map(|r| (r.label().to_owned(), bytes / (r.gb_per_s * 1e9) * 1e3))
+                    .collect()
+            };
             Ok(AttentionPredicted {
                 batch,
                 t,
@@ -246,13 +266,15 @@ pub fn predict(
                 no_ms: no,
                 fwd_ms: fwd,
                 fwd_bwd_ms: fwd + m.bwd_ms - no * (1.0 - loads) - no * (1.0 - loads_k),
-                fwd_bwd5_ms: fwd + 5.0 * np + no * loads_k,
+                fwd_bwd5_ms: fwd_bwd5,
+                dq_add_bytes: adds,
+                fwd_bwd5_adds_ms: at_copy(adds)
+                    .into_iter()
+                    .map(|(label, ms)| (label, fwd_bwd5 + ms))
+                    .collect(),
                 peak_ms: 3.5 * f / PEAK_BF16 * 1e3,
                 bytes: bf + bb,
-                bytes_ms: rates
-                    .iter()
-                    .map(|r| (r.label().to_owned(), (bf + bb) / (r.gb_per_s * 1e9) * 1e3))
-                    .collect(),
+                bytes_ms: at_copy(bf + bb),
             })
         })
         .collect()
@@ -271,8 +293,13 @@ fn markdown(model: &str, log: &Path, rows: &[AttentionPredicted]) -> String {
         ("fwd, 128-row blocks".to_owned(), Right),
         ("fwd + bwd, 128-row blocks".to_owned(), Right),
         ("fwd + 5-product bwd (floor)".to_owned(), Right),
-        ("at the bf16 peak".to_owned(), Right),
     ];
+    if let Some(first) = rows.first() {
+        for (label, _) in &first.fwd_bwd5_adds_ms {
+            cols.push((format!("with its dQ adds at the {label}'s copy"), Right));
+        }
+    }
+    cols.push(("at the bf16 peak".to_owned(), Right));
     if let Some(first) = rows.first() {
         for (label, _) in &first.bytes_ms {
             cols.push((format!("bytes at the {label}'s copy"), Right));
@@ -289,15 +316,18 @@ fn markdown(model: &str, log: &Path, rows: &[AttentionPredicted]) -> String {
             at(r.fwd_ms, f_fwd),
             at(r.fwd_bwd_ms, r.flops),
             at(r.fwd_bwd5_ms, r.flops),
-            at(r.peak_ms, r.flops),
         ];
+        for (_, ms) in &r.fwd_bwd5_adds_ms {
+            cells.push(at(*ms, r.flops));
+        }
+        cells.push(at(r.peak_ms, r.flops));
         for (_, ms) in &r.bytes_ms {
             cells.push(format!("{ms:.3} ms"));
         }
         t.row(cells);
     }
     format!(
-        "**Predicted, not measured.** One layer's causal attention of {model} (head dim 128, bf16, no padding) on the tensor-core kernels (`kernels/flash_mma.cu`), milliseconds and, in brackets, TFLOP/s counted FA2's way (forward 4·B·H·D·T²/2, backward 2.5× that). The model (`perf::flash_predict`, `acpo bench attention-predict`) is fitted to the version 3 kernels' times in `{}`: a 64 × 64 unit costs p per tensor-core product and o per tile load, the timed forward 2 products a unit and the backward 7 over two walks, so N·p and N·o follow at each shape; the forward and dQ in 128-row blocks load each K/V tile once for two units, dK/dV in 128-key blocks each Q/dO tile (each kernel's o scaled by its tile loads), and a 5-product backward would be one walk of dK/dV's, N·(5p + o) (a floor: its dQ accumulation's traffic is not counted). The H100 and H200 have the same SMs and clocks, so one prediction serves both; the last columns are the floors no kernel beats: the FLOPs at the 989.4 TFLOP/s dense bf16 peak and the bytes forward + backward must move once at each GPU's measured copy (perf::decode's rates). Issue #59's target is ≥ 200 TFLOP/s forward + backward at 2 × 9,220.\n\n{t}",
+        "**Predicted, not measured.** One layer's causal attention of {model} (head dim 128, bf16, no padding) on the tensor-core kernels (`kernels/flash_mma.cu`), milliseconds and, in brackets, TFLOP/s counted FA2's way (forward 4·B·H·D·T²/2, backward 2.5× that). The model (`perf::flash_predict`, `acpo bench attention-predict`) is fitted to the version 3 kernels' times in `{}`: a 64 × 64 unit costs p per tensor-core product and o per tile load, the timed forward 2 products a unit and the backward 7 over two walks, so N·p and N·o follow at each shape; the forward and dQ in 128-row blocks load each K/V tile once for two units, dK/dV in 128-key blocks each Q/dO tile (each kernel's o scaled by its tile loads), and a 5-product backward would be one walk of dK/dV's, N·(5p + o) (a floor: its dQ accumulation's traffic is not counted), then with that traffic at each GPU's copy rate (every 128-key block reading and writing an f32 64-row tile of dQ per query head for each query tile it visits, `perf::flash_predict::dq_add_bytes`: the cost if none of it stays in L2). The H100 and H200 have the same SMs and clocks, so one prediction serves both; the last columns are the floors no kernel beats: the FLOPs at the 989.4 TFLOP/s dense bf16 peak and the bytes forward + backward must move once at each GPU's measured copy (perf::decode's rates). Issue #59's target is ≥ 200 TFLOP/s forward + backward at 2 × 9,220.\n\n{t}",
         log.display(),
     )
 }
@@ -395,6 +425,13 @@ mod tests {
         let saved_bwd = 13.614 + r.fwd_ms - r.fwd_bwd_ms;
         assert!(saved_bwd > 1.9 * saved_fwd && saved_bwd < 2.1 * saved_fwd);
         assert!(r.fwd_bwd5_ms < r.fwd_bwd_ms);
+        // the ordered adds at 2 × 9,220: 73 key blocks visit 145 − 2·kb query tiles each,
+        // 5,329 a query head, 32 heads of 64 × 128 f32 read and written (kernels/NOTES.md v8)
+        assert_eq!(
+            dq_add_bytes(2, 16, 128, 9220),
+            32.0 * 5329.0 * 64.0 * 128.0 * 8.0
+        );
+        assert!(r.fwd_bwd5_adds_ms.is_empty(), "no copy rates given");
         assert!((r.flops - 3.5 * 4.0 * 2.0 * 16.0 * 128.0 * 9220.0 * 9220.0 / 2.0).abs() < 1.0);
         let none = predict(&qwen3_17b(), &[m], &[]);
         assert!(none.is_err(), "a shape without timings is an error");
