@@ -208,7 +208,9 @@ pub fn long_tail_lengths(n: usize, max: usize) -> Vec<usize> {
 /// continuous batching (a waiting prompt takes a finished one's place). The same prompts, keys
 /// and lengths; tokens/s of new tokens. The continuous run carries its roofline: the bytes its
 /// decode steps must read (every weight once a step, each row's own cache so far) over the
-/// device's copy rate, beside the time its decode steps took.
+/// device's copy rate, beside the time its decode steps took. With `paged`, a third run over
+/// the paged KV cache, as many rows at once as its pool holds, with the roofline of the steps
+/// and positions its engine counted.
 pub fn bench_long_tail(m: &Subject, opts: &SpeedOptions) -> Result<Vec<Measurement>> {
     let (target, shape) = (&opts.target, &opts.sample);
     let Sampler {
@@ -309,8 +311,9 @@ pub fn bench_long_tail(m: &Subject, opts: &SpeedOptions) -> Result<Vec<Measureme
     let mut rows = vec![row("generate", w, "waves"), cont];
     if shape.paged {
         // The same prompts, keys and lengths through the paged cache; the rows it decoded at
-        // once are the pool's choice, so its row says how many. Its reads: the weights once a
-        // step it ran, and each row's own cache at each of its steps, whatever the schedule.
+        // once are the pool's choice, so its row says how many. Its reads, as the engine
+        // counted them: the weights once a step it ran, and each row's own cache at each of its
+        // steps (a preempted row's again when it is recomputed).
         let (secs, stats) = median_continuous(true)?;
         let mut paged = row("generate", secs, "");
         paged.shape = Some(format!(
@@ -327,11 +330,7 @@ pub fn bench_long_tail(m: &Subject, opts: &SpeedOptions) -> Result<Vec<Measureme
         ));
         let weights = params.count() as f64 * elem as f64;
         let bytes = stats.decode_steps as f64 * weights
-            + kv_reads(
-                &limits,
-                shape.prompt_len,
-                m.cfg.kv_bytes_per_position(elem) as f64,
-            );
+            + stats.decode_positions as f64 * m.cfg.kv_bytes_per_position(elem) as f64;
         paged.roofline = Some(decode_roofline(
             bytes,
             stats.decode_steps,
@@ -366,10 +365,11 @@ fn decode_roofline(
     }
 }
 
-/// The KV cache that the decode steps of prompts of `prompt_len` sampled to `limits` read,
-/// whatever their schedule: a row reads its own positions so far at each of its steps, from
-/// the prompt's length plus one to the prompt's plus its limit less one (its first token comes
-/// from the prefill), `kv_per_position` bytes each.
+/// The KV cache that the decode steps of prompts of `prompt_len` sampled to `limits` read when
+/// no row stops early or is preempted, whatever their schedule: a row reads its own positions so
+/// far at each of its steps, from the prompt's length plus one to the prompt's plus its limit
+/// less one (its first token comes from the prefill), `kv_per_position` bytes each. The
+/// engines count what they read (`GenStats::decode_positions`); tests hold them to this.
 pub fn kv_reads(limits: &[usize], prompt_len: usize, kv_per_position: f64) -> f64 {
     let positions: f64 = limits
         .iter()

@@ -96,6 +96,11 @@ pub struct GenStats {
     /// Decode steps run (each appending a token to every row that goes on): what a decode
     /// roofline charges the weights' reads by.
     pub decode_steps: usize,
+    /// Key positions the decode steps attended over, each row its own (its prompt and the
+    /// tokens it has so far, the one it feeds included; padding not counted), summed over the
+    /// steps: what a decode roofline charges the KV cache's reads by. A row the paged engine
+    /// preempts and recomputes counts again.
+    pub decode_positions: usize,
     /// The most rows one decode step took: the batch `max_batch`, or a paged cache's pool,
     /// allowed.
     pub most_rows: usize,
@@ -369,6 +374,10 @@ fn decode_all(
             None
         } else {
             timed.decode_steps += 1;
+            timed.decode_positions += keep
+                .iter()
+                .map(|&r| next_pos[batch.active[r]] as usize + 1)
+                .sum::<usize>();
             Some(decode(model, batch, &keep, next_ids, &mut next_pos)?)
         };
         // Waiting prompts take the finished sequences' places.
@@ -454,6 +463,7 @@ fn add_stats(
     s.decode_seconds += decode_seconds;
     s.decode_tokens += out.iter().map(|c| c.tokens.len()).sum::<usize>();
     s.decode_steps += timed.decode_steps;
+    s.decode_positions += timed.decode_positions;
     s.most_rows = s.most_rows.max(timed.most_rows);
     s.widest_prefill = s.widest_prefill.max(timed.widest_prefill);
 }

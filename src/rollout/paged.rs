@@ -229,6 +229,11 @@ pub fn decode_all_paged(
         } else {
             timed.most_rows = timed.most_rows.max(engine.rows.len());
             timed.decode_steps += 1;
+            timed.decode_positions += engine
+                .rows
+                .iter()
+                .map(|r| next_pos[r.prompt] as usize + 1)
+                .sum::<usize>();
             engine.decode(next_ids, &mut next_pos)?;
         }
         if !joining.is_empty() {

@@ -581,6 +581,19 @@ fn bench_generate_compares_waves_with_continuous_batching_on_long_tails() {
                 .and_then(|n| n.parse().ok())
                 .expect("the widest prefill");
             assert!((32..=4 * 32).contains(&widest), "{}", shape(2));
+            // its roofline counts what the engine read: on the CPU the pool holds every row
+            // and admits them as the dense engine does, so the same bytes a step
+            let bytes = |i: usize| {
+                rows[i]["roofline"]["bytes_per_step"]
+                    .as_f64()
+                    .expect("bytes")
+            };
+            assert!(
+                (bytes(2) / bytes(1) - 1.0).abs() < 1e-12,
+                "{} vs {}",
+                bytes(2),
+                bytes(1)
+            );
         }
     }
 }

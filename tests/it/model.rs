@@ -1478,10 +1478,11 @@ fn a_group_of_responses_shares_its_prompts_prefill_and_blocks() {
 
 #[test]
 fn both_engines_run_the_decode_steps_the_roofline_charges() {
-    // `acpo bench generate --long-tail` charges a decode roofline the weights once a step: the
-    // dense engine's steps are `perf::continuous_reads`' schedule (prompts of one length, the
-    // lengths their limits), and both engines count the steps they run (`GenStats::
-    // decode_steps`), which the paged row's roofline takes.
+    // `acpo bench generate --long-tail` charges a decode roofline the weights once a step and
+    // each row's cache at each of its steps: the dense engine's steps are
+    // `perf::continuous_reads`' schedule (prompts of one length, the lengths their limits), and
+    // both engines count the steps and positions they run (`GenStats::decode_steps`,
+    // `decode_positions`), which the paged row's roofline takes.
     let (cfg, params) = load("tiny-qwen3");
     let model = Qwen::new(&cfg, &params, true).expect("model");
     let (prompt_len, batch) = (6usize, 9usize);
@@ -1516,6 +1517,12 @@ fn both_engines_run_the_decode_steps_the_roofline_charges() {
             assert_eq!(lens, limits, "no EOS: every row runs to its limit");
             let s = *stats.lock().unwrap();
             assert_eq!(s.decode_steps, want, "{slots} slots, paged {paged}");
+            // and read each row's own positions at each of its steps, whatever the schedule
+            let positions = acpo::perf::kv_reads(&limits, prompt_len, 1.0);
+            assert_eq!(
+                s.decode_positions as f64, positions,
+                "{slots} slots, paged {paged}"
+            );
         }
     }
 }
