@@ -604,69 +604,21 @@ pub fn flash_bwd(
             unsafe { b.launch(row_grid(rows, 1, 1)?) }.w()?;
 
             let mma = mma_dim(dims, dtype, &[q.1, k.1, v.1, o.1, dout.1]);
-            // The inputs every backward kernel takes first, in their order: q, k, v, dO, the
-            // statistics, δ, the valid keys, each sequence's first valid key.
-            macro_rules! push_inputs {
-                ($b:expr) => {
-                    $b.arg(&qv)
-                        .arg(&kv)
-                        .arg(&vv)
-                        .arg(&dov)
-                        .arg(&statsv)
-                        .arg(&delta)
-                        .arg(&validv)
-                        .arg(&first)
-                };
-            }
-            if let (FlashBackward::FiveProducts, Some(d)) = (backward, mma) {
-                // dQ's f32 sums, and a counter per (sequence, query head, query tile) then the
-                // blocks' ticket, all zeroed: the kernel adds to the sums in key-block order.
-                let elems = rows * d;
-                let elems_i = i32::try_from(elems).map_err(|_| {
-                    candle_core::Error::Msg(format!("{what}: dQ's {elems} elements in one launch"))
-                })?;
-                let mut sums = dev.alloc_zeros::<f32>(elems)?;
-                let tiles = dims.b * dims.h * dims.t.div_ceil(MMA_TILE);
-                let mut counts = dev.alloc_zeros::<i32>(tiles + 1)?;
-                let l = mma_dkdvq(d);
-                let f = kernel!(dev, &format!("flash_dkdvq_mma_d{d}_bf16"), MMA_PTX)?;
-                allow_smem(&f, l.smem)?;
-                let mut b = f.builder();
-                push_inputs!(b);
-                b.arg(&mut dk).arg(&mut dv).arg(&mut sums).arg(&mut counts);
-                n.push(&mut b);
-                // SAFETY: the arguments match flash_dkdvq_mma_* in kernels/flash_mma.cu; the
-                // counters and the ticket are zero, as its waits need.
-                unsafe { b.launch(mma_grid(dims.s, dims.kv, dims.b, l)?) }.w()?;
-
-                let f = kernel!(dev, "flash_dq_acc_bf16", MMA_PTX)?;
-                let mut b = f.builder();
-                b.arg(&sums).arg(&mut dq).arg(&elems_i).arg(&n.scale);
-                // SAFETY: the arguments match flash_dq_acc_bf16 (a grid-stride loop over elems).
-                unsafe { b.launch(elems_config(elems)) }.w()?;
-            } else {
-                let (f, cfg) = pick!(dev, "flash_dq", sfx, mma, mma_dq, (dims.t, dims.h, dims.b),);
-                let mut b = f.builder();
-                push_inputs!(b);
-                b.arg(&mut dq);
-                n.push(&mut b);
-                // SAFETY: the arguments match flash_dq_* and flash_dq_mma_* (the same list).
-                unsafe { b.launch(cfg) }.w()?;
-
-                let (f, cfg) = pick!(
-                    dev,
-                    "flash_dkdv",
-                    sfx,
-                    mma,
-                    mma_dkdv,
-                    (dims.s, dims.kv, dims.b),
-                );
-                let mut b = f.builder();
-                push_inputs!(b);
-                b.arg(&mut dk).arg(&mut dv);
-                n.push(&mut b);
-                // SAFETY: the arguments match flash_dkdv_* and flash_dkdv_mma_* (the same list).
-                unsafe { b.launch(cfg) }.w()?;
+            let ins = BwdInputs {
+                q: qv,
+                k: kv,
+                v: vv,
+                dout: dov,
+                stats: statsv,
+                delta,
+                valid: validv,
+                first,
+                n,
+            };
+            let out = (&mut dq, &mut dk, &mut dv);
+            match (backward, mma) {
+                (FlashBackward::FiveProducts, Some(d)) => five_products(dev, dims, d, &ins, out)?,
+                (_, mma) => pair(dev, dims, sfx, mma, &ins, out)?,
             }
         }
         Ok((
@@ -675,4 +627,114 @@ pub fn flash_bwd(
             CudaStorage::wrap_cuda_slice(dv, dev.clone()),
         ))
     })
+}
+
+/// What every backward kernel takes: first q, k, v, dO, the statistics, δ, the valid keys and
+/// each sequence's first valid key, in that order; last the shape arguments (`FA_ARGS`).
+struct BwdInputs<'a, T> {
+    q: CudaView<'a, T>,
+    k: CudaView<'a, T>,
+    v: CudaView<'a, T>,
+    dout: CudaView<'a, T>,
+    stats: CudaView<'a, f32>,
+    delta: CudaSlice<f32>,
+    valid: CudaView<'a, u8>,
+    first: CudaSlice<i32>,
+    n: FlashInts,
+}
+
+impl<T> BwdInputs<'_, T> {
+    /// The inputs, before a kernel's outputs.
+    fn push<'b>(&'b self, b: &mut LaunchArgs<'b>) {
+        b.arg(&self.q)
+            .arg(&self.k)
+            .arg(&self.v)
+            .arg(&self.dout)
+            .arg(&self.stats)
+            .arg(&self.delta)
+            .arg(&self.valid)
+            .arg(&self.first);
+    }
+}
+
+/// dQ, dK and dV, the buffers a backward writes.
+type BwdOutputs<'o, T> = (
+    &'o mut CudaSlice<T>,
+    &'o mut CudaSlice<T>,
+    &'o mut CudaSlice<T>,
+);
+
+/// The backward in 5 products on tensor cores at head dim `d`: dK/dV by key blocks, each adding
+/// its share of dQ to f32 sums in key-block order (`flash_dkdvq_*`), then dQ = scale · sums
+/// (`flash_dq_acc_bf16`).
+fn five_products<T>(
+    dev: &CudaDevice,
+    dims: &FlashDims,
+    d: usize,
+    ins: &BwdInputs<T>,
+    (dq, dk, dv): BwdOutputs<T>,
+) -> Result<()> {
+    // dQ's f32 sums, and a counter per (sequence, query head, query tile) then the blocks'
+    // ticket, all zeroed: the kernel adds to the sums in key-block order.
+    let elems = dims.rows() * d;
+    let elems_i = i32::try_from(elems).map_err(|_| {
+        candle_core::Error::Msg(format!(
+            "acpo-flash-attention-bwd: dQ's {elems} elements in one launch"
+        ))
+    })?;
+    let mut sums = dev.alloc_zeros::<f32>(elems)?;
+    let tiles = dims.b * dims.h * dims.t.div_ceil(MMA_TILE);
+    let mut counts = dev.alloc_zeros::<i32>(tiles + 1)?;
+    let l = mma_dkdvq(d);
+    let f = kernel!(dev, &format!("flash_dkdvq_mma_d{d}_bf16"), MMA_PTX)?;
+    allow_smem(&f, l.smem)?;
+    let mut b = f.builder();
+    ins.push(&mut b);
+    b.arg(dk).arg(dv).arg(&mut sums).arg(&mut counts);
+    ins.n.push(&mut b);
+    // SAFETY: the arguments match flash_dkdvq_mma_* in kernels/flash_mma.cu; the counters and
+    // the ticket are zero, as its waits need.
+    unsafe { b.launch(mma_grid(dims.s, dims.kv, dims.b, l)?) }.w()?;
+
+    let f = kernel!(dev, "flash_dq_acc_bf16", MMA_PTX)?;
+    let mut b = f.builder();
+    b.arg(&sums).arg(dq).arg(&elems_i).arg(&ins.n.scale);
+    // SAFETY: the arguments match flash_dq_acc_bf16 (a grid-stride loop over elems).
+    unsafe { b.launch(elems_config(elems)) }.w()?;
+    Ok(())
+}
+
+/// The backward's pair of kernels: dQ by query tiles, then dK/dV by key blocks, on tensor cores
+/// at head dim `mma` where it is `Some`, else the row kernels of suffix `sfx`.
+fn pair<T>(
+    dev: &CudaDevice,
+    dims: &FlashDims,
+    sfx: &str,
+    mma: Option<usize>,
+    ins: &BwdInputs<T>,
+    (dq, dk, dv): BwdOutputs<T>,
+) -> Result<()> {
+    let (f, cfg) = pick!(dev, "flash_dq", sfx, mma, mma_dq, (dims.t, dims.h, dims.b),);
+    let mut b = f.builder();
+    ins.push(&mut b);
+    b.arg(dq);
+    ins.n.push(&mut b);
+    // SAFETY: the arguments match flash_dq_* and flash_dq_mma_* (the same list).
+    unsafe { b.launch(cfg) }.w()?;
+
+    let (f, cfg) = pick!(
+        dev,
+        "flash_dkdv",
+        sfx,
+        mma,
+        mma_dkdv,
+        (dims.s, dims.kv, dims.b),
+    );
+    let mut b = f.builder();
+    ins.push(&mut b);
+    b.arg(dk).arg(dv);
+    ins.n.push(&mut b);
+    // SAFETY: the arguments match flash_dkdv_* and flash_dkdv_mma_* (the same list).
+    unsafe { b.launch(cfg) }.w()?;
+    Ok(())
 }
