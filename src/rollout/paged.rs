@@ -227,14 +227,7 @@ pub fn decode_all_paged(
         if engine.rows.is_empty() {
             engine.logits = None;
         } else {
-            timed.most_rows = timed.most_rows.max(engine.rows.len());
-            timed.decode_steps += 1;
-            timed.decode_positions += engine
-                .rows
-                .iter()
-                .map(|r| next_pos[r.prompt] as usize + 1)
-                .sum::<usize>();
-            engine.decode(next_ids, &mut next_pos)?;
+            engine.decode(next_ids, &mut next_pos, &mut timed)?;
         }
         if !joining.is_empty() {
             engine.join(joining, request, &mut timed)?;
@@ -475,8 +468,14 @@ impl<'a> Engine<'a> {
 
     /// One decode step of every row (each row's next token `next_ids[r]`): room for the new
     /// position (a block copied first where one is shared), its keys and values written there,
-    /// attention through the blocks.
-    fn decode(&mut self, next_ids: Vec<u32>, next_pos: &mut [u32]) -> Result<()> {
+    /// attention through the blocks; counted in `timed` (the rows, the step, the positions each
+    /// row attends over).
+    fn decode(
+        &mut self,
+        next_ids: Vec<u32>,
+        next_pos: &mut [u32],
+        timed: &mut GenStats,
+    ) -> Result<()> {
         let device = self.model.device().clone();
         let (kvh, block) = (self.kv.kv_heads(), self.kv.block());
         let n = self.rows.len();
@@ -539,6 +538,9 @@ impl<'a> Engine<'a> {
         for r in &self.rows {
             next_pos[r.prompt] += 1;
         }
+        timed.most_rows = timed.most_rows.max(n);
+        timed.decode_steps += 1;
+        timed.decode_positions += pos.iter().map(|&p| p as usize + 1).sum::<usize>();
         let pos = Tensor::from_vec(pos, (n, 1), &device)?;
         let hidden = self.model.forward_paged(&ids, &pos, &self.kv, &step)?;
         self.logits = Some(last_logits(self.model, &hidden)?.to_dtype(DType::F32)?);
