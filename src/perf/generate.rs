@@ -297,24 +297,23 @@ pub fn bench_long_tail(m: &Subject, opts: &SpeedOptions) -> Result<Vec<Measureme
     };
     let (c, stats) = median_continuous(false)?;
     let elem = precision.compute.size_in_bytes();
-    let read = continuous_reads(
-        &limits,
-        shape.prompt_len,
-        slots,
+    let (weights, kv_per_position) = (
         params.count() as f64 * elem as f64,
         m.cfg.kv_bytes_per_position(elem) as f64,
     );
+    let read = continuous_reads(&limits, shape.prompt_len, slots, weights, kv_per_position);
     let copy = copy_bandwidth(target)?;
     let drawn = tokens - shape.batch.min(tokens);
     let mut cont = row("generate", c, "continuous batching");
-    cont.roofline = Some(decode_roofline(read.bytes, read.steps, &stats, drawn, copy));
+    cont.roofline = Some(decode_roofline(read, &stats, drawn, copy));
     let mut rows = vec![row("generate", w, "waves"), cont];
     if shape.paged {
         // The same prompts, keys and lengths through the paged cache; the rows it decoded at
         // once are the pool's choice, so its row says how many. Its reads, as the engine
-        // counted them: the weights once a step it ran, and each row's own cache at each of its
-        // steps (a preempted row's again when it is recomputed).
+        // counted them (a preempted row's again when it is recomputed).
         let (secs, stats) = median_continuous(true)?;
+        let read = DecodeReads::counted(&stats, weights, kv_per_position);
+        let roofline = decode_roofline(read, &stats, drawn, copy);
         let mut paged = row("generate", secs, "");
         paged.shape = Some(format!(
             "{} prompts of {}, long-tailed lengths ≤ {} (Σ {tokens}), continuous batching over \
@@ -325,43 +324,28 @@ pub fn bench_long_tail(m: &Subject, opts: &SpeedOptions) -> Result<Vec<Measureme
             shape.new_tokens,
             stats.most_rows,
             stats.widest_prefill,
-            stats.decode_tokens.saturating_sub(shape.batch) as f64
-                / stats.decode_seconds.max(f64::MIN_POSITIVE),
+            roofline.decode_tokens_per_second,
         ));
-        let weights = params.count() as f64 * elem as f64;
-        let bytes = stats.decode_steps as f64 * weights
-            + stats.decode_positions as f64 * m.cfg.kv_bytes_per_position(elem) as f64;
-        paged.roofline = Some(decode_roofline(
-            bytes,
-            stats.decode_steps,
-            &stats,
-            drawn,
-            copy,
-        ));
+        paged.roofline = Some(roofline);
         rows.push(paged);
     }
     Ok(rows)
 }
 
-/// A decode run's roofline: `bytes` read by its `steps` decode steps in `stats`' decode
-/// seconds, `drawn` tokens (all but each prompt's first, which its prefill gives), against the
-/// device's measured `copy` rate.
-fn decode_roofline(
-    bytes: f64,
-    steps: usize,
-    stats: &GenStats,
-    drawn: usize,
-    copy: f64,
-) -> Roofline {
+/// A decode run's roofline: what its decode steps read (`read`) in `stats`' decode seconds,
+/// `drawn` tokens (all but each prompt's first, which its prefill gives), against the device's
+/// measured `copy` rate.
+fn decode_roofline(read: DecodeReads, stats: &GenStats, drawn: usize, copy: f64) -> Roofline {
     let seconds = stats.decode_seconds.max(f64::MIN_POSITIVE);
+    let steps = read.steps.max(1) as f64;
     Roofline {
-        bytes_per_step: bytes / steps.max(1) as f64,
-        step_seconds: seconds / steps.max(1) as f64,
+        bytes_per_step: read.bytes / steps,
+        step_seconds: seconds / steps,
         prefill_seconds: stats.prefill_seconds,
         decode_tokens_per_second: drawn as f64 / seconds,
-        achieved_gb_per_s: bytes / seconds / 1e9,
+        achieved_gb_per_s: read.bytes / seconds / 1e9,
         copy_gb_per_s: copy / 1e9,
-        fraction: bytes / seconds / copy,
+        fraction: read.bytes / seconds / copy,
     }
 }
 
@@ -389,6 +373,19 @@ pub struct DecodeReads {
     /// Every weight once a step, and each row's own keys and values so far (its prompt and
     /// the tokens before the one it feeds).
     pub bytes: f64,
+}
+
+impl DecodeReads {
+    /// What a run's decode steps read, as its engine counted them (`GenStats::decode_steps`,
+    /// `decode_positions`): `weights` bytes once a step, `kv_per_position` bytes for each
+    /// position a row attended over.
+    pub fn counted(stats: &GenStats, weights: f64, kv_per_position: f64) -> DecodeReads {
+        DecodeReads {
+            steps: stats.decode_steps,
+            bytes: stats.decode_steps as f64 * weights
+                + stats.decode_positions as f64 * kv_per_position,
+        }
+    }
 }
 
 /// The decode steps [`rollout::generate`] makes for prompts of `prompt_len` tokens with response
