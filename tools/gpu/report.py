@@ -108,16 +108,16 @@ def train_runs(root, length):
     """The acpo and torch train steps at 2 × `length` (None where absent) and whether acpo's
     ran out of memory."""
     torch = load(latest(root, f"torch-train-{length}.json"))
-    d = latest(root, f"paper-{length}")
-    acpo = load(d / "train-step.json")[0] if d and (d / "train-step.json").exists() else None
+    acpo = step_run(root, length)
     log = latest(root, f"acpo-train-{length}.log")
     oom = log is not None and "OUT_OF_MEMORY" in log.read_text()
     return acpo, torch, oom
 
 
-def step_variant(root, length, variant):
-    """acpo's train step at 2 × `length` run as `variant` says (`paper-LENGTH-VARIANT`), or None."""
-    d = latest(root, f"paper-{length}-{variant}")
+def step_run(root, length, variant=""):
+    """acpo's train step at 2 × `length` (`paper-LENGTH`), or run as `variant` says
+    (`paper-LENGTH-VARIANT`), or None."""
+    d = latest(root, f"paper-{length}{'-' + variant if variant else ''}")
     return load(d / "train-step.json")[0] if d and (d / "train-step.json").exists() else None
 
 
@@ -152,7 +152,7 @@ def train_step(root, lines):
         # has them: a row each beside the same twin.
         for variant, label in (("by-hand", "layer backward by hand"),
                                ("five", "attention backward in 5 products")):
-            v = step_variant(root, length, variant)
+            v = step_run(root, length, variant)
             if v:
                 cells = (fmt(v["tokens_per_second"]), f"{100 * v['mfu']:.1f} %",
                          f"{v['memory']['peak'] / 2**30:.1f}")
@@ -170,8 +170,7 @@ def train_phases(root):
     issue #44), the decoder layers' phases summed; nothing for a run without a trace."""
     out = []
     for length in (2048, 9220):
-        d = latest(root, f"paper-{length}")
-        acpo = load(d / "train-step.json")[0] if d and (d / "train-step.json").exists() else None
+        acpo = step_run(root, length)
         if not acpo or not acpo.get("trace"):
             continue
         rows, layers = [], None
@@ -200,7 +199,6 @@ def train_phases(root):
 def attention(root):
     out = ["| tokens | acpo forward s (TFLOP/s) | torch sdpa forward s (TFLOP/s) | acpo fwd+bwd s (TFLOP/s) | torch fwd+bwd s (TFLOP/s) | acpo ÷ torch time, fwd+bwd |",
            "|---|---:|---:|---:|---:|---:|"]
-    pat = re.compile(r"forward ([\d.]+) s \(([\d.]+) TFLOP/s\), forward \+ backward ([\d.]+) s \(([\d.]+) TFLOP/s\)")
     for length in (2048, 9220):
         torch = load(latest(root, f"torch-attention-{length}.json"))
         for variant, label in (("", ""), ("five", ", backward in 5 products")):
@@ -218,16 +216,14 @@ def attention(root):
                "in 7 products (the pair of kernels) unless the row says 5 (`--flash-backward five`).")
     # With checkpointing a layer's attention runs forward twice (the pass, its recomputation)
     # and backward once: its share of the measured 2k train step.
-    d, step = latest(root, "attention-2048"), latest(root, "paper-2048")
-    if d and step and (d / "attention.json").exists() and (step / "train-step.json").exists():
-        m = pat.search(load(d / "attention.json")[0]["shape"])
+    got, step = attention_run(root, 2048), step_run(root, 2048)
+    if got and step:
         cfg = json.loads((REPO / "experiments/paper/configs/qwen3-1.7b.json").read_text())
-        secs = load(step / "train-step.json")[0]["seconds"]
-        if m:
-            attn = cfg["num_hidden_layers"] * (float(m.group(1)) + float(m.group(3)))
-            out += ["", f"In acpo's 2 × 2048 train step ({secs:.2f} s), attention takes "
-                    f"{cfg['num_hidden_layers']} layers × (forward + forward and backward) = {attn:.2f} s, "
-                    f"{100 * attn / secs:.0f} % of it."]
+        secs = step["seconds"]
+        attn = cfg["num_hidden_layers"] * (got[0] + got[2])
+        out += ["", f"In acpo's 2 × 2048 train step ({secs:.2f} s), attention takes "
+                f"{cfg['num_hidden_layers']} layers × (forward + forward and backward) = {attn:.2f} s, "
+                f"{100 * attn / secs:.0f} % of it."]
     return out
 
 
@@ -830,13 +826,11 @@ def later_targets(root, generate):
     paper run end to end, decode at 60 % of the roofline), where the run has what they need."""
     rows = []
     torch = load(latest(root, "torch-attention-9220.json"))
-    d = latest(root, "attention-9220")
-    acpo = load(d / "attention.json")[0] if d and (d / "attention.json").exists() else None
-    m = re.search(r"forward \+ backward ([\d.]+) s \(([\d.]+) TFLOP/s\)", acpo["shape"]) if acpo else None
-    if torch and m:
-        r = float(m.group(1)) / torch["forward_backward_s"]
+    got = attention_run(root, 9220)
+    if torch and got:
+        r = got[2] / torch["forward_backward_s"]
         rows.append(("#33", "one layer's attention forward + backward at 2 × 9,220 within 2× of torch's sdpa",
-                     f"{r:.1f}× torch's time ({float(m.group(2)):.0f} TFLOP/s; FA2's published 220–330)",
+                     f"{r:.1f}× torch's time ({got[3]:.0f} TFLOP/s; FA2's published 220–330)",
                      "yes" if r <= 2 else "no"))
     # Issue #59's kernel target, the kernels alone (flash_check's timings, FA2's way of
     # counting: 3.5× the forward's FLOPs, whatever the products run), for each backward timed.
@@ -846,7 +840,7 @@ def later_targets(root, generate):
             rows.append(("#59", f"one layer's attention forward + backward ≥ 200 TFLOP/s at 2 × 9,220 (kernels alone), "
                          f"backward in {label}", f"{got[1]:.0f} TFLOP/s ({got[0]:.1f} ms)", "yes" if got[1] >= 200 else "no"))
     for length in (2048, 9220):
-        five = step_variant(root, length, "five")
+        five = step_run(root, length, "five")
         _, twin, _ = train_runs(root, length)
         if five and twin:
             r = five["tokens_per_second"] / twin["tokens_per_second"]
