@@ -376,27 +376,23 @@ wanted step && for len in "${lens[@]}"; do
         --prompt-len "$((len / 2 < 1024 ? len / 2 : 1024))" --micro-batch 2 --checkpointing \
         --repeats 2 --json "$res/torch-train-$len.json"
 done
-# The same steps with each layer's backward written out by hand (issue #59 item 2), after every
-# autograd step and its twin so that they never take those steps' time: the side-by-side that
-# decides whether it becomes the GPU's default. Never run on a GPU before: a failure fails the
-# suite (a time cut does not).
-wanted step && for len in "${lens[@]}"; do
-    step "acpo train-step qwen3-1.7b 2x$len --layer-by-hand" 90 "acpo-train-$len-by-hand.log" \
-        "$acpo" bench train-step --config "$cfg" --device "$device" --dtype bf16 \
-        --seq-len "$len" --prompt-len "$((len / 2 < 1024 ? len / 2 : 1024))" --micro-batch 2 \
-        --checkpointing --layer-by-hand --repeats 1 --out "$res/paper-$len-by-hand"
-    passed $?
-    tail -2 "$res/acpo-train-$len-by-hand.log" | tee -a "$res/summary.txt"
-done
-# And with the attention's backward in 5 products (issue #59 item 3, `--flash-backward five`:
-# dQ added up in key-block order inside the dK/dV kernel), last: never run in the step before.
-wanted step && for len in "${lens[@]}"; do
-    step "acpo train-step qwen3-1.7b 2x$len --flash-backward five" 90 "acpo-train-$len-five.log" \
-        "$acpo" bench train-step --config "$cfg" --device "$device" --dtype bf16 \
-        --seq-len "$len" --prompt-len "$((len / 2 < 1024 ? len / 2 : 1024))" --micro-batch 2 \
-        --checkpointing --flash-backward five --repeats 1 --out "$res/paper-$len-five"
-    passed $?
-    tail -2 "$res/acpo-train-$len-five.log" | tee -a "$res/summary.txt"
+# The same steps with another backward (issue #59), after every autograd step and its twin so
+# that they never take those steps' time: each layer's backward written out by hand (item 2,
+# `by-hand`), then the attention's backward in 5 products (item 3, `five`: dQ added up in
+# key-block order inside the dK/dV kernel). The side-by-side decides whether either becomes the
+# GPU's default. Neither has run in the step on a GPU before: a failure fails the suite (a time
+# cut does not).
+wanted step && for variant in "by-hand --layer-by-hand" "five --flash-backward five"; do
+    read -r name flags <<<"$variant"
+    for len in "${lens[@]}"; do
+        # shellcheck disable=SC2086 # $flags: the variant's flags, one word each
+        step "acpo train-step qwen3-1.7b 2x$len $flags" 90 "acpo-train-$len-$name.log" \
+            "$acpo" bench train-step --config "$cfg" --device "$device" --dtype bf16 \
+            --seq-len "$len" --prompt-len "$((len / 2 < 1024 ? len / 2 : 1024))" --micro-batch 2 \
+            --checkpointing $flags --repeats 1 --out "$res/paper-$len-$name"
+        passed $?
+        tail -2 "$res/acpo-train-$len-$name.log" | tee -a "$res/summary.txt"
+    done
 done
 
 # ---- 4: one layer's attention, acpo beside torch's sdpa
