@@ -17,7 +17,7 @@ use candle_core::cuda_backend::cudarc::driver::{
 use candle_core::cuda_backend::{CudaDType, CudaDevice, WrapErr};
 use candle_core::{CudaStorage, DType, Layout, Result};
 
-use super::{FlashBackward, FlashDims, FLASH_MAX_HEAD_DIM};
+use super::{tensor_cores_take, FlashBackward, FlashDims, FLASH_MAX_HEAD_DIM};
 use crate::fused::launch::{
     dtype_of, elems_config, grid_dim, kernel, ptx, rows_config, sizes, suffix, view, with_type,
 };
@@ -161,7 +161,7 @@ fn pipe_chunks_per_block(b: usize, kv: usize, nchunk: usize) -> usize {
 /// 128, each operand starting on 16 bytes (cp.async and ldmatrix move 16 bytes at a time).
 fn mma_dim(dims: &FlashDims, dtype: DType, operands: &[&Layout]) -> Option<usize> {
     let aligned = operands.iter().all(|l| l.start_offset() % 8 == 0);
-    (dtype == DType::BF16 && matches!(dims.d, 64 | 128) && aligned).then_some(dims.d)
+    (tensor_cores_take(dtype, dims.d) && aligned).then_some(dims.d)
 }
 
 fn row_grid(rows: usize, y: usize, z: usize) -> Result<LaunchConfig> {

@@ -165,17 +165,19 @@ pub enum FlashBackward {
     FiveProducts,
 }
 
+/// Whether the tensor-core kernels (`kernels/flash_mma.cu`) take this dtype and head dim:
+/// bf16 at head dim 64 or 128 (their operands must also start on 16 bytes).
+fn tensor_cores_take(dtype: DType, head_dim: usize) -> bool {
+    dtype == DType::BF16 && matches!(head_dim, 64 | 128)
+}
+
 impl FlashBackward {
     /// The backward that runs where `self` is asked on `device` in `dtype` at this head dim:
     /// the 5 products only on CUDA's tensor-core kernels (bf16, head dim 64 or 128, operands on
     /// 16 bytes, which a contiguous tensor of its own is), the pair's everywhere else. What a
     /// report says ran.
     pub fn runs_on(self, device: &Device, dtype: DType, head_dim: usize) -> FlashBackward {
-        let tensor_cores = cfg!(feature = "cuda")
-            && device.is_cuda()
-            && dtype == DType::BF16
-            && matches!(head_dim, 64 | 128);
-        if tensor_cores {
+        if cfg!(feature = "cuda") && device.is_cuda() && tensor_cores_take(dtype, head_dim) {
             self
         } else {
             FlashBackward::Pair
