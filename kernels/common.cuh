@@ -80,6 +80,15 @@ __device__ __forceinline__ float block_max(float v) {
 // count lives in `block_post_count`, so no kernel can leave it out (the emulator cannot see a
 // missing one: kernels/check/cuda_emu.hpp).
 
+// Stops the kernel: a launch that broke a precondition the host should have kept.
+__device__ __forceinline__ void kernel_trap() {
+#ifdef ACPO_EMU
+  emu::fail("a kernel trapped (a precondition of its launch does not hold)");
+#else
+  __trap();
+#endif
+}
+
 // The longest a block waits for the blocks before it before trapping, in ns: a wait the
 // kernel's order can never meet (a wrong visit count, a block waiting on a later ticket) then
 // fails its launch with an error instead of hanging the GPU until the caller's time runs out.

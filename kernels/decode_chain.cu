@@ -9,6 +9,9 @@
 //   warps' in warp order), and each value is rounded to the storage type where the composed
 //   chain stores it (the normalised row, its product with w, the rotation), so for head dims
 //   up to DEC_THREADS the result is the composed kernels' bit for bit.
+// - `qk_norm_rope_paged_*`: the same over a paged KV cache (src/model/paged.rs): the new k and
+//   v rows go to the pool rows the step's write index names (`rows[(b·kv + j)·rows_stride]`),
+//   where the composed path writes them with two `scatter_set` launches.
 // - `add_rms_norm_*`: the residual add and the next RMSNorm, h = x + a (rounded as the add's
 //   kernel rounds it) and y = rms_norm(h)·w, both written: two launches, one here; one block of
 //   ROW_THREADS per row, reducing as rms_norm.cu does (the same bits).
@@ -16,26 +19,48 @@
 // CPU twin: src/fused/decode_chain.rs (the composed ops it replaces).
 #include "common.cuh"
 
-template <typename T>
+// Where head j of row b's new key and value start in the cache buffers: column `col` of the
+// row's dense buffer (B, KV, capacity, D).
+struct DenseSlot {
+  size_t row_stride, head_stride, col;
+  int d;
+  __device__ size_t operator()(size_t b, int j, int) const {
+    return b * row_stride + j * head_stride + col * d;
+  }
+};
+
+// ... or the pool row (N, D) that the paged step's write index names for (b, j); an index past
+// the pool stops the kernel (the host built the index from the pool's own block tables).
+struct PagedSlot {
+  const unsigned int* rows;
+  size_t rows_stride, n_rows;
+  int d;
+  __device__ size_t operator()(size_t b, int j, int kv) const {
+    const size_t r = rows[(b * kv + j) * rows_stride];
+    if (r >= n_rows) kernel_trap();
+    return r * d;
+  }
+};
+
+template <typename T, typename Slot>
 __device__ void qk_norm_rope_cache(const T* q, const T* k, const T* v, const T* qw, const T* kw,
                                    const T* cos, const T* sin, T* qo, T* kc, T* vc, int h,
-                                   int kv, int d, float eps, int norm, size_t row_stride,
-                                   size_t head_stride, size_t col) {
+                                   int kv, int d, float eps, int norm, Slot slot) {
   __shared__ float n[DEC_MAXD];
   const int heads = h + 2 * kv;
   const size_t b = blockIdx.x / heads;
   const int hd = blockIdx.x % heads;
-  if (hd >= h + kv) {  // v: the new column, as it is
+  if (hd >= h + kv) {  // v: into its slot, as it is
     const int j0 = hd - h - kv;
     const T* src = v + (b * kv + j0) * d;
-    T* dst = vc + b * row_stride + j0 * head_stride + col * d;
+    T* dst = vc + slot(b, j0, kv);
     for (int j = threadIdx.x; j < d; j += blockDim.x) dst[j] = src[j];
     return;
   }
   const bool is_q = hd < h;
   const T* x = is_q ? q + (b * h + hd) * d : k + (b * kv + (hd - h)) * d;
   const T* w = is_q ? qw : kw;
-  T* y = is_q ? qo + (b * h + hd) * d : kc + b * row_stride + (hd - h) * head_stride + col * d;
+  T* y = is_q ? qo + (b * h + hd) * d : kc + slot(b, hd - h, kv);
   if (norm) {
     float ss = 0.0f;
     for (int j = threadIdx.x; j < d; j += blockDim.x) {
@@ -87,7 +112,14 @@ __device__ void add_rms_norm(const T* x, const T* a, const T* w, T* hs, T* y, in
       T* qo, T* kc, T* vc, int h, int kv, int d, float eps, int norm, size_t row_stride,        \
       size_t head_stride, size_t col) {                                                         \
     qk_norm_rope_cache<T>(q, k, v, qw, kw, cos, sin, qo, kc, vc, h, kv, d, eps, norm,           \
-                          row_stride, head_stride, col);                                        \
+                          DenseSlot{row_stride, head_stride, col, d});                          \
+  }                                                                                             \
+  extern "C" __global__ void __launch_bounds__(DEC_THREADS) qk_norm_rope_paged_##NAME(          \
+      const T* q, const T* k, const T* v, const T* qw, const T* kw, const T* cos, const T* sin, \
+      T* qo, T* kc, T* vc, int h, int kv, int d, float eps, int norm, const unsigned int* rows, \
+      size_t rows_stride, size_t n_rows) {                                                      \
+    qk_norm_rope_cache<T>(q, k, v, qw, kw, cos, sin, qo, kc, vc, h, kv, d, eps, norm,           \
+                          PagedSlot{rows, rows_stride, n_rows, d});                             \
   }                                                                                             \
   extern "C" __global__ void __launch_bounds__(ROW_THREADS)                                     \
       add_rms_norm_##NAME(const T* x, const T* a, const T* w, T* hs, T* y, int n, float eps) {  \

@@ -104,15 +104,6 @@ __device__ __forceinline__ unsigned dynamic_smem_bytes() {
 #endif
 }
 
-// Stops the kernel: a launch that broke a precondition the host should have kept.
-__device__ __forceinline__ void kernel_trap() {
-#ifdef ACPO_EMU
-  emu::fail("a kernel trapped (a precondition of its launch does not hold)");
-#else
-  __trap();
-#endif
-}
-
 // Two floats as one register of two bf16 (lo in the low half: the lower row or column).
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);

@@ -223,8 +223,12 @@ static void check_rope(int B, int H, int Tn, int D, bool x_heads, bool y_heads, 
 // ---- the decode step's fused chain: q/k RMSNorm + RoPE + the KV cache's new column, and the
 // residual add + RMSNorm
 
+// Dense: k and v into column `col` of the (B, KV, cap, D) buffers. Paged: the same buffers as a
+// pool of B·KV·cap rows of D, the new rows at scattered pool rows read through a write index of
+// `rows_stride` columns a row (only its first is read: the others hold indices past the pool).
 template <typename T>
-static void check_qk_norm_rope_cache(int B, int H, int KV, int D, int cap, int col, bool norm) {
+static void check_qk_norm_rope_cache(int B, int H, int KV, int D, int cap, int col, bool norm,
+                                     bool paged = false) {
   const float eps = 1e-6f;
   const auto q = randoms<T>((size_t)B * H * D, 2.0f), k = randoms<T>((size_t)B * KV * D, 2.0f),
              v = randoms<T>((size_t)B * KV * D, 1.0f), qw = randoms<T>(D, 1.0f),
@@ -267,38 +271,64 @@ static void check_qk_norm_rope_cache(int B, int H, int KV, int D, int cap, int c
     }
   }
   Buf<T> dq(q), dk(k), dv(v), dqw(qw), dkw(kw), dc(cs), ds(sn), qo((size_t)B * H * D), kc(kc0), vc(vc0);
+  // the pool row (of D) that (b, j)'s new key and value go to
+  const size_t pool_rows = (size_t)B * KV * cap;
+  std::vector<size_t> dest((size_t)B * KV);
+  for (size_t i = 0; i < dest.size(); ++i) dest[i] = i * cap + col;
+  const size_t rows_stride = 3;
+  std::vector<uint32_t> index(dest.size() * rows_stride, (uint32_t)pool_rows + 7);
+  if (paged) {
+    // distinct rows (7919 is prime, and no pool here has a multiple of it rows) in a scrambled
+    // order, many of them in other sequences' buffers
+    for (size_t i = 0; i < dest.size(); ++i) dest[i] = (i * 7919 + 3) % pool_rows;
+    for (size_t i = 0; i < dest.size(); ++i) index[i * rows_stride] = (uint32_t)dest[i];
+  }
+  uint32_t* didx = (uint32_t*)dalloc(index.size() * 4);
+  h2d(didx, index.data(), index.size() * 4);
   const size_t row_stride = (size_t)KV * cap * D, head_stride = (size_t)cap * D, c = col;
   const int nm = norm;
   const dim3 grid(B * (H + 2 * KV));
-  if constexpr (sizeof(T) == 4)
+  if (paged) {
+    if constexpr (sizeof(T) == 4)
+      LAUNCH(qk_norm_rope_paged_f32, grid, dim3(DEC_THREADS), 0, dq.d, dk.d, dv.d, dqw.d, dkw.d, dc.d,
+             ds.d, qo.d, kc.d, vc.d, H, KV, D, eps, nm, didx, rows_stride, pool_rows);
+    else
+      LAUNCH(qk_norm_rope_paged_bf16, grid, dim3(DEC_THREADS), 0, dq.d, dk.d, dv.d, dqw.d, dkw.d, dc.d,
+             ds.d, qo.d, kc.d, vc.d, H, KV, D, eps, nm, didx, rows_stride, pool_rows);
+  } else if constexpr (sizeof(T) == 4) {
     LAUNCH(qk_norm_rope_cache_f32, grid, dim3(DEC_THREADS), 0, dq.d, dk.d, dv.d, dqw.d, dkw.d, dc.d,
            ds.d, qo.d, kc.d, vc.d, H, KV, D, eps, nm, row_stride, head_stride, c);
-  else
+  } else {
     LAUNCH(qk_norm_rope_cache_bf16, grid, dim3(DEC_THREADS), 0, dq.d, dk.d, dv.d, dqw.d, dkw.d, dc.d,
            ds.d, qo.d, kc.d, vc.d, H, KV, D, eps, nm, row_stride, head_stride, c);
+  }
   const auto kgot = kc.get(), vgot = vc.get();
-  // the new column against the reference; every other column unchanged, bit for bit
-  std::vector<float> kcol, vcol;
+  // the new rows against the reference, in (b, j) order; every other row unchanged, bit for bit
+  std::vector<long> source(pool_rows, -1);
+  for (size_t i = 0; i < dest.size(); ++i) source[dest[i]] = (long)i;
+  std::vector<float> krows(kref.size()), vrows(vref.size());
   size_t moved = 0;
-  for (int b = 0; b < B; ++b)
-    for (int h = 0; h < KV; ++h)
-      for (int t = 0; t < cap; ++t)
-        for (int j = 0; j < D; ++j) {
-          const size_t i = ((size_t)(b * KV + h) * cap + t) * D + j;
-          if (t == col) {
-            kcol.push_back(kgot[i]);
-            vcol.push_back(vgot[i]);
-          } else if (!(kgot[i] == kc0[i] && vgot[i] == vc0[i])) {
-            moved++;
-          }
-        }
+  for (size_t r = 0; r < pool_rows; ++r)
+    for (int j = 0; j < D; ++j) {
+      const size_t at = r * D + j;
+      if (source[r] >= 0) {
+        krows[(size_t)source[r] * D + j] = kgot[at];
+        vrows[(size_t)source[r] * D + j] = vgot[at];
+      } else if (!(kgot[at] == kc0[at] && vgot[at] == vc0[at])) {
+        moved++;
+      }
+    }
   char what[112];
-  snprintf(what, sizeof what, "qk_norm_rope_cache %s q %dx%dx%d%s", tname<T>(), B, H, D, norm ? "" : " no norm");
+  const char* how = paged ? "paged" : "cache";
+  snprintf(what, sizeof what, "qk_norm_rope_%s %s q %dx%dx%d%s", how, tname<T>(), B, H, D, norm ? "" : " no norm");
   report(what, rel_err(qo.get(), qref), tol<T>());
-  snprintf(what, sizeof what, "qk_norm_rope_cache %s k col %d of %d, kv %d", tname<T>(), col, cap, KV);
-  report(what, rel_err(kcol, kref), tol<T>());
-  snprintf(what, sizeof what, "qk_norm_rope_cache %s v copied, the rest kept", tname<T>());
-  report(what, moved ? INFINITY : rel_err(vcol, vref), 0.0);
+  if (paged)
+    snprintf(what, sizeof what, "qk_norm_rope_paged %s k to %zu of %zu pool rows, kv %d", tname<T>(), dest.size(), pool_rows, KV);
+  else
+    snprintf(what, sizeof what, "qk_norm_rope_cache %s k col %d of %d, kv %d", tname<T>(), col, cap, KV);
+  report(what, rel_err(krows, kref), tol<T>());
+  snprintf(what, sizeof what, "qk_norm_rope_%s %s v copied, the rest kept", how, tname<T>());
+  report(what, moved ? INFINITY : rel_err(vrows, vref), 0.0);
 }
 
 template <typename T>
@@ -646,11 +676,13 @@ static void check_all() {
     }
   // the decode chain: Qwen3's shape (16 q heads over 8 KV heads of 128), a head dim above the
   // block (two passes a thread), a tiny one, Qwen2's (no q/k norm); the new column first, inside
-  // the buffer and last
+  // the buffer and last; each into a dense cache's column and into a paged pool's rows
   const int chains[][6] = {{3, 16, 8, 128, 9, 4}, {2, 4, 2, 160, 3, 0}, {1, 2, 1, 16, 5, 4}, {2, 6, 2, 64, 2, 1}};
   for (const auto& c : chains) {
-    check_qk_norm_rope_cache<float>(c[0], c[1], c[2], c[3], c[4], c[5], c[3] != 64);
-    check_qk_norm_rope_cache<bf>(c[0], c[1], c[2], c[3], c[4], c[5], c[3] != 64);
+    for (bool paged : {false, true}) {
+      check_qk_norm_rope_cache<float>(c[0], c[1], c[2], c[3], c[4], c[5], c[3] != 64, paged);
+      check_qk_norm_rope_cache<bf>(c[0], c[1], c[2], c[3], c[4], c[5], c[3] != 64, paged);
+    }
   }
   for (const auto& s : norms) {
     check_add_rms_norm<float>(s[0], s[1]);

@@ -3,8 +3,9 @@
 //!
 //! - [`qk_norm_rope_cache`]: Qwen3's RMSNorm of every q and k head (Qwen2: none), the rotary
 //!   embedding of both, q returned heads first, and the new token's k and v written into the KV
-//!   cache's buffers at one column: one launch for the six of the composed chain
-//!   ([`qk_norm_rope_cache_composed`]: two norms, two rotations, two column writes).
+//!   cache ([`KvWrite`]: a dense cache's column, or the pool rows a paged step names): one
+//!   launch for the six of the composed chain ([`qk_norm_rope_cache_composed`]: two norms, two
+//!   rotations, two writes).
 //! - [`add_rms_norm`]: the residual add and the RMSNorm that follows it, both results returned:
 //!   one launch for two ([`add_rms_norm_composed`]).
 //!
@@ -22,14 +23,25 @@ pub struct QkNorms<'a> {
     pub eps: f64,
 }
 
+/// Where a decode step's new keys and values go.
+#[derive(Clone, Copy, Debug)]
+pub enum KvWrite<'a> {
+    /// Column `col` of the dense cache's buffers `(B, KV, capacity, D)`.
+    Column(usize),
+    /// The pool rows of a paged cache, whose buffers are `(N, D)`: row `b · KV + j` of this
+    /// write index `(B · KV, W)` (u32, [`crate::model::paged::PagedKv::write_index`]: the row
+    /// repeated across its W columns; the first is read) names where head j of row b goes.
+    PoolRows(&'a Tensor),
+}
+
 /// The largest head dim the fused kernel takes (its shared row, `DEC_MAXD`).
 #[cfg(feature = "cuda")]
 const MAX_HEAD_DIM: usize = crate::fused::launch::sizes::DEC_MAXD as usize;
 
 /// The composed chain the fused kernel replaces, as the model runs it: q and k `(B, 1, H, D)`
 /// and `(B, 1, KV, D)` normalised (when `norms`) and rotated by `cos`, `sin` `(B, 1, 1, D)`
-/// into heads first; k and v `(B, 1, KV, D)` written at column `col` of the cache buffers
-/// `(B, KV, capacity, D)`. Returns q `(B, H, 1, D)`.
+/// into heads first; k and v `(B, 1, KV, D)` written where `at` says in the cache buffers.
+/// Returns q `(B, H, 1, D)`.
 #[allow(clippy::too_many_arguments)]
 pub fn qk_norm_rope_cache_composed(
     q: &Tensor,
@@ -39,7 +51,7 @@ pub fn qk_norm_rope_cache_composed(
     cos: &Tensor,
     sin: &Tensor,
     (k_cache, v_cache): (&Tensor, &Tensor),
-    col: usize,
+    at: KvWrite,
 ) -> Result<Tensor> {
     let (q, k) = match norms {
         Some(n) => (
@@ -51,14 +63,28 @@ pub fn qk_norm_rope_cache_composed(
     let q = super::rope_heads(&q, cos, sin)?;
     let k = super::rope_heads(&k, cos, sin)?;
     let v = v.transpose(1, 2)?.contiguous()?;
-    k_cache.slice_set(&k, 2, col)?;
-    v_cache.slice_set(&v, 2, col)?;
+    match at {
+        KvWrite::Column(col) => {
+            k_cache.slice_set(&k, 2, col)?;
+            v_cache.slice_set(&v, 2, col)?;
+        }
+        KvWrite::PoolRows(index) => {
+            let (rows, d) = (index.dim(0)?, k.dim(3)?);
+            let full = index
+                .narrow(1, 0, 1)?
+                .broadcast_as((rows, d))?
+                .contiguous()?;
+            k_cache.scatter_set(&full, &k.reshape((rows, d))?, 0)?;
+            v_cache.scatter_set(&full, &v.reshape((rows, d))?, 0)?;
+        }
+    }
     Ok(q)
 }
 
 /// [`qk_norm_rope_cache_composed`] in one launch, where the kernel applies: CUDA, f32 or bf16
 /// throughout, one position per row, an even head dim up to `DEC_MAXD`, contiguous operands and
-/// a cache with room at `col`. None elsewhere (nothing written).
+/// a dense cache with room at the column, or a pool with a write index of the batch's rows.
+/// None elsewhere (nothing written).
 #[allow(clippy::too_many_arguments)]
 pub fn qk_norm_rope_cache(
     q: &Tensor,
@@ -68,11 +94,11 @@ pub fn qk_norm_rope_cache(
     cos: &Tensor,
     sin: &Tensor,
     (k_cache, v_cache): (&Tensor, &Tensor),
-    col: usize,
+    at: KvWrite,
 ) -> Result<Option<Tensor>> {
     #[cfg(feature = "cuda")]
     {
-        let Some(dims) = chain_dims(q, k, v, norms, cos, sin, (k_cache, v_cache), col)? else {
+        let Some(dims) = chain_dims(q, k, v, norms, cos, sin, (k_cache, v_cache), at)? else {
             return Ok(None);
         };
         let (qw, kw) = match norms {
@@ -90,7 +116,10 @@ pub fn qk_norm_rope_cache(
             v_cache: v_cache.clone(),
             eps: norms.map_or(0.0, |n| n.eps as f32),
             norm: norms.is_some(),
-            col,
+            at: match at {
+                KvWrite::Column(col) => Slot::Column(col),
+                KvWrite::PoolRows(index) => Slot::PoolRows(index.clone()),
+            },
         };
         let out = q
             .contiguous()?
@@ -100,12 +129,12 @@ pub fn qk_norm_rope_cache(
     }
     #[cfg(not(feature = "cuda"))]
     {
-        let _ = (q, k, v, norms, cos, sin, k_cache, v_cache, col);
+        let _ = (q, k, v, norms, cos, sin, k_cache, v_cache, at);
         Ok(None)
     }
 }
 
-/// `(B, H, KV, D, capacity)` where the fused kernel takes these operands, else None.
+/// The kernel's sizes where it takes these operands, else None.
 #[cfg(feature = "cuda")]
 #[allow(clippy::too_many_arguments)]
 fn chain_dims(
@@ -116,7 +145,7 @@ fn chain_dims(
     cos: &Tensor,
     sin: &Tensor,
     (k_cache, v_cache): (&Tensor, &Tensor),
-    col: usize,
+    at: KvWrite,
 ) -> Result<Option<ChainDims>> {
     let dtype = q.dtype();
     let mut all = vec![q, k, v, cos, sin, k_cache, v_cache];
@@ -130,15 +159,14 @@ fn chain_dims(
             .any(|t| t.dtype() != dtype || !t.device().same_device(q.device()))
         || q.rank() != 4
         || k.rank() != 4
-        || k_cache.rank() != 4
         || !k_cache.is_contiguous()
         || !v_cache.is_contiguous()
+        || v_cache.dims() != k_cache.dims()
     {
         return Ok(None);
     }
     let (b, t, h, d) = q.dims4()?;
     let (_, _, kv, _) = k.dims4()?;
-    let (cb, ckv, cap, cd) = k_cache.dims4()?;
     let fits = t == 1
         && d % 2 == 0
         && d <= MAX_HEAD_DIM
@@ -146,11 +174,28 @@ fn chain_dims(
         && v.dims() == k.dims()
         && cos.dims() == [b, 1, 1, d]
         && sin.dims() == cos.dims()
-        && (cb, ckv, cd) == (b, kv, d)
-        && v_cache.dims() == k_cache.dims()
-        && col < cap
         && norms.is_none_or(|n| n.q.dims() == [d] && n.k.dims() == [d]);
-    Ok(fits.then_some(ChainDims { b, h, kv, d, cap }))
+    // where the new rows go: a column of the row's buffers with room, or one pool row each
+    let slots = match at {
+        KvWrite::Column(col) => match k_cache.dims() {
+            &[cb, ckv, cap, cd] => ((cb, ckv, cd) == (b, kv, d) && col < cap).then_some(cap),
+            _ => None,
+        },
+        KvWrite::PoolRows(index) => match (k_cache.dims(), index.dims()) {
+            (&[n, cd], &[rows, width]) => (cd == d
+                && rows == b * kv
+                && width > 0
+                && index.dtype() == candle_core::DType::U32
+                && index.is_contiguous()
+                && index.device().same_device(q.device()))
+            .then_some(n),
+            _ => None,
+        },
+    };
+    Ok(match slots {
+        Some(slots) if fits => Some(ChainDims { b, h, kv, d, slots }),
+        _ => None,
+    })
 }
 
 #[cfg(feature = "cuda")]
@@ -160,7 +205,15 @@ struct ChainDims {
     h: usize,
     kv: usize,
     d: usize,
-    cap: usize,
+    /// The dense cache's capacity, or the pool's rows.
+    slots: usize,
+}
+
+/// [`KvWrite`] as the op holds it.
+#[cfg(feature = "cuda")]
+enum Slot {
+    Column(usize),
+    PoolRows(Tensor),
 }
 
 /// The fused chain as a custom op on (q, k, v); the cache buffers it writes and the tables it
@@ -176,7 +229,7 @@ struct QkChain {
     v_cache: Tensor,
     eps: f32,
     norm: bool,
-    col: usize,
+    at: Slot,
 }
 
 #[cfg(feature = "cuda")]
@@ -222,13 +275,25 @@ impl CustomOp3 for QkChain {
                 _ => candle_core::bail!("{}: operands on different devices", self.name()),
             }
         }
+        let index_guard = match &self.at {
+            Slot::PoolRows(index) => Some(index.storage_and_layout()),
+            Slot::Column(_) => None,
+        };
+        let at = match (&self.at, &index_guard) {
+            (Slot::Column(col), _) => cuda::At::Column(*col),
+            (Slot::PoolRows(_), Some((s, l))) => match &**s {
+                candle_core::Storage::Cuda(c) => cuda::At::PoolRows(c, l),
+                _ => candle_core::bail!("{}: operands on different devices", self.name()),
+            },
+            (Slot::PoolRows(_), None) => unreachable!("the pool's write index is held above"),
+        };
         let d = &self.dims;
         let out = cuda::qk_chain(
             [(q, lq), (k, lk), (v, lv)],
             [stores[0], stores[1], stores[2], stores[3]],
             [stores[4], stores[5]],
-            (d.h, d.kv, d.d, d.cap),
-            (self.eps, self.norm, self.col),
+            (d.h, d.kv, d.d, d.slots),
+            (self.eps, self.norm, at),
         )?;
         Ok((out, Shape::from((d.b, d.h, 1, d.d))))
     }
@@ -348,13 +413,21 @@ mod cuda {
 
     type Arg<'a> = (&'a CudaStorage, &'a Layout);
 
-    /// q heads first `(B, H, 1, D)` from q, k, v; k and v into the caches at column `col`.
+    /// Where the kernel writes the new keys and values ([`super::KvWrite`], its index on the
+    /// device).
+    pub enum At<'a> {
+        Column(usize),
+        PoolRows(&'a CudaStorage, &'a Layout),
+    }
+
+    /// q heads first `(B, H, 1, D)` from q, k, v; k and v into the caches where `at` says
+    /// (`slots`: the dense cache's capacity or the pool's rows).
     pub fn qk_chain(
         [(q, lq), (k, lk), (v, lv)]: [Arg; 3],
         [(qw, lqw), (kw, lkw), (cos, lc), (sin, ls)]: [Arg; 4],
         [(kc, lkc), (vc, lvc)]: [Arg; 2],
-        (h, kv, d, cap): (usize, usize, usize, usize),
-        (eps, norm, col): (f32, bool, usize),
+        (h, kv, d, slots): (usize, usize, usize, usize),
+        (eps, norm, at): (f32, bool, At),
     ) -> Result<CudaStorage> {
         let what = "acpo-qk-norm-rope-cache";
         let sfx = suffix(dtype_of(q), what)?;
@@ -371,15 +444,23 @@ mod cuda {
                 view::<T>(cos, lc, what)?,
                 view::<T>(sin, ls, what)?,
             );
-            // The cache buffers are written in place, as `slice_set` writes them: their storage
-            // is shared by the cache's tensors, and this stream's kernels run in order.
+            // The cache buffers are written in place, as `slice_set` or `scatter_set` writes
+            // them: their storage is shared by the cache's tensors, and this stream's kernels
+            // run in order.
             let (kcv, vcv) = (view::<T>(kc, lkc, what)?, view::<T>(vc, lvc, what)?);
             let rows = qv.len() / (h * d).max(1);
             // SAFETY: every element of q's output is written (each (row, q head) block its row).
             let mut out = unsafe { dev.alloc::<T>(qv.len()) }?;
-            let f = kernel!(dev, &format!("qk_norm_rope_cache_{sfx}"), PTX)?;
             let (h_i, kv_i, d_i, norm_i) = (h as i32, kv as i32, d as i32, i32::from(norm));
-            let (row_stride, head_stride) = (kv * cap * d, cap * d);
+            let index = match &at {
+                At::PoolRows(s, l) => Some((view::<u32>(s, l, what)?, l.dims()[1])),
+                At::Column(_) => None,
+            };
+            let name = match at {
+                At::Column(_) => "qk_norm_rope_cache",
+                At::PoolRows(..) => "qk_norm_rope_paged",
+            };
+            let f = kernel!(dev, &format!("{name}_{sfx}"), PTX)?;
             let mut b = f.builder();
             b.arg(&qv)
                 .arg(&kv_)
@@ -395,18 +476,26 @@ mod cuda {
                 .arg(&kv_i)
                 .arg(&d_i)
                 .arg(&eps)
-                .arg(&norm_i)
-                .arg(&row_stride)
-                .arg(&head_stride)
-                .arg(&col);
+                .arg(&norm_i);
+            let (row_stride, head_stride, col) = match at {
+                At::Column(col) => (kv * slots * d, slots * d, col),
+                At::PoolRows(..) => (0, 0, 0),
+            };
+            match &index {
+                // the index's row stride (its width) and the pool's rows, which the kernel
+                // holds every index below
+                Some((rows_v, width)) => b.arg(rows_v).arg(width).arg(&slots),
+                None => b.arg(&row_stride).arg(&head_stride).arg(&col),
+            };
             let cfg = LaunchConfig {
                 grid_dim: (grid_dim(rows * (h + 2 * kv), what)?, 1, 1),
                 block_dim: (sizes::DEC_THREADS, 1, 1),
                 shared_mem_bytes: 0,
             };
             if rows > 0 {
-                // SAFETY: the arguments match qk_norm_rope_cache_* in kernels/decode_chain.cu;
-                // the caller checked the shapes (chain_dims), so every write is in its buffer.
+                // SAFETY: the arguments match qk_norm_rope_cache_* or qk_norm_rope_paged_* in
+                // kernels/decode_chain.cu; the caller checked the shapes (chain_dims), so every
+                // write is in its buffer (the paged kernel traps on an index past the pool).
                 unsafe { b.launch(cfg) }.w()?;
             }
             Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))

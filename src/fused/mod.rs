@@ -61,7 +61,7 @@ mod vocab_chunk;
 pub use decode_attention::attention_decode;
 pub use decode_chain::{
     add_rms_norm, add_rms_norm_composed, decode_chain_launches, qk_norm_rope_cache,
-    qk_norm_rope_cache_composed, QkNorms,
+    qk_norm_rope_cache_composed, KvWrite, QkNorms,
 };
 pub use expf::exp_in_place;
 pub use flash::{

@@ -29,6 +29,7 @@ use super::paged::{PagedKv, PagedRead, PagedStep};
 use super::{Family, Params, QwenConfig, Result};
 use crate::algo::token;
 use crate::device::{BACKWARD_REST, FORWARD_ATTENTION, FORWARD_ELEMENTWISE, FORWARD_MATMUL, SEED};
+use crate::fused::KvWrite;
 
 mod by_hand;
 
@@ -190,7 +191,14 @@ impl Attention {
     ) -> Result<(Tensor, (Tensor, Tensor))> {
         let (b, t, _) = x.dims3()?;
         let (q, k, v) = self.project(x)?;
-        let (q, kb, vb) = match self.fused_chain(&q, &k, &v, cos, sin, past)? {
+        // the fused chain writes the new column where the buffers have room for it
+        let fused = match &past.buffers {
+            Some((kb, vb)) if kb.dim(2)? > past.len => self
+                .fused_chain(&q, &k, &v, cos, sin, (kb, vb), KvWrite::Column(past.len))?
+                .map(|q| (q, kb.clone(), vb.clone())),
+            _ => None,
+        };
+        let (q, kb, vb) = match fused {
             Some(done) => done,
             None => {
                 let (q, k, v) = self.norm_rope(q, k, v, cos, sin)?;
@@ -214,12 +222,20 @@ impl Attention {
         step: &PagedStep,
     ) -> Result<Tensor> {
         let (b, t, _) = x.dims3()?;
-        let (q, k, v) = self.qkv(x, cos, sin)?;
-        let rows = b * self.kv_heads * t;
-        pool.0
-            .scatter_set(&step.write, &k.reshape((rows, self.head_dim))?, 0)?;
-        pool.1
-            .scatter_set(&step.write, &v.reshape((rows, self.head_dim))?, 0)?;
+        let (q, k, v) = self.project(x)?;
+        let at = KvWrite::PoolRows(&step.write);
+        let q = match self.fused_chain(&q, &k, &v, cos, sin, (&pool.0, &pool.1), at)? {
+            Some(q) => q,
+            None => {
+                let (q, k, v) = self.norm_rope(q, k, v, cos, sin)?;
+                let rows = b * self.kv_heads * t;
+                pool.0
+                    .scatter_set(&step.write, &k.reshape((rows, self.head_dim))?, 0)?;
+                pool.1
+                    .scatter_set(&step.write, &v.reshape((rows, self.head_dim))?, 0)?;
+                q
+            }
+        };
         let out = match (&step.read, mask) {
             (PagedRead::Gather { index, width, .. }, Some(mask)) => {
                 let gather = |p: &Tensor| -> Result<Tensor> {
@@ -262,13 +278,6 @@ impl Attention {
             }
         };
         self.output(&out, b, t)
-    }
-
-    /// q `(B, H, T, D)` and k, v `(B, KV, T, D)` of `x` `(B, T, H)`: projected, normed (Qwen3)
-    /// and rotated.
-    fn qkv(&self, x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<(Tensor, Tensor, Tensor)> {
-        let (q, k, v) = self.project(x)?;
-        self.norm_rope(q, k, v, cos, sin)
     }
 
     /// The projections of `x` `(B, T, H)`, tokens first: q `(B, T, H, D)`, k and v
@@ -365,9 +374,11 @@ impl Attention {
     }
 
     /// A detached model's decode step (one new position) on kernels that fuse its chain: the
-    /// q/k norms, the rotations and the new column's write into cache buffers that have room
-    /// for it, in one launch ([`crate::fused::qk_norm_rope_cache`]). Returns q heads first and
-    /// the buffers; None where the fused kernel does not apply (the composed ops then run).
+    /// q/k norms, the rotations and the new keys' and values' write into the cache buffers
+    /// `kv` where `at` says (a dense cache's column, a paged pool's rows), in one launch
+    /// ([`crate::fused::qk_norm_rope_cache`]). Returns q heads first; None where the fused
+    /// kernel does not apply (the composed ops then run).
+    #[allow(clippy::too_many_arguments)]
     fn fused_chain(
         &self,
         q: &Tensor,
@@ -375,20 +386,15 @@ impl Attention {
         v: &Tensor,
         cos: &Tensor,
         sin: &Tensor,
-        past: &LayerCache,
-    ) -> Result<Option<(Tensor, Tensor, Tensor)>> {
+        kv: (&Tensor, &Tensor),
+        at: KvWrite,
+    ) -> Result<Option<Tensor>> {
         // The fused chain writes the model's dtype; an FP8 cache takes the composed path.
         if !self.decode_chain
             || q.dim(1)? != 1
             || self.q.decode.is_none()
             || self.kv_dtype != KvCacheDtype::Model
         {
-            return Ok(None);
-        }
-        let Some((kb, vb)) = &past.buffers else {
-            return Ok(None);
-        };
-        if kb.dim(2)? <= past.len {
             return Ok(None);
         }
         let norms = match (&self.q_norm, &self.k_norm) {
@@ -399,8 +405,9 @@ impl Attention {
             }),
             _ => None,
         };
-        let fused = crate::fused::qk_norm_rope_cache(q, k, v, norms, cos, sin, (kb, vb), past.len)?;
-        Ok(fused.map(|q| (q, kb.clone(), vb.clone())))
+        Ok(crate::fused::qk_norm_rope_cache(
+            q, k, v, norms, cos, sin, kv, at,
+        )?)
     }
 }
 
@@ -518,38 +525,40 @@ impl Block {
 
     /// The layer after its attention `a`: x + a, then + mlp(norm(·)).
     fn residual_mlp(&self, x: &Tensor, a: &Tensor) -> Result<Tensor> {
-        // A detached model's decode step adds and normalises in one launch where it can.
-        let fused = if self.attn.decode_chain && x.dim(1)? == 1 && self.attn.q.decode.is_some() {
-            let n = &self.post_norm;
-            crate::fused::add_rms_norm(x, a, &n.weight, n.eps)?
-        } else {
-            None
-        };
-        let (x, normed) = match fused {
-            Some(both) => both,
-            None => {
-                let x = (x + a)?;
-                let normed = self.post_norm.forward(&x)?;
-                (x, normed)
-            }
-        };
+        let (x, normed) = self.add_norm(x, a, &self.post_norm)?;
         Ok((&x + self.mlp.forward(&normed)?)?)
     }
 
-    /// [`Block::forward`] over a paged cache ([`Attention::forward_paged`]).
-    fn forward_paged(
+    /// The layer after its attention `a` as the residual stream runs it in a forward's loop:
+    /// y = x + a + mlp(norm(x + a)), returned with `next`'s norm of it (the next layer's input
+    /// norm, or the final norm), so that the layer's last add and the norm after it are one
+    /// launch where the decode chain applies, as its first add and norm are.
+    fn residual_mlp_normed(
         &self,
         x: &Tensor,
-        cos: &Tensor,
-        sin: &Tensor,
-        mask: Option<&AttnMask>,
-        pool: &(Tensor, Tensor),
-        step: &PagedStep,
-    ) -> Result<Tensor> {
-        let a =
-            self.attn
-                .forward_paged(&self.input_norm.forward(x)?, cos, sin, mask, pool, step)?;
-        self.residual_mlp(x, &a)
+        a: &Tensor,
+        next: &RmsNorm,
+    ) -> Result<(Tensor, Tensor)> {
+        let (h, normed) = self.add_norm(x, a, &self.post_norm)?;
+        self.add_norm(&h, &self.mlp.forward(&normed)?, next)
+    }
+
+    /// `(x + a, norm(x + a))`: one launch in a detached model's decode step where the kernel
+    /// applies ([`crate::fused::add_rms_norm`]), else the add and the norm.
+    fn add_norm(&self, x: &Tensor, a: &Tensor, norm: &RmsNorm) -> Result<(Tensor, Tensor)> {
+        let fused = if self.attn.decode_chain && x.dim(1)? == 1 && self.attn.q.decode.is_some() {
+            crate::fused::add_rms_norm(x, a, &norm.weight, norm.eps)?
+        } else {
+            None
+        };
+        match fused {
+            Some(both) => Ok(both),
+            None => {
+                let x = (x + a)?;
+                let normed = norm.forward(&x)?;
+                Ok((x, normed))
+            }
+        }
     }
 
     /// The same layer on detached weights: runs without recording a graph.
@@ -1000,13 +1009,15 @@ impl Qwen {
         let (b, t) = ids.dims2()?;
         let past = cache.map_or(0, KvCache::len);
         let (mask, cos, sin) = self.layer_inputs(positions, key_valid, past, t)?;
-        let mut x = self.embed.forward(ids)?;
+        let (mut x, mut normed) = self.embedded(ids)?;
         let mut layers = Vec::with_capacity(self.blocks.len());
         let empty = KvCache::default();
         let cache = cache.unwrap_or(&empty);
         for (i, block) in self.blocks.iter().enumerate() {
-            let (y, kv) = block.forward(&x, &cos, &sin, &mask, &cache.layer(i))?;
-            x = y;
+            let (a, kv) = block
+                .attn
+                .forward(&normed, &cos, &sin, &mask, &cache.layer(i))?;
+            (x, normed) = block.residual_mlp_normed(&x, &a, self.norm_after(i))?;
             layers.push(kv);
         }
         debug_assert_eq!(x.dims3()?.0, b);
@@ -1015,7 +1026,21 @@ impl Qwen {
             len: past + t,
             reserve: cache.reserve,
         };
-        Ok((self.norm.forward(&x)?, cache))
+        Ok((normed, cache))
+    }
+
+    /// The embedding of `ids` and its norm by the first layer's input norm (the final norm in
+    /// a model without layers): where a forward's residual stream starts.
+    fn embedded(&self, ids: &Tensor) -> Result<(Tensor, Tensor)> {
+        let x = self.embed.forward(ids)?;
+        let first = self.blocks.first().map_or(&self.norm, |b| &b.input_norm);
+        let normed = first.forward(&x)?;
+        Ok((x, normed))
+    }
+
+    /// The norm applied to layer i's output: the next layer's input norm, or the final norm.
+    fn norm_after(&self, i: usize) -> &RmsNorm {
+        self.blocks.get(i + 1).map_or(&self.norm, |b| &b.input_norm)
     }
 
     /// Final hidden states `(B, T, H)` for `ids` `(B, T)` at `positions` `(B, T)` (u32) over the
@@ -1042,14 +1067,17 @@ impl Qwen {
             } => Some(self.attn_mask(key_valid, width - t, t)?),
             PagedRead::Table { .. } => None,
         };
-        let mut x = self.embed.forward(ids)?;
+        let (mut x, mut normed) = self.embedded(ids)?;
         for (i, block) in self.blocks.iter().enumerate() {
             let pool = kv
                 .layer(i)
                 .ok_or_else(|| candle_core::Error::Msg(format!("paged KV cache: no layer {i}")))?;
-            x = block.forward_paged(&x, &cos, &sin, mask.as_ref(), pool, step)?;
+            let a = block
+                .attn
+                .forward_paged(&normed, &cos, &sin, mask.as_ref(), pool, step)?;
+            (x, normed) = block.residual_mlp_normed(&x, &a, self.norm_after(i))?;
         }
-        self.norm.forward(&x)
+        Ok(normed)
     }
 
     /// A forward and backward with gradient checkpointing per decoder layer (the manifests'

@@ -1122,15 +1122,29 @@ fn continuous_batching_on_cuda_gives_every_prompt_its_solo_completion() {
 
 /// The decode step's fused chain (kernels/decode_chain.cu) against the composed ops it
 /// replaces, run on the CPU: q normalised and rotated into heads first, k and v written into
-/// the cache's column and nothing else of it changed (Qwen3's norms and Qwen2's none); the
-/// residual add with the next RMSNorm.
+/// the dense cache's column, or into a paged pool's rows through a write index, and nothing
+/// else of the cache changed (Qwen3's norms and Qwen2's none); the residual add with the next
+/// RMSNorm.
 #[test]
 fn the_fused_decode_chain_matches_the_composed_ops_on_the_cpu() {
     let Some(gpu) = gpu("the_fused_decode_chain_matches_the_composed_ops_on_the_cpu") else {
         return;
     };
-    use acpo::fused;
+    use acpo::fused::{self, KvWrite};
+    fn at(paged: bool, col: usize, index: &Tensor) -> KvWrite<'_> {
+        match paged {
+            true => KvWrite::PoolRows(index),
+            false => KvWrite::Column(col),
+        }
+    }
     let (b, h, kv, cap, col) = (3usize, 16usize, 8usize, 9usize, 4usize);
+    // the paged pool: as many rows as the dense buffers hold, the batch's rows scattered over
+    // it (7919 is prime: distinct rows), each index row repeated across the head dim as
+    // `PagedKv::write_index` makes it
+    let pool_rows = b * kv * cap;
+    let dest: Vec<u32> = (0..b * kv)
+        .map(|i| ((i * 7919 + 3) % pool_rows) as u32)
+        .collect();
     for d in [128usize, 16] {
         let q = random(11, &[b, 1, h, d], 2.0);
         let k = random(12, &[b, 1, kv, d], 2.0);
@@ -1139,61 +1153,71 @@ fn the_fused_decode_chain_matches_the_composed_ops_on_the_cpu() {
         let angles = random(16, &[b, 1, 1, d / 2], 3.0);
         let angles = Tensor::cat(&[&angles, &angles], 3).expect("cat");
         let (cos, sin) = (angles.cos().expect("cos"), angles.sin().expect("sin"));
-        let (kc, vc) = (
-            random(17, &[b, kv, cap, d], 1.0),
-            random(18, &[b, kv, cap, d], 1.0),
-        );
-        for norm in [true, false] {
-            let norms = |qw: &'_ Tensor, kw: &'_ Tensor| norm.then(|| (qw.clone(), kw.clone()));
-            let (kc_cpu, vc_cpu) = (kc.copy().expect("copy"), vc.copy().expect("copy"));
-            let cpu_norms = norms(&qw, &kw);
-            let q_cpu = fused::qk_norm_rope_cache_composed(
-                &q,
-                &k,
-                &v,
-                cpu_norms.as_ref().map(|(a, b)| fused::QkNorms {
-                    q: a,
-                    k: b,
-                    eps: 1e-6,
-                }),
-                &cos,
-                &sin,
-                (&kc_cpu, &vc_cpu),
-                col,
-            )
-            .expect("composed");
-            for dtype in [DType::F32, DType::BF16] {
-                let on = |t: &Tensor| {
-                    t.to_dtype(dtype)
-                        .and_then(|t| t.to_device(&gpu))
-                        .expect("to")
-                };
-                let (kc_gpu, vc_gpu) = (on(&kc), on(&vc));
-                let gpu_norms = norms(&on(&qw), &on(&kw));
-                let q_gpu = fused::qk_norm_rope_cache(
-                    &on(&q),
-                    &on(&k),
-                    &on(&v),
-                    gpu_norms.as_ref().map(|(a, b)| fused::QkNorms {
+        let index = Tensor::from_slice(&dest, (b * kv, 1), &Device::Cpu)
+            .and_then(|t| t.broadcast_as((b * kv, d)))
+            .and_then(|t| t.contiguous())
+            .expect("index");
+        for paged in [false, true] {
+            let shape: &[usize] = if paged {
+                &[pool_rows, d]
+            } else {
+                &[b, kv, cap, d]
+            };
+            let (kc, vc) = (random(17, shape, 1.0), random(18, shape, 1.0));
+            for norm in [true, false] {
+                let norms = |qw: &'_ Tensor, kw: &'_ Tensor| norm.then(|| (qw.clone(), kw.clone()));
+                let (kc_cpu, vc_cpu) = (kc.copy().expect("copy"), vc.copy().expect("copy"));
+                let cpu_norms = norms(&qw, &kw);
+                let q_cpu = fused::qk_norm_rope_cache_composed(
+                    &q,
+                    &k,
+                    &v,
+                    cpu_norms.as_ref().map(|(a, b)| fused::QkNorms {
                         q: a,
                         k: b,
                         eps: 1e-6,
                     }),
-                    &on(&cos),
-                    &on(&sin),
-                    (&kc_gpu, &vc_gpu),
-                    col,
+                    &cos,
+                    &sin,
+                    (&kc_cpu, &vc_cpu),
+                    at(paged, col, &index),
                 )
-                .expect("fused")
-                .expect("the fused kernel applies on CUDA");
-                let what = format!("head dim {d}, norms {norm}, {dtype:?}");
-                for (name, got, want) in [
-                    ("q", &q_gpu, &q_cpu),
-                    ("k cache", &kc_gpu, &kc_cpu),
-                    ("v cache", &vc_gpu, &vc_cpu),
-                ] {
-                    let e = rel_err(got, want);
-                    assert!(e <= tolerance(dtype), "{what}: {name} relative error {e}");
+                .expect("composed");
+                for dtype in [DType::F32, DType::BF16] {
+                    let on = |t: &Tensor| {
+                        t.to_dtype(dtype)
+                            .and_then(|t| t.to_device(&gpu))
+                            .expect("to")
+                    };
+                    let (kc_gpu, vc_gpu) = (on(&kc), on(&vc));
+                    let gpu_index = index.to_device(&gpu).expect("index");
+                    let gpu_norms = norms(&on(&qw), &on(&kw));
+                    let q_gpu = fused::qk_norm_rope_cache(
+                        &on(&q),
+                        &on(&k),
+                        &on(&v),
+                        gpu_norms.as_ref().map(|(a, b)| fused::QkNorms {
+                            q: a,
+                            k: b,
+                            eps: 1e-6,
+                        }),
+                        &on(&cos),
+                        &on(&sin),
+                        (&kc_gpu, &vc_gpu),
+                        at(paged, col, &gpu_index),
+                    )
+                    .expect("fused")
+                    .expect("the fused kernel applies on CUDA");
+                    let what = format!("head dim {d}, paged {paged}, norms {norm}, {dtype:?}");
+                    // the whole cache: a row written where it should not be fails as one not written
+                    for (name, got, want) in [
+                        ("q", &q_gpu, &q_cpu),
+                        ("k cache", &kc_gpu, &kc_cpu),
+                        ("v cache", &vc_gpu, &vc_cpu),
+                    ] {
+                        let e = rel_err(got, want);
+                        assert!(e <= tolerance(dtype), "{what}: {name} relative error {e}");
+                    }
                 }
             }
         }
@@ -1299,7 +1323,8 @@ fn decoding_with_the_fused_chain_gives_the_composed_chain_s_logits() {
 /// The paged sampling engine on CUDA, at a head dim the paged decode kernel takes (64), in f32
 /// and bf16: read through the block tables (`flash_decode_paged_*`) and through a gathered
 /// view, every prompt gets the dense engine's tokens; so do the responses of a group sharing
-/// their prompt's blocks.
+/// their prompt's blocks; with the decode chain composed and fused (the paged engine's new keys
+/// then written into the pool by `qk_norm_rope_paged_*`).
 #[test]
 fn the_paged_cache_on_cuda_gives_the_dense_engines_tokens() {
     let Some(gpu) = gpu("the_paged_cache_on_cuda_gives_the_dense_engines_tokens") else {
@@ -1334,16 +1359,21 @@ fn the_paged_cache_on_cuda_gives_the_dense_engines_tokens() {
         let params = init::random_params(&cfg, 11, DType::F32, &gpu)
             .expect("weights")
             .with_compute(dtype);
-        // Without the fused q/k norm, RoPE and cache write, which the dense cache's decode
-        // step takes and the paged one does not: both engines then run the same ops.
-        let model = Qwen::new(&cfg, &params, true).expect("model");
-        let model = model.clone().with_kernels(Kernels {
-            decode_chain: false,
-            layer_by_hand: false,
-            flash_backward: acpo::fused::FlashBackward::Pair,
-            ..model.kernels()
-        });
-        for slots in [None, Some(3)] {
+        // Both engines run the same element-wise ops: composed, or fused into the decode
+        // chain's kernels (the new keys into a dense column or into pool rows, the same bits).
+        let base = Qwen::new(&cfg, &params, true).expect("model");
+        for (decode_chain, slots) in [
+            (false, None),
+            (false, Some(3)),
+            (true, None),
+            (true, Some(3)),
+        ] {
+            let model = base.clone().with_kernels(Kernels {
+                decode_chain,
+                layer_by_hand: false,
+                flash_backward: acpo::fused::FlashBackward::Pair,
+                ..base.kernels()
+            });
             let request = || {
                 let r = SampleRequest::new(p).eos(eos.clone());
                 match slots {
@@ -1361,11 +1391,18 @@ fn the_paged_cache_on_cuda_gives_the_dense_engines_tokens() {
                     share_prompts: dtype == DType::F32,
                     ..Default::default()
                 });
+                let before = acpo::fused::decode_chain_launches();
                 let paged = rollout::generate(&model, &prompts, &keys, &r).expect("paged");
+                let launched = acpo::fused::decode_chain_launches() - before;
+                assert_eq!(
+                    launched > 0,
+                    decode_chain,
+                    "{dtype:?}, tables {tables}: the paged engine's fused chain launched {launched} times"
+                );
                 for (i, (a, b)) in paged.iter().zip(&dense).enumerate() {
                     assert_eq!(
                         a.tokens, b.tokens,
-                        "{dtype:?}, tables {tables}, {slots:?} slots, prompt {i}: tokens differ"
+                        "{dtype:?}, chain {decode_chain}, tables {tables}, {slots:?} slots, prompt {i}: tokens differ"
                     );
                 }
             }

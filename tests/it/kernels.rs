@@ -147,7 +147,7 @@ fn flash_kernels_match_the_float64_reference_in_the_emulator() {
 }
 
 /// The kernel checks of `ops_check.cu`, each of which must have run.
-const OPS_CHECKS: [&str; 21] = [
+const OPS_CHECKS: [&str; 24] = [
     "rms_norm fwd f32",
     "rms_norm fwd bf16",
     "rms_norm bwd dx",
@@ -167,6 +167,9 @@ const OPS_CHECKS: [&str; 21] = [
     "qk_norm_rope_cache bf16 k col 4 of 9",
     "qk_norm_rope_cache bf16 q 2x6x64 no norm",
     "qk_norm_rope_cache f32 v copied, the rest kept",
+    "qk_norm_rope_paged bf16 q 3x16x128",
+    "qk_norm_rope_paged f32 k to 24 of 216 pool rows, kv 8",
+    "qk_norm_rope_paged bf16 v copied, the rest kept",
     "add_rms_norm f32 sum",
     "add_rms_norm bf16 norm",
 ];
@@ -187,7 +190,7 @@ fn assert_ops_pass(out: &Output, how: &str) {
 
 /// RMSNorm (forward, dx, the two-pass dw), SwiGLU, RoPE in its three layouts, the attention
 /// softmax, the token log-probabilities, the vocabulary chunks, the decode step's fused chain
-/// (q/k norms + RoPE + the cache write, the residual add + RMSNorm) and the sampler against float64 references (the
+/// (q/k norms + RoPE + the cache write into a dense cache's column or a paged pool's rows, the residual add + RMSNorm) and the sampler against float64 references (the
 /// sampler against the CPU sampler's rule on the same draws), f32 and bf16, at shapes that hit
 /// the edges (see ops_check.cu), under a fair schedule and one with a lagging warp.
 #[test]
