@@ -65,6 +65,15 @@ pub fn dq_add_bytes(batch: usize, heads: usize, d: usize, t: usize) -> f64 {
     visits * (TILE * d) as f64 * 4.0 * 2.0
 }
 
+/// The bytes the 5-product backward allocates for one layer's backward on CUDA
+/// (`src/fused/flash/cuda.rs`, `five_products`): dQ's f32 sums (B·H·T·D) and an i32 counter per
+/// (sequence, query head, tile of [`TILE`] query rows) with the blocks' ticket after them.
+pub fn five_product_scratch(batch: usize, heads: usize, d: usize, t: usize) -> u64 {
+    let sums = (batch * heads * t * d) as u64 * 4;
+    let counters = (batch * heads * t.div_ceil(TILE) + 1) as u64 * 4;
+    sums + counters
+}
+
 /// FLOPs of one layer's causal attention as FA2 counts them: the forward 4·B·H·D·T²/2, the
 /// backward 2.5× that.
 pub fn flops_fwd(batch: usize, heads: usize, d: usize, t: usize) -> f64 {

@@ -43,15 +43,30 @@ pub enum Variant {
     NoFlash,
     NoCheckpointing,
     NoVocabChunks,
+    /// All savings, with the attention's backward in 5 products on CUDA
+    /// (`--flash-backward five`): each layer's backward also holds dQ's f32 sums and the
+    /// counters that order the adds, GPU-only buffers named by arithmetic
+    /// ([`crate::perf::flash_predict::five_product_scratch`]); no trace of its own (the CPU runs
+    /// one backward), its working sets those of all savings.
+    FiveProducts,
 }
 
 impl Variant {
-    const ALL: [Variant; 4] = [
+    const ALL: [Variant; 5] = [
         Variant::AllSavings,
         Variant::NoFlash,
         Variant::NoCheckpointing,
         Variant::NoVocabChunks,
+        Variant::FiveProducts,
     ];
+
+    /// The variant whose traces stand for this one's working sets.
+    fn traced(self) -> Variant {
+        match self {
+            Variant::FiveProducts => Variant::AllSavings,
+            v => v,
+        }
+    }
 
     fn of(s: &StepSettings) -> Option<Variant> {
         match (s.flash_attention, s.checkpointing, s.vocab_chunk.is_some()) {
@@ -69,6 +84,7 @@ impl Variant {
             Variant::NoFlash => "no flash attention",
             Variant::NoCheckpointing => "no checkpointing",
             Variant::NoVocabChunks => "no vocabulary chunks",
+            Variant::FiveProducts => "all, the attention backward in 5 products",
         }
     }
 }
@@ -148,6 +164,9 @@ struct Sizes {
     /// Bytes of the compute dtype.
     compute: u64,
     tied: bool,
+    /// GPU-only bytes a layer's backward holds besides its working set: the 5-product
+    /// backward's dQ sums and counters, or none.
+    layer_scratch: u64,
 }
 
 impl Sizes {
@@ -168,6 +187,7 @@ impl Sizes {
             head_params: h + if cfg.tie_word_embeddings { 0 } else { v * h },
             compute,
             tied: cfg.tie_word_embeddings,
+            layer_scratch: 0,
         }
     }
 }
@@ -177,7 +197,8 @@ impl Sizes {
 /// weights (bf16 only; made for the mini-batch, dropped before the optimizer step), each
 /// layer's input still kept (checkpointing: layer i's backward still has inputs 0..=i), and
 /// with tied embeddings the lm_head's leaf copy and its gradient, alive from the head to the
-/// embedding's backward (`Qwen::checkpointed_backward`).
+/// embedding's backward (`Qwen::checkpointed_backward`); and a layer's GPU-only scratch during
+/// its backward ([`Sizes::layer_scratch`]).
 fn named(p: Phase, s: &Sizes) -> u64 {
     let copy = if s.compute == 2 { 2 * s.params } else { 0 };
     let input = s.tokens * s.hidden * s.compute;
@@ -192,7 +213,10 @@ fn named(p: Phase, s: &Sizes) -> u64 {
         Phase::Head => copy + s.layers * input + 4 * s.head_params + lm,
         Phase::Layer(i) => {
             let i = i as u64;
-            copy + (i + 1) * input + 4 * (s.head_params + (s.layers - i) * s.layer_params) + lm
+            copy + (i + 1) * input
+                + 4 * (s.head_params + (s.layers - i) * s.layer_params)
+                + lm
+                + s.layer_scratch
         }
         Phase::Embedding => copy + 4 * s.params + lm,
         Phase::MicroBatch | Phase::Backward => copy + 4 * s.params,
@@ -503,7 +527,9 @@ impl<'a> Model<'a> {
     ) -> Option<f64> {
         let all = |k: Phase| self.fitted(Variant::AllSavings, k, None);
         match v {
-            Variant::AllSavings => Some(all(kind)?.at(shape.tokens(kind), vocab, layers)),
+            Variant::AllSavings | Variant::FiveProducts => {
+                Some(all(kind)?.at(shape.tokens(kind), vocab, layers))
+            }
             Variant::NoCheckpointing => {
                 // Without checkpointing the vocabulary's terms sit in the forward (the head) and
                 // the backward (the embedding's gradient): borrowed from those phases' laws.
@@ -551,6 +577,7 @@ impl<'a> Model<'a> {
         sizes: &Sizes,
         factor: f64,
     ) -> Option<(f64, Phase, f64)> {
+        let v = v.traced();
         let kinds: Vec<Phase> = self
             .runs
             .iter()
@@ -620,6 +647,19 @@ fn predict(runs: &[Run], target: &QwenConfig, shapes: &[Shape]) -> Result<Vec<Pr
         let sizes = Sizes::of(target, shape.micro_batch, shape.seq_len, 2);
         let start = 12 * sizes.params + overhead;
         for v in Variant::ALL {
+            let layer_scratch = match v {
+                Variant::FiveProducts => super::flash_predict::five_product_scratch(
+                    shape.micro_batch,
+                    target.num_attention_heads,
+                    target.head_dim(),
+                    shape.seq_len,
+                ),
+                _ => 0,
+            };
+            let sizes = Sizes {
+                layer_scratch,
+                ..sizes
+            };
             let Some((peak, phase, bound)) = model.peak(v, shape, &sizes, 0.5) else {
                 continue;
             };
@@ -757,10 +797,10 @@ fn markdown(
         runs.len(),
         measured.display(),
     );
-    for v in Variant::ALL {
+    for v in Variant::ALL.into_iter().filter(|v| v.traced() == *v) {
         s.push_str(&format!("- {}: {}\n", v.label(), traced(v)));
     }
-    s.push_str("\nThe prediction counts the working sets at bf16's bytes, half the f32 bytes traced; the bound at the bytes traced (the vocabulary chunks' temporaries and a layer's gradients are f32 on the GPU as well). The composed attention's excess over flash attention grows as B·T², the logits by positions' as the responses' tokens times the vocabulary. The optimizer step updates in place on CUDA (kernels/adamw.cu): in the prediction its working set is nil.\n\n");
+    s.push_str("\nThe prediction counts the working sets at bf16's bytes, half the f32 bytes traced; the bound at the bytes traced (the vocabulary chunks' temporaries and a layer's gradients are f32 on the GPU as well). The composed attention's excess over flash attention grows as B·T², the logits by positions' as the responses' tokens times the vocabulary. The optimizer step updates in place on CUDA (kernels/adamw.cu): in the prediction its working set is nil. The attention backward in 5 products (`--flash-backward five`) has all savings' working sets, and each layer's backward holds dQ's f32 sums and the counters ordering its adds besides (B·H·T·D·4 bytes and a counter per 64 query rows: CUDA-only buffers, counted exactly).\n\n");
     s.push_str(&t.to_string());
     for (what, got, predicted) in checks {
         s.push_str(&format!(
@@ -871,5 +911,46 @@ mod tests {
             .expect("grown");
         let want = excess(Phase::Layer(0), target) + 3.0 * (151936.0 - 16384.0);
         assert!((got - want).abs() < 1e-6 * want, "{got} against {want}");
+    }
+
+    /// The 5-product backward's peak is all savings' with its scratch added to each layer's
+    /// backward and nothing else: no scratch, the same peak; a scratch large enough to make a
+    /// layer's backward the peak, exactly the scratch more for each byte more. The scratch at
+    /// Qwen3-1.7B's 2 × 9,220 is dQ's f32 sums (151 MB) and 4,641 counters.
+    #[test]
+    fn the_five_product_backward_adds_its_scratch_to_each_layers_backward() {
+        assert_eq!(
+            crate::perf::flash_predict::five_product_scratch(2, 16, 128, 9220),
+            2 * 16 * 9220 * 128 * 4 + (2 * 16 * 145 + 1) * 4
+        );
+        let law = |_: Phase, s: Shape| 1000.0 + 5.0 * s.tokens(Phase::Layer(0));
+        let runs = vec![
+            run(Variant::AllSavings, 1, 1536, 1, 16384, &law),
+            run(Variant::AllSavings, 1, 2048, 1, 16384, &law),
+        ];
+        let model = Model::new(&runs);
+        let cfg = settings_config(&runs[0].settings).expect("config");
+        let shape = SHAPES[1];
+        let sizes = Sizes::of(&cfg, shape.micro_batch, shape.seq_len, 2);
+        let peak = |v: Variant, layer_scratch: u64| {
+            let (got, at, _) = model
+                .peak(
+                    v,
+                    shape,
+                    &Sizes {
+                        layer_scratch,
+                        ..sizes
+                    },
+                    0.5,
+                )
+                .expect("the traces of all savings stand for both");
+            (got, at)
+        };
+        assert_eq!(peak(Variant::FiveProducts, 0), peak(Variant::AllSavings, 0));
+        let (one, at_one) = peak(Variant::FiveProducts, 1 << 40);
+        let (two, at_two) = peak(Variant::FiveProducts, 2 << 40);
+        assert!(matches!(at_one, Phase::Layer(_)), "{at_one:?}");
+        assert_eq!(at_one, at_two);
+        assert_eq!(two - one, (1u64 << 40) as f64);
     }
 }
