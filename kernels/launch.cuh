@@ -22,6 +22,14 @@
 #define DEC_THREADS 128
 #define DEC_MAXD 256
 
+// The sampler (sample.cu): threads per row's block (warps own consecutive segments of the
+// vocabulary), consecutive columns a lane adds, a warp's group of columns, and the dynamic
+// shared memory of a row of v logits: a double per group.
+#define SAMPLE_THREADS 512
+#define SAMPLE_LANE 8
+#define SAMPLE_GROUP (32 * SAMPLE_LANE)
+#define sample_smem(v) ((((v) + SAMPLE_GROUP - 1) / SAMPLE_GROUP) * 8)
+
 // AdamW's whole-model step (adamw.cu): parameter elements per block (a tensor's chunk) and
 // threads per block (a power of two: its float64 norm reduction halves it).
 #define ADAMW_CHUNK 16384

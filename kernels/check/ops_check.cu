@@ -547,7 +547,7 @@ static void check_sample(int rows, int v, float temp) {
   Buf<float> dz(z), out((size_t)rows * 2);
   double* du = (double*)dalloc(rows * 8);
   h2d(du, u.data(), rows * 8);
-  LAUNCH(sample_full_f32, dim3(rows), dim3(ROW_THREADS), 0, dz.d, du, out.d, v, temp);
+  LAUNCH(sample_full_f32, dim3(rows), dim3(SAMPLE_THREADS), sample_smem(v), dz.d, du, out.d, v, temp);
   dfree(du);
   const auto got = out.get();
   int differ = 0, unexplained = 0;
@@ -584,8 +584,24 @@ static void print_time(const char* what, double us, double bytes) {
 
 // The kernels issue #44 changed, at Qwen3-1.7B's shapes for 2 x 2,048 and 2 x 9,220 tokens,
 // bf16: time and bandwidth (the bytes each must move, once) to set beside the predictions of
-// kernels/NOTES.md (version 4).
+// kernels/NOTES.md (version 4); and the sampler at a decode step's 64 rows of Qwen3's vocabulary
+// (version 10).
 static void timings() {
+  {
+    const int rows = 64, v = 151936;
+    const auto z = randoms<float>((size_t)rows * v, 5.0f);
+    std::vector<double> u(rows, 0.5);
+    Buf<float> dz(z), out((size_t)rows * 2);
+    double* du = (double*)dalloc(rows * 8);
+    h2d(du, u.data(), rows * 8);
+    const float us = time_us([&] {
+      LAUNCH(sample_full_f32, dim3(rows), dim3(SAMPLE_THREADS), sample_smem(v), dz.d, du, out.d, v, 1.0f);
+    });
+    char what[96];
+    snprintf(what, sizeof what, "sample %dx%d", rows, v);
+    print_time(what, us, (double)rows * v * 4.0 * 2.0);
+    dfree(du);
+  }
   for (int tokens : {2 * 2048, 2 * 9220}) {
     struct Norm {
       const char* name;
@@ -703,6 +719,7 @@ static void check_all() {
   check_sample(40, 1000, 1.0f);
   check_sample(30, 5003, 0.7f);
   check_sample(8, 3, 1.3f);
+  check_sample(3, 151936, 1.0f);  // Qwen3's vocabulary: every warp a segment of 297 groups
 }
 
 int main(int argc, char** argv) {

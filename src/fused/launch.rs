@@ -7,8 +7,9 @@
 //! Row kernels run one block of [`ROW_THREADS`] threads per row and reduce in a fixed order, so
 //! a result is the same on every run; element-wise kernels use a grid-stride loop.
 
-use candle_core::cuda_backend::cudarc::driver::{CudaView, LaunchConfig};
-use candle_core::cuda_backend::CudaDType;
+use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute_enum;
+use candle_core::cuda_backend::cudarc::driver::{CudaFunction, CudaView, LaunchConfig};
+use candle_core::cuda_backend::{CudaDType, WrapErr};
 use candle_core::{CudaStorage, DType, Layout, Result};
 
 /// The PTX of `kernels/<stem>.cu` (compiled by `build.rs`) and the module name it is loaded
@@ -85,6 +86,25 @@ pub fn elems_config(len: usize) -> LaunchConfig {
         block_dim: (ELEM_THREADS, 1, 1),
         shared_mem_bytes: 0,
     }
+}
+
+/// Lets kernel `f` of op `what` launch with `smem` bytes of dynamic shared memory: above the
+/// default a kernel gets, asked for (CUDA's opt-in); above a block's most, an error naming it.
+pub fn allow_smem(f: &CudaFunction, smem: u32, what: &str) -> Result<()> {
+    if smem > sizes::SMEM_OPT_IN_LIMIT {
+        candle_core::bail!(
+            "{what}: {smem} bytes of dynamic shared memory, above the {} a block may have",
+            sizes::SMEM_OPT_IN_LIMIT
+        );
+    }
+    if smem > sizes::SMEM_DEFAULT_LIMIT {
+        f.set_attribute(
+            CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+            smem as i32,
+        )
+        .w()?;
+    }
+    Ok(())
 }
 
 /// A grid dimension, or an error naming what would not fit in one launch.

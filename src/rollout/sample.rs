@@ -173,11 +173,11 @@ pub fn argmax(logits: &Tensor) -> Result<Vec<u32>> {
 /// The CUDA launch of `kernels/sample.cu`; the CPU twin is [`sample_token`].
 #[cfg(feature = "cuda")]
 mod cuda {
-    use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
+    use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
     use candle_core::cuda_backend::WrapErr;
     use candle_core::{CudaStorage, Layout, Result, Shape};
 
-    use crate::fused::launch::{kernel, ptx, rows_config, view};
+    use crate::fused::launch::{allow_smem, grid_dim, kernel, ptx, sizes, view};
 
     const PTX: (&str, &str) = ptx!("sample");
 
@@ -198,13 +198,27 @@ mod cuda {
         if zv.len() != rows * v {
             candle_core::bail!("{what}: {} logits for {rows} draws of {v}", zv.len());
         }
+        // SAFETY: every row's block writes its two values.
         let mut out = unsafe { dev.alloc::<f32>(2 * rows) }?;
         let f = kernel!(dev, "sample_full_f32", PTX)?;
-        let v_i = v as i32;
+        // a double for each group of SAMPLE_GROUP columns (launch.cuh's `sample_smem`)
+        let smem = v.div_ceil(sizes::SAMPLE_GROUP as usize) * 8;
+        let smem = u32::try_from(smem)
+            .map_err(|_| candle_core::Error::Msg(format!("{what}: a row of {v} logits")))?;
+        allow_smem(&f, smem, what)?;
+        let v_i = i32::try_from(v)
+            .map_err(|_| candle_core::Error::Msg(format!("{what}: a row of {v} logits")))?;
         let mut b = f.builder();
         b.arg(&zv).arg(&uv).arg(&mut out).arg(&v_i).arg(&t);
         if rows > 0 {
-            unsafe { b.launch(rows_config(rows)?) }.w()?;
+            let cfg = LaunchConfig {
+                grid_dim: (grid_dim(rows, what)?, 1, 1),
+                block_dim: (sizes::SAMPLE_THREADS, 1, 1),
+                shared_mem_bytes: smem,
+            };
+            // SAFETY: the arguments match sample_full_f32 in kernels/sample.cu, with the
+            // dynamic shared memory its row needs (it traps with less).
+            unsafe { b.launch(cfg) }.w()?;
         }
         Ok((
             CudaStorage::wrap_cuda_slice(out, dev.clone()),

@@ -89,8 +89,14 @@ def sizes(ptx):
     return got
 
 
+# The sampler's dynamic shared memory grows with the vocabulary: the table gives Qwen3's.
+QWEN3_VOCAB = 151_936
+
+
 def dynamic_smem(kernel, size):
     """The dynamic shared memory the host launches `kernel` with (0 for the others)."""
+    if kernel == "sample_full_f32":  # launch.cuh's sample_smem(v): a double per group
+        return -(-QWEN3_VOCAB // size["SAMPLE_GROUP"]) * 8
     # the pipelined decode and its paged instance: the same ring of tiles
     m = re.match(r"flash_decode_(?:pipe|paged)_d(\d+)_(bf16|f32)$", kernel)
     if m:
@@ -139,7 +145,8 @@ def main():
     lines.append("")
     lines.append(
         f"{len(rows)} kernels, ptxas of CUDA 13.0 for sm_90 on the PTX build.rs makes "
-        f"(`python3 tools/gpu/kernel_resources.py`); "
+        f"(`python3 tools/gpu/kernel_resources.py`); the sampler's dynamic shared memory at "
+        f"Qwen3's vocabulary of {QWEN3_VOCAB:,}; "
         + (f"spilling: {', '.join(spills)}." if spills else "none spills.")
     )
     os.makedirs(out_dir, exist_ok=True)

@@ -10,16 +10,16 @@
 //! The CPU twin and the semantics are in the parent module; `tests/it/cuda.rs` holds every path
 //! to it, and `kernels/check/flash_check.cu` checks and times the kernels without this build.
 
-use candle_core::cuda_backend::cudarc::driver::sys::CUfunction_attribute_enum;
 use candle_core::cuda_backend::cudarc::driver::{
-    CudaFunction, CudaSlice, CudaView, LaunchArgs, LaunchConfig, PushKernelArg,
+    CudaSlice, CudaView, LaunchArgs, LaunchConfig, PushKernelArg,
 };
 use candle_core::cuda_backend::{CudaDType, CudaDevice, WrapErr};
 use candle_core::{CudaStorage, DType, Layout, Result};
 
 use super::{tensor_cores_take, FlashBackward, FlashDims, FLASH_MAX_HEAD_DIM};
 use crate::fused::launch::{
-    dtype_of, elems_config, grid_dim, kernel, ptx, rows_config, sizes, suffix, view, with_type,
+    allow_smem, dtype_of, elems_config, grid_dim, kernel, ptx, rows_config, sizes, suffix, view,
+    with_type,
 };
 
 const ROW_PTX: (&str, &str) = ptx!("flash_attn");
@@ -42,8 +42,6 @@ const PIPE_THREADS: u32 = sizes::FDP_THREADS;
 const PIPE_CHUNK: usize = sizes::FDP_CHUNK as usize;
 const PIPE_MAX_GROUP: usize = sizes::FDP_MAXG as usize;
 const PIPE_FILL_BLOCKS: usize = sizes::FDP_FILL_BLOCKS as usize;
-/// Shared memory a kernel gets without asking for more.
-const DEFAULT_SMEM: u32 = sizes::SMEM_DEFAULT_LIMIT;
 const _: () = assert!(FLASH_MAX_HEAD_DIM as u32 == sizes::FA_MAXD);
 
 /// A tensor-core kernel's launch at one head dim: rows per block, threads per block, bytes of
@@ -201,7 +199,7 @@ macro_rules! pick {
             Some(d) => {
                 let l: MmaLaunch = $launch(d);
                 let f = kernel!($dev, &format!("{}_mma_d{d}_bf16", $op), MMA_PTX)?;
-                allow_smem(&f, l.smem)?;
+                allow_smem(&f, l.smem, "flash attention")?;
                 (f, mma_grid($rows, $y, $z, l)?)
             }
             None => (
@@ -210,23 +208,6 @@ macro_rules! pick {
             ),
         }
     };
-}
-
-fn allow_smem(f: &CudaFunction, smem: u32) -> Result<()> {
-    if smem > sizes::SMEM_OPT_IN_LIMIT {
-        candle_core::bail!(
-            "flash attention: {smem} bytes of dynamic shared memory, above the {} a block may have",
-            sizes::SMEM_OPT_IN_LIMIT
-        );
-    }
-    if smem > DEFAULT_SMEM {
-        f.set_attribute(
-            CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
-            smem as i32,
-        )
-        .w()?;
-    }
-    Ok(())
 }
 
 /// The first valid key of each sequence (`S` when none): `(B)` i32.
@@ -385,7 +366,7 @@ fn decode<T: CudaDType>(
         let cpb = pipe_chunks_per_block(dims.b, dims.kv, nsplit);
         let cpb_i = cpb as i32;
         let f = kernel!(dev, &format!("flash_decode_pipe_d{d}_{sfx}"), DECODE_PTX)?;
-        allow_smem(&f, smem)?;
+        allow_smem(&f, smem, "flash attention")?;
         let mut b = f.builder();
         b.arg(q)
             .arg(k)
@@ -502,7 +483,7 @@ pub(super) fn paged_decode(
                 &format!("flash_decode_paged_d{}_{sfx}", dims.d),
                 DECODE_PTX
             )?;
-            allow_smem(&f, smem)?;
+            allow_smem(&f, smem, "flash attention")?;
             let ints = [
                 nchunk as i32,
                 cpb as i32,
@@ -687,7 +668,7 @@ fn five_products<T>(
     let mut counts = dev.alloc_zeros::<i32>(tiles + 1)?;
     let l = mma_dkdvq(d);
     let f = kernel!(dev, &format!("flash_dkdvq_mma_d{d}_bf16"), MMA_PTX)?;
-    allow_smem(&f, l.smem)?;
+    allow_smem(&f, l.smem, "flash attention")?;
     let mut b = f.builder();
     ins.push(&mut b);
     b.arg(dk).arg(dv).arg(&mut sums).arg(&mut counts);
