@@ -1,9 +1,11 @@
 // The decode step's per-layer element-wise chain, fused (one query position per row):
 //
-// - `qk_norm_rope_cache_*`: after the q/k/v projections, Qwen3's RMSNorm of every q and k head
+// - `qk_norm_rope_cache_*`: after the q/k/v projection (one product with the stacked weights
+//   [Wq; Wk; Wv]: a row's q, k and v heads side by side), Qwen3's RMSNorm of every q and k head
 //   (Qwen2: none), the rotary embedding of both, q written heads first for attention, and the
-//   new token's k and v written into the KV cache at column `col`. Composed, that is q_norm,
-//   k_norm, two RoPE launches and the cache's two column writes: six launches, one here.
+//   new token's k and v written into the KV cache at column `col`. Composed, that is three
+//   products, q_norm, k_norm, two RoPE launches and the cache's two column writes: nine
+//   launches, two here.
 //   One block of DEC_THREADS threads per (row, head), heads in the order q (h), k (kv), v (kv).
 //   The norm reduces as rms_norm.cu's row kernel does (block_sum: a warp's xor tree, then the
 //   warps' in warp order), and each value is rounded to the storage type where the composed
@@ -42,23 +44,23 @@ struct PagedSlot {
   }
 };
 
+// `qkv` (B, H + 2·KV, D): a row's q, k and v heads in that order, as one product with the
+// stacked weights [Wq; Wk; Wv] gives them; block (b, hd) reads head hd of row b.
 template <typename T, typename Slot>
-__device__ void qk_norm_rope_cache(const T* q, const T* k, const T* v, const T* qw, const T* kw,
-                                   const T* cos, const T* sin, T* qo, T* kc, T* vc, int h,
-                                   int kv, int d, float eps, int norm, Slot slot) {
+__device__ void qk_norm_rope_cache(const T* qkv, const T* qw, const T* kw, const T* cos,
+                                   const T* sin, T* qo, T* kc, T* vc, int h, int kv, int d,
+                                   float eps, int norm, Slot slot) {
   __shared__ float n[DEC_MAXD];
   const int heads = h + 2 * kv;
   const size_t b = blockIdx.x / heads;
   const int hd = blockIdx.x % heads;
+  const T* x = qkv + (b * heads + hd) * d;
   if (hd >= h + kv) {  // v: into its slot, as it is
-    const int j0 = hd - h - kv;
-    const T* src = v + (b * kv + j0) * d;
-    T* dst = vc + slot(b, j0, kv);
-    for (int j = threadIdx.x; j < d; j += blockDim.x) dst[j] = src[j];
+    T* dst = vc + slot(b, hd - h - kv, kv);
+    for (int j = threadIdx.x; j < d; j += blockDim.x) dst[j] = x[j];
     return;
   }
   const bool is_q = hd < h;
-  const T* x = is_q ? q + (b * h + hd) * d : k + (b * kv + (hd - h)) * d;
   const T* w = is_q ? qw : kw;
   T* y = is_q ? qo + (b * h + hd) * d : kc + slot(b, hd - h, kv);
   if (norm) {
@@ -108,17 +110,17 @@ __device__ void add_rms_norm(const T* x, const T* a, const T* w, T* hs, T* y, in
 
 #define DECODE_CHAIN(NAME, T)                                                                   \
   extern "C" __global__ void __launch_bounds__(DEC_THREADS) qk_norm_rope_cache_##NAME(          \
-      const T* q, const T* k, const T* v, const T* qw, const T* kw, const T* cos, const T* sin, \
-      T* qo, T* kc, T* vc, int h, int kv, int d, float eps, int norm, size_t row_stride,        \
-      size_t head_stride, size_t col) {                                                         \
-    qk_norm_rope_cache<T>(q, k, v, qw, kw, cos, sin, qo, kc, vc, h, kv, d, eps, norm,           \
+      const T* qkv, const T* qw, const T* kw, const T* cos, const T* sin, T* qo, T* kc, T* vc,  \
+      int h, int kv, int d, float eps, int norm, size_t row_stride, size_t head_stride,         \
+      size_t col) {                                                                             \
+    qk_norm_rope_cache<T>(qkv, qw, kw, cos, sin, qo, kc, vc, h, kv, d, eps, norm,               \
                           DenseSlot{row_stride, head_stride, col, d});                          \
   }                                                                                             \
   extern "C" __global__ void __launch_bounds__(DEC_THREADS) qk_norm_rope_paged_##NAME(          \
-      const T* q, const T* k, const T* v, const T* qw, const T* kw, const T* cos, const T* sin, \
-      T* qo, T* kc, T* vc, int h, int kv, int d, float eps, int norm, const unsigned int* rows, \
-      size_t rows_stride, size_t n_rows) {                                                      \
-    qk_norm_rope_cache<T>(q, k, v, qw, kw, cos, sin, qo, kc, vc, h, kv, d, eps, norm,           \
+      const T* qkv, const T* qw, const T* kw, const T* cos, const T* sin, T* qo, T* kc, T* vc,  \
+      int h, int kv, int d, float eps, int norm, const unsigned int* rows, size_t rows_stride,  \
+      size_t n_rows) {                                                                          \
+    qk_norm_rope_cache<T>(qkv, qw, kw, cos, sin, qo, kc, vc, h, kv, d, eps, norm,               \
                           PagedSlot{rows, rows_stride, n_rows, d});                             \
   }                                                                                             \
   extern "C" __global__ void __launch_bounds__(ROW_THREADS)                                     \

@@ -34,13 +34,15 @@ __device__ __forceinline__ int lowest_lane(uint32_t mask) {
 }
 
 // Column j's weight exp(z/T − m), 0 past the row.
-__device__ __forceinline__ double weight(const float* zr, int j, int v, float t, float m) {
-  return j < v ? exp((double)__fsub_rn(__fdiv_rn(zr[j], t), m)) : 0.0;
+template <typename T>
+__device__ __forceinline__ double weight(const T* zr, int j, int v, float t, float m) {
+  return j < v ? exp((double)__fsub_rn(__fdiv_rn(to_f(zr[j]), t), m)) : 0.0;
 }
 
 // Group g, scanned: lane l returns the sum of lanes 0..=l's sums (each its SAMPLE_LANE columns
 // in order), added in the same order wherever it is called.
-__device__ __forceinline__ double group_scan(const float* zr, int g, int v, float t, float m) {
+template <typename T>
+__device__ __forceinline__ double group_scan(const T* zr, int g, int v, float t, float m) {
   const int lane = threadIdx.x & 31;
   const int j0 = g * SAMPLE_GROUP + lane * SAMPLE_LANE;
   double s = 0.0;
@@ -54,19 +56,19 @@ __device__ __forceinline__ double group_scan(const float* zr, int g, int v, floa
   return s;
 }
 
-extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
-    sample_full_f32(const float* logits, const double* u, float* out, int v, float t) {
+template <typename T>
+__device__ void sample_full(const T* logits, const double* u, float* out, int v, float t) {
   ACPO_DYNAMIC_SMEM(smem);  // sample_smem(v) bytes: each group's sum
   double* group_sum = reinterpret_cast<double*>(smem);
   __shared__ double seg_sum[SAMPLE_THREADS / 32];
   __shared__ int owner;
   __shared__ double prefix, target, total;
   const size_t row = blockIdx.x;
-  const float* zr = logits + row * v;
+  const T* zr = logits + row * v;
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = blockDim.x >> 5;
   if (threadIdx.x == 0 && dynamic_smem_bytes() < (unsigned)sample_smem(v)) kernel_trap();
   float m = -INFINITY;
-  for (int j = threadIdx.x; j < v; j += blockDim.x) m = fmaxf(m, __fdiv_rn(zr[j], t));
+  for (int j = threadIdx.x; j < v; j += blockDim.x) m = fmaxf(m, __fdiv_rn(to_f(zr[j]), t));
   m = block_max(m);
   // each warp's segment of groups, their sums in order
   const int groups = (v + SAMPLE_GROUP - 1) / SAMPLE_GROUP;
@@ -136,12 +138,23 @@ extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)
         }
       }
       out[row * 2] = (float)tok;
-      out[row * 2 + 1] = (float)((double)__fdiv_rn(zr[tok], t) - lse);
+      out[row * 2 + 1] = (float)((double)__fdiv_rn(to_f(zr[tok]), t) - lse);
     }
     return;
   }
   if (threadIdx.x == 0) {
     out[row * 2] = (float)tok;
-    out[row * 2 + 1] = (float)((double)__fdiv_rn(zr[tok], t) - lse);
+    out[row * 2 + 1] = (float)((double)__fdiv_rn(to_f(zr[tok]), t) - lse);
   }
 }
+
+// The logits as the lm_head leaves them (bf16 on a GPU: no f32 copy of them first; bf16 to f32 is
+// exact, so the weights are those of the f32 logits) or in f32.
+#define SAMPLE_FULL(NAME, T)                                                                  \
+  extern "C" __global__ void __launch_bounds__(SAMPLE_THREADS)                                \
+      sample_full_##NAME(const T* logits, const double* u, float* out, int v, float t) {      \
+    sample_full<T>(logits, u, out, v, t);                                                     \
+  }
+
+SAMPLE_FULL(f32, float)
+SAMPLE_FULL(bf16, __nv_bfloat16)

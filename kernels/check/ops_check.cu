@@ -270,7 +270,14 @@ static void check_qk_norm_rope_cache(int B, int H, int KV, int D, int cap, int c
       for (int j = 0; j < D; ++j) vref[((size_t)b * KV + h) * D + j] = v[((size_t)b * KV + h) * D + j];
     }
   }
-  Buf<T> dq(q), dk(k), dv(v), dqw(qw), dkw(kw), dc(cs), ds(sn), qo((size_t)B * H * D), kc(kc0), vc(vc0);
+  // one row's q, k and v heads side by side, as the product with [Wq; Wk; Wv] gives them
+  std::vector<float> qkv;
+  for (int b = 0; b < B; ++b) {
+    qkv.insert(qkv.end(), &q[(size_t)b * H * D], &q[(size_t)(b + 1) * H * D]);
+    qkv.insert(qkv.end(), &k[(size_t)b * KV * D], &k[(size_t)(b + 1) * KV * D]);
+    qkv.insert(qkv.end(), &v[(size_t)b * KV * D], &v[(size_t)(b + 1) * KV * D]);
+  }
+  Buf<T> dqkv(qkv), dqw(qw), dkw(kw), dc(cs), ds(sn), qo((size_t)B * H * D), kc(kc0), vc(vc0);
   // the pool row (of D) that (b, j)'s new key and value go to
   const size_t pool_rows = (size_t)B * KV * cap;
   std::vector<size_t> dest((size_t)B * KV);
@@ -290,16 +297,16 @@ static void check_qk_norm_rope_cache(int B, int H, int KV, int D, int cap, int c
   const dim3 grid(B * (H + 2 * KV));
   if (paged) {
     if constexpr (sizeof(T) == 4)
-      LAUNCH(qk_norm_rope_paged_f32, grid, dim3(DEC_THREADS), 0, dq.d, dk.d, dv.d, dqw.d, dkw.d, dc.d,
+      LAUNCH(qk_norm_rope_paged_f32, grid, dim3(DEC_THREADS), 0, dqkv.d, dqw.d, dkw.d, dc.d,
              ds.d, qo.d, kc.d, vc.d, H, KV, D, eps, nm, didx, rows_stride, pool_rows);
     else
-      LAUNCH(qk_norm_rope_paged_bf16, grid, dim3(DEC_THREADS), 0, dq.d, dk.d, dv.d, dqw.d, dkw.d, dc.d,
+      LAUNCH(qk_norm_rope_paged_bf16, grid, dim3(DEC_THREADS), 0, dqkv.d, dqw.d, dkw.d, dc.d,
              ds.d, qo.d, kc.d, vc.d, H, KV, D, eps, nm, didx, rows_stride, pool_rows);
   } else if constexpr (sizeof(T) == 4) {
-    LAUNCH(qk_norm_rope_cache_f32, grid, dim3(DEC_THREADS), 0, dq.d, dk.d, dv.d, dqw.d, dkw.d, dc.d,
+    LAUNCH(qk_norm_rope_cache_f32, grid, dim3(DEC_THREADS), 0, dqkv.d, dqw.d, dkw.d, dc.d,
            ds.d, qo.d, kc.d, vc.d, H, KV, D, eps, nm, row_stride, head_stride, c);
   } else {
-    LAUNCH(qk_norm_rope_cache_bf16, grid, dim3(DEC_THREADS), 0, dq.d, dk.d, dv.d, dqw.d, dkw.d, dc.d,
+    LAUNCH(qk_norm_rope_cache_bf16, grid, dim3(DEC_THREADS), 0, dqkv.d, dqw.d, dkw.d, dc.d,
            ds.d, qo.d, kc.d, vc.d, H, KV, D, eps, nm, row_stride, head_stride, c);
   }
   const auto kgot = kc.get(), vgot = vc.get();
@@ -538,16 +545,23 @@ static CpuDraw cpu_sample(const float* logits, int v, float temp, double u) {
   return {(uint32_t)(v - 1), (float)(z[v - 1] - lse), 0.0};
 }
 
+// The sampler on f32 logits, and on bf16 ones (the lm_head's output on a GPU) against the CPU
+// rule on their exact f32 values.
+template <typename T>
 static void check_sample(int rows, int v, float temp) {
-  const auto z = randoms<float>((size_t)rows * v, 5.0f);
+  const auto z = randoms<T>((size_t)rows * v, 5.0f);
   std::vector<double> u(rows);
   for (int i = 0; i < rows; ++i) u[i] = (rnd() + 1) * 0.5;
   u[0] = 0.0;                      // the first token with weight
   u[rows - 1] = 0.9999999999999;   // the far end
-  Buf<float> dz(z), out((size_t)rows * 2);
+  Buf<T> dz(z);
+  Buf<float> out((size_t)rows * 2);
   double* du = (double*)dalloc(rows * 8);
   h2d(du, u.data(), rows * 8);
-  LAUNCH(sample_full_f32, dim3(rows), dim3(SAMPLE_THREADS), sample_smem(v), dz.d, du, out.d, v, temp);
+  if constexpr (sizeof(T) == 4)
+    LAUNCH(sample_full_f32, dim3(rows), dim3(SAMPLE_THREADS), sample_smem(v), dz.d, du, out.d, v, temp);
+  else
+    LAUNCH(sample_full_bf16, dim3(rows), dim3(SAMPLE_THREADS), sample_smem(v), dz.d, du, out.d, v, temp);
   dfree(du);
   const auto got = out.get();
   int differ = 0, unexplained = 0;
@@ -566,7 +580,7 @@ static void check_sample(int rows, int v, float temp) {
                                   std::max(1.0, (double)std::fabs(c.log_prob)));
   }
   char what[96];
-  snprintf(what, sizeof what, "sample %dx%d T=%.2f: %d/%d tokens differ, log-prob", rows, v,
+  snprintf(what, sizeof what, "sample %s %dx%d T=%.2f: %d/%d tokens differ, log-prob", tname<T>(), rows, v,
            temp, differ, rows);
   report(what, unexplained ? INFINITY : lp_err, 1e-6);
 }
@@ -588,18 +602,20 @@ static void print_time(const char* what, double us, double bytes) {
 // (version 10).
 static void timings() {
   {
+    // bf16 logits, as a decode step's lm_head leaves them
     const int rows = 64, v = 151936;
-    const auto z = randoms<float>((size_t)rows * v, 5.0f);
+    const auto z = randoms<bf>((size_t)rows * v, 5.0f);
     std::vector<double> u(rows, 0.5);
-    Buf<float> dz(z), out((size_t)rows * 2);
+    Buf<bf> dz(z);
+    Buf<float> out((size_t)rows * 2);
     double* du = (double*)dalloc(rows * 8);
     h2d(du, u.data(), rows * 8);
     const float us = time_us([&] {
-      LAUNCH(sample_full_f32, dim3(rows), dim3(SAMPLE_THREADS), sample_smem(v), dz.d, du, out.d, v, 1.0f);
+      LAUNCH(sample_full_bf16, dim3(rows), dim3(SAMPLE_THREADS), sample_smem(v), dz.d, du, out.d, v, 1.0f);
     });
     char what[96];
-    snprintf(what, sizeof what, "sample %dx%d", rows, v);
-    print_time(what, us, (double)rows * v * 4.0 * 2.0);
+    snprintf(what, sizeof what, "sample bf16 %dx%d", rows, v);
+    print_time(what, us, (double)rows * v * 2.0 * 2.0);
     dfree(du);
   }
   for (int tokens : {2 * 2048, 2 * 9220}) {
@@ -716,10 +732,12 @@ static void check_all() {
     check_vocab_chunks<float>(5, 1000, chunk, chunk == 300 ? 0.7f : 1.0f);
     check_vocab_chunks<bf>(5, 1000, chunk, 1.0f);
   }
-  check_sample(40, 1000, 1.0f);
-  check_sample(30, 5003, 0.7f);
-  check_sample(8, 3, 1.3f);
-  check_sample(3, 151936, 1.0f);  // Qwen3's vocabulary: every warp a segment of 297 groups
+  check_sample<float>(40, 1000, 1.0f);
+  check_sample<float>(30, 5003, 0.7f);
+  check_sample<float>(8, 3, 1.3f);
+  check_sample<float>(3, 151936, 1.0f);  // Qwen3's vocabulary: every warp a segment of 38 groups
+  check_sample<bf>(30, 5003, 0.7f);
+  check_sample<bf>(2, 151936, 1.0f);
 }
 
 int main(int argc, char** argv) {

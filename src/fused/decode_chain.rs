@@ -1,11 +1,12 @@
 //! The decode step's per-layer element-wise chain in two kernels (kernels/decode_chain.cu), for
 //! a sampling model on CUDA (one query position per row, no autograd graph):
 //!
-//! - [`qk_norm_rope_cache`]: Qwen3's RMSNorm of every q and k head (Qwen2: none), the rotary
-//!   embedding of both, q returned heads first, and the new token's k and v written into the KV
-//!   cache ([`KvWrite`]: a dense cache's column, or the pool rows a paged step names): one
-//!   launch for the six of the composed chain ([`qk_norm_rope_cache_composed`]: two norms, two
-//!   rotations, two writes).
+//! - [`qk_norm_rope_cache`]: from the q/k/v projection as one product with the stacked weights
+//!   `[Wq; Wk; Wv]`, Qwen3's RMSNorm of every q and k head (Qwen2: none), the rotary embedding of
+//!   both, q returned heads first, and the new token's k and v written into the KV cache
+//!   ([`KvWrite`]: a dense cache's column, or the pool rows a paged step names): one launch for
+//!   the six of the composed chain ([`qk_norm_rope_cache_composed`]: two norms, two rotations,
+//!   two writes), after one product for three.
 //! - [`add_rms_norm`]: the residual add and the RMSNorm that follows it, both results returned:
 //!   one launch for two ([`add_rms_norm_composed`]).
 //!
@@ -81,15 +82,36 @@ pub fn qk_norm_rope_cache_composed(
     Ok(q)
 }
 
-/// [`qk_norm_rope_cache_composed`] in one launch, where the kernel applies: CUDA, f32 or bf16
-/// throughout, one position per row, an even head dim up to `DEC_MAXD`, contiguous operands and
-/// a dense cache with room at the column, or a pool with a write index of the batch's rows.
-/// None elsewhere (nothing written).
+/// Whether [`qk_norm_rope_cache`] can run for a model on `device` in `dtype` with heads of
+/// `head_dim`: CUDA, f32 or bf16, an even head dim up to `DEC_MAXD`.
+pub fn qk_chain_applies(
+    device: &candle_core::Device,
+    dtype: candle_core::DType,
+    head_dim: usize,
+) -> bool {
+    #[cfg(feature = "cuda")]
+    {
+        device.is_cuda()
+            && matches!(dtype, candle_core::DType::F32 | candle_core::DType::BF16)
+            && head_dim.is_multiple_of(2)
+            && head_dim <= MAX_HEAD_DIM
+    }
+    #[cfg(not(feature = "cuda"))]
+    {
+        let _ = (device, dtype, head_dim);
+        false
+    }
+}
+
+/// [`qk_norm_rope_cache_composed`] in one launch from `qkv` `(B, 1, (H + 2·KV)·D)`, a row's q
+/// heads, then its k heads, then its v heads (the product with the stacked weights
+/// `[Wq; Wk; Wv]`), `heads` = (H, KV), where the kernel applies ([`qk_chain_applies`], one
+/// position per row, a dense cache with room at the column, or a pool with a write index of
+/// the batch's rows). None elsewhere (nothing written).
 #[allow(clippy::too_many_arguments)]
 pub fn qk_norm_rope_cache(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
+    qkv: &Tensor,
+    heads: (usize, usize),
     norms: Option<QkNorms>,
     cos: &Tensor,
     sin: &Tensor,
@@ -98,7 +120,7 @@ pub fn qk_norm_rope_cache(
 ) -> Result<Option<Tensor>> {
     #[cfg(feature = "cuda")]
     {
-        let Some(dims) = chain_dims(q, k, v, norms, cos, sin, (k_cache, v_cache), at)? else {
+        let Some(dims) = chain_dims(qkv, heads, norms, cos, sin, (k_cache, v_cache), at)? else {
             return Ok(None);
         };
         let (qw, kw) = match norms {
@@ -121,15 +143,13 @@ pub fn qk_norm_rope_cache(
                 KvWrite::PoolRows(index) => Slot::PoolRows(index.clone()),
             },
         };
-        let out = q
-            .contiguous()?
-            .apply_op3_no_bwd(&k.contiguous()?, &v.contiguous()?, &op)?;
-        counted();
+        let out = qkv.contiguous()?.apply_op1_no_bwd(&op)?;
+        counted(&QK_LAUNCHES);
         Ok(Some(out))
     }
     #[cfg(not(feature = "cuda"))]
     {
-        let _ = (q, k, v, norms, cos, sin, k_cache, v_cache, at);
+        let _ = (qkv, heads, norms, cos, sin, k_cache, v_cache, at);
         Ok(None)
     }
 }
@@ -138,40 +158,36 @@ pub fn qk_norm_rope_cache(
 #[cfg(feature = "cuda")]
 #[allow(clippy::too_many_arguments)]
 fn chain_dims(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
+    qkv: &Tensor,
+    (h, kv): (usize, usize),
     norms: Option<QkNorms>,
     cos: &Tensor,
     sin: &Tensor,
     (k_cache, v_cache): (&Tensor, &Tensor),
     at: KvWrite,
 ) -> Result<Option<ChainDims>> {
-    let dtype = q.dtype();
-    let mut all = vec![q, k, v, cos, sin, k_cache, v_cache];
+    let dtype = qkv.dtype();
+    let mut all = vec![qkv, cos, sin, k_cache, v_cache];
     if let Some(n) = norms {
         all.extend([n.q, n.k]);
     }
-    if !q.device().is_cuda()
-        || !matches!(dtype, candle_core::DType::F32 | candle_core::DType::BF16)
-        || all
-            .iter()
-            .any(|t| t.dtype() != dtype || !t.device().same_device(q.device()))
-        || q.rank() != 4
-        || k.rank() != 4
+    if all
+        .iter()
+        .any(|t| t.dtype() != dtype || !t.device().same_device(qkv.device()))
+        || qkv.rank() != 3
         || !k_cache.is_contiguous()
         || !v_cache.is_contiguous()
         || v_cache.dims() != k_cache.dims()
+        || h == 0
+        || kv == 0
     {
         return Ok(None);
     }
-    let (b, t, h, d) = q.dims4()?;
-    let (_, _, kv, _) = k.dims4()?;
-    let fits = t == 1
-        && d % 2 == 0
-        && d <= MAX_HEAD_DIM
-        && k.dims() == [b, 1, kv, d]
-        && v.dims() == k.dims()
+    let (b, t, width) = qkv.dims3()?;
+    let d = width / (h + 2 * kv);
+    let fits = qk_chain_applies(qkv.device(), dtype, d)
+        && t == 1
+        && width == (h + 2 * kv) * d
         && cos.dims() == [b, 1, 1, d]
         && sin.dims() == cos.dims()
         && norms.is_none_or(|n| n.q.dims() == [d] && n.k.dims() == [d]);
@@ -182,12 +198,12 @@ fn chain_dims(
             _ => None,
         },
         KvWrite::PoolRows(index) => match (k_cache.dims(), index.dims()) {
-            (&[n, cd], &[rows, width]) => (cd == d
+            (&[n, cd], &[rows, cols]) => (cd == d
                 && rows == b * kv
-                && width > 0
+                && cols > 0
                 && index.dtype() == candle_core::DType::U32
                 && index.is_contiguous()
-                && index.device().same_device(q.device()))
+                && index.device().same_device(qkv.device()))
             .then_some(n),
             _ => None,
         },
@@ -233,31 +249,19 @@ struct QkChain {
 }
 
 #[cfg(feature = "cuda")]
-impl CustomOp3 for QkChain {
+impl candle_core::CustomOp1 for QkChain {
     fn name(&self) -> &'static str {
         "acpo-qk-norm-rope-cache"
     }
 
-    fn cpu_fwd(
-        &self,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-        _: &CpuStorage,
-        _: &Layout,
-    ) -> Result<(CpuStorage, Shape)> {
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
         candle_core::bail!("{}: the CPU runs the composed chain", self.name())
     }
 
     fn cuda_fwd(
         &self,
-        q: &candle_core::CudaStorage,
-        lq: &Layout,
-        k: &candle_core::CudaStorage,
-        lk: &Layout,
-        v: &candle_core::CudaStorage,
-        lv: &Layout,
+        qkv: &candle_core::CudaStorage,
+        l: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
         let held = [
             &self.qw,
@@ -289,7 +293,7 @@ impl CustomOp3 for QkChain {
         };
         let d = &self.dims;
         let out = cuda::qk_chain(
-            [(q, lq), (k, lk), (v, lv)],
+            (qkv, l),
             [stores[0], stores[1], stores[2], stores[3]],
             [stores[4], stores[5]],
             (d.h, d.kv, d.d, d.slots),
@@ -338,24 +342,38 @@ pub fn add_rms_norm(
         &w.contiguous()?,
         &AddRmsNorm { eps: eps as f32 },
     )?;
-    counted();
+    counted(&ADD_NORM_LAUNCHES);
     Ok(Some((both.get(0)?, both.get(1)?)))
 }
 
 thread_local! {
-    static LAUNCHES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    static QK_LAUNCHES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    static ADD_NORM_LAUNCHES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
 }
+
+type Counter = std::thread::LocalKey<std::cell::Cell<usize>>;
 
 #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
-fn counted() {
-    LAUNCHES.with(|n| n.set(n.get() + 1));
+fn counted(counter: &'static Counter) {
+    counter.with(|n| n.set(n.get() + 1));
 }
 
-/// How many fused decode-chain kernels ([`qk_norm_rope_cache`], [`add_rms_norm`]) this thread
-/// has launched: so a test can tell the fused path ran rather than the composed fallback that
-/// gives the same numbers.
-pub fn decode_chain_launches() -> usize {
-    LAUNCHES.with(std::cell::Cell::get)
+/// How many of each fused decode-chain kernel this thread has launched.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChainLaunches {
+    /// [`qk_norm_rope_cache`]: one a layer of a fused decode step.
+    pub qk: usize,
+    /// [`add_rms_norm`]: two a layer.
+    pub add_norm: usize,
+}
+
+/// The fused decode-chain kernels this thread has launched, each kind on its own: so a test
+/// can tell the fused path ran rather than the composed fallback that gives the same numbers.
+pub fn decode_chain_launches() -> ChainLaunches {
+    ChainLaunches {
+        qk: QK_LAUNCHES.with(std::cell::Cell::get),
+        add_norm: ADD_NORM_LAUNCHES.with(std::cell::Cell::get),
+    }
 }
 
 /// `[x + a; rms_norm(x + a)·w]` stacked on a new first dim (a custom op has one output).
@@ -423,21 +441,17 @@ mod cuda {
     /// q heads first `(B, H, 1, D)` from q, k, v; k and v into the caches where `at` says
     /// (`slots`: the dense cache's capacity or the pool's rows).
     pub fn qk_chain(
-        [(q, lq), (k, lk), (v, lv)]: [Arg; 3],
+        (qkv, lqkv): Arg,
         [(qw, lqw), (kw, lkw), (cos, lc), (sin, ls)]: [Arg; 4],
         [(kc, lkc), (vc, lvc)]: [Arg; 2],
         (h, kv, d, slots): (usize, usize, usize, usize),
         (eps, norm, at): (f32, bool, At),
     ) -> Result<CudaStorage> {
         let what = "acpo-qk-norm-rope-cache";
-        let sfx = suffix(dtype_of(q), what)?;
-        with_type!(dtype_of(q), T, {
-            let dev = &q.device;
-            let (qv, kv_, vv) = (
-                view::<T>(q, lq, what)?,
-                view::<T>(k, lk, what)?,
-                view::<T>(v, lv, what)?,
-            );
+        let sfx = suffix(dtype_of(qkv), what)?;
+        with_type!(dtype_of(qkv), T, {
+            let dev = &qkv.device;
+            let qkvv = view::<T>(qkv, lqkv, what)?;
             let (qwv, kwv, cv, sv) = (
                 view::<T>(qw, lqw, what)?,
                 view::<T>(kw, lkw, what)?,
@@ -448,9 +462,9 @@ mod cuda {
             // them: their storage is shared by the cache's tensors, and this stream's kernels
             // run in order.
             let (kcv, vcv) = (view::<T>(kc, lkc, what)?, view::<T>(vc, lvc, what)?);
-            let rows = qv.len() / (h * d).max(1);
+            let rows = qkvv.len() / ((h + 2 * kv) * d).max(1);
             // SAFETY: every element of q's output is written (each (row, q head) block its row).
-            let mut out = unsafe { dev.alloc::<T>(qv.len()) }?;
+            let mut out = unsafe { dev.alloc::<T>(rows * h * d) }?;
             let (h_i, kv_i, d_i, norm_i) = (h as i32, kv as i32, d as i32, i32::from(norm));
             let index = match &at {
                 At::PoolRows(s, l) => Some((view::<u32>(s, l, what)?, l.dims()[1])),
@@ -462,9 +476,7 @@ mod cuda {
             };
             let f = kernel!(dev, &format!("{name}_{sfx}"), PTX)?;
             let mut b = f.builder();
-            b.arg(&qv)
-                .arg(&kv_)
-                .arg(&vv)
+            b.arg(&qkvv)
                 .arg(&qwv)
                 .arg(&kwv)
                 .arg(&cv)

@@ -27,8 +27,8 @@
 //! - [`attention_decode`]: a decode step's attention (one query per row, no backward) with the
 //!   composed attention's numbers bit for bit, without two gemm calls per (row, key head).
 //! - [`qk_norm_rope_cache`], [`add_rms_norm`]: a decode step's q/k norms, rotary embedding and
-//!   KV-cache write in one CUDA launch, and the residual add with the next RMSNorm in another
-//!   (sampling on CUDA only; the CPU keeps the composed ops).
+//!   KV-cache write in one CUDA launch after one q/k/v product, and each residual add with the
+//!   RMSNorm after it in another (sampling on CUDA only; the CPU keeps the composed ops).
 //! - [`backward_seed`]: the scalar ⟨y, g⟩ whose backward hands a known output gradient `g` to
 //!   `y`, to start a backward from `g` without a single-block `sum_all` to differentiate.
 //! - [`exp_in_place`]: `f32::exp` eight at a time with libm's bits (glibc's `expf` in AVX2),
@@ -60,8 +60,8 @@ mod vocab_chunk;
 
 pub use decode_attention::attention_decode;
 pub use decode_chain::{
-    add_rms_norm, add_rms_norm_composed, decode_chain_launches, qk_norm_rope_cache,
-    qk_norm_rope_cache_composed, KvWrite, QkNorms,
+    add_rms_norm, add_rms_norm_composed, decode_chain_launches, qk_chain_applies,
+    qk_norm_rope_cache, qk_norm_rope_cache_composed, ChainLaunches, KvWrite, QkNorms,
 };
 pub use expf::exp_in_place;
 pub use flash::{

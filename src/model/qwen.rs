@@ -176,6 +176,38 @@ struct Attention {
     decode_chain: bool,
     /// How the cache holds this layer's keys and values ([`KvCacheDtype`]).
     kv_dtype: KvCacheDtype,
+    /// `[Wq; Wk; Wv]` (and the biases likewise) for the fused decode chain's one product, made
+    /// at a detached model's first fused decode step and shared by its clones.
+    stacked: StackedQkv,
+}
+
+/// The q, k and v weights stacked on their output dim (`[Wq; Wk; Wv]`, biases likewise), made
+/// once, on first use: +1× those weights' memory for a model that decodes with the fused chain
+/// (0.45 GB at Qwen3-1.7B in bf16), none for any other. A copy: every sampling model is built
+/// for its step from the weights of that step (`train::step`) or from fixed ones (evaluation),
+/// never kept while its weights are updated in place.
+#[derive(Debug, Clone, Default)]
+struct StackedQkv(Arc<OnceLock<(Tensor, Option<Tensor>)>>);
+
+impl StackedQkv {
+    fn get(&self, q: &Linear, k: &Linear, v: &Linear) -> Result<&(Tensor, Option<Tensor>)> {
+        if let Some(done) = self.0.get() {
+            return Ok(done);
+        }
+        let w = Tensor::cat(&[&q.weight, &k.weight, &v.weight], 0)?;
+        let b = match (&q.bias, &k.bias, &v.bias) {
+            (Some(bq), Some(bk), Some(bv)) => Some(Tensor::cat(&[bq, bk, bv], 0)?),
+            (None, None, None) => None,
+            _ => {
+                return Err(candle_core::Error::Msg(
+                    "attention: biases on some of q, k and v only".into(),
+                )
+                .into())
+            }
+        };
+        // a clone that stacked them at the same time keeps its own: the same values
+        Ok(self.0.get_or_init(|| (w, b)))
+    }
 }
 
 impl Attention {
@@ -190,17 +222,17 @@ impl Attention {
         past: &LayerCache,
     ) -> Result<(Tensor, (Tensor, Tensor))> {
         let (b, t, _) = x.dims3()?;
-        let (q, k, v) = self.project(x)?;
         // the fused chain writes the new column where the buffers have room for it
         let fused = match &past.buffers {
             Some((kb, vb)) if kb.dim(2)? > past.len => self
-                .fused_chain(&q, &k, &v, cos, sin, (kb, vb), KvWrite::Column(past.len))?
+                .fused_chain(x, cos, sin, (kb, vb), KvWrite::Column(past.len))?
                 .map(|q| (q, kb.clone(), vb.clone())),
             _ => None,
         };
         let (q, kb, vb) = match fused {
             Some(done) => done,
             None => {
+                let (q, k, v) = self.project(x)?;
                 let (q, k, v) = self.norm_rope(q, k, v, cos, sin)?;
                 (q, past.write(&k, 0)?, past.write(&v, 1)?)
             }
@@ -222,11 +254,11 @@ impl Attention {
         step: &PagedStep,
     ) -> Result<Tensor> {
         let (b, t, _) = x.dims3()?;
-        let (q, k, v) = self.project(x)?;
         let at = KvWrite::PoolRows(&step.write);
-        let q = match self.fused_chain(&q, &k, &v, cos, sin, (&pool.0, &pool.1), at)? {
+        let q = match self.fused_chain(x, cos, sin, (&pool.0, &pool.1), at)? {
             Some(q) => q,
             None => {
+                let (q, k, v) = self.project(x)?;
                 let (q, k, v) = self.norm_rope(q, k, v, cos, sin)?;
                 let rows = b * self.kv_heads * t;
                 pool.0
@@ -374,16 +406,14 @@ impl Attention {
     }
 
     /// A detached model's decode step (one new position) on kernels that fuse its chain: the
-    /// q/k norms, the rotations and the new keys' and values' write into the cache buffers
-    /// `kv` where `at` says (a dense cache's column, a paged pool's rows), in one launch
+    /// q/k/v projection of `x` as one product with the stacked weights, then the q/k norms, the
+    /// rotations and the new keys' and values' write into the cache buffers `kv` where `at`
+    /// says (a dense cache's column, a paged pool's rows) in one launch
     /// ([`crate::fused::qk_norm_rope_cache`]). Returns q heads first; None where the fused
     /// kernel does not apply (the composed ops then run).
-    #[allow(clippy::too_many_arguments)]
     fn fused_chain(
         &self,
-        q: &Tensor,
-        k: &Tensor,
-        v: &Tensor,
+        x: &Tensor,
         cos: &Tensor,
         sin: &Tensor,
         kv: (&Tensor, &Tensor),
@@ -391,9 +421,10 @@ impl Attention {
     ) -> Result<Option<Tensor>> {
         // The fused chain writes the model's dtype; an FP8 cache takes the composed path.
         if !self.decode_chain
-            || q.dim(1)? != 1
+            || x.dim(1)? != 1
             || self.q.decode.is_none()
             || self.kv_dtype != KvCacheDtype::Model
+            || !crate::fused::qk_chain_applies(x.device(), x.dtype(), self.head_dim)
         {
             return Ok(None);
         }
@@ -405,8 +436,13 @@ impl Attention {
             }),
             _ => None,
         };
+        let (w, bias) = self.stacked.get(&self.q, &self.k, &self.v)?;
+        crate::device::part(FORWARD_ELEMENTWISE);
+        let qkv = matmul_last(x, w, bias.as_ref(), None)?;
+        crate::device::part(FORWARD_MATMUL);
+        let heads = (self.heads, self.kv_heads);
         Ok(crate::fused::qk_norm_rope_cache(
-            q, k, v, norms, cos, sin, kv, at,
+            &qkv, heads, norms, cos, sin, kv, at,
         )?)
     }
 }
@@ -584,7 +620,12 @@ impl Block {
                 o: lin(&a.o),
                 q_norm: a.q_norm.as_ref().map(norm),
                 k_norm: a.k_norm.as_ref().map(norm),
-                ..*a
+                heads: a.heads,
+                kv_heads: a.kv_heads,
+                head_dim: a.head_dim,
+                decode_chain: a.decode_chain,
+                kv_dtype: a.kv_dtype,
+                stacked: StackedQkv::default(),
             },
             post_norm: norm(&self.post_norm),
             mlp: Mlp {
@@ -893,6 +934,7 @@ impl Qwen {
                     head_dim: hd,
                     decode_chain: Kernels::for_device(&device).decode_chain,
                     kv_dtype: KvCacheDtype::Model,
+                    stacked: StackedQkv::default(),
                 },
                 post_norm: norm(&format!("{p}.post_attention_layernorm.weight"), h)?,
                 mlp: Mlp {
@@ -1176,7 +1218,14 @@ impl Qwen {
 
     /// Logits `(..., V)` from hidden states `(..., H)`, in f32.
     pub fn logits(&self, hidden: &Tensor) -> Result<Tensor> {
-        Ok(self.lm_head.forward(hidden)?.to_dtype(DType::F32)?)
+        Ok(self.sampling_logits(hidden)?.to_dtype(DType::F32)?)
+    }
+
+    /// The logits a sampler draws from: the lm_head's output in the model's dtype, which the
+    /// GPU's sampler reads as it is (no f32 copy of a step's `(rows, V)` first) and the host's
+    /// casts to f32 (exactly: the values [`Qwen::logits`] gives).
+    pub fn sampling_logits(&self, hidden: &Tensor) -> Result<Tensor> {
+        self.lm_head.forward(hidden)
     }
 
     /// Log-probabilities of `targets` `(B, T)` under softmax(logits / temperature) and, if

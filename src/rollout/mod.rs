@@ -282,7 +282,8 @@ struct Batch {
     active: Vec<usize>,
     valid: Vec<Vec<u8>>,
     cache: KvCache,
-    /// `(rows, V)` f32: the logits the next token of each row is drawn from.
+    /// `(rows, V)` in the model's dtype ([`Qwen::sampling_logits`]): the logits the next token
+    /// of each row is drawn from.
     logits: Tensor,
 }
 
@@ -544,7 +545,7 @@ fn mask_tensor(valid: &[Vec<u8>], device: &candle_core::Device) -> Result<Tensor
 fn last_logits(model: &Qwen, hidden: &Tensor) -> Result<Tensor> {
     let t = hidden.dim(1)?;
     let last = hidden.narrow(1, t - 1, 1)?.squeeze(1)?;
-    model.logits(&last)
+    model.sampling_logits(&last)
 }
 
 fn hits_stop_string(tokens: &[u32], stop: &StopCriteria) -> bool {

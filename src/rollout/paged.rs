@@ -27,7 +27,7 @@
 
 use std::collections::{HashMap, VecDeque};
 
-use candle_core::{DType, Tensor};
+use candle_core::Tensor;
 
 use super::{
     add_stats, draw, last_logits, prefill, Completion, GenStats, SampleKey, SampleRequest,
@@ -103,7 +103,8 @@ struct Engine<'a> {
     prefill_budget: Option<usize>,
     kv: PagedKv,
     rows: Vec<Row>,
-    /// `(rows, V)` f32: the logits the next token of each row is drawn from.
+    /// `(rows, V)` in the model's dtype ([`Qwen::sampling_logits`]): the logits the next token
+    /// of each row is drawn from.
     logits: Option<Tensor>,
     /// The dense engine's column count for this batch (the gathered view's width).
     width: usize,
@@ -543,7 +544,7 @@ impl<'a> Engine<'a> {
         timed.decode_positions += pos.iter().map(|&p| p as usize + 1).sum::<usize>();
         let pos = Tensor::from_vec(pos, (n, 1), &device)?;
         let hidden = self.model.forward_paged(&ids, &pos, &self.kv, &step)?;
-        self.logits = Some(last_logits(self.model, &hidden)?.to_dtype(DType::F32)?);
+        self.logits = Some(last_logits(self.model, &hidden)?);
         Ok(())
     }
 }

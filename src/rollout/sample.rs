@@ -11,7 +11,8 @@ use super::SamplingParams;
 use crate::model::Result;
 use crate::rng::SplitMix64;
 
-/// A token and its log-probability for each row of `logits`, row r drawing from the RNG of
+/// A token and its log-probability for each row of `logits` (f32, or bf16 as a GPU model's
+/// lm_head leaves them: the same values, exactly, as f32), row r drawing from the RNG of
 /// sample `rows[r]`. On a GPU, full-distribution sampling (T > 0, no top-k/top-p: the paper's
 /// setting) runs in one kernel and only the tokens come back; anything else (top-p < 1, top-k;
 /// said once on stderr) copies the logits to the host for [`sample_token`], which draws the same
@@ -50,7 +51,8 @@ pub fn sample_rows(
             )
         });
     }
-    let host = logits.to_vec2::<f32>()?;
+    // bf16 to f32 is exact: the host draws from the logits' own values
+    let host = logits.to_dtype(candle_core::DType::F32)?.to_vec2::<f32>()?;
     Ok(rows
         .iter()
         .enumerate()
@@ -173,16 +175,18 @@ pub fn argmax(logits: &Tensor) -> Result<Vec<u32>> {
 /// The CUDA launch of `kernels/sample.cu`; the CPU twin is [`sample_token`].
 #[cfg(feature = "cuda")]
 mod cuda {
-    use candle_core::cuda_backend::cudarc::driver::{LaunchConfig, PushKernelArg};
+    use candle_core::cuda_backend::cudarc::driver::{CudaView, LaunchConfig, PushKernelArg};
     use candle_core::cuda_backend::WrapErr;
-    use candle_core::{CudaStorage, Layout, Result, Shape};
+    use candle_core::{CudaStorage, DType, Layout, Result, Shape};
 
-    use crate::fused::launch::{allow_smem, grid_dim, kernel, ptx, sizes, view};
+    use crate::fused::launch::{
+        allow_smem, dtype_of, grid_dim, kernel, ptx, sizes, suffix, view, with_type,
+    };
 
     const PTX: (&str, &str) = ptx!("sample");
 
-    /// A token per row of `logits` `(rows, V)` (f32) from softmax(z / t), row r's draw `u[r]` (f64):
-    /// `(rows, 2)` f32 of [token, log-probability].
+    /// A token per row of `logits` `(rows, V)` (f32 or bf16) from softmax(z / t), row r's draw
+    /// `u[r]` (f64): `(rows, 2)` f32 of [token, log-probability].
     pub fn sample_full(
         logits: &CudaStorage,
         ll: &Layout,
@@ -191,8 +195,25 @@ mod cuda {
         t: f32,
     ) -> Result<(CudaStorage, Shape)> {
         let what = "acpo-sample";
-        let dev = &logits.device;
-        let (zv, uv) = (view::<f32>(logits, ll, what)?, view::<f64>(u, lu, what)?);
+        let dtype = dtype_of(logits);
+        let sfx = suffix(dtype, what)?;
+        with_type!(dtype, T, {
+            let zv = view::<T>(logits, ll, what)?;
+            launch(&logits.device, ll, zv, (u, lu), t, sfx)
+        })
+    }
+
+    /// [`sample_full`] on the logits' view `zv` (layout `ll`), kernel `sample_full_{sfx}`.
+    fn launch<T: candle_core::cuda_backend::CudaDType>(
+        dev: &candle_core::cuda_backend::CudaDevice,
+        ll: &Layout,
+        zv: CudaView<'_, T>,
+        (u, lu): (&CudaStorage, &Layout),
+        t: f32,
+        sfx: &str,
+    ) -> Result<(CudaStorage, Shape)> {
+        let what = "acpo-sample";
+        let uv = view::<f64>(u, lu, what)?;
         let v = ll.dims().last().copied().unwrap_or(1);
         let rows = uv.len();
         if zv.len() != rows * v {
@@ -200,7 +221,7 @@ mod cuda {
         }
         // SAFETY: every row's block writes its two values.
         let mut out = unsafe { dev.alloc::<f32>(2 * rows) }?;
-        let f = kernel!(dev, "sample_full_f32", PTX)?;
+        let f = kernel!(dev, &format!("sample_full_{sfx}"), PTX)?;
         // a double for each group of SAMPLE_GROUP columns (launch.cuh's `sample_smem`)
         let smem = v.div_ceil(sizes::SAMPLE_GROUP as usize) * 8;
         let smem = u32::try_from(smem)
@@ -216,7 +237,7 @@ mod cuda {
                 block_dim: (sizes::SAMPLE_THREADS, 1, 1),
                 shared_mem_bytes: smem,
             };
-            // SAFETY: the arguments match sample_full_f32 in kernels/sample.cu, with the
+            // SAFETY: the arguments match sample_full_* in kernels/sample.cu, with the
             // dynamic shared memory its row needs (it traps with less).
             unsafe { b.launch(cfg) }.w()?;
         }

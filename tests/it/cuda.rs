@@ -497,8 +497,9 @@ fn the_four_algorithms_train_on_cuda_and_resume_exactly() {
 }
 
 /// The GPU sampler (kernels/sample.cu) draws what the CPU sampler draws from the same logits
-/// with the same keys: the same tokens, and log-probabilities to f32 rounding; top-p < 1 and
-/// top-k fall back to the host and draw the same, each row from its own sample's stream.
+/// (f32, and bf16 read as they are) with the same keys: the same tokens, and log-probabilities
+/// to f32 rounding; top-p < 1 and top-k fall back to the host and draw the same, each row from
+/// its own sample's stream.
 #[test]
 fn the_gpu_sampler_draws_the_cpu_samplers_tokens() {
     let Some(gpu) = gpu("the_gpu_sampler_draws_the_cpu_samplers_tokens") else {
@@ -513,8 +514,15 @@ fn the_gpu_sampler_draws_the_cpu_samplers_tokens() {
         (37, 1000, 1.0, 0.9, None),
         (8, 151_936, 0.7, 0.95, Some(50usize)),
     ];
-    for (rows, v, temperature, top_p, top_k) in cases {
-        let logits = random(40 + rows as u64, &[rows, v], 3.0);
+    // f32 logits, and bf16 ones as a GPU model's lm_head leaves them (the host then draws from
+    // their exact f32 values)
+    let dtypes = [DType::F32, DType::BF16];
+    for ((rows, v, temperature, top_p, top_k), dtype) in
+        cases.into_iter().flat_map(|c| dtypes.map(|d| (c, d)))
+    {
+        let logits = random(40 + rows as u64, &[rows, v], 3.0)
+            .to_dtype(dtype)
+            .expect("dtype");
         let params = SamplingParams {
             temperature,
             top_p,
@@ -537,7 +545,7 @@ fn the_gpu_sampler_draws_the_cpu_samplers_tokens() {
         for ((ta, la), (tb, lb)) in cpu.iter().zip(&cuda) {
             assert_eq!(
                 ta, tb,
-                "{rows}x{v} T={temperature} top-p {top_p} top-k {top_k:?}: tokens differ"
+                "{rows}x{v} {dtype:?} T={temperature} top-p {top_p} top-k {top_k:?}: tokens differ"
             );
             assert!(
                 (la - lb).abs() <= 1e-5 * la.abs().max(1.0),
@@ -1192,10 +1200,19 @@ fn the_fused_decode_chain_matches_the_composed_ops_on_the_cpu() {
                     let (kc_gpu, vc_gpu) = (on(&kc), on(&vc));
                     let gpu_index = index.to_device(&gpu).expect("index");
                     let gpu_norms = norms(&on(&qw), &on(&kw));
+                    // a row's q, k and v heads side by side, as one product gives them
+                    let qkv = Tensor::cat(
+                        &[
+                            q.reshape((b, 1, h * d)).expect("q"),
+                            k.reshape((b, 1, kv * d)).expect("k"),
+                            v.reshape((b, 1, kv * d)).expect("v"),
+                        ],
+                        2,
+                    )
+                    .expect("qkv");
                     let q_gpu = fused::qk_norm_rope_cache(
-                        &on(&q),
-                        &on(&k),
-                        &on(&v),
+                        &on(&qkv),
+                        (h, kv),
                         gpu_norms.as_ref().map(|(a, b)| fused::QkNorms {
                             q: a,
                             k: b,
@@ -1295,16 +1312,20 @@ fn decoding_with_the_fused_chain_gives_the_composed_chain_s_logits() {
                 })
                 .collect()
         };
-        // The fused kernels ran (the composed fallback gives the same numbers, so the tokens
-        // alone cannot tell), and the composed model launched none.
+        // The fused kernels ran, each of them once a layer of every decode step (the composed
+        // fallback gives the same numbers, so the tokens alone cannot tell), and the composed
+        // model launched none.
         let before = acpo::fused::decode_chain_launches();
         let a = greedy(&fused_model);
-        let fused_launches = acpo::fused::decode_chain_launches() - before;
+        let fused = acpo::fused::decode_chain_launches();
         let b = greedy(&composed);
-        assert!(fused_launches > 0, "the fused chain never launched");
+        let (qk, add_norm) = (fused.qk - before.qk, fused.add_norm - before.add_norm);
+        assert!(qk > 0, "the fused q/k chain never launched");
+        assert_eq!(qk % cfg.num_hidden_layers, 0, "{qk} q/k chain launches");
+        assert_eq!(add_norm, 2 * qk, "two adds with their norms a layer");
         assert_eq!(
-            acpo::fused::decode_chain_launches() - before,
-            fused_launches,
+            acpo::fused::decode_chain_launches(),
+            fused,
             "the composed model launched the fused chain"
         );
         for (row, (x, y)) in a.iter().zip(&b).enumerate() {
@@ -1391,13 +1412,13 @@ fn the_paged_cache_on_cuda_gives_the_dense_engines_tokens() {
                     share_prompts: dtype == DType::F32,
                     ..Default::default()
                 });
-                let before = acpo::fused::decode_chain_launches();
+                let before = acpo::fused::decode_chain_launches().qk;
                 let paged = rollout::generate(&model, &prompts, &keys, &r).expect("paged");
-                let launched = acpo::fused::decode_chain_launches() - before;
+                let launched = acpo::fused::decode_chain_launches().qk - before;
                 assert_eq!(
                     launched > 0,
                     decode_chain,
-                    "{dtype:?}, tables {tables}: the paged engine's fused chain launched {launched} times"
+                    "{dtype:?}, tables {tables}: the paged engine's q/k chain launched {launched} times"
                 );
                 for (i, (a, b)) in paged.iter().zip(&dense).enumerate() {
                     assert_eq!(

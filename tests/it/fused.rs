@@ -863,3 +863,102 @@ fn rms_norm_and_swiglu_backwards_called_directly_are_autograds() {
         close("swiglu dup", &du, grads.get(uv.as_tensor()).unwrap());
     }
 }
+
+/// The decode chain's composed twin writes the new keys and values where [`fused::KvWrite`]
+/// says: into the dense cache's column, or into the rows a paged write index names, the same
+/// bits when those rows are that column's (the buffers seen as a pool of rows); the fused
+/// kernels are held to this twin on a GPU (tests/it/cuda.rs). And on the CPU the fused op never
+/// applies: it writes nothing and says so.
+#[test]
+fn the_decode_chains_twin_writes_a_column_and_pool_rows_alike() {
+    let (b, h, kv, cap, d, col) = (2usize, 4usize, 2usize, 5usize, 16usize, 3usize);
+    let q = randn(1, &[b, 1, h, d], 2.0);
+    let k = randn(2, &[b, 1, kv, d], 2.0);
+    let v = randn(3, &[b, 1, kv, d], 1.0);
+    let (qw, kw) = (randn(4, &[d], 1.0), randn(5, &[d], 1.0));
+    let angles = randn(6, &[b, 1, 1, d / 2], 3.0);
+    let angles = Tensor::cat(&[&angles, &angles], 3).expect("cat");
+    let (cos, sin) = (angles.cos().expect("cos"), angles.sin().expect("sin"));
+    let norms = fused::QkNorms {
+        q: &qw,
+        k: &kw,
+        eps: 1e-6,
+    };
+    let caches = || {
+        (
+            randn(7, &[b, kv, cap, d], 1.0),
+            randn(8, &[b, kv, cap, d], 1.0),
+        )
+    };
+    let (kc, vc) = caches();
+    let q_col = fused::qk_norm_rope_cache_composed(
+        &q,
+        &k,
+        &v,
+        Some(norms),
+        &cos,
+        &sin,
+        (&kc, &vc),
+        fused::KvWrite::Column(col),
+    )
+    .expect("column");
+    // the same buffers as a pool of rows; row (b·KV + j)'s destination is its column's row
+    let (kp, vp) = caches();
+    let (kp, vp) = (
+        kp.reshape((b * kv * cap, d)).expect("pool"),
+        vp.reshape((b * kv * cap, d)).expect("pool"),
+    );
+    let dest: Vec<u32> = (0..(b * kv) as u32)
+        .map(|i| i * cap as u32 + col as u32)
+        .collect();
+    let index = Tensor::from_slice(&dest, (b * kv, 1), &Device::Cpu)
+        .and_then(|t| t.broadcast_as((b * kv, d)))
+        .and_then(|t| t.contiguous())
+        .expect("index");
+    let q_rows = fused::qk_norm_rope_cache_composed(
+        &q,
+        &k,
+        &v,
+        Some(norms),
+        &cos,
+        &sin,
+        (&kp, &vp),
+        fused::KvWrite::PoolRows(&index),
+    )
+    .expect("rows");
+    let bits = |t: &Tensor| -> Vec<u32> {
+        t.flatten_all()
+            .and_then(|t| t.to_vec1::<f32>())
+            .expect("values")
+            .iter()
+            .map(|x| x.to_bits())
+            .collect()
+    };
+    assert_eq!(bits(&q_col), bits(&q_rows), "q");
+    assert_eq!(bits(&kc), bits(&kp), "the k cache");
+    assert_eq!(bits(&vc), bits(&vp), "the v cache");
+    // the column was written (the caches started equal to a fresh draw)
+    assert_ne!(bits(&kc), bits(&caches().0), "nothing was written");
+    // on the CPU the fused op does not apply
+    let qkv = Tensor::cat(
+        &[
+            q.reshape((b, 1, h * d)).expect("q"),
+            k.reshape((b, 1, kv * d)).expect("k"),
+            v.reshape((b, 1, kv * d)).expect("v"),
+        ],
+        2,
+    )
+    .expect("qkv");
+    let fused_q = fused::qk_norm_rope_cache(
+        &qkv,
+        (h, kv),
+        Some(norms),
+        &cos,
+        &sin,
+        (&kc, &vc),
+        fused::KvWrite::Column(col),
+    )
+    .expect("fused");
+    assert!(fused_q.is_none(), "the fused chain ran on the CPU");
+    assert!(!fused::qk_chain_applies(&Device::Cpu, DType::F32, d));
+}

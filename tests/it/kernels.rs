@@ -147,7 +147,7 @@ fn flash_kernels_match_the_float64_reference_in_the_emulator() {
 }
 
 /// The kernel checks of `ops_check.cu`, each of which must have run.
-const OPS_CHECKS: [&str; 25] = [
+const OPS_CHECKS: [&str; 26] = [
     "rms_norm fwd f32",
     "rms_norm fwd bf16",
     "rms_norm bwd dx",
@@ -163,7 +163,8 @@ const OPS_CHECKS: [&str; 25] = [
     "vocab chunk stats bf16",
     "vocab chunk grad f32",
     "sample",
-    "sample 3x151936",
+    "sample f32 3x151936",
+    "sample bf16 2x151936",
     "qk_norm_rope_cache f32 q 3x16x128",
     "qk_norm_rope_cache bf16 k col 4 of 9",
     "qk_norm_rope_cache bf16 q 2x6x64 no norm",
