@@ -383,12 +383,13 @@ impl Attention {
             }
             // The kernel reads the buffer in place, its first `s` columns.
             AttnMask::Keys {
-                valid,
+                keys,
                 past,
                 backward,
             } => {
                 crate::device::part(FORWARD_ELEMENTWISE);
-                let out = crate::fused::flash_attention(q, kb, vb, valid, *past, scale, *backward)?;
+                let out =
+                    crate::fused::flash_attention_keys(q, kb, vb, keys, *past, scale, *backward)?;
                 crate::device::part(FORWARD_ATTENTION);
                 out
             }
@@ -452,10 +453,11 @@ impl Attention {
 enum AttnMask {
     /// The composed attention's additive bias `(B, 1, T, S)` ([`attention_bias`]).
     Bias(Tensor),
-    /// Flash attention's: `key_valid` `(B, S)` and the cached positions; the kernel applies
-    /// causality itself, and no `(T, S)` tensor exists.
+    /// Flash attention's: the valid keys `(B, S)` (with each row's first, made once for every
+    /// layer) and the cached positions; the kernel applies causality itself, and no `(T, S)`
+    /// tensor exists.
     Keys {
-        valid: Tensor,
+        keys: crate::fused::ValidKeys,
         past: usize,
         backward: crate::fused::FlashBackward,
     },
@@ -1015,7 +1017,7 @@ impl Qwen {
             && crate::fused::flash_applies(&self.device, self.dtype, head_dim)
         {
             Ok(AttnMask::Keys {
-                valid: key_valid.to_dtype(DType::U8)?.contiguous()?,
+                keys: crate::fused::ValidKeys::new(key_valid)?,
                 past,
                 backward: self.kernels.flash_backward,
             })

@@ -1430,3 +1430,53 @@ fn the_paged_cache_on_cuda_gives_the_dense_engines_tokens() {
         }
     }
 }
+
+/// The first valid key of each row, made once a forward for every layer's flash call
+/// (`fused::ValidKeys::new`, `flash_first_valid`): the host's count of each row's leading
+/// padding, S for a row of padding only; and a flash call given it computes what one finding
+/// it itself does, bit for bit.
+#[test]
+fn the_first_valid_keys_made_once_are_each_rows_leading_padding() {
+    let Some(gpu) = gpu("the_first_valid_keys_made_once_are_each_rows_leading_padding") else {
+        return;
+    };
+    use acpo::fused::{self, ValidKeys};
+    let s = 300usize;
+    let pads = [0usize, 1, 37, 299, 300];
+    let mask: Vec<u8> = pads
+        .iter()
+        .flat_map(|&p| (0..s).map(move |j| u8::from(j >= p)))
+        .collect();
+    let valid = Tensor::from_vec(mask, (pads.len(), s), &gpu).expect("mask");
+    let keys = ValidKeys::new(&valid).expect("keys");
+    let first = keys
+        .first
+        .as_ref()
+        .expect("made on CUDA")
+        .to_vec1::<u32>()
+        .expect("first");
+    let want: Vec<u32> = pads.iter().map(|&p| p as u32).collect();
+    assert_eq!(first, want);
+    // one query position a row after s − 1 cached ones (the decode kernel), and a prefill of
+    // all s (the forward kernel), rows 0..4 (a row of padding only has no query to attend)
+    let valid = valid.narrow(0, 0, 4).expect("rows");
+    let keys = ValidKeys::new(&valid).expect("keys");
+    for (t, past) in [(1usize, s - 1), (s, 0)] {
+        let q = random(61, &[4, 4, t, 64], 1.0).to_device(&gpu).expect("q");
+        let k = random(62, &[4, 2, s, 64], 1.0).to_device(&gpu).expect("k");
+        let v = random(63, &[4, 2, s, 64], 1.0).to_device(&gpu).expect("v");
+        let pair = fused::FlashBackward::Pair;
+        let given =
+            fused::flash_attention_keys(&q, &k, &v, &keys, past, 0.125, pair).expect("given");
+        let own = fused::flash_attention(&q, &k, &v, &valid, past, 0.125, pair).expect("own");
+        let bits = |t: &Tensor| -> Vec<u32> {
+            t.flatten_all()
+                .and_then(|t| t.to_vec1::<f32>())
+                .expect("values")
+                .iter()
+                .map(|x| x.to_bits())
+                .collect()
+        };
+        assert_eq!(bits(&given), bits(&own), "T = {t}: the outputs differ");
+    }
+}

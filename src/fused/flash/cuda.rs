@@ -210,22 +210,54 @@ macro_rules! pick {
     };
 }
 
-/// The first valid key of each sequence (`S` when none): `(B)` i32.
-fn first_valid(dims: &FlashDims, valid: Arg) -> Result<CudaSlice<i32>> {
+/// The first valid key of each of `b` sequences of `s` keys (`S` when none): `(B)`, the kernel's
+/// `int`s (never negative) held as u32, the dtype a candle tensor of them has.
+pub fn first_valid(b: usize, s: usize, valid: Arg) -> Result<CudaSlice<u32>> {
     let what = "acpo-flash-attention";
     let dev = &valid.0.device;
     let vv = view::<u8>(valid.0, valid.1, what)?;
+    if vv.len() != b * s {
+        candle_core::bail!(
+            "{what}: {} valid bits for {b} sequences of {s} keys",
+            vv.len()
+        );
+    }
     // SAFETY: one block per sequence writes its entry.
-    let mut first = unsafe { dev.alloc::<i32>(dims.b.max(1)) }?;
+    let mut first = unsafe { dev.alloc::<u32>(b.max(1)) }?;
     let f = kernel!(dev, "flash_first_valid", ROW_PTX)?;
-    let s_i = dims.s as i32;
-    let mut b = f.builder();
-    b.arg(&vv).arg(&s_i).arg(&mut first);
-    if dims.b > 0 {
-        // SAFETY: the arguments match flash_first_valid in kernels/flash_attn.cu.
-        unsafe { b.launch(rows_config(dims.b)?) }.w()?;
+    let s_i = i32::try_from(s).map_err(|_| candle_core::Error::Msg(format!("{what}: {s} keys")))?;
+    let mut bld = f.builder();
+    bld.arg(&vv).arg(&s_i).arg(&mut first);
+    if b > 0 {
+        // SAFETY: the arguments match flash_first_valid in kernels/flash_attn.cu (its `int`
+        // output has the u32 slice's size).
+        unsafe { bld.launch(rows_config(b)?) }.w()?;
     }
     Ok(first)
+}
+
+/// Each sequence's first valid key: the one given (`(B)` u32, [`first_valid`] of the same
+/// valid bits, made once for the layers that share them), else computed here into `own`.
+fn first_or_own<'a>(
+    dims: &FlashDims,
+    valid: Arg,
+    given: Option<Arg<'a>>,
+    own: &'a mut Option<CudaSlice<u32>>,
+) -> Result<CudaView<'a, u32>> {
+    let what = "acpo-flash-attention";
+    match given {
+        Some((s, l)) => {
+            let v = view::<u32>(s, l, what)?;
+            if v.len() != dims.b {
+                candle_core::bail!("{what}: {} first keys for {} sequences", v.len(), dims.b);
+            }
+            Ok(v)
+        }
+        None => {
+            let made = own.insert(first_valid(dims.b, dims.s, valid)?);
+            Ok(made.slice(0..dims.b.max(1)))
+        }
+    }
 }
 
 /// The shape arguments every flash kernel ends with (`FA_ARGS` in flash.cuh).
@@ -272,7 +304,7 @@ pub fn flash_fwd(
     q: Arg,
     k: Arg,
     v: Arg,
-    valid: Arg,
+    (valid, first): (Arg, Option<Arg>),
 ) -> Result<(CudaStorage, CudaStorage)> {
     let what = "acpo-flash-attention";
     let dtype = dtype_of(q.0);
@@ -285,7 +317,8 @@ pub fn flash_fwd(
             view::<T>(v.0, v.1, what)?,
         );
         let validv = view::<u8>(valid.0, valid.1, what)?;
-        let first = first_valid(dims, valid)?;
+        let mut own = None;
+        let first = first_or_own(dims, valid, first, &mut own)?;
         let rows = dims.rows();
         // SAFETY: every query row is written by the kernel that owns it, O and statistics.
         let mut o = unsafe { dev.alloc::<T>(rows * dims.d) }?;
@@ -350,7 +383,7 @@ fn decode<T: CudaDType>(
     n: &FlashInts,
     (q, k, v): (&CudaView<T>, &CudaView<T>, &CudaView<T>),
     valid: &CudaView<u8>,
-    first: &CudaSlice<i32>,
+    first: &CudaView<u32>,
     o: &mut CudaSlice<T>,
     stats: &mut CudaSlice<f32>,
     (sfx, pipe): (&str, Option<(usize, u32)>),
@@ -551,7 +584,7 @@ pub fn flash_bwd(
     o: Arg,
     dout: Arg,
     stats: Arg,
-    valid: Arg,
+    (valid, first): (Arg, Option<Arg>),
 ) -> Result<(CudaStorage, CudaStorage, CudaStorage)> {
     let what = "acpo-flash-attention-bwd";
     let dtype = dtype_of(q.0);
@@ -567,7 +600,8 @@ pub fn flash_bwd(
         );
         let statsv = view::<f32>(stats.0, stats.1, what)?;
         let validv = view::<u8>(valid.0, valid.1, what)?;
-        let first = first_valid(dims, valid)?;
+        let mut own = None;
+        let first = first_or_own(dims, valid, first, &mut own)?;
         let rows = dims.rows();
         let keys = dims.b * dims.kv * dims.s;
         let n = FlashInts::of(dims);
@@ -620,7 +654,7 @@ struct BwdInputs<'a, T> {
     stats: CudaView<'a, f32>,
     delta: CudaSlice<f32>,
     valid: CudaView<'a, u8>,
-    first: CudaSlice<i32>,
+    first: CudaView<'a, u32>,
     n: FlashInts,
 }
 

@@ -185,6 +185,69 @@ impl FlashBackward {
     }
 }
 
+/// The keys each sequence sees, as the flash kernels take them: `valid` `(B, S)` u8 (1 = a real
+/// token) and, on CUDA, each sequence's first valid key `(B)` u32, where the kernels start a
+/// row. Made once for every layer of a forward that shares the mask ([`ValidKeys::new`]: one
+/// launch a forward, where each layer's call made its own, 28 a decode step of Qwen3-1.7B).
+#[derive(Debug, Clone)]
+pub struct ValidKeys {
+    pub valid: Tensor,
+    /// None: each call computes it (the CPU twin always does).
+    pub first: Option<Tensor>,
+}
+
+impl ValidKeys {
+    /// `key_valid` `(B, S)` (any dtype, 1 = a real token), its first valid keys made now on CUDA.
+    pub fn new(key_valid: &Tensor) -> Result<ValidKeys> {
+        let valid = key_valid.to_dtype(DType::U8)?.contiguous()?;
+        let first = if valid.device().is_cuda() {
+            Some(valid.apply_op1_no_bwd(&FirstValid)?)
+        } else {
+            None
+        };
+        Ok(ValidKeys { valid, first })
+    }
+
+    /// `key_valid` alone: each flash call finds its rows' first valid keys itself.
+    pub fn plain(key_valid: &Tensor) -> Result<ValidKeys> {
+        Ok(ValidKeys {
+            valid: key_valid.to_dtype(DType::U8)?.contiguous()?,
+            first: None,
+        })
+    }
+}
+
+/// The first valid key of each row of a `(B, S)` u8 mask (`S` when none): `(B)` u32, on CUDA
+/// (`flash_first_valid`); the CPU twin finds it inside each call.
+struct FirstValid;
+
+impl candle_core::CustomOp1 for FirstValid {
+    fn name(&self) -> &'static str {
+        "acpo-flash-first-valid"
+    }
+
+    fn cpu_fwd(&self, _: &CpuStorage, _: &Layout) -> Result<(CpuStorage, Shape)> {
+        candle_core::bail!(
+            "{}: the CPU twin finds a row's first key itself",
+            self.name()
+        )
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s: &candle_core::CudaStorage,
+        l: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let (b, n) = l.shape().dims2()?;
+        let first = cuda::first_valid(b, n, (s, l))?;
+        Ok((
+            candle_core::CudaStorage::wrap_cuda_slice(first, s.device.clone()),
+            Shape::from(b),
+        ))
+    }
+}
+
 /// softmax(q·kᵀ·scale + mask)·v, `(B, H, T, D)`, with q `(B, H, T, D)`, k and v `(B, KV, S, D)`,
 /// `key_valid` `(B, S)` (1 = a real token) and `past` = S − T cached positions; its backward as
 /// `backward` says. Callers check [`flash_applies`]; q, k and v share a dtype.
@@ -197,19 +260,54 @@ pub fn flash_attention(
     scale: f64,
     backward: FlashBackward,
 ) -> Result<Tensor> {
+    flash_attention_keys(
+        q,
+        k,
+        v,
+        &ValidKeys::plain(key_valid)?,
+        past,
+        scale,
+        backward,
+    )
+}
+
+/// [`flash_attention`] over keys given as [`ValidKeys`] (their first valid keys made once for
+/// the layers that share them).
+pub fn flash_attention_keys(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    keys: &ValidKeys,
+    past: usize,
+    scale: f64,
+    backward: FlashBackward,
+) -> Result<Tensor> {
     let dims = FlashDims::of(q, k, v, past, scale)?;
-    if key_valid.dims() != [dims.b, dims.s] {
+    let key_valid = &keys.valid;
+    if key_valid.dims() != [dims.b, dims.s] || key_valid.dtype() != DType::U8 {
         candle_core::bail!(
-            "flash attention: key_valid {:?} for {} sequences of {} keys",
+            "flash attention: key_valid {:?} {:?} for {} sequences of {} keys",
             key_valid.dims(),
+            key_valid.dtype(),
             dims.b,
             dims.s
         );
     }
+    if let Some(first) = &keys.first {
+        if first.dims() != [dims.b] || first.dtype() != DType::U32 {
+            candle_core::bail!(
+                "flash attention: first keys {:?} {:?} for {} sequences",
+                first.dims(),
+                first.dtype(),
+                dims.b
+            );
+        }
+    }
     let op = FlashAttention {
         dims,
         backward,
-        key_valid: key_valid.to_dtype(DType::U8)?.contiguous()?,
+        key_valid: key_valid.contiguous()?,
+        first: keys.first.clone(),
         stats: Mutex::new(None),
     };
     q.contiguous()?
@@ -243,6 +341,9 @@ struct FlashAttention {
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     backward: FlashBackward,
     key_valid: Tensor,
+    /// Each sequence's first valid key, made once for the layers that share the mask (CUDA).
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    first: Option<Tensor>,
     stats: Mutex<Option<Tensor>>,
 }
 
@@ -437,7 +538,21 @@ impl CustomOp3 for FlashAttention {
         let Storage::Cuda(valid) = &*valid else {
             candle_core::bail!("{}: key_valid is not on the GPU", self.name());
         };
-        let (o, stats) = cuda::flash_fwd(&self.dims, (s1, l1), (s2, l2), (s3, l3), (valid, lv))?;
+        let first_guard = self.first.as_ref().map(Tensor::storage_and_layout);
+        let first = match &first_guard {
+            Some((s, l)) => match &**s {
+                Storage::Cuda(s) => Some((s, *l)),
+                _ => candle_core::bail!("{}: the first keys are not on the GPU", self.name()),
+            },
+            None => None,
+        };
+        let (o, stats) = cuda::flash_fwd(
+            &self.dims,
+            (s1, l1),
+            (s2, l2),
+            (s3, l3),
+            ((valid, lv), first),
+        )?;
         let dims = &self.dims;
         self.keep_stats(Tensor::from_storage(
             Storage::Cuda(stats),
@@ -509,7 +624,8 @@ impl FlashAttention {
         dout: &Tensor,
         stats: &Tensor,
     ) -> Result<(Tensor, Tensor, Tensor)> {
-        let all = [q, k, v, o, dout, stats, &self.key_valid];
+        let mut all = vec![q, k, v, o, dout, stats, &self.key_valid];
+        all.extend(self.first.as_ref());
         let guards: Vec<_> = all.iter().map(|t| t.storage_and_layout()).collect();
         let mut cuda = Vec::with_capacity(guards.len());
         for (st, l) in &guards {
@@ -527,7 +643,7 @@ impl FlashAttention {
             cuda[3],
             cuda[4],
             cuda[5],
-            cuda[6],
+            (cuda[6], cuda.get(7).copied()),
         )?;
         let wrap = |s, t: &Tensor| {
             Tensor::from_storage(Storage::Cuda(s), t.shape(), BackpropOp::none(), false)
