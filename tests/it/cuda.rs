@@ -1200,18 +1200,8 @@ fn the_fused_decode_chain_matches_the_composed_ops_on_the_cpu() {
                     let (kc_gpu, vc_gpu) = (on(&kc), on(&vc));
                     let gpu_index = index.to_device(&gpu).expect("index");
                     let gpu_norms = norms(&on(&qw), &on(&kw));
-                    // a row's q, k and v heads side by side, as one product gives them
-                    let qkv = Tensor::cat(
-                        &[
-                            q.reshape((b, 1, h * d)).expect("q"),
-                            k.reshape((b, 1, kv * d)).expect("k"),
-                            v.reshape((b, 1, kv * d)).expect("v"),
-                        ],
-                        2,
-                    )
-                    .expect("qkv");
                     let q_gpu = fused::qk_norm_rope_cache(
-                        &on(&qkv),
+                        &on(&super::fused::packed_qkv(&q, &k, &v)),
                         (h, kv),
                         gpu_norms.as_ref().map(|(a, b)| fused::QkNorms {
                             q: a,
@@ -1469,14 +1459,7 @@ fn the_first_valid_keys_made_once_are_each_rows_leading_padding() {
         let given =
             fused::flash_attention_keys(&q, &k, &v, &keys, past, 0.125, pair).expect("given");
         let own = fused::flash_attention(&q, &k, &v, &valid, past, 0.125, pair).expect("own");
-        let bits = |t: &Tensor| -> Vec<u32> {
-            t.flatten_all()
-                .and_then(|t| t.to_vec1::<f32>())
-                .expect("values")
-                .iter()
-                .map(|x| x.to_bits())
-                .collect()
-        };
+        let bits = |t: &Tensor| super::fused::bits(&t.to_device(&Device::Cpu).expect("to"));
         assert_eq!(bits(&given), bits(&own), "T = {t}: the outputs differ");
     }
 }

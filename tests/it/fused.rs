@@ -476,7 +476,8 @@ fn blocked_product(a: &[f32], b: &[f32], (m, k, n): (usize, usize, usize)) -> Ve
     out
 }
 
-fn bits(t: &Tensor) -> Vec<u32> {
+/// A tensor's values (f32) as bits, in row-major order.
+pub(crate) fn bits(t: &Tensor) -> Vec<u32> {
     let v: Vec<f32> = t.flatten_all().unwrap().to_vec1().unwrap();
     v.into_iter().map(f32::to_bits).collect()
 }
@@ -926,31 +927,14 @@ fn the_decode_chains_twin_writes_a_column_and_pool_rows_alike() {
         fused::KvWrite::PoolRows(&index),
     )
     .expect("rows");
-    let bits = |t: &Tensor| -> Vec<u32> {
-        t.flatten_all()
-            .and_then(|t| t.to_vec1::<f32>())
-            .expect("values")
-            .iter()
-            .map(|x| x.to_bits())
-            .collect()
-    };
     assert_eq!(bits(&q_col), bits(&q_rows), "q");
     assert_eq!(bits(&kc), bits(&kp), "the k cache");
     assert_eq!(bits(&vc), bits(&vp), "the v cache");
     // the column was written (the caches started equal to a fresh draw)
     assert_ne!(bits(&kc), bits(&caches().0), "nothing was written");
     // on the CPU the fused op does not apply
-    let qkv = Tensor::cat(
-        &[
-            q.reshape((b, 1, h * d)).expect("q"),
-            k.reshape((b, 1, kv * d)).expect("k"),
-            v.reshape((b, 1, kv * d)).expect("v"),
-        ],
-        2,
-    )
-    .expect("qkv");
     let fused_q = fused::qk_norm_rope_cache(
-        &qkv,
+        &packed_qkv(&q, &k, &v),
         (h, kv),
         Some(norms),
         &cos,
@@ -961,4 +945,11 @@ fn the_decode_chains_twin_writes_a_column_and_pool_rows_alike() {
     .expect("fused");
     assert!(fused_q.is_none(), "the fused chain ran on the CPU");
     assert!(!fused::qk_chain_applies(&Device::Cpu, DType::F32, d));
+}
+
+/// q `(B, 1, H, D)`, k and v `(B, 1, KV, D)` side by side in one row `(B, 1, (H + 2·KV)·D)`, as
+/// the product with the stacked weights `[Wq; Wk; Wv]` gives them to the fused decode chain.
+pub(crate) fn packed_qkv(q: &Tensor, k: &Tensor, v: &Tensor) -> Tensor {
+    let row = |t: &Tensor| t.flatten_from(2).expect("a row of heads");
+    Tensor::cat(&[row(q), row(k), row(v)], 2).expect("qkv")
 }
