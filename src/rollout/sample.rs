@@ -28,6 +28,11 @@ pub fn sample_rows(
         // the same draw `sample_token` makes first on this path
         let u: Vec<f64> = rows.iter().map(|&i| rngs[i].next_f64()).collect();
         let u = Tensor::from_vec(u, rows.len(), logits.device())?;
+        // the kernel reads f32 and bf16; other dtypes (f16) as f32, the same values
+        let logits = match logits.dtype() {
+            candle_core::DType::F32 | candle_core::DType::BF16 => logits.clone(),
+            _ => logits.to_dtype(candle_core::DType::F32)?,
+        };
         let out = logits.contiguous()?.apply_op2_no_bwd(
             &u,
             &SampleFull {
@@ -216,7 +221,7 @@ mod cuda {
         let uv = view::<f64>(u, lu, what)?;
         let v = ll.dims().last().copied().unwrap_or(1);
         let rows = uv.len();
-        if zv.len() != rows * v {
+        if zv.len() != rows * v || (rows > 0 && v == 0) {
             candle_core::bail!("{what}: {} logits for {rows} draws of {v}", zv.len());
         }
         // SAFETY: every row's block writes its two values.
