@@ -138,10 +138,7 @@ pub fn qk_norm_rope_cache(
             v_cache: v_cache.clone(),
             eps: norms.map_or(0.0, |n| n.eps as f32),
             norm: norms.is_some(),
-            at: match at {
-                KvWrite::Column(col) => Slot::Column(col),
-                KvWrite::PoolRows(index) => Slot::PoolRows(index.clone()),
-            },
+            at,
         };
         let out = qkv.contiguous()?.apply_op1_no_bwd(&op)?;
         counted(&QK_LAUNCHES);
@@ -225,17 +222,10 @@ struct ChainDims {
     slots: usize,
 }
 
-/// [`KvWrite`] as the op holds it.
+/// The fused chain as a custom op on the q/k/v product; the cache buffers it writes and the
+/// tables it reads are held here.
 #[cfg(feature = "cuda")]
-enum Slot {
-    Column(usize),
-    PoolRows(Tensor),
-}
-
-/// The fused chain as a custom op on (q, k, v); the cache buffers it writes and the tables it
-/// reads are held here.
-#[cfg(feature = "cuda")]
-struct QkChain {
+struct QkChain<'a> {
     dims: ChainDims,
     qw: Tensor,
     kw: Tensor,
@@ -245,11 +235,11 @@ struct QkChain {
     v_cache: Tensor,
     eps: f32,
     norm: bool,
-    at: Slot,
+    at: KvWrite<'a>,
 }
 
 #[cfg(feature = "cuda")]
-impl candle_core::CustomOp1 for QkChain {
+impl candle_core::CustomOp1 for QkChain<'_> {
     fn name(&self) -> &'static str {
         "acpo-qk-norm-rope-cache"
     }
@@ -279,17 +269,16 @@ impl candle_core::CustomOp1 for QkChain {
                 _ => candle_core::bail!("{}: operands on different devices", self.name()),
             }
         }
-        let index_guard = match &self.at {
-            Slot::PoolRows(index) => Some(index.storage_and_layout()),
-            Slot::Column(_) => None,
-        };
-        let at = match (&self.at, &index_guard) {
-            (Slot::Column(col), _) => cuda::At::Column(*col),
-            (Slot::PoolRows(_), Some((s, l))) => match &**s {
-                candle_core::Storage::Cuda(c) => cuda::At::PoolRows(c, l),
-                _ => candle_core::bail!("{}: operands on different devices", self.name()),
-            },
-            (Slot::PoolRows(_), None) => unreachable!("the pool's write index is held above"),
+        let index_guard;
+        let at = match self.at {
+            KvWrite::Column(col) => cuda::At::Column(col),
+            KvWrite::PoolRows(index) => {
+                index_guard = index.storage_and_layout();
+                match &*index_guard.0 {
+                    candle_core::Storage::Cuda(c) => cuda::At::PoolRows(c, index_guard.1),
+                    _ => candle_core::bail!("{}: operands on different devices", self.name()),
+                }
+            }
         };
         let d = &self.dims;
         let out = cuda::qk_chain(

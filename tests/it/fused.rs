@@ -891,18 +891,12 @@ fn the_decode_chains_twin_writes_a_column_and_pool_rows_alike() {
             randn(8, &[b, kv, cap, d], 1.0),
         )
     };
+    let twin = |caches: (&Tensor, &Tensor), at| {
+        fused::qk_norm_rope_cache_composed(&q, &k, &v, Some(norms), &cos, &sin, caches, at)
+            .expect("the composed chain")
+    };
     let (kc, vc) = caches();
-    let q_col = fused::qk_norm_rope_cache_composed(
-        &q,
-        &k,
-        &v,
-        Some(norms),
-        &cos,
-        &sin,
-        (&kc, &vc),
-        fused::KvWrite::Column(col),
-    )
-    .expect("column");
+    let q_col = twin((&kc, &vc), fused::KvWrite::Column(col));
     // the same buffers as a pool of rows; row (b·KV + j)'s destination is its column's row
     let (kp, vp) = caches();
     let (kp, vp) = (
@@ -916,17 +910,7 @@ fn the_decode_chains_twin_writes_a_column_and_pool_rows_alike() {
         .and_then(|t| t.broadcast_as((b * kv, d)))
         .and_then(|t| t.contiguous())
         .expect("index");
-    let q_rows = fused::qk_norm_rope_cache_composed(
-        &q,
-        &k,
-        &v,
-        Some(norms),
-        &cos,
-        &sin,
-        (&kp, &vp),
-        fused::KvWrite::PoolRows(&index),
-    )
-    .expect("rows");
+    let q_rows = twin((&kp, &vp), fused::KvWrite::PoolRows(&index));
     assert_eq!(bits(&q_col), bits(&q_rows), "q");
     assert_eq!(bits(&kc), bits(&kp), "the k cache");
     assert_eq!(bits(&vc), bits(&vp), "the v cache");
