@@ -28,6 +28,7 @@
 #                the dense cache every earlier run used)
 #   6 tests      the Rust CUDA tests (every kernel against its CPU twin, the model, training)
 #
+# SUITE_SHARES="kernels=40 decode=200" sets sections' shares for one call (below).
 # SUITE_STEPS picks the sections (default: all, in the order above), so that a second call
 # reruns only what the first left: SUITE_STEPS="pipeline tests" bash tools/gpu/suite.sh.
 #
@@ -110,6 +111,16 @@ esac
 # Each section's share of the call (seconds on a GPU; `pipeline` takes what the others leave).
 order=(kernels decode step attention pipeline tests)
 declare -A share=([kernels]=60 [decode]=150 [step]=150 [attention]=45 [pipeline]=0 [tests]=70)
+# SUITE_SHARES="decode=200 step=160" sets some of them for one call (a lent machine's time spent
+# where this call's issues need it); `pipeline=0` is "what the others leave".
+for kv in ${SUITE_SHARES:-}; do
+    name=${kv%%=*} secs=${kv#*=}
+    if [ -z "${share[$name]+set}" ] || ! [[ "$secs" =~ ^[0-9]+$ ]]; then
+        echo "suite: SUITE_SHARES has '$kv'; each is SECTION=SECONDS, the sections ${order[*]}" >&2
+        exit 2
+    fi
+    share[$name]=$secs
+done
 # shares_after SECTION: the shares of the wanted sections after it, kept for them.
 shares_after() {
     local after=0 sum=0 s
@@ -319,9 +330,9 @@ if wanted decode; then
         --repeats 1 --out "$res/generate-paper"
     passed $?
     tail -2 "$res/acpo-generate.log" | tee -a "$res/summary.txt"
-    torch_step "torch generate (static cache) qwen3-1.7b ${gen[*]}" 45 torch-generate-static.log \
+    torch_step "torch generate (static cache) qwen3-1.7b ${gen[*]}" 75 torch-generate-static.log \
         tools/twins/bench_generate_torch.py --config "$cfg" "${gen[@]}" --repeats 1 --cache static \
-        --json "$res/torch-generate-static.json"
+        --warmup-tokens 8 --json "$res/torch-generate-static.json"
     # The kernels one decode step launches, by name: ncu over a short run (the count does not
     # depend on the lengths); tools/gpu/launches.py finds the decode steps between the sampler's
     # launches. A dry run parses the H100's committed profile instead, so that the parser runs;
@@ -331,7 +342,7 @@ if wanted decode; then
         log "== ncu: a dry run reads the committed H100 profile instead (the parser's check)"
         profile=results/gpu/NVIDIA-H100-80GB-HBM3-20261123/5-profile/profile/ncu.csv.gz
     elif command -v ncu > /dev/null 2>&1; then
-        step "ncu: the launches of a decode step (64 prompts of 64, 4 new tokens)" 30 ncu-decode.log \
+        step "ncu: the launches of a decode step (64 prompts of 64, 4 new tokens)" 40 ncu-decode.log \
             ncu --clock-control none --metrics gpu__time_duration.sum --csv \
             "$acpo" bench generate --config "$cfg" --device "$device" \
             --dtype bf16 --batch 64 --prompt-len 64 --new-tokens 4 --repeats 1 --out "$res/generate-ncu"

@@ -24,6 +24,8 @@ ap.add_argument("--prompt-len", type=int, default=32)
 ap.add_argument("--new-tokens", type=int, default=64)
 ap.add_argument("--repeats", type=int, default=3)
 ap.add_argument("--cache", default="static", help="static or dynamic")
+ap.add_argument("--warmup-tokens", type=int, help="new tokens of the warm-up run (default --new-tokens): "
+                "the warm-up only loads the kernels, and a full-length one doubles a long run's time")
 ap.add_argument("--json")
 args = ap.parse_args()
 dev = torch.device("cuda")
@@ -49,7 +51,7 @@ def run(new_tokens=args.new_tokens):
     return time.perf_counter() - t0
 
 
-run()
+run(args.warmup_tokens or args.new_tokens)
 secs = statistics.median(run() for _ in range(args.repeats))
 run(1)
 prefill = statistics.median(run(1) for _ in range(args.repeats))
