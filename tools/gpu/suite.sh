@@ -265,7 +265,9 @@ else
     done
     export LD_LIBRARY_PATH="${libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
     echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" >> "$res/machine.txt"
-    for f in acpo-cuda it-cuda flash_check adamw_check ops_check; do
+    tar -xJf target/gpu/bins.tar.xz -C "$bin" && chmod +x "$bin/acpo-cuda" "$bin/it-cuda" \
+        || { echo "suite: target/gpu/bins.tar.xz is missing: run \`just pack-gpu-suite\` and carry target/gpu" >&2; exit 2; }
+    for f in flash_check adamw_check ops_check; do
         xz -dc "target/gpu/$f.xz" > "$bin/$f" && chmod +x "$bin/$f" \
             || { echo "suite: target/gpu/$f.xz is missing: run \`just pack-gpu-suite\` and carry target/gpu" >&2; exit 2; }
     done
