@@ -38,3 +38,31 @@ __device__ void rope(const T* x, const T* cos, const T* sin, T* y, int h, int t,
 
 ROPE(f32, float)
 ROPE(bf16, __nv_bfloat16)
+
+// The rotary tables of positions (B, T) (u32): per position p and frequency j < D/2,
+// f = float(p)·inv_freq[j], its row [cos f…, cos f…] or [sin f…, sin f…] (HF's cat(freqs, freqs))
+// of (B, 1, T, D), stored as T. One launch a table where the model's composed tables took eight
+// kernels and an upload of inv_freq each forward: the same f32 operations in the same order as
+// candle's kernels (the cast of p, one product, cosf/sinf, round to T), so the same bits. CPU
+// twin: src/fused/rope.rs (`RopeTable`), beside the composed `rope_tables` in src/model/qwen.rs.
+template <typename T>
+__device__ void rope_table(const unsigned* pos, const float* inv_freq, T* out, int d, int want_sin,
+                           size_t n) {
+  const int half = d / 2;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n;
+       i += (size_t)gridDim.x * blockDim.x) {
+    const int c = i % d;
+    const float f = (float)pos[i / d] * inv_freq[c < half ? c : c - half];
+    out[i] = from_f<T>(want_sin ? sinf(f) : cosf(f));
+  }
+}
+
+#define ROPE_TABLE(NAME, T)                                                                    \
+  extern "C" __global__ void __launch_bounds__(ELEM_THREADS)                                   \
+      rope_table_##NAME(const unsigned* pos, const float* inv_freq, T* out, int d, int want_sin, \
+                        size_t n) {                                                            \
+    rope_table<T>(pos, inv_freq, out, d, want_sin, n);                                         \
+  }
+
+ROPE_TABLE(f32, float)
+ROPE_TABLE(bf16, __nv_bfloat16)

@@ -1,6 +1,7 @@
 // Every kernel of kernels/ other than flash attention (flash_check.cu), alone, without the Rust
 // build, against a float64 reference: RMSNorm (forward, dx, and the two-pass dw), SwiGLU
-// (forward, backward), RoPE (all three layouts: in place, tokens first → heads first and back),
+// (forward, backward), RoPE (all three layouts: in place, tokens first → heads first and back)
+// and its tables of positions,
 // the attention softmax, the token log-probabilities (forward, backward), the vocabulary chunks'
 // statistics and gradient (a whole vocabulary walked in chunks), and sampling (AdamW: adamw_check.cu)
 // (the CPU sampler's rule, src/rollout/sample.rs `sample_token`, on the same draws). f32 and
@@ -218,6 +219,42 @@ static void check_rope(int B, int H, int Tn, int D, bool x_heads, bool y_heads, 
   snprintf(what, sizeof what, "rope %s %s->%s sign %+.0f %dx%dx%dx%d", tname<T>(),
            x_heads ? "BHTD" : "BTHD", y_heads ? "BHTD" : "BTHD", sign, B, H, Tn, D);
   report(what, rel_err(out.get(), y), tol<T>());
+}
+
+// ---- the rotary tables of positions: cos or sin of float(p)·inv_freq[j], (B, 1, T, D) with equal
+// halves. The reference takes the argument as the model's f32 formula rounds it (a position of
+// 9,220 times an f32 frequency: its rounding moves cos by ~1e-4, the formula's, not the kernel's)
+// and its cos/sin in float64.
+
+template <typename T>
+static void check_rope_table(int rows, int D, double theta, unsigned max_pos, bool want_sin) {
+  const int half = D / 2;
+  std::vector<float> inv(half);
+  for (int j = 0; j < half; ++j) inv[j] = (float)(1.0 / std::pow(theta, (2.0 * j) / D));
+  std::vector<uint32_t> pos(rows);
+  for (int r = 0; r < rows; ++r) pos[r] = r == 0 ? 0 : (r == 1 ? max_pos : (unsigned)((rnd() + 1) * 0.5 * max_pos));
+  const size_t n = (size_t)rows * D;
+  std::vector<double> want(n);
+  for (int r = 0; r < rows; ++r)
+    for (int c = 0; c < D; ++c) {
+      const double f = (float)pos[r] * inv[c < half ? c : c - half];
+      want[(size_t)r * D + c] = want_sin ? std::sin(f) : std::cos(f);
+    }
+  Buf<float> dinv(inv);
+  Buf<T> out(n);
+  uint32_t* dpos = (uint32_t*)dalloc(rows * 4);
+  h2d(dpos, pos.data(), rows * 4);
+  const dim3 grid(std::min(blocks_for(n, ELEM_THREADS), 3u));
+  const int ws = want_sin;
+  if constexpr (sizeof(T) == 4)
+    LAUNCH(rope_table_f32, grid, dim3(ELEM_THREADS), 0, dpos, dinv.d, out.d, D, ws, n);
+  else
+    LAUNCH(rope_table_bf16, grid, dim3(ELEM_THREADS), 0, dpos, dinv.d, out.d, D, ws, n);
+  dfree(dpos);
+  char what[96];
+  snprintf(what, sizeof what, "rope_table %s %s %d positions <= %u, D %d", tname<T>(),
+           want_sin ? "sin" : "cos", rows, max_pos, D);
+  report(what, rel_err(out.get(), want), tol<T>());
 }
 
 // ---- the decode step's fused chain: q/k RMSNorm + RoPE + the KV cache's new column, and the
@@ -705,6 +742,14 @@ static void check_all() {
       const float sign = layout == 2 ? -1.0f : 1.0f;
       check_rope<float>(s[0], s[1], s[2], s[3], xh, yh, sign);
       check_rope<bf>(s[0], s[1], s[2], s[3], xh, yh, sign);
+    }
+  // the rotary tables: one decode step's 64 rows, a prefill's rows at the paper's lengths, a
+  // tiny head; Qwen3's θ = 1e6 and Qwen2's 1e4
+  const int tables[][3] = {{64, 128, 9220}, {2 * 300, 128, 40960}, {7, 16, 5}, {33, 64, 2048}};
+  for (const auto& t : tables)
+    for (bool want_sin : {false, true}) {
+      check_rope_table<float>(t[0], t[1], t[1] == 64 ? 1e4 : 1e6, t[2], want_sin);
+      check_rope_table<bf>(t[0], t[1], t[1] == 64 ? 1e4 : 1e6, t[2], want_sin);
     }
   // the decode chain: Qwen3's shape (16 q heads over 8 KV heads of 128), a head dim above the
   // block (two passes a thread), a tiny one, Qwen2's (no q/k norm); the new column first, inside

@@ -148,6 +148,26 @@ pub(crate) mod cuda {
 
     const PTX: (&str, &str) = ptx!("log_probs");
 
+    /// The vocabulary as the kernels' `int`, after checking that the logits hold a row of it
+    /// for each of `rows` targets (and `grads` a value each, where given): a block reads its
+    /// row's `v` logits wherever the target says, so a mismatch would read past them.
+    fn checked_v(
+        what: &str,
+        logits: usize,
+        v: usize,
+        rows: usize,
+        grads: Option<usize>,
+    ) -> Result<i32> {
+        if logits != rows * v || grads.is_some_and(|g| g != rows) {
+            candle_core::bail!(
+                "{what}: {logits} logits, {rows} targets of a vocabulary of {v}{}",
+                grads.map_or(String::new(), |g| format!(", {g} gradients"))
+            );
+        }
+        i32::try_from(v)
+            .map_err(|_| candle_core::Error::Msg(format!("{what}: a vocabulary of {v}")))
+    }
+
     pub fn token_log_probs(
         z: &CudaStorage,
         lz: &Layout,
@@ -159,9 +179,10 @@ pub(crate) mod cuda {
         let (zv, tv) = (view::<f32>(z, lz, what)?, view::<u32>(t, lt, what)?);
         let v = lz.dims().last().copied().unwrap_or(1);
         let rows = tv.len();
+        let v_i = checked_v(what, zv.len(), v, rows, None)?;
+        // SAFETY: every row's block writes its value.
         let mut lp = unsafe { dev.alloc::<f32>(rows) }?;
         let f = kernel!(dev, "token_log_probs_f32", PTX)?;
-        let v_i = v as i32;
         let mut b = f.builder();
         b.arg(&zv).arg(&tv).arg(&mut lp).arg(&v_i);
         if rows > 0 {
@@ -190,9 +211,10 @@ pub(crate) mod cuda {
         );
         let v = lz.dims().last().copied().unwrap_or(1);
         let rows = tv.len();
+        let v_i = checked_v(what, zv.len(), v, rows, Some(gv.len()))?;
+        // SAFETY: every row's block writes its row of the gradient.
         let mut dz = unsafe { dev.alloc::<f32>(zv.len()) }?;
         let f = kernel!(dev, "token_log_probs_bwd_f32", PTX)?;
-        let v_i = v as i32;
         let mut b = f.builder();
         b.arg(&zv).arg(&tv).arg(&gv).arg(&mut dz).arg(&v_i);
         if rows > 0 {

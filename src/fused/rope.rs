@@ -4,7 +4,7 @@
 //! model rotates q and k from tokens first to heads first in one pass ([`rope_heads`]), so no
 //! transpose is made contiguous before (a copy of q and of k per layer, forward and backward).
 
-use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor, D};
+use candle_core::{CpuStorage, CustomOp2, CustomOp3, DType, Layout, Result, Shape, Tensor, D};
 
 use super::{for_rows, fused_on, slice_f32};
 
@@ -199,6 +199,128 @@ pub fn rope_composed(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     x.broadcast_mul(cos)? + rotated.broadcast_mul(sin)?
 }
 
+/// Which table of [`rope_table`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Trig {
+    Cos,
+    Sin,
+}
+
+/// The rotary table of positions `(B, T)` (u32) with `inv_freq` `(D/2)` (f32): per position p
+/// and column c, cos or sin of `f32(p) · inv_freq[c mod D/2]` (HF's `cat(freqs, freqs)`),
+/// `(B, 1, T, D)` in `dtype`: the f32 operations of the model's composed tables
+/// (`rope_tables` in src/model/qwen.rs), in one kernel on CUDA.
+struct RopeTable {
+    trig: Trig,
+    dtype: DType,
+}
+
+impl RopeTable {
+    /// `(b, t, d)` after checking the inputs.
+    fn dims(&self, pos: &Layout, inv: &Layout) -> Result<(usize, usize, usize)> {
+        match (pos.dims(), inv.dims()) {
+            (&[b, t], &[half]) if half > 0 => Ok((b, t, 2 * half)),
+            (p, i) => candle_core::bail!(
+                "{}: positions {p:?} are not (B, T) or inv_freq {i:?} is not (D/2)",
+                self.name()
+            ),
+        }
+    }
+}
+
+impl CustomOp2 for RopeTable {
+    fn name(&self) -> &'static str {
+        "acpo-rope-table"
+    }
+
+    fn cpu_fwd(
+        &self,
+        s1: &CpuStorage,
+        l1: &Layout,
+        s2: &CpuStorage,
+        l2: &Layout,
+    ) -> Result<(CpuStorage, Shape)> {
+        let (b, t, d) = self.dims(l1, l2)?;
+        let pos = match l1.contiguous_offsets() {
+            Some((a, z)) => &s1.as_slice::<u32>()?[a..z],
+            None => candle_core::bail!("{}: positions must be contiguous", self.name()),
+        };
+        let inv = slice_f32(s2, l2, self.name())?;
+        let half = d / 2;
+        let f32s = pos.iter().flat_map(|&p| {
+            (0..d).map(move |c| {
+                let f = p as f32 * inv[c % half];
+                match self.trig {
+                    Trig::Cos => f.cos(),
+                    Trig::Sin => f.sin(),
+                }
+            })
+        });
+        if self.dtype != DType::F32 {
+            candle_core::bail!(
+                "{}: the CPU's table is f32 ([`rope_table`] casts it)",
+                self.name()
+            );
+        }
+        Ok((CpuStorage::F32(f32s.collect()), Shape::from((b, 1, t, d))))
+    }
+
+    #[cfg(feature = "cuda")]
+    fn cuda_fwd(
+        &self,
+        s1: &candle_core::CudaStorage,
+        l1: &Layout,
+        s2: &candle_core::CudaStorage,
+        l2: &Layout,
+    ) -> Result<(candle_core::CudaStorage, Shape)> {
+        let (b, t, d) = self.dims(l1, l2)?;
+        let out = cuda::rope_table((s1, l1), (s2, l2), d, self.trig, self.dtype)?;
+        Ok((out, Shape::from((b, 1, t, d))))
+    }
+}
+
+/// [`Trig`]'s table of `positions` `(B, T)` (u32) by `inv_freq` `(D/2)` (f32), `(B, 1, T, D)`
+/// in `dtype` (f32 or bf16), no gradient: one kernel on CUDA, its twin on the CPU.
+pub fn rope_table(
+    positions: &Tensor,
+    inv_freq: &Tensor,
+    dtype: DType,
+    trig: Trig,
+) -> Result<Tensor> {
+    let (pos, inv) = (positions.contiguous()?, inv_freq.contiguous()?);
+    if positions.device().is_cuda() {
+        return pos.apply_op2_no_bwd(&inv, &RopeTable { trig, dtype });
+    }
+    // The CPU rounds f32 to `dtype` as the composed tables do, by candle's cast.
+    let op = RopeTable {
+        trig,
+        dtype: DType::F32,
+    };
+    pos.apply_op2_no_bwd(&inv, &op)?.to_dtype(dtype)
+}
+
+/// The rotary tables `(cos, sin)` of `positions` in two launches where the kernel applies
+/// (CUDA, u32 positions, f32 frequencies, f32 or bf16 tables); `None` elsewhere, where the
+/// caller composes them (the CPU never takes this path, so no CPU result changes).
+pub fn rope_tables(
+    positions: &Tensor,
+    inv_freq: &Tensor,
+    dtype: DType,
+) -> Result<Option<(Tensor, Tensor)>> {
+    let applies = cfg!(feature = "cuda")
+        && positions.device().is_cuda()
+        && positions.dtype() == DType::U32
+        && inv_freq.dtype() == DType::F32
+        && matches!(dtype, DType::F32 | DType::BF16);
+    if !applies {
+        return Ok(None);
+    }
+    Ok(Some((
+        rope_table(positions, inv_freq, dtype, Trig::Cos)?,
+        rope_table(positions, inv_freq, dtype, Trig::Sin)?,
+    )))
+}
+
 /// The CUDA launches of `kernels/rope.cu` (the `cuda` feature); the CPU twin is this file's `cpu_fwd`.
 #[cfg(feature = "cuda")]
 pub(crate) mod cuda {
@@ -207,6 +329,8 @@ pub(crate) mod cuda {
     use candle_core::{CudaStorage, DType, Layout, Result};
 
     use crate::fused::launch::{dtype_of, elems_config, kernel, ptx, suffix, view, with_type};
+
+    use super::Trig;
 
     const PTX: (&str, &str) = ptx!("rope");
 
@@ -250,6 +374,38 @@ pub(crate) mod cuda {
             // SAFETY: the arguments match rope_* in kernels/rope.cu.
             unsafe { b.launch(elems_config(pairs)) }.w()?;
             Ok(CudaStorage::wrap_cuda_slice(y, dev.clone()))
+        })
+    }
+
+    /// A rotary table `(B, 1, T, D)` in `dtype` of positions `(B, T)` (u32) by `inv_freq`
+    /// `(D/2)` (f32).
+    pub fn rope_table(
+        (pos, lp): Arg,
+        (inv, li): Arg,
+        d: usize,
+        trig: Trig,
+        dtype: DType,
+    ) -> Result<CudaStorage> {
+        let what = "acpo-rope-table";
+        let sfx = suffix(dtype, what)?;
+        let dev = &pos.device;
+        let (pv, iv) = (view::<u32>(pos, lp, what)?, view::<f32>(inv, li, what)?);
+        let n = pv.len() * d;
+        let (d_i, want_sin) = (d as i32, i32::from(trig == Trig::Sin));
+        with_type!(dtype, T, {
+            // SAFETY: the kernel writes every element.
+            let mut out = unsafe { dev.alloc::<T>(n) }?;
+            let f = kernel!(dev, &format!("rope_table_{sfx}"), PTX)?;
+            let mut b = f.builder();
+            b.arg(&pv)
+                .arg(&iv)
+                .arg(&mut out)
+                .arg(&d_i)
+                .arg(&want_sin)
+                .arg(&n);
+            // SAFETY: the arguments match rope_table_* in kernels/rope.cu.
+            unsafe { b.launch(elems_config(n)) }.w()?;
+            Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
         })
     }
 }

@@ -140,18 +140,24 @@ impl RmsNorm {
     }
 }
 
-/// cos/sin of rotary embeddings for given positions, `(B, 1, T, D)` each, in `dtype`.
-fn rope_tables(
-    positions: &Tensor,
-    head_dim: usize,
-    theta: f64,
-    dtype: DType,
-) -> Result<(Tensor, Tensor)> {
+/// The rotary frequencies `1 / θ^(2i/D)`, `(D/2)` f32, made once for a model (no upload per
+/// forward).
+fn rope_inv_freq(head_dim: usize, theta: f64, device: &Device) -> Result<Tensor> {
     let half = head_dim / 2;
     let inv_freq: Vec<f32> = (0..half)
         .map(|i| 1.0 / (theta.powf((2 * i) as f64 / head_dim as f64)) as f32)
         .collect();
-    let inv_freq = Tensor::from_vec(inv_freq, (1, 1, half), positions.device())?;
+    Ok(Tensor::from_vec(inv_freq, half, device)?)
+}
+
+/// cos/sin of rotary embeddings for given positions `(B, T)` (u32) with `inv_freq`
+/// ([`rope_inv_freq`]), `(B, 1, T, D)` each, in `dtype`: one kernel a table on CUDA
+/// (`fused::rope_tables`, the same f32 operations), these ops elsewhere.
+fn rope_tables(positions: &Tensor, inv_freq: &Tensor, dtype: DType) -> Result<(Tensor, Tensor)> {
+    if let Some(tables) = crate::fused::rope_tables(positions, inv_freq, dtype)? {
+        return Ok(tables);
+    }
+    let inv_freq = inv_freq.reshape((1, 1, ()))?;
     let pos = positions.to_dtype(DType::F32)?.unsqueeze(D::Minus1)?; // (B, T, 1)
     let freqs = pos.broadcast_mul(&inv_freq)?; // (B, T, D/2)
     let emb = Tensor::cat(&[&freqs, &freqs], D::Minus1)?; // (B, T, D)
@@ -872,6 +878,8 @@ pub struct Qwen {
     /// `(V, H)`, no bias; the embedding matrix itself when embeddings are tied.
     lm_head: Linear,
     dtype: DType,
+    /// The rotary frequencies ([`rope_inv_freq`]).
+    inv_freq: Tensor,
     device: Device,
     kernels: Kernels,
 }
@@ -958,6 +966,7 @@ impl Qwen {
             norm: norm("model.norm.weight", h)?,
             lm_head: Linear::new(lm_head, None, detach),
             dtype,
+            inv_freq: rope_inv_freq(hd, cfg.rope_theta(), &device)?,
             kernels: Kernels::for_device(&device),
             device,
         })
@@ -1001,12 +1010,7 @@ impl Qwen {
         past: usize,
         t: usize,
     ) -> Result<(AttnMask, Tensor, Tensor)> {
-        let (cos, sin) = rope_tables(
-            positions,
-            self.cfg.head_dim(),
-            self.cfg.rope_theta(),
-            self.dtype,
-        )?;
+        let (cos, sin) = rope_tables(positions, &self.inv_freq, self.dtype)?;
         Ok((self.attn_mask(key_valid, past, t)?, cos, sin))
     }
 
@@ -1099,12 +1103,7 @@ impl Qwen {
         step: &PagedStep,
     ) -> Result<Tensor> {
         let t = ids.dim(1)?;
-        let (cos, sin) = rope_tables(
-            positions,
-            self.cfg.head_dim(),
-            self.cfg.rope_theta(),
-            self.dtype,
-        )?;
+        let (cos, sin) = rope_tables(positions, &self.inv_freq, self.dtype)?;
         let mask = match &step.read {
             PagedRead::Gather {
                 key_valid, width, ..

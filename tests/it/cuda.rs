@@ -1463,3 +1463,46 @@ fn the_first_valid_keys_made_once_are_each_rows_leading_padding() {
         assert_eq!(bits(&given), bits(&own), "T = {t}: the outputs differ");
     }
 }
+
+/// The rotary tables' kernel (`fused::rope_tables`, kernels/rope.cu) runs candle's own f32
+/// operations (the cast of each position, one product, cosf/sinf, the round to the dtype):
+/// on the GPU its tables are candle's composed tables bit for bit, and within the tolerance of
+/// the CPU's (whose cos and sin are the host's).
+#[test]
+fn the_rotary_tables_kernel_is_candles_composed_tables_bit_for_bit() {
+    let Some(gpu) = gpu("the_rotary_tables_kernel_is_candles_composed_tables_bit_for_bit") else {
+        return;
+    };
+    for (b, t, d, max) in [(64, 1, 128, 9_220), (2, 300, 128, 40_960), (3, 5, 64, 7)] {
+        let (pos, inv) = super::fused::rope_table_inputs(b, t, d, max, &gpu);
+        let (pos_cpu, inv_cpu) = super::fused::rope_table_inputs(b, t, d, max, &Device::Cpu);
+        for dtype in [DType::F32, DType::BF16] {
+            let (cos, sin) = acpo::fused::rope_tables(&pos, &inv, dtype)
+                .expect("tables")
+                .expect("the kernel applies on CUDA");
+            let (want_cos, want_sin) = super::fused::composed_rope_tables(&pos, &inv, dtype);
+            let (cpu_cos, cpu_sin) = super::fused::composed_rope_tables(&pos_cpu, &inv_cpu, dtype);
+            let host = |t: &Tensor| {
+                super::fused::bits(
+                    &t.to_device(&Device::Cpu)
+                        .and_then(|t| t.to_dtype(DType::F32))
+                        .expect("to host"),
+                )
+            };
+            for (what, got, want, cpu) in [
+                ("cos", &cos, &want_cos, &cpu_cos),
+                ("sin", &sin, &want_sin, &cpu_sin),
+            ] {
+                assert_eq!(got.dims(), &[b, 1, t, d]);
+                assert_eq!(
+                    host(got),
+                    host(want),
+                    "{what} {dtype:?} {b}x{t}x{d}: not candle's bits"
+                );
+                let err = rel_err(got, cpu);
+                println!("rope table {what} {dtype:?} {b}x{t}x{d}: relative error against the CPU {err:.2e}");
+                assert!(err <= tolerance(dtype), "{what} {dtype:?}: {err:.2e}");
+            }
+        }
+    }
+}

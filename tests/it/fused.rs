@@ -937,3 +937,80 @@ pub(crate) fn packed_qkv(q: &Tensor, k: &Tensor, v: &Tensor) -> Tensor {
     let row = |t: &Tensor| t.flatten_from(2).expect("a row of heads");
     Tensor::cat(&[row(q), row(k), row(v)], 2).expect("qkv")
 }
+
+/// The rotary tables as the model composed them before its kernel, in candle's ops (an
+/// independent reference): `(cos, sin)` `(B, 1, T, D)` in `dtype`.
+pub(crate) fn composed_rope_tables(
+    positions: &Tensor,
+    inv_freq: &Tensor,
+    dtype: DType,
+) -> (Tensor, Tensor) {
+    let inv = inv_freq.reshape((1, 1, ())).unwrap();
+    let pos = positions
+        .to_dtype(DType::F32)
+        .unwrap()
+        .unsqueeze(2)
+        .unwrap();
+    let freqs = pos.broadcast_mul(&inv).unwrap();
+    let emb = Tensor::cat(&[&freqs, &freqs], 2).unwrap();
+    let table = |t: Tensor| t.to_dtype(dtype).unwrap().unsqueeze(1).unwrap();
+    (table(emb.cos().unwrap()), table(emb.sin().unwrap()))
+}
+
+/// Positions `(B, T)` (u32) up to `max`, the first 0 and the second `max`, and Qwen3's
+/// frequencies at head dim `d` (θ = 1e6).
+pub(crate) fn rope_table_inputs(
+    b: usize,
+    t: usize,
+    d: usize,
+    max: u32,
+    device: &Device,
+) -> (Tensor, Tensor) {
+    let mut rng = acpo::rng::SplitMix64::new(7);
+    let pos: Vec<u32> = (0..b * t)
+        .map(|i| match i {
+            0 => 0,
+            1 => max,
+            _ => (rng.next_u64() % (u64::from(max) + 1)) as u32,
+        })
+        .collect();
+    let inv: Vec<f32> = (0..d / 2)
+        .map(|i| (1.0 / 1e6f64.powf((2 * i) as f64 / d as f64)) as f32)
+        .collect();
+    (
+        Tensor::from_vec(pos, (b, t), device).unwrap(),
+        Tensor::from_vec(inv, d / 2, device).unwrap(),
+    )
+}
+
+#[test]
+fn the_rotary_tables_twin_is_the_composed_tables_bit_for_bit() {
+    for (b, t, d, max) in [(64, 1, 128, 9_220), (2, 300, 128, 40_960), (3, 5, 16, 7)] {
+        let (pos, inv) = rope_table_inputs(b, t, d, max, &Device::Cpu);
+        // The model's path on the CPU stays composed: the fused tables are CUDA's.
+        assert!(fused::rope_tables(&pos, &inv, DType::F32)
+            .unwrap()
+            .is_none());
+        for dtype in [DType::F32, DType::BF16] {
+            let (cos, sin) = composed_rope_tables(&pos, &inv, dtype);
+            for (trig, want) in [(fused::Trig::Cos, &cos), (fused::Trig::Sin, &sin)] {
+                let got = fused::rope_table(&pos, &inv, dtype, trig).unwrap();
+                assert_eq!(got.dims(), &[b, 1, t, d]);
+                assert_eq!(got.dtype(), dtype);
+                let f32s = |x: &Tensor| bits(&x.to_dtype(DType::F32).unwrap());
+                assert_eq!(f32s(&got), f32s(want), "{trig:?} {dtype:?} {b}x{t}x{d}");
+            }
+        }
+    }
+    // Bad shapes are refused by name, not indexed past.
+    let (pos, inv) = rope_table_inputs(2, 3, 16, 9, &Device::Cpu);
+    let err = fused::rope_table(
+        &pos.flatten_all().unwrap(),
+        &inv,
+        DType::F32,
+        fused::Trig::Cos,
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(err.contains("acpo-rope-table"), "{err}");
+}

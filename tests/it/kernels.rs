@@ -147,7 +147,7 @@ fn flash_kernels_match_the_float64_reference_in_the_emulator() {
 }
 
 /// The kernel checks of `ops_check.cu`, each of which must have run.
-const OPS_CHECKS: [&str; 26] = [
+const OPS_CHECKS: [&str; 28] = [
     "rms_norm fwd f32",
     "rms_norm fwd bf16",
     "rms_norm bwd dx",
@@ -157,6 +157,8 @@ const OPS_CHECKS: [&str; 26] = [
     "rope f32 BHTD->BHTD",
     "rope bf16 BTHD->BHTD",
     "rope bf16 BHTD->BTHD sign -1",
+    "rope_table f32 cos 64 positions <= 9220, D 128",
+    "rope_table bf16 sin 600 positions <= 40960, D 128",
     "attention softmax",
     "log_probs fwd",
     "log_probs bwd",
