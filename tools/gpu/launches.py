@@ -1,15 +1,22 @@
 #!/usr/bin/env python3
-"""The kernels a decode step launches, from an ncu CSV (`ncu --metrics gpu__time_duration.sum
---csv acpo bench generate ...`, the GPU suite's decode section): the launches are cut into
-segments at each launch of the sampler (`sample_full_*`, one per token drawn: the prefill's
-forward and every decode step's end with one), and the decode steps are the segments of the
-most common length (a run of N new tokens has N − 1 of them; the prefills' forwards are longer,
-and bench generate's runs of N > 2 tokens make them the majority). Prints the launches per
-decode step, by kernel, and their kernel time; --json writes the same as data.
+"""The kernels a step launches, from an ncu CSV (`ncu --metrics gpu__time_duration.sum --csv ...`,
+the GPU suite). The launches are cut into segments after each launch of the kernel that ends a
+step (--ends-at, a name prefix), and the steps are the segments of the most common length (the
+shortest among equally common ones: the first segment also holds the program's start).
 
-    python3 tools/gpu/launches.py ncu.csv[.gz] [--json launches.json]
+- A decode step (`acpo bench generate`, the default --ends-at sample_full): the sampler ends
+  every token's forward; a run of N new tokens has N − 1 decode steps, and the prefills'
+  forwards are longer, so bench generate's runs of N > 2 tokens make decode steps the majority.
+- A train step (`acpo bench train-step`, --ends-at adamw_sq_total): the optimizer's norm total
+  runs once a step, after the backward and before the updates, so a segment is one step's
+  updates, the next step's forward and backward, and its norm (two timed steps give two).
 
-Standard library only. Exits 1 when the file holds no decode step.
+Prints the launches a step by kernel, most kernel time first, and their kernel time; --json
+writes the same as data.
+
+    python3 tools/gpu/launches.py ncu.csv[.gz] [--ends-at PREFIX] [--json launches.json]
+
+Standard library only. Exits 1 when the file holds no step.
 """
 import argparse
 import collections
@@ -40,50 +47,55 @@ def launches(path):
     return out
 
 
-def decode_steps(runs):
-    """The segments between sampler launches that are decode steps."""
+def steps(runs, ends_at="sample_full"):
+    """The segments ending at a launch of `ends_at` that are steps: those of the most common
+    length, the shortest of the equally common."""
     segments, current = [], []
     for kernel, us in runs:
         current.append((kernel, us))
-        if kernel.startswith("sample_full"):
+        if kernel.startswith(ends_at):
             segments.append(current)
             current = []
     if not segments:
         return []
-    common = collections.Counter(len(s) for s in segments).most_common(1)[0][0]
+    counts = collections.Counter(len(s) for s in segments)
+    top = max(counts.values())
+    common = min(n for n, c in counts.items() if c == top)
     return [s for s in segments if len(s) == common]
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("csv", type=Path)
+    ap.add_argument("--ends-at", default="sample_full",
+                    help="the name prefix of the kernel that ends a step (default sample_full: decode steps)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     if not args.csv.is_file():
         print(f"error: {args.csv} is not a file", file=sys.stderr)
         return 2
-    steps = decode_steps(launches(args.csv))
-    if not steps:
-        print(f"error: {args.csv}: no decode step (no sampler launches in the CSV)", file=sys.stderr)
+    found = steps(launches(args.csv), args.ends_at)
+    if not found:
+        print(f"error: {args.csv}: no step (no launch of {args.ends_at}* in the CSV)", file=sys.stderr)
         return 1
     by = collections.Counter()
     us = collections.Counter()
-    for s in steps:
+    for s in found:
         for kernel, t in s:
             by[kernel] += 1
             us[kernel] += t
-    n = len(steps)
-    per_step = len(steps[0])
-    rows = [{"kernel": k, "launches": by[k] / n, "us": us[k] / n} for k, _ in by.most_common()]
+    n = len(found)
+    per_step = len(found[0])
+    rows = [{"kernel": k, "launches": by[k] / n, "us": us[k] / n} for k in sorted(by, key=lambda k: (-us[k], k))]
     total_us = sum(r["us"] for r in rows)
     print("| kernel | launches a step | µs a step |")
     print("|---|---:|---:|")
     for r in rows:
         print(f"| {r['kernel']} | {r['launches']:g} | {r['us']:.1f} |")
     print()
-    print(f"{args.csv}: {n} decode steps, {per_step} launches and {total_us / 1e3:.2f} ms of kernel time a step")
+    print(f"{args.csv}: {n} steps ending at {args.ends_at}, {per_step} launches and {total_us / 1e3:.2f} ms of kernel time a step")
     if args.json:
-        args.json.write_text(json.dumps({"source": str(args.csv), "decode_steps": n,
+        args.json.write_text(json.dumps({"source": str(args.csv), "ends_at": args.ends_at, "decode_steps": n,
                                          "launches_per_step": per_step, "kernel_ms_per_step": total_us / 1e3,
                                          "by_kernel": rows}, indent=2) + "\n")
     return 0

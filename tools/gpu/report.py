@@ -554,6 +554,26 @@ def long_tail_bound(cont, who="Continuous batching's"):
             f"copy of {r['copy_gb_per_s']:,.0f} GB/s (target ≥ 70 %)."]
 
 
+def train_kernels(root):
+    """The kernels of one train step, most time first (ncu over `acpo bench train-step` with 4 of
+    Qwen3-1.7B's layers and each layer's backward by hand, tools/gpu/launches.py), where the run
+    profiled one."""
+    got = load(latest(root, "train-kernels.json"))
+    if not got:
+        return []
+    out = [f"The kernels of one train step (ncu over `acpo bench train-step --layer-by-hand` with 4 of "
+           f"Qwen3-1.7B's 28 layers at 2 × 2,048, {got['decode_steps']} steps found by `tools/gpu/launches.py "
+           f"--ends-at {got.get('ends_at', 'adamw_sq_total')}`): {got['launches_per_step']} launches, "
+           f"{got['kernel_ms_per_step']:.1f} ms of kernel time a step, most time first:", "",
+           "| kernel | launches a step | µs a step |", "|---|---:|---:|"]
+    out += [f"| {r['kernel']} | {r['launches']:g} | {r['us']:.1f} |" for r in got["by_kernel"][:25]]
+    rest = got["by_kernel"][25:]
+    if rest:
+        out.append(f"| {len(rest)} other kernels | {sum(r['launches'] for r in rest):g} "
+                   f"| {sum(r['us'] for r in rest):.1f} |")
+    return out + [""]
+
+
 def decode_launches(root):
     """The kernels one decode step launches (ncu, tools/gpu/launches.py), where the run counted
     them."""
@@ -731,6 +751,7 @@ def report(root):
         *builtin_benches(root), "",
         "**Paper-shape train step** (issue #19):", "", *train_step(root, lines), "",
         *train_phases(root),
+        *train_kernels(root),
         *memory_vs_prediction(root),
         "**Flash attention against torch's sdpa** (issue #19):", "", *attention(root), "",
         "**Sampling** (issue #20):", "", *generate(root, lines), "",

@@ -18,7 +18,9 @@
 #                (memory and seconds by phase), beside the PyTorch twin
 #                (tools/twins/bench_train_torch.py; an out-of-memory exit is a result); then the
 #                same steps with each layer's backward by hand, and with the attention's
-#                backward in 5 products (`--flash-backward five`)
+#                backward in 5 products (`--flash-backward five`); then ncu's kernel times of
+#                one train step by hand at 4 of the model's layers, most time first
+#                (tools/gpu/launches.py --ends-at adamw_sq_total)
 #   4 attention  one layer's attention, forward and backward, at 2 x 2,048 and 2 x 9,220:
 #                `acpo bench attention` beside torch's sdpa (tools/twins/bench_attention_torch.py),
 #                and again with the backward in 5 products
@@ -35,7 +37,7 @@
 # A gate that fails stops the suite (SUITE_KEEP_GOING=1 runs on): what comes after it would
 # measure broken kernels or a binary that does not start. Each section has its own share of
 # SUITE_SECONDS (default 480: 8 minutes, so that one rerun fits in a lent machine's time): kernels
-# 60 s, decode 150, step 150, attention 45, tests 70, the pipeline what they leave. The shares of
+# 45 s, decode 150, step 165, attention 45, tests 70, the pipeline what they leave. The shares of
 # the sections still to come are kept from the ones before, so a slow section cannot starve a
 # later gate. Every step runs under the smaller of its own limit and what its section and the
 # call leave; a step the time cut (124) is reported "cut", not failed, and stops no gate.
@@ -110,7 +112,7 @@ esac
 
 # Each section's share of the call (seconds on a GPU; `pipeline` takes what the others leave).
 order=(kernels decode step attention pipeline tests)
-declare -A share=([kernels]=60 [decode]=150 [step]=150 [attention]=45 [pipeline]=0 [tests]=70)
+declare -A share=([kernels]=45 [decode]=150 [step]=165 [attention]=45 [pipeline]=0 [tests]=70)
 # SUITE_SHARES="decode=200 step=160" sets some of them for one call (a lent machine's time spent
 # where this call's issues need it); `pipeline=0` is "what the others leave".
 for kv in ${SUITE_SHARES:-}; do
@@ -407,6 +409,42 @@ wanted step && for variant in "by-hand --layer-by-hand" "five --flash-backward f
         tail -2 "$res/acpo-train-$len-$name.log" | tee -a "$res/summary.txt"
     done
 done
+
+# The kernels of one train step, by name and time, so that the next change fixes what ranks
+# first: ncu over Qwen3-1.7B's shapes with 4 of its 28 layers (the layers repeat; 4 keep ncu's
+# per-launch cost short), each layer's backward by hand, two timed steps; tools/gpu/launches.py
+# cuts them at the optimizer's norm total. Last in the section: a cut costs nothing above. A
+# dry run has no train-step profile (the parser's check is the decode section's).
+if wanted step; then
+    cfg4="$bin/qwen3-1.7b-4-layers.json"
+    python3 - "$cfg" "$cfg4" <<'EOF4'
+import json, sys
+c = json.load(open(sys.argv[1]))
+c["num_hidden_layers"] = min(4, c["num_hidden_layers"])
+json.dump(c, open(sys.argv[2], "w"))
+EOF4
+    if [ "$dry" = 0 ] && command -v ncu > /dev/null 2>&1; then
+        step "ncu: the kernels of a train step by hand, 4 layers of qwen3-1.7b, 2x2048" 60 ncu-train.log \
+            ncu --clock-control none --metrics gpu__time_duration.sum --csv \
+            "$acpo" bench train-step --config "$cfg4" --device "$device" --dtype bf16 --seq-len 2048 \
+            --prompt-len 1024 --micro-batch 2 --checkpointing --layer-by-hand --repeats 2 \
+            --out "$res/train-ncu"
+        passed $?
+        step "the kernels of a train step (tools/gpu/launches.py --ends-at adamw_sq_total)" 10 \
+            train-kernels.log python3 tools/gpu/launches.py "$res/ncu-train.log" \
+            --ends-at adamw_sq_total --json "$res/train-kernels.json"
+        passed $?
+        tail -1 "$res/train-kernels.log" | tee -a "$res/summary.txt"
+    elif [ "$dry" = 1 ]; then
+        step "acpo train-step, the profile's command without ncu (4 layers at most)" 60 train-ncu-dry.log \
+            "$acpo" bench train-step --config "$cfg4" --device "$device" --dtype bf16 \
+            --seq-len "${lens[0]}" --prompt-len "$((lens[0] / 2))" --micro-batch 2 --checkpointing \
+            --layer-by-hand --repeats 2 --out "$res/train-ncu"
+        passed $?
+    else
+        log "== ncu: not on this machine; the kernels of a train step are not profiled"
+    fi
+fi
 
 # ---- 4: one layer's attention, acpo beside torch's sdpa
 wanted attention && section attention
