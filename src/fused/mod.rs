@@ -71,7 +71,7 @@ pub use flash::{
 pub use log_probs::token_log_probs;
 pub use matmul::{matmul, DEPTH_BLOCK};
 pub use rms_norm::{rms_norm, rms_norm_backward, rms_norm_composed};
-pub use rope::{rope, rope_composed, rope_heads, rope_table, rope_tables, Trig};
+pub use rope::{rope, rope_composed, rope_heads, rope_table, rope_tables, rope_tokens_first, Trig};
 pub use seed::backward_seed;
 pub use small_m::{linear_small_m, linear_small_m_packed, pack_pairs, SMALL_M};
 pub use softmax::{attention_probs, attention_probs_composed, softmax_last_composed};

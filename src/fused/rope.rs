@@ -190,6 +190,23 @@ pub fn rope_heads(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     rope_composed(&x.transpose(1, 2)?.contiguous()?, cos, sin)
 }
 
+/// Rotary embedding of `x` `(B, H, T, D)` returned tokens first `(B, T, H, D)`, no gradient:
+/// [`rope`] then the transposed copy, in one pass (fused on CPU f32 and CUDA; the same numbers,
+/// element for element). With −sin it is [`rope_heads`]' inverse, the backward written out by
+/// hand (`model/qwen/by_hand.rs`) takes the rotated gradients back to the projections' layout.
+pub fn rope_tokens_first(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
+    if fused_rope_on(x, cos, sin) {
+        let op = Rope {
+            from: Order::HeadsFirst,
+            to: Order::TokensFirst,
+        };
+        return x
+            .contiguous()?
+            .apply_op3_no_bwd(&cos.contiguous()?, &sin.contiguous()?, &op);
+    }
+    rope_composed(x, cos, sin)?.transpose(1, 2)?.contiguous()
+}
+
 /// The reference: x·cos + rotate_half(x)·sin with rotate_half(x) = [−x₂, x₁], basic ops.
 pub fn rope_composed(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     let half = x.dim(D::Minus1)? / 2;

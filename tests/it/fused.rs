@@ -127,6 +127,48 @@ fn rope_into_heads_first_is_rope_of_the_transposed_copy_bit_for_bit() {
 }
 
 #[test]
+fn rope_into_tokens_first_is_rope_then_the_transposed_copy_and_undoes_rope_heads() {
+    for (seed, [b, h, t, d]) in [
+        (31u64, [1, 1, 1, 2]),
+        (32, [2, 3, 17, 16]),
+        (33, [2, 8, 64, 128]),
+    ] {
+        let x = randn(seed, &[b, h, t, d], 1.0);
+        let angles = randn(seed + 1, &[b, 1, t, d / 2], 2.0);
+        let emb = Tensor::cat(&[&angles, &angles], 3).unwrap();
+        let (cos, sin) = (emb.cos().unwrap(), emb.sin().unwrap());
+        let got = fused::rope_tokens_first(&x, &cos, &sin).unwrap();
+        assert_eq!(got.dims(), [b, t, h, d]);
+        let want = fused::rope(&x, &cos, &sin)
+            .unwrap()
+            .transpose(1, 2)
+            .unwrap()
+            .contiguous()
+            .unwrap();
+        assert_eq!(bits(&got), bits(&want), "{b}x{h}x{t}x{d}: values moved");
+        // the composed path (f64 takes it) agrees
+        let x64 = x.to_dtype(DType::F64).unwrap();
+        let (c64, s64) = (
+            cos.to_dtype(DType::F64).unwrap(),
+            sin.to_dtype(DType::F64).unwrap(),
+        );
+        let composed = fused::rope_tokens_first(&x64, &c64, &s64).unwrap();
+        assert!(max_rel_diff(&composed.to_dtype(DType::F32).unwrap(), &got) < 1e-5);
+        // with −sin, the inverse of the rotation into heads first
+        let back = fused::rope_tokens_first(
+            &fused::rope_heads(&got, &cos, &sin).unwrap(),
+            &cos,
+            &sin.neg().unwrap(),
+        )
+        .unwrap();
+        assert!(
+            max_rel_diff(&back, &got) < 1e-5,
+            "{b}x{h}x{t}x{d}: not undone"
+        );
+    }
+}
+
+#[test]
 fn fused_rope_and_swiglu_match_the_composed_ones_with_gradients() {
     for (seed, [b, h, t, d]) in [(11u64, [2, 3, 5, 8]), (12, [8, 12, 64, 64])] {
         let x = randn(seed, &[b, h, t, d], 1.0);

@@ -202,12 +202,10 @@ impl Block {
         drop((grads, q_var, k_var, v_var, q_rot, k_rot, v_heads, o_heads));
         crate::device::part(BACKWARD_ATTENTION);
 
-        // The inverse rotation, back to tokens first (B, T, heads, D).
+        // The inverse rotation, back to tokens first (B, T, heads, D), in one pass.
         let minus_sin = sin.neg()?;
         let unrotate = |d: &Tensor| -> Result<Tensor> {
-            Ok(crate::fused::rope(d, cos, &minus_sin)?
-                .transpose(1, 2)?
-                .contiguous()?)
+            Ok(crate::fused::rope_tokens_first(d, cos, &minus_sin)?)
         };
         let mut dq = unrotate(&dq_rot)?;
         let mut dk = unrotate(&dk_rot)?;
