@@ -159,17 +159,29 @@ fn fused_rope_on(x: &Tensor, cos: &Tensor, sin: &Tensor) -> bool {
     same && fused_on(x) && fused_on(cos) && fused_on(sin)
 }
 
+/// The fused rotation of `x` in layout `from` into layout `to`, its backward recorded where
+/// `grad`.
+fn fused_rope(
+    x: &Tensor,
+    cos: &Tensor,
+    sin: &Tensor,
+    (from, to): (Order, Order),
+    grad: bool,
+) -> Result<Tensor> {
+    let (x, cos, sin) = (x.contiguous()?, cos.contiguous()?, sin.contiguous()?);
+    let op = Rope { from, to };
+    if grad {
+        x.apply_op3(&cos, &sin, op)
+    } else {
+        x.apply_op3_no_bwd(&cos, &sin, &op)
+    }
+}
+
 /// Rotary embedding of `x` `(B, H, T, D)` by `cos`, `sin` `(B, 1, T, D)` (positions' tables, no
 /// gradient); fused on CPU f32 and CUDA.
 pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     if fused_rope_on(x, cos, sin) {
-        let op = Rope {
-            from: Order::HeadsFirst,
-            to: Order::HeadsFirst,
-        };
-        return x
-            .contiguous()?
-            .apply_op3(&cos.contiguous()?, &sin.contiguous()?, op);
+        return fused_rope(x, cos, sin, (Order::HeadsFirst, Order::HeadsFirst), true);
     }
     rope_composed(x, cos, sin)
 }
@@ -179,13 +191,7 @@ pub fn rope(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
 /// (fused on CPU f32 and CUDA; the same numbers, element for element, on the CPU).
 pub fn rope_heads(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     if fused_rope_on(x, cos, sin) {
-        let op = Rope {
-            from: Order::TokensFirst,
-            to: Order::HeadsFirst,
-        };
-        return x
-            .contiguous()?
-            .apply_op3(&cos.contiguous()?, &sin.contiguous()?, op);
+        return fused_rope(x, cos, sin, (Order::TokensFirst, Order::HeadsFirst), true);
     }
     rope_composed(&x.transpose(1, 2)?.contiguous()?, cos, sin)
 }
@@ -196,13 +202,7 @@ pub fn rope_heads(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
 /// hand (`model/qwen/by_hand.rs`) takes the rotated gradients back to the projections' layout.
 pub fn rope_tokens_first(x: &Tensor, cos: &Tensor, sin: &Tensor) -> Result<Tensor> {
     if fused_rope_on(x, cos, sin) {
-        let op = Rope {
-            from: Order::HeadsFirst,
-            to: Order::TokensFirst,
-        };
-        return x
-            .contiguous()?
-            .apply_op3_no_bwd(&cos.contiguous()?, &sin.contiguous()?, &op);
+        return fused_rope(x, cos, sin, (Order::HeadsFirst, Order::TokensFirst), false);
     }
     rope_composed(x, cos, sin)?.transpose(1, 2)?.contiguous()
 }
