@@ -512,9 +512,9 @@ def generate(root, lines):
                     f"its prefill's (the same prompts sampled for one token), over the other N − 1 tokens, on both "
                     f"sides. Roofline: {r['bytes_per_step'] / 1e9:.1f} GB of weights + mean KV cache per decode step "
                     f"against a measured device copy of {r['copy_gb_per_s']:,.0f} GB/s."]
-    lt = latest(root, "generate-long-tail")
-    if lt and (lt / "generate.json").exists():
-        waves, cont = load(lt / "generate.json")
+    dense = long_tail_dense(root)
+    if dense:
+        waves, cont = dense
         out += ["", "| long-tailed lengths | waves tokens/s | continuous batching tokens/s | gain |",
                 "|---|---:|---:|---:|",
                 f"| {cont['shape'].split(': ')[0]} | {fmt(waves['tokens_per_second'])} "
@@ -530,6 +530,18 @@ def generate(root, lines):
     if check:
         out += flash_kernels(check, root)
     return out or ["sampling: not run"]
+
+
+def long_tail_dense(root):
+    """The long-tail run's waves and continuous-batching rows over the dense cache (`acpo bench
+    generate --long-tail`): from its own run, else the first two rows of the paged run, which
+    measures them first on the same prompts, keys and lengths; or None."""
+    for name in ("generate-long-tail", "generate-long-tail-paged"):
+        d = latest(root, name)
+        rows = load(d / "generate.json") if d and (d / "generate.json").exists() else None
+        if rows and len(rows) >= 2:
+            return rows[0], rows[1]
+    return None
 
 
 def long_tail_paged(root):
@@ -809,9 +821,9 @@ def targets(root):
                          what, "yes" if r >= 3 else "no"))
         f = acpo["roofline"]["fraction"]
         rows.append(("#20", "decoding at ≥ 50 % of the HBM roofline", f"{100 * f:.1f} %", "yes" if f >= 0.5 else "no"))
-    lt = latest(root, "generate-long-tail")
-    if lt and (lt / "generate.json").exists():
-        waves, cont = load(lt / "generate.json")
+    dense = long_tail_dense(root)
+    if dense:
+        waves, cont = dense
         rows.append(("#20", "continuous batching against waves on long-tailed lengths (no number set)",
                      f"{cont['tokens_per_second'] / waves['tokens_per_second']:.2f}× the tokens/s", "measured"))
         if cont.get("roofline"):

@@ -12,8 +12,9 @@
 #                launches of one decode step counted by ncu (tools/gpu/launches.py); then
 #                SUITE_TAIL_BATCH prompts (default 128) of 1,024 with long-tailed response
 #                lengths up to SUITE_TAIL_NEW (default 2,048; most short, a tail to the limit,
-#                as a GRPO run's), decoded at the batch the GPU's memory allows, beside the
-#                KV-bandwidth bound
+#                as a GRPO run's), decoded at the batch the GPU's memory allows in waves, by
+#                continuous batching and over the paged KV cache, beside the KV-bandwidth bound
+#                (SUITE_TAIL_DENSE=1: the first two also alone, before)
 #   3 step       the Qwen3-1.7B train step at 2 x 2,048 (a gate) and 2 x 9,220, `--trace`
 #                (memory and seconds by phase), beside the PyTorch twin
 #                (tools/twins/bench_train_torch.py; an out-of-memory exit is a result); then the
@@ -288,7 +289,9 @@ else
     fi
 fi
 log "== suite on $(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null || echo "this machine's CPU (dry run)")"
-log "== commit $(cat target/gpu/commit 2>/dev/null || git rev-parse HEAD 2>/dev/null || echo unknown), $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+# the pack's commit on a GPU machine (its binaries'); a dry run builds from the tree
+if [ "$dry" = 1 ]; then commit=$(git rev-parse HEAD 2>/dev/null); else commit=$(cat target/gpu/commit 2>/dev/null); fi
+log "== commit ${commit:-unknown}, $(date -u +%Y-%m-%dT%H:%M:%SZ)"
 shares=() total=0
 for s in "${order[@]}"; do
     wanted "$s" || continue
@@ -360,15 +363,19 @@ if wanted decode; then
         passed $?
         tail -1 "$res/launches.log" | tee -a "$res/summary.txt"
     fi
-    step "acpo generate long-tailed lengths, the memory-sized batch, qwen3-1.7b ${tail_shape[*]}" 45 \
-        acpo-generate-long-tail.log "$acpo" bench generate --config "$cfg" --device "$device" \
-        --dtype bf16 "${tail_shape[@]}" --long-tail --repeats 1 --out "$res/generate-long-tail"
-    passed $?
-    tail -3 "$res/acpo-generate-long-tail.log" | tee -a "$res/summary.txt"
-    # The same with a third run over the paged KV cache (issue #57: as many rows as its pool
-    # holds), last in the section: the paged engine has never run on a GPU, and a failure here
-    # takes nothing from the steps above.
-    step "acpo generate long-tailed lengths, paged KV cache, qwen3-1.7b ${tail_shape[*]}" 60 \
+    # The dense cache's waves and continuous batching alone (SUITE_TAIL_DENSE=1): the paged
+    # run below measures the same two first, on the same prompts, keys and lengths, so by
+    # default only it runs (tools/gpu/report.py reads its first two rows for them).
+    if [ "${SUITE_TAIL_DENSE:-0}" = 1 ]; then
+        step "acpo generate long-tailed lengths, the memory-sized batch, qwen3-1.7b ${tail_shape[*]}" 45 \
+            acpo-generate-long-tail.log "$acpo" bench generate --config "$cfg" --device "$device" \
+            --dtype bf16 "${tail_shape[@]}" --long-tail --repeats 1 --out "$res/generate-long-tail"
+        passed $?
+        tail -3 "$res/acpo-generate-long-tail.log" | tee -a "$res/summary.txt"
+    fi
+    # Waves, continuous batching and a third run over the paged KV cache (issue #57: as many
+    # rows as its pool holds), last in the section: the paged engine has never run on a GPU.
+    step "acpo generate long-tailed lengths, paged KV cache, qwen3-1.7b ${tail_shape[*]}" 90 \
         acpo-generate-long-tail-paged.log "$acpo" bench generate --config "$cfg" --device "$device" \
         --dtype bf16 "${tail_shape[@]}" --long-tail --paged-kv --repeats 1 \
         --out "$res/generate-long-tail-paged"
