@@ -42,7 +42,7 @@ ROPE(bf16, __nv_bfloat16)
 // The rotary tables of positions (B, T) (u32): per position p and frequency j < D/2,
 // f = float(p)·inv_freq[j], its row [cos f…, cos f…] or [sin f…, sin f…] (HF's cat(freqs, freqs))
 // of (B, 1, T, D), stored as T. One launch a table where the model's composed tables took eight
-// kernels and an upload of inv_freq each forward: the same f32 operations in the same order as
+// kernels in bf16 (six in f32) and an upload of inv_freq each forward: the same f32 operations in the same order as
 // candle's kernels (the cast of p, one product, cosf/sinf, round to T), so the same bits. CPU
 // twin: src/fused/rope.rs (`RopeTable`), beside the composed `rope_tables` in src/model/qwen.rs.
 template <typename T>

@@ -132,6 +132,13 @@ impl CustomOp3 for TokenLogProbsBwd {
 pub fn token_log_probs(z: &Tensor, t: &Tensor) -> Result<Tensor> {
     let dims = t.dims().to_vec();
     let v = z.dim(D::Minus1)?;
+    // A row of logits a target, on every device (the CPU's twin and the kernel index by it).
+    if z.elem_count() != t.elem_count() * v {
+        candle_core::bail!(
+            "token log-probs: logits {:?} for targets {dims:?}: not one row of the vocabulary a target",
+            z.dims()
+        );
+    }
     let z2 = z.contiguous()?.reshape(((), v))?;
     let t1 = t.to_dtype(DType::U32)?.contiguous()?.flatten_all()?;
     z2.apply_op2(&t1, TokenLogProbs)?.reshape(dims)

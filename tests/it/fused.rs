@@ -234,6 +234,14 @@ fn fused_token_log_probs_match_the_composed_ones_with_gradients() {
     let bad = Tensor::from_vec(vec![1u32, 5], (1, 2), &Device::Cpu).unwrap();
     let err = token::log_probs(&z, &bad, 1.0).unwrap_err().to_string();
     assert!(err.contains("outside the vocabulary"), "{err}");
+    // More targets than rows of logits is an error too, not a read past the logits (the CPU
+    // twin indexed rows by target; CUDA's kernel would have read another buffer).
+    let three = Tensor::from_vec(vec![1u32, 2, 3], (1, 3), &Device::Cpu).unwrap();
+    let err = token::log_probs(&z, &three, 1.0).unwrap_err().to_string();
+    assert!(
+        err.contains("not one row of the vocabulary a target"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -71,6 +71,8 @@ def main():
                     help="the name prefix of the kernel that ends a step (default sample_full: decode steps)")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
+    if not args.ends_at:
+        ap.error("--ends-at is empty: every launch would end a step")
     if not args.csv.is_file():
         print(f"error: {args.csv} is not a file", file=sys.stderr)
         return 2
@@ -95,7 +97,7 @@ def main():
     print()
     print(f"{args.csv}: {n} steps ending at {args.ends_at}, {per_step} launches and {total_us / 1e3:.2f} ms of kernel time a step")
     if args.json:
-        args.json.write_text(json.dumps({"source": str(args.csv), "ends_at": args.ends_at, "decode_steps": n,
+        args.json.write_text(json.dumps({"source": str(args.csv), "ends_at": args.ends_at, "steps": n, "decode_steps": n,
                                          "launches_per_step": per_step, "kernel_ms_per_step": total_us / 1e3,
                                          "by_kernel": rows}, indent=2) + "\n")
     return 0

@@ -574,7 +574,7 @@ def train_kernels(root):
     if not got:
         return []
     out = [f"The kernels of one train step (ncu over `acpo bench train-step --layer-by-hand` with 4 of "
-           f"Qwen3-1.7B's 28 layers at 2 × 2,048, {got['decode_steps']} steps found by `tools/gpu/launches.py "
+           f"Qwen3-1.7B's 28 layers at 2 × 2,048, {got.get('steps', got['decode_steps'])} steps found by `tools/gpu/launches.py "
            f"--ends-at {got.get('ends_at', 'adamw_sq_total')}`): {got['launches_per_step']} launches, "
            f"{got['kernel_ms_per_step']:.1f} ms of kernel time a step, most time first:", "",
            "| kernel | launches a step | µs a step |", "|---|---:|---:|"]

@@ -14,7 +14,7 @@
 #                lengths up to SUITE_TAIL_NEW (default 2,048; most short, a tail to the limit,
 #                as a GRPO run's), decoded at the batch the GPU's memory allows in waves, by
 #                continuous batching and over the paged KV cache, beside the KV-bandwidth bound
-#                (SUITE_TAIL_DENSE=1: the first two also alone, before)
+#                (the first two also alone before it; SUITE_TAIL_DENSE=0: not)
 #   3 step       the Qwen3-1.7B train step at 2 x 2,048 (a gate) and 2 x 9,220, `--trace`
 #                (memory and seconds by phase), beside the PyTorch twin
 #                (tools/twins/bench_train_torch.py; an out-of-memory exit is a result); then the
@@ -31,7 +31,7 @@
 #                the dense cache every earlier run used)
 #   6 tests      the Rust CUDA tests (every kernel against its CPU twin, the model, training)
 #
-# SUITE_SHARES="kernels=40 decode=200" sets sections' shares for one call (below).
+# SUITE_SHARES="decode=180 step=135" sets sections' shares for one call (below).
 # SUITE_STEPS picks the sections (default: all, in the order above), so that a second call
 # reruns only what the first left: SUITE_STEPS="pipeline tests" bash tools/gpu/suite.sh.
 #
@@ -114,16 +114,21 @@ esac
 # Each section's share of the call (seconds on a GPU; `pipeline` takes what the others leave).
 order=(kernels decode step attention pipeline tests)
 declare -A share=([kernels]=45 [decode]=150 [step]=165 [attention]=45 [pipeline]=0 [tests]=70)
-# SUITE_SHARES="decode=200 step=160" sets some of them for one call (a lent machine's time spent
-# where this call's issues need it); `pipeline=0` is "what the others leave".
+# SUITE_SHARES="decode=180 step=135" sets some of them for one call (a lent machine's time spent
+# where this call's issues need it; their sum at most SUITE_SECONDS); a share of 0 is "what the
+# others leave", the pipeline's default.
 for kv in ${SUITE_SHARES:-}; do
     name=${kv%%=*} secs=${kv#*=}
-    if [ -z "${share[$name]+set}" ] || ! [[ "$secs" =~ ^[0-9]+$ ]]; then
-        echo "suite: SUITE_SHARES has '$kv'; each is SECTION=SECONDS, the sections ${order[*]}" >&2
+    if ! [[ "$name" =~ ^(kernels|decode|step|attention|pipeline|tests)$ && "$secs" =~ ^(0|[1-9][0-9]{0,4})$ ]]; then
+        echo "suite: SUITE_SHARES has '$kv'; each is SECTION=SECONDS (0 to 99999), the sections ${order[*]}" >&2
         exit 2
     fi
     share[$name]=$secs
 done
+case "${SUITE_TAIL_DENSE:-1}" in
+    0 | 1) ;;
+    *) echo "suite: SUITE_TAIL_DENSE is '${SUITE_TAIL_DENSE}'; it is 1 (the dense long-tail run alone too) or 0" >&2; exit 2 ;;
+esac
 # shares_after SECTION: the shares of the wanted sections after it, kept for them.
 shares_after() {
     local after=0 sum=0 s
@@ -337,9 +342,9 @@ if wanted decode; then
         --repeats 1 --out "$res/generate-paper"
     passed $?
     tail -2 "$res/acpo-generate.log" | tee -a "$res/summary.txt"
-    torch_step "torch generate (static cache) qwen3-1.7b ${gen[*]}" 75 torch-generate-static.log \
+    torch_step "torch generate (static cache) qwen3-1.7b ${gen[*]}" 120 torch-generate-static.log \
         tools/twins/bench_generate_torch.py --config "$cfg" "${gen[@]}" --repeats 1 --cache static \
-        --warmup-tokens 8 --json "$res/torch-generate-static.json"
+        --json "$res/torch-generate-static.json"
     # The kernels one decode step launches, by name: ncu over a short run (the count does not
     # depend on the lengths); tools/gpu/launches.py finds the decode steps between the sampler's
     # launches. A dry run parses the H100's committed profile instead, so that the parser runs;
@@ -363,10 +368,11 @@ if wanted decode; then
         passed $?
         tail -1 "$res/launches.log" | tee -a "$res/summary.txt"
     fi
-    # The dense cache's waves and continuous batching alone (SUITE_TAIL_DENSE=1): the paged
-    # run below measures the same two first, on the same prompts, keys and lengths, so by
-    # default only it runs (tools/gpu/report.py reads its first two rows for them).
-    if [ "${SUITE_TAIL_DENSE:-0}" = 1 ]; then
+    # The dense cache's waves and continuous batching alone (SUITE_TAIL_DENSE=1, the default):
+    # the paged run below measures the same two on the same prompts, keys and lengths, but a
+    # failure of its engine, never run on a GPU, would lose them; with 0 only the paged run
+    # runs (tools/gpu/report.py then reads its first two rows for them).
+    if [ "${SUITE_TAIL_DENSE:-1}" = 1 ]; then
         step "acpo generate long-tailed lengths, the memory-sized batch, qwen3-1.7b ${tail_shape[*]}" 45 \
             acpo-generate-long-tail.log "$acpo" bench generate --config "$cfg" --device "$device" \
             --dtype bf16 "${tail_shape[@]}" --long-tail --repeats 1 --out "$res/generate-long-tail"
@@ -443,6 +449,16 @@ EOF4
         passed $?
         tail -1 "$res/train-kernels.log" | tee -a "$res/summary.txt"
     elif [ "$dry" = 1 ]; then
+        # the parser on a synthetic profile: a start and a warm-up step, then two steps of six
+        # launches (237 µs each: the updates, two products, a norm, the optimizer's two sums)
+        step "tools/gpu/launches.py --ends-at adamw_sq_total on tools/gpu/fixtures/ncu-train-step.csv" 10 \
+            train-kernels.log python3 tools/gpu/launches.py tools/gpu/fixtures/ncu-train-step.csv \
+            --ends-at adamw_sq_total --json "$res/train-kernels.json"
+        gate $? "the train-step profile's parser"
+        step "the parser's steps: 2 of 6 launches, 237 µs, gemm first" 10 train-kernels-check.log \
+            python3 -c 'import json, sys; j = json.load(open(sys.argv[1])); sys.exit(not (j["steps"] == 2 and j["launches_per_step"] == 6 and abs(j["kernel_ms_per_step"] - 0.237) < 1e-9 and j["by_kernel"][0]["kernel"] == "gemm"))' \
+            "$res/train-kernels.json"
+        gate $? "the train-step profile's parser"
         step "acpo train-step, the profile's command without ncu (4 layers at most)" 60 train-ncu-dry.log \
             "$acpo" bench train-step --config "$cfg4" --device "$device" --dtype bf16 \
             --seq-len "${lens[0]}" --prompt-len "$((lens[0] / 2))" --micro-batch 2 --checkpointing \

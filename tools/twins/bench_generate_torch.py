@@ -24,10 +24,16 @@ ap.add_argument("--prompt-len", type=int, default=32)
 ap.add_argument("--new-tokens", type=int, default=64)
 ap.add_argument("--repeats", type=int, default=3)
 ap.add_argument("--cache", default="static", help="static or dynamic")
-ap.add_argument("--warmup-tokens", type=int, help="new tokens of the warm-up run (default --new-tokens): "
-                "the warm-up only loads the kernels, and a full-length one doubles a long run's time")
+ap.add_argument("--warmup-tokens", type=int, help="new tokens of the warm-up run (default --new-tokens; dynamic cache only: a "
+                "static cache is sized and compiled for the run's length in its warm-up)")
 ap.add_argument("--json")
 args = ap.parse_args()
+if args.warmup_tokens is not None and not 1 <= args.warmup_tokens <= args.new_tokens:
+    ap.error(f"--warmup-tokens is {args.warmup_tokens}; it is 1 to --new-tokens ({args.new_tokens})")
+if args.cache == "static" and args.warmup_tokens is not None and args.warmup_tokens < args.new_tokens:
+    # transformers keeps a static cache between calls and builds (and compiles for) a new one
+    # only when a call needs a longer one: a shorter warm-up leaves that inside the timed run
+    ap.error("--warmup-tokens below --new-tokens with a static cache would time its rebuild and recompile")
 dev = torch.device("cuda")
 cfg = AutoConfig.from_pretrained(args.config)
 torch.manual_seed(0)
@@ -51,7 +57,7 @@ def run(new_tokens=args.new_tokens):
     return time.perf_counter() - t0
 
 
-run(args.warmup_tokens or args.new_tokens)
+run(args.new_tokens if args.warmup_tokens is None else args.warmup_tokens)
 secs = statistics.median(run() for _ in range(args.repeats))
 run(1)
 prefill = statistics.median(run(1) for _ in range(args.repeats))
