@@ -258,6 +258,12 @@ impl CustomOp2 for RopeTable {
         l2: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
         let (b, t, d) = self.dims(l1, l2)?;
+        if self.dtype != DType::F32 {
+            candle_core::bail!(
+                "{}: the CPU's table is f32 ([`rope_table`] casts it)",
+                self.name()
+            );
+        }
         let pos = match l1.contiguous_offsets() {
             Some((a, z)) => &s1.as_slice::<u32>()?[a..z],
             None => candle_core::bail!("{}: positions must be contiguous", self.name()),
@@ -273,12 +279,6 @@ impl CustomOp2 for RopeTable {
                 }
             })
         });
-        if self.dtype != DType::F32 {
-            candle_core::bail!(
-                "{}: the CPU's table is f32 ([`rope_table`] casts it)",
-                self.name()
-            );
-        }
         Ok((CpuStorage::F32(f32s.collect()), Shape::from((b, 1, t, d))))
     }
 

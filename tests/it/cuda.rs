@@ -1474,8 +1474,9 @@ fn the_rotary_tables_kernel_is_candles_composed_tables_bit_for_bit() {
         return;
     };
     for (b, t, d, max) in [(64, 1, 128, 9_220), (2, 300, 128, 40_960), (3, 5, 64, 7)] {
-        let (pos, inv) = super::fused::rope_table_inputs(b, t, d, max, &gpu);
-        let (pos_cpu, inv_cpu) = super::fused::rope_table_inputs(b, t, d, max, &Device::Cpu);
+        let (pos_cpu, inv_cpu) = super::fused::rope_table_inputs(b, t, d, max);
+        let on_gpu = |x: &Tensor| x.to_device(&gpu).expect("to the GPU");
+        let (pos, inv) = (on_gpu(&pos_cpu), on_gpu(&inv_cpu));
         for dtype in [DType::F32, DType::BF16] {
             let (cos, sin) = acpo::fused::rope_tables(&pos, &inv, dtype)
                 .expect("tables")

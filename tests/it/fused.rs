@@ -1008,14 +1008,8 @@ pub(crate) fn composed_rope_tables(
 }
 
 /// Positions `(B, T)` (u32) up to `max`, the first 0 and the second `max`, and Qwen3's
-/// frequencies at head dim `d` (θ = 1e6).
-pub(crate) fn rope_table_inputs(
-    b: usize,
-    t: usize,
-    d: usize,
-    max: u32,
-    device: &Device,
-) -> (Tensor, Tensor) {
+/// frequencies at head dim `d` (θ = 1e6), on the CPU.
+pub(crate) fn rope_table_inputs(b: usize, t: usize, d: usize, max: u32) -> (Tensor, Tensor) {
     let mut rng = acpo::rng::SplitMix64::new(7);
     let pos: Vec<u32> = (0..b * t)
         .map(|i| match i {
@@ -1028,15 +1022,15 @@ pub(crate) fn rope_table_inputs(
         .map(|i| (1.0 / 1e6f64.powf((2 * i) as f64 / d as f64)) as f32)
         .collect();
     (
-        Tensor::from_vec(pos, (b, t), device).unwrap(),
-        Tensor::from_vec(inv, d / 2, device).unwrap(),
+        Tensor::from_vec(pos, (b, t), &Device::Cpu).unwrap(),
+        Tensor::from_vec(inv, d / 2, &Device::Cpu).unwrap(),
     )
 }
 
 #[test]
 fn the_rotary_tables_twin_is_the_composed_tables_bit_for_bit() {
     for (b, t, d, max) in [(64, 1, 128, 9_220), (2, 300, 128, 40_960), (3, 5, 16, 7)] {
-        let (pos, inv) = rope_table_inputs(b, t, d, max, &Device::Cpu);
+        let (pos, inv) = rope_table_inputs(b, t, d, max);
         // The model's path on the CPU stays composed: the fused tables are CUDA's.
         assert!(fused::rope_tables(&pos, &inv, DType::F32)
             .unwrap()
@@ -1053,7 +1047,7 @@ fn the_rotary_tables_twin_is_the_composed_tables_bit_for_bit() {
         }
     }
     // Bad shapes are refused by name, not indexed past.
-    let (pos, inv) = rope_table_inputs(2, 3, 16, 9, &Device::Cpu);
+    let (pos, inv) = rope_table_inputs(2, 3, 16, 9);
     let err = fused::rope_table(
         &pos.flatten_all().unwrap(),
         &inv,
