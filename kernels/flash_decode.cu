@@ -31,17 +31,42 @@
 // The order within a chunk is fixed: slot s (LPK lanes) takes keys s·KPS .. s·KPS + KPS − 1 of
 // every tile, with its own running (m, l, acc); at the chunk's end the slots of a warp merge by
 // xor shuffles (symmetric: both lanes get the same bits), then the warps in warp order.
+//
+// An FP8 KV cache (`*_fp8` instances, issue #57: half a bf16 cache's bytes, so twice the
+// KV-bandwidth bound): keys and values one E4M3 byte each (`fp8e4m3`, scale 1, as
+// `model::qwen::fp8_e4m3` rounds them), the query and O in bf16. Tiles still travel by 16-byte
+// cp.async (16 numbers); the compute reads 8 numbers a lane, as the bf16 kernel does, and E4M3
+// → f32 is exact, so on the same values the FP8 kernel gives the bf16 kernel's bits
+// (kernels/check/flash_check.cu checks it): an FP8 cache computes what the CPU's emulated one
+// (E4M3 values held in bf16) does.
 #include "flash.cuh"
 #include "mma.cuh"
+#ifndef ACPO_EMU
+#include <cuda_fp8.h>
+#endif
 
-// f32 from its bits.
-__device__ __forceinline__ float fdp_f(uint32_t u) {
-#ifdef ACPO_EMU
-  float f;
-  std::memcpy(&f, &u, 4);
-  return f;
-#else
+// One FP8 E4M3 number as a KV cache stores it (candle's DType::F8E4M3).
+struct fp8e4m3 {
+  uint8_t bits;
+};
+
+// f32 from its bits, and back (on the host too: kernels/check builds E4M3 inputs with them).
+__host__ __device__ __forceinline__ float fdp_f(uint32_t u) {
+#if defined(__CUDA_ARCH__)
   return __uint_as_float(u);
+#else
+  float f;
+  __builtin_memcpy(&f, &u, 4);
+  return f;
+#endif
+}
+__host__ __device__ __forceinline__ uint32_t fdp_bits(float f) {
+#if defined(__CUDA_ARCH__)
+  return __float_as_uint(f);
+#else
+  uint32_t u;
+  __builtin_memcpy(&u, &f, 4);
+  return u;
 #endif
 }
 
@@ -52,6 +77,34 @@ __device__ __forceinline__ void fdp_unpack(const float* p, float (&x)[4]) {
   x[1] = fdp_f(w.y);
   x[2] = fdp_f(w.z);
   x[3] = fdp_f(w.w);
+}
+// An E4M3 byte's value, exactly: sign, 4 exponent bits (bias 7), 3 mantissa bits; exponent 0
+// is subnormal (m·2⁻⁹), S.1111.111 NaN, and there is no infinity.
+__host__ __device__ __forceinline__ float fp8_e4m3_value(uint32_t b) {
+  const uint32_t sign = (b & 0x80u) << 24, e = (b >> 3) & 0xfu, m = b & 7u;
+  if (e == 15 && m == 7) return fdp_f(sign | 0x7fc00000u);
+  if (e == 0) return fdp_f(sign | fdp_bits((float)m * 0.001953125f));
+  return fdp_f(sign | ((e + 120u) << 23) | (m << 20));
+}
+// The 8 bytes at p (shared memory, 8-byte aligned) as f32: the hardware's exact conversion on a
+// GPU (two numbers an instruction, through f16, which holds every E4M3 value), the bits above in
+// the emulator.
+__device__ __forceinline__ void fdp_unpack(const fp8e4m3* p, float (&x)[8]) {
+#ifdef ACPO_EMU
+#pragma unroll
+  for (int i = 0; i < 8; ++i) x[i] = fp8_e4m3_value(p[i].bits);
+#else
+  const uint2 w = *reinterpret_cast<const uint2*>(p);
+  const uint32_t u[2] = {w.x, w.y};
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(
+        (__nv_fp8x2_storage_t)(u[i / 2] >> (16 * (i % 2))), __NV_E4M3);
+    const float2 f = __half22float2(__half2(h));
+    x[2 * i] = f.x;
+    x[2 * i + 1] = f.y;
+  }
+#endif
 }
 __device__ __forceinline__ void fdp_unpack(const __nv_bfloat16* p, float (&x)[8]) {
   const uint4 w = *reinterpret_cast<const uint4*>(p);
@@ -122,10 +175,12 @@ struct FdpPaged {
 // grid (ceil(nchunk / cpb), KV, B), block FDP_THREADS, fdp_smem(DH, sizeof(T)) bytes of dynamic
 // shared memory. part: (B, H, nchunk, 2 + DH) f32 = m, l, acc; nchunk = ceil(S / FDP_CHUNK),
 // S the longest row's keys.
-template <typename T, int DH, typename Rows>
-__device__ void fdp_decode(const T* __restrict__ q, const Rows rows, float* __restrict__ part,
+template <typename Q, typename T, int DH, typename Rows>
+__device__ void fdp_decode(const Q* __restrict__ q, const Rows rows, float* __restrict__ part,
                            int nchunk, int cpb, int H, int KV, int D, float scale) {
-  constexpr int VEC = 16 / (int)sizeof(T);    // elements in 16 bytes
+  constexpr int LD = 16 / (int)sizeof(T);     // elements a 16-byte cp.async moves
+  constexpr int PPR = DH / LD;                // 16-byte pieces a key row
+  constexpr int VEC = sizeof(T) == 4 ? 4 : 8; // elements a lane computes (16 bytes of bf16)
   constexpr int LPK = DH / VEC;               // lanes per key row
   constexpr int SLOTS = FDP_THREADS / LPK;    // rows in work at once
   constexpr int KPS = FDP_TILE / SLOTS;       // keys per slot and tile
@@ -160,8 +215,8 @@ __device__ void fdp_decode(const T* __restrict__ q, const Rows rows, float* __re
       T* ks = tiles + (size_t)(t % FDP_STAGES) * 2 * FDP_TILE * DH;
       T* vs = ks + FDP_TILE * DH;
       const int j0 = jbeg + t * FDP_TILE;
-      for (int x = tid; x < FDP_TILE * LPK; x += FDP_THREADS) {
-        const int r = x / LPK, c = (x % LPK) * VEC, j = j0 + r;
+      for (int x = tid; x < FDP_TILE * PPR; x += FDP_THREADS) {
+        const int r = x / PPR, c = (x % PPR) * LD, j = j0 + r;
         const bool in = j < jend;
         const int jr = in ? j : j0;
         cp_async16(ks + r * DH + c, src.key(jr) + c, in);
@@ -326,24 +381,28 @@ __device__ void fdp_decode(const T* __restrict__ q, const Rows rows, float* __re
   }
 }
 
-#define FDP_INSTANCE(T, SFX, DH)                                                                \
+// q and O in Q, the keys and values in T.
+#define FDP_INSTANCE(Q, T, SFX, DH)                                                             \
   extern "C" __global__ void __launch_bounds__(FDP_THREADS) flash_decode_pipe_d##DH##_##SFX(     \
-      const T* q, const T* k, const T* v, const uint8_t* valid, const int* first, float* part,  \
+      const Q* q, const T* k, const T* v, const uint8_t* valid, const int* first, float* part,  \
       int nchunk, int cpb, FA_ARGS) {                                                           \
     (void)Tq;                                                                                   \
-    fdp_decode<T, DH>(q, FdpDense<T>{k, v, valid, first, KV, S, cap, past}, part, nchunk, cpb,  \
-                      H, KV, D, scale);                                                         \
+    fdp_decode<Q, T, DH>(q, FdpDense<T>{k, v, valid, first, KV, S, cap, past}, part, nchunk,   \
+                         cpb, H, KV, D, scale);                                                 \
   }                                                                                             \
   /* The same through a paged pool's block tables (B, nblk), lens (B): keys a row. */           \
   extern "C" __global__ void __launch_bounds__(FDP_THREADS) flash_decode_paged_d##DH##_##SFX(    \
-      const T* q, const T* k, const T* v, const unsigned* tables, const unsigned* lens,         \
+      const Q* q, const T* k, const T* v, const unsigned* tables, const unsigned* lens,         \
       float* part, int nchunk, int cpb, int nblk, int block, int H, int KV, int D,              \
       float scale) {                                                                            \
-    fdp_decode<T, DH>(q, FdpPaged<T>{k, v, tables, lens, KV, nblk, block}, part, nchunk, cpb,   \
-                      H, KV, D, scale);                                                         \
+    fdp_decode<Q, T, DH>(q, FdpPaged<T>{k, v, tables, lens, KV, nblk, block}, part, nchunk,    \
+                         cpb, H, KV, D, scale);                                                 \
   }
 
-FDP_INSTANCE(__nv_bfloat16, bf16, 64)
-FDP_INSTANCE(__nv_bfloat16, bf16, 128)
-FDP_INSTANCE(float, f32, 64)
-FDP_INSTANCE(float, f32, 128)
+FDP_INSTANCE(__nv_bfloat16, __nv_bfloat16, bf16, 64)
+FDP_INSTANCE(__nv_bfloat16, __nv_bfloat16, bf16, 128)
+FDP_INSTANCE(float, float, f32, 64)
+FDP_INSTANCE(float, float, f32, 128)
+// An FP8 cache under a bf16 model: O by flash_decode_combine_bf16.
+FDP_INSTANCE(__nv_bfloat16, fp8e4m3, fp8, 64)
+FDP_INSTANCE(__nv_bfloat16, fp8e4m3, fp8, 128)

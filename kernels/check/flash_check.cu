@@ -25,6 +25,7 @@
 #include "flash_mma.cu"
 #include "flash_decode.cu"
 #include "check/harness.hpp"
+#include <optional>
 
 // A shape: B sequences, H query heads over KV heads, T query positions after `past` cached
 // keys, head dim D; sequence 0 has `pad` leading invalid keys (sequence 1 too when pad1), the
@@ -522,43 +523,55 @@ static std::vector<int> ragged(int B, int lo, int hi) {
 // past a row's keys shows. Then the paged kernel (`cpb` chunks a block) against the dense one
 // on the same batch, bit for bit (the dense kernel's rows are independent of their batch, so
 // this is also the row alone), and against the float64 reference.
+struct PagedPool {
+  int longest = 0, nblk = 0, nblocks = 1;  // block 0 is the pool's scratch block
+  std::vector<float> k, v;
+  unsigned *dtables, *dlens;
+  PagedPool(const Inputs& in, const std::vector<int>& lens, int block) {
+    const Case& c = in.c;
+    for (int len : lens) {
+      longest = std::max(longest, len);
+      nblk = std::max(nblk, (len + block - 1) / block);
+      nblocks += (len + block - 1) / block;
+    }
+    nblocks += 3;  // blocks no row holds
+    std::vector<unsigned> ids(nblocks - 1);
+    for (int i = 0; i < nblocks - 1; ++i) ids[i] = i + 1;
+    for (int i = nblocks - 2; i > 0; --i)
+      std::swap(ids[i], ids[(int)((rnd() * 0.5 + 0.5) * i) % (i + 1)]);
+    std::vector<unsigned> tables((size_t)c.B * nblk, 0xfffffff0u);
+    k.assign((size_t)nblocks * c.KV * block * c.D, NAN), v.assign(k.size(), NAN);
+    size_t next = 0;
+    for (int b = 0; b < c.B; ++b)
+      for (int i = 0; i * block < lens[b]; ++i) tables[(size_t)b * nblk + i] = ids[next++];
+    for (int b = 0; b < c.B; ++b)
+      for (int g = 0; g < c.KV; ++g)
+        for (int j = 0; j < lens[b]; ++j) {
+          const size_t from = (((size_t)b * c.KV + g) * in.cap + (in.S - lens[b] + j)) * c.D;
+          const size_t to =
+              (((size_t)tables[(size_t)b * nblk + j / block] * c.KV + g) * block + j % block) * c.D;
+          std::copy(&in.k[from], &in.k[from] + c.D, &k[to]);
+          std::copy(&in.v[from], &in.v[from] + c.D, &v[to]);
+        }
+    std::vector<unsigned> ulens(lens.begin(), lens.end());
+    dtables = (unsigned*)dalloc(tables.size() * 4);
+    dlens = (unsigned*)dalloc(ulens.size() * 4);
+    h2d(dtables, tables.data(), tables.size() * 4), h2d(dlens, ulens.data(), ulens.size() * 4);
+  }
+  ~PagedPool() { dfree(dtables), dfree(dlens); }
+};
+
 template <typename T>
 static void check_paged(Case c, const std::vector<int>& lens, int block, int cpb) {
   Inputs in(c);
   set_lengths(in, lens);
   const Reference ref(in);
-  int longest = 0, nblk = 0, nblocks = 1;  // block 0 is the pool's scratch block
-  for (int len : lens) {
-    longest = std::max(longest, len);
-    nblk = std::max(nblk, (len + block - 1) / block);
-    nblocks += (len + block - 1) / block;
-  }
-  nblocks += 3;  // blocks no row holds
-  std::vector<unsigned> ids(nblocks - 1);
-  for (int i = 0; i < nblocks - 1; ++i) ids[i] = i + 1;
-  for (int i = nblocks - 2; i > 0; --i)
-    std::swap(ids[i], ids[(int)((rnd() * 0.5 + 0.5) * i) % (i + 1)]);
-  std::vector<unsigned> tables((size_t)c.B * nblk, 0xfffffff0u);
-  std::vector<float> kp((size_t)nblocks * c.KV * block * c.D, NAN), vp(kp.size(), NAN);
-  size_t next = 0;
-  for (int b = 0; b < c.B; ++b)
-    for (int i = 0; i * block < lens[b]; ++i) tables[(size_t)b * nblk + i] = ids[next++];
-  for (int b = 0; b < c.B; ++b)
-    for (int g = 0; g < c.KV; ++g)
-      for (int j = 0; j < lens[b]; ++j) {
-        const size_t from = (((size_t)b * c.KV + g) * in.cap + (in.S - lens[b] + j)) * c.D;
-        const size_t to =
-            (((size_t)tables[(size_t)b * nblk + j / block] * c.KV + g) * block + j % block) * c.D;
-        std::copy(&in.k[from], &in.k[from] + c.D, &kp[to]);
-        std::copy(&in.v[from], &in.v[from] + c.D, &vp[to]);
-      }
-  std::vector<unsigned> ulens(lens.begin(), lens.end());
-  unsigned* dtables = (unsigned*)dalloc(tables.size() * 4);
-  unsigned* dlens = (unsigned*)dalloc(ulens.size() * 4);
-  h2d(dtables, tables.data(), tables.size() * 4), h2d(dlens, ulens.data(), ulens.size() * 4);
+  const PagedPool pool(in, lens, block);
+  const int longest = pool.longest, nblk = pool.nblk;
+  unsigned *dtables = pool.dtables, *dlens = pool.dlens;
   PipeOperands x = PipeOperands::of<T>(in);
-  T* kpool = (T*)PipeOperands::up<T>(kp);
-  T* vpool = (T*)PipeOperands::up<T>(vp);
+  T* kpool = (T*)PipeOperands::up<T>(pool.k);
+  T* vpool = (T*)PipeOperands::up<T>(pool.v);
   const int nchunk = (longest + FDP_CHUNK - 1) / FDP_CHUNK;
   const size_t npart = (size_t)c.B * c.H * nchunk * (c.D + 2);
   float* part = (float*)dalloc(npart * 4);
@@ -589,8 +602,130 @@ static void check_paged(Case c, const std::vector<int>& lens, int block, int cpb
   printf("%s blocks of %d vs the dense kernel B%d H%d KV%d S%d D%d, chunks a block %d: %s\n", what,
          block, c.B, c.H, c.KV, in.S, c.D, cpb, same ? "the same bits ok" : "FAILED (bits differ)");
   if (!same) failures++;
-  dfree(part), dfree(o), dfree(stats), dfree(dtables), dfree(dlens), dfree(kpool), dfree(vpool);
+  dfree(part), dfree(o), dfree(stats), dfree(kpool), dfree(vpool);
   x.release<T>(in);
+}
+
+// ---- an FP8 KV cache (flash_decode.cu's *_fp8 instances: E4M3 keys and values, bf16 q and O)
+
+// x rounded to the nearest E4M3 value, ties to even, saturating at ±448, as
+// model::qwen::fp8_e4m3 rounds on the CPU and __nv_fp8_e4m3(float) on a GPU: its byte.
+static uint8_t fp8_byte(float x) {
+  static float value[127];  // codes 0 .. 0x7e, increasing: 0, the subnormals, then 2^-6 .. 448
+  static bool made = false;
+  if (!made) {
+    for (int code = 0; code < 127; ++code) value[code] = fp8_e4m3_value(code);
+    made = true;
+  }
+  if (std::isnan(x)) return 0x7f;
+  const uint8_t sign = std::signbit(x) ? 0x80 : 0;
+  const float a = std::fabs(x);
+  if (a >= 448.0f) return sign | 0x7e;
+  int lo = 0;
+  while (value[lo + 1] <= a) ++lo;  // value[lo] <= a < value[lo + 1]
+  const float below = a - value[lo], above = value[lo + 1] - a;
+  const int code = below < above ? lo : above < below ? lo + 1 : lo % 2 == 0 ? lo : lo + 1;
+  return sign | (uint8_t)code;
+}
+
+// The decoder against every byte: the 126 finite positive values in order from 0 to 448, each
+// the negative of its sign-flipped byte, NaN at S.1111.111, and every value its own rounding.
+static void check_fp8_bytes() {
+  bool ok = fp8_e4m3_value(0x7e) == 448.0f && fp8_e4m3_value(0x01) == 0.001953125f &&
+            fp8_e4m3_value(0x08) == 0.015625f && fp8_e4m3_value(0x38) == 1.0f &&
+            std::isnan(fp8_e4m3_value(0x7f)) && std::isnan(fp8_e4m3_value(0xff)) &&
+            fp8_byte(1000.0f) == 0x7e && fp8_byte(-1000.0f) == 0xfe &&
+            fp8_byte(1.0625f) == 0x38 && fp8_byte(1.1875f) == 0x3a;  // ties to even
+  for (int code = 0; code < 127; ++code) {
+    const float x = fp8_e4m3_value(code);
+    ok &= fp8_e4m3_value(code | 0x80) == -x && fp8_byte(x) == code;
+    if (code > 0) ok &= x > fp8_e4m3_value(code - 1);
+  }
+  printf("fp8 e4m3 bytes: decode and rounding %s\n", ok ? "ok" : "FAILED");
+  if (!ok) failures++;
+}
+
+// The keys and values of `in` rounded to E4M3 (its bf16 copies, which hold them exactly,
+// uploaded again): the reference and the bf16 kernels then see what an FP8 cache holds.
+static void round_kv_fp8(Inputs& in) {
+  for (auto& x : in.k) x = fp8_e4m3_value(fp8_byte(x));
+  for (auto& x : in.v) x = fp8_e4m3_value(fp8_byte(x));
+  dfree(in.dk_), dfree(in.dv_);
+  in.dk_ = Inputs::upload(in.k), in.dv_ = Inputs::upload(in.v);
+}
+
+// E4M3 values' bytes on the device (NaN stays NaN: a read past a pool's keys still shows).
+static fp8e4m3* upload_fp8(const std::vector<float>& x) {
+  std::vector<uint8_t> h(x.size());
+  for (size_t i = 0; i < x.size(); ++i) h[i] = fp8_byte(x[i]);
+  fp8e4m3* d = (fp8e4m3*)dalloc(h.size());
+  h2d(d, h.data(), h.size());
+  return d;
+}
+
+// The FP8 kernel (dense buffer or, with `pool`, its paged instance) then the bf16 combine.
+static void decode_fp8(const Inputs& in, const fp8e4m3* k, const fp8e4m3* v, const PagedPool* pool,
+                       int block, int cpb, float* part, bf* o, float* stats) {
+  const Case& c = in.c;
+  const int S = pool ? pool->longest : in.S, nchunk = (S + FDP_CHUNK - 1) / FDP_CHUNK;
+  const dim3 grid((nchunk + cpb - 1) / cpb, c.KV, c.B), blk(FDP_THREADS);
+  const size_t smem = fdp_smem(c.D, 1);
+  const bf* q = in.dq_;
+  const float scale = in.scale();
+  if (pool) {
+#define ARGS q, k, v, pool->dtables, pool->dlens, part, nchunk, cpb, pool->nblk, block, c.H, c.KV, c.D, scale
+    if (c.D == 128) LAUNCH(flash_decode_paged_d128_fp8, grid, blk, smem, ARGS);
+    else LAUNCH(flash_decode_paged_d64_fp8, grid, blk, smem, ARGS);
+#undef ARGS
+  } else {
+    LAUNCH(flash_first_valid, dim3(c.B), dim3(256), 0, in.dvalid, S, in.dfirst);
+#define ARGS q, k, v, in.dvalid, in.dfirst, part, nchunk, cpb, c.H, c.KV, c.T, S, in.cap, c.D, c.past, scale
+    if (c.D == 128) LAUNCH(flash_decode_pipe_d128_fp8, grid, blk, smem, ARGS);
+    else LAUNCH(flash_decode_pipe_d64_fp8, grid, blk, smem, ARGS);
+#undef ARGS
+  }
+  LAUNCH(flash_decode_combine_bf16, dim3(c.H, c.B), dim3(128), 0, part, o, stats, nchunk, c.H, c.D);
+}
+
+// One run of decode_fp8 on fresh buffers: O and the statistics as the host reads them.
+static PipeOut run_fp8(const Inputs& in, const PagedPool* pool, int block, int cpb) {
+  const Case& c = in.c;
+  const int S = pool ? pool->longest : in.S, nchunk = (S + FDP_CHUNK - 1) / FDP_CHUNK;
+  fp8e4m3 *k = upload_fp8(pool ? pool->k : in.k), *v = upload_fp8(pool ? pool->v : in.v);
+  const size_t npart = (size_t)c.B * c.H * nchunk * (c.D + 2);
+  float* part = (float*)dalloc(npart * 4);
+  bf* o = (bf*)dalloc(in.nq * 2);
+  float* stats = (float*)dalloc(in.nq / c.D * 8);
+  poison(part, npart * 4), poison(o, in.nq * 2), poison(stats, in.nq / c.D * 8);
+  decode_fp8(in, k, v, pool, block, cpb, part, o, stats);
+  PipeOut out{download(o, in.nq), download(stats, in.nq / c.D * 2)};
+  dfree(part), dfree(o), dfree(stats), dfree(k), dfree(v);
+  return out;
+}
+
+// The FP8 kernel on keys and values rounded to E4M3 against the float64 reference on those
+// values and, bit for bit, against the bf16 kernel on the same values (dense at the host's
+// chunks a block): an FP8 cache computes what the CPU's emulated one does. With `block`, through
+// a paged pool of blocks of that many keys.
+static void check_fp8(Case c, std::vector<int> lens, int block, int cpb) {
+  Inputs in(c);
+  if (!lens.empty()) set_lengths(in, lens);
+  else lens.assign(c.B, in.S);
+  round_kv_fp8(in);
+  const Reference ref(in);
+  std::optional<PagedPool> pool;
+  if (block) pool.emplace(in, lens, block);
+  const PipeOut got = run_fp8(in, pool ? &*pool : nullptr, block, cpb);
+  char what[64];
+  if (block) std::snprintf(what, sizeof what, "decode paged fp8 (blocks of %d)", block);
+  else std::snprintf(what, sizeof what, "decode pipe fp8");
+  report_lens(what, c, lens, forward_err(ref, got.o, got.stats), 1e-2);
+  const int bf_cpb = block ? host_cpb(c.B, c.KV, (in.S + FDP_CHUNK - 1) / FDP_CHUNK) : cpb;
+  const PipeOut want = run_pipe<bf>(in, bf_cpb);
+  const bool same = same_bits(got.o, want.o) && same_bits(got.stats, want.stats);
+  printf("%s vs the bf16 kernel on the same values B%d H%d KV%d S%d D%d, chunks a block %d: %s\n",
+         what, c.B, c.H, c.KV, in.S, c.D, cpb, same ? "the same bits ok" : "FAILED (bits differ)");
+  if (!same) failures++;
 }
 
 // The pipelined decode's checks, under the emulator schedule already set.
@@ -618,6 +753,14 @@ static void check_pipes(bool big) {
   check_paged<bf>({4, 16, 8, 1, 200, 128, 0, 0}, {31, 33, 128, 201}, 64, 2);
   check_paged<bf>({3, 28, 4, 1, 260, 64, 0, 0}, {100, 261, 3}, 32, 3);
   check_paged<float>({3, 4, 2, 1, 300, 128, 0, 0}, {301, 55, 200}, 32, 1);
+  // an FP8 cache: dense with ragged rows, padding and room, several chunks a block, head dim 64
+  // with GQA 7; paged at the block and chunk edges
+  check_fp8_bytes();
+  check_fp8({5, 16, 8, 1, 299, 128, 0, 384}, ragged(5, 1, 300), 0, 2);
+  check_fp8({2, 14, 2, 1, 299, 128, 170, 0, true}, {}, 0, 3);
+  check_fp8({3, 28, 4, 1, 200, 64, 0, 0}, {201, 64, 33}, 0, 1);
+  check_fp8({5, 16, 8, 1, 299, 128, 0, 384}, {1, 300, 129, 32, 77}, 32, 1);
+  check_fp8({3, 28, 4, 1, 260, 64, 0, 0}, {100, 261, 3}, 64, 3);
   if (!big) return;
   check_paged<bf>({64, 2, 1, 1, 2046, 128, 0, 2048}, ragged(64, 1024, 2047), 32, host_cpb(64, 8, 16));
   // the shapes of the issue: one row of 8,192 keys with Qwen3-1.7B's heads; 64 rows of 1,024
@@ -717,6 +860,29 @@ static void timing_pipe(Case c, double copy) {
   printf("\n");
   dfree(part), dfree(o), dfree(stats);
 }
+
+// The FP8 instance at the same shape and chunks a block, beside its prediction: the bytes above
+// with K and V at one byte a number.
+static void timing_pipe_fp8(Case c, double copy) {
+  Inputs in(c);
+  round_kv_fp8(in);
+  const int nchunk = (in.S + FDP_CHUNK - 1) / FDP_CHUNK, cpb = host_cpb(c.B, c.KV, nchunk);
+  fp8e4m3 *k = upload_fp8(in.k), *v = upload_fp8(in.v);
+  float* part = (float*)dalloc((size_t)c.B * c.H * nchunk * (c.D + 2) * 4);
+  bf* o = (bf*)dalloc(in.nq * 2);
+  float* stats = (float*)dalloc(in.nq / c.D * 8);
+  const float ms = time_ms([&] { decode_fp8(in, k, v, nullptr, 0, cpb, part, o, stats); });
+  const double kv = (double)c.B * c.KV * in.S * c.D * 2;
+  const double bytes = kv + (double)in.nq * 2 * 2 + (double)c.B * c.H * nchunk * (c.D + 2) * 4 * 2 +
+                       (double)c.B * in.S + (double)c.B * c.H * 8;
+  printf("time %-8s B%d H%d KV%d T%d past%d D%d: forward %.3f ms, %.0f GB/s (K/V once)\n",
+         "decode pipe fp8", c.B, c.H, c.KV, c.T, c.past, c.D, ms, kv / ms / 1e6);
+  printf("predicted decode pipe fp8 B%d H%d KV%d past%d D%d: %.3f ms at the copy rate measured "
+         "here (%.0f GB/s; %.1f MB); measured at %.0f %% of it (target 80 %%)\n",
+         c.B, c.H, c.KV, c.past, c.D, bytes / copy / 1e6, copy, bytes / 1e6,
+         100.0 * bytes / ms / 1e6 / copy);
+  dfree(part), dfree(o), dfree(stats), dfree(k), dfree(v);
+}
 #endif
 
 int main(int argc, char** argv) {
@@ -759,6 +925,8 @@ int main(int argc, char** argv) {
                              host_cpb(64, 8, 16));
         check_paged<bf>({64, 16, 8, 1, 2046, 128, 0, 2048}, ragged(64, 1024, 2047), 32,
                         host_cpb(64, 8, 16));
+        check_fp8({64, 16, 8, 1, 2046, 128, 0, 2048}, ragged(64, 1024, 2047), 0, host_cpb(64, 8, 16));
+        check_fp8({1, 16, 8, 1, 8191, 128, 0, 0}, {}, 0, host_cpb(1, 8, 64));
       }
     }
   }
@@ -771,6 +939,8 @@ int main(int argc, char** argv) {
   printf("copy %.0f GB/s (1 GiB device to device, read + write)\n", copy);
   for (const Case& c : times)
     if (c.T == 1) timing_pipe(c, copy);
+  for (const Case& c : times)
+    if (c.T == 1) timing_pipe_fp8(c, copy);
   timing({2, 16, 8, 2048, 0, 128, 0, 0}, ROW);
   timing({64, 16, 8, 1, 1024, 128, 0, 2048}, ROW);
 #endif

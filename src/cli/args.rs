@@ -293,8 +293,9 @@ pub struct EvalArgs {
     #[arg(long)]
     pub out: PathBuf,
     /// How the KV cache holds keys and values while sampling: `model` (the model's dtype, what
-    /// every result uses) or `fp8` (rounded to FP8 E4M3, emulated on the CPU: what an FP8
-    /// cache would do to Avg@k).
+    /// every result uses) or `fp8` (rounded to FP8 E4M3: on the CPU the values in the model's
+    /// dtype, what an FP8 cache does to Avg@k; on a GPU the bytes, bf16 models in the dense
+    /// layout).
     #[arg(long, value_enum, default_value_t = KvCache::Model)]
     pub kv_cache: KvCache,
     /// Sample over the paged KV cache whatever the manifest's `kv_layout` says: on a GPU each
@@ -562,6 +563,10 @@ pub struct BenchArgs {
     /// batching with as many rows as the pool holds.
     #[arg(long)]
     pub paged_kv: bool,
+    /// generate: how the KV cache holds keys and values, `model` (its dtype) or `fp8` (E4M3
+    /// bytes on a GPU, the dense layout only; values rounded to E4M3 on the CPU).
+    #[arg(long, value_enum, default_value_t = KvCache::Model)]
+    pub kv_cache: KvCache,
     /// train-step: gradient checkpointing per decoder layer.
     #[arg(long)]
     pub checkpointing: bool,

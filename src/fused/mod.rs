@@ -65,8 +65,9 @@ pub use decode_chain::{
 };
 pub use expf::exp_in_place;
 pub use flash::{
-    attention_composed, flash_applies, flash_attention, flash_attention_keys, paged_applies,
-    paged_attention_decode, FlashBackward, FlashDims, RowLens, ValidKeys, FLASH_MAX_HEAD_DIM,
+    attention_composed, flash_applies, flash_attention, flash_attention_keys, fp8_decode_applies,
+    paged_applies, paged_attention_decode, FlashBackward, FlashDims, RowLens, ValidKeys,
+    FLASH_MAX_HEAD_DIM,
 };
 pub use log_probs::token_log_probs;
 pub use matmul::{matmul, DEPTH_BLOCK};

@@ -58,6 +58,11 @@ pub enum PagedError {
     },
     #[error("the KV cache's block size must be a positive multiple of 32, not {0}")]
     BlockSize(usize),
+    #[error(
+        "an FP8 KV cache on a GPU takes the dense layout (kv_layout: dense, no --paged-kv): the \
+         paged pool's E4M3 write is not built"
+    )]
+    Fp8OnGpu,
 }
 
 /// The block allocator: reference counts and a free list (no tensors).

@@ -351,7 +351,14 @@ impl Attention {
         let v = v.transpose(1, 2)?.contiguous()?;
         match self.kv_dtype {
             KvCacheDtype::Model => Ok((q, k, v)),
-            KvCacheDtype::Fp8E4m3 => Ok((q, fp8_e4m3(&k)?, fp8_e4m3(&v)?)),
+            // On a GPU the cache holds the E4M3 bytes (half a bf16 cache's: the decode kernel
+            // reads them, fused::flash); on the CPU their values in the model's dtype.
+            KvCacheDtype::Fp8E4m3 if k.device().is_cuda() => {
+                Ok((q, to_fp8_e4m3(&k)?, to_fp8_e4m3(&v)?))
+            }
+            KvCacheDtype::Fp8E4m3 | KvCacheDtype::Fp8E4m3Values => {
+                Ok((q, fp8_e4m3(&k)?, fp8_e4m3(&v)?))
+            }
         }
     }
 
@@ -367,6 +374,20 @@ impl Attention {
     ) -> Result<Tensor> {
         let t = q.dim(2)?;
         let scale = 1.0 / (self.head_dim as f64).sqrt();
+        // An FP8 cache (E4M3 bytes, on a GPU) is read as it is by the decode kernel; any other
+        // attention reads its filled columns cast to the query's dtype (exact: bf16 holds every
+        // E4M3 value), so a prefill over it has the bits of one over the emulated cache.
+        let fp8_read = matches!(mask, AttnMask::Keys { .. })
+            && t == 1
+            && crate::fused::fp8_decode_applies(self.head_dim, self.heads / self.kv_heads);
+        let cast;
+        let (kb, vb, s) = if kb.dtype() == DType::F8E4M3 && !fp8_read {
+            let read = |b: &Tensor| b.narrow(2, 0, s)?.to_dtype(q.dtype());
+            cast = (read(kb)?, read(vb)?);
+            (&cast.0, &cast.1, s)
+        } else {
+            (kb, vb, s)
+        };
         Ok(match mask {
             AttnMask::Bias(bias) => {
                 // The filled columns, read in place: each (row, head)'s keys are one matrix
@@ -654,19 +675,29 @@ pub enum KvCacheDtype {
     /// Rounded to FP8 E4M3 (4 exponent bits, 3 mantissa bits, largest finite 448), with a
     /// scale of 1 as an uncalibrated FP8 cache stores them (vLLM's `kv_cache_dtype="fp8"`
     /// without scales): half a bf16 cache's bytes, so twice the KV-bandwidth bound on decode
-    /// (`acpo bench paper-plan`). Values beyond ±448 saturate.
+    /// (`acpo bench paper-plan`). Values beyond ±448 saturate. On the CPU the cache keeps
+    /// each value in the model's dtype (what an FP8 cache does to accuracy); on a GPU its byte
+    /// (`DType::F8E4M3`, what it does to speed).
     Fp8E4m3,
+    /// The values of [`KvCacheDtype::Fp8E4m3`] in the model's dtype on every device: what the
+    /// CPU keeps for it, and on a GPU the oracle of its bytes (tests/it/cuda.rs: the same bits).
+    Fp8E4m3Values,
 }
 
 /// FP8 E4M3's largest finite magnitude.
 pub const FP8_E4M3_MAX: f64 = 448.0;
 
 /// `x` rounded to the nearest FP8 E4M3 value (ties to even, saturating at ±448), in its own
-/// dtype.
+/// dtype: what an FP8 cache holds, as the CPU keeps it.
 pub fn fp8_e4m3(x: &Tensor) -> Result<Tensor> {
+    Ok(to_fp8_e4m3(x)?.to_dtype(x.dtype())?)
+}
+
+/// `x` rounded as [`fp8_e4m3`] rounds it, stored as E4M3 (`DType::F8E4M3`, one byte a number):
+/// what an FP8 cache holds on a GPU.
+pub fn to_fp8_e4m3(x: &Tensor) -> Result<Tensor> {
     Ok(x.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX)?
-        .to_dtype(DType::F8E4M3)?
-        .to_dtype(x.dtype())?)
+        .to_dtype(DType::F8E4M3)?)
 }
 
 /// Keys and values of every layer, in buffers `(B, kv_heads, capacity, D)` whose first `len`
@@ -985,13 +1016,37 @@ impl Qwen {
         self.kernels
     }
 
-    /// The same model with its KV cache holding keys and values as `dtype` says. FP8 is
-    /// emulated (each key and value rounded to E4M3 as it is cached) and on the CPU only: it
-    /// measures what an FP8 cache would do to accuracy, not its speed.
+    /// How the KV cache holds keys and values ([`Qwen::with_kv_cache`]).
+    pub fn kv_cache_dtype(&self) -> KvCacheDtype {
+        self.blocks
+            .first()
+            .map_or(KvCacheDtype::Model, |b| b.attn.kv_dtype)
+    }
+
+    /// Bytes a cached key or value number takes on this model's device: one for an FP8 cache on
+    /// a GPU (E4M3 bytes), else the model's dtype's (the CPU keeps FP8 values in it).
+    pub fn kv_elem_bytes(&self) -> usize {
+        match self.kv_cache_dtype() {
+            KvCacheDtype::Fp8E4m3 if self.device.is_cuda() => 1,
+            _ => self.dtype.size_in_bytes(),
+        }
+    }
+
+    /// The same model with its KV cache holding keys and values as `dtype` says. FP8: each key
+    /// and value rounded to E4M3 as it is cached; on the CPU its value is kept in the model's
+    /// dtype (what an FP8 cache does to accuracy), on a GPU its byte (half the bytes a decode
+    /// step reads: what it does to speed), bf16 models only there, in the dense layout.
     pub fn with_kv_cache(mut self, dtype: KvCacheDtype) -> Result<Qwen> {
-        if dtype == KvCacheDtype::Fp8E4m3 && !self.device.is_cpu() {
+        if dtype == KvCacheDtype::Fp8E4m3 && self.device.is_cuda() && self.dtype != DType::BF16 {
+            return Err(candle_core::Error::Msg(format!(
+                "an FP8 KV cache on a GPU takes a bf16 model (this one computes in {:?})",
+                self.dtype
+            ))
+            .into());
+        }
+        if dtype == KvCacheDtype::Fp8E4m3 && !self.device.is_cpu() && !self.device.is_cuda() {
             return Err(candle_core::Error::Msg(
-                "an FP8 KV cache is emulated on the CPU only (--device cpu)".into(),
+                "an FP8 KV cache runs on the CPU (emulated) or on CUDA".into(),
             )
             .into());
         }

@@ -69,6 +69,13 @@ pub fn bytes(cfg: &QwenConfig, batch: usize, keys: usize, elem: usize) -> Decode
     }
 }
 
+/// [`bytes`] with an FP8 KV cache (`*_fp8` instances): K and V one byte a number, the query
+/// and O in bf16, the partials as they are.
+pub fn fp8_bytes(cfg: &QwenConfig, batch: usize, keys: usize) -> DecodeBytes {
+    let b = bytes(cfg, batch, keys, 2);
+    DecodeBytes { kv: b.kv / 2, ..b }
+}
+
 /// A GPU's measured device copy: `copy_gb_per_s` of the paper-shape `acpo bench generate`
 /// (CUDA, bf16) in the last call of its latest run under `results/gpu`.
 #[derive(Debug, Clone, Serialize)]
@@ -208,6 +215,9 @@ pub struct DecodePredicted {
     pub seconds: f64,
     /// The most time that still meets the target ([`TARGET`] of the copy rate).
     pub target_seconds: f64,
+    /// The same over an FP8 KV cache ([`fp8_bytes`]), and its most time at the target.
+    pub fp8_seconds: f64,
+    pub fp8_target_seconds: f64,
 }
 
 /// The predictions of [`SHAPES`] with `cfg`'s heads in bf16 on each GPU of `rates`.
@@ -216,14 +226,18 @@ pub fn predict(cfg: &QwenConfig, rates: &[CopyRate]) -> Vec<DecodePredicted> {
         .iter()
         .flat_map(|&(batch, keys)| {
             let bytes = bytes(cfg, batch, keys, 2);
+            let fp8 = fp8_bytes(cfg, batch, keys);
             rates.iter().map(move |r| {
                 let seconds = bytes.total() as f64 / (r.gb_per_s * 1e9);
+                let fp8_seconds = fp8.total() as f64 / (r.gb_per_s * 1e9);
                 DecodePredicted {
                     bytes,
                     device: r.device.clone(),
                     copy_gb_per_s: r.gb_per_s,
                     seconds,
                     target_seconds: seconds / TARGET,
+                    fp8_seconds,
+                    fp8_target_seconds: fp8_seconds / TARGET,
                 }
             })
         })
@@ -266,6 +280,9 @@ fn markdown(cfg: &QwenConfig, model: &str, rates: &[CopyRate], rows: &[DecodePre
     for r in rates {
         cols.push((format!("{}: 28 layers", r.label()), Right));
     }
+    for r in rates {
+        cols.push((format!("FP8 cache, {} (≥ 80 %: at most)", r.label()), Right));
+    }
     for r in rates.iter().filter(|r| !r.split_k_ms.is_empty()) {
         cols.push((format!("split-K kernel measured, {}", r.label()), Right));
     }
@@ -297,6 +314,13 @@ fn markdown(cfg: &QwenConfig, model: &str, rates: &[CopyRate], rows: &[DecodePre
                 p.seconds * cfg.num_hidden_layers as f64 * 1e3
             ));
         }
+        for p in &of_shape {
+            cells.push(format!(
+                "{} ({})",
+                micros(p.fp8_seconds),
+                micros(p.fp8_target_seconds)
+            ));
+        }
         for r in rates.iter().filter(|r| !r.split_k_ms.is_empty()) {
             cells.push(
                 r.split_k_ms
@@ -318,7 +342,7 @@ fn markdown(cfg: &QwenConfig, model: &str, rates: &[CopyRate], rows: &[DecodePre
         .map(|r| format!("{} `{}`", r.label(), r.source.display()))
         .collect();
     format!(
-        "**Predicted, not measured.** One layer's decode attention of {model} ({} query heads over {} KV heads, head dim {}, bf16) by the pipelined kernel (`kernels/flash_decode.cu`), from the bytes it must move: K and V once, Q in and O out, each chunk of {CHUNK} keys' partial per query head written and read back by the combine, the valid bits and the statistics; at each GPU's measured device copy (`copy_gb_per_s`: {}). `acpo bench decode-predict` (`perf::decode`) writes it. The target (issue #57) is {:.0} % of the copy rate: the time in brackets. The split-K kernel it replaces, where a run timed it (`flash_kernels_check.log`), is set beside; the runs so far timed it with a `cudaMalloc` and a `cudaFree` of its partials in each call (`flash_check` now keeps the buffer). `kernels/check/flash_check.cu` on a GPU times the pipelined kernel at the first three shapes beside this count at the copy rate it measures there.\n\n{t}",
+        "**Predicted, not measured.** One layer's decode attention of {model} ({} query heads over {} KV heads, head dim {}, bf16) by the pipelined kernel (`kernels/flash_decode.cu`), from the bytes it must move: K and V once, Q in and O out, each chunk of {CHUNK} keys' partial per query head written and read back by the combine, the valid bits and the statistics; at each GPU's measured device copy (`copy_gb_per_s`: {}). `acpo bench decode-predict` (`perf::decode`) writes it. The target (issue #57) is {:.0} % of the copy rate: the time in brackets. The split-K kernel it replaces, where a run timed it (`flash_kernels_check.log`), is set beside; the runs so far timed it with a `cudaMalloc` and a `cudaFree` of its partials in each call (`flash_check` now keeps the buffer). `kernels/check/flash_check.cu` on a GPU times the pipelined kernel at the first three shapes beside this count at the copy rate it measures there, and its FP8 instance beside the count with K and V at one byte a number (the FP8 columns: an FP8 KV cache, `--kv-cache fp8`, the query and O still bf16).\n\n{t}",
         cfg.num_attention_heads,
         cfg.num_key_value_heads,
         cfg.head_dim(),
@@ -356,6 +380,20 @@ mod tests {
                 .join("experiments/paper/configs/qwen3-1.7b.json"),
         )
         .expect("the committed config")
+    }
+
+    /// An FP8 cache halves K and V and nothing else.
+    #[test]
+    fn an_fp8_cache_halves_the_keys_and_values_only() {
+        let (b, f) = (
+            bytes(&qwen3_17b(), 64, 1025, 2),
+            fp8_bytes(&qwen3_17b(), 64, 1025),
+        );
+        assert_eq!(f.kv, 64 * 8 * 1025 * 128 * 2);
+        assert_eq!(
+            (f.q_out, f.partials, f.other),
+            (b.q_out, b.partials, b.other)
+        );
     }
 
     /// The chunk the bytes count is the kernel's.

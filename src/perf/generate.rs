@@ -53,7 +53,7 @@ impl Sampler {
         })?;
         let params = init::random_params(cfg, 0, precision.master, &target.device)?;
         Ok(Sampler {
-            model: Qwen::new(cfg, &params, true)?,
+            model: Qwen::new(cfg, &params, true)?.with_kv_cache(shape.kv_cache)?,
             precision,
             params,
             prompts: prompt_ids(cfg.vocab_size, shape.batch, shape.prompt_len),
@@ -149,7 +149,7 @@ pub fn bench_generate(m: &Subject, opts: &SpeedOptions) -> Result<Measurement> {
     // Per decode step: every weight once (the compute dtype), and each sequence's cache so far,
     // on average prompt + N/2 positions of K and V in every layer.
     let elem = precision.compute.size_in_bytes() as f64;
-    let kv_per_position = cfg.kv_bytes_per_position(precision.compute.size_in_bytes()) as f64;
+    let kv_per_position = cfg.kv_bytes_per_position(model.kv_elem_bytes()) as f64;
     let context = shape.prompt_len as f64 + shape.new_tokens as f64 / 2.0;
     let bytes_per_step =
         params.count() as f64 * elem + shape.batch as f64 * context * kv_per_position;
@@ -181,7 +181,14 @@ pub fn bench_generate(m: &Subject, opts: &SpeedOptions) -> Result<Measurement> {
             shape
                 .max_batch
                 .map_or_else(String::new, |n| format!(", {n} at once")),
-            if shape.paged { ", paged KV cache" } else { "" }
+            match (
+                shape.paged,
+                model.kv_elem_bytes() < precision.compute.size_in_bytes()
+            ) {
+                (true, _) => ", paged KV cache",
+                (false, true) => ", FP8 KV cache",
+                (false, false) => "",
+            }
         )),
         mfu: None,
         memory: None,
@@ -299,7 +306,7 @@ pub fn bench_long_tail(m: &Subject, opts: &SpeedOptions) -> Result<Vec<Measureme
     let elem = precision.compute.size_in_bytes();
     let (weights, kv_per_position) = (
         params.count() as f64 * elem as f64,
-        m.cfg.kv_bytes_per_position(elem) as f64,
+        m.cfg.kv_bytes_per_position(model.kv_elem_bytes()) as f64,
     );
     let read = continuous_reads(&limits, shape.prompt_len, slots, weights, kv_per_position);
     let copy = copy_bandwidth(target)?;

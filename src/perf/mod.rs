@@ -131,6 +131,9 @@ pub struct SampleShape {
     /// it; the long-tail benchmark adds a third run, continuous batching with as many rows as
     /// the pool holds (`max_batch`, when given, still caps them).
     pub paged: bool,
+    /// How the KV cache holds keys and values ([`crate::model::qwen::KvCacheDtype`]): an FP8
+    /// cache on a GPU reads half the bytes a decode step moves (the roofline counts them so).
+    pub kv_cache: crate::model::qwen::KvCacheDtype,
 }
 
 impl Default for SampleShape {
@@ -142,6 +145,7 @@ impl Default for SampleShape {
             max_batch: None,
             long_tail: false,
             paged: false,
+            kv_cache: crate::model::qwen::KvCacheDtype::Model,
         }
     }
 }

@@ -149,8 +149,8 @@ impl KvLayout {
 }
 
 /// Sequences to decode at once on `model`'s device (issue #34): on CUDA, as many as half the
-/// device's free memory holds at `positions` cached positions each (the KV cache in the model's
-/// dtype, and a row of logits and its sampling temporaries); the other half stays for the copy
+/// device's free memory holds at `positions` cached positions each (the KV cache in the bytes it
+/// takes there, [`Qwen::kv_elem_bytes`], and a row of logits and its sampling temporaries); the other half stays for the copy
 /// a joining prompt's merge makes and a step's activations. At least 1. None on the CPU, which
 /// keeps its batching (every shipped result was sampled that way).
 pub fn device_slots(model: &Qwen, positions: usize) -> Option<usize> {
@@ -161,7 +161,7 @@ pub fn device_slots(model: &Qwen, positions: usize) -> Option<usize> {
     let free = crate::device::PeakMeter::new(device).free()?;
     let cfg = model.config();
     let per_row =
-        cfg.kv_bytes_per_position(model.dtype().size_in_bytes()) * positions + 16 * cfg.vocab_size;
+        cfg.kv_bytes_per_position(model.kv_elem_bytes()) * positions + 16 * cfg.vocab_size;
     Some(((free / 2) as usize / per_row.max(1)).max(1))
 }
 

@@ -121,6 +121,9 @@ fn pool(
     opts: &PagedOptions,
 ) -> Result<PagedKv> {
     let (cfg, dtype, device) = (model.config(), model.dtype(), model.device());
+    if device.is_cuda() && model.kv_cache_dtype() == crate::model::qwen::KvCacheDtype::Fp8E4m3 {
+        return Err(PagedError::Fp8OnGpu.into());
+    }
     let budget = match opts.budget {
         Some(b) => b,
         None if device.is_cuda() => {

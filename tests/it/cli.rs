@@ -389,6 +389,40 @@ fn bench_writes_a_report() {
 }
 
 #[test]
+fn bench_generate_takes_an_fp8_kv_cache_and_counts_its_bytes_where_it_holds_them() {
+    // On the CPU an FP8 cache keeps E4M3 values in the model's dtype: the run samples through
+    // the rounding (another run's tokens) and its roofline counts the bytes the cache holds,
+    // the model dtype's, not one a number (only a GPU's cache holds bytes).
+    let run = |cache: &str| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let rows = report_rows(
+            &[
+                "bench",
+                "generate",
+                "--tiny-only",
+                "--repeats",
+                "1",
+                "--kv-cache",
+                cache,
+                "--out",
+                dir.path().to_str().expect("utf8"),
+            ],
+            &dir.path().join("generate.json"),
+        );
+        rows[0].clone()
+    };
+    let (model, fp8) = (run("model"), run("fp8"));
+    assert!(fp8["tokens_per_second"].as_f64().expect("tps") > 0.0);
+    assert_eq!(
+        fp8["roofline"]["bytes_per_step"],
+        model["roofline"]["bytes_per_step"]
+    );
+    assert!(!fp8["shape"].as_str().expect("shape").contains("FP8"));
+    let out = acpo(&["bench", "generate", "--kv-cache", "fp4"], repo());
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
 fn bench_train_step_takes_a_config_a_shape_and_the_memory_settings_and_reports_peak_memory() {
     let dir = tempfile::tempdir().expect("tempdir");
     let config = repo().join("experiments/smoke/tiny-qwen3.json");

@@ -1507,3 +1507,154 @@ fn the_rotary_tables_kernel_is_candles_composed_tables_bit_for_bit() {
         }
     }
 }
+
+/// An FP8 KV cache on CUDA (issue #57): the decode kernel reading E4M3 bytes
+/// (`flash_decode_pipe_*_fp8`) gives the bits the bf16 kernel gives on the same values held in
+/// bf16, at Qwen3-1.7B's heads (16 over 8, head dim 128) with ragged rows and room in the
+/// buffers; a prefill's attention over the bytes is refused (the model casts them first).
+#[test]
+fn the_fp8_decode_kernel_gives_the_bf16_kernels_bits_on_the_same_values() {
+    let Some(gpu) = gpu("the_fp8_decode_kernel_gives_the_bf16_kernels_bits_on_the_same_values")
+    else {
+        return;
+    };
+    use acpo::fused;
+    use acpo::model::qwen::to_fp8_e4m3;
+    let (h, kv, d, cap, s) = (16usize, 8usize, 128usize, 1100usize, 1000usize);
+    let lens = [1000usize, 431, 1, 129];
+    let b = lens.len();
+    let scale = 1.0 / (d as f64).sqrt();
+    let valid: Vec<u8> = lens
+        .iter()
+        .flat_map(|&n| (0..s).map(move |j| u8::from(j >= s - n)))
+        .collect();
+    let valid = Tensor::from_vec(valid, (b, s), &gpu).expect("valid");
+    let on_gpu = |t: Tensor| {
+        t.to_dtype(DType::BF16)
+            .and_then(|t| t.to_device(&gpu))
+            .expect("to")
+    };
+    let q = on_gpu(random(1, &[b, h, 1, d], 1.0));
+    // wide enough that some keys saturate at ±448 and some are subnormal
+    let k8 = to_fp8_e4m3(&on_gpu(random(2, &[b, kv, cap, d], 40.0))).expect("k");
+    let v8 = to_fp8_e4m3(&on_gpu(random(3, &[b, kv, cap, d], 1.0))).expect("v");
+    assert_eq!(k8.dtype(), DType::F8E4M3);
+    let (kb, vb) = (
+        k8.to_dtype(DType::BF16).expect("k"),
+        v8.to_dtype(DType::BF16).expect("v"),
+    );
+    let pair = fused::FlashBackward::Pair;
+    let bytes = fused::flash_attention(&q, &k8, &v8, &valid, s - 1, scale, pair).expect("fp8");
+    let values = fused::flash_attention(&q, &kb, &vb, &valid, s - 1, scale, pair).expect("bf16");
+    let bits = |t: &Tensor| -> Vec<u32> {
+        t.to_dtype(DType::F32)
+            .and_then(|t| t.flatten_all())
+            .and_then(|t| t.to_vec1::<f32>())
+            .expect("host")
+            .into_iter()
+            .map(f32::to_bits)
+            .collect()
+    };
+    assert_eq!(bytes.dtype(), DType::BF16);
+    assert!(
+        bits(&bytes) == bits(&values),
+        "the FP8 kernel's output differs from the bf16 kernel's on the same values"
+    );
+    // two query positions (a prefill) over the bytes: a clear error, not a wrong read
+    let q2 = on_gpu(random(4, &[b, h, 2, d], 1.0));
+    let err = fused::flash_attention(&q2, &k8, &v8, &valid, s - 2, scale, pair)
+        .expect_err("a prefill over FP8 bytes");
+    assert!(err.to_string().contains("FP8"), "{err}");
+}
+
+/// A bf16 Qwen3 (head dim 64, the decode kernel's) sampling over an FP8 KV cache on CUDA: the
+/// cache holds E4M3 bytes (one a number), and every prompt gets the tokens and log-probs, bit for
+/// bit, that the same model gets with the E4M3 values held in bf16 (`Fp8E4m3Values`, what the
+/// CPU keeps): all at once and by continuous batching (rows joining and leaving the byte
+/// buffers). The paged layout refuses an FP8 cache on a GPU with a clear error.
+#[test]
+fn sampling_over_an_fp8_cache_on_cuda_gives_the_emulated_caches_tokens() {
+    let Some(gpu) = gpu("sampling_over_an_fp8_cache_on_cuda_gives_the_emulated_caches_tokens")
+    else {
+        return;
+    };
+    use acpo::model::qwen::{KvCacheDtype, Qwen};
+    use acpo::model::{init, QwenConfig};
+    use acpo::rollout::{self, PagedOptions, SampleRequest, SamplingParams};
+    let json = r#"{"model_type": "qwen3", "vocab_size": 128, "hidden_size": 128,
+        "intermediate_size": 256, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 64, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
+        "tie_word_embeddings": true, "max_position_embeddings": 256}"#;
+    let cfg = QwenConfig::from_json(json, std::path::Path::new("config.json")).expect("config");
+    let prompts: Vec<Vec<u32>> = vec![
+        vec![5, 17, 99],
+        vec![1, 2, 3, 4, 5, 6, 7],
+        vec![42],
+        vec![9; 40],
+        vec![3, 1, 4, 1, 5],
+    ];
+    let keys: Vec<[u64; 4]> = (0..prompts.len() as u64).map(|i| [5, 7, i, 0]).collect();
+    let p = SamplingParams {
+        temperature: 1.0,
+        top_p: 1.0,
+        top_k: None,
+        max_new_tokens: 50,
+    };
+    let eos: Vec<u32> = (0..6).collect();
+    let params = init::random_params(&cfg, 12, DType::F32, &gpu)
+        .expect("weights")
+        .with_compute(DType::BF16);
+    let base = Qwen::new(&cfg, &params, true).expect("model");
+    let bytes = base
+        .clone()
+        .with_kv_cache(KvCacheDtype::Fp8E4m3)
+        .expect("fp8");
+    let values = base
+        .with_kv_cache(KvCacheDtype::Fp8E4m3Values)
+        .expect("values");
+    assert_eq!((bytes.kv_elem_bytes(), values.kv_elem_bytes()), (1, 2));
+    // the cache a forward leaves holds bytes
+    let ids = Tensor::new(&[[5u32, 17, 99]], &gpu).expect("ids");
+    let positions = Tensor::new(&[[0u32, 1, 2]], &gpu).expect("positions");
+    let key_valid = Tensor::ones((1, 3), DType::U8, &gpu).expect("valid");
+    let (_, cache) = bytes
+        .forward_hidden(&ids, &positions, &key_valid, None)
+        .expect("forward");
+    assert!(cache
+        .layers()
+        .iter()
+        .all(|(k, v)| k.dtype() == DType::F8E4M3 && v.dtype() == DType::F8E4M3));
+    for slots in [None, Some(2)] {
+        let request = || {
+            let r = SampleRequest::new(p).eos(eos.clone());
+            match slots {
+                Some(n) => r.max_batch(n),
+                None => r,
+            }
+        };
+        let a = rollout::generate(&bytes, &prompts, &keys, &request()).expect("fp8 bytes");
+        let b = rollout::generate(&values, &prompts, &keys, &request()).expect("fp8 values");
+        for (i, (a, b)) in a.iter().zip(&b).enumerate() {
+            assert_eq!(
+                a.tokens, b.tokens,
+                "{slots:?} slots, prompt {i}: tokens differ"
+            );
+            let bits = |c: &rollout::Completion| -> Vec<u32> {
+                c.log_probs.iter().map(|x| x.to_bits()).collect()
+            };
+            assert_eq!(
+                bits(a),
+                bits(b),
+                "{slots:?} slots, prompt {i}: log-probs differ"
+            );
+        }
+    }
+    let err = rollout::generate(
+        &bytes,
+        &prompts,
+        &keys,
+        &SampleRequest::new(p).paged(PagedOptions::default()),
+    )
+    .expect_err("paged over FP8 bytes");
+    assert!(err.to_string().contains("dense layout"), "{err}");
+}

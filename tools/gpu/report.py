@@ -499,6 +499,14 @@ def generate(root, lines):
                 "|---|---|---:|---:|---:|---:|---:|",
                 f"| acpo | {acpo['shape']} | {fmt(acpo['tokens_per_second'])} | {pre(r)} | {dec(acpo)} "
                 f"| {step(r)} | {100 * r['fraction']:.1f} % (target ≥ 50 %) |"]
+        # the same shape over an FP8 KV cache (`--kv-cache fp8`, issue #57): its roofline
+        # counts K and V at one byte a number
+        d8 = latest(root, "generate-paper-fp8")
+        fp8 = load(d8 / "generate.json")[0] if d8 and (d8 / "generate.json").exists() else None
+        if fp8:
+            r8 = fp8["roofline"]
+            out.append(f"| acpo, FP8 KV cache | {fp8['shape']} | {fmt(fp8['tokens_per_second'])} | {pre(r8)} "
+                       f"| {dec(fp8)} | {step(r8)} | {100 * r8['fraction']:.1f} % of its own bytes |")
         for t in same:
             out.append(f"| HF generate ({t['cache']} cache) | {t['batch']} prompts of {t['prompt_len']} + "
                        f"{t['new_tokens']} new tokens | {fmt(t['tokens_per_second'])} | {pre(t)} | {dec(t)} | {step(t)} | — |")
@@ -512,6 +520,9 @@ def generate(root, lines):
                     f"its prefill's (the same prompts sampled for one token), over the other N − 1 tokens, on both "
                     f"sides. Roofline: {r['bytes_per_step'] / 1e9:.1f} GB of weights + mean KV cache per decode step "
                     f"against a measured device copy of {r['copy_gb_per_s']:,.0f} GB/s."]
+        if fp8 and decode_rate(fp8) and decode_rate(acpo):
+            out += ["", f"The FP8 KV cache's decode over the bf16 cache's: {decode_rate(fp8) / decode_rate(acpo):.2f}× "
+                    f"({r8['bytes_per_step'] / 1e9:.1f} GB a decode step against {r['bytes_per_step'] / 1e9:.1f})."]
     dense = long_tail_dense(root)
     if dense:
         waves, cont = dense

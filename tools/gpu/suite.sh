@@ -8,8 +8,9 @@
 #                (kernels/check/*_check.cu, built by `just pack-gpu-suite`)                 gate
 #   2 decode     sampling the way a paper run samples: `acpo bench generate` at 64 prompts x
 #                (1,024 + SUITE_DECODE_NEW, default 1,024) with its HBM roofline, beside HF
-#                `generate` with its static cache (tools/twins/bench_generate_torch.py); the
-#                launches of one decode step counted by ncu (tools/gpu/launches.py); then
+#                `generate` with its static cache (tools/twins/bench_generate_torch.py), and
+#                over an FP8 KV cache (--kv-cache fp8); the launches of one decode step
+#                counted by ncu (tools/gpu/launches.py); then
 #                SUITE_TAIL_BATCH prompts (default 128) of 1,024 with long-tailed response
 #                lengths up to SUITE_TAIL_NEW (default 2,048; most short, a tail to the limit,
 #                as a GRPO run's), decoded at the batch the GPU's memory allows in waves, by
@@ -345,6 +346,13 @@ if wanted decode; then
     torch_step "torch generate (static cache) qwen3-1.7b ${gen[*]}" 120 torch-generate-static.log \
         tools/twins/bench_generate_torch.py --config "$cfg" "${gen[@]}" --repeats 1 --cache static \
         --json "$res/torch-generate-static.json"
+    # The same shape over an FP8 KV cache (issue #57: E4M3 keys and values, half the bytes a
+    # decode step reads; the decode kernel's *_fp8 instances, never run on a GPU before).
+    step "acpo generate qwen3-1.7b ${gen[*]} --kv-cache fp8" 60 acpo-generate-fp8.log \
+        "$acpo" bench generate --config "$cfg" --device "$device" --dtype bf16 "${gen[@]}" \
+        --kv-cache fp8 --repeats 1 --out "$res/generate-paper-fp8"
+    passed $?
+    tail -2 "$res/acpo-generate-fp8.log" | tee -a "$res/summary.txt"
     # The kernels one decode step launches, by name: ncu over a short run (the count does not
     # depend on the lengths); tools/gpu/launches.py finds the decode steps between the sampler's
     # launches. A dry run parses the H100's committed profile instead, so that the parser runs;

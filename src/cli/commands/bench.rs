@@ -121,6 +121,7 @@ fn speed_options(args: &args::BenchArgs) -> anyhow::Result<acpo::perf::SpeedOpti
             max_batch: args.max_batch,
             long_tail: args.long_tail,
             paged: args.paged_kv,
+            kv_cache: args.kv_cache.into(),
         },
     })
 }

@@ -11,9 +11,9 @@
 //! to it, and `kernels/check/flash_check.cu` checks and times the kernels without this build.
 
 use candle_core::cuda_backend::cudarc::driver::{
-    CudaSlice, CudaView, LaunchArgs, LaunchConfig, PushKernelArg,
+    CudaSlice, CudaView, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg,
 };
-use candle_core::cuda_backend::{CudaDType, CudaDevice, WrapErr};
+use candle_core::cuda_backend::{CudaDevice, CudaStorageSlice, WrapErr};
 use candle_core::{CudaStorage, DType, Layout, Result};
 
 use super::{tensor_cores_take, FlashBackward, FlashDims, FLASH_MAX_HEAD_DIM};
@@ -43,6 +43,7 @@ const PIPE_CHUNK: usize = sizes::FDP_CHUNK as usize;
 const PIPE_MAX_GROUP: usize = sizes::FDP_MAXG as usize;
 const PIPE_FILL_BLOCKS: usize = sizes::FDP_FILL_BLOCKS as usize;
 const _: () = assert!(FLASH_MAX_HEAD_DIM as u32 == sizes::FA_MAXD);
+const _: () = assert!(PIPE_MAX_GROUP == super::PIPE_MAX_GROUP);
 
 /// A tensor-core kernel's launch at one head dim: rows per block, threads per block, bytes of
 /// dynamic shared memory (a kernel given less traps).
@@ -141,8 +142,10 @@ fn pipe_dim(dims: &FlashDims, dtype: DType, k: &Layout, v: &Layout) -> Option<us
 fn pipe_smem(d: usize, dtype: DType) -> u32 {
     match (d, dtype) {
         (64, DType::BF16) => sizes::FDP_SMEM_D64_BF16,
+        (64, DType::F8E4M3) => sizes::FDP_SMEM_D64_FP8,
         (64, _) => sizes::FDP_SMEM_D64_F32,
         (_, DType::BF16) => sizes::FDP_SMEM_D128_BF16,
+        (_, DType::F8E4M3) => sizes::FDP_SMEM_D128_FP8,
         _ => sizes::FDP_SMEM_D128_F32,
     }
 }
@@ -307,6 +310,9 @@ pub fn flash_fwd(
     (valid, first): (Arg, Option<Arg>),
 ) -> Result<(CudaStorage, CudaStorage)> {
     let what = "acpo-flash-attention";
+    if dtype_of(k.0) == DType::F8E4M3 {
+        return fp8_decode(dims, q, k, v, (valid, first));
+    }
     let dtype = dtype_of(q.0);
     let sfx = suffix(dtype, what)?;
     with_type!(dtype, T, {
@@ -336,10 +342,11 @@ pub fn flash_fwd(
                 &first,
                 &mut o,
                 &mut stats,
-                (
+                Kernels {
                     sfx,
-                    pipe_dim(dims, dtype, k.1, v.1).map(|d| (d, pipe_smem(d, dtype))),
-                ),
+                    kv_sfx: sfx,
+                    pipe: pipe_dim(dims, dtype, k.1, v.1).map(|d| (d, pipe_smem(d, dtype))),
+                },
             )?;
         } else {
             // The tensor-core forward where it applies, else the row kernel: the same arguments.
@@ -371,22 +378,105 @@ pub fn flash_fwd(
     })
 }
 
+/// An FP8 E4M3 storage's view (a KV cache's keys or values, `DType::F8E4M3`), without naming
+/// the float8 crate's type.
+fn fp8_view<'a>(
+    s: &'a CudaStorage,
+    l: &Layout,
+    what: &str,
+) -> Result<CudaView<'a, impl DeviceRepr>> {
+    let CudaStorageSlice::F8E4M3(slice) = &s.slice else {
+        candle_core::bail!("{what}: keys and values must be one dtype (FP8 E4M3)");
+    };
+    match l.contiguous_offsets() {
+        Some((a, b)) => Ok(slice.slice(a..b)),
+        None => candle_core::bail!("{what}: input must be contiguous"),
+    }
+}
+
+/// One decode step's attention over an FP8 KV cache (keys and values E4M3, as
+/// `model::qwen::KvCacheDtype::Fp8E4m3` stores them on a GPU; the query bf16): the pipelined
+/// kernel's `*_fp8` instance, which gives the bf16 kernel's bits on the same values, then the
+/// bf16 combine. O bf16. A prefill over an FP8 cache reads it cast to bf16 (the model does).
+fn fp8_decode(
+    dims: &FlashDims,
+    q: Arg,
+    k: Arg,
+    v: Arg,
+    (valid, first): (Arg, Option<Arg>),
+) -> Result<(CudaStorage, CudaStorage)> {
+    let what = "acpo-flash-attention (FP8 KV cache)";
+    let pipe = pipe_dim(dims, DType::F8E4M3, k.1, v.1);
+    if dtype_of(q.0) != DType::BF16 || dims.t != 1 || pipe.is_none() {
+        candle_core::bail!(
+            "{what}: only the pipelined decode reads an FP8 cache: one new position (got {}), a \
+             bf16 query (got {:?}), head dim 64 or 128 (got {}), at most {PIPE_MAX_GROUP} query \
+             heads per KV head (got {}), the cache on 16 bytes",
+            dims.t,
+            dtype_of(q.0),
+            dims.d,
+            dims.h / dims.kv
+        );
+    }
+    let dev = &q.0.device;
+    let qv = view::<half::bf16>(q.0, q.1, what)?;
+    let (kv, vv) = (fp8_view(k.0, k.1, what)?, fp8_view(v.0, v.1, what)?);
+    let validv = view::<u8>(valid.0, valid.1, what)?;
+    let mut own = None;
+    let first = first_or_own(dims, valid, first, &mut own)?;
+    let rows = dims.rows();
+    // SAFETY: every query row is written by the combine, O and statistics.
+    let mut o = unsafe { dev.alloc::<half::bf16>(rows * dims.d) }?;
+    let mut stats = unsafe { dev.alloc::<f32>(2 * rows.max(1)) }?;
+    if rows > 0 {
+        decode(
+            dev,
+            dims,
+            &FlashInts::of(dims),
+            (&qv, &kv, &vv),
+            &validv,
+            &first,
+            &mut o,
+            &mut stats,
+            Kernels {
+                sfx: "bf16",
+                kv_sfx: "fp8",
+                pipe: pipe.map(|d| (d, pipe_smem(d, DType::F8E4M3))),
+            },
+        )?;
+    }
+    Ok((
+        CudaStorage::wrap_cuda_slice(o, dev.clone()),
+        CudaStorage::wrap_cuda_slice(stats, dev.clone()),
+    ))
+}
+
+/// Which decode kernels a call takes: `sfx` names the query's dtype (the split-K kernel's and the
+/// combine's), `kv_sfx` the pipelined kernel's instance (the keys' and values' dtype), `pipe`
+/// its head dim and dynamic shared memory where it applies.
+struct Kernels<'a> {
+    sfx: &'a str,
+    kv_sfx: &'a str,
+    pipe: Option<(usize, u32)>,
+}
+
 /// One decode step's attention (T = 1), each KV head read once for all its query heads, as
 /// partials over the keys merged in key order by `flash_decode_combine_*`: where `pipe` is
 /// `Some((d, smem))`, the pipelined kernel (`flash_decode_pipe_d{d}_*` with `smem` bytes of
 /// dynamic shared memory, chunks of [`PIPE_CHUNK`] keys,
-/// [`pipe_chunks_per_block`] a block), else the split-K kernel ([`DECODE_SPLIT`] keys a block).
+/// [`pipe_chunks_per_block`] a block), else the split-K kernel ([`DECODE_SPLIT`] keys a block,
+/// q, k and v of one dtype).
 #[allow(clippy::too_many_arguments)]
-fn decode<T: CudaDType>(
+fn decode<Q: DeviceRepr, T: DeviceRepr>(
     dev: &CudaDevice,
     dims: &FlashDims,
     n: &FlashInts,
-    (q, k, v): (&CudaView<T>, &CudaView<T>, &CudaView<T>),
+    (q, k, v): (&CudaView<Q>, &CudaView<T>, &CudaView<T>),
     valid: &CudaView<u8>,
     first: &CudaView<u32>,
-    o: &mut CudaSlice<T>,
+    o: &mut CudaSlice<Q>,
     stats: &mut CudaSlice<f32>,
-    (sfx, pipe): (&str, Option<(usize, u32)>),
+    Kernels { sfx, kv_sfx, pipe }: Kernels,
 ) -> Result<()> {
     let nsplit = match pipe {
         Some(_) => dims.s.div_ceil(PIPE_CHUNK).max(1),
@@ -398,7 +488,7 @@ fn decode<T: CudaDType>(
     if let Some((d, smem)) = pipe {
         let cpb = pipe_chunks_per_block(dims.b, dims.kv, nsplit);
         let cpb_i = cpb as i32;
-        let f = kernel!(dev, &format!("flash_decode_pipe_d{d}_{sfx}"), DECODE_PTX)?;
+        let f = kernel!(dev, &format!("flash_decode_pipe_d{d}_{kv_sfx}"), DECODE_PTX)?;
         allow_smem(&f, smem, "flash attention")?;
         let mut b = f.builder();
         b.arg(q)
@@ -423,6 +513,9 @@ fn decode<T: CudaDType>(
         // kernel's dynamic shared memory is what launch.cuh's fdp_smem gives for (d, T).
         unsafe { b.launch(cfg) }.w()?;
     } else {
+        if kv_sfx != sfx {
+            candle_core::bail!("flash decode: the split-K kernel reads q, k and v of one dtype");
+        }
         let f = kernel!(dev, &format!("flash_decode_split_{sfx}"), ROW_PTX)?;
         let mut b = f.builder();
         b.arg(q)
@@ -479,7 +572,17 @@ pub(super) fn paged_decode(
     let what = "acpo-paged-decode";
     let dtype = dtype_of(q.0);
     let sfx = suffix(dtype, what)?;
-    let per16 = 16 / dtype.size_in_bytes();
+    // An FP8 pool (keys and values E4M3) under a bf16 model: the kernel's `*_fp8` instance.
+    let kv_dtype = dtype_of(k.0);
+    let fp8 = kv_dtype == DType::F8E4M3;
+    if (fp8 && dtype != DType::BF16) || (!fp8 && kv_dtype != dtype) || dtype_of(v.0) != kv_dtype {
+        candle_core::bail!(
+            "{what}: a {dtype:?} query over {kv_dtype:?} keys and {:?} values (the pool in the \
+             query's dtype, or FP8 E4M3 under bf16)",
+            dtype_of(v.0)
+        );
+    }
+    let per16 = 16 / kv_dtype.size_in_bytes();
     let aligned =
         k.1.start_offset().is_multiple_of(per16) && v.1.start_offset().is_multiple_of(per16);
     if !matches!(dims.d, 64 | 128) || dims.h / dims.kv > PIPE_MAX_GROUP || !aligned {
@@ -490,85 +593,110 @@ pub(super) fn paged_decode(
             dims.h / dims.kv
         );
     }
-    with_type!(dtype, T, {
-        let dev = &q.0.device;
-        let (qv, kv, vv) = (
-            view::<T>(q.0, q.1, what)?,
-            view::<T>(k.0, k.1, what)?,
-            view::<T>(v.0, v.1, what)?,
-        );
-        let (tv, lv) = (
-            view::<u32>(tables.0, tables.1, what)?,
-            view::<u32>(lens.0, lens.1, what)?,
-        );
-        let rows = dims.b * dims.h;
-        let nchunk = dims.longest.div_ceil(PIPE_CHUNK).max(1);
-        // SAFETY: every (row, chunk) partial is written by its block, empty ones included, and
-        // every row of O and of the statistics by the combine.
-        let mut part = unsafe { dev.alloc::<f32>((rows * nchunk * (2 + dims.d)).max(1)) }?;
-        let mut o = unsafe { dev.alloc::<T>((rows * dims.d).max(1)) }?;
-        let mut stats = unsafe { dev.alloc::<f32>(2 * rows.max(1)) }?;
-        if rows > 0 {
-            let cpb = pipe_chunks_per_block(dims.b, dims.kv, nchunk);
-            let smem = pipe_smem(dims.d, dtype);
-            let f = kernel!(
-                dev,
-                &format!("flash_decode_paged_d{}_{sfx}", dims.d),
-                DECODE_PTX
-            )?;
-            allow_smem(&f, smem, "flash attention")?;
-            let ints = [
-                nchunk as i32,
-                cpb as i32,
-                dims.nblk as i32,
-                dims.block as i32,
-                dims.h as i32,
-                dims.kv as i32,
-                dims.d as i32,
-            ];
-            let mut b = f.builder();
-            b.arg(&qv)
-                .arg(&kv)
-                .arg(&vv)
-                .arg(&tv)
-                .arg(&lv)
-                .arg(&mut part);
-            for x in &ints {
-                b.arg(x);
-            }
-            b.arg(&dims.scale);
-            let cfg = LaunchConfig {
-                grid_dim: (
-                    grid_dim(nchunk.div_ceil(cpb), "paged decode")?,
-                    dims.kv as u32,
-                    dims.b as u32,
-                ),
-                block_dim: (PIPE_THREADS, 1, 1),
-                shared_mem_bytes: smem,
-            };
-            // SAFETY: the arguments match flash_decode_paged_* in kernels/flash_decode.cu, its
-            // dynamic shared memory is launch.cuh's fdp_smem for (d, T), and every table entry
-            // a row reads names a block of the pool (model::paged builds them).
-            unsafe { b.launch(cfg) }.w()?;
-            let nchunk_i = nchunk as i32;
-            let f = kernel!(dev, &format!("flash_decode_combine_{sfx}"), ROW_PTX)?;
-            let mut b = f.builder();
-            b.arg(&part)
-                .arg(&mut o)
-                .arg(&mut stats)
-                .arg(&nchunk_i)
-                .arg(&ints[4])
-                .arg(&ints[6]);
-            let cfg = LaunchConfig {
-                grid_dim: (dims.h as u32, dims.b as u32, 1),
-                block_dim: (FLASH_MAX_HEAD_DIM as u32, 1, 1),
-                shared_mem_bytes: 0,
-            };
-            // SAFETY: the arguments match flash_decode_combine_* in kernels/flash_attn.cu.
-            unsafe { b.launch(cfg) }.w()?;
+    let dev = &q.0.device;
+    let (tv, lv) = (
+        view::<u32>(tables.0, tables.1, what)?,
+        view::<u32>(lens.0, lens.1, what)?,
+    );
+    let names = Kernels {
+        sfx,
+        kv_sfx: if fp8 { "fp8" } else { sfx },
+        pipe: Some((dims.d, pipe_smem(dims.d, kv_dtype))),
+    };
+    let o = if fp8 {
+        let qv = view::<half::bf16>(q.0, q.1, what)?;
+        let (kv, vv) = (fp8_view(k.0, k.1, what)?, fp8_view(v.0, v.1, what)?);
+        CudaStorage::wrap_cuda_slice(
+            paged_launch(dev, dims, (&qv, &kv, &vv), (&tv, &lv), names)?,
+            dev.clone(),
+        )
+    } else {
+        with_type!(dtype, T, {
+            let (qv, kv, vv) = (
+                view::<T>(q.0, q.1, what)?,
+                view::<T>(k.0, k.1, what)?,
+                view::<T>(v.0, v.1, what)?,
+            );
+            CudaStorage::wrap_cuda_slice(
+                paged_launch(dev, dims, (&qv, &kv, &vv), (&tv, &lv), names)?,
+                dev.clone(),
+            )
+        })
+    };
+    Ok(o)
+}
+
+/// [`paged_decode`]'s launches: the pipelined kernel's paged instance (`kv_sfx`), then the
+/// combine (`sfx`). O in Q.
+fn paged_launch<Q: DeviceRepr, T: DeviceRepr>(
+    dev: &CudaDevice,
+    dims: &super::PagedDims,
+    (qv, kv, vv): (&CudaView<Q>, &CudaView<T>, &CudaView<T>),
+    (tv, lv): (&CudaView<u32>, &CudaView<u32>),
+    Kernels { sfx, kv_sfx, pipe }: Kernels,
+) -> Result<CudaSlice<Q>> {
+    let smem = pipe.map_or(0, |(_, smem)| smem);
+    let rows = dims.b * dims.h;
+    let nchunk = dims.longest.div_ceil(PIPE_CHUNK).max(1);
+    // SAFETY: every (row, chunk) partial is written by its block, empty ones included, and
+    // every row of O and of the statistics by the combine.
+    let mut part = unsafe { dev.alloc::<f32>((rows * nchunk * (2 + dims.d)).max(1)) }?;
+    let mut o = unsafe { dev.alloc::<Q>((rows * dims.d).max(1)) }?;
+    let mut stats = unsafe { dev.alloc::<f32>(2 * rows.max(1)) }?;
+    if rows > 0 {
+        let cpb = pipe_chunks_per_block(dims.b, dims.kv, nchunk);
+        let f = kernel!(
+            dev,
+            &format!("flash_decode_paged_d{}_{kv_sfx}", dims.d),
+            DECODE_PTX
+        )?;
+        allow_smem(&f, smem, "flash attention")?;
+        let ints = [
+            nchunk as i32,
+            cpb as i32,
+            dims.nblk as i32,
+            dims.block as i32,
+            dims.h as i32,
+            dims.kv as i32,
+            dims.d as i32,
+        ];
+        let mut b = f.builder();
+        b.arg(qv).arg(kv).arg(vv).arg(tv).arg(lv).arg(&mut part);
+        for x in &ints {
+            b.arg(x);
         }
-        Ok(CudaStorage::wrap_cuda_slice(o, dev.clone()))
-    })
+        b.arg(&dims.scale);
+        let cfg = LaunchConfig {
+            grid_dim: (
+                grid_dim(nchunk.div_ceil(cpb), "paged decode")?,
+                dims.kv as u32,
+                dims.b as u32,
+            ),
+            block_dim: (PIPE_THREADS, 1, 1),
+            shared_mem_bytes: smem,
+        };
+        // SAFETY: the arguments match flash_decode_paged_* in kernels/flash_decode.cu, its
+        // dynamic shared memory is launch.cuh's fdp_smem for (d, the pool's dtype), and every
+        // table entry a row reads names a block of the pool (model::paged builds them).
+        unsafe { b.launch(cfg) }.w()?;
+        let nchunk_i = nchunk as i32;
+        let f = kernel!(dev, &format!("flash_decode_combine_{sfx}"), ROW_PTX)?;
+        let mut b = f.builder();
+        b.arg(&part)
+            .arg(&mut o)
+            .arg(&mut stats)
+            .arg(&nchunk_i)
+            .arg(&ints[4])
+            .arg(&ints[6]);
+        let cfg = LaunchConfig {
+            grid_dim: (dims.h as u32, dims.b as u32, 1),
+            block_dim: (FLASH_MAX_HEAD_DIM as u32, 1, 1),
+            shared_mem_bytes: 0,
+        };
+        // SAFETY: the arguments match flash_decode_combine_* in kernels/flash_attn.cu.
+        unsafe { b.launch(cfg) }.w()?;
+    }
+    Ok(o)
 }
 
 /// dQ, dK, dV (the storage dtype of q): δ = rowsum(dO ⊙ O) by the row kernel, then, where the

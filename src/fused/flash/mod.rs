@@ -148,6 +148,18 @@ pub fn flash_applies(device: &Device, dtype: DType, head_dim: usize) -> bool {
     kernel && head_dim <= FLASH_MAX_HEAD_DIM
 }
 
+/// The most query heads per KV head the pipelined decode kernel takes (`FDP_MAXG`,
+/// kernels/launch.cuh).
+pub const PIPE_MAX_GROUP: usize = 8;
+
+/// Whether the pipelined decode kernel reads an FP8 KV cache (E4M3 bytes, on CUDA) as it is at
+/// this head dim with `group` query heads per KV head (`kernels/flash_decode.cu`'s `*_fp8`
+/// instances: one new position, bf16 queries). Elsewhere the model reads the cache cast to its
+/// dtype.
+pub fn fp8_decode_applies(head_dim: usize, group: usize) -> bool {
+    cfg!(feature = "cuda") && matches!(head_dim, 64 | 128) && (1..=PIPE_MAX_GROUP).contains(&group)
+}
+
 /// How the CUDA tensor-core kernels compute the backward (FA2, Algorithm 2). Both give the same
 /// dK and dV bits and a dQ that is the same from run to run; they differ in dQ's order of sums
 /// and in speed. The CPU twin and the row kernels have one backward, which both choices take.
