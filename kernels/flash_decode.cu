@@ -9,7 +9,8 @@
 // - K and V reach shared memory by 16-byte cp.async (no registers), FDP_TILE keys a stage in a
 //   ring of FDP_STAGES: while a tile is computed the next FDP_STAGES - 1 are in flight.
 // - Block (x, KV head, sequence) reads its keys once for all G = H / KV query heads that share
-//   them (GQA); a lane holds 16 bytes of a key row (LPK lanes a row) and the G queries' same
+//   them (GQA); a lane holds VEC numbers of a key row (16 bytes in f32 and bf16, 8 in E4M3; LPK
+//   lanes a row) and the G queries' same
 //   dims in registers; a row's dot products are reduced by xor shuffles in its LPK lanes.
 // - The row's keys, from its first valid key, are cut into chunks of FDP_CHUNK keys. Each chunk
 //   gives one partial (m, l, acc[D]) per query head, computed the same way whichever block
@@ -33,42 +34,15 @@
 // xor shuffles (symmetric: both lanes get the same bits), then the warps in warp order.
 //
 // An FP8 KV cache (`*_fp8` instances, issue #57: half a bf16 cache's bytes, so twice the
-// KV-bandwidth bound): keys and values one E4M3 byte each (`fp8e4m3`, scale 1, as
-// `model::qwen::fp8_e4m3` rounds them), the query and O in bf16. Tiles still travel by 16-byte
+// KV-bandwidth bound): keys and values one E4M3 byte each (`fp8e4m3`, scale 1, as fp8.cu
+// writes them and `model::qwen::fp8_e4m3` rounds them), the query and O in bf16. Tiles still travel by 16-byte
 // cp.async (16 numbers); the compute reads 8 numbers a lane, as the bf16 kernel does, and E4M3
 // → f32 is exact, so on the same values the FP8 kernel gives the bf16 kernel's bits
 // (kernels/check/flash_check.cu checks it): an FP8 cache computes what the CPU's emulated one
 // (E4M3 values held in bf16) does.
 #include "flash.cuh"
 #include "mma.cuh"
-#ifndef ACPO_EMU
-#include <cuda_fp8.h>
-#endif
-
-// One FP8 E4M3 number as a KV cache stores it (candle's DType::F8E4M3).
-struct fp8e4m3 {
-  uint8_t bits;
-};
-
-// f32 from its bits, and back (on the host too: kernels/check builds E4M3 inputs with them).
-__host__ __device__ __forceinline__ float fdp_f(uint32_t u) {
-#if defined(__CUDA_ARCH__)
-  return __uint_as_float(u);
-#else
-  float f;
-  __builtin_memcpy(&f, &u, 4);
-  return f;
-#endif
-}
-__host__ __device__ __forceinline__ uint32_t fdp_bits(float f) {
-#if defined(__CUDA_ARCH__)
-  return __float_as_uint(f);
-#else
-  uint32_t u;
-  __builtin_memcpy(&u, &f, 4);
-  return u;
-#endif
-}
+#include "fp8.cuh"
 
 // The 16 bytes at p (shared memory, 16-byte aligned) as f32.
 __device__ __forceinline__ void fdp_unpack(const float* p, float (&x)[4]) {
@@ -77,14 +51,6 @@ __device__ __forceinline__ void fdp_unpack(const float* p, float (&x)[4]) {
   x[1] = fdp_f(w.y);
   x[2] = fdp_f(w.z);
   x[3] = fdp_f(w.w);
-}
-// An E4M3 byte's value, exactly: sign, 4 exponent bits (bias 7), 3 mantissa bits; exponent 0
-// is subnormal (m·2⁻⁹), S.1111.111 NaN, and there is no infinity.
-__host__ __device__ __forceinline__ float fp8_e4m3_value(uint32_t b) {
-  const uint32_t sign = (b & 0x80u) << 24, e = (b >> 3) & 0xfu, m = b & 7u;
-  if (e == 15 && m == 7) return fdp_f(sign | 0x7fc00000u);
-  if (e == 0) return fdp_f(sign | fdp_bits((float)m * 0.001953125f));
-  return fdp_f(sign | ((e + 120u) << 23) | (m << 20));
 }
 // The 8 bytes at p (shared memory, 8-byte aligned) as f32: the hardware's exact conversion on a
 // GPU (two numbers an instruction, through f16, which holds every E4M3 value), the bits above in

@@ -24,6 +24,7 @@
 #include "flash_attn.cu"
 #include "flash_mma.cu"
 #include "flash_decode.cu"
+#include "fp8.cu"
 #include "check/harness.hpp"
 #include <optional>
 
@@ -643,6 +644,49 @@ static void check_fp8_bytes() {
   }
   printf("fp8 e4m3 bytes: decode and rounding %s\n", ok ? "ok" : "FAILED");
   if (!ok) failures++;
+  // fp8.cu's kernels: every bf16 number rounded to its byte (fp8_e4m3_byte's arithmetic against
+  // the nearest-value search above: ties, subnormals, saturation, NaN, both zeros), and every
+  // byte back to bf16.
+  std::vector<bf> all(1 << 16);
+  for (int i = 0; i < 1 << 16; ++i) {
+    const uint16_t b = (uint16_t)i;
+    std::memcpy(&all[i], &b, 2);  // the bf16 with these bits
+  }
+  bf* dall = (bf*)dalloc(all.size() * 2);
+  h2d(dall, all.data(), all.size() * 2);
+  uint8_t* dbytes = (uint8_t*)dalloc(all.size());
+  poison(dbytes, all.size());
+  size_t n = all.size();
+  LAUNCH(fp8_e4m3_from_bf16, dim3(64), dim3(ELEM_THREADS), 0, dall, dbytes, n);
+  std::vector<uint8_t> bytes(all.size());
+  d2h(bytes.data(), dbytes, bytes.size());
+  int wrong = 0;
+  for (int i = 0; i < 1 << 16; ++i) {
+    const float x = __bfloat162float(all[i]);
+    const uint8_t want = fp8_byte(x);
+    // a zero's sign is kept (the search above gives +0's code for both)
+    wrong += bytes[i] != want && !(x == 0.0f && (bytes[i] & 0x7f) == 0);
+  }
+  printf("fp8 e4m3 from bf16, all 65,536 numbers: %d wrong %s\n", wrong, wrong ? "FAILED" : "ok");
+  if (wrong) failures++;
+  std::vector<uint8_t> codes(256);
+  for (int i = 0; i < 256; ++i) codes[i] = (uint8_t)i;
+  uint8_t* dcodes = (uint8_t*)dalloc(256);
+  h2d(dcodes, codes.data(), 256);
+  bf* dback = (bf*)dalloc(512);
+  poison(dback, 512);
+  n = 256;
+  LAUNCH(fp8_e4m3_to_bf16, dim3(1), dim3(ELEM_THREADS), 0, dcodes, dback, n);
+  const std::vector<float> back = download_bf(dback, 256);
+  wrong = 0;
+  for (int i = 0; i < 256; ++i) {
+    const float want = fp8_e4m3_value(i);
+    if (std::isnan(want)) wrong += !std::isnan(back[i]);  // a NaN's sign is the cast's
+    else wrong += back[i] != want || std::signbit(back[i]) != std::signbit(want);
+  }
+  printf("fp8 e4m3 to bf16, all 256 bytes: %d wrong %s\n", wrong, wrong ? "FAILED" : "ok");
+  if (wrong) failures++;
+  dfree(dall), dfree(dbytes), dfree(dcodes), dfree(dback);
 }
 
 // The keys and values of `in` rounded to E4M3 (its bf16 copies, which hold them exactly,

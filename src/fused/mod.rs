@@ -45,6 +45,7 @@ mod decode_attention;
 mod decode_chain;
 mod expf;
 mod flash;
+mod fp8;
 #[cfg(feature = "cuda")]
 pub(crate) mod launch;
 mod log_probs;
@@ -69,6 +70,7 @@ pub use flash::{
     paged_applies, paged_attention_decode, FlashBackward, FlashDims, RowLens, ValidKeys,
     FLASH_MAX_HEAD_DIM,
 };
+pub use fp8::{fp8_byte, fp8_value, from_fp8_bytes, to_fp8_bytes};
 pub use log_probs::token_log_probs;
 pub use matmul::{matmul, DEPTH_BLOCK};
 pub use rms_norm::{rms_norm, rms_norm_backward, rms_norm_composed};

@@ -351,8 +351,9 @@ impl Attention {
         let v = v.transpose(1, 2)?.contiguous()?;
         match self.kv_dtype {
             KvCacheDtype::Model => Ok((q, k, v)),
-            // On a GPU the cache holds the E4M3 bytes (half a bf16 cache's: the decode kernel
-            // reads them, fused::flash); on the CPU their values in the model's dtype.
+            // On a GPU the cache holds the E4M3 bytes (`DType::U8`, half a bf16 cache's: the
+            // decode kernel reads them, fused::flash); on the CPU their values in the model's
+            // dtype.
             KvCacheDtype::Fp8E4m3 if k.device().is_cuda() => {
                 Ok((q, to_fp8_e4m3(&k)?, to_fp8_e4m3(&v)?))
             }
@@ -381,8 +382,11 @@ impl Attention {
             && t == 1
             && crate::fused::fp8_decode_applies(self.head_dim, self.heads / self.kv_heads);
         let cast;
-        let (kb, vb, s) = if kb.dtype() == DType::F8E4M3 && !fp8_read {
-            let read = |b: &Tensor| b.narrow(2, 0, s)?.to_dtype(q.dtype());
+        let (kb, vb, s) = if kb.dtype() == DType::U8 && !fp8_read {
+            let read = |b: &Tensor| -> Result<Tensor> {
+                let filled = b.narrow(2, 0, s)?.contiguous()?;
+                Ok(crate::fused::from_fp8_bytes(&filled, q.dtype())?)
+            };
             cast = (read(kb)?, read(vb)?);
             (&cast.0, &cast.1, s)
         } else {
@@ -677,7 +681,7 @@ pub enum KvCacheDtype {
     /// without scales): half a bf16 cache's bytes, so twice the KV-bandwidth bound on decode
     /// (`acpo bench paper-plan`). Values beyond ±448 saturate. On the CPU the cache keeps
     /// each value in the model's dtype (what an FP8 cache does to accuracy); on a GPU its byte
-    /// (`DType::F8E4M3`, what it does to speed).
+    /// (`DType::U8`, [`to_fp8_e4m3`]: what it does to speed).
     Fp8E4m3,
     /// The values of [`KvCacheDtype::Fp8E4m3`] in the model's dtype on every device: what the
     /// CPU keeps for it, and on a GPU the oracle of its bytes (tests/it/cuda.rs: the same bits).
@@ -688,16 +692,22 @@ pub enum KvCacheDtype {
 pub const FP8_E4M3_MAX: f64 = 448.0;
 
 /// `x` rounded to the nearest FP8 E4M3 value (ties to even, saturating at ±448), in its own
-/// dtype: what an FP8 cache holds, as the CPU keeps it.
+/// dtype: what an FP8 cache holds, as the CPU keeps it (candle's CPU cast; on a GPU the same
+/// rounding by `kernels/fp8.cu`, candle's E4M3 kernels being unreachable there).
 pub fn fp8_e4m3(x: &Tensor) -> Result<Tensor> {
-    Ok(to_fp8_e4m3(x)?.to_dtype(x.dtype())?)
+    if x.device().is_cpu() {
+        return Ok(x
+            .clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX)?
+            .to_dtype(DType::F8E4M3)?
+            .to_dtype(x.dtype())?);
+    }
+    Ok(crate::fused::from_fp8_bytes(&to_fp8_e4m3(x)?, x.dtype())?)
 }
 
-/// `x` rounded as [`fp8_e4m3`] rounds it, stored as E4M3 (`DType::F8E4M3`, one byte a number):
-/// what an FP8 cache holds on a GPU.
+/// `x` rounded as [`fp8_e4m3`] rounds it, as E4M3 bytes (`DType::U8`, one a number,
+/// [`crate::fused::to_fp8_bytes`]): what an FP8 cache holds on a GPU.
 pub fn to_fp8_e4m3(x: &Tensor) -> Result<Tensor> {
-    Ok(x.clamp(-FP8_E4M3_MAX, FP8_E4M3_MAX)?
-        .to_dtype(DType::F8E4M3)?)
+    Ok(crate::fused::to_fp8_bytes(x)?)
 }
 
 /// Keys and values of every layer, in buffers `(B, kv_heads, capacity, D)` whose first `len`

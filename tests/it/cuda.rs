@@ -1535,14 +1535,30 @@ fn the_fp8_decode_kernel_gives_the_bf16_kernels_bits_on_the_same_values() {
             .expect("to")
     };
     let q = on_gpu(random(1, &[b, h, 1, d], 1.0));
-    // wide enough that some keys saturate at ±448 and some are subnormal
-    let k8 = to_fp8_e4m3(&on_gpu(random(2, &[b, kv, cap, d], 40.0))).expect("k");
+    // every 97th key beyond ±448 (saturated), the rest wide enough for subnormals and 2⁸
+    let keys = random(2, &[b, kv, cap, d], 8.0)
+        .flatten_all()
+        .and_then(|t| t.to_vec1::<f32>())
+        .expect("keys")
+        .into_iter()
+        .enumerate()
+        .map(|(i, x)| if i % 97 == 0 { 600.0 * x.signum() } else { x })
+        .collect::<Vec<f32>>();
+    let keys = Tensor::from_vec(keys, (b, kv, cap, d), &Device::Cpu).expect("keys");
+    let k8 = to_fp8_e4m3(&on_gpu(keys)).expect("k");
     let v8 = to_fp8_e4m3(&on_gpu(random(3, &[b, kv, cap, d], 1.0))).expect("v");
-    assert_eq!(k8.dtype(), DType::F8E4M3);
+    assert_eq!(k8.dtype(), DType::U8);
     let (kb, vb) = (
-        k8.to_dtype(DType::BF16).expect("k"),
-        v8.to_dtype(DType::BF16).expect("v"),
+        fused::from_fp8_bytes(&k8, DType::BF16).expect("k"),
+        fused::from_fp8_bytes(&v8, DType::BF16).expect("v"),
     );
+    let largest = kb
+        .abs()
+        .and_then(|t| t.to_dtype(DType::F32))
+        .and_then(|t| t.max_all())
+        .and_then(|t| t.to_scalar::<f32>())
+        .expect("max");
+    assert_eq!(largest, 448.0, "no key saturated");
     let pair = fused::FlashBackward::Pair;
     let bytes = fused::flash_attention(&q, &k8, &v8, &valid, s - 1, scale, pair).expect("fp8");
     let values = fused::flash_attention(&q, &kb, &vb, &valid, s - 1, scale, pair).expect("bf16");
@@ -1623,7 +1639,7 @@ fn sampling_over_an_fp8_cache_on_cuda_gives_the_emulated_caches_tokens() {
     assert!(cache
         .layers()
         .iter()
-        .all(|(k, v)| k.dtype() == DType::F8E4M3 && v.dtype() == DType::F8E4M3));
+        .all(|(k, v)| k.dtype() == DType::U8 && v.dtype() == DType::U8));
     for slots in [None, Some(2)] {
         let request = || {
             let r = SampleRequest::new(p).eos(eos.clone());
@@ -1657,4 +1673,45 @@ fn sampling_over_an_fp8_cache_on_cuda_gives_the_emulated_caches_tokens() {
     )
     .expect_err("paged over FP8 bytes");
     assert!(err.to_string().contains("dense layout"), "{err}");
+}
+
+/// `kernels/fp8.cu` against its CPU twin (`fused::to_fp8_bytes`, `from_fp8_bytes`): every bf16
+/// number rounded to the same E4M3 byte, every byte back to the same bf16 and f32 bits.
+#[test]
+fn the_fp8_kernels_round_and_read_as_their_cpu_twin() {
+    let Some(gpu) = gpu("the_fp8_kernels_round_and_read_as_their_cpu_twin") else {
+        return;
+    };
+    use acpo::fused::{from_fp8_bytes, to_fp8_bytes};
+    let all: Vec<f32> = (0..=u16::MAX)
+        .map(|b| f32::from_bits(u32::from(b) << 16))
+        .collect();
+    let cpu = Tensor::from_vec(all, 1 << 16, &Device::Cpu)
+        .and_then(|t| t.to_dtype(DType::BF16))
+        .expect("bf16");
+    let bytes = |t: &Tensor| -> Vec<u8> {
+        to_fp8_bytes(t)
+            .and_then(|b| b.to_device(&Device::Cpu))
+            .and_then(|b| b.to_vec1::<u8>())
+            .expect("bytes")
+    };
+    assert_eq!(bytes(&cpu.to_device(&gpu).expect("up")), bytes(&cpu));
+    let codes = Tensor::from_vec((0..=255u8).collect::<Vec<u8>>(), 256, &Device::Cpu).expect("u8");
+    for dtype in [DType::F32, DType::BF16] {
+        let read = |t: &Tensor| -> Vec<u32> {
+            from_fp8_bytes(t, dtype)
+                .and_then(|v| v.to_dtype(DType::F32))
+                .and_then(|v| v.to_device(&Device::Cpu))
+                .and_then(|v| v.to_vec1::<f32>())
+                .expect("values")
+                .into_iter()
+                .map(|x| if x.is_nan() { 0x7fc0_0000 } else { x.to_bits() })
+                .collect()
+        };
+        assert_eq!(
+            read(&codes.to_device(&gpu).expect("up")),
+            read(&codes),
+            "{dtype:?}"
+        );
+    }
 }

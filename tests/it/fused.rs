@@ -1058,3 +1058,58 @@ fn the_rotary_tables_twin_is_the_composed_tables_bit_for_bit() {
     .to_string();
     assert!(err.contains("acpo-rope-table"), "{err}");
 }
+
+/// The E4M3 bytes an FP8 cache holds on a GPU (`fused::to_fp8_bytes`, the CPU twin of
+/// `kernels/fp8.cu`) read back (`from_fp8_bytes`) are the values the CPU's FP8 cache keeps
+/// (`model::qwen::fp8_e4m3`: candle's CPU cast after a clamp), for every bf16 number; and the
+/// bytes are E4M3's: 0x7e at ±448 and beyond, 0x38 for 1, ties to even, the subnormals.
+#[test]
+fn fp8_bytes_read_back_are_the_cpu_caches_values_for_every_bf16_number() {
+    let all: Vec<f32> = (0..=u16::MAX)
+        .map(|b| f32::from_bits(u32::from(b) << 16))
+        .collect();
+    let x = Tensor::from_vec(all.clone(), 1 << 16, &Device::Cpu).expect("f32");
+    let bytes = fused::to_fp8_bytes(&x).expect("bytes");
+    assert_eq!(bytes.dtype(), DType::U8);
+    let back = fused::from_fp8_bytes(&bytes, DType::F32)
+        .and_then(|t| t.to_vec1::<f32>())
+        .expect("back");
+    let kept = acpo::model::qwen::fp8_e4m3(&x)
+        .expect("kept")
+        .to_vec1::<f32>()
+        .expect("kept");
+    for ((&v, &a), &b) in all.iter().zip(&back).zip(&kept) {
+        assert!(
+            a == b || (a.is_nan() && b.is_nan()),
+            "{v}: bytes read back {a}, the CPU cache keeps {b}"
+        );
+    }
+    // bf16 reads the same values
+    let back16 = fused::from_fp8_bytes(&bytes, DType::BF16)
+        .and_then(|t| t.to_dtype(DType::F32))
+        .and_then(|t| t.to_vec1::<f32>())
+        .expect("bf16");
+    assert!(back16
+        .iter()
+        .zip(&back)
+        .all(|(a, b)| a == b || (a.is_nan() && b.is_nan())));
+    let byte = fused::fp8_byte;
+    assert_eq!(
+        [
+            byte(448.0),
+            byte(-1e6),
+            byte(1.0),
+            byte(1.0625),
+            byte(1.1875)
+        ],
+        [0x7e, 0xfe, 0x38, 0x38, 0x3a]
+    );
+    assert_eq!(
+        [byte(0.001953125), byte(0.0009765625), byte(0.0029296875)],
+        [1, 0, 2]
+    );
+    assert!((0..=255u8).all(|b| {
+        let v = fused::fp8_value(b);
+        v.is_nan() || byte(v) == b || v == 0.0
+    }));
+}

@@ -13,7 +13,7 @@
 use candle_core::cuda_backend::cudarc::driver::{
     CudaSlice, CudaView, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg,
 };
-use candle_core::cuda_backend::{CudaDevice, CudaStorageSlice, WrapErr};
+use candle_core::cuda_backend::{CudaDevice, WrapErr};
 use candle_core::{CudaStorage, DType, Layout, Result};
 
 use super::{tensor_cores_take, FlashBackward, FlashDims, FLASH_MAX_HEAD_DIM};
@@ -142,10 +142,10 @@ fn pipe_dim(dims: &FlashDims, dtype: DType, k: &Layout, v: &Layout) -> Option<us
 fn pipe_smem(d: usize, dtype: DType) -> u32 {
     match (d, dtype) {
         (64, DType::BF16) => sizes::FDP_SMEM_D64_BF16,
-        (64, DType::F8E4M3) => sizes::FDP_SMEM_D64_FP8,
+        (64, DType::U8) => sizes::FDP_SMEM_D64_FP8,
         (64, _) => sizes::FDP_SMEM_D64_F32,
         (_, DType::BF16) => sizes::FDP_SMEM_D128_BF16,
-        (_, DType::F8E4M3) => sizes::FDP_SMEM_D128_FP8,
+        (_, DType::U8) => sizes::FDP_SMEM_D128_FP8,
         _ => sizes::FDP_SMEM_D128_F32,
     }
 }
@@ -310,7 +310,8 @@ pub fn flash_fwd(
     (valid, first): (Arg, Option<Arg>),
 ) -> Result<(CudaStorage, CudaStorage)> {
     let what = "acpo-flash-attention";
-    if dtype_of(k.0) == DType::F8E4M3 {
+    // u8 keys and values are an FP8 cache's E4M3 bytes (fused::to_fp8_bytes)
+    if dtype_of(k.0) == DType::U8 {
         return fp8_decode(dims, q, k, v, (valid, first));
     }
     let dtype = dtype_of(q.0);
@@ -378,23 +379,15 @@ pub fn flash_fwd(
     })
 }
 
-/// An FP8 E4M3 storage's view (a KV cache's keys or values, `DType::F8E4M3`), without naming
-/// the float8 crate's type.
-fn fp8_view<'a>(
-    s: &'a CudaStorage,
-    l: &Layout,
-    what: &str,
-) -> Result<CudaView<'a, impl DeviceRepr>> {
-    let CudaStorageSlice::F8E4M3(slice) = &s.slice else {
-        candle_core::bail!("{what}: keys and values must be one dtype (FP8 E4M3)");
-    };
-    match l.contiguous_offsets() {
-        Some((a, b)) => Ok(slice.slice(a..b)),
-        None => candle_core::bail!("{what}: input must be contiguous"),
+/// An FP8 cache's keys or values: E4M3 bytes, stored as u8 (`fused::to_fp8_bytes`).
+fn fp8_view<'a>(s: &'a CudaStorage, l: &Layout, what: &str) -> Result<CudaView<'a, u8>> {
+    if dtype_of(s) != DType::U8 {
+        candle_core::bail!("{what}: keys and values must be one dtype (E4M3 bytes, u8)");
     }
+    view::<u8>(s, l, what)
 }
 
-/// One decode step's attention over an FP8 KV cache (keys and values E4M3, as
+/// One decode step's attention over an FP8 KV cache (keys and values E4M3 bytes, as
 /// `model::qwen::KvCacheDtype::Fp8E4m3` stores them on a GPU; the query bf16): the pipelined
 /// kernel's `*_fp8` instance, which gives the bf16 kernel's bits on the same values, then the
 /// bf16 combine. O bf16. A prefill over an FP8 cache reads it cast to bf16 (the model does).
@@ -406,7 +399,7 @@ fn fp8_decode(
     (valid, first): (Arg, Option<Arg>),
 ) -> Result<(CudaStorage, CudaStorage)> {
     let what = "acpo-flash-attention (FP8 KV cache)";
-    let pipe = pipe_dim(dims, DType::F8E4M3, k.1, v.1);
+    let pipe = pipe_dim(dims, DType::U8, k.1, v.1);
     if dtype_of(q.0) != DType::BF16 || dims.t != 1 || pipe.is_none() {
         candle_core::bail!(
             "{what}: only the pipelined decode reads an FP8 cache: one new position (got {}), a \
@@ -441,7 +434,7 @@ fn fp8_decode(
             Kernels {
                 sfx: "bf16",
                 kv_sfx: "fp8",
-                pipe: pipe.map(|d| (d, pipe_smem(d, DType::F8E4M3))),
+                pipe: pipe.map(|d| (d, pipe_smem(d, DType::U8))),
             },
         )?;
     }
@@ -574,7 +567,7 @@ pub(super) fn paged_decode(
     let sfx = suffix(dtype, what)?;
     // An FP8 pool (keys and values E4M3) under a bf16 model: the kernel's `*_fp8` instance.
     let kv_dtype = dtype_of(k.0);
-    let fp8 = kv_dtype == DType::F8E4M3;
+    let fp8 = kv_dtype == DType::U8; // E4M3 bytes
     if (fp8 && dtype != DType::BF16) || (!fp8 && kv_dtype != dtype) || dtype_of(v.0) != kv_dtype {
         candle_core::bail!(
             "{what}: a {dtype:?} query over {kv_dtype:?} keys and {:?} values (the pool in the \
