@@ -531,22 +531,42 @@ fn decode<Q: DeviceRepr, T: DeviceRepr>(
         // SAFETY: the arguments match flash_decode_split_* in kernels/flash_attn.cu.
         unsafe { b.launch(cfg) }.w()?;
     }
-    let (h_i, d_i) = (dims.h as i32, dims.d as i32);
+    combine(
+        dev,
+        sfx,
+        &part,
+        (o, stats),
+        nsplit,
+        (dims.b, dims.h, dims.d),
+    )
+}
+
+/// `flash_decode_combine_{sfx}`: each (row, head)'s `n` partials in `part` merged in key order
+/// into O and the statistics.
+fn combine<Q: DeviceRepr>(
+    dev: &CudaDevice,
+    sfx: &str,
+    part: &CudaSlice<f32>,
+    (o, stats): (&mut CudaSlice<Q>, &mut CudaSlice<f32>),
+    n: usize,
+    (b, h, d): (usize, usize, usize),
+) -> Result<()> {
+    let (n_i, h_i, d_i) = (n as i32, h as i32, d as i32);
     let f = kernel!(dev, &format!("flash_decode_combine_{sfx}"), ROW_PTX)?;
-    let mut b = f.builder();
-    b.arg(&part)
+    let mut args = f.builder();
+    args.arg(part)
         .arg(o)
         .arg(stats)
-        .arg(&nsplit_i)
+        .arg(&n_i)
         .arg(&h_i)
         .arg(&d_i);
     let cfg = LaunchConfig {
-        grid_dim: (dims.h as u32, dims.b as u32, 1),
+        grid_dim: (h as u32, b as u32, 1),
         block_dim: (FLASH_MAX_HEAD_DIM as u32, 1, 1),
         shared_mem_bytes: 0,
     };
     // SAFETY: the arguments match flash_decode_combine_* in kernels/flash_attn.cu.
-    unsafe { b.launch(cfg) }.w()?;
+    unsafe { args.launch(cfg) }.w()?;
     Ok(())
 }
 
@@ -672,22 +692,14 @@ fn paged_launch<Q: DeviceRepr, T: DeviceRepr>(
         // dynamic shared memory is launch.cuh's fdp_smem for (d, the pool's dtype), and every
         // table entry a row reads names a block of the pool (model::paged builds them).
         unsafe { b.launch(cfg) }.w()?;
-        let nchunk_i = nchunk as i32;
-        let f = kernel!(dev, &format!("flash_decode_combine_{sfx}"), ROW_PTX)?;
-        let mut b = f.builder();
-        b.arg(&part)
-            .arg(&mut o)
-            .arg(&mut stats)
-            .arg(&nchunk_i)
-            .arg(&ints[4])
-            .arg(&ints[6]);
-        let cfg = LaunchConfig {
-            grid_dim: (dims.h as u32, dims.b as u32, 1),
-            block_dim: (FLASH_MAX_HEAD_DIM as u32, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: the arguments match flash_decode_combine_* in kernels/flash_attn.cu.
-        unsafe { b.launch(cfg) }.w()?;
+        combine(
+            dev,
+            sfx,
+            &part,
+            (&mut o, &mut stats),
+            nchunk,
+            (dims.b, dims.h, dims.d),
+        )?;
     }
     Ok(o)
 }
