@@ -2,8 +2,8 @@
 //! or value rounded to its byte as it is cached, and the bytes back to f32 or bf16 (exact) for
 //! what reads the cache other than the decode kernel. Stored as `DType::U8`: candle 0.11 has a
 //! `F8E4M3` dtype, but its CUDA backend looks its kernels up under names the kernels do not have
-//! (`cast_bf16_f8e4m3` for `cast_bf16_f8_e4m3`, candle issue #3886), so no cast, copy or
-//! index of that dtype runs on a GPU; bytes are bytes to every op a cache needs.
+//! (`cast_bf16_f8e4m3` for `cast_bf16_f8_e4m3`, candle issue #3886), so no cast, strided copy
+//! or index_select of that dtype runs on a GPU; bytes are bytes to every op a cache needs.
 //!
 //! The rounding is to nearest, ties to even, saturating at ±448, NaN to 0x7f: what
 //! `__nv_cvt_float_to_fp8(x, __NV_SATFINITE, __NV_E4M3)` and candle's CPU cast (after the clamp

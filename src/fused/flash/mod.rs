@@ -262,7 +262,9 @@ impl candle_core::CustomOp1 for FirstValid {
 
 /// softmax(q·kᵀ·scale + mask)·v, `(B, H, T, D)`, with q `(B, H, T, D)`, k and v `(B, KV, S, D)`,
 /// `key_valid` `(B, S)` (1 = a real token) and `past` = S − T cached positions; its backward as
-/// `backward` says. Callers check [`flash_applies`]; q, k and v share a dtype.
+/// `backward` says. Callers check [`flash_applies`]; q, k and v share a dtype, except on CUDA
+/// for one new position over an FP8 cache: k and v E4M3 bytes (u8) under a bf16 q
+/// ([`fp8_decode_applies`]).
 pub fn flash_attention(
     q: &Tensor,
     k: &Tensor,
