@@ -14,12 +14,16 @@
 // - `qk_norm_rope_paged_*`: the same over a paged KV cache (src/model/paged.rs): the new k and
 //   v rows go to the pool rows the step's write index names (`rows[(b·kv + j)·rows_stride]`),
 //   where the composed path writes them with two `scatter_set` launches.
+// - `*_bf16_fp8`: both over an FP8 KV cache (E4M3 bytes, issue #57): each new k and v value, as
+//   the bf16 instance computes it, written as its E4M3 byte (fp8.cuh's rounding, which
+//   `fp8_e4m3_from_bf16` applies on the composed path: the same bytes); q as the bf16 instance.
 // - `add_rms_norm_*`: the residual add and the next RMSNorm, h = x + a (rounded as the add's
 //   kernel rounds it) and y = rms_norm(h)·w, both written: two launches, one here; one block of
 //   ROW_THREADS per row, reducing as rms_norm.cu does (the same bits).
 //
 // CPU twin: src/fused/decode_chain.rs (the composed ops it replaces).
 #include "common.cuh"
+#include "fp8.cuh"
 
 // Where head j of row b's new key and value start in the cache buffers: column `col` of the
 // row's dense buffer (B, KV, capacity, D).
@@ -44,11 +48,22 @@ struct PagedSlot {
   }
 };
 
+// A value the cache holds: itself in a cache of its own type, its E4M3 byte in an FP8 cache.
+template <typename T>
+__device__ __forceinline__ T cached(T x, const T*) {
+  return x;
+}
+template <typename T>
+__device__ __forceinline__ uint8_t cached(T x, const uint8_t*) {
+  return fp8_e4m3_byte(to_f(x));
+}
+
 // `qkv` (B, H + 2·KV, D): a row's q, k and v heads in that order, as one product with the
-// stacked weights [Wq; Wk; Wv] gives them; block (b, hd) reads head hd of row b.
-template <typename T, typename Slot>
+// stacked weights [Wq; Wk; Wv] gives them; block (b, hd) reads head hd of row b. The cache
+// buffers hold C: T, or E4M3 bytes (uint8_t).
+template <typename T, typename C, typename Slot>
 __device__ void qk_norm_rope_cache(const T* qkv, const T* qw, const T* kw, const T* cos,
-                                   const T* sin, T* qo, T* kc, T* vc, int h, int kv, int d,
+                                   const T* sin, T* qo, C* kc, C* vc, int h, int kv, int d,
                                    float eps, int norm, Slot slot) {
   __shared__ float n[DEC_MAXD];
   const int heads = h + 2 * kv;
@@ -56,13 +71,14 @@ __device__ void qk_norm_rope_cache(const T* qkv, const T* qw, const T* kw, const
   const int hd = blockIdx.x % heads;
   const T* x = qkv + (b * heads + hd) * d;
   if (hd >= h + kv) {  // v: into its slot, as it is
-    T* dst = vc + slot(b, hd - h - kv, kv);
-    for (int j = threadIdx.x; j < d; j += blockDim.x) dst[j] = x[j];
+    C* dst = vc + slot(b, hd - h - kv, kv);
+    for (int j = threadIdx.x; j < d; j += blockDim.x) dst[j] = cached(x[j], dst);
     return;
   }
   const bool is_q = hd < h;
   const T* w = is_q ? qw : kw;
-  T* y = is_q ? qo + (b * h + hd) * d : kc + slot(b, hd - h, kv);
+  T* yq = is_q ? qo + (b * h + hd) * d : nullptr;
+  C* yk = is_q ? nullptr : kc + slot(b, hd - h, kv);
   if (norm) {
     float ss = 0.0f;
     for (int j = threadIdx.x; j < d; j += blockDim.x) {
@@ -82,8 +98,14 @@ __device__ void qk_norm_rope_cache(const T* qkv, const T* qw, const T* kw, const
   for (int j = threadIdx.x; j < half; j += blockDim.x) {
     const float cj = to_f(c[j]), sj = to_f(s[j]);
     const float x1 = n[j], x2 = n[half + j];
-    y[j] = from_f<T>(x1 * cj - x2 * sj);
-    y[half + j] = from_f<T>(x2 * cj + x1 * sj);
+    const T y1 = from_f<T>(x1 * cj - x2 * sj), y2 = from_f<T>(x2 * cj + x1 * sj);
+    if (is_q) {
+      yq[j] = y1;
+      yq[half + j] = y2;
+    } else {
+      yk[j] = cached(y1, yk);
+      yk[half + j] = cached(y2, yk);
+    }
   }
 }
 
@@ -108,25 +130,31 @@ __device__ void add_rms_norm(const T* x, const T* a, const T* w, T* hs, T* y, in
   }
 }
 
-#define DECODE_CHAIN(NAME, T)                                                                   \
+// The q/k chain into a cache of C (NAME: the suffix).
+#define QK_CHAIN(NAME, T, C)                                                                    \
   extern "C" __global__ void __launch_bounds__(DEC_THREADS) qk_norm_rope_cache_##NAME(          \
-      const T* qkv, const T* qw, const T* kw, const T* cos, const T* sin, T* qo, T* kc, T* vc,  \
+      const T* qkv, const T* qw, const T* kw, const T* cos, const T* sin, T* qo, C* kc, C* vc,  \
       int h, int kv, int d, float eps, int norm, size_t row_stride, size_t head_stride,         \
       size_t col) {                                                                             \
-    qk_norm_rope_cache<T>(qkv, qw, kw, cos, sin, qo, kc, vc, h, kv, d, eps, norm,               \
-                          DenseSlot{row_stride, head_stride, col, d});                          \
+    qk_norm_rope_cache<T, C>(qkv, qw, kw, cos, sin, qo, kc, vc, h, kv, d, eps, norm,            \
+                             DenseSlot{row_stride, head_stride, col, d});                       \
   }                                                                                             \
   extern "C" __global__ void __launch_bounds__(DEC_THREADS) qk_norm_rope_paged_##NAME(          \
-      const T* qkv, const T* qw, const T* kw, const T* cos, const T* sin, T* qo, T* kc, T* vc,  \
+      const T* qkv, const T* qw, const T* kw, const T* cos, const T* sin, T* qo, C* kc, C* vc,  \
       int h, int kv, int d, float eps, int norm, const unsigned int* rows, size_t rows_stride,  \
       size_t n_rows) {                                                                          \
-    qk_norm_rope_cache<T>(qkv, qw, kw, cos, sin, qo, kc, vc, h, kv, d, eps, norm,               \
-                          PagedSlot{rows, rows_stride, n_rows, d});                             \
-  }                                                                                             \
+    qk_norm_rope_cache<T, C>(qkv, qw, kw, cos, sin, qo, kc, vc, h, kv, d, eps, norm,            \
+                             PagedSlot{rows, rows_stride, n_rows, d});                          \
+  }
+
+#define ADD_RMS_NORM(NAME, T)                                                                   \
   extern "C" __global__ void __launch_bounds__(ROW_THREADS)                                     \
       add_rms_norm_##NAME(const T* x, const T* a, const T* w, T* hs, T* y, int n, float eps) {  \
     add_rms_norm<T>(x, a, w, hs, y, n, eps);                                                    \
   }
 
-DECODE_CHAIN(f32, float)
-DECODE_CHAIN(bf16, __nv_bfloat16)
+QK_CHAIN(f32, float, float)
+QK_CHAIN(bf16, __nv_bfloat16, __nv_bfloat16)
+QK_CHAIN(bf16_fp8, __nv_bfloat16, uint8_t)
+ADD_RMS_NORM(f32, float)
+ADD_RMS_NORM(bf16, __nv_bfloat16)

@@ -373,6 +373,39 @@ static void check_qk_norm_rope_cache(int B, int H, int KV, int D, int cap, int c
   report(what, rel_err(krows, kref), tol<T>());
   snprintf(what, sizeof what, "qk_norm_rope_%s %s v copied, the rest kept", how, tname<T>());
   report(what, moved ? INFINITY : rel_err(vrows, vref), 0.0);
+  if constexpr (sizeof(T) == 2) {
+    // The FP8 instance on the same inputs over a cache of E4M3 bytes: q the bf16 instance's
+    // bits; each new k and v the byte of the bf16 instance's value (as the composed path's
+    // fp8_e4m3_from_bf16 rounds it); every other byte kept.
+    std::vector<uint8_t> k8(pool_rows * D), v8(k8.size());
+    for (size_t i = 0; i < k8.size(); ++i) k8[i] = (uint8_t)(rnd() * 256.0f + 128.0f), v8[i] = (uint8_t)(i * 37);
+    uint8_t* dk8 = (uint8_t*)dalloc(k8.size());
+    uint8_t* dv8 = (uint8_t*)dalloc(v8.size());
+    h2d(dk8, k8.data(), k8.size());
+    h2d(dv8, v8.data(), v8.size());
+    Buf<T> qo8((size_t)B * H * D);
+    if (paged)
+      LAUNCH(qk_norm_rope_paged_bf16_fp8, grid, dim3(DEC_THREADS), 0, dqkv.d, dqw.d, dkw.d, dc.d,
+             ds.d, qo8.d, dk8, dv8, H, KV, D, eps, nm, didx, rows_stride, pool_rows);
+    else
+      LAUNCH(qk_norm_rope_cache_bf16_fp8, grid, dim3(DEC_THREADS), 0, dqkv.d, dqw.d, dkw.d, dc.d,
+             ds.d, qo8.d, dk8, dv8, H, KV, D, eps, nm, row_stride, head_stride, c);
+    std::vector<uint8_t> k8got(k8.size()), v8got(v8.size());
+    d2h(k8got.data(), dk8, k8.size());
+    d2h(v8got.data(), dv8, v8.size());
+    dfree(dk8);
+    dfree(dv8);
+    const auto q8 = qo8.get(), q16 = qo.get();
+    size_t wrong = 0;
+    for (size_t i = 0; i < q8.size(); ++i) wrong += fdp_bits(q8[i]) != fdp_bits(q16[i]);
+    for (size_t at = 0; at < k8.size(); ++at) {
+      const bool fresh = source[at / D] >= 0;
+      wrong += k8got[at] != (fresh ? fp8_e4m3_byte(kgot[at]) : k8[at]);
+      wrong += v8got[at] != (fresh ? fp8_e4m3_byte(vgot[at]) : v8[at]);
+    }
+    snprintf(what, sizeof what, "qk_norm_rope_%s bf16_fp8: the bf16 instance's q, k and v bytes, %zu wrong", how, wrong);
+    report(what, wrong ? INFINITY : 0.0, 0.0);
+  }
 }
 
 template <typename T>

@@ -564,7 +564,7 @@ pub struct BenchArgs {
     #[arg(long)]
     pub paged_kv: bool,
     /// generate: how the KV cache holds keys and values, `model` (its dtype) or `fp8` (E4M3
-    /// bytes on a GPU, the dense layout only; values rounded to E4M3 on the CPU).
+    /// bytes on a GPU, dense or paged; values rounded to E4M3 on the CPU).
     #[arg(long, value_enum, default_value_t = KvCache::Model)]
     pub kv_cache: KvCache,
     /// train-step: gradient checkpointing per decoder layer.

@@ -14,7 +14,7 @@
 //! kernel does not take): the caller then runs the composed twin, which is also the kernel's
 //! oracle (tests/it/cuda.rs). The CPU never takes the fused path, so no CPU result changes.
 
-use candle_core::{CpuStorage, CustomOp3, Layout, Result, Shape, Tensor};
+use candle_core::{CpuStorage, CustomOp3, DType, Layout, Result, Shape, Tensor};
 
 /// Qwen3's q and k norms (their weights `(D)`) and ε.
 #[derive(Clone, Copy)]
@@ -41,8 +41,8 @@ const MAX_HEAD_DIM: usize = crate::fused::launch::sizes::DEC_MAXD as usize;
 
 /// The composed chain the fused kernel replaces, as the model runs it: q and k `(B, 1, H, D)`
 /// and `(B, 1, KV, D)` normalised (when `norms`) and rotated by `cos`, `sin` `(B, 1, 1, D)`
-/// into heads first; k and v `(B, 1, KV, D)` written where `at` says in the cache buffers.
-/// Returns q `(B, H, 1, D)`.
+/// into heads first; k and v `(B, 1, KV, D)` written where `at` says in the cache buffers (in
+/// their dtype, or as E4M3 bytes into `U8` buffers: an FP8 cache). Returns q `(B, H, 1, D)`.
 #[allow(clippy::too_many_arguments)]
 pub fn qk_norm_rope_cache_composed(
     q: &Tensor,
@@ -64,6 +64,12 @@ pub fn qk_norm_rope_cache_composed(
     let q = super::rope_heads(&q, cos, sin)?;
     let k = super::rope_heads(&k, cos, sin)?;
     let v = v.transpose(1, 2)?.contiguous()?;
+    // an FP8 cache (E4M3 bytes) holds each new key and value rounded to its byte
+    let (k, v) = if k_cache.dtype() == DType::U8 {
+        (super::to_fp8_bytes(&k)?, super::to_fp8_bytes(&v)?)
+    } else {
+        (k, v)
+    };
     match at {
         KvWrite::Column(col) => {
             k_cache.slice_set(&k, 2, col)?;
@@ -164,13 +170,21 @@ fn chain_dims(
     at: KvWrite,
 ) -> Result<Option<ChainDims>> {
     let dtype = qkv.dtype();
-    let mut all = vec![qkv, cos, sin, k_cache, v_cache];
+    let mut all = vec![qkv, cos, sin];
     if let Some(n) = norms {
         all.extend([n.q, n.k]);
     }
+    // the caches in the model's dtype, or E4M3 bytes under bf16 (`*_bf16_fp8`)
+    let cache_dtype = k_cache.dtype();
+    let caches_fit = (cache_dtype == dtype || (cache_dtype == DType::U8 && dtype == DType::BF16))
+        && v_cache.dtype() == cache_dtype
+        && [k_cache, v_cache]
+            .iter()
+            .all(|t| t.device().same_device(qkv.device()));
     if all
         .iter()
         .any(|t| t.dtype() != dtype || !t.device().same_device(qkv.device()))
+        || !caches_fit
         || qkv.rank() != 3
         || !k_cache.is_contiguous()
         || !v_cache.is_contiguous()
@@ -449,8 +463,17 @@ mod cuda {
             );
             // The cache buffers are written in place, as `slice_set` or `scatter_set` writes
             // them: their storage is shared by the cache's tensors, and this stream's kernels
-            // run in order.
-            let (kcv, vcv) = (view::<T>(kc, lkc, what)?, view::<T>(vc, lvc, what)?);
+            // run in order. An FP8 cache's are E4M3 bytes (`*_bf16_fp8`).
+            let fp8 = dtype_of(kc) == DType::U8;
+            let (same, bytes) = if fp8 {
+                let v8 = |s, l| view::<u8>(s, l, what);
+                (None, Some((v8(kc, lkc)?, v8(vc, lvc)?)))
+            } else {
+                (
+                    Some((view::<T>(kc, lkc, what)?, view::<T>(vc, lvc, what)?)),
+                    None,
+                )
+            };
             let rows = qkvv.len() / ((h + 2 * kv) * d).max(1);
             // SAFETY: every element of q's output is written (each (row, q head) block its row).
             let mut out = unsafe { dev.alloc::<T>(rows * h * d) }?;
@@ -463,21 +486,21 @@ mod cuda {
                 At::Column(_) => "qk_norm_rope_cache",
                 At::PoolRows(..) => "qk_norm_rope_paged",
             };
-            let f = kernel!(dev, &format!("{name}_{sfx}"), PTX)?;
+            let kv_sfx = if fp8 { "_fp8" } else { "" };
+            let f = kernel!(dev, &format!("{name}_{sfx}{kv_sfx}"), PTX)?;
             let mut b = f.builder();
             b.arg(&qkvv)
                 .arg(&qwv)
                 .arg(&kwv)
                 .arg(&cv)
                 .arg(&sv)
-                .arg(&mut out)
-                .arg(&kcv)
-                .arg(&vcv)
-                .arg(&h_i)
-                .arg(&kv_i)
-                .arg(&d_i)
-                .arg(&eps)
-                .arg(&norm_i);
+                .arg(&mut out);
+            if let Some((kcv, vcv)) = &same {
+                b.arg(kcv).arg(vcv);
+            } else if let Some((kcv, vcv)) = &bytes {
+                b.arg(kcv).arg(vcv);
+            }
+            b.arg(&h_i).arg(&kv_i).arg(&d_i).arg(&eps).arg(&norm_i);
             let (row_stride, head_stride, col) = match at {
                 At::Column(col) => (kv * slots * d, slots * d, col),
                 At::PoolRows(..) => (0, 0, 0),

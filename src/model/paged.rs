@@ -58,11 +58,6 @@ pub enum PagedError {
     },
     #[error("the KV cache's block size must be a positive multiple of 32, not {0}")]
     BlockSize(usize),
-    #[error(
-        "an FP8 KV cache on a GPU takes the dense layout (kv_layout: dense, no --paged-kv): the \
-         paged pool's E4M3 write is not built"
-    )]
-    Fp8OnGpu,
 }
 
 /// The block allocator: reference counts and a free list (no tensors).
@@ -268,7 +263,8 @@ pub enum PagedRead {
 }
 
 /// The pool's tensors and its allocator: per layer a K and a V tensor `(blocks · KV · BLOCK, D)`
-/// in the model's dtype on its device (the module's layout).
+/// on the model's device, in the dtype its cache holds (the model's, or `U8` for E4M3 bytes:
+/// [`crate::model::qwen::Qwen::kv_storage_dtype`]), in the module's layout.
 #[derive(Debug)]
 pub struct PagedKv {
     pub pool: BlockPool,
@@ -371,7 +367,8 @@ impl PagedKv {
     }
 
     /// Writes source rows `src` `(n, D)` to the pool rows of `index` ([`PagedKv::write_index`])
-    /// in layer i's K (`which` 0) or V (1).
+    /// in layer i's K (`which` 0) or V (1): a pool of E4M3 bytes (`U8`, an FP8 cache) takes
+    /// bytes as they are and rounds numbers to their bytes; any other pool takes numbers.
     pub fn write(
         &self,
         i: usize,
@@ -381,7 +378,19 @@ impl PagedKv {
     ) -> crate::model::Result<()> {
         let (k, v) = &self.layers[i];
         let dst = if which == 0 { k } else { v };
-        dst.scatter_set(index, &src.to_dtype(dst.dtype())?, 0)?;
+        let src = match (dst.dtype(), src.dtype()) {
+            (DType::U8, DType::U8) => src.clone(),
+            (DType::U8, _) => crate::fused::to_fp8_bytes(src)?,
+            (_, DType::U8) => {
+                return Err(candle_core::Error::Msg(format!(
+                    "paged KV write: E4M3 bytes into a pool of {:?} numbers",
+                    dst.dtype()
+                ))
+                .into())
+            }
+            (to, _) => src.to_dtype(to)?,
+        };
+        dst.scatter_set(index, &src, 0)?;
         Ok(())
     }
 
@@ -611,6 +620,37 @@ mod tests {
                 ..
             }))
         ));
+    }
+
+    /// A pool of E4M3 bytes (an FP8 cache) takes bytes as they are and rounds numbers to their
+    /// bytes; a pool of numbers refuses bytes (their values would be read as small integers).
+    #[test]
+    fn a_byte_pool_stores_e4m3_bytes_and_a_number_pool_refuses_them() {
+        let cfg = tiny_config();
+        let kv = PagedKv::new(&cfg, DType::U8, &Device::Cpu, 3, 32).unwrap();
+        let d = kv.head_dim();
+        let x: Vec<f32> = (0..2 * d).map(|i| (i as f32 - 7.5) * 37.3).collect();
+        let src = Tensor::from_vec(x, (2, d), &Device::Cpu).unwrap();
+        let want = crate::fused::to_fp8_bytes(&src).unwrap();
+        let index = kv
+            .write_index(&[kv.row(1, 0, 0), kv.row(2, 1, 5)], &Device::Cpu)
+            .unwrap();
+        kv.write(0, 0, &src, &index).unwrap();
+        kv.write(0, 1, &want, &index).unwrap();
+        let (k, v) = kv.layer(0).unwrap();
+        for (pool, what) in [(k, "numbers"), (v, "bytes")] {
+            let rows = pool
+                .index_select(&index.narrow(1, 0, 1).unwrap().squeeze(1).unwrap(), 0)
+                .unwrap();
+            assert_eq!(
+                rows.to_vec2::<u8>().unwrap(),
+                want.to_vec2::<u8>().unwrap(),
+                "{what}"
+            );
+        }
+        let numbers = PagedKv::new(&cfg, DType::F32, &Device::Cpu, 3, 32).unwrap();
+        let err = numbers.write(0, 0, &want, &index).unwrap_err();
+        assert!(err.to_string().contains("E4M3 bytes"), "{err}");
     }
 
     /// Writes land in the rows the layout names, copies move whole blocks, and padding goes to

@@ -354,10 +354,8 @@ impl Attention {
             // On a GPU the cache holds the E4M3 bytes (`DType::U8`, half a bf16 cache's: the
             // decode kernel reads them, fused::flash); on the CPU their values in the model's
             // dtype.
-            KvCacheDtype::Fp8E4m3 if k.device().is_cuda() => {
-                Ok((q, to_fp8_e4m3(&k)?, to_fp8_e4m3(&v)?))
-            }
-            KvCacheDtype::Fp8E4m3 | KvCacheDtype::Fp8E4m3Values => {
+            fp8 if fp8.holds_bytes(k.device()) => Ok((q, to_fp8_e4m3(&k)?, to_fp8_e4m3(&v)?)),
+            KvCacheDtype::Fp8E4m3 | KvCacheDtype::Fp8E4m3Values | KvCacheDtype::Fp8E4m3Bytes => {
                 Ok((q, fp8_e4m3(&k)?, fp8_e4m3(&v)?))
             }
         }
@@ -380,6 +378,7 @@ impl Attention {
         // E4M3 value), so a prefill over it has the bits of one over the emulated cache.
         let fp8_read = matches!(mask, AttnMask::Keys { .. })
             && t == 1
+            && kb.device().is_cuda()
             && crate::fused::fp8_decode_applies(self.head_dim, self.heads / self.kv_heads);
         let cast;
         let (kb, vb, s) = if kb.dtype() == DType::U8 && !fp8_read {
@@ -451,11 +450,13 @@ impl Attention {
         kv: (&Tensor, &Tensor),
         at: KvWrite,
     ) -> Result<Option<Tensor>> {
-        // The fused chain writes the model's dtype; an FP8 cache takes the composed path.
+        // The fused chain writes the model's dtype or E4M3 bytes; a cache of E4M3 values in
+        // the model's dtype (the bytes' oracle) takes the composed path.
+        let writes = self.kv_dtype == KvCacheDtype::Model || self.kv_dtype.holds_bytes(x.device());
         if !self.decode_chain
             || x.dim(1)? != 1
             || self.q.decode.is_none()
-            || self.kv_dtype != KvCacheDtype::Model
+            || !writes
             || !crate::fused::qk_chain_applies(x.device(), x.dtype(), self.head_dim)
         {
             return Ok(None);
@@ -686,6 +687,23 @@ pub enum KvCacheDtype {
     /// The values of [`KvCacheDtype::Fp8E4m3`] in the model's dtype on every device: what the
     /// CPU keeps for it, and on a GPU the oracle of its bytes (tests/it/cuda.rs: the same bits).
     Fp8E4m3Values,
+    /// The bytes of [`KvCacheDtype::Fp8E4m3`] on every device: its GPU form, which the CPU runs
+    /// through the kernels' twins (`fused::fp8`, the paged decode's), so that the GPU's byte
+    /// path, dense and paged, is tested where CI runs (tests/it/model.rs: the tokens of
+    /// [`KvCacheDtype::Fp8E4m3Values`]). A quarter of an f32 cache's memory on the CPU, for a
+    /// conversion at each read.
+    Fp8E4m3Bytes,
+}
+
+impl KvCacheDtype {
+    /// Whether the cache holds E4M3 bytes (`DType::U8`) on `device`.
+    pub fn holds_bytes(self, device: &Device) -> bool {
+        match self {
+            KvCacheDtype::Fp8E4m3Bytes => true,
+            KvCacheDtype::Fp8E4m3 => device.is_cuda(),
+            KvCacheDtype::Model | KvCacheDtype::Fp8E4m3Values => false,
+        }
+    }
 }
 
 /// FP8 E4M3's largest finite magnitude.
@@ -1033,28 +1051,35 @@ impl Qwen {
             .map_or(KvCacheDtype::Model, |b| b.attn.kv_dtype)
     }
 
-    /// Bytes a cached key or value number takes on this model's device: one for an FP8 cache on
-    /// a GPU (E4M3 bytes), else the model's dtype's (the CPU keeps FP8 values in it).
+    /// Bytes a cached key or value number takes on this model's device: one where the cache
+    /// holds E4M3 bytes, else the model's dtype's (the CPU keeps FP8 values in it).
     pub fn kv_elem_bytes(&self) -> usize {
-        match self.kv_cache_dtype() {
-            KvCacheDtype::Fp8E4m3 if self.device.is_cuda() => 1,
-            _ => self.dtype.size_in_bytes(),
+        self.kv_storage_dtype().size_in_bytes()
+    }
+
+    /// The dtype a KV cache's tensors have on this model's device: `U8` where it holds E4M3
+    /// bytes ([`KvCacheDtype::holds_bytes`]), else the model's.
+    pub fn kv_storage_dtype(&self) -> DType {
+        if self.kv_cache_dtype().holds_bytes(&self.device) {
+            DType::U8
+        } else {
+            self.dtype
         }
     }
 
     /// The same model with its KV cache holding keys and values as `dtype` says. FP8: each key
     /// and value rounded to E4M3 as it is cached; on the CPU its value is kept in the model's
     /// dtype (what an FP8 cache does to accuracy), on a GPU its byte (half the bytes a decode
-    /// step reads: what it does to speed), bf16 models only there, in the dense layout.
+    /// step reads: what it does to speed), bf16 models only there; dense or paged alike.
     pub fn with_kv_cache(mut self, dtype: KvCacheDtype) -> Result<Qwen> {
-        if dtype == KvCacheDtype::Fp8E4m3 && self.device.is_cuda() && self.dtype != DType::BF16 {
+        if dtype.holds_bytes(&self.device) && self.device.is_cuda() && self.dtype != DType::BF16 {
             return Err(candle_core::Error::Msg(format!(
                 "an FP8 KV cache on a GPU takes a bf16 model (this one computes in {:?})",
                 self.dtype
             ))
             .into());
         }
-        if dtype == KvCacheDtype::Fp8E4m3 && !self.device.is_cpu() && !self.device.is_cuda() {
+        if dtype != KvCacheDtype::Model && !self.device.is_cpu() && !self.device.is_cuda() {
             return Err(candle_core::Error::Msg(
                 "an FP8 KV cache runs on the CPU (emulated) or on CUDA".into(),
             )

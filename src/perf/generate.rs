@@ -39,7 +39,7 @@ impl Sampler {
     fn new(cfg: &QwenConfig, target: &Target, shape: &SampleShape) -> Result<Sampler> {
         let precision = crate::model::Precision::inference(target.dtype);
         let composed = !crate::model::qwen::Kernels::for_device(&target.device).flash_attention;
-        let need = sampling_bytes(cfg, shape, precision, composed);
+        let need = sampling_bytes(cfg, shape, precision, composed, &target.device);
         crate::model::budget::check(&target.device, need, || {
             format!(
                 "--batch {} prompts of --prompt-len {} + --new-tokens {} tokens{}",
@@ -71,27 +71,44 @@ impl Sampler {
 /// Bytes the sampling benchmarks hold at least, computed from the shape before anything is
 /// allocated: the weights, the prompts' ids and the sampled ones (u32), and a forward over the
 /// sequences decoded at once (the fewest either benchmark decodes at once: `max_batch`, else a
-/// quarter of the batch) with room in the cache for the new tokens.
+/// quarter of the batch) with room in the cache for the new tokens, the cache at the bytes it
+/// holds on `device` (one a number for an FP8 cache of E4M3 bytes).
 fn sampling_bytes(
     cfg: &QwenConfig,
     shape: &SampleShape,
     precision: crate::model::Precision,
     composed: bool,
+    device: &candle_core::Device,
 ) -> u128 {
     let at_once = shape
         .max_batch
         .unwrap_or(shape.batch.div_ceil(4))
         .clamp(1, shape.batch.max(1));
     let ids = 4 * shape.batch as u128 * (shape.prompt_len as u128 + shape.new_tokens as u128);
-    cfg.weight_bytes(precision.master.size_in_bytes())
-        + ids
-        + cfg.forward_bytes(
-            at_once,
-            shape.prompt_len,
-            shape.new_tokens,
-            precision.compute.size_in_bytes(),
-            composed,
-        )
+    let compute = precision.compute.size_in_bytes();
+    let forward = cfg.forward_bytes(
+        at_once,
+        shape.prompt_len,
+        shape.new_tokens,
+        compute,
+        composed,
+    );
+    // forward_bytes counts the cache in the compute dtype
+    let positions = at_once as u128 * (shape.prompt_len + shape.new_tokens) as u128;
+    let cache = |elem: usize| positions * cfg.kv_bytes_per_position(elem) as u128;
+    let kv_elem = if shape.kv_cache.holds_bytes(device) {
+        1
+    } else {
+        compute
+    };
+    cfg.weight_bytes(precision.master.size_in_bytes()) + ids + forward - cache(compute)
+        + cache(kv_elem)
+}
+
+/// Whether `model`'s KV cache holds E4M3 bytes (an FP8 cache on a GPU; on the CPU an FP8 cache
+/// keeps its values in the model's dtype, and its report says nothing of FP8).
+fn holds_bytes(model: &Qwen) -> bool {
+    model.kv_storage_dtype() == candle_core::DType::U8
 }
 
 /// Sampling throughput: `batch` prompts of `prompt_len` tokens, `new_tokens` new tokens each at
@@ -181,11 +198,9 @@ pub fn bench_generate(m: &Subject, opts: &SpeedOptions) -> Result<Measurement> {
             shape
                 .max_batch
                 .map_or_else(String::new, |n| format!(", {n} at once")),
-            match (
-                shape.paged,
-                model.kv_elem_bytes() < precision.compute.size_in_bytes()
-            ) {
-                (true, _) => ", paged KV cache",
+            match (shape.paged, holds_bytes(&model)) {
+                (true, true) => ", paged FP8 KV cache",
+                (true, false) => ", paged KV cache",
                 (false, true) => ", FP8 KV cache",
                 (false, false) => "",
             }
@@ -262,6 +277,11 @@ pub fn bench_long_tail(m: &Subject, opts: &SpeedOptions) -> Result<Vec<Measureme
         let secs = t.elapsed().as_secs_f64();
         Ok((secs, stats.into_inner().unwrap_or_else(|e| e.into_inner())))
     };
+    let fp8 = if holds_bytes(&model) {
+        ", FP8 KV cache"
+    } else {
+        ""
+    };
     let row = |what: &'static str, secs: f64, how: &str| Measurement {
         model: m.name.clone(),
         parameters: params.count(),
@@ -272,8 +292,8 @@ pub fn bench_long_tail(m: &Subject, opts: &SpeedOptions) -> Result<Vec<Measureme
         tokens_per_second: tokens as f64 / secs,
         repeats: opts.repeats,
         shape: Some(format!(
-            "{} prompts of {}, long-tailed lengths ≤ {} (Σ {tokens}), {slots} at once: {how}",
-            shape.batch, shape.prompt_len, shape.new_tokens
+            "{} prompts of {}, long-tailed lengths ≤ {} (Σ {tokens}), {slots} at once: {how}{}",
+            shape.batch, shape.prompt_len, shape.new_tokens, fp8
         )),
         mfu: None,
         memory: None,
@@ -325,7 +345,7 @@ pub fn bench_long_tail(m: &Subject, opts: &SpeedOptions) -> Result<Vec<Measureme
         paged.shape = Some(format!(
             "{} prompts of {}, long-tailed lengths ≤ {} (Σ {tokens}), continuous batching over \
              the paged KV cache, at most {} at once, the widest prefill {} positions; decode \
-             {:.0} tokens/s",
+             {:.0} tokens/s{fp8}",
             shape.batch,
             shape.prompt_len,
             shape.new_tokens,
@@ -434,6 +454,39 @@ pub fn continuous_reads(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The memory check counts an FP8 cache of bytes at one byte a number, a cache of values at
+    /// the compute dtype's; nothing else changes.
+    #[test]
+    fn sampling_bytes_count_the_cache_at_the_bytes_it_holds() {
+        use crate::model::qwen::KvCacheDtype;
+        let json = r#"{"model_type": "qwen3", "vocab_size": 64, "hidden_size": 16,
+            "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 4,
+            "num_key_value_heads": 2, "head_dim": 8, "rms_norm_eps": 1e-6, "rope_theta": 1e4}"#;
+        let cfg = QwenConfig::from_json(json, std::path::Path::new("config.json")).unwrap();
+        let precision = crate::model::Precision {
+            master: candle_core::DType::BF16,
+            compute: candle_core::DType::BF16,
+        };
+        let cpu = candle_core::Device::Cpu;
+        let need = |kv_cache| {
+            let shape = SampleShape {
+                batch: 8,
+                prompt_len: 10,
+                new_tokens: 6,
+                max_batch: Some(4),
+                kv_cache,
+                ..SampleShape::default()
+            };
+            sampling_bytes(&cfg, &shape, precision, false, &cpu)
+        };
+        let model = need(KvCacheDtype::Model);
+        assert_eq!(need(KvCacheDtype::Fp8E4m3Values), model);
+        assert_eq!(need(KvCacheDtype::Fp8E4m3), model, "values on the CPU");
+        // 4 rows of 16 positions, 2 layers × K and V × 2 heads × 8 numbers, a byte less each
+        let saved = (4 * 16 * 2 * 2 * 2 * 8) as u128;
+        assert_eq!(need(KvCacheDtype::Fp8E4m3Bytes), model - saved);
+    }
 
     /// Three prompts of 10 tokens, two slots: the first finishes on its prefill's token, the
     /// third takes its place; every decode step reads the weights and each row's own positions.

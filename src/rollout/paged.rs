@@ -120,10 +120,8 @@ fn pool(
     max_new: usize,
     opts: &PagedOptions,
 ) -> Result<PagedKv> {
-    let (cfg, dtype, device) = (model.config(), model.dtype(), model.device());
-    if device.is_cuda() && model.kv_cache_dtype() == crate::model::qwen::KvCacheDtype::Fp8E4m3 {
-        return Err(PagedError::Fp8OnGpu.into());
-    }
+    // The pool holds what the dense cache would: E4M3 bytes for an FP8 cache on a GPU.
+    let (cfg, dtype, device) = (model.config(), model.kv_storage_dtype(), model.device());
     let budget = match opts.budget {
         Some(b) => b,
         None if device.is_cuda() => {

@@ -1128,6 +1128,105 @@ fn continuous_batching_on_cuda_gives_every_prompt_its_solo_completion() {
     }
 }
 
+/// The fused chain into an FP8 cache (E4M3 bytes, `qk_norm_rope_*_bf16_fp8`) against the composed
+/// chain on the GPU over the same bytes (`fp8_e4m3_from_bf16` rounding each new key and value,
+/// values past ±448 among them): q's bits, and every byte of both caches, dense and paged.
+#[test]
+fn the_fused_decode_chain_writes_the_composed_chains_fp8_bytes() {
+    let Some(gpu) = gpu("the_fused_decode_chain_writes_the_composed_chains_fp8_bytes") else {
+        return;
+    };
+    use acpo::fused::{self, KvWrite, QkNorms};
+    let (b, h, kv, cap, col, d) = (3usize, 16usize, 8usize, 9usize, 4usize, 128usize);
+    let bf = |t: &Tensor| {
+        t.to_dtype(DType::BF16)
+            .and_then(|t| t.to_device(&gpu))
+            .expect("to the GPU")
+    };
+    let (q, k, v) = (
+        random(11, &[b, 1, h, d], 2.0),
+        random(12, &[b, 1, kv, d], 2.0),
+        random(13, &[b, 1, kv, d], 300.0),
+    );
+    let qkv = bf(&super::fused::packed_qkv(&q, &k, &v));
+    let (q, k, v) = (bf(&q), bf(&k), bf(&v));
+    let (qw, kw) = (bf(&random(14, &[d], 1.0)), bf(&random(15, &[d], 1.0)));
+    let angles = random(16, &[b, 1, 1, d / 2], 3.0);
+    let angles = Tensor::cat(&[&angles, &angles], 3).expect("cat");
+    let (cos, sin) = (
+        bf(&angles.cos().expect("cos")),
+        bf(&angles.sin().expect("sin")),
+    );
+    let norms = Some(QkNorms {
+        q: &qw,
+        k: &kw,
+        eps: 1e-6,
+    });
+    let pool_rows = b * kv * cap;
+    let dest: Vec<u32> = (0..b * kv)
+        .map(|i| ((i * 7919 + 3) % pool_rows) as u32)
+        .collect();
+    let index = Tensor::from_slice(&dest, (b * kv, 1), &gpu)
+        .and_then(|t| t.broadcast_as((b * kv, d)))
+        .and_then(|t| t.contiguous())
+        .expect("index");
+    let host = |t: &Tensor| -> Vec<u32> {
+        let t = t.flatten_all().expect("flat");
+        match t.dtype() {
+            DType::U8 => t
+                .to_vec1::<u8>()
+                .expect("bytes")
+                .into_iter()
+                .map(u32::from)
+                .collect(),
+            _ => t
+                .to_dtype(DType::F32)
+                .and_then(|t| t.to_vec1::<f32>())
+                .expect("numbers")
+                .into_iter()
+                .map(f32::to_bits)
+                .collect(),
+        }
+    };
+    for paged in [false, true] {
+        let shape: &[usize] = if paged {
+            &[pool_rows, d]
+        } else {
+            &[b, kv, cap, d]
+        };
+        // the bytes the caches held before: kept wherever the step writes nothing
+        let earlier = |seed| fused::to_fp8_bytes(&bf(&random(seed, shape, 100.0))).expect("bytes");
+        let (kc, vc) = (earlier(17), earlier(18));
+        let (kc_composed, vc_composed) = (kc.copy().expect("copy"), vc.copy().expect("copy"));
+        let at = if paged {
+            KvWrite::PoolRows(&index)
+        } else {
+            KvWrite::Column(col)
+        };
+        let q_fused = fused::qk_norm_rope_cache(&qkv, (h, kv), norms, &cos, &sin, (&kc, &vc), at)
+            .expect("fused")
+            .expect("the fused kernel takes an FP8 cache under bf16");
+        let q_composed = fused::qk_norm_rope_cache_composed(
+            &q,
+            &k,
+            &v,
+            norms,
+            &cos,
+            &sin,
+            (&kc_composed, &vc_composed),
+            at,
+        )
+        .expect("composed");
+        for (name, got, want) in [
+            ("q", &q_fused, &q_composed),
+            ("k cache", &kc, &kc_composed),
+            ("v cache", &vc, &vc_composed),
+        ] {
+            assert_eq!(host(got), host(want), "paged {paged}: {name} differs");
+        }
+    }
+}
+
 /// The decode step's fused chain (kernels/decode_chain.cu) against the composed ops it
 /// replaces, run on the CPU: q normalised and rotated into heads first, k and v written into
 /// the dense cache's column, or into a paged pool's rows through a write index, and nothing
@@ -1586,15 +1685,16 @@ fn the_fp8_decode_kernel_gives_the_bf16_kernels_bits_on_the_same_values() {
 /// A bf16 Qwen3 (head dim 64, the decode kernel's) sampling over an FP8 KV cache on CUDA: the
 /// cache holds E4M3 bytes (one a number), and every prompt gets the tokens and log-probs, bit for
 /// bit, that the same model gets with the E4M3 values held in bf16 (`Fp8E4m3Values`, what the
-/// CPU keeps): all at once and by continuous batching (rows joining and leaving the byte
-/// buffers). The paged layout refuses an FP8 cache on a GPU with a clear error.
+/// CPU keeps, through the composed decode chain): all at once and by continuous batching (rows
+/// joining and leaving the byte buffers), the bytes written by the fused decode chain and by the
+/// composed one; and over the paged pool of bytes, the dense byte cache's tokens.
 #[test]
 fn sampling_over_an_fp8_cache_on_cuda_gives_the_emulated_caches_tokens() {
     let Some(gpu) = gpu("sampling_over_an_fp8_cache_on_cuda_gives_the_emulated_caches_tokens")
     else {
         return;
     };
-    use acpo::model::qwen::{KvCacheDtype, Qwen};
+    use acpo::model::qwen::{Kernels, KvCacheDtype, Qwen};
     use acpo::model::{init, QwenConfig};
     use acpo::rollout::{self, PagedOptions, SampleRequest, SamplingParams};
     let json = r#"{"model_type": "qwen3", "vocab_size": 128, "hidden_size": 128,
@@ -1640,7 +1740,7 @@ fn sampling_over_an_fp8_cache_on_cuda_gives_the_emulated_caches_tokens() {
         .layers()
         .iter()
         .all(|(k, v)| k.dtype() == DType::U8 && v.dtype() == DType::U8));
-    for slots in [None, Some(2)] {
+    for (decode_chain, slots) in [(true, None), (true, Some(2)), (false, None)] {
         let request = || {
             let r = SampleRequest::new(p).eos(eos.clone());
             match slots {
@@ -1648,31 +1748,52 @@ fn sampling_over_an_fp8_cache_on_cuda_gives_the_emulated_caches_tokens() {
                 None => r,
             }
         };
-        let a = rollout::generate(&bytes, &prompts, &keys, &request()).expect("fp8 bytes");
+        let of_bytes = bytes.clone().with_kernels(Kernels {
+            decode_chain,
+            ..bytes.kernels()
+        });
+        let before = acpo::fused::decode_chain_launches().qk;
+        let a = rollout::generate(&of_bytes, &prompts, &keys, &request()).expect("fp8 bytes");
+        let fused = acpo::fused::decode_chain_launches().qk - before;
+        assert_eq!(
+            fused > 0,
+            decode_chain,
+            "the q/k chain launched {fused} times"
+        );
         let b = rollout::generate(&values, &prompts, &keys, &request()).expect("fp8 values");
+        let what = format!("chain {decode_chain}, {slots:?} slots");
         for (i, (a, b)) in a.iter().zip(&b).enumerate() {
-            assert_eq!(
-                a.tokens, b.tokens,
-                "{slots:?} slots, prompt {i}: tokens differ"
-            );
+            assert_eq!(a.tokens, b.tokens, "{what}, prompt {i}: tokens differ");
             let bits = |c: &rollout::Completion| -> Vec<u32> {
                 c.log_probs.iter().map(|x| x.to_bits()).collect()
             };
-            assert_eq!(
-                bits(a),
-                bits(b),
-                "{slots:?} slots, prompt {i}: log-probs differ"
-            );
+            assert_eq!(bits(a), bits(b), "{what}, prompt {i}: log-probs differ");
         }
     }
-    let err = rollout::generate(
+    // The paged pool holds the bytes too, written by a prefill's store, each decode step's
+    // chain (fused, into the pool rows) and copy on write, and read by the paged kernel's
+    // `*_fp8` instance or through a gathered view: the dense byte cache's tokens.
+    let dense = rollout::generate(
         &bytes,
         &prompts,
         &keys,
-        &SampleRequest::new(p).paged(PagedOptions::default()),
+        &SampleRequest::new(p).eos(eos.clone()),
     )
-    .expect_err("paged over FP8 bytes");
-    assert!(err.to_string().contains("dense layout"), "{err}");
+    .expect("dense fp8");
+    for tables in [true, false] {
+        let r = SampleRequest::new(p).eos(eos.clone()).paged(PagedOptions {
+            tables: Some(tables),
+            share_prompts: false,
+            ..Default::default()
+        });
+        let paged = rollout::generate(&bytes, &prompts, &keys, &r).expect("paged fp8");
+        for (i, (a, b)) in paged.iter().zip(&dense).enumerate() {
+            assert_eq!(
+                a.tokens, b.tokens,
+                "tables {tables}, prompt {i}: tokens differ"
+            );
+        }
+    }
 }
 
 /// `kernels/fp8.cu` against its CPU twin (`fused::to_fp8_bytes`, `from_fp8_bytes`): every bf16

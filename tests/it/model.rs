@@ -1476,6 +1476,83 @@ fn a_group_of_responses_shares_its_prompts_prefill_and_blocks() {
     }
 }
 
+/// The GPU's FP8 cache, E4M3 bytes (`U8`), run on the CPU through the kernels' twins: the dense
+/// cache, the paged pool read through a gathered view and through the block tables, responses
+/// of a group sharing (and copying on write) their prompt's byte blocks, and a pool small
+/// enough that sequences wait for blocks. Each gives, bit for bit, what the same engine gives
+/// with the E4M3 values held in f32 (`Fp8E4m3Values`, what the CPU keeps for `Fp8E4m3`), and
+/// the tokens of the dense engine.
+#[test]
+fn an_fp8_cache_of_bytes_samples_what_its_values_sample_dense_and_paged() {
+    use acpo::model::qwen::KvCacheDtype;
+    let (cfg, params) = load("tiny-qwen3");
+    let model = |dtype| {
+        Qwen::new(&cfg, &params, true)
+            .expect("model")
+            .with_kv_cache(dtype)
+            .expect("cpu")
+    };
+    let (bytes, values) = (
+        model(KvCacheDtype::Fp8E4m3Bytes),
+        model(KvCacheDtype::Fp8E4m3Values),
+    );
+    assert_eq!(
+        (bytes.kv_storage_dtype(), values.kv_storage_dtype()),
+        (DType::U8, DType::F32)
+    );
+    assert_eq!(bytes.kv_elem_bytes(), 1);
+    let (mut prompts, _, p, eos) = paged_case();
+    prompts.extend(std::iter::repeat_n(vec![8, 6, 4, 2], 3));
+    let keys: Vec<[u64; 4]> = (0..prompts.len() as u64).map(|i| [6, 2, i, 0]).collect();
+    let want = dense_completions(&values, &prompts, &keys, p, &eos);
+    let plain = dense_completions(&model(KvCacheDtype::Model), &prompts, &keys, p, &eos);
+    assert!(
+        want.iter()
+            .zip(&plain)
+            .any(|(a, b)| a.log_probs != b.log_probs),
+        "the FP8 cache should change the log-probs"
+    );
+    let dense = dense_completions(&bytes, &prompts, &keys, p, &eos);
+    assert_same_completions(&dense, &want, 0.0, "dense bytes");
+    // the pool, when given, in blocks: the same count for a byte pool and one of f32 values
+    let request = |m: &Qwen, tables: bool, share_prompts: bool, blocks: Option<usize>| {
+        let per = acpo::model::paged::PagedKv::block_bytes(&cfg, m.kv_elem_bytes(), 32);
+        SampleRequest::new(p)
+            .eos(eos.clone())
+            .paged(rollout::PagedOptions {
+                tables: Some(tables),
+                share_prompts,
+                budget: blocks.map(|n| (n * per) as u128),
+                ..Default::default()
+            })
+    };
+    for (tables, share_prompts, blocks) in [
+        (false, false, None),
+        (false, true, None),
+        (true, true, None),
+        (true, true, Some(7)),
+    ] {
+        let what = format!("paged, tables {tables}, shared {share_prompts}, {blocks:?} blocks");
+        let sample = |m: &Qwen| {
+            rollout::generate(
+                m,
+                &prompts,
+                &keys,
+                &request(m, tables, share_prompts, blocks),
+            )
+            .expect(&what)
+        };
+        let got = sample(&bytes);
+        assert_same_completions(
+            &got,
+            &sample(&values),
+            0.0,
+            &format!("{what}: bytes, values"),
+        );
+        assert_same_completions(&got, &want, 1e-5, &format!("{what}: paged, dense"));
+    }
+}
+
 #[test]
 fn both_engines_run_the_decode_steps_the_roofline_charges() {
     // `acpo bench generate --long-tail` charges a decode roofline the weights once a step and

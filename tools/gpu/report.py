@@ -536,6 +536,14 @@ def generate(root, lines):
         out += ["", f"The same over the paged KV cache (`--paged-kv`: {paged['shape'].split(', continuous batching over the paged KV cache, ')[-1]}): "
                 f"{fmt(paged['tokens_per_second'])} tokens/s in all."]
         out += long_tail_bound(paged, "The paged run's")
+    fp8 = long_tail_paged(root, "generate-long-tail-paged-fp8")
+    if fp8:
+        cont8 = long_tail_dense(root, ("generate-long-tail-paged-fp8",))[1]
+        out += ["", f"The same three runs over an FP8 KV cache (`--kv-cache fp8`, E4M3 bytes): continuous batching "
+                f"{fmt(cont8['tokens_per_second'])} tokens/s, over the paged pool "
+                f"({fp8['shape'].split(', continuous batching over the paged KV cache, ')[-1]}) "
+                f"{fmt(fp8['tokens_per_second'])} tokens/s in all."]
+        out += long_tail_bound(fp8, "The paged FP8 run's")
     out += decode_launches(root)
     check = latest(root, "flash_kernels_check.log")
     if check:
@@ -543,11 +551,11 @@ def generate(root, lines):
     return out or ["sampling: not run"]
 
 
-def long_tail_dense(root):
+def long_tail_dense(root, names=("generate-long-tail", "generate-long-tail-paged")):
     """The long-tail run's waves and continuous-batching rows over the dense cache (`acpo bench
     generate --long-tail`): from its own run, else the first two rows of the paged run, which
     measures them first on the same prompts, keys and lengths; or None."""
-    for name in ("generate-long-tail", "generate-long-tail-paged"):
+    for name in names:
         d = latest(root, name)
         rows = load(d / "generate.json") if d and (d / "generate.json").exists() else None
         if rows and len(rows) >= 2:
@@ -555,10 +563,10 @@ def long_tail_dense(root):
     return None
 
 
-def long_tail_paged(root):
+def long_tail_paged(root, name="generate-long-tail-paged"):
     """The long-tail run over the paged KV cache (`acpo bench generate --long-tail --paged-kv`,
     its third row), or None."""
-    d = latest(root, "generate-long-tail-paged")
+    d = latest(root, name)
     rows = load(d / "generate.json") if d and (d / "generate.json").exists() else None
     return rows[2] if rows and len(rows) > 2 else None
 

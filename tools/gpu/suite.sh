@@ -15,7 +15,8 @@
 #                lengths up to SUITE_TAIL_NEW (default 2,048; most short, a tail to the limit,
 #                as a GRPO run's), decoded at the batch the GPU's memory allows in waves, by
 #                continuous batching and over the paged KV cache, beside the KV-bandwidth bound
-#                (the first two also alone before it; SUITE_TAIL_DENSE=0: not)
+#                (the first two also alone before it; SUITE_TAIL_DENSE=0: not), and the
+#                three again over an FP8 KV cache
 #   3 step       the Qwen3-1.7B train step at 2 x 2,048 (a gate) and 2 x 9,220, `--trace`
 #                (memory and seconds by phase), beside the PyTorch twin
 #                (tools/twins/bench_train_torch.py; an out-of-memory exit is a result); then the
@@ -395,6 +396,15 @@ if wanted decode; then
         --out "$res/generate-long-tail-paged"
     passed $?
     tail -4 "$res/acpo-generate-long-tail-paged.log" | tee -a "$res/summary.txt"
+    # The same three runs over an FP8 KV cache (E4M3 bytes, half the KV bytes a step reads and
+    # twice the rows the pool holds): the rates a paper run's plan needs to reach 48 GPU-hours
+    # (issue #57), the paged pool of bytes never run on a GPU before.
+    step "acpo generate long-tailed lengths, paged FP8 KV cache, qwen3-1.7b ${tail_shape[*]}" 90 \
+        acpo-generate-long-tail-paged-fp8.log "$acpo" bench generate --config "$cfg" \
+        --device "$device" --dtype bf16 "${tail_shape[@]}" --long-tail --paged-kv \
+        --kv-cache fp8 --repeats 1 --out "$res/generate-long-tail-paged-fp8"
+    passed $?
+    tail -4 "$res/acpo-generate-long-tail-paged-fp8.log" | tee -a "$res/summary.txt"
 fi
 
 # ---- 3: the train step, memory and time by phase, beside the twin

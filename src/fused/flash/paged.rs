@@ -6,14 +6,16 @@
 //! the pool in place ([`super::cuda`]), with the bits the dense decode kernel gives the same
 //! keys (kernels/check/flash_check.cu).
 
+use std::borrow::Cow;
+
 use candle_core::{CpuStorage, CustomOp3, DType, Device, Layout, Result, Shape, Tensor};
 
 use super::super::{exp_shifted_in_place, row_max, slice_f32};
 use super::{dot, map_rows, PagedDims, FLASH_MAX_HEAD_DIM};
 
 /// Whether [`paged_attention_decode`] runs on `device` in `dtype` without gathering: the CPU
-/// twin (f32), or CUDA's kernel (f32 or bf16, head dim 64 or 128, at most 8 query heads per
-/// KV head).
+/// twin (an f32 query over f32 or E4M3 pools), or CUDA's kernel (f32 or bf16, head dim 64 or
+/// 128, at most 8 query heads per KV head; E4M3 pools under bf16).
 pub fn paged_applies(device: &Device, dtype: DType, head_dim: usize, groups: usize) -> bool {
     if device.is_cpu() {
         return dtype == DType::F32 && head_dim <= FLASH_MAX_HEAD_DIM;
@@ -44,9 +46,10 @@ impl RowLens {
 }
 
 /// softmax(q·kᵀ·scale)·v `(B, H, 1, D)` over each row's keys read through its block table:
-/// `q` `(B, H, 1, D)`, `k_pool`, `v_pool` `(blocks, KV, block, D)`, `tables` `(B, nblk)` u32,
-/// `lens` `(B)` (at least 1, at most nblk · block; every table entry a row reads below
-/// `blocks`: checked here on the CPU, by the table's maker on CUDA).
+/// `q` `(B, H, 1, D)`, `k_pool`, `v_pool` `(blocks, KV, block, D)` (in q's dtype, or E4M3
+/// bytes, `U8`: an FP8 cache), `tables` `(B, nblk)` u32, `lens` `(B)` (at least 1, at most
+/// nblk · block; every table entry a row reads below `blocks`: checked here on the CPU, by the
+/// table's maker on CUDA).
 pub fn paged_attention_decode(
     q: &Tensor,
     k_pool: &Tensor,
@@ -158,6 +161,19 @@ pub(crate) fn cpu_paged(
     Ok(rows_out.concat())
 }
 
+/// A CPU pool's numbers: f32 as they are, E4M3 bytes (`U8`, an FP8 cache) as their exact
+/// values, as the kernel's `*_fp8` instance reads them.
+fn pool_f32<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> Result<Cow<'a, [f32]>> {
+    let CpuStorage::U8(bytes) = s else {
+        return Ok(Cow::Borrowed(slice_f32(s, l, what)?));
+    };
+    let Some((a, b)) = l.contiguous_offsets() else {
+        candle_core::bail!("{what}: input must be contiguous");
+    };
+    let value = crate::fused::fp8_value;
+    Ok(Cow::Owned(bytes[a..b].iter().map(|&x| value(x)).collect()))
+}
+
 impl CustomOp3 for PagedDecode {
     fn name(&self) -> &'static str {
         "acpo-paged-decode"
@@ -172,14 +188,14 @@ impl CustomOp3 for PagedDecode {
         s3: &CpuStorage,
         l3: &Layout,
     ) -> Result<(CpuStorage, Shape)> {
-        let (q, k, v) = (
-            slice_f32(s1, l1, self.name())?,
-            slice_f32(s2, l2, self.name())?,
-            slice_f32(s3, l3, self.name())?,
+        let q = slice_f32(s1, l1, self.name())?;
+        let (k, v) = (
+            pool_f32(s2, l2, self.name())?,
+            pool_f32(s3, l3, self.name())?,
         );
         let tables = self.tables.flatten_all()?.to_vec1::<u32>()?;
         let lens = self.lens.to_vec1::<u32>()?;
-        let o = cpu_paged(&self.dims, q, k, v, &tables, &lens)?;
+        let o = cpu_paged(&self.dims, q, &k, &v, &tables, &lens)?;
         Ok((CpuStorage::F32(o), l1.shape().clone()))
     }
 
