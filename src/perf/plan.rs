@@ -3,7 +3,8 @@
 //! the GPUs the paper used.
 //!
 //! Measurements feed it: a train step and a sampling run of one model shape (the GPU suite
-//! measures Qwen3-1.7B), and where the suite measured it, sampling at the evaluation's own shape
+//! measures Qwen3-1.7B; of a file with several rows, its last, which for `acpo bench generate
+//! --long-tail --paged-kv` is the paged engine's run), and where the suite measured it, sampling at the evaluation's own shape
 //! (`generate-eval.json`; else the rollouts' rate serves both, and the plan says so). Other
 //! sizes are scaled by parameter count: a train step's FLOPs, and a decode step's weight reads,
 //! both grow with it. Lengths are a stated assumption, since the paper does not report its mean
@@ -86,9 +87,11 @@ fn measured(dir: &Path, name: &str) -> Result<Rate> {
     let text = crate::files::read_to_string(&path).at(&path)?;
     let rows: Vec<serde_json::Value> = serde_json::from_str(&text)
         .map_err(|e| PerfError::Shape(format!("{}: {e}", path.display())))?;
+    // The file's last GPU row: a long-tail run's last is its paged engine's (after waves and
+    // continuous batching over the dense cache), the way a paper run samples.
     let row = rows
         .into_iter()
-        .find(|r| r["target"] == "cuda/bf16")
+        .rfind(|r| r["target"] == "cuda/bf16")
         .ok_or_else(|| PerfError::Shape(format!("{}: no cuda/bf16 measurement", path.display())))?;
     let get = |k: &str| {
         row[k]

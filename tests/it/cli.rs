@@ -653,8 +653,15 @@ fn bench_paper_plan_costs_every_paper_run_from_measured_rates() {
         row("train-step", 10_000.0).to_string(),
     )
     .expect("w");
+    // a long-tail run's rows: waves, continuous batching, then the paged engine, whose rate
+    // (the last row's) the plan takes
     let mut generate = row("generate", 5_000.0);
     generate[0]["roofline"] = serde_json::json!({"copy_gb_per_s": 3_000.0});
+    let earlier = [
+        row("generate", 900.0)[0].clone(),
+        row("generate", 1_700.0)[0].clone(),
+    ];
+    let generate = serde_json::json!([earlier[0], earlier[1], generate[0]]);
     std::fs::write(measured.join("generate.json"), generate.to_string()).expect("w");
     let rows = report_rows(
         &[
