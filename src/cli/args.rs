@@ -294,14 +294,15 @@ pub struct EvalArgs {
     pub out: PathBuf,
     /// How the KV cache holds keys and values while sampling: `model` (the model's dtype, what
     /// every result uses) or `fp8` (rounded to FP8 E4M3: on the CPU the values in the model's
-    /// dtype, what an FP8 cache does to Avg@k; on a GPU the bytes, bf16 models in the dense
-    /// layout).
+    /// dtype, what an FP8 cache does to Avg@k; on a GPU the bytes, bf16 models, dense or
+    /// paged).
     #[arg(long, value_enum, default_value_t = KvCache::Model)]
     pub kv_cache: KvCache,
     /// Sample over the paged KV cache whatever the manifest's `kv_layout` says: on a GPU each
     /// benchmark's samples in one call, as many decoding at once as the pool holds at their
     /// real lengths (k samples of a problem sharing its prompt's prefill and blocks); on the
-    /// CPU the same samples, bit for bit.
+    /// CPU the same samples, bit for bit (with `--kv-cache fp8`, the same up to the last bits
+    /// of a log-prob: kernels/NOTES.md, version 13).
     #[arg(long)]
     pub paged_kv: bool,
 }

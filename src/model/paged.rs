@@ -17,7 +17,9 @@
 //! holding rows `(b · KV + g) · BLOCK ..`: each (block, head) is `BLOCK · D` contiguous numbers,
 //! which the CUDA decode kernel reads through the block table (kernels/flash_decode.cu). Block 0
 //! is never handed out: the rows a batched prefill computes for left padding are written there,
-//! and the CPU's gathered view reads its padding columns from there (masked, never weighed).
+//! and the CPU's gathered view reads its padding columns from there (masked: each weighs ~1e-38
+//! there, the CPU exp's floor, which under an FP8 cache can move a last bit against the dense
+//! cache's own padding; kernels/NOTES.md, version 13).
 
 use candle_core::{DType, Device, Tensor};
 

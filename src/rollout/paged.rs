@@ -23,7 +23,8 @@
 //! the block tables; on the CPU each layer gathers the keys into the dense engine's layout
 //! (its width and right alignment), so that the numbers are the dense engine's bit for bit
 //! (tests/it/model.rs holds the two engines to that, and the block-table path to the same
-//! tokens).
+//! tokens; under an FP8 cache the same tokens, the log-probs to their last bits:
+//! kernels/NOTES.md, version 13).
 
 use std::collections::{HashMap, VecDeque};
 

@@ -1481,7 +1481,8 @@ fn a_group_of_responses_shares_its_prompts_prefill_and_blocks() {
 /// of a group sharing (and copying on write) their prompt's byte blocks, and a pool small
 /// enough that sequences wait for blocks. Each gives, bit for bit, what the same engine gives
 /// with the E4M3 values held in f32 (`Fp8E4m3Values`, what the CPU keeps for `Fp8E4m3`), and
-/// the tokens of the dense engine.
+/// the tokens of the dense engine (not always its bits: a masked key weighs ~1e-38 on the CPU,
+/// and E4M3's short significands make rounding ties it can break; kernels/NOTES.md, version 13).
 #[test]
 fn an_fp8_cache_of_bytes_samples_what_its_values_sample_dense_and_paged() {
     use acpo::model::qwen::KvCacheDtype;
