@@ -378,7 +378,7 @@ static void check_qk_norm_rope_cache(int B, int H, int KV, int D, int cap, int c
     // bits; each new k and v the byte of the bf16 instance's value (as the composed path's
     // fp8_e4m3_from_bf16 rounds it); every other byte kept.
     std::vector<uint8_t> k8(pool_rows * D), v8(k8.size());
-    for (size_t i = 0; i < k8.size(); ++i) k8[i] = (uint8_t)(rnd() * 256.0f + 128.0f), v8[i] = (uint8_t)(i * 37);
+    for (size_t i = 0; i < k8.size(); ++i) k8[i] = (uint8_t)(i * 131 + 7), v8[i] = (uint8_t)(i * 37);
     uint8_t* dk8 = (uint8_t*)dalloc(k8.size());
     uint8_t* dv8 = (uint8_t*)dalloc(v8.size());
     h2d(dk8, k8.data(), k8.size());

@@ -1683,11 +1683,12 @@ fn the_fp8_decode_kernel_gives_the_bf16_kernels_bits_on_the_same_values() {
 }
 
 /// A bf16 Qwen3 (head dim 64, the decode kernel's) sampling over an FP8 KV cache on CUDA: the
-/// cache holds E4M3 bytes (one a number), and every prompt gets the tokens and log-probs, bit for
-/// bit, that the same model gets with the E4M3 values held in bf16 (`Fp8E4m3Values`, what the
-/// CPU keeps, through the composed decode chain): all at once and by continuous batching (rows
-/// joining and leaving the byte buffers), the bytes written by the fused decode chain and by the
-/// composed one; and over the paged pool of bytes, the dense byte cache's tokens.
+/// cache holds E4M3 bytes (one a number), and through the composed decode chain every prompt
+/// gets the tokens and log-probs, bit for bit, that the same model gets with the E4M3 values
+/// held in bf16 (`Fp8E4m3Values`, what the CPU keeps): all at once and by continuous batching
+/// (rows joining and leaving the byte buffers); through the fused chain (the bytes written by
+/// `qk_norm_rope_cache_bf16_fp8`) the same tokens; and over the paged pool of bytes, the dense
+/// byte cache's tokens.
 #[test]
 fn sampling_over_an_fp8_cache_on_cuda_gives_the_emulated_caches_tokens() {
     let Some(gpu) = gpu("sampling_over_an_fp8_cache_on_cuda_gives_the_emulated_caches_tokens")
@@ -1740,7 +1741,15 @@ fn sampling_over_an_fp8_cache_on_cuda_gives_the_emulated_caches_tokens() {
         .layers()
         .iter()
         .all(|(k, v)| k.dtype() == DType::U8 && v.dtype() == DType::U8));
-    for (decode_chain, slots) in [(true, None), (true, Some(2)), (false, None)] {
+    let chain = |m: &Qwen, decode_chain: bool| {
+        m.clone().with_kernels(Kernels {
+            decode_chain,
+            ..m.kernels()
+        })
+    };
+    let bits =
+        |c: &rollout::Completion| -> Vec<u32> { c.log_probs.iter().map(|x| x.to_bits()).collect() };
+    for slots in [None, Some(2)] {
         let request = || {
             let r = SampleRequest::new(p).eos(eos.clone());
             match slots {
@@ -1748,26 +1757,45 @@ fn sampling_over_an_fp8_cache_on_cuda_gives_the_emulated_caches_tokens() {
                 None => r,
             }
         };
-        let of_bytes = bytes.clone().with_kernels(Kernels {
-            decode_chain,
-            ..bytes.kernels()
-        });
-        let before = acpo::fused::decode_chain_launches().qk;
-        let a = rollout::generate(&of_bytes, &prompts, &keys, &request()).expect("fp8 bytes");
-        let fused = acpo::fused::decode_chain_launches().qk - before;
+        // The composed chain on both sides: the same ops, the bytes' values read back exactly.
+        let before = acpo::fused::decode_chain_launches();
+        let a = rollout::generate(&chain(&bytes, false), &prompts, &keys, &request())
+            .expect("fp8 bytes");
+        let b = rollout::generate(&chain(&values, false), &prompts, &keys, &request())
+            .expect("fp8 values");
         assert_eq!(
-            fused > 0,
-            decode_chain,
-            "the q/k chain launched {fused} times"
+            acpo::fused::decode_chain_launches(),
+            before,
+            "a fused chain ran"
         );
-        let b = rollout::generate(&values, &prompts, &keys, &request()).expect("fp8 values");
-        let what = format!("chain {decode_chain}, {slots:?} slots");
         for (i, (a, b)) in a.iter().zip(&b).enumerate() {
-            assert_eq!(a.tokens, b.tokens, "{what}, prompt {i}: tokens differ");
-            let bits = |c: &rollout::Completion| -> Vec<u32> {
-                c.log_probs.iter().map(|x| x.to_bits()).collect()
-            };
-            assert_eq!(bits(a), bits(b), "{what}, prompt {i}: log-probs differ");
+            assert_eq!(
+                a.tokens, b.tokens,
+                "{slots:?} slots, prompt {i}: tokens differ"
+            );
+            assert_eq!(
+                bits(a),
+                bits(b),
+                "{slots:?} slots, prompt {i}: log-probs differ"
+            );
+        }
+        // The fused chain writing the bytes (its q/k/v in one stacked product, whose last bits
+        // in bf16 may differ from three products'): the same tokens, log-probs to 1e-4.
+        let fused = rollout::generate(&chain(&bytes, true), &prompts, &keys, &request())
+            .expect("fp8 bytes, fused chain");
+        let launched = acpo::fused::decode_chain_launches().qk - before.qk;
+        assert!(launched > 0, "the fused q/k chain never launched");
+        for (i, (f, a)) in fused.iter().zip(&a).enumerate() {
+            assert_eq!(
+                f.tokens, a.tokens,
+                "fused, {slots:?} slots, prompt {i}: tokens differ"
+            );
+            for (x, y) in f.log_probs.iter().zip(&a.log_probs) {
+                assert!(
+                    (x - y).abs() <= 1e-4 * x.abs().max(1.0),
+                    "fused, {slots:?} slots, prompt {i}: log-probs {x} vs {y}"
+                );
+            }
         }
     }
     // The paged pool holds the bytes too, written by a prefill's store, each decode step's

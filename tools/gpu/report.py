@@ -538,8 +538,9 @@ def generate(root, lines):
         out += long_tail_bound(paged, "The paged run's")
     fp8 = long_tail_paged(root, "generate-long-tail-paged-fp8")
     if fp8:
-        cont8 = long_tail_dense(root, ("generate-long-tail-paged-fp8",))[1]
-        out += ["", f"The same three runs over an FP8 KV cache (`--kv-cache fp8`, E4M3 bytes): continuous batching "
+        waves8, cont8 = long_tail_dense(root, ("generate-long-tail-paged-fp8",))
+        out += ["", f"The same three runs over an FP8 KV cache (`--kv-cache fp8`, E4M3 bytes): waves "
+                f"{fmt(waves8['tokens_per_second'])} tokens/s, continuous batching "
                 f"{fmt(cont8['tokens_per_second'])} tokens/s, over the paged pool "
                 f"({fp8['shape'].split(', continuous batching over the paged KV cache, ')[-1]}) "
                 f"{fmt(fp8['tokens_per_second'])} tokens/s in all."]
