@@ -9,14 +9,14 @@
 #   2 decode     sampling the way a paper run samples: `acpo bench generate` at 64 prompts x
 #                (1,024 + SUITE_DECODE_NEW, default 1,024) with its HBM roofline, beside HF
 #                `generate` with its static cache (tools/twins/bench_generate_torch.py), and
-#                over an FP8 KV cache (--kv-cache fp8); the launches of one decode step
-#                counted by ncu (tools/gpu/launches.py); then
+#                over an FP8 KV cache (--kv-cache fp8); then
 #                SUITE_TAIL_BATCH prompts (default 128) of 1,024 with long-tailed response
 #                lengths up to SUITE_TAIL_NEW (default 2,048; most short, a tail to the limit,
 #                as a GRPO run's), decoded at the batch the GPU's memory allows in waves, by
 #                continuous batching and over the paged KV cache, beside the KV-bandwidth bound
 #                (the first two also alone before it; SUITE_TAIL_DENSE=0: not), and the
-#                three again over an FP8 KV cache
+#                three again over an FP8 KV cache; last, the launches of one decode step
+#                counted by ncu (tools/gpu/launches.py)
 #   3 step       the Qwen3-1.7B train step at 2 x 2,048 (a gate) and 2 x 9,220, `--trace`
 #                (memory and seconds by phase), beside the PyTorch twin
 #                (tools/twins/bench_train_torch.py; an out-of-memory exit is a result); then the
@@ -329,7 +329,7 @@ tail -16 "$res/ops_check.log" | tee -a "$res/summary.txt"
 fi
 
 # ---- 2: decode the way a paper run samples: acpo beside HF generate (static cache) and the
-# roofline, the launches of a decode step, then long-tailed lengths at the memory-sized batch
+# roofline, long-tailed lengths at the memory-sized batch, then the launches of a decode step
 if wanted decode; then
     section decode
     new=${SUITE_DECODE_NEW:-1024}
@@ -354,9 +354,37 @@ if wanted decode; then
         --kv-cache fp8 --repeats 1 --out "$res/generate-paper-fp8"
     passed $?
     tail -2 "$res/acpo-generate-fp8.log" | tee -a "$res/summary.txt"
-    # The kernels one decode step launches, by name: ncu over a short run (the count does not
-    # depend on the lengths); tools/gpu/launches.py finds the decode steps between the sampler's
-    # launches. A dry run parses the H100's committed profile instead, so that the parser runs;
+    # The dense cache's waves and continuous batching alone (SUITE_TAIL_DENSE=1, the default):
+    # the paged run below measures the same two on the same prompts, keys and lengths, but a
+    # failure of its engine, never run on a GPU, would lose them; with 0 only the paged run
+    # runs (tools/gpu/report.py then reads its first two rows for them).
+    if [ "${SUITE_TAIL_DENSE:-1}" = 1 ]; then
+        step "acpo generate long-tailed lengths, the memory-sized batch, qwen3-1.7b ${tail_shape[*]}" 45 \
+            acpo-generate-long-tail.log "$acpo" bench generate --config "$cfg" --device "$device" \
+            --dtype bf16 "${tail_shape[@]}" --long-tail --repeats 1 --out "$res/generate-long-tail"
+        passed $?
+        tail -3 "$res/acpo-generate-long-tail.log" | tee -a "$res/summary.txt"
+    fi
+    # Waves, continuous batching and a third run over the paged KV cache (issue #57: as many
+    # rows as its pool holds), after the dense runs: the paged engine has never run on a GPU.
+    step "acpo generate long-tailed lengths, paged KV cache, qwen3-1.7b ${tail_shape[*]}" 90 \
+        acpo-generate-long-tail-paged.log "$acpo" bench generate --config "$cfg" --device "$device" \
+        --dtype bf16 "${tail_shape[@]}" --long-tail --paged-kv --repeats 1 \
+        --out "$res/generate-long-tail-paged"
+    passed $?
+    tail -4 "$res/acpo-generate-long-tail-paged.log" | tee -a "$res/summary.txt"
+    # The same three runs over an FP8 KV cache (E4M3 bytes, half the KV bytes a step reads and
+    # twice the rows the pool holds): the rates a paper run's plan needs to reach 48 GPU-hours
+    # (issue #57), the paged pool of bytes never run on a GPU before.
+    step "acpo generate long-tailed lengths, paged FP8 KV cache, qwen3-1.7b ${tail_shape[*]}" 90 \
+        acpo-generate-long-tail-paged-fp8.log "$acpo" bench generate --config "$cfg" \
+        --device "$device" --dtype bf16 "${tail_shape[@]}" --long-tail --paged-kv \
+        --kv-cache fp8 --repeats 1 --out "$res/generate-long-tail-paged-fp8"
+    passed $?
+    tail -4 "$res/acpo-generate-long-tail-paged-fp8.log" | tee -a "$res/summary.txt"
+    # Last in the section (the rates above are what the plan needs first): the kernels one
+    # decode step launches, by name, ncu over a short run (the count does not depend on the
+    # lengths); tools/gpu/launches.py finds the decode steps between the sampler's launches. A dry run parses the H100's committed profile instead, so that the parser runs;
     # a GPU machine without ncu counts nothing (no older profile passes for this run's).
     profile=
     if [ "$dry" = 1 ]; then
@@ -377,34 +405,6 @@ if wanted decode; then
         passed $?
         tail -1 "$res/launches.log" | tee -a "$res/summary.txt"
     fi
-    # The dense cache's waves and continuous batching alone (SUITE_TAIL_DENSE=1, the default):
-    # the paged run below measures the same two on the same prompts, keys and lengths, but a
-    # failure of its engine, never run on a GPU, would lose them; with 0 only the paged run
-    # runs (tools/gpu/report.py then reads its first two rows for them).
-    if [ "${SUITE_TAIL_DENSE:-1}" = 1 ]; then
-        step "acpo generate long-tailed lengths, the memory-sized batch, qwen3-1.7b ${tail_shape[*]}" 45 \
-            acpo-generate-long-tail.log "$acpo" bench generate --config "$cfg" --device "$device" \
-            --dtype bf16 "${tail_shape[@]}" --long-tail --repeats 1 --out "$res/generate-long-tail"
-        passed $?
-        tail -3 "$res/acpo-generate-long-tail.log" | tee -a "$res/summary.txt"
-    fi
-    # Waves, continuous batching and a third run over the paged KV cache (issue #57: as many
-    # rows as its pool holds), last in the section: the paged engine has never run on a GPU.
-    step "acpo generate long-tailed lengths, paged KV cache, qwen3-1.7b ${tail_shape[*]}" 90 \
-        acpo-generate-long-tail-paged.log "$acpo" bench generate --config "$cfg" --device "$device" \
-        --dtype bf16 "${tail_shape[@]}" --long-tail --paged-kv --repeats 1 \
-        --out "$res/generate-long-tail-paged"
-    passed $?
-    tail -4 "$res/acpo-generate-long-tail-paged.log" | tee -a "$res/summary.txt"
-    # The same three runs over an FP8 KV cache (E4M3 bytes, half the KV bytes a step reads and
-    # twice the rows the pool holds): the rates a paper run's plan needs to reach 48 GPU-hours
-    # (issue #57), the paged pool of bytes never run on a GPU before.
-    step "acpo generate long-tailed lengths, paged FP8 KV cache, qwen3-1.7b ${tail_shape[*]}" 90 \
-        acpo-generate-long-tail-paged-fp8.log "$acpo" bench generate --config "$cfg" \
-        --device "$device" --dtype bf16 "${tail_shape[@]}" --long-tail --paged-kv \
-        --kv-cache fp8 --repeats 1 --out "$res/generate-long-tail-paged-fp8"
-    passed $?
-    tail -4 "$res/acpo-generate-long-tail-paged-fp8.log" | tee -a "$res/summary.txt"
 fi
 
 # ---- 3: the train step, memory and time by phase, beside the twin
