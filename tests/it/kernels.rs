@@ -147,7 +147,7 @@ fn flash_kernels_match_the_float64_reference_in_the_emulator() {
 }
 
 /// The kernel checks of `ops_check.cu`, each of which must have run.
-const OPS_CHECKS: [&str; 28] = [
+const OPS_CHECKS: [&str; 30] = [
     "rms_norm fwd f32",
     "rms_norm fwd bf16",
     "rms_norm bwd dx",
@@ -174,6 +174,8 @@ const OPS_CHECKS: [&str; 28] = [
     "qk_norm_rope_paged bf16 q 3x16x128",
     "qk_norm_rope_paged f32 k to 24 of 216 pool rows, kv 8",
     "qk_norm_rope_paged bf16 v copied, the rest kept",
+    "qk_norm_rope_cache bf16_fp8: the bf16 instance's q, k and v bytes, 0 wrong",
+    "qk_norm_rope_paged bf16_fp8: the bf16 instance's q, k and v bytes, 0 wrong",
     "add_rms_norm f32 sum",
     "add_rms_norm bf16 norm",
 ];
@@ -194,7 +196,8 @@ fn assert_ops_pass(out: &Output, how: &str) {
 
 /// RMSNorm (forward, dx, the two-pass dw), SwiGLU, RoPE in its three layouts, the attention
 /// softmax, the token log-probabilities, the vocabulary chunks, the decode step's fused chain
-/// (q/k norms + RoPE + the cache write into a dense cache's column or a paged pool's rows, the residual add + RMSNorm) and the sampler against float64 references (the
+/// (q/k norms + RoPE + the cache write into a dense cache's column or a paged pool's rows, in
+/// the model's dtype or as an FP8 cache's E4M3 bytes; the residual add + RMSNorm) and the sampler against float64 references (the
 /// sampler against the CPU sampler's rule on the same draws), f32 and bf16, at shapes that hit
 /// the edges (see ops_check.cu), under a fair schedule and one with a lagging warp.
 #[test]
