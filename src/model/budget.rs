@@ -20,9 +20,8 @@ impl QwenConfig {
     }
 
     /// Bytes a forward without a graph over `b` sequences of `t` positions holds at most, in
-    /// `elem` bytes per value: one layer's activations, the composed attention's `(b, H, t, t)`
-    /// scores and probabilities when `composed`, a KV cache with room for `reserve` more
-    /// positions (a sampler's new tokens), a chunk of logits.
+    /// `elem` bytes per value: its activations ([`QwenConfig::activation_bytes`]) and a KV cache
+    /// with room for `reserve` more positions (a sampler's new tokens).
     pub fn forward_bytes(
         &self,
         b: usize,
@@ -31,7 +30,14 @@ impl QwenConfig {
         elem: usize,
         composed: bool,
     ) -> u128 {
-        let (b, t, s) = (b as u128, t as u128, (t + reserve) as u128);
+        self.activation_bytes(b, t, elem, composed) + self.kv_cache_bytes(b, t + reserve, elem)
+    }
+
+    /// Bytes a forward's activations over `b` sequences of `t` positions hold at most, in
+    /// `elem` bytes per value: one layer's activations, the composed attention's `(b, H, t, t)`
+    /// scores and probabilities when `composed`, a chunk of logits.
+    pub fn activation_bytes(&self, b: usize, t: usize, elem: usize, composed: bool) -> u128 {
+        let (b, t) = (b as u128, t as u128);
         let (h, i, e) = (
             self.hidden_size as u128,
             self.intermediate_size as u128,
@@ -43,9 +49,14 @@ impl QwenConfig {
         } else {
             0
         };
-        let cache = b * s * self.kv_bytes_per_position(elem) as u128;
         let logits = 2 * 4 * b * t.min(LOGIT_ROWS) * self.vocab_size as u128;
-        layer + scores + cache + logits
+        layer + scores + logits
+    }
+
+    /// Bytes a KV cache of `b` sequences of `positions` holds, `elem` bytes a number (one for
+    /// an FP8 cache of E4M3 bytes).
+    pub fn kv_cache_bytes(&self, b: usize, positions: usize, elem: usize) -> u128 {
+        b as u128 * positions as u128 * self.kv_bytes_per_position(elem) as u128
     }
 }
 

@@ -86,23 +86,15 @@ fn sampling_bytes(
         .clamp(1, shape.batch.max(1));
     let ids = 4 * shape.batch as u128 * (shape.prompt_len as u128 + shape.new_tokens as u128);
     let compute = precision.compute.size_in_bytes();
-    let forward = cfg.forward_bytes(
-        at_once,
-        shape.prompt_len,
-        shape.new_tokens,
-        compute,
-        composed,
-    );
-    // forward_bytes counts the cache in the compute dtype
-    let positions = at_once as u128 * (shape.prompt_len + shape.new_tokens) as u128;
-    let cache = |elem: usize| positions * cfg.kv_bytes_per_position(elem) as u128;
     let kv_elem = if shape.kv_cache.holds_bytes(device) {
         1
     } else {
         compute
     };
-    cfg.weight_bytes(precision.master.size_in_bytes()) + ids + forward - cache(compute)
-        + cache(kv_elem)
+    cfg.weight_bytes(precision.master.size_in_bytes())
+        + ids
+        + cfg.activation_bytes(at_once, shape.prompt_len, compute, composed)
+        + cfg.kv_cache_bytes(at_once, shape.prompt_len + shape.new_tokens, kv_elem)
 }
 
 /// Whether `model`'s KV cache holds E4M3 bytes (an FP8 cache on a GPU; on the CPU an FP8 cache
