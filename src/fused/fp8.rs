@@ -72,6 +72,11 @@ pub fn fp8_value(b: u8) -> f32 {
     sign * (1.0 + m / 8.0) * 2f32.powi(e - 7)
 }
 
+/// E4M3 bytes' values, exactly ([`fp8_value`] each): what the CPU reads of an FP8 cache.
+pub(in crate::fused) fn fp8_values(bytes: &[u8]) -> Vec<f32> {
+    bytes.iter().map(|&b| fp8_value(b)).collect()
+}
+
 /// `x` (f32 or bf16, any shape) rounded to E4M3 bytes, `DType::U8` of its shape.
 pub fn to_fp8_bytes(x: &Tensor) -> Result<Tensor> {
     x.contiguous()?.apply_op1_no_bwd(&ToFp8)
@@ -135,8 +140,7 @@ impl CustomOp1 for FromFp8 {
         let (Some((a, b)), CpuStorage::U8(x)) = (l.contiguous_offsets(), s) else {
             candle_core::bail!("{}: contiguous u8 bytes expected", self.name());
         };
-        let values = x[a..b].iter().map(|&v| fp8_value(v)).collect();
-        Ok((CpuStorage::F32(values), l.shape().clone()))
+        Ok((CpuStorage::F32(fp8_values(&x[a..b])), l.shape().clone()))
     }
 
     #[cfg(feature = "cuda")]
@@ -151,8 +155,8 @@ impl CustomOp1 for FromFp8 {
 
 #[cfg(feature = "cuda")]
 mod cuda {
-    use candle_core::cuda_backend::cudarc::driver::PushKernelArg;
-    use candle_core::cuda_backend::WrapErr;
+    use candle_core::cuda_backend::cudarc::driver::{CudaView, DeviceRepr, PushKernelArg};
+    use candle_core::cuda_backend::{CudaDType, WrapErr};
     use candle_core::{CudaStorage, DType, Layout, Result, Shape};
 
     use crate::fused::launch::{dtype_of, elems_config, kernel, ptx, suffix, view, with_type};
@@ -163,45 +167,40 @@ mod cuda {
         let what = "acpo-to-fp8";
         let sfx = suffix(dtype_of(x), what)?;
         with_type!(dtype_of(x), T, {
-            let dev = &x.device;
-            let xv = view::<T>(x, l, what)?;
-            let len = xv.len();
-            // SAFETY: every byte is written by the kernel.
-            let mut out = unsafe { dev.alloc::<u8>(len.max(1)) }?;
-            if len > 0 {
-                let f = kernel!(dev, &format!("fp8_e4m3_from_{sfx}"), PTX)?;
-                let mut b = f.builder();
-                b.arg(&xv).arg(&mut out).arg(&len);
-                // SAFETY: the arguments match fp8_e4m3_from_* in kernels/fp8.cu.
-                unsafe { b.launch(elems_config(len)) }.w()?;
-            }
-            Ok((
-                CudaStorage::wrap_cuda_slice(out, dev.clone()),
-                l.shape().clone(),
-            ))
+            let out =
+                per_number::<T, u8>(x, &view::<T>(x, l, what)?, &format!("fp8_e4m3_from_{sfx}"))?;
+            Ok((out, l.shape().clone()))
         })
     }
 
     pub fn from_fp8(x: &CudaStorage, l: &Layout, dtype: DType) -> Result<(CudaStorage, Shape)> {
         let what = "acpo-from-fp8";
         let sfx = suffix(dtype, what)?;
-        let dev = &x.device;
         let xv = view::<u8>(x, l, what)?;
-        let len = xv.len();
         with_type!(dtype, T, {
-            // SAFETY: every element is written by the kernel.
-            let mut out = unsafe { dev.alloc::<T>(len.max(1)) }?;
-            if len > 0 {
-                let f = kernel!(dev, &format!("fp8_e4m3_to_{sfx}"), PTX)?;
-                let mut b = f.builder();
-                b.arg(&xv).arg(&mut out).arg(&len);
-                // SAFETY: the arguments match fp8_e4m3_to_* in kernels/fp8.cu.
-                unsafe { b.launch(elems_config(len)) }.w()?;
-            }
-            Ok((
-                CudaStorage::wrap_cuda_slice(out, dev.clone()),
-                l.shape().clone(),
-            ))
+            let out = per_number::<u8, T>(x, &xv, &format!("fp8_e4m3_to_{sfx}"))?;
+            Ok((out, l.shape().clone()))
         })
+    }
+
+    /// Kernel `name` of kernels/fp8.cu over the numbers of `xv` (a view of `x`), one thread a
+    /// number: `(const I* x, O* out, size_t len)`, every output written.
+    fn per_number<I: DeviceRepr, O: CudaDType + DeviceRepr>(
+        x: &CudaStorage,
+        xv: &CudaView<I>,
+        name: &str,
+    ) -> Result<CudaStorage> {
+        let dev = &x.device;
+        let len = xv.len();
+        // SAFETY: every element is written by the kernel.
+        let mut out = unsafe { dev.alloc::<O>(len.max(1)) }?;
+        if len > 0 {
+            let f = kernel!(dev, name, PTX)?;
+            let mut b = f.builder();
+            b.arg(xv).arg(&mut out).arg(&len);
+            // SAFETY: the arguments match fp8_e4m3_{from,to}_* in kernels/fp8.cu.
+            unsafe { b.launch(elems_config(len)) }.w()?;
+        }
+        Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
     }
 }

@@ -170,8 +170,7 @@ fn pool_f32<'a>(s: &'a CpuStorage, l: &Layout, what: &str) -> Result<Cow<'a, [f3
     let Some((a, b)) = l.contiguous_offsets() else {
         candle_core::bail!("{what}: input must be contiguous");
     };
-    let value = crate::fused::fp8_value;
-    Ok(Cow::Owned(bytes[a..b].iter().map(|&x| value(x)).collect()))
+    Ok(Cow::Owned(super::super::fp8::fp8_values(&bytes[a..b])))
 }
 
 impl CustomOp3 for PagedDecode {
