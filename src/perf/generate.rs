@@ -97,12 +97,6 @@ fn sampling_bytes(
         + cfg.kv_cache_bytes(at_once, shape.prompt_len + shape.new_tokens, kv_elem)
 }
 
-/// Whether `model`'s KV cache holds E4M3 bytes (an FP8 cache on a GPU; on the CPU an FP8 cache
-/// keeps its values in the model's dtype, and its report says nothing of FP8).
-fn holds_bytes(model: &Qwen) -> bool {
-    model.kv_storage_dtype() == candle_core::DType::U8
-}
-
 /// Sampling throughput: `batch` prompts of `prompt_len` tokens, `new_tokens` new tokens each at
 /// T = 1 (no early stop), through the sampling engine with `max_batch` slots; median of
 /// `repeats` runs after a warm-up. The tokens counted are the new ones.
@@ -190,7 +184,9 @@ pub fn bench_generate(m: &Subject, opts: &SpeedOptions) -> Result<Measurement> {
             shape
                 .max_batch
                 .map_or_else(String::new, |n| format!(", {n} at once")),
-            match (shape.paged, holds_bytes(&model)) {
+            // an FP8 cache named where it holds bytes (on the CPU it keeps its values in the
+            // model's dtype, whose bytes the roofline counts)
+            match (shape.paged, shape.kv_cache.holds_bytes(&target.device)) {
                 (true, true) => ", paged FP8 KV cache",
                 (true, false) => ", paged KV cache",
                 (false, true) => ", FP8 KV cache",
@@ -269,7 +265,7 @@ pub fn bench_long_tail(m: &Subject, opts: &SpeedOptions) -> Result<Vec<Measureme
         let secs = t.elapsed().as_secs_f64();
         Ok((secs, stats.into_inner().unwrap_or_else(|e| e.into_inner())))
     };
-    let fp8 = if holds_bytes(&model) {
+    let fp8 = if shape.kv_cache.holds_bytes(&target.device) {
         ", FP8 KV cache"
     } else {
         ""
