@@ -127,7 +127,8 @@ pub fn bench_generate(m: &Subject, opts: &SpeedOptions) -> Result<Measurement> {
             r
         }
     };
-    // Median seconds of `repeats` runs after a warm-up.
+    // Median seconds of `repeats` runs after a warm-up (their engine's stats added to `stats`
+    // where the request asks for them).
     let time = |request: &SampleRequest| -> Result<f64> {
         let run = || -> Result<f64> {
             let t = Instant::now();
@@ -143,7 +144,11 @@ pub fn bench_generate(m: &Subject, opts: &SpeedOptions) -> Result<Measurement> {
             (0..repeats).map(|_| run()).collect::<Result<Vec<_>>>()?,
         ))
     };
-    let secs = time(&request(shape.new_tokens))?;
+    // The full runs keep stats for the host's share of their decode time (a prefill then ends
+    // with the device's work done: one wait a run, the decode steps untouched).
+    let stats = std::sync::Mutex::new(GenStats::default());
+    let secs = time(&request(shape.new_tokens).stats(&stats))?;
+    let stats = stats.into_inner().unwrap_or_else(|e| e.into_inner());
     let tokens = shape.batch * shape.new_tokens;
     // The prefill alone: one new token each.
     let prefill_seconds = time(&request(1))?;
@@ -166,6 +171,7 @@ pub fn bench_generate(m: &Subject, opts: &SpeedOptions) -> Result<Measurement> {
         achieved_gb_per_s: bytes_per_step / step_seconds / 1e9,
         copy_gb_per_s: copy / 1e9,
         fraction: bytes_per_step / step_seconds / copy,
+        host_share: stats.host_share(),
     };
     Ok(Measurement {
         model: m.name.clone(),
@@ -361,6 +367,7 @@ fn decode_roofline(read: DecodeReads, stats: &GenStats, drawn: usize, copy: f64)
         achieved_gb_per_s: read.bytes / seconds / 1e9,
         copy_gb_per_s: copy / 1e9,
         fraction: read.bytes / seconds / copy,
+        host_share: stats.host_share(),
     }
 }
 

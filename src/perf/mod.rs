@@ -477,6 +477,10 @@ pub struct Roofline {
     pub copy_gb_per_s: f64,
     /// achieved / copy.
     pub fraction: f64,
+    /// The share of the decode time the host spent issuing and keeping the books rather than
+    /// waiting for the device's draws ([`crate::rollout::GenStats::host_share`]): near 1 on a
+    /// GPU, the host's launches bound a step, not the bytes.
+    pub host_share: Option<f64>,
 }
 
 /// Bytes read + written per second by a copy of a 1 GiB buffer on the device (median of 5),

@@ -91,6 +91,12 @@ pub struct GenStats {
     /// Prompt tokens prefilled (padding not counted).
     pub prefill_tokens: usize,
     pub decode_seconds: f64,
+    /// Of `decode_seconds`, the seconds the host waited for the device to hand back what it drew
+    /// (the read-back of each step's tokens, or of its logits for a draw on the host). The rest
+    /// is the host's own: issuing the step's launches and its bookkeeping. Where the device
+    /// bounds a step the host waits for most of it; where the host's launches do, for little
+    /// ([`GenStats::host_share`]). On the CPU nothing is queued, so nearly nothing.
+    pub decode_wait_seconds: f64,
     /// Tokens drawn.
     pub decode_tokens: usize,
     /// Decode steps run (each appending a token to every row that goes on): what a decode
@@ -107,6 +113,17 @@ pub struct GenStats {
     /// The most positions one prefill call took: its rows × their left-padded width (a paged
     /// cache's [`PagedOptions::prefill_tokens`] bounds it).
     pub widest_prefill: usize,
+}
+
+impl GenStats {
+    /// The share of the decode time the host did not spend waiting for the device's draws
+    /// (`1 − decode_wait_seconds / decode_seconds`): near 1, a decode step is as slow as the
+    /// host issues it, whatever its kernels take; low, the kernels bound it. None before any
+    /// decode time.
+    pub fn host_share(&self) -> Option<f64> {
+        (self.decode_seconds > 0.0)
+            .then(|| (1.0 - self.decode_wait_seconds / self.decode_seconds).clamp(0.0, 1.0))
+    }
 }
 
 /// How a sampler holds its KV cache: a manifest's `kv_layout` (training's rollouts, the probe
@@ -346,23 +363,29 @@ fn decode_all(
     let started = std::time::Instant::now();
     let mut timed = GenStats::default();
     // A prefill, timed (on a GPU, until its work is done) and counted.
-    let mut prefill_timed = |rows: Vec<usize>| -> Result<Batch> {
+    let prefill_timed = |rows: Vec<usize>, timed: &mut GenStats| -> Result<Batch> {
+        settle(model, request)?;
         let t = std::time::Instant::now();
         timed.prefill_tokens += rows.iter().map(|&i| prompts[i].len()).sum::<usize>();
         let b = prefill(model, prompts, rows, pad_id, reserve)?;
         let width = b.valid.first().map_or(0, Vec::len);
         timed.widest_prefill = timed.widest_prefill.max(b.active.len() * width);
-        if request.stats.is_some() && model.device().is_cuda() {
-            model.device().synchronize()?;
-        }
+        settle(model, request)?;
         timed.prefill_seconds += t.elapsed().as_secs_f64();
         Ok(b)
     };
-    let mut batch = prefill_timed(first)?;
+    let mut batch = prefill_timed(first, &mut timed)?;
     let mut next_pos: Vec<u32> = prompts.iter().map(|p| p.len() as u32).collect();
     let mut most_rows = 0;
     loop {
-        let (keep, next_ids) = draw(&batch.logits, &batch.active, &mut rngs, &mut out, request)?;
+        let (keep, next_ids) = draw(
+            &batch.logits,
+            &batch.active,
+            &mut rngs,
+            &mut out,
+            request,
+            &mut timed,
+        )?;
         most_rows = most_rows.max(keep.len());
         let joining: Vec<usize> = waiting
             .drain(..(batch.active.len() - keep.len()).min(waiting.len()))
@@ -385,7 +408,7 @@ fn decode_all(
         batch = match (next, joining.is_empty()) {
             (Some(b), true) => b,
             (next, _) => {
-                let joined = prefill_timed(joining)?;
+                let joined = prefill_timed(joining, &mut timed)?;
                 match next {
                     Some(b) => merge(b, joined)?,
                     None => joined,
@@ -403,16 +426,19 @@ fn decode_all(
 
 /// Draws each active row's next token (`logits` row r is prompt `active[r]`'s) into its
 /// completion and ends the completions that stop: at an end-of-sequence token, a stop string or
-/// the prompt's length limit. Returns the rows that go on and the tokens they feed next.
+/// the prompt's length limit. Returns the rows that go on and the tokens they feed next; the
+/// time the host waited for the draws goes to `timed`.
 fn draw(
     logits: &Tensor,
     active: &[usize],
     rngs: &mut [SplitMix64],
     out: &mut [Completion],
     request: &SampleRequest,
+    timed: &mut GenStats,
 ) -> Result<(Vec<usize>, Vec<u32>)> {
     let (mut keep, mut next_ids) = (Vec::new(), Vec::new());
-    let drawn = sample_rows(logits, active, rngs, &request.params)?;
+    let (drawn, waited) = sample::sample_rows_waiting(logits, active, rngs, &request.params)?;
+    timed.decode_wait_seconds += waited;
     for (r, &i) in active.iter().enumerate() {
         let (token, lp) = drawn[r];
         let c = &mut out[i];
@@ -428,6 +454,16 @@ fn draw(
         }
     }
     Ok((keep, next_ids))
+}
+
+/// With stats asked for on a GPU, waits until the device has done what was queued: a prefill's
+/// time is taken from an idle device to its work done, so the decode step queued before it
+/// (which a join follows) counts as decode time, not as the prefill's.
+fn settle(model: &Qwen, request: &SampleRequest) -> Result<()> {
+    if request.stats.is_some() && model.device().is_cuda() {
+        model.device().synchronize()?;
+    }
+    Ok(())
 }
 
 /// One length limit (when the request has them) and one sample key per prompt, and no empty
@@ -462,6 +498,7 @@ fn add_stats(
     s.prefill_seconds += timed.prefill_seconds;
     s.prefill_tokens += timed.prefill_tokens;
     s.decode_seconds += decode_seconds;
+    s.decode_wait_seconds += timed.decode_wait_seconds;
     s.decode_tokens += out.iter().map(|c| c.tokens.len()).sum::<usize>();
     s.decode_steps += timed.decode_steps;
     s.decode_positions += timed.decode_positions;
@@ -571,4 +608,23 @@ pub struct Sampling {
     pub temperature: f64,
     pub top_p: f64,
     pub top_k: Option<usize>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::GenStats;
+
+    #[test]
+    fn the_hosts_share_is_the_decode_time_it_did_not_wait() {
+        let stats = |decode, wait| GenStats {
+            decode_seconds: decode,
+            decode_wait_seconds: wait,
+            ..GenStats::default()
+        };
+        assert_eq!(stats(2.0, 0.5).host_share(), Some(0.75));
+        assert_eq!(stats(2.0, 0.0).host_share(), Some(1.0));
+        // a wait measured over a decode time taken by subtraction can round past it
+        assert_eq!(stats(1.0, 1.0 + 1e-12).host_share(), Some(0.0));
+        assert_eq!(stats(0.0, 0.0).host_share(), None);
+    }
 }

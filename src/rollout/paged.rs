@@ -31,7 +31,7 @@ use std::collections::{HashMap, VecDeque};
 use candle_core::Tensor;
 
 use super::{
-    add_stats, draw, last_logits, prefill, Completion, GenStats, SampleKey, SampleRequest,
+    add_stats, draw, last_logits, prefill, settle, Completion, GenStats, SampleKey, SampleRequest,
 };
 use crate::model::paged::{PagedError, PagedKv, PagedRead, PagedStep, SeqBlocks};
 use crate::model::qwen::Qwen;
@@ -191,7 +191,7 @@ pub fn decode_all_paged(
     loop {
         let active: Vec<usize> = engine.rows.iter().map(|r| r.prompt).collect();
         let (keep, mut next_ids) = match &engine.logits {
-            Some(logits) => draw(logits, &active, &mut rngs, &mut out, request)?,
+            Some(logits) => draw(logits, &active, &mut rngs, &mut out, request, &mut timed)?,
             None => (Vec::new(), Vec::new()),
         };
         // The finished rows give their blocks back.
@@ -436,6 +436,7 @@ impl<'a> Engine<'a> {
         let prompts = self.prompts;
         let mut prefilled = Vec::with_capacity(fresh.len());
         for group in prefill_groups(prompts, fresh, self.prefill_budget) {
+            settle(self.model, request)?;
             let t = std::time::Instant::now();
             timed.prefill_tokens += group.iter().map(|&i| prompts[i].len()).sum::<usize>();
             let batch = prefill(self.model, prompts, group.clone(), self.pad_id, 0)?;
@@ -461,9 +462,7 @@ impl<'a> Engine<'a> {
             }
             // The group's dense keys and values go before the next group's prefill.
             drop(batch);
-            if request.stats.is_some() && self.model.device().is_cuda() {
-                self.model.device().synchronize()?;
-            }
+            settle(self.model, request)?;
             timed.prefill_seconds += t.elapsed().as_secs_f64();
         }
         Ok(prefilled)

@@ -24,6 +24,24 @@ pub fn sample_rows(
     rngs: &mut [SplitMix64],
     params: &SamplingParams,
 ) -> Result<Vec<(u32, f32)>> {
+    Ok(sample_rows_waiting(logits, rows, rngs, params)?.0)
+}
+
+/// [`sample_rows`], with the seconds the host waited in the blocking read-back of the draws
+/// (or, drawing on the host, of the logits): on a GPU, the queued work the device had left
+/// when the host asked (the engine's [`super::GenStats::decode_wait_seconds`]).
+pub(super) fn sample_rows_waiting(
+    logits: &Tensor,
+    rows: &[usize],
+    rngs: &mut [SplitMix64],
+    params: &SamplingParams,
+) -> Result<(Vec<(u32, f32)>, f64)> {
+    // A tensor's rows on the host, and the seconds it took to get them.
+    let read_back = |t: &Tensor| -> Result<(Vec<Vec<f32>>, f64)> {
+        let start = std::time::Instant::now();
+        let rows = t.to_vec2::<f32>()?;
+        Ok((rows, start.elapsed().as_secs_f64()))
+    };
     if logits.device().is_cuda() && params.temperature > 0.0 && params.full(logits.dim(1)?) {
         // the same draw `sample_token` makes first on this path
         let u: Vec<f64> = rows.iter().map(|&i| rngs[i].next_f64()).collect();
@@ -39,11 +57,11 @@ pub fn sample_rows(
                 temperature: params.temperature as f32,
             },
         )?;
-        return Ok(out
-            .to_vec2::<f32>()?
-            .into_iter()
-            .map(|r| (r[0] as u32, r[1]))
-            .collect());
+        let (drawn, waited) = read_back(&out)?;
+        return Ok((
+            drawn.into_iter().map(|r| (r[0] as u32, r[1])).collect(),
+            waited,
+        ));
     }
     if logits.device().is_cuda() && params.temperature > 0.0 {
         // Said once a process: every step of such a run copies its logits to the host.
@@ -57,12 +75,13 @@ pub fn sample_rows(
         });
     }
     // bf16 to f32 is exact: the host draws from the logits' own values
-    let host = logits.to_dtype(candle_core::DType::F32)?.to_vec2::<f32>()?;
-    Ok(rows
+    let (host, waited) = read_back(&logits.to_dtype(candle_core::DType::F32)?)?;
+    let drawn = rows
         .iter()
         .enumerate()
         .map(|(r, &i)| sample_token(&host[r], params, &mut rngs[i]))
-        .collect())
+        .collect();
+    Ok((drawn, waited))
 }
 
 /// [`sample_token`]'s full-distribution draw for every row at once, on CUDA (kernels/sample.cu).

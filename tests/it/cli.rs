@@ -418,6 +418,11 @@ fn bench_generate_takes_an_fp8_kv_cache_and_counts_its_bytes_where_it_holds_them
         model["roofline"]["bytes_per_step"]
     );
     assert!(!fp8["shape"].as_str().expect("shape").contains("FP8"));
+    // the fixed shape's decode says how much of its time was the host's
+    for row in [&model, &fp8] {
+        let share = row["roofline"]["host_share"].as_f64().expect("host share");
+        assert!((0.0..=1.0).contains(&share), "{share}");
+    }
     let out = acpo(&["bench", "generate", "--kv-cache", "fp4"], repo());
     assert_eq!(out.status.code(), Some(2));
 }
@@ -628,6 +633,13 @@ fn bench_generate_compares_waves_with_continuous_batching_on_long_tails() {
                 bytes(2),
                 bytes(1)
             );
+            // and both decode runs say how much of their decode time was the host's
+            for i in [1, 2] {
+                let share = rows[i]["roofline"]["host_share"]
+                    .as_f64()
+                    .expect("host share");
+                assert!((0.0..=1.0).contains(&share), "row {i}: {share}");
+            }
         }
     }
 }

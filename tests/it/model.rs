@@ -1601,6 +1601,16 @@ fn both_engines_run_the_decode_steps_the_roofline_charges() {
                 s.decode_positions as f64, positions,
                 "{slots} slots, paged {paged}"
             );
+            // the waits for the draws are part of the decode time, so the host's share is a
+            // share (on the CPU nothing is queued: the host's is nearly all of it)
+            assert!(
+                (0.0..=s.decode_seconds).contains(&s.decode_wait_seconds),
+                "{slots} slots, paged {paged}: waited {} of {} s",
+                s.decode_wait_seconds,
+                s.decode_seconds
+            );
+            let share = s.host_share().expect("decode time");
+            assert!((0.0..=1.0).contains(&share), "{share}");
         }
     }
 }

@@ -519,7 +519,7 @@ def generate(root, lines):
                     f"{all_tokens:.2f}×. Decode: the run's time less "
                     f"its prefill's (the same prompts sampled for one token), over the other N − 1 tokens, on both "
                     f"sides. Roofline: {r['bytes_per_step'] / 1e9:.1f} GB of weights + mean KV cache per decode step "
-                    f"against a measured device copy of {r['copy_gb_per_s']:,.0f} GB/s."]
+                    f"against a measured device copy of {r['copy_gb_per_s']:,.0f} GB/s.{host_share(r)}"]
         if fp8 and decode_rate(fp8) and decode_rate(acpo):
             out += ["", f"The FP8 KV cache's decode over the bf16 cache's: {decode_rate(fp8) / decode_rate(acpo):.2f}× "
                     f"({r8['bytes_per_step'] / 1e9:.1f} GB a decode step against {r['bytes_per_step'] / 1e9:.1f})."]
@@ -572,6 +572,18 @@ def long_tail_paged(root, name="generate-long-tail-paged"):
     return rows[2] if rows and len(rows) > 2 else None
 
 
+def host_share(r):
+    """What a decode run's roofline says of the host (`GenStats::host_share`, runs since issue
+    #57's last review): a sentence, or nothing for a run that did not measure it."""
+    share = r.get("host_share")
+    if share is None:
+        return ""
+    bound = ("the host's work (issuing the launches, its bookkeeping), not the bytes, bounds a step" if share >= 0.9
+             else "the kernels bound a step" if share <= 0.5 else "host and kernels both count")
+    return (f" The host was busy for {100 * share:.0f} % of the decode time, waiting for the GPU's draws "
+            f"the rest: {bound}.")
+
+
 def long_tail_bound(cont, who="Continuous batching's"):
     """A long-tail run's decode steps against the bytes they must read (`acpo bench generate
     --long-tail`; nothing for a run without them)."""
@@ -583,7 +595,7 @@ def long_tail_bound(cont, who="Continuous batching's"):
             f"({1000 * r['step_seconds']:.1f} ms a step; the prefills {r['prefill_seconds']:.1f} s in all, not counted), "
             f"{100 * r['fraction']:.1f} % of the KV-bandwidth bound of {fmt(bound)} tokens/s: every weight once a "
             f"step and each row's own cache, {r['bytes_per_step'] / 1e9:.2f} GB a step on average, at the measured "
-            f"copy of {r['copy_gb_per_s']:,.0f} GB/s (target ≥ 70 %)."]
+            f"copy of {r['copy_gb_per_s']:,.0f} GB/s (target ≥ 70 %).{host_share(r)}"]
 
 
 def train_kernels(root):
