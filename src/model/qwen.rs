@@ -941,6 +941,11 @@ pub struct Qwen {
     inv_freq: Tensor,
     device: Device,
     kernels: Kernels,
+    /// The master of each weight the model reads as a cast of it (`Params::weight`: bf16 from
+    /// f32 on the GPU), keyed by the cast's id: where a layer's backward by hand hands each such
+    /// weight's gradient (cast back to the master's dtype, what the cast's own backward gives).
+    /// Empty for a detached model and for weights read as they are.
+    masters: std::sync::Arc<std::collections::HashMap<candle_core::TensorId, Tensor>>,
 }
 
 impl Qwen {
@@ -951,7 +956,16 @@ impl Qwen {
             path: "config.json".into(),
             reason,
         })?;
-        let get = |name: &str, shape: &[usize]| params.weight(name, shape, detach);
+        let masters = std::cell::RefCell::new(std::collections::HashMap::new());
+        let get = |name: &str, shape: &[usize]| -> Result<Tensor> {
+            let w = params.weight(name, shape, detach)?;
+            if !detach && !w.is_variable() {
+                masters
+                    .borrow_mut()
+                    .insert(w.id(), params.get(name, shape)?);
+            }
+            Ok(w)
+        };
         let (h, v, hd) = (cfg.hidden_size, cfg.vocab_size, cfg.head_dim());
         let (nh, nkv, inter) = (
             cfg.num_attention_heads,
@@ -1018,16 +1032,18 @@ impl Qwen {
         } else {
             get("lm_head.weight", &[v, h])?
         };
+        let norm = norm("model.norm.weight", h)?;
         Ok(Qwen {
             cfg: cfg.clone(),
             embed: Embedding::new(embed_w, h),
             blocks,
-            norm: norm("model.norm.weight", h)?,
+            norm,
             lm_head: Linear::new(lm_head, None, detach),
             dtype,
             inv_freq: rope_inv_freq(hd, cfg.rope_theta(), &device)?,
             kernels: Kernels::for_device(&device),
             device,
+            masters: std::sync::Arc::new(masters.into_inner()),
         })
     }
 
@@ -1275,7 +1291,8 @@ impl Qwen {
         crate::device::mark(|| "head: the loss, its backward to the last layer".into());
         for (i, (block, input)) in self.blocks.iter().zip(inputs).enumerate().rev() {
             if self.kernels.layer_by_hand {
-                let (dx, layer) = block.backward_by_hand(&input, &g, &cos, &sin, &mask)?;
+                let (dx, layer) =
+                    block.backward_by_hand(&input, &g, &cos, &sin, &mask, &self.masters)?;
                 drop(input);
                 g = dx;
                 sink(layer)?;

@@ -78,34 +78,54 @@ fn linear_backward(
 }
 
 /// The layer's gradients as they are made, keyed by the weights the layer read.
-#[derive(Default)]
-struct Kept {
+struct Kept<'m> {
     store: GradStore,
-    /// Gradients of weights the model computes with in another dtype than their masters'
-    /// (`Params::weight`: a cast of the master, bf16 on the GPU): handed back through the cast.
+    /// The masters of the weights the model reads as casts (`Qwen::masters`).
+    masters: &'m Masters,
+    /// Gradients of cast weights whose master the model does not know: handed back through the
+    /// cast's own backward.
     cast: Vec<(Tensor, Tensor)>,
 }
 
-impl Kept {
-    fn insert(&mut self, weight: &Tensor, grad: Tensor) {
+/// A cast weight's id → its master (`Qwen::masters`).
+pub(super) type Masters = std::collections::HashMap<candle_core::TensorId, Tensor>;
+
+impl<'m> Kept<'m> {
+    fn new(masters: &'m Masters) -> Kept<'m> {
+        Kept {
+            store: GradStore::default(),
+            masters,
+            cast: Vec::new(),
+        }
+    }
+
+    /// A weight's gradient, written once: for a weight read as a cast of its master (bf16 from
+    /// f32 on the GPU), the gradient cast to the master's dtype, keyed by the master, which is
+    /// what the cast's backward would give it (candle adds it into a zero-filled gradient: the
+    /// same value) without a seed, a sum or a zero fill on the way.
+    fn insert(&mut self, weight: &Tensor, grad: Tensor) -> Result<()> {
         if weight.is_variable() {
             self.store.insert(weight, grad);
+        } else if let Some(master) = self.masters.get(&weight.id()) {
+            let grad = grad.to_dtype(master.dtype())?;
+            self.store.insert(master, grad);
         } else {
             self.cast.push((weight.clone(), grad));
         }
+        Ok(())
     }
 
-    fn linear(&mut self, lin: &Linear, dw: Tensor, db: Option<Tensor>) {
-        self.insert(&lin.weight, dw);
+    fn linear(&mut self, lin: &Linear, dw: Tensor, db: Option<Tensor>) -> Result<()> {
+        self.insert(&lin.weight, dw)?;
         if let (Some(b), Some(db)) = (&lin.bias, db) {
-            self.insert(b, db);
+            self.insert(b, db)?;
         }
+        Ok(())
     }
 
-    /// The store keyed by the masters. A cast weight's gradient reaches its master through the
-    /// cast's own backward (seeded with it, [`crate::fused::backward_seed`]): the gradient cast
-    /// to the master's dtype, as autograd's backward of the cast gives it; candle keeps a
-    /// cast's source private, so the master cannot be named directly.
+    /// The store keyed by the masters. A cast weight the model names no master for reaches its
+    /// master through the cast's own backward (seeded with its gradient,
+    /// [`crate::fused::backward_seed`]): candle keeps a cast's source private.
     fn into_store(mut self) -> Result<GradStore> {
         let mut total: Option<Tensor> = None;
         for (w, g) in &self.cast {
@@ -135,6 +155,7 @@ impl Block {
         cos: &Tensor,
         sin: &Tensor,
         mask: &AttnMask,
+        masters: &Masters,
     ) -> Result<(Tensor, GradStore)> {
         let layer = self.detached();
         let attn = &layer.attn;
@@ -171,20 +192,20 @@ impl Block {
         crate::device::part(FORWARD_ELEMENTWISE);
 
         // Backward, last to first; `store` gets each gradient once.
-        let mut store = Kept::default();
+        let mut store = Kept::new(masters);
         let (ds, dw_down, db_down) = linear_backward(&layer.mlp.down, &s, &g)?;
-        store.linear(&self.mlp.down, dw_down, db_down);
+        store.linear(&self.mlp.down, dw_down, db_down)?;
         let (dgate, dup) = crate::fused::swiglu_backward(&gate, &up, &ds)?;
         let (dn2_g, dw_gate, db_gate) = linear_backward(&layer.mlp.gate, &n2, &dgate)?;
         let (dn2_u, dw_up, db_up) = linear_backward(&layer.mlp.up, &n2, &dup)?;
-        store.linear(&self.mlp.gate, dw_gate, db_gate);
-        store.linear(&self.mlp.up, dw_up, db_up);
+        store.linear(&self.mlp.gate, dw_gate, db_gate)?;
+        store.linear(&self.mlp.up, dw_up, db_up)?;
         let (dh_norm, dw_post) = norm_backward(&layer.post_norm, &h, &(dn2_g + dn2_u)?)?;
-        store.insert(&self.post_norm.weight, dw_post);
+        store.insert(&self.post_norm.weight, dw_post)?;
         let dh = (&g + dh_norm)?;
 
         let (do_, dw_o, db_o) = linear_backward(&attn.o, &o, &dh)?;
-        store.linear(&self.attn.o, dw_o, db_o);
+        store.linear(&self.attn.o, dw_o, db_o)?;
         let do_heads = do_
             .reshape((b, t, attn.heads, attn.head_dim))?
             .transpose(1, 2)?
@@ -215,8 +236,8 @@ impl Block {
             let (dk_in, dwk) = norm_backward(kn, &k, &dk)?;
             let (sq, sk) = (&self.attn.q_norm, &self.attn.k_norm);
             if let (Some(sq), Some(sk)) = (sq, sk) {
-                store.insert(&sq.weight, dwq);
-                store.insert(&sk.weight, dwk);
+                store.insert(&sq.weight, dwq)?;
+                store.insert(&sk.weight, dwk)?;
             }
             (dq, dk) = (dq_in, dk_in);
         }
@@ -224,12 +245,12 @@ impl Block {
         let (dn1_q, dw_q, db_q) = linear_backward(&attn.q, &n1, &flat(dq, attn.heads)?)?;
         let (dn1_k, dw_k, db_k) = linear_backward(&attn.k, &n1, &flat(dk, attn.kv_heads)?)?;
         let (dn1_v, dw_v, db_v) = linear_backward(&attn.v, &n1, &flat(dv, attn.kv_heads)?)?;
-        store.linear(&self.attn.q, dw_q, db_q);
-        store.linear(&self.attn.k, dw_k, db_k);
-        store.linear(&self.attn.v, dw_v, db_v);
+        store.linear(&self.attn.q, dw_q, db_q)?;
+        store.linear(&self.attn.k, dw_k, db_k)?;
+        store.linear(&self.attn.v, dw_v, db_v)?;
         let dn1 = ((dn1_q + dn1_k)? + dn1_v)?;
         let (dx_norm, dw_in) = norm_backward(&layer.input_norm, &x, &dn1)?;
-        store.insert(&self.input_norm.weight, dw_in);
+        store.insert(&self.input_norm.weight, dw_in)?;
         let dx = (dh + dx_norm)?;
         crate::device::part(BACKWARD_REST);
         Ok((dx, store.into_store()?))
