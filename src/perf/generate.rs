@@ -127,9 +127,9 @@ pub fn bench_generate(m: &Subject, opts: &SpeedOptions) -> Result<Measurement> {
             r
         }
     };
-    // Median seconds of `repeats` runs after a warm-up (their engine's stats added to `stats`
-    // where the request asks for them).
-    let time = |request: &SampleRequest| -> Result<f64> {
+    // Median seconds of `repeats` runs of `request` after a warm-up of `warm` (the same run
+    // without stats: a first run's one-time costs are not the host's share of a step).
+    let time = |warm: &SampleRequest, request: &SampleRequest| -> Result<f64> {
         let run = || -> Result<f64> {
             let t = Instant::now();
             let out = rollout::generate(&model, &prompts, &keys, request)?;
@@ -139,19 +139,22 @@ pub fn bench_generate(m: &Subject, opts: &SpeedOptions) -> Result<Measurement> {
             target.sync()?;
             Ok(t.elapsed().as_secs_f64())
         };
-        run()?;
+        rollout::generate(&model, &prompts, &keys, warm)?;
+        target.sync()?;
         Ok(median(
             (0..repeats).map(|_| run()).collect::<Result<Vec<_>>>()?,
         ))
     };
-    // The full runs keep stats for the host's share of their decode time (a prefill then ends
-    // with the device's work done: one wait a run, the decode steps untouched).
+    // The measured full runs keep stats for the host's share of their decode time (a run then
+    // starts from an idle device and its prefill ends with the device's work done: two waits a
+    // run, the decode steps untouched).
     let stats = std::sync::Mutex::new(GenStats::default());
-    let secs = time(&request(shape.new_tokens).stats(&stats))?;
+    let full = request(shape.new_tokens);
+    let secs = time(&full, &request(shape.new_tokens).stats(&stats))?;
     let stats = stats.into_inner().unwrap_or_else(|e| e.into_inner());
     let tokens = shape.batch * shape.new_tokens;
     // The prefill alone: one new token each.
-    let prefill_seconds = time(&request(1))?;
+    let prefill_seconds = time(&request(1), &request(1))?;
     let steps = shape.new_tokens.saturating_sub(1).max(1);
     let decode_seconds = (secs - prefill_seconds).max(f64::MIN_POSITIVE);
     // Per decode step: every weight once (the compute dtype), and each sequence's cache so far,

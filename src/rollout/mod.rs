@@ -360,11 +360,14 @@ fn decode_all(
     let mut waiting: std::collections::VecDeque<usize> = (0..prompts.len()).collect();
     let first: Vec<usize> = waiting.drain(..slots.min(prompts.len())).collect();
     let reserve = params.max_new_tokens;
+    // what was queued before the call (the caller's work) is not the call's
+    settle(model, request)?;
     let started = std::time::Instant::now();
     let mut timed = GenStats::default();
     // A prefill, timed (on a GPU, until its work is done) and counted.
     let prefill_timed = |rows: Vec<usize>, timed: &mut GenStats| -> Result<Batch> {
-        settle(model, request)?;
+        // the decode step queued before a joining prefill: waited for as decode time
+        timed.decode_wait_seconds += settle(model, request)?;
         let t = std::time::Instant::now();
         timed.prefill_tokens += rows.iter().map(|&i| prompts[i].len()).sum::<usize>();
         let b = prefill(model, prompts, rows, pad_id, reserve)?;
@@ -456,14 +459,17 @@ fn draw(
     Ok((keep, next_ids))
 }
 
-/// With stats asked for on a GPU, waits until the device has done what was queued: a prefill's
-/// time is taken from an idle device to its work done, so the decode step queued before it
-/// (which a join follows) counts as decode time, not as the prefill's.
-fn settle(model: &Qwen, request: &SampleRequest) -> Result<()> {
+/// With stats asked for on a GPU, waits until the device has done what was queued, and says
+/// how long that took (0 otherwise): a prefill's time is taken from an idle device to its work
+/// done, so the decode step queued before it (which a join follows) counts as decode time, and
+/// the wait for it as the host's wait; a call's time starts from an idle device.
+fn settle(model: &Qwen, request: &SampleRequest) -> Result<f64> {
     if request.stats.is_some() && model.device().is_cuda() {
+        let t = std::time::Instant::now();
         model.device().synchronize()?;
+        return Ok(t.elapsed().as_secs_f64());
     }
-    Ok(())
+    Ok(0.0)
 }
 
 /// One length limit (when the request has them) and one sample key per prompt, and no empty

@@ -185,6 +185,8 @@ pub fn decode_all_paged(
         shared: HashMap::new(),
     };
     let mut next_pos: Vec<u32> = prompts.iter().map(|p| p.len() as u32).collect();
+    // what was queued before the decoding (the pool's zero fill, the caller's work) is not its
+    settle(model, request)?;
     let started = std::time::Instant::now();
     let mut timed = GenStats::default();
 
@@ -436,7 +438,8 @@ impl<'a> Engine<'a> {
         let prompts = self.prompts;
         let mut prefilled = Vec::with_capacity(fresh.len());
         for group in prefill_groups(prompts, fresh, self.prefill_budget) {
-            settle(self.model, request)?;
+            // the decode step queued before a joining prefill: waited for as decode time
+            timed.decode_wait_seconds += settle(self.model, request)?;
             let t = std::time::Instant::now();
             timed.prefill_tokens += group.iter().map(|&i| prompts[i].len()).sum::<usize>();
             let batch = prefill(self.model, prompts, group.clone(), self.pad_id, 0)?;

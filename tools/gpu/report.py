@@ -519,7 +519,9 @@ def generate(root, lines):
                     f"{all_tokens:.2f}×. Decode: the run's time less "
                     f"its prefill's (the same prompts sampled for one token), over the other N − 1 tokens, on both "
                     f"sides. Roofline: {r['bytes_per_step'] / 1e9:.1f} GB of weights + mean KV cache per decode step "
-                    f"against a measured device copy of {r['copy_gb_per_s']:,.0f} GB/s.{host_share(r)}"]
+                    f"against a measured device copy of {r['copy_gb_per_s']:,.0f} GB/s."]
+        if host_share(r):
+            out += ["", f"acpo's decode at this shape:{host_share(r)}"]
         if fp8 and decode_rate(fp8) and decode_rate(acpo):
             out += ["", f"The FP8 KV cache's decode over the bf16 cache's: {decode_rate(fp8) / decode_rate(acpo):.2f}× "
                     f"({r8['bytes_per_step'] / 1e9:.1f} GB a decode step against {r['bytes_per_step'] / 1e9:.1f})."]
