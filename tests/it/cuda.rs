@@ -1046,14 +1046,9 @@ fn the_attention_backward_in_five_products_gives_the_steps_gradients_on_cuda() {
         return;
     };
     use acpo::fused::FlashBackward;
+    use acpo::model::init;
     use acpo::model::qwen::{Kernels, Qwen};
-    use acpo::model::{init, QwenConfig};
-    let layer_1_7b = r#"{"model_type": "qwen3", "vocab_size": 128, "hidden_size": 2048,
-        "intermediate_size": 6144, "num_hidden_layers": 2, "num_attention_heads": 16,
-        "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
-        "tie_word_embeddings": true, "max_position_embeddings": 512}"#;
-    let cfg =
-        QwenConfig::from_json(layer_1_7b, std::path::Path::new("config.json")).expect("config");
+    let cfg = super::model::qwen3_1_7b_layers(512);
     let batch = StepBatch::new(&gpu, 2, 300, 45);
     let params = init::random_params(&cfg, 7, DType::F32, &gpu)
         .expect("weights")

@@ -1050,6 +1050,18 @@ fn gradient_checkpointing_gives_the_plain_gradients_bit_for_bit() {
     }
 }
 
+/// Two decoder layers at the Qwen3-1.7B layer's shapes (hidden 2,048, 16 query and 8 key heads
+/// of 128, MLP 6,144, tied embeddings) over a vocabulary of 128, for `max_positions`.
+pub(crate) fn qwen3_1_7b_layers(max_positions: usize) -> QwenConfig {
+    let json = format!(
+        r#"{{"model_type": "qwen3", "vocab_size": 128, "hidden_size": 2048,
+        "intermediate_size": 6144, "num_hidden_layers": 2, "num_attention_heads": 16,
+        "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
+        "tie_word_embeddings": true, "max_position_embeddings": {max_positions}}}"#
+    );
+    QwenConfig::from_json(&json, Path::new("config.json")).expect("config")
+}
+
 /// Each decoder layer's backward written out by hand (issue #59 item 2, `qwen/by_hand.rs`)
 /// against candle's autograd over the composed layer, its oracle: the same loss, and every
 /// parameter's gradient to f32 round-off, composed and flash attention (the CPU twin), with
@@ -1058,11 +1070,7 @@ fn gradient_checkpointing_gives_the_plain_gradients_bit_for_bit() {
 #[test]
 fn the_layer_backward_by_hand_gives_autograds_gradients() {
     use acpo::model::qwen::Kernels;
-    let layer_1_7b = r#"{"model_type": "qwen3", "vocab_size": 128, "hidden_size": 2048,
-        "intermediate_size": 6144, "num_hidden_layers": 2, "num_attention_heads": 16,
-        "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
-        "tie_word_embeddings": true, "max_position_embeddings": 256}"#;
-    let cfg = QwenConfig::from_json(layer_1_7b, Path::new("config.json")).expect("config");
+    let cfg = qwen3_1_7b_layers(256);
     let params = init::random_params(&cfg, 5, DType::F32, &Device::Cpu).expect("weights");
     let (tiny_cfg, tiny_params) = load("tiny-qwen2");
     // f64 masters computing in f32: each weight the layer reads is a cast of its master
@@ -1839,11 +1847,7 @@ pub(crate) fn bf16_as_close_as(
 #[test]
 fn the_layer_backward_by_hand_in_bf16_is_as_close_to_f32_as_autograd() {
     use acpo::model::qwen::Kernels;
-    let layer_1_7b = r#"{"model_type": "qwen3", "vocab_size": 128, "hidden_size": 2048,
-        "intermediate_size": 6144, "num_hidden_layers": 2, "num_attention_heads": 16,
-        "num_key_value_heads": 8, "head_dim": 128, "rms_norm_eps": 1e-6, "rope_theta": 1e6,
-        "tie_word_embeddings": true, "max_position_embeddings": 256}"#;
-    let cfg = QwenConfig::from_json(layer_1_7b, Path::new("config.json")).expect("config");
+    let cfg = qwen3_1_7b_layers(256);
     let (tiny_cfg, _) = load("tiny-qwen3");
     let (ids, pos, valid, targets) = padded_batch();
     for (name, cfg) in [("qwen3-1.7b layers", &cfg), ("tiny-qwen3", &tiny_cfg)] {
