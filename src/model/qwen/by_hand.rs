@@ -77,14 +77,11 @@ fn linear_backward(
     Ok((dx.reshape(dims)?, dw, db))
 }
 
-/// The layer's gradients as they are made, keyed by the weights the layer read.
+/// The layer's gradients as they are made, keyed by the masters of the weights the layer read.
 struct Kept<'m> {
     store: GradStore,
     /// The masters of the weights the model reads as casts (`Qwen::masters`).
     masters: &'m Masters,
-    /// Gradients of cast weights whose master the model does not know: handed back through the
-    /// cast's own backward.
-    cast: Vec<(Tensor, Tensor)>,
 }
 
 /// A cast weight's id → its master (`Qwen::masters`).
@@ -95,22 +92,21 @@ impl<'m> Kept<'m> {
         Kept {
             store: GradStore::default(),
             masters,
-            cast: Vec::new(),
         }
     }
 
     /// A weight's gradient, written once: for a weight read as a cast of its master (bf16 from
     /// f32 on the GPU), the gradient cast to the master's dtype, keyed by the master, which is
     /// what the cast's backward would give it (candle adds it into a zero-filled gradient: the
-    /// same value) without a seed, a sum or a zero fill on the way.
+    /// same value) without a seed, a sum or a zero fill on the way. A weight that is neither a
+    /// master nor a cast of one (a detached model's: `Qwen::new` records every cast it makes
+    /// otherwise) has no master to hand a gradient to, as under autograd.
     fn insert(&mut self, weight: &Tensor, grad: Tensor) -> Result<()> {
         if weight.is_variable() {
             self.store.insert(weight, grad);
         } else if let Some(master) = self.masters.get(&weight.id()) {
             let grad = grad.to_dtype(master.dtype())?;
             self.store.insert(master, grad);
-        } else {
-            self.cast.push((weight.clone(), grad));
         }
         Ok(())
     }
@@ -121,25 +117,6 @@ impl<'m> Kept<'m> {
             self.insert(b, db)?;
         }
         Ok(())
-    }
-
-    /// The store keyed by the masters. A cast weight the model names no master for reaches its
-    /// master through the cast's own backward (seeded with its gradient,
-    /// [`crate::fused::backward_seed`]): candle keeps a cast's source private.
-    fn into_store(mut self) -> Result<GradStore> {
-        let mut total: Option<Tensor> = None;
-        for (w, g) in &self.cast {
-            let seed = crate::fused::backward_seed(w, g)?;
-            total = Some(match total {
-                Some(t) => (t + seed)?,
-                None => seed,
-            });
-        }
-        if let Some(total) = total {
-            let masters = total.backward()?;
-            self.store.extend(masters)?;
-        }
-        Ok(self.store)
     }
 }
 
@@ -253,6 +230,6 @@ impl Block {
         store.insert(&self.input_norm.weight, dw_in)?;
         let dx = (dh + dx_norm)?;
         crate::device::part(BACKWARD_REST);
-        Ok((dx, store.into_store()?))
+        Ok((dx, store.store))
     }
 }
