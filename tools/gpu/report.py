@@ -520,8 +520,9 @@ def generate(root, lines):
                     f"its prefill's (the same prompts sampled for one token), over the other N − 1 tokens, on both "
                     f"sides. Roofline: {r['bytes_per_step'] / 1e9:.1f} GB of weights + mean KV cache per decode step "
                     f"against a measured device copy of {r['copy_gb_per_s']:,.0f} GB/s."]
-        if host_share(r):
-            out += ["", f"acpo's decode at this shape:{host_share(r)}"]
+        share = host_share(r)
+        if share:
+            out += ["", f"acpo's decode at this shape:{share}"]
         if fp8 and decode_rate(fp8) and decode_rate(acpo):
             out += ["", f"The FP8 KV cache's decode over the bf16 cache's: {decode_rate(fp8) / decode_rate(acpo):.2f}× "
                     f"({r8['bytes_per_step'] / 1e9:.1f} GB a decode step against {r['bytes_per_step'] / 1e9:.1f})."]
