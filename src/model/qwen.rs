@@ -824,6 +824,41 @@ impl KvCache {
         })
     }
 
+    /// Writes row `from` of `other` into row `row` of these buffers, in place, right-aligned:
+    /// `other`'s `len` columns end at this cache's column `len` (continuous batching: a prefilled
+    /// prompt takes the slot of a sequence that finished, no other row moving). The columns left
+    /// of them keep what they held (the finished sequence's keys); the caller marks them invalid
+    /// in `key_valid`. The buffers are this cache's alone (a sampler's), so writing into them
+    /// changes no other tensor.
+    pub fn place_row(&self, row: usize, other: &KvCache, from: usize) -> Result<()> {
+        let fail = |msg: String| -> Result<()> {
+            Err(candle_core::Error::Msg(format!("place_row: {msg}")).into())
+        };
+        if self.layers.len() != other.layers.len() {
+            let (a, b) = (self.layers.len(), other.layers.len());
+            return fail(format!("a cache of {a} layers and one of {b}"));
+        }
+        if other.len > self.len {
+            let (a, b) = (self.len, other.len);
+            return fail(format!("{b} positions do not fit before column {a}"));
+        }
+        for ((k, v), (ok, ov)) in self.layers.iter().zip(&other.layers) {
+            for (dst, src) in [(k, ok), (v, ov)] {
+                let (rows, from_rows) = (dst.dim(0)?, src.dim(0)?);
+                if row >= rows || from >= from_rows {
+                    return fail(format!(
+                        "row {row} of {rows} from row {from} of {from_rows}"
+                    ));
+                }
+                // a view of one row: contiguous, sharing the buffer's storage
+                let slot = dst.narrow(0, row, 1)?;
+                let keys = src.narrow(0, from, 1)?.narrow(2, 0, other.len)?;
+                slot.slice_set(&keys.contiguous()?, 2, self.len - other.len)?;
+            }
+        }
+        Ok(())
+    }
+
     /// Each layer's key and value buffers `(B, kv_heads, capacity, D)`.
     pub fn layers(&self) -> &[(Tensor, Tensor)] {
         &self.layers
@@ -1491,5 +1526,63 @@ mod tests {
         // A row outside the batch is an error, not a read beyond the buffer.
         let bad = Tensor::new(&[5u32], &Device::Cpu).unwrap();
         assert!(kept_rows(&buf, &bad, len).is_err());
+    }
+
+    /// A cache of `b` rows, `len` positions filled with `fill(row, head, column, i)` in buffers
+    /// of `cap` columns (the rest zeros), one layer.
+    fn cache(b: usize, len: usize, cap: usize, fill: impl Fn(usize) -> f32) -> KvCache {
+        let (kv, d) = (2, 3);
+        let data: Vec<f32> = (0..b * kv * cap * d)
+            .map(|i| if (i / d) % cap < len { fill(i) } else { 0.0 })
+            .collect();
+        let buf = Tensor::from_vec(data, (b, kv, cap, d), &Device::Cpu).unwrap();
+        KvCache {
+            layers: vec![(buf.clone(), (buf * 10.0).unwrap())],
+            len,
+            reserve: 0,
+        }
+    }
+
+    /// A joining prompt's row lands in the finished row's place, right-aligned to the batch's
+    /// history; the columns left of it and every other row keep what they held.
+    #[test]
+    fn a_placed_row_ends_at_the_batchs_column_and_moves_nothing_else() {
+        let (b, len, cap) = (3, 5, 8);
+        let batch = cache(b, len, cap, |i| i as f32 + 1.0);
+        let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let before = [flat(&batch.layers[0].0), flat(&batch.layers[0].1)];
+        // two rows of two positions; row 1 joins in the place of the batch's row 1
+        let joined = cache(2, 2, 2, |i| -(i as f32) - 1.0);
+        batch.place_row(1, &joined, 1).expect("fits");
+        let (k, v) = &batch.layers[0];
+        let (jk, jv) = &joined.layers[0];
+        let (_, kv, _, d) = k.dims4().unwrap();
+        for (which, (buf, src)) in [(k, jk), (v, jv)].into_iter().enumerate() {
+            let (got, src) = (flat(buf), flat(src));
+            for r in 0..b {
+                for h in 0..kv {
+                    for col in 0..cap {
+                        for e in 0..d {
+                            let at = ((r * kv + h) * cap + col) * d + e;
+                            // the joined row's 2 columns end at the batch's column 5
+                            let want = if r == 1 && (3..5).contains(&col) {
+                                src[((kv + h) * 2 + col - 3) * d + e]
+                            } else {
+                                before[which][at]
+                            };
+                            assert_eq!(
+                                got[at], want,
+                                "buffer {which}, row {r}, head {h}, column {col}"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+        // what does not fit, or is not there, is an error
+        let longer = cache(1, len + 1, len + 1, |i| i as f32);
+        assert!(batch.place_row(0, &longer, 0).is_err());
+        assert!(batch.place_row(b, &joined, 0).is_err());
+        assert!(batch.place_row(0, &joined, 2).is_err());
     }
 }

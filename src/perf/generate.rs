@@ -328,7 +328,12 @@ pub fn bench_long_tail(m: &Subject, opts: &SpeedOptions) -> Result<Vec<Measureme
     let read = continuous_reads(&limits, shape.prompt_len, slots, weights, kv_per_position);
     let copy = copy_bandwidth(target)?;
     let drawn = tokens - shape.batch.min(tokens);
-    let mut cont = row("generate", c, "continuous batching");
+    let how = format!(
+        "continuous batching ({} prompts joined in finished rows' places, {} copies of the \
+         batch's cache)",
+        stats.joined_in_place, stats.cache_moves
+    );
+    let mut cont = row("generate", c, &how);
     cont.roofline = Some(decode_roofline(read, &stats, drawn, copy));
     let mut rows = vec![row("generate", w, "waves"), cont];
     if shape.paged {

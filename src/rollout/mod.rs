@@ -113,6 +113,13 @@ pub struct GenStats {
     /// The most positions one prefill call took: its rows × their left-padded width (a paged
     /// cache's [`PagedOptions::prefill_tokens`] bounds it).
     pub widest_prefill: usize,
+    /// Prompts the dense engine prefilled into the places of finished sequences, writing only
+    /// their own rows of the cache ([`KvCache::place_row`]).
+    pub joined_in_place: usize,
+    /// Times the dense engine copied its batch's cache to change the batch's rows: finished
+    /// sequences leaving ([`KvCache::select_rows`]) or prompts appended
+    /// ([`KvCache::append_rows`]), each a pass over every kept row's buffers.
+    pub cache_moves: usize,
 }
 
 impl GenStats {
@@ -339,11 +346,15 @@ fn prefill(
 }
 
 /// The sampling engine behind [`generate`]. Up to `max_batch` sequences decode
-/// together, one token per step, over a KV cache allocated once ([`KvCache`]). A sequence that
-/// finishes leaves the batch; while prompts wait, they are prefilled together and join it,
-/// right-aligned to the batch's columns ([`KvCache::append_rows`]). A completion depends only on
-/// its prompt and its key: each prompt draws from its own RNG, and attention masks every
-/// column that is not its own.
+/// together, one token per step, over a KV cache allocated once ([`KvCache`]). While prompts
+/// wait, they are prefilled together and take the places of the sequences that finished:
+/// written into those rows of the cache, right-aligned to the batch's columns
+/// ([`KvCache::place_row`]), so that no other row's keys move; the finished rows decode one
+/// last, discarded token meanwhile. Where a joining prompt is longer than the batch's history,
+/// or no prompt waits, the finished sequences leave the batch ([`KvCache::select_rows`], a copy
+/// of the rows kept) and the joining ones are appended ([`KvCache::append_rows`], a copy of
+/// all). A completion depends only on its prompt and its key: each prompt draws from its own
+/// RNG, and attention masks every column that is not its own.
 fn decode_all(
     model: &Qwen,
     prompts: &[Vec<u32>],
@@ -364,8 +375,9 @@ fn decode_all(
     settle(model, request)?;
     let started = std::time::Instant::now();
     let mut timed = GenStats::default();
-    // A prefill, timed (on a GPU, until its work is done) and counted.
-    let prefill_timed = |rows: Vec<usize>, timed: &mut GenStats| -> Result<Batch> {
+    // A prefill, timed (on a GPU, until its work is done) and counted, its cache with room for
+    // `reserve` new positions.
+    let prefill_timed = |rows: Vec<usize>, reserve: usize, timed: &mut GenStats| -> Result<Batch> {
         // the decode step queued before a joining prefill: waited for as decode time
         timed.decode_wait_seconds += settle(model, request)?;
         let t = std::time::Instant::now();
@@ -377,7 +389,7 @@ fn decode_all(
         timed.prefill_seconds += t.elapsed().as_secs_f64();
         Ok(b)
     };
-    let mut batch = prefill_timed(first, &mut timed)?;
+    let mut batch = prefill_timed(first, reserve, &mut timed)?;
     let mut next_pos: Vec<u32> = prompts.iter().map(|p| p.len() as u32).collect();
     let mut most_rows = 0;
     loop {
@@ -390,12 +402,17 @@ fn decode_all(
             &mut timed,
         )?;
         most_rows = most_rows.max(keep.len());
-        let joining: Vec<usize> = waiting
-            .drain(..(batch.active.len() - keep.len()).min(waiting.len()))
-            .collect();
+        let finished = batch.active.len() - keep.len();
+        let joining: Vec<usize> = waiting.drain(..finished.min(waiting.len())).collect();
         if keep.is_empty() && joining.is_empty() {
             break;
         }
+        // Joining prompts take the finished rows in place when one joins for each and the
+        // longest fits left of the column the step below writes.
+        let in_place = !keep.is_empty()
+            && finished > 0
+            && joining.len() == finished
+            && joining.iter().map(|&i| prompts[i].len()).max() <= Some(batch.cache.len() + 1);
         // The sequences that go on decode one token.
         let next = if keep.is_empty() {
             None
@@ -405,15 +422,36 @@ fn decode_all(
                 .iter()
                 .map(|&r| next_pos[batch.active[r]] as usize + 1)
                 .sum::<usize>();
-            Some(decode(model, batch, &keep, next_ids, &mut next_pos)?)
+            let step = Step {
+                keep: &keep,
+                next_ids,
+                finished: match in_place {
+                    true => Finished::Stay(pad_id),
+                    false => Finished::Leave,
+                },
+            };
+            timed.cache_moves += usize::from(!in_place && finished > 0);
+            Some(decode(model, batch, step, &mut next_pos)?)
         };
         // Waiting prompts take the finished sequences' places.
         batch = match (next, joining.is_empty()) {
             (Some(b), true) => b,
+            (Some(b), false) if in_place => {
+                // staged in a cache of their own length: their rows are copied into the batch's
+                let joined = prefill_timed(joining, 0, &mut timed)?;
+                let vacated: Vec<usize> = (0..b.active.len())
+                    .filter(|r| keep.binary_search(r).is_err())
+                    .collect();
+                timed.joined_in_place += vacated.len();
+                take_places(b, &vacated, joined)?
+            }
             (next, _) => {
-                let joined = prefill_timed(joining, &mut timed)?;
+                let joined = prefill_timed(joining, reserve, &mut timed)?;
                 match next {
-                    Some(b) => merge(b, joined)?,
+                    Some(b) => {
+                        timed.cache_moves += 1;
+                        merge(b, joined)?
+                    }
                     None => joined,
                 }
             }
@@ -510,45 +548,73 @@ fn add_stats(
     s.decode_positions += timed.decode_positions;
     s.most_rows = s.most_rows.max(timed.most_rows);
     s.widest_prefill = s.widest_prefill.max(timed.widest_prefill);
+    s.joined_in_place += timed.joined_in_place;
+    s.cache_moves += timed.cache_moves;
 }
 
-/// One decode step of the rows `keep` of `batch`, whose next tokens are `next_ids`: the
-/// finished rows leave (their cache rows too), the others append a column.
-fn decode(
-    model: &Qwen,
-    mut batch: Batch,
-    keep: &[usize],
+/// One decode step: the rows `keep` of the batch (in order) feed their next tokens `next_ids`;
+/// the other rows finished at the draw before it.
+struct Step<'a> {
+    keep: &'a [usize],
     next_ids: Vec<u32>,
-    next_pos: &mut [u32],
-) -> Result<Batch> {
+    finished: Finished,
+}
+
+/// What a decode step does with the rows that finished.
+enum Finished {
+    /// They leave the batch, their cache rows too (a copy of the rows kept).
+    Leave,
+    /// They stay, feeding this token at position 0, their outputs discarded: prompts joining
+    /// after the step take their rows ([`take_places`]).
+    Stay(u32),
+}
+
+/// One decode step of `batch` ([`Step`]): every row it keeps appends a column.
+fn decode(model: &Qwen, mut batch: Batch, step: Step, next_pos: &mut [u32]) -> Result<Batch> {
     let device = model.device();
-    if keep.len() < batch.active.len() {
-        let rows = Tensor::from_vec(
-            keep.iter().map(|&r| r as u32).collect::<Vec<_>>(),
-            keep.len(),
-            device,
-        )?;
-        batch.cache = batch.cache.select_rows(&rows)?;
-        batch.valid = keep.iter().map(|&r| batch.valid[r].clone()).collect();
-        batch.active = keep.iter().map(|&r| batch.active[r]).collect();
+    let Step {
+        keep,
+        next_ids,
+        finished,
+    } = step;
+    // each row's (token, position); a finished row's next_pos is not advanced
+    let mut feed: Vec<(u32, u32)> = Vec::with_capacity(batch.active.len());
+    match finished {
+        Finished::Leave => {
+            if keep.len() < batch.active.len() {
+                let rows = Tensor::from_vec(
+                    keep.iter().map(|&r| r as u32).collect::<Vec<_>>(),
+                    keep.len(),
+                    device,
+                )?;
+                batch.cache = batch.cache.select_rows(&rows)?;
+                batch.valid = keep.iter().map(|&r| batch.valid[r].clone()).collect();
+                batch.active = keep.iter().map(|&r| batch.active[r]).collect();
+            }
+            for (&i, &id) in batch.active.iter().zip(&next_ids) {
+                feed.push((id, next_pos[i]));
+                next_pos[i] += 1;
+            }
+        }
+        Finished::Stay(pad_id) => {
+            let mut ids = keep.iter().zip(&next_ids).peekable();
+            for (r, &i) in batch.active.iter().enumerate() {
+                match ids.next_if(|(&k, _)| k == r) {
+                    Some((_, &id)) => {
+                        feed.push((id, next_pos[i]));
+                        next_pos[i] += 1;
+                    }
+                    None => feed.push((pad_id, 0)),
+                }
+            }
+        }
     }
     for row in &mut batch.valid {
         row.push(1);
     }
     let n = batch.active.len();
-    let ids = Tensor::from_vec(next_ids, (n, 1), device)?;
-    let pos = Tensor::from_vec(
-        batch
-            .active
-            .iter()
-            .map(|&i| next_pos[i])
-            .collect::<Vec<_>>(),
-        (n, 1),
-        device,
-    )?;
-    for &i in &batch.active {
-        next_pos[i] += 1;
-    }
+    let ids = Tensor::from_vec(feed.iter().map(|f| f.0).collect::<Vec<_>>(), (n, 1), device)?;
+    let pos = Tensor::from_vec(feed.iter().map(|f| f.1).collect::<Vec<_>>(), (n, 1), device)?;
     let (hidden, cache) = model.forward_hidden(
         &ids,
         &pos,
@@ -557,6 +623,25 @@ fn decode(
     )?;
     batch.cache = cache;
     batch.logits = last_logits(model, &hidden)?;
+    Ok(batch)
+}
+
+/// `joined`'s rows written into the rows `vacated` of `batch` (in order), right-aligned to the
+/// batch's history ([`KvCache::place_row`]): their keys, validity, prompts and logits; the
+/// batch's other rows untouched.
+fn take_places(mut batch: Batch, vacated: &[usize], joined: Batch) -> Result<Batch> {
+    let len = batch.cache.len();
+    batch.logits = batch.logits.contiguous()?;
+    for (j, &r) in vacated.iter().enumerate() {
+        batch.cache.place_row(r, &joined.cache, j)?;
+        let mut valid = vec![0u8; len - joined.cache.len()];
+        valid.extend(&joined.valid[j]);
+        batch.valid[r] = valid;
+        batch.active[r] = joined.active[j];
+        batch
+            .logits
+            .slice_set(&joined.logits.narrow(0, j, 1)?.contiguous()?, 0, r)?;
+    }
     Ok(batch)
 }
 

@@ -1191,9 +1191,22 @@ fn continuous_batching_gives_every_prompt_its_solo_completion() {
             limits[i]
         );
     }
+    // Prompts join in finished rows' places where they fit left of the batch's next column, and
+    // by a copy of the batch's cache where they do not (prompt 3 is longer than the others'
+    // histories at first) or when fewer prompts wait than rows finished.
+    let (mut in_place, mut moved) = (0, 0);
     for slots in [1, 2, 3, 7] {
+        let stats = std::sync::Mutex::new(rollout::GenStats::default());
         let batched =
-            rollout::generate(&model, &prompts, &keys, &request(Some(slots))).expect("batched");
+            rollout::generate(&model, &prompts, &keys, &request(Some(slots)).stats(&stats))
+                .expect("batched");
+        let s = *stats.lock().unwrap();
+        assert!(
+            s.joined_in_place <= prompts.len() - slots,
+            "{slots} slots: {} joined in place",
+            s.joined_in_place
+        );
+        (in_place, moved) = (in_place + s.joined_in_place, moved + s.cache_moves);
         for (i, (b, s)) in batched.iter().zip(&solo).enumerate() {
             assert_eq!(
                 b.tokens, s.tokens,
@@ -1206,6 +1219,10 @@ fn continuous_batching_gives_every_prompt_its_solo_completion() {
             );
         }
     }
+    assert!(
+        in_place > 0 && moved > 0,
+        "both ways of joining should run: {in_place} prompts joined in place, {moved} moves"
+    );
 }
 
 #[test]
