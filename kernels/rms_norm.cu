@@ -20,10 +20,13 @@ __device__ void rms_norm_fwd(const T* x, const T* w, T* y, int n, float eps) {
 }
 
 // dx = r·g − x·r³·mean(g ⊙ x) with g = dy ⊙ w, one block per row; r of each row to `rs` for
-// dw. Output rows 0..rows of `out` (the CPU twin's layout: dx rows, then the dw row).
+// dw. Output rows 0..rows of `out` (the CPU twin's layout: dx rows, then the dw row). With a
+// residual `res` (not null), res + dx in the same pass, rounded once: the gradient of a
+// residual stream `h` whose RMSNorm feeds the layer (dh = g + rms_bwd(h, w, dn), a backward
+// written by hand), where a separate add would write dx and read it back.
 template <typename T>
-__device__ void rms_norm_bwd_dx(const T* x, const T* w, const T* dy, T* out, float* rs, int n,
-                                float eps) {
+__device__ void rms_norm_bwd_dx(const T* x, const T* w, const T* dy, const T* res, T* out,
+                                float* rs, int n, float eps) {
   const size_t row = blockIdx.x;
   const T* xr = x + row * n;
   const T* dyr = dy + row * n;
@@ -39,7 +42,8 @@ __device__ void rms_norm_bwd_dx(const T* x, const T* w, const T* dy, T* out, flo
   const float c = r * r * r * gx / n;
   if (threadIdx.x == 0) rs[row] = r;
   for (int j = threadIdx.x; j < n; j += blockDim.x) {
-    out[row * n + j] = from_f<T>(r * to_f(dyr[j]) * to_f(w[j]) - to_f(xr[j]) * c);
+    const float d = r * to_f(dyr[j]) * to_f(w[j]) - to_f(xr[j]) * c;
+    out[row * n + j] = from_f<T>(res ? to_f(res[row * n + j]) + d : d);
   }
 }
 
@@ -92,7 +96,11 @@ __device__ void rms_norm_bwd_dw_sum(const float* partial, T* out, int chunks, in
   }                                                                                            \
   extern "C" __global__ void __launch_bounds__(ROW_THREADS) rms_norm_bwd_dx_##NAME(            \
       const T* x, const T* w, const T* dy, T* out, float* rs, int n, float eps) {              \
-    rms_norm_bwd_dx<T>(x, w, dy, out, rs, n, eps);                                             \
+    rms_norm_bwd_dx<T>(x, w, dy, nullptr, out, rs, n, eps);                                    \
+  }                                                                                            \
+  extern "C" __global__ void __launch_bounds__(ROW_THREADS) rms_norm_bwd_dx_res_##NAME(        \
+      const T* x, const T* w, const T* dy, const T* res, T* out, float* rs, int n, float eps) {\
+    rms_norm_bwd_dx<T>(x, w, dy, res, out, rs, n, eps);                                        \
   }                                                                                            \
   extern "C" __global__ void __launch_bounds__(RMS_DW_COLS * RMS_DW_GROUPS)                    \
       rms_norm_bwd_dw_partial_##NAME(const T* x, const T* dy, const float* rs, float* partial,  \

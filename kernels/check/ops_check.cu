@@ -94,8 +94,8 @@ template <typename T>
 static void check_rms_norm(int rows, int n) {
   const float eps = 1e-6f;
   const auto x = randoms<T>((size_t)rows * n, 2.0f), w = randoms<T>(n, 1.0f),
-             dy = randoms<T>((size_t)rows * n, 1.0f);
-  std::vector<double> y(x.size()), dx(x.size()), dw(n, 0.0);
+             dy = randoms<T>((size_t)rows * n, 1.0f), res = randoms<T>((size_t)rows * n, 1.0f);
+  std::vector<double> y(x.size()), dx(x.size()), dw(n, 0.0), dx_res(x.size());
   for (int i = 0; i < rows; ++i) {
     const float* xr = &x[(size_t)i * n];
     const float* dyr = &dy[(size_t)i * n];
@@ -105,22 +105,27 @@ static void check_rms_norm(int rows, int n) {
     for (int j = 0; j < n; ++j) {
       y[(size_t)i * n + j] = xr[j] * r * w[j];
       dx[(size_t)i * n + j] = r * dyr[j] * w[j] - xr[j] * c;
+      dx_res[(size_t)i * n + j] = res[(size_t)i * n + j] + dx[(size_t)i * n + j];
       dw[j] += (double)dyr[j] * xr[j] * r;
     }
   }
   Buf<T> dx_(x), dw_(w), ddy(dy), dy_out((size_t)rows * n);
-  Buf<T> out((size_t)(rows + 1) * n);
-  Buf<float> rs(std::max(rows, 1));
+  Buf<T> out((size_t)(rows + 1) * n), dres(res), out_res((size_t)rows * n);
+  Buf<float> rs(std::max(rows, 1)), rs_res(std::max(rows, 1));
   char what[96];
   const char* ty = tname<T>();
   if constexpr (sizeof(T) == 4) {
     LAUNCH(rms_norm_fwd_f32, dim3(rows), dim3(ROW_THREADS), 0, dx_.d, dw_.d, dy_out.d, n, eps);
     LAUNCH(rms_norm_bwd_dx_f32, dim3(rows), dim3(ROW_THREADS), 0, dx_.d, dw_.d, ddy.d, out.d,
            rs.d, n, eps);
+    LAUNCH(rms_norm_bwd_dx_res_f32, dim3(rows), dim3(ROW_THREADS), 0, dx_.d, dw_.d, ddy.d,
+           dres.d, out_res.d, rs_res.d, n, eps);
   } else {
     LAUNCH(rms_norm_fwd_bf16, dim3(rows), dim3(ROW_THREADS), 0, dx_.d, dw_.d, dy_out.d, n, eps);
     LAUNCH(rms_norm_bwd_dx_bf16, dim3(rows), dim3(ROW_THREADS), 0, dx_.d, dw_.d, ddy.d, out.d,
            rs.d, n, eps);
+    LAUNCH(rms_norm_bwd_dx_res_bf16, dim3(rows), dim3(ROW_THREADS), 0, dx_.d, dw_.d, ddy.d,
+           dres.d, out_res.d, rs_res.d, n, eps);
   }
   // the two-pass weight gradient: partial sums per (chunk, column), then the chunks in order
   const int chunks = (rows + RMS_DW_ROWS - 1) / RMS_DW_ROWS;
@@ -141,6 +146,11 @@ static void check_rms_norm(int rows, int n) {
   snprintf(what, sizeof what, "rms_norm bwd dx %s %dx%d", ty, rows, n);
   report(what, rel_err(std::vector<float>(got.begin(), got.begin() + (size_t)rows * n), dx),
          tol<T>());
+  snprintf(what, sizeof what, "rms_norm bwd dx + residual %s %dx%d", ty, rows, n);
+  report(what, rel_err(out_res.get(), dx_res), tol<T>());
+  // the same pass, so the same 1/rms for dw
+  snprintf(what, sizeof what, "rms_norm bwd dx + residual: its 1/rms %s %dx%d", ty, rows, n);
+  report(what, rs_res.get() == rs.get() ? 0.0 : 1.0, 0.0);
   snprintf(what, sizeof what, "rms_norm bwd dw (two-pass) %s %dx%d", ty, rows, n);
   report(what, rel_err(std::vector<float>(got.begin() + (size_t)rows * n, got.end()), dw),
          tol<T>());

@@ -73,7 +73,7 @@ pub use flash::{
 pub use fp8::{fp8_byte, fp8_value, from_fp8_bytes, to_fp8_bytes};
 pub use log_probs::token_log_probs;
 pub use matmul::{matmul, DEPTH_BLOCK};
-pub use rms_norm::{rms_norm, rms_norm_backward, rms_norm_composed};
+pub use rms_norm::{rms_norm, rms_norm_backward, rms_norm_backward_add, rms_norm_composed};
 pub use rope::{rope, rope_composed, rope_heads, rope_table, rope_tables, rope_tokens_first, Trig};
 pub use seed::backward_seed;
 pub use small_m::{linear_small_m, linear_small_m_packed, pack_pairs, SMALL_M};

@@ -58,24 +58,47 @@ impl CustomOp2 for RmsNorm {
         _y: &Tensor,
         dy: &Tensor,
     ) -> Result<(Option<Tensor>, Option<Tensor>)> {
-        let n = w.elem_count();
-        let rows = x.elem_count() / n.max(1);
-        // One pass computes dx (rows 0..rows) and dw (last row) together.
-        let both = x.contiguous()?.apply_op3_no_bwd(
-            &w.contiguous()?,
-            &dy.contiguous()?,
-            &RmsNormBwd { eps: self.eps },
-        )?;
-        let dx = both.narrow(0, 0, rows)?.reshape(x.shape())?;
-        let dw = both.narrow(0, rows, 1)?.reshape(w.shape())?;
+        let (dx, dw) = fused_backward(x, w, dy, None, self.eps)?;
         Ok((Some(dx), Some(dw)))
     }
+}
+
+/// RMSNorm's backward in one pass of [`RmsNormBwd`]: `(dx, dw)`, dx plus `residual` with one.
+fn fused_backward(
+    x: &Tensor,
+    w: &Tensor,
+    dy: &Tensor,
+    residual: Option<&Tensor>,
+    eps: f32,
+) -> Result<(Tensor, Tensor)> {
+    if let Some(r) = residual {
+        if r.shape() != x.shape() {
+            let (rs, xs) = (r.shape(), x.shape());
+            candle_core::bail!("rms_norm backward: a residual {rs:?} for x {xs:?}");
+        }
+    }
+    let n = w.elem_count();
+    let rows = x.elem_count() / n.max(1);
+    let op = RmsNormBwd {
+        eps,
+        residual: residual.map(Tensor::contiguous).transpose()?,
+    };
+    // One pass computes dx (rows 0..rows) and dw (last row) together.
+    let both = x
+        .contiguous()?
+        .apply_op3_no_bwd(&w.contiguous()?, &dy.contiguous()?, &op)?;
+    let dx = both.narrow(0, 0, rows)?.reshape(x.shape())?;
+    let dw = both.narrow(0, rows, 1)?.reshape(w.shape())?;
+    Ok((dx, dw))
 }
 
 /// Backward of RMSNorm: with r = 1/rms(x) and g = dy ⊙ w,
 /// dx = r·g − x · r³ · mean(g ⊙ x), dw = Σ_rows dy ⊙ x · r. Output `(rows + 1, n)`.
 struct RmsNormBwd {
     eps: f32,
+    /// Added to dx in the same pass ([`rms_norm_backward_add`]): contiguous, x's shape and
+    /// dtype, on x's device.
+    residual: Option<Tensor>,
 }
 
 impl CustomOp3 for RmsNormBwd {
@@ -97,6 +120,17 @@ impl CustomOp3 for RmsNormBwd {
         let dy = slice_f32(s3, l3, self.name())?;
         let n = w.len();
         let rows = x.len() / n.max(1);
+        let held = self.residual.as_ref().map(|r| r.storage_and_layout());
+        let res = match &held {
+            Some((s, l)) => match &**s {
+                candle_core::Storage::Cpu(c) => Some(slice_f32(c, l, self.name())?),
+                _ => candle_core::bail!("{}: the residual on another device", self.name()),
+            },
+            None => None,
+        };
+        if res.is_some_and(|r| r.len() != x.len()) {
+            candle_core::bail!("{}: a residual of another shape than x", self.name());
+        }
         let mut out = vec![0f32; (rows + 1) * n];
         let (dx, dw) = out.split_at_mut(rows * n);
         // 1/rms per row, once: both dx and dw need it.
@@ -110,7 +144,12 @@ impl CustomOp3 for RmsNormBwd {
             let gx: f32 = xr.iter().zip(dyr).zip(w).map(|((a, b), c)| a * b * c).sum();
             let c = r * r * r * gx / n as f32;
             for (j, oj) in o.iter_mut().enumerate() {
-                *oj = r * dyr[j] * w[j] - xr[j] * c;
+                let d = r * dyr[j] * w[j] - xr[j] * c;
+                // the residual's add as candle's, rounded once more: the bits of `res + dx`
+                *oj = match res {
+                    Some(res) => res[i * n + j] + d,
+                    None => d,
+                };
             }
         });
         // dw accumulates over rows: serial over rows, vectorisable over the row.
@@ -133,7 +172,15 @@ impl CustomOp3 for RmsNormBwd {
         s3: &candle_core::CudaStorage,
         l3: &Layout,
     ) -> Result<(candle_core::CudaStorage, Shape)> {
-        cuda::rms_norm_bwd(s1, l1, s2, l2, s3, l3, self.eps)
+        let held = self.residual.as_ref().map(|r| r.storage_and_layout());
+        let res = match &held {
+            Some((s, l)) => match &**s {
+                candle_core::Storage::Cuda(c) => Some((c, *l)),
+                _ => candle_core::bail!("{}: the residual on another device", self.name()),
+            },
+            None => None,
+        };
+        cuda::rms_norm_bwd((s1, l1), (s2, l2), (s3, l3), res, self.eps)
     }
 }
 
@@ -158,11 +205,44 @@ pub fn rms_norm_backward(
     dy: &Tensor,
     eps: f64,
 ) -> Result<(Tensor, Tensor)> {
-    if fused_on(x) && fused_on(w) && x.dtype() == w.dtype() && dy.dtype() == x.dtype() {
-        let (dx, dw) = RmsNorm { eps: eps as f32 }.bwd(x, w, dy, dy)?;
-        let missing = || candle_core::Error::Msg("rms_norm backward: no gradient".into());
-        return Ok((dx.ok_or_else(missing)?, dw.ok_or_else(missing)?));
+    backward(x, w, dy, None, eps)
+}
+
+/// [`rms_norm_backward`] with `residual` added to dx in the same pass: `(residual + dx, dw)`,
+/// the gradient of a residual stream `h` whose RMSNorm feeds a layer
+/// (`dh = g + rms_bwd(h, w, dn)`, `model/qwen/by_hand.rs`), without writing dx and reading it
+/// back. On CPU f32 the bits of `residual + dx`; on CUDA rounded once where the add rounds
+/// twice.
+pub fn rms_norm_backward_add(
+    x: &Tensor,
+    w: &Tensor,
+    dy: &Tensor,
+    residual: &Tensor,
+    eps: f64,
+) -> Result<(Tensor, Tensor)> {
+    backward(x, w, dy, Some(residual), eps)
+}
+
+fn backward(
+    x: &Tensor,
+    w: &Tensor,
+    dy: &Tensor,
+    residual: Option<&Tensor>,
+    eps: f64,
+) -> Result<(Tensor, Tensor)> {
+    let same = |t: &Tensor| t.dtype() == x.dtype() && t.device().same_device(x.device());
+    if fused_on(x) && fused_on(w) && same(w) && same(dy) && residual.is_none_or(same) {
+        return fused_backward(x, w, dy, residual, eps as f32);
     }
+    let (dx, dw) = composed_backward(x, w, dy, eps)?;
+    match residual {
+        Some(r) => Ok(((r + dx)?, dw)),
+        None => Ok((dx, dw)),
+    }
+}
+
+/// [`rms_norm_backward`] from its formula in f32, where no kernel applies.
+fn composed_backward(x: &Tensor, w: &Tensor, dy: &Tensor, eps: f64) -> Result<(Tensor, Tensor)> {
     let x32 = x.to_dtype(DType::F32)?;
     let r = (x32.sqr()?.mean_keepdim(D::Minus1)? + eps)?
         .sqrt()?
@@ -240,14 +320,12 @@ pub(crate) mod cuda {
         })
     }
 
-    /// `[dx; dw]` as `(rows + 1, n)`, the CPU twin's layout.
+    /// `[dx; dw]` as `(rows + 1, n)`, the CPU twin's layout; dx plus `res` with one.
     pub fn rms_norm_bwd(
-        x: &CudaStorage,
-        lx: &Layout,
-        w: &CudaStorage,
-        lw: &Layout,
-        dy: &CudaStorage,
-        ldy: &Layout,
+        (x, lx): (&CudaStorage, &Layout),
+        (w, lw): (&CudaStorage, &Layout),
+        (dy, ldy): (&CudaStorage, &Layout),
+        res: Option<(&CudaStorage, &Layout)>,
         eps: f32,
     ) -> Result<(CudaStorage, Shape)> {
         let what = "acpo-rms-norm-bwd";
@@ -265,15 +343,26 @@ pub(crate) mod cuda {
             let mut out = unsafe { dev.alloc::<T>((rows + 1) * n) }?;
             let mut rs: CudaSlice<f32> = unsafe { dev.alloc::<f32>(rows.max(1)) }?;
             let n_i = n as i32;
-            let f = kernel!(dev, &format!("rms_norm_bwd_dx_{sfx}"), PTX)?;
+            let resv = match res {
+                Some((r, lr)) => Some(view::<T>(r, lr, what)?),
+                None => None,
+            };
+            if resv.as_ref().is_some_and(|r| r.len() != xv.len()) {
+                candle_core::bail!("{what}: a residual of another shape than x");
+            }
+            let name = match resv {
+                Some(_) => format!("rms_norm_bwd_dx_res_{sfx}"),
+                None => format!("rms_norm_bwd_dx_{sfx}"),
+            };
+            let f = kernel!(dev, &name, PTX)?;
             let mut b = f.builder();
-            b.arg(&xv)
-                .arg(&wv)
-                .arg(&dyv)
-                .arg(&mut out)
-                .arg(&mut rs)
-                .arg(&n_i)
-                .arg(&eps);
+            b.arg(&xv).arg(&wv).arg(&dyv);
+            if let Some(r) = &resv {
+                b.arg(r);
+            }
+            b.arg(&mut out).arg(&mut rs).arg(&n_i).arg(&eps);
+            // SAFETY: the arguments match rms_norm_bwd_dx_* (x, w, dy, out, rs, n, eps) or
+            // rms_norm_bwd_dx_res_* (the residual after dy) in kernels/rms_norm.cu.
             if rows > 0 {
                 unsafe { b.launch(rows_config(rows)?) }.w()?;
             }

@@ -915,6 +915,47 @@ fn rms_norm_and_swiglu_backwards_called_directly_are_autograds() {
     }
 }
 
+/// The residual stream's gradient in the norm's pass (`rms_norm_backward_add`): in f32 (the
+/// fused kernel's twin) the bits of the residual plus the norm's backward, the add the layer by
+/// hand made before; in f64 and bf16 (the formula, then candle's add) the same values; the
+/// weight gradient the norm's own; a residual of another shape refused.
+#[test]
+fn the_norms_backward_adds_the_residual_in_its_pass() {
+    let (b, t, n) = (3, 7, 40);
+    for dtype in [DType::F32, DType::F64, DType::BF16] {
+        let x = randn(31, &[b, t, n], 2.0).to_dtype(dtype).unwrap();
+        let w = (randn(32, &[n], 0.3) + 1.0)
+            .unwrap()
+            .to_dtype(dtype)
+            .unwrap();
+        let dy = randn(33, &[b, t, n], 1.0).to_dtype(dtype).unwrap();
+        let res = randn(34, &[b, t, n], 1.0).to_dtype(dtype).unwrap();
+        let (dx, dw) = fused::rms_norm_backward(&x, &w, &dy, 1e-6).unwrap();
+        let (sum, dw2) = fused::rms_norm_backward_add(&x, &w, &dy, &res, 1e-6).unwrap();
+        let bits = |t: &Tensor| {
+            t.to_dtype(DType::F64)
+                .unwrap()
+                .flatten_all()
+                .unwrap()
+                .to_vec1::<f64>()
+                .unwrap()
+                .iter()
+                .map(|v| v.to_bits())
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(sum.dtype(), dtype);
+        assert_eq!(sum.dims(), x.dims());
+        assert_eq!(
+            bits(&sum),
+            bits(&(&res + &dx).unwrap()),
+            "{dtype:?}: dx + residual"
+        );
+        assert_eq!(bits(&dw2), bits(&dw), "{dtype:?}: dw");
+        let wrong = res.narrow(2, 0, n - 1).unwrap();
+        assert!(fused::rms_norm_backward_add(&x, &w, &dy, &wrong, 1e-6).is_err());
+    }
+}
+
 /// The decode chain's composed twin writes the new keys and values where [`fused::KvWrite`]
 /// says: into the dense cache's column, or into the rows a paged write index names, the same
 /// bits when those rows are that column's (the buffers seen as a pool of rows); the fused

@@ -33,7 +33,8 @@
 //! The forward runs the model's own ops (the fused RMSNorm and SwiGLU where they apply), and the
 //! norms' and SwiGLU's backwards are their kernels' (`crate::fused::rms_norm_backward`,
 //! `crate::fused::swiglu_backward`: one pass each on CPU f32 and CUDA, the formulas in f32
-//! elsewhere). The composed layer under autograd is the
+//! elsewhere); the two residual adds, `dh = g + …` and `dx = dh + …`, happen in the pass of the
+//! norm beside them (`crate::fused::rms_norm_backward_add`). The composed layer under autograd is the
 //! oracle (tests/it/model.rs): the same gradients to f32 round-off, at the Qwen3-1.7B layer's
 //! shapes. Off by default ([`super::Kernels::layer_by_hand`]) until a GPU run times it against
 //! the autograd layer.
@@ -51,6 +52,24 @@ fn norm_backward(norm: &RmsNorm, x: &Tensor, dy: &Tensor) -> Result<(Tensor, Ten
         x,
         &norm.weight,
         dy,
+        norm.eps,
+    )?)
+}
+
+/// The gradient of a residual stream `x` whose RMSNorm feeds the layer: `residual` (what
+/// reaches `x` past the norm) plus the norm's backward, in the norm's pass
+/// (`crate::fused::rms_norm_backward_add`), and the norm's weight gradient.
+fn residual_norm_backward(
+    norm: &RmsNorm,
+    x: &Tensor,
+    dy: &Tensor,
+    residual: &Tensor,
+) -> Result<(Tensor, Tensor)> {
+    Ok(crate::fused::rms_norm_backward_add(
+        x,
+        &norm.weight,
+        dy,
+        residual,
         norm.eps,
     )?)
 }
@@ -177,9 +196,8 @@ impl Block {
         let (dn2_u, dw_up, db_up) = linear_backward(&layer.mlp.up, &n2, &dup)?;
         store.linear(&self.mlp.gate, dw_gate, db_gate)?;
         store.linear(&self.mlp.up, dw_up, db_up)?;
-        let (dh_norm, dw_post) = norm_backward(&layer.post_norm, &h, &(dn2_g + dn2_u)?)?;
+        let (dh, dw_post) = residual_norm_backward(&layer.post_norm, &h, &(dn2_g + dn2_u)?, &g)?;
         store.insert(&self.post_norm.weight, dw_post)?;
-        let dh = (&g + dh_norm)?;
 
         let (do_, dw_o, db_o) = linear_backward(&attn.o, &o, &dh)?;
         store.linear(&self.attn.o, dw_o, db_o)?;
@@ -226,9 +244,8 @@ impl Block {
         store.linear(&self.attn.k, dw_k, db_k)?;
         store.linear(&self.attn.v, dw_v, db_v)?;
         let dn1 = ((dn1_q + dn1_k)? + dn1_v)?;
-        let (dx_norm, dw_in) = norm_backward(&layer.input_norm, &x, &dn1)?;
+        let (dx, dw_in) = residual_norm_backward(&layer.input_norm, &x, &dn1, &dh)?;
         store.insert(&self.input_norm.weight, dw_in)?;
-        let dx = (dh + dx_norm)?;
         crate::device::part(BACKWARD_REST);
         Ok((dx, store.store))
     }
