@@ -361,37 +361,25 @@ fn decode_all(
     keys: &[SampleKey],
     request: &SampleRequest,
 ) -> Result<Vec<Completion>> {
-    let (params, pad_id) = (&request.params, request.pad_id);
     let mut out: Vec<Completion> = prompts.iter().map(|_| Completion::empty()).collect();
-    if prompts.is_empty() || params.max_new_tokens == 0 {
+    if prompts.is_empty() || request.params.max_new_tokens == 0 {
         return Ok(out);
     }
     let mut rngs: Vec<SplitMix64> = keys.iter().map(|k| SplitMix64::from_key(k)).collect();
     let slots = request.max_batch.unwrap_or(prompts.len()).max(1);
     let mut waiting: std::collections::VecDeque<usize> = (0..prompts.len()).collect();
     let first: Vec<usize> = waiting.drain(..slots.min(prompts.len())).collect();
-    let reserve = params.max_new_tokens;
     // what was queued before the call (the caller's work) is not the call's
     settle(model, request)?;
     let started = std::time::Instant::now();
-    let mut timed = GenStats::default();
-    // A prefill, timed (on a GPU, until its work is done) and counted, its cache with room for
-    // `reserve` new positions.
-    let prefill_timed = |rows: Vec<usize>, reserve: usize, timed: &mut GenStats| -> Result<Batch> {
-        // the decode step queued before a joining prefill: waited for as decode time
-        timed.decode_wait_seconds += settle(model, request)?;
-        let t = std::time::Instant::now();
-        timed.prefill_tokens += rows.iter().map(|&i| prompts[i].len()).sum::<usize>();
-        let b = prefill(model, prompts, rows, pad_id, reserve)?;
-        let width = b.valid.first().map_or(0, Vec::len);
-        timed.widest_prefill = timed.widest_prefill.max(b.active.len() * width);
-        settle(model, request)?;
-        timed.prefill_seconds += t.elapsed().as_secs_f64();
-        Ok(b)
+    let mut engine = Dense {
+        model,
+        prompts,
+        request,
+        next_pos: prompts.iter().map(|p| p.len() as u32).collect(),
+        timed: GenStats::default(),
     };
-    let mut batch = prefill_timed(first, reserve, &mut timed)?;
-    let mut next_pos: Vec<u32> = prompts.iter().map(|p| p.len() as u32).collect();
-    let mut most_rows = 0;
+    let mut batch = engine.prefill(first, request.params.max_new_tokens)?;
     loop {
         let (keep, next_ids) = draw(
             &batch.logits,
@@ -399,70 +387,111 @@ fn decode_all(
             &mut rngs,
             &mut out,
             request,
-            &mut timed,
+            &mut engine.timed,
         )?;
-        most_rows = most_rows.max(keep.len());
+        engine.timed.most_rows = engine.timed.most_rows.max(keep.len());
         let finished = batch.active.len() - keep.len();
         let joining: Vec<usize> = waiting.drain(..finished.min(waiting.len())).collect();
         if keep.is_empty() && joining.is_empty() {
             break;
         }
-        // Joining prompts take the finished rows in place when one joins for each and the
-        // longest fits left of the column the step below writes.
+        batch = engine.advance(batch, &keep, next_ids, joining)?;
+    }
+    if let Some(stats) = request.stats {
+        let timed = &engine.timed;
+        let decode_seconds = started.elapsed().as_secs_f64() - timed.prefill_seconds;
+        add_stats(stats, timed, decode_seconds, &out);
+    }
+    Ok(out)
+}
+
+/// The dense engine through one [`decode_all`] call: what it samples, each prompt's next
+/// position, and what it has timed and counted.
+struct Dense<'a> {
+    model: &'a Qwen,
+    prompts: &'a [Vec<u32>],
+    request: &'a SampleRequest<'a>,
+    next_pos: Vec<u32>,
+    timed: GenStats,
+}
+
+impl Dense<'_> {
+    /// A prefill of the prompts `rows`, timed (on a GPU, until its work is done) and counted,
+    /// its cache with room for `reserve` new positions.
+    fn prefill(&mut self, rows: Vec<usize>, reserve: usize) -> Result<Batch> {
+        let (model, request, timed) = (self.model, self.request, &mut self.timed);
+        // the decode step queued before a joining prefill: waited for as decode time
+        timed.decode_wait_seconds += settle(model, request)?;
+        let t = std::time::Instant::now();
+        timed.prefill_tokens += rows.iter().map(|&i| self.prompts[i].len()).sum::<usize>();
+        let b = prefill(model, self.prompts, rows, request.pad_id, reserve)?;
+        let width = b.valid.first().map_or(0, Vec::len);
+        timed.widest_prefill = timed.widest_prefill.max(b.active.len() * width);
+        settle(model, request)?;
+        timed.prefill_seconds += t.elapsed().as_secs_f64();
+        Ok(b)
+    }
+
+    /// The batch the next draw reads, after a draw that kept the rows `keep` of `batch`
+    /// (feeding `next_ids`): the rows kept decode one token, and the prompts `joining` take the
+    /// finished rows' places, in place when one joins for each and the longest fits left of
+    /// the column the step writes.
+    fn advance(
+        &mut self,
+        batch: Batch,
+        keep: &[usize],
+        next_ids: Vec<u32>,
+        joining: Vec<usize>,
+    ) -> Result<Batch> {
+        let finished = batch.active.len() - keep.len();
         let in_place = !keep.is_empty()
             && finished > 0
             && joining.len() == finished
-            && joining.iter().map(|&i| prompts[i].len()).max() <= Some(batch.cache.len() + 1);
+            && joining.iter().map(|&i| self.prompts[i].len()).max() <= Some(batch.cache.len() + 1);
         // The sequences that go on decode one token.
         let next = if keep.is_empty() {
             None
         } else {
-            timed.decode_steps += 1;
-            timed.decode_positions += keep
+            self.timed.decode_steps += 1;
+            self.timed.decode_positions += keep
                 .iter()
-                .map(|&r| next_pos[batch.active[r]] as usize + 1)
+                .map(|&r| self.next_pos[batch.active[r]] as usize + 1)
                 .sum::<usize>();
             let step = Step {
-                keep: &keep,
+                keep,
                 next_ids,
                 finished: match in_place {
-                    true => Finished::Stay(pad_id),
+                    true => Finished::Stay(self.request.pad_id),
                     false => Finished::Leave,
                 },
             };
-            timed.cache_moves += usize::from(!in_place && finished > 0);
-            Some(decode(model, batch, step, &mut next_pos)?)
+            self.timed.cache_moves += usize::from(!in_place && finished > 0);
+            Some(decode(self.model, batch, step, &mut self.next_pos)?)
         };
         // Waiting prompts take the finished sequences' places.
-        batch = match (next, joining.is_empty()) {
+        Ok(match (next, joining.is_empty()) {
             (Some(b), true) => b,
             (Some(b), false) if in_place => {
                 // staged in a cache of their own length: their rows are copied into the batch's
-                let joined = prefill_timed(joining, 0, &mut timed)?;
+                let joined = self.prefill(joining, 0)?;
                 let vacated: Vec<usize> = (0..b.active.len())
                     .filter(|r| keep.binary_search(r).is_err())
                     .collect();
-                timed.joined_in_place += vacated.len();
+                self.timed.joined_in_place += vacated.len();
                 take_places(b, &vacated, joined)?
             }
             (next, _) => {
-                let joined = prefill_timed(joining, reserve, &mut timed)?;
+                let joined = self.prefill(joining, self.request.params.max_new_tokens)?;
                 match next {
                     Some(b) => {
-                        timed.cache_moves += 1;
+                        self.timed.cache_moves += 1;
                         merge(b, joined)?
                     }
                     None => joined,
                 }
             }
-        };
+        })
     }
-    timed.most_rows = most_rows;
-    if let Some(stats) = request.stats {
-        let decode_seconds = started.elapsed().as_secs_f64() - timed.prefill_seconds;
-        add_stats(stats, &timed, decode_seconds, &out);
-    }
-    Ok(out)
 }
 
 /// Draws each active row's next token (`logits` row r is prompt `active[r]`'s) into its
