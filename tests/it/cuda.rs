@@ -1118,9 +1118,16 @@ fn continuous_batching_on_cuda_gives_every_prompt_its_solo_completion() {
             rollout::generate(&model, &prompts[i..=i], &keys[i..=i], &r).expect("solo")[0].clone()
         })
         .collect();
+    // prompts join in finished rows' places (KvCache::place_row) and by copies of the cache
+    let mut in_place = 0;
     for slots in [1, 2, 5] {
-        let r = SampleRequest::new(p).eos(eos.clone()).max_batch(slots);
+        let stats = std::sync::Mutex::new(rollout::GenStats::default());
+        let r = SampleRequest::new(p)
+            .eos(eos.clone())
+            .max_batch(slots)
+            .stats(&stats);
         let batched = rollout::generate(&model, &prompts, &keys, &r).expect("batched");
+        in_place += stats.lock().unwrap().joined_in_place;
         for (i, (b, s)) in batched.iter().zip(&solo).enumerate() {
             assert_eq!(
                 b.tokens, s.tokens,
@@ -1128,6 +1135,7 @@ fn continuous_batching_on_cuda_gives_every_prompt_its_solo_completion() {
             );
         }
     }
+    assert!(in_place > 0, "no prompt joined in a finished row's place");
 }
 
 /// The fused chain into an FP8 cache (E4M3 bytes, `qk_norm_rope_*_bf16_fp8`) against the composed
