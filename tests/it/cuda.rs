@@ -1120,7 +1120,7 @@ fn continuous_batching_on_cuda_gives_every_prompt_its_solo_completion() {
         .collect();
     // prompts join in finished rows' places (KvCache::place_row) and by copies of the cache
     let mut in_place = 0;
-    for slots in [1, 2, 5] {
+    for slots in [1, 2, 3, 4, 5] {
         let stats = std::sync::Mutex::new(rollout::GenStats::default());
         let r = SampleRequest::new(p)
             .eos(eos.clone())
