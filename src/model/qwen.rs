@@ -824,13 +824,37 @@ impl KvCache {
         })
     }
 
+    /// The same rows without their first `drop` columns, in new buffers of `capacity` columns
+    /// (at least the `len − drop` kept): for columns no row reads any more (a sampler's
+    /// continuous batching, whose history outgrows every sequence's). Layer by layer, each
+    /// layer's old buffers freed as its new ones are made: one layer's more memory at most.
+    pub(crate) fn drop_front(self, drop: usize, capacity: usize) -> Result<KvCache> {
+        if drop > self.len || capacity < self.len - drop {
+            let (len, cap) = (self.len, capacity);
+            let msg = format!("drop_front: {drop} of {len} columns, then {cap} columns of room");
+            return Err(candle_core::Error::Msg(msg).into());
+        }
+        let len = self.len - drop;
+        let kept = |buf: &Tensor| moved(&buf.narrow(2, drop, len)?, len, capacity, 0);
+        let layers = self
+            .layers
+            .into_iter()
+            .map(|(k, v)| Ok((kept(&k)?, kept(&v)?)))
+            .collect::<Result<Vec<_>>>()?;
+        Ok(KvCache {
+            layers,
+            len,
+            reserve: self.reserve,
+        })
+    }
+
     /// Writes row `from` of `other` into row `row` of these buffers, in place, right-aligned:
     /// `other`'s `len` columns end at this cache's column `len` (continuous batching: a prefilled
     /// prompt takes the slot of a sequence that finished, no other row moving). The columns left
     /// of them keep what they held (the finished sequence's keys); the caller marks them invalid
     /// in `key_valid`. The buffers are this cache's alone (a sampler's), so writing into them
     /// changes no other tensor.
-    pub fn place_row(&self, row: usize, other: &KvCache, from: usize) -> Result<()> {
+    pub(crate) fn place_row(&self, row: usize, other: &KvCache, from: usize) -> Result<()> {
         let fail = |msg: String| -> Result<()> {
             Err(candle_core::Error::Msg(format!("place_row: {msg}")).into())
         };
@@ -1541,6 +1565,42 @@ mod tests {
             len,
             reserve: 0,
         }
+    }
+
+    /// Dropping the first columns keeps every row's later columns, at the front of buffers of
+    /// the capacity asked for (the rest zeros); more than the cache holds is an error.
+    #[test]
+    fn dropping_the_front_columns_keeps_the_rest_in_order() {
+        let (b, len, cap) = (3, 6, 7);
+        let full = cache(b, len, cap, |i| i as f32 + 1.0);
+        let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        let before = [flat(&full.layers[0].0), flat(&full.layers[0].1)];
+        let (_, kv, _, d) = full.layers[0].0.dims4().unwrap();
+        let (drop, room) = (4, 5);
+        let kept = full.clone().drop_front(drop, room).expect("drops");
+        assert_eq!((kept.len(), kept.capacity()), (len - drop, room));
+        for (which, buf) in [&kept.layers[0].0, &kept.layers[0].1]
+            .into_iter()
+            .enumerate()
+        {
+            let got = flat(buf);
+            for r in 0..b {
+                for h in 0..kv {
+                    for col in 0..room {
+                        for e in 0..d {
+                            let want = match col < len - drop {
+                                true => before[which][((r * kv + h) * cap + col + drop) * d + e],
+                                false => 0.0,
+                            };
+                            let at = ((r * kv + h) * room + col) * d + e;
+                            assert_eq!(got[at], want, "buffer {which}, row {r}, column {col}");
+                        }
+                    }
+                }
+            }
+        }
+        assert!(full.clone().drop_front(len + 1, cap).is_err());
+        assert!(full.drop_front(1, len - 2).is_err());
     }
 
     /// A joining prompt's row lands in the finished row's place, right-aligned to the batch's

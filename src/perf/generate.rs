@@ -330,8 +330,8 @@ pub fn bench_long_tail(m: &Subject, opts: &SpeedOptions) -> Result<Vec<Measureme
     let drawn = tokens - shape.batch.min(tokens);
     let how = format!(
         "continuous batching ({} prompts joined in finished rows' places, {} copies of the \
-         batch's cache)",
-        stats.joined_in_place, stats.cache_moves
+         batch's cache, rows of at most {} columns)",
+        stats.joined_in_place, stats.cache_moves, stats.widest_cache
     );
     let mut cont = row("generate", c, &how);
     cont.roofline = Some(decode_roofline(read, &stats, drawn, copy));

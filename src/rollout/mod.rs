@@ -105,7 +105,8 @@ pub struct GenStats {
     /// Key positions the decode steps attended over, each row its own (its prompt and the
     /// tokens it has so far, the one it feeds included; padding not counted), summed over the
     /// steps: what a decode roofline charges the KV cache's reads by. A row the paged engine
-    /// preempts and recomputes counts again.
+    /// preempts and recomputes counts again; a finished row of the dense engine decoding one
+    /// discarded token while a prompt joins in its place does not (work no schedule needs).
     pub decode_positions: usize,
     /// The most rows one decode step took: the batch `max_batch`, or a paged cache's pool,
     /// allowed.
@@ -114,12 +115,16 @@ pub struct GenStats {
     /// cache's [`PagedOptions::prefill_tokens`] bounds it).
     pub widest_prefill: usize,
     /// Prompts the dense engine prefilled into the places of finished sequences, writing only
-    /// their own rows of the cache ([`KvCache::place_row`]).
+    /// their own rows of the cache (`KvCache::place_row`).
     pub joined_in_place: usize,
     /// Times the dense engine copied its batch's cache to change the batch's rows: finished
     /// sequences leaving ([`KvCache::select_rows`]) or prompts appended
-    /// ([`KvCache::append_rows`]), each a pass over every kept row's buffers.
+    /// ([`KvCache::append_rows`]), or dropping the columns no row reads any more to make room
+    /// for a step (`KvCache::drop_front`); each a pass over every kept row's buffers.
     pub cache_moves: usize,
+    /// The most columns a row of the dense engine's cache had room for: with the batch's rows,
+    /// what its buffers took.
+    pub widest_cache: usize,
 }
 
 impl GenStats {
@@ -174,9 +179,11 @@ impl KvLayout {
 
 /// Sequences to decode at once on `model`'s device (issue #34): on CUDA, as many as half the
 /// device's free memory holds at `positions` cached positions each (the KV cache in the bytes it
-/// takes there, [`Qwen::kv_elem_bytes`], and a row of logits and its sampling temporaries); the other half stays for the copy
-/// a joining prompt's merge makes and a step's activations. At least 1. None on the CPU, which
-/// keeps its batching (every shipped result was sampled that way).
+/// takes there, [`Qwen::kv_elem_bytes`], and a row of logits and its sampling temporaries); the
+/// other half stays for the cache's copies (a merge of joining prompts, which holds the old and
+/// the new buffers at once; dropping the columns no row reads, a layer at a time, into buffers
+/// up to 8/7 as wide) and a step's activations. At least 1. None on the CPU, which keeps its
+/// batching (every shipped result was sampled that way).
 pub fn device_slots(model: &Qwen, positions: usize) -> Option<usize> {
     let device = model.device();
     if !device.is_cuda() {
@@ -350,8 +357,9 @@ fn prefill(
 /// wait, they are prefilled together and take the places of the sequences that finished:
 /// written into those rows of the cache, right-aligned to the batch's columns
 /// ([`KvCache::place_row`]), so that no other row's keys move; the finished rows decode one
-/// last, discarded token meanwhile. Where a joining prompt is longer than the batch's history,
-/// or no prompt waits, the finished sequences leave the batch ([`KvCache::select_rows`], a copy
+/// last, discarded token meanwhile. Where a joining prompt is longer than the batch's history
+/// (with the step's column), or fewer prompts wait than rows finished, the finished sequences
+/// leave the batch ([`KvCache::select_rows`], a copy
 /// of the rows kept) and the joining ones are appended ([`KvCache::append_rows`], a copy of
 /// all). A completion depends only on its prompt and its key: each prompt draws from its own
 /// RNG, and attention masks every column that is not its own.
@@ -389,7 +397,6 @@ fn decode_all(
             request,
             &mut engine.timed,
         )?;
-        engine.timed.most_rows = engine.timed.most_rows.max(keep.len());
         let finished = batch.active.len() - keep.len();
         let joining: Vec<usize> = waiting.drain(..finished.min(waiting.len())).collect();
         if keep.is_empty() && joining.is_empty() {
@@ -434,8 +441,8 @@ impl Dense<'_> {
 
     /// The batch the next draw reads, after a draw that kept the rows `keep` of `batch`
     /// (feeding `next_ids`): the rows kept decode one token, and the prompts `joining` take the
-    /// finished rows' places, in place when one joins for each and the longest fits left of
-    /// the column the step writes.
+    /// finished rows' places, in place when one joins for each and the longest, right-aligned
+    /// to end at the column the step writes, starts within the batch's columns.
     fn advance(
         &mut self,
         batch: Batch,
@@ -466,7 +473,15 @@ impl Dense<'_> {
                 },
             };
             self.timed.cache_moves += usize::from(!in_place && finished > 0);
-            Some(decode(self.model, batch, step, &mut self.next_pos)?)
+            let device = self.model.device();
+            let (batch, feed, live) = feed_rows(batch, step, &mut self.next_pos, device)?;
+            let (batch, moved) = with_room(batch, &live)?;
+            self.timed.cache_moves += usize::from(moved);
+            self.timed.most_rows = self.timed.most_rows.max(batch.active.len());
+            let batch = decode(self.model, batch, &feed)?;
+            let widest = self.timed.widest_cache.max(batch.cache.capacity());
+            self.timed.widest_cache = widest;
+            Some(batch)
         };
         // Waiting prompts take the finished sequences' places.
         Ok(match (next, joining.is_empty()) {
@@ -579,6 +594,7 @@ fn add_stats(
     s.widest_prefill = s.widest_prefill.max(timed.widest_prefill);
     s.joined_in_place += timed.joined_in_place;
     s.cache_moves += timed.cache_moves;
+    s.widest_cache = s.widest_cache.max(timed.widest_cache);
 }
 
 /// One decode step: the rows `keep` of the batch (in order) feed their next tokens `next_ids`;
@@ -598,17 +614,26 @@ enum Finished {
     Stay(u32),
 }
 
-/// One decode step of `batch` ([`Step`]): every row it keeps appends a column.
-fn decode(model: &Qwen, mut batch: Batch, step: Step, next_pos: &mut [u32]) -> Result<Batch> {
-    let device = model.device();
+/// What each row of a decode step feeds: `(token, position)`.
+type Feeds = Vec<(u32, u32)>;
+
+/// The rows of a decode step of `batch` ([`Step`]) and what each feeds, `(token, position)`:
+/// the rows kept feed their next tokens (advancing their prompts' positions); finished rows
+/// leave (their cache rows too) or stay, feeding a pad token at position 0. Returns the batch,
+/// the feeds, and the rows that go on.
+fn feed_rows(
+    mut batch: Batch,
+    step: Step,
+    next_pos: &mut [u32],
+    device: &candle_core::Device,
+) -> Result<(Batch, Feeds, Vec<usize>)> {
     let Step {
         keep,
         next_ids,
         finished,
     } = step;
-    // each row's (token, position); a finished row's next_pos is not advanced
-    let mut feed: Vec<(u32, u32)> = Vec::with_capacity(batch.active.len());
-    match finished {
+    let mut feed: Feeds = Vec::with_capacity(batch.active.len());
+    let live = match finished {
         Finished::Leave => {
             if keep.len() < batch.active.len() {
                 let rows = Tensor::from_vec(
@@ -624,6 +649,7 @@ fn decode(model: &Qwen, mut batch: Batch, step: Step, next_pos: &mut [u32]) -> R
                 feed.push((id, next_pos[i]));
                 next_pos[i] += 1;
             }
+            (0..batch.active.len()).collect()
         }
         Finished::Stay(pad_id) => {
             let mut ids = keep.iter().zip(&next_ids).peekable();
@@ -636,8 +662,15 @@ fn decode(model: &Qwen, mut batch: Batch, step: Step, next_pos: &mut [u32]) -> R
                     None => feed.push((pad_id, 0)),
                 }
             }
+            keep.to_vec()
         }
-    }
+    };
+    Ok((batch, feed, live))
+}
+
+/// One decode step: every row of `batch` feeds its `(token, position)` and appends a column.
+fn decode(model: &Qwen, mut batch: Batch, feed: &[(u32, u32)]) -> Result<Batch> {
+    let device = model.device();
     for row in &mut batch.valid {
         row.push(1);
     }
@@ -655,6 +688,38 @@ fn decode(model: &Qwen, mut batch: Batch, step: Step, next_pos: &mut [u32]) -> R
     Ok(batch)
 }
 
+/// A batch whose cache has room for one more column. Continuous batching appends a column for
+/// every step of the batch, so its history outgrows any one sequence's; but a row reads only
+/// from its first valid column on, and the oldest row decoding is at most its prompt and
+/// response long. Where the buffers are full, the columns before the first valid column of
+/// every row in `live` (the rows that go on) are dropped, in buffers of at least the same
+/// capacity with an eighth of it free after the drop ([`KvCache::drop_front`]): a copy of the
+/// cache at most once in an eighth of its columns' steps, and a capacity at most 8/7 of the
+/// longest prompt and response, where doubling the buffers (what a full cache otherwise does)
+/// grew them without bound over a long call. None of the columns dropped is read: on the CPU
+/// a masked column weighs ~1e-38 in attention, and is gone; on a GPU the decode kernels start
+/// at each row's first valid column.
+fn with_room(mut batch: Batch, live: &[usize]) -> Result<(Batch, bool)> {
+    let (len, cap) = (batch.cache.len(), batch.cache.capacity());
+    if len < cap || cap == 0 {
+        return Ok((batch, false));
+    }
+    let first = live
+        .iter()
+        .map(|&r| {
+            let row = &batch.valid[r];
+            row.iter().position(|&v| v == 1).unwrap_or(row.len())
+        })
+        .min()
+        .unwrap_or(0)
+        .min(len);
+    let capacity = cap.max(len - first + (cap / 8).max(1));
+    batch.cache = std::mem::take(&mut batch.cache).drop_front(first, capacity)?;
+    for row in &mut batch.valid {
+        row.drain(..first);
+    }
+    Ok((batch, true))
+}
 /// `joined`'s rows written into the rows `vacated` of `batch` (in order), right-aligned to the
 /// batch's history ([`KvCache::place_row`]): their keys, validity, prompts and logits; the
 /// batch's other rows untouched.

@@ -1191,9 +1191,10 @@ fn continuous_batching_gives_every_prompt_its_solo_completion() {
             limits[i]
         );
     }
-    // Prompts join in finished rows' places where they fit left of the batch's next column, and
-    // by a copy of the batch's cache where they do not (prompt 3 is longer than the others'
-    // histories at first) or when fewer prompts wait than rows finished.
+    // Prompts join in finished rows' places where they fit within the batch's columns, and by
+    // a copy of the batch's cache where they do not or fewer prompts wait than rows finished
+    // (the copies also count the finished rows leaving at the end, and the columns no row reads
+    // dropped to make room).
     let (mut in_place, mut moved) = (0, 0);
     for slots in [1, 2, 3, 7] {
         let stats = std::sync::Mutex::new(rollout::GenStats::default());
@@ -1223,6 +1224,59 @@ fn continuous_batching_gives_every_prompt_its_solo_completion() {
         in_place > 0 && moved > 0,
         "both ways of joining should run: {in_place} prompts joined in place, {moved} moves"
     );
+}
+
+#[test]
+fn a_long_call_of_continuous_batching_keeps_its_cache_as_wide_as_one_sequence() {
+    // Each step appends a column for the whole batch, so over a call of many prompts the
+    // batch's history grows far past any sequence's; the columns no row reads are dropped,
+    // so the buffers stay within 8/7 of a prompt and its response (plus a column), where
+    // doubling them when full (before) made them as wide as the whole call.
+    let (cfg, params) = load("tiny-qwen3");
+    let model = Qwen::new(&cfg, &params, true).expect("model");
+    let prompts: Vec<Vec<u32>> = (0..40u32)
+        .map(|i| (0..1 + i % 6).map(|j| 20 + (7 * i + j) % 90).collect())
+        .collect();
+    let keys: Vec<[u64; 4]> = (0..prompts.len() as u64).map(|i| [5, 1, i, 0]).collect();
+    let p = SamplingParams {
+        temperature: 1.0,
+        top_p: 1.0,
+        top_k: None,
+        max_new_tokens: 10,
+    };
+    let eos: Vec<u32> = (0..13).collect();
+    let longest = prompts.iter().map(Vec::len).max().unwrap() + p.max_new_tokens;
+    let solo: Vec<_> = (0..prompts.len())
+        .map(|i| {
+            let r = SampleRequest::new(p).eos(eos.clone());
+            rollout::generate(&model, &prompts[i..=i], &keys[i..=i], &r).expect("solo")[0].clone()
+        })
+        .collect();
+    for slots in [2, 3, 5] {
+        let stats = std::sync::Mutex::new(rollout::GenStats::default());
+        let r = SampleRequest::new(p)
+            .eos(eos.clone())
+            .max_batch(slots)
+            .stats(&stats);
+        let out = rollout::generate(&model, &prompts, &keys, &r).expect("batched");
+        let s = *stats.lock().unwrap();
+        assert!(
+            s.decode_steps > 2 * longest,
+            "{slots} slots: the call should outlast a sequence: {} steps",
+            s.decode_steps
+        );
+        assert!(
+            s.widest_cache * 7 <= longest * 8 + 7,
+            "{slots} slots: buffers of {} columns for sequences of at most {longest}",
+            s.widest_cache
+        );
+        for (i, (b, s)) in out.iter().zip(&solo).enumerate() {
+            assert_eq!(
+                b.tokens, s.tokens,
+                "{slots} slots, prompt {i}: tokens differ"
+            );
+        }
+    }
 }
 
 #[test]
