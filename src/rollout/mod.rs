@@ -694,11 +694,13 @@ fn decode(model: &Qwen, mut batch: Batch, feed: &[(u32, u32)]) -> Result<Batch> 
 /// response long. Where the buffers are full, the columns before the first valid column of
 /// every row in `live` (the rows that go on) are dropped, in buffers of at least the same
 /// capacity with an eighth of it free after the drop ([`KvCache::drop_front`]): a copy of the
-/// cache at most once in an eighth of its columns' steps, and a capacity at most 8/7 of the
-/// longest prompt and response, where doubling the buffers (what a full cache otherwise does)
-/// grew them without bound over a long call. None of the columns dropped is read: on the CPU
-/// a masked column weighs ~1e-38 in attention, and is gone; on a GPU the decode kernels start
-/// at each row's first valid column.
+/// cache at most once in an eighth of its columns' steps, and a capacity this rule keeps
+/// within 8/7 of the longest prompt and response (a merge of a prompt longer than the batch's
+/// history widens it by that prompt, [`KvCache::append_rows`]), where doubling the buffers
+/// (what a full cache otherwise does) grew them without bound over a long call. The columns
+/// dropped are masked for every row that goes on: on a GPU the decode kernels start at each
+/// row's first valid column, so no result changes; on the CPU a masked column weighed ~1e-38
+/// in attention and no longer enters it.
 fn with_room(mut batch: Batch, live: &[usize]) -> Result<(Batch, bool)> {
     let (len, cap) = (batch.cache.len(), batch.cache.capacity());
     if len < cap || cap == 0 {
