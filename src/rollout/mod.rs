@@ -451,10 +451,11 @@ impl Dense<'_> {
         joining: Vec<usize>,
     ) -> Result<Batch> {
         let finished = batch.active.len() - keep.len();
+        let longest = joining.iter().map(|&i| self.prompts[i].len()).max();
         let in_place = !keep.is_empty()
             && finished > 0
             && joining.len() == finished
-            && joining.iter().map(|&i| self.prompts[i].len()).max() <= Some(batch.cache.len() + 1);
+            && longest <= Some(batch.cache.len() + 1);
         // The sequences that go on decode one token.
         let next = if keep.is_empty() {
             None
@@ -475,7 +476,12 @@ impl Dense<'_> {
             self.timed.cache_moves += usize::from(!in_place && finished > 0);
             let device = self.model.device();
             let (batch, feed, live) = feed_rows(batch, step, &mut self.next_pos, device)?;
-            let (batch, moved) = with_room(batch, &live)?;
+            // the joiners' columns end at the step's: all but one of them stay
+            let stay = match in_place {
+                true => longest.unwrap_or(1) - 1,
+                false => 0,
+            };
+            let (batch, moved) = with_room(batch, &live, stay)?;
             self.timed.cache_moves += usize::from(moved);
             self.timed.most_rows = self.timed.most_rows.max(batch.active.len());
             let batch = decode(self.model, batch, &feed)?;
@@ -692,7 +698,8 @@ fn decode(model: &Qwen, mut batch: Batch, feed: &[(u32, u32)]) -> Result<Batch> 
 /// every step of the batch, so its history outgrows any one sequence's; but a row reads only
 /// from its first valid column on, and the oldest row decoding is at most its prompt and
 /// response long. Where the buffers are full, the columns before the first valid column of
-/// every row in `live` (the rows that go on) are dropped, in buffers of at least the same
+/// every row in `live` (the rows that go on) are dropped, but for the last `stay` columns
+/// (where prompts joining after the step go, [`take_places`]), in buffers of at least the same
 /// capacity with an eighth of it free after the drop ([`KvCache::drop_front`]): a copy of the
 /// cache at most once in an eighth of its columns' steps, and a capacity this rule keeps
 /// within 8/7 of the longest prompt and response (a merge of a prompt longer than the batch's
@@ -701,7 +708,7 @@ fn decode(model: &Qwen, mut batch: Batch, feed: &[(u32, u32)]) -> Result<Batch> 
 /// dropped are masked for every row that goes on: on a GPU the decode kernels start at each
 /// row's first valid column, so no result changes; on the CPU a masked column weighed ~1e-38
 /// in attention and no longer enters it.
-fn with_room(mut batch: Batch, live: &[usize]) -> Result<(Batch, bool)> {
+fn with_room(mut batch: Batch, live: &[usize], stay: usize) -> Result<(Batch, bool)> {
     let (len, cap) = (batch.cache.len(), batch.cache.capacity());
     if len < cap || cap == 0 {
         return Ok((batch, false));
@@ -714,7 +721,7 @@ fn with_room(mut batch: Batch, live: &[usize]) -> Result<(Batch, bool)> {
         })
         .min()
         .unwrap_or(0)
-        .min(len);
+        .min(len.saturating_sub(stay));
     let capacity = cap.max(len - first + (cap / 8).max(1));
     batch.cache = std::mem::take(&mut batch.cache).drop_front(first, capacity)?;
     for row in &mut batch.valid {

@@ -1280,6 +1280,48 @@ fn a_long_call_of_continuous_batching_keeps_its_cache_as_wide_as_one_sequence() 
 }
 
 #[test]
+fn a_long_prompt_joins_in_place_when_the_cache_makes_room_in_the_same_step() {
+    // A schedule (no EOS, per-prompt limits, 2 slots, 10 new tokens: buffers of 11 columns)
+    // where the step whose cache is full is also the step a 12-token prompt joins in place: the
+    // columns dropped to make room must leave the joiner's 12 columns in the batch. Row 0 runs
+    // prompt 0 (10 tokens), then prompt 3 from step 10; row 1 prompt 1 (1 token), then prompt 2
+    // (10 tokens, to step 11), then prompt 4, the long one.
+    let (cfg, params) = load("tiny-qwen3");
+    let model = Qwen::new(&cfg, &params, true).expect("model");
+    let prompts: Vec<Vec<u32>> = vec![vec![5], vec![6], vec![7], vec![8], vec![9; 12]];
+    let limits = vec![10, 1, 10, 5, 3];
+    let keys: Vec<[u64; 4]> = (0..prompts.len() as u64).map(|i| [8, 1, i, 0]).collect();
+    let p = SamplingParams {
+        temperature: 1.0,
+        top_p: 1.0,
+        top_k: None,
+        max_new_tokens: 10,
+    };
+    let solo: Vec<_> = (0..prompts.len())
+        .map(|i| {
+            let r = SampleRequest::new(p).limits(vec![limits[i]]);
+            rollout::generate(&model, &prompts[i..=i], &keys[i..=i], &r).expect("solo")[0].clone()
+        })
+        .collect();
+    let stats = std::sync::Mutex::new(rollout::GenStats::default());
+    let out = rollout::generate(
+        &model,
+        &prompts,
+        &keys,
+        &SampleRequest::new(p)
+            .limits(limits.clone())
+            .max_batch(2)
+            .stats(&stats),
+    )
+    .expect("the long prompt joins");
+    let s = *stats.lock().unwrap();
+    assert_eq!(s.joined_in_place, 3, "prompts 2, 3 and 4 join in place");
+    for (i, (b, s)) in out.iter().zip(&solo).enumerate() {
+        assert_eq!(b.tokens, s.tokens, "prompt {i}: tokens differ");
+    }
+}
+
+#[test]
 fn the_kv_cache_is_allocated_once_and_written_in_place() {
     let (cfg, params) = load("tiny-qwen3");
     let model = Qwen::new(&cfg, &params, true).expect("model");
