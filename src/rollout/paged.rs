@@ -158,32 +158,7 @@ pub fn decode_all_paged(
     let mut rngs: Vec<SplitMix64> = keys.iter().map(|k| SplitMix64::from_key(k)).collect();
     let slots = request.max_batch.unwrap_or(prompts.len()).max(1);
     let mut waiting: VecDeque<usize> = (0..prompts.len()).collect();
-    let mut pending: HashMap<&[u32], usize> = HashMap::new();
-    for p in prompts {
-        *pending.entry(p.as_slice()).or_default() += 1;
-    }
-    let device = model.device();
-    let cfg = model.config();
-    let groups = cfg.num_attention_heads / cfg.num_key_value_heads.max(1);
-    let tables = opts.tables.unwrap_or(device.is_cuda())
-        && crate::fused::paged_applies(device, model.dtype(), cfg.head_dim(), groups);
-    let prefill_budget = opts
-        .prefill_tokens
-        .or_else(|| device.is_cuda().then_some(PREFILL_TOKENS));
-    let mut engine = Engine {
-        model,
-        prompts,
-        pad_id: request.pad_id,
-        opts,
-        tables,
-        prefill_budget,
-        kv: pool(model, prompts, params.max_new_tokens, &opts)?,
-        rows: Vec::new(),
-        logits: None,
-        width: 0,
-        pending,
-        shared: HashMap::new(),
-    };
+    let mut engine = Engine::new(model, prompts, request, opts)?;
     let mut next_pos: Vec<u32> = prompts.iter().map(|p| p.len() as u32).collect();
     // what was queued before the decoding (the pool's zero fill, the caller's work) is not its
     settle(model, request)?;
@@ -250,6 +225,42 @@ pub fn decode_all_paged(
 }
 
 impl<'a> Engine<'a> {
+    /// The engine for `request` on `prompts`: its pool ([`pool`]), no row admitted yet, every
+    /// prompt pending; block tables where the decode kernel takes them (`opts.tables`, by default
+    /// on a GPU), a prefill budget ([`PREFILL_TOKENS`] by default on a GPU).
+    fn new(
+        model: &'a Qwen,
+        prompts: &'a [Vec<u32>],
+        request: &SampleRequest,
+        opts: PagedOptions,
+    ) -> Result<Engine<'a>> {
+        let mut pending: HashMap<&[u32], usize> = HashMap::new();
+        for p in prompts {
+            *pending.entry(p.as_slice()).or_default() += 1;
+        }
+        let (device, cfg) = (model.device(), model.config());
+        let groups = cfg.num_attention_heads / cfg.num_key_value_heads.max(1);
+        let tables = opts.tables.unwrap_or(device.is_cuda())
+            && crate::fused::paged_applies(device, model.dtype(), cfg.head_dim(), groups);
+        let prefill_budget = opts
+            .prefill_tokens
+            .or_else(|| device.is_cuda().then_some(PREFILL_TOKENS));
+        Ok(Engine {
+            model,
+            prompts,
+            pad_id: request.pad_id,
+            opts,
+            tables,
+            prefill_budget,
+            kv: pool(model, prompts, request.params.max_new_tokens, &opts)?,
+            rows: Vec::new(),
+            logits: None,
+            width: 0,
+            pending,
+            shared: HashMap::new(),
+        })
+    }
+
     /// Blocks the rows need for their next position.
     fn append_needs(&self, rows: &[Row]) -> usize {
         rows.iter().map(|r| self.kv.pool.append_needs(&r.seq)).sum()
