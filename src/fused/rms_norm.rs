@@ -211,8 +211,8 @@ pub fn rms_norm_backward(
 /// [`rms_norm_backward`] with `residual` added to dx in the same pass: `(residual + dx, dw)`,
 /// the gradient of a residual stream `h` whose RMSNorm feeds a layer
 /// (`dh = g + rms_bwd(h, w, dn)`, `model/qwen/by_hand.rs`), without writing dx and reading it
-/// back. On CPU f32 the bits of `residual + dx`; on CUDA rounded once where the add rounds
-/// twice.
+/// back. In f32 (the CPU twin and CUDA) the bits of `residual + dx`; on CUDA in bf16 rounded
+/// once where the separate add rounds twice.
 pub fn rms_norm_backward_add(
     x: &Tensor,
     w: &Tensor,

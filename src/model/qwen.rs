@@ -827,7 +827,8 @@ impl KvCache {
     /// The same rows without their first `drop` columns, in new buffers of `capacity` columns
     /// (at least the `len − drop` kept): for columns no row reads any more (a sampler's
     /// continuous batching, whose history outgrows every sequence's). Layer by layer, each
-    /// layer's old buffers freed as its new ones are made: one layer's more memory at most.
+    /// layer's old buffers freed as its new ones are made: at most one layer's new buffers and a
+    /// copy of its kept columns more memory (`slice_set` takes a contiguous source).
     pub(crate) fn drop_front(self, drop: usize, capacity: usize) -> Result<KvCache> {
         if drop > self.len || capacity < self.len - drop {
             let (len, cap) = (self.len, capacity);

@@ -122,6 +122,8 @@ pub struct GenStats {
     /// ([`KvCache::append_rows`]), or dropping the columns no row reads any more to make room
     /// for a step (`KvCache::drop_front`); each a pass over every kept row's buffers.
     pub cache_moves: usize,
+    /// Of `cache_moves`, the dense engine's drops of the columns no row reads any more.
+    pub front_drops: usize,
     /// The most columns a row of the dense engine's cache had room for: with the batch's rows,
     /// what its buffers took.
     pub widest_cache: usize,
@@ -182,7 +184,7 @@ impl KvLayout {
 /// takes there, [`Qwen::kv_elem_bytes`], and a row of logits and its sampling temporaries); the
 /// other half stays for the cache's copies (a merge of joining prompts, which holds the old and
 /// the new buffers at once; dropping the columns no row reads, a layer at a time, into buffers
-/// up to 8/7 as wide) and a step's activations. At least 1. None on the CPU, which keeps its
+/// up to 9/8 as wide) and a step's activations. At least 1. None on the CPU, which keeps its
 /// batching (every shipped result was sampled that way).
 pub fn device_slots(model: &Qwen, positions: usize) -> Option<usize> {
     let device = model.device();
@@ -380,12 +382,14 @@ fn decode_all(
     // what was queued before the call (the caller's work) is not the call's
     settle(model, request)?;
     let started = std::time::Instant::now();
+    let longest = prompts.iter().map(Vec::len).max().unwrap_or(0);
     let mut engine = Dense {
         model,
         prompts,
         request,
         next_pos: prompts.iter().map(|p| p.len() as u32).collect(),
         timed: GenStats::default(),
+        slack: ((longest + request.params.max_new_tokens) / 8).max(1),
     };
     let mut batch = engine.prefill(first, request.params.max_new_tokens)?;
     loop {
@@ -420,6 +424,9 @@ struct Dense<'a> {
     request: &'a SampleRequest<'a>,
     next_pos: Vec<u32>,
     timed: GenStats,
+    /// The columns free after the cache drops its front ([`with_room`]): an eighth of the
+    /// longest prompt and response.
+    slack: usize,
 }
 
 impl Dense<'_> {
@@ -481,8 +488,9 @@ impl Dense<'_> {
                 true => longest.unwrap_or(1) - 1,
                 false => 0,
             };
-            let (batch, moved) = with_room(batch, &live, stay)?;
+            let (batch, moved) = with_room(batch, &live, stay, self.slack)?;
             self.timed.cache_moves += usize::from(moved);
+            self.timed.front_drops += usize::from(moved);
             self.timed.most_rows = self.timed.most_rows.max(batch.active.len());
             let batch = decode(self.model, batch, &feed)?;
             let widest = self.timed.widest_cache.max(batch.cache.capacity());
@@ -501,16 +509,14 @@ impl Dense<'_> {
                 self.timed.joined_in_place += vacated.len();
                 take_places(b, &vacated, joined)?
             }
-            (next, _) => {
-                let joined = self.prefill(joining, self.request.params.max_new_tokens)?;
-                match next {
-                    Some(b) => {
-                        self.timed.cache_moves += 1;
-                        merge(b, joined)?
-                    }
-                    None => joined,
-                }
+            // merged (the batch's next full step makes room), or a new batch with the room its
+            // responses take
+            (Some(b), false) => {
+                let joined = self.prefill(joining, 0)?;
+                self.timed.cache_moves += 1;
+                merge(b, joined)?
             }
+            (None, _) => self.prefill(joining, self.request.params.max_new_tokens)?,
         })
     }
 }
@@ -600,6 +606,7 @@ fn add_stats(
     s.widest_prefill = s.widest_prefill.max(timed.widest_prefill);
     s.joined_in_place += timed.joined_in_place;
     s.cache_moves += timed.cache_moves;
+    s.front_drops += timed.front_drops;
     s.widest_cache = s.widest_cache.max(timed.widest_cache);
 }
 
@@ -699,16 +706,17 @@ fn decode(model: &Qwen, mut batch: Batch, feed: &[(u32, u32)]) -> Result<Batch> 
 /// from its first valid column on, and the oldest row decoding is at most its prompt and
 /// response long. Where the buffers are full, the columns before the first valid column of
 /// every row in `live` (the rows that go on) are dropped, but for the last `stay` columns
-/// (where prompts joining after the step go, [`take_places`]), in buffers of at least the same
-/// capacity with an eighth of it free after the drop ([`KvCache::drop_front`]): a copy of the
-/// cache at most once in an eighth of its columns' steps, and a capacity this rule keeps
-/// within 8/7 of the longest prompt and response (a merge of a prompt longer than the batch's
-/// history widens it by that prompt, [`KvCache::append_rows`]), where doubling the buffers
-/// (what a full cache otherwise does) grew them without bound over a long call. The columns
-/// dropped are masked for every row that goes on: on a GPU the decode kernels start at each
-/// row's first valid column, so no result changes; on the CPU a masked column weighed ~1e-38
-/// in attention and no longer enters it.
-fn with_room(mut batch: Batch, live: &[usize], stay: usize) -> Result<(Batch, bool)> {
+/// (where prompts joining after the step go, [`take_places`]), into buffers with `slack`
+/// columns free after what is kept ([`KvCache::drop_front`]). With `slack` an eighth of the
+/// longest prompt and response, that is a copy of the cache at most once in `slack` steps,
+/// and buffers at most 9/8 of the longest prompt and response after each drop (a merge widens
+/// them until the next: [`KvCache::append_rows`] right-aligns to the longer history), where
+/// doubling the buffers (what a full cache otherwise does) grew them without bound over a long
+/// call. The columns dropped are masked for every row that goes on: on a GPU the decode kernels
+/// start at each row's first valid column, so no result changes; on the CPU a masked column
+/// weighed ~1e-38 in attention and no longer enters it, and a row's softmax sums its columns in
+/// other groups of lanes, so its log-probs can move in their last bits.
+fn with_room(mut batch: Batch, live: &[usize], stay: usize, slack: usize) -> Result<(Batch, bool)> {
     let (len, cap) = (batch.cache.len(), batch.cache.capacity());
     if len < cap || cap == 0 {
         return Ok((batch, false));
@@ -722,13 +730,14 @@ fn with_room(mut batch: Batch, live: &[usize], stay: usize) -> Result<(Batch, bo
         .min()
         .unwrap_or(0)
         .min(len.saturating_sub(stay));
-    let capacity = cap.max(len - first + (cap / 8).max(1));
+    let capacity = len - first + slack.max(1);
     batch.cache = std::mem::take(&mut batch.cache).drop_front(first, capacity)?;
     for row in &mut batch.valid {
         row.drain(..first);
     }
     Ok((batch, true))
 }
+
 /// `joined`'s rows written into the rows `vacated` of `batch` (in order), right-aligned to the
 /// batch's history ([`KvCache::place_row`]): their keys, validity, prompts and logits; the
 /// batch's other rows untouched.
