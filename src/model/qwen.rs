@@ -735,7 +735,9 @@ pub fn to_fp8_e4m3(x: &Tensor) -> Result<Tensor> {
 /// moves the cache into a buffer twice as large.
 ///
 /// A forward extends the buffers of the cache passed to it: the returned cache shares them, and
-/// the cache passed in must not be used again (sampling replaces it at each step).
+/// the cache passed in must not be used again (sampling replaces it at each step). A sampler's
+/// continuous batching, whose history outgrows any sequence's, drops the columns no row reads
+/// any more before its buffers would double ([`KvCache::drop_front`]).
 #[derive(Debug, Clone, Default)]
 pub struct KvCache {
     layers: Vec<(Tensor, Tensor)>,
@@ -771,56 +773,64 @@ impl KvCache {
     }
 
     /// Keeps the batch rows `rows` (for dropping finished sequences during sampling); the
-    /// buffers keep their capacity.
-    pub fn select_rows(&self, rows: &Tensor) -> Result<KvCache> {
-        let keep = |buf: &Tensor| -> Result<Tensor> {
-            Ok(match kept_rows(buf, rows, self.len)? {
+    /// buffers keep their capacity. Layer by layer, each layer's old buffers freed as its new
+    /// ones are made: one layer's new buffers more memory at most.
+    pub fn select_rows(self, rows: &Tensor) -> Result<KvCache> {
+        let len = self.len;
+        let keep = |buf: Tensor| -> Result<Tensor> {
+            Ok(match kept_rows(&buf, rows, len)? {
                 Some(kept) => kept,
                 None => buf.index_select(rows, 0)?,
             })
         };
         let layers = self
             .layers
-            .iter()
+            .into_iter()
             .map(|(k, v)| Ok((keep(k)?, keep(v)?)))
             .collect::<Result<Vec<_>>>()?;
-        Ok(KvCache { layers, ..*self })
+        Ok(KvCache {
+            layers,
+            len,
+            reserve: self.reserve,
+        })
     }
 
     /// The rows of `self`, then those of `other`, both right-aligned to the longer of the two:
     /// the next position of every row is column `len` (continuous batching: a prefilled prompt
     /// joins sequences that are decoding). The columns left of the shorter cache's are zeros;
-    /// the caller marks them invalid in `key_valid`.
-    pub fn append_rows(&self, other: &KvCache) -> Result<KvCache> {
+    /// the caller marks them invalid in `key_valid`. Layer by layer, each layer's old buffers
+    /// freed as its new ones are made.
+    pub fn append_rows(self, other: &KvCache) -> Result<KvCache> {
         if self.layers.is_empty() {
             return Ok(other.clone());
         }
         if other.layers.is_empty() {
-            return Ok(self.clone());
+            return Ok(self);
         }
         let len = self.len.max(other.len);
         let cap = (self.capacity() + len - self.len).max(other.capacity() + len - other.len);
-        let align = |c: &KvCache, buf: &Tensor| -> Result<Tensor> {
-            if c.len == len && buf.dim(2)? == cap {
+        let align = |c_len: usize, buf: &Tensor| -> Result<Tensor> {
+            if c_len == len && buf.dim(2)? == cap {
                 return Ok(buf.clone());
             }
-            moved(buf, c.len, cap, len - c.len)
+            moved(buf, c_len, cap, len - c_len)
         };
+        let (self_len, reserve) = (self.len, self.reserve);
         let layers = self
             .layers
-            .iter()
+            .into_iter()
             .zip(&other.layers)
             .map(|((ak, av), (bk, bv))| {
                 Ok((
-                    Tensor::cat(&[align(self, ak)?, align(other, bk)?], 0)?,
-                    Tensor::cat(&[align(self, av)?, align(other, bv)?], 0)?,
+                    Tensor::cat(&[align(self_len, &ak)?, align(other.len, bk)?], 0)?,
+                    Tensor::cat(&[align(self_len, &av)?, align(other.len, bv)?], 0)?,
                 ))
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(KvCache {
             layers,
             len,
-            reserve: self.reserve,
+            reserve,
         })
     }
 

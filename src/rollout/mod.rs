@@ -1,8 +1,8 @@
 //! Batched sampling with a KV cache: rollouts for training and samples for evaluation.
 //!
 //! Prompts are left-padded to a common length; each sequence gets its own positions and a
-//! key-padding mask, so its tokens are exactly what it would get alone. Finished sequences are
-//! dropped from the batch (and from the cache) as soon as they stop.
+//! key-padding mask, so its tokens are exactly what it would get alone. A finished sequence's
+//! place goes to a waiting prompt, or it leaves the batch (and the cache) as soon as it stops.
 //!
 //! Randomness: sample i of prompt p at training step s draws from its own [`SplitMix64`] stream
 //! keyed by (seed, step, p, i), one uniform per generated token, so a completion does not depend
@@ -122,10 +122,11 @@ pub struct GenStats {
     /// ([`KvCache::append_rows`]), or dropping the columns no row reads any more to make room
     /// for a step (`KvCache::drop_front`); each a pass over every kept row's buffers.
     pub cache_moves: usize,
-    /// Of `cache_moves`, the dense engine's drops of the columns no row reads any more.
+    /// Of `cache_moves`, the dense engine's copies to make room for a step: the columns no row
+    /// reads any more dropped (or, where every column is still read, the buffers widened).
     pub front_drops: usize,
-    /// The most columns a row of the dense engine's cache had room for: with the batch's rows,
-    /// what its buffers took.
+    /// The most columns a row of the dense engine's cache had room for after a decode step: with
+    /// the batch's rows, what its buffers took.
     pub widest_cache: usize,
 }
 
@@ -180,12 +181,13 @@ impl KvLayout {
 }
 
 /// Sequences to decode at once on `model`'s device (issue #34): on CUDA, as many as half the
-/// device's free memory holds at `positions` cached positions each (the KV cache in the bytes it
-/// takes there, [`Qwen::kv_elem_bytes`], and a row of logits and its sampling temporaries); the
-/// other half stays for the cache's copies (a merge of joining prompts, which holds the old and
-/// the new buffers at once; dropping the columns no row reads, a layer at a time, into buffers
-/// up to 9/8 as wide) and a step's activations. At least 1. None on the CPU, which keeps its
-/// batching (every shipped result was sampled that way).
+/// device's free memory holds at `positions` cached positions each, and the eighth more a row's
+/// buffers can take after the dense engine drops the columns no row reads (the KV cache in the
+/// bytes it takes there, [`Qwen::kv_elem_bytes`], and a row of logits and its sampling
+/// temporaries); the other half stays for the cache's copies (each a layer at a time: finished
+/// rows leaving, prompts merged, the columns no row reads dropped) and a step's activations. At
+/// least 1. None on the CPU, which keeps its batching (every shipped result was sampled that
+/// way).
 pub fn device_slots(model: &Qwen, positions: usize) -> Option<usize> {
     let device = model.device();
     if !device.is_cuda() {
@@ -193,8 +195,10 @@ pub fn device_slots(model: &Qwen, positions: usize) -> Option<usize> {
     }
     let free = crate::device::PeakMeter::new(device).free()?;
     let cfg = model.config();
-    let per_row =
-        cfg.kv_bytes_per_position(model.kv_elem_bytes()) * positions + 16 * cfg.vocab_size;
+    // the widest a row's buffers get: its positions, the eighth left free after a drop and the
+    // columns a drop leaves (`with_room`)
+    let columns = positions + positions / 8 + DROP_GROUP;
+    let per_row = cfg.kv_bytes_per_position(model.kv_elem_bytes()) * columns + 16 * cfg.vocab_size;
     Some(((free / 2) as usize / per_row.max(1)).max(1))
 }
 
@@ -355,7 +359,7 @@ fn prefill(
 }
 
 /// The sampling engine behind [`generate`]. Up to `max_batch` sequences decode
-/// together, one token per step, over a KV cache allocated once ([`KvCache`]). While prompts
+/// together, one token per step, over a KV cache written in place ([`KvCache`]). While prompts
 /// wait, they are prefilled together and take the places of the sequences that finished:
 /// written into those rows of the cache, right-aligned to the batch's columns
 /// ([`KvCache::place_row`]), so that no other row's keys move; the finished rows decode one
@@ -654,7 +658,7 @@ fn feed_rows(
                     keep.len(),
                     device,
                 )?;
-                batch.cache = batch.cache.select_rows(&rows)?;
+                batch.cache = std::mem::take(&mut batch.cache).select_rows(&rows)?;
                 batch.valid = keep.iter().map(|&r| batch.valid[r].clone()).collect();
                 batch.active = keep.iter().map(|&r| batch.active[r]).collect();
             }
@@ -709,18 +713,22 @@ fn decode(model: &Qwen, mut batch: Batch, feed: &[(u32, u32)]) -> Result<Batch> 
 /// (where prompts joining after the step go, [`take_places`]), into buffers with `slack`
 /// columns free after what is kept ([`KvCache::drop_front`]). With `slack` an eighth of the
 /// longest prompt and response, that is a copy of the cache at most once in `slack` steps,
-/// and buffers at most 9/8 of the longest prompt and response after each drop (a merge widens
-/// them until the next: [`KvCache::append_rows`] right-aligns to the longer history), where
-/// doubling the buffers (what a full cache otherwise does) grew them without bound over a long
-/// call. The columns dropped are masked for every row that goes on: on a GPU the decode kernels
-/// start at each row's first valid column, so no result changes; on the CPU a masked column
-/// weighed ~1e-38 in attention and no longer enters it, and a row's softmax sums its columns in
-/// other groups of lanes, so its log-probs can move in their last bits.
+/// and buffers at most 9/8 of the longest prompt and response (and the [`DROP_GROUP`] less one
+/// columns a drop leaves) after each drop (a merge widens them until the next:
+/// [`KvCache::append_rows`] right-aligns to the longer history), where doubling the buffers
+/// (what a full cache otherwise does) grew them without bound over a long call. The columns
+/// dropped are masked for every row that goes on: on a GPU the decode kernels start at each
+/// row's first valid column, so no result changes; on the CPU a masked column weighed ~1e-38 in
+/// attention and no longer enters it, and the drop takes whole groups of 8 columns so that a
+/// row's 8-lane sums keep their groups (the paged engine's gathered view, which drops nothing,
+/// gives the same bits in the tests).
 fn with_room(mut batch: Batch, live: &[usize], stay: usize, slack: usize) -> Result<(Batch, bool)> {
     let (len, cap) = (batch.cache.len(), batch.cache.capacity());
     if len < cap || cap == 0 {
         return Ok((batch, false));
     }
+    // a whole number of 8-column groups, so that the CPU's 8-lane sums over a row's columns
+    // keep their groups (`fused::exp_kernel_avx2`): its bits stay those of the rows undropped
     let first = live
         .iter()
         .map(|&r| {
@@ -729,7 +737,9 @@ fn with_room(mut batch: Batch, live: &[usize], stay: usize, slack: usize) -> Res
         })
         .min()
         .unwrap_or(0)
-        .min(len.saturating_sub(stay));
+        .min(len.saturating_sub(stay))
+        / DROP_GROUP
+        * DROP_GROUP;
     let capacity = len - first + slack.max(1);
     batch.cache = std::mem::take(&mut batch.cache).drop_front(first, capacity)?;
     for row in &mut batch.valid {
@@ -737,6 +747,9 @@ fn with_room(mut batch: Batch, live: &[usize], stay: usize, slack: usize) -> Res
     }
     Ok((batch, true))
 }
+
+/// The columns a drop ([`with_room`]) takes are a multiple of this.
+const DROP_GROUP: usize = 8;
 
 /// `joined`'s rows written into the rows `vacated` of `batch` (in order), right-aligned to the
 /// batch's history ([`KvCache::place_row`]): their keys, validity, prompts and logits; the

@@ -1136,6 +1136,29 @@ fn continuous_batching_on_cuda_gives_every_prompt_its_solo_completion() {
         }
     }
     assert!(in_place > 0, "no prompt joined in a finished row's place");
+    // A call long enough that the cache drops the columns no row reads (KvCache::drop_front)
+    let many: Vec<Vec<u32>> = (0..30u32)
+        .map(|i| (0..1 + i % 6).map(|j| 20 + (7 * i + j) % 90).collect())
+        .collect();
+    let keys: Vec<[u64; 4]> = (0..many.len() as u64).map(|i| [5, 1, i, 0]).collect();
+    let stats = std::sync::Mutex::new(rollout::GenStats::default());
+    let r = SampleRequest::new(p)
+        .eos(eos.clone())
+        .max_batch(2)
+        .stats(&stats);
+    let batched = rollout::generate(&model, &many, &keys, &r).expect("batched");
+    assert!(
+        stats.lock().unwrap().front_drops > 0,
+        "no drop in a long call"
+    );
+    for (i, b) in batched.iter().enumerate() {
+        let r = SampleRequest::new(p).eos(eos.clone());
+        let solo = rollout::generate(&model, &many[i..=i], &keys[i..=i], &r).expect("solo");
+        assert_eq!(
+            b.tokens, solo[0].tokens,
+            "long call, prompt {i}: tokens differ"
+        );
+    }
 }
 
 /// The fused chain into an FP8 cache (E4M3 bytes, `qk_norm_rope_*_bf16_fp8`) against the composed

@@ -1324,6 +1324,108 @@ fn a_long_prompt_joins_in_place_when_the_cache_makes_room_in_the_same_step() {
 }
 
 #[test]
+fn schedules_that_merge_into_a_full_cache_or_prefill_every_step_give_solo_completions() {
+    // No EOS, per-prompt limits, 2 slots. (a) 4 new tokens: prompt 3 (6 tokens, longer than
+    // the batch's history) is merged at the step that fills the cache, and the next step must
+    // make room. (b) Every limit 1: each draw finishes every row, and each turn prefills a
+    // new batch.
+    let (cfg, params) = load("tiny-qwen3");
+    let model = Qwen::new(&cfg, &params, true).expect("model");
+    let p = SamplingParams {
+        temperature: 1.0,
+        top_p: 1.0,
+        top_k: None,
+        max_new_tokens: 4,
+    };
+    let cases: [(Vec<Vec<u32>>, Vec<usize>); 2] = [
+        (
+            vec![vec![5], vec![6], vec![7], vec![8; 6]],
+            vec![2, 4, 4, 2],
+        ),
+        (
+            vec![vec![5], vec![6, 7], vec![8], vec![9, 10, 11]],
+            vec![1; 4],
+        ),
+    ];
+    for (case, (prompts, limits)) in cases.iter().enumerate() {
+        let keys: Vec<[u64; 4]> = (0..prompts.len() as u64).map(|i| [8, 2, i, 0]).collect();
+        let solo: Vec<_> = (0..prompts.len())
+            .map(|i| {
+                let r = SampleRequest::new(p).limits(vec![limits[i]]);
+                rollout::generate(&model, &prompts[i..=i], &keys[i..=i], &r).expect("solo")[0]
+                    .clone()
+            })
+            .collect();
+        let stats = std::sync::Mutex::new(rollout::GenStats::default());
+        let r = SampleRequest::new(p)
+            .limits(limits.clone())
+            .max_batch(2)
+            .stats(&stats);
+        let out = rollout::generate(&model, prompts, &keys, &r).expect("batched");
+        for (i, (b, s)) in out.iter().zip(&solo).enumerate() {
+            assert_eq!(b.tokens, s.tokens, "case {case}, prompt {i}: tokens differ");
+            assert!(
+                max_abs_diff(&b.log_probs, &s.log_probs) < 1e-5,
+                "case {case}, prompt {i}: log-probs differ"
+            );
+        }
+        let s = *stats.lock().unwrap();
+        if case == 0 {
+            assert!(
+                s.front_drops > 0,
+                "case 0: the step after the merge makes room"
+            );
+        } else {
+            assert_eq!(
+                (s.joined_in_place, s.cache_moves),
+                (0, 0),
+                "case 1: fresh batches"
+            );
+        }
+    }
+}
+
+#[test]
+fn the_dense_caches_dropped_columns_keep_the_paged_caches_bits_on_the_cpu() {
+    // Over a long call the dense engine drops the columns no row reads any more, in whole
+    // groups of 8; the paged engine's gathered view drops none. The same bits either way.
+    let (cfg, params) = load("tiny-qwen3");
+    let model = Qwen::new(&cfg, &params, true).expect("model");
+    let prompts: Vec<Vec<u32>> = (0..30u32)
+        .map(|i| (0..1 + i % 7).map(|j| 20 + (11 * i + 3 * j) % 90).collect())
+        .collect();
+    let keys: Vec<[u64; 4]> = (0..prompts.len() as u64).map(|i| [6, 3, i, 0]).collect();
+    let p = SamplingParams {
+        temperature: 1.0,
+        top_p: 1.0,
+        top_k: None,
+        max_new_tokens: 24,
+    };
+    let eos: Vec<u32> = (0..13).collect();
+    for slots in [2, 4] {
+        let stats = std::sync::Mutex::new(rollout::GenStats::default());
+        let dense = SampleRequest::new(p)
+            .eos(eos.clone())
+            .max_batch(slots)
+            .stats(&stats);
+        let dense = rollout::generate(&model, &prompts, &keys, &dense).expect("dense");
+        let drops = stats.lock().unwrap().front_drops;
+        assert!(drops > 0, "{slots} slots: the test needs drops");
+        let paged = SampleRequest::new(p)
+            .eos(eos.clone())
+            .max_batch(slots)
+            .paged(rollout::PagedOptions::default());
+        let paged = rollout::generate(&model, &prompts, &keys, &paged).expect("paged");
+        assert_same_completions(
+            &paged,
+            &dense,
+            0.0,
+            &format!("{slots} slots, {drops} drops"),
+        );
+    }
+}
+
+#[test]
 fn the_kv_cache_is_allocated_once_and_written_in_place() {
     let (cfg, params) = load("tiny-qwen3");
     let model = Qwen::new(&cfg, &params, true).expect("model");

@@ -533,9 +533,9 @@ def generate(root, lines):
                 "|---|---:|---:|---:|",
                 f"| {cont['shape'].split(': ')[0]} | {fmt(waves['tokens_per_second'])} "
                 f"| {fmt(cont['tokens_per_second'])} | {cont['tokens_per_second'] / waves['tokens_per_second']:.2f}× |"]
-        how = cont['shape'].split(': ', 1)[-1]
-        if "joined" in how:  # runs since the dense engine joins prompts in place
-            out += ["", f"The dense engine's continuous batching: {how.removeprefix('continuous batching (').rstrip(')')}."]
+        how = re.search(r"continuous batching \((\d+ prompts joined[^)]*)\)", cont['shape'])
+        if how:  # runs since the dense engine joins prompts in place
+            out += ["", f"The dense engine's continuous batching: {how.group(1)}."]
         out += long_tail_bound(cont)
     paged = long_tail_paged(root)
     if paged:
