@@ -223,6 +223,8 @@ pub fn rms_norm_backward_add(
     backward(x, w, dy, Some(residual), eps)
 }
 
+/// [`rms_norm_backward`], dx plus `residual` with one: the fused pass where it applies (CPU
+/// f32, CUDA; every operand of x's dtype and device), else the formula and candle's add.
 fn backward(
     x: &Tensor,
     w: &Tensor,

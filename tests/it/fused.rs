@@ -25,6 +25,16 @@ fn max_rel_diff(a: &Tensor, b: &Tensor) -> f32 {
 }
 
 /// Value and gradients (w.r.t. `inputs`) of Σ f(inputs) ⊙ probe, for a fixed random probe.
+/// A tensor's elements as f64 (row-major).
+fn f64s(t: &Tensor) -> Vec<f64> {
+    t.to_dtype(DType::F64)
+        .unwrap()
+        .flatten_all()
+        .unwrap()
+        .to_vec1::<f64>()
+        .unwrap()
+}
+
 fn value_and_grads(inputs: &[Tensor], f: &dyn Fn(&[Tensor]) -> Tensor) -> (Tensor, Vec<Tensor>) {
     let vars: Vec<Var> = inputs
         .iter()
@@ -870,14 +880,6 @@ fn rms_norm_and_swiglu_backwards_called_directly_are_autograds() {
     for dtype in [DType::F32, DType::F64] {
         // both sides compute in f32 (HF's RMSNorm; the formulas), in their own orders
         let tol = 1e-5;
-        let f64s = |t: &Tensor| {
-            t.to_dtype(DType::F64)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1::<f64>()
-                .unwrap()
-        };
         let close = |what: &str, a: &Tensor, b: &Tensor| {
             assert_eq!(a.dtype(), dtype, "{what}: dtype");
             let (a, b) = (f64s(a), f64s(b));
@@ -932,17 +934,7 @@ fn the_norms_backward_adds_the_residual_in_its_pass() {
         let res = randn(34, &[b, t, n], 1.0).to_dtype(dtype).unwrap();
         let (dx, dw) = fused::rms_norm_backward(&x, &w, &dy, 1e-6).unwrap();
         let (sum, dw2) = fused::rms_norm_backward_add(&x, &w, &dy, &res, 1e-6).unwrap();
-        let bits = |t: &Tensor| {
-            t.to_dtype(DType::F64)
-                .unwrap()
-                .flatten_all()
-                .unwrap()
-                .to_vec1::<f64>()
-                .unwrap()
-                .iter()
-                .map(|v| v.to_bits())
-                .collect::<Vec<_>>()
-        };
+        let bits = |t: &Tensor| f64s(t).iter().map(|v| v.to_bits()).collect::<Vec<_>>();
         assert_eq!(sum.dtype(), dtype);
         assert_eq!(sum.dims(), x.dims());
         assert_eq!(
