@@ -249,7 +249,9 @@ pub enum PagedRead {
     /// of its `B · KV · width` rows), right-aligned, and attended with the dense cache's mask
     /// `key_valid` `(B, width)`. The CPU's path: with the dense engine's width the view holds
     /// what the dense cache's buffers hold in every column a row sees, so the numbers are the
-    /// dense cache's bit for bit.
+    /// dense cache's bit for bit, while the dense engine has dropped no columns (its drops,
+    /// `rollout::with_room`, narrow its buffers and, past gemm's size thresholds, the CPU's
+    /// product path with them).
     Gather {
         index: Tensor,
         width: usize,

@@ -123,7 +123,8 @@ pub struct GenStats {
     /// for a step (`KvCache::drop_front`); each a pass over every kept row's buffers.
     pub cache_moves: usize,
     /// Of `cache_moves`, the dense engine's copies to make room for a step: the columns no row
-    /// reads any more dropped (or, where every column is still read, the buffers widened).
+    /// reads any more dropped (or, where fewer than 8 leading columns are unread, the buffers
+    /// widened).
     pub front_drops: usize,
     /// The most columns a row of the dense engine's cache had room for after a decode step: with
     /// the batch's rows, what its buffers took.
@@ -720,8 +721,11 @@ fn decode(model: &Qwen, mut batch: Batch, feed: &[(u32, u32)]) -> Result<Batch> 
 /// dropped are masked for every row that goes on: on a GPU the decode kernels start at each
 /// row's first valid column, so no result changes; on the CPU a masked column weighed ~1e-38 in
 /// attention and no longer enters it, and the drop takes whole groups of 8 columns so that a
-/// row's 8-lane sums keep their groups (the paged engine's gathered view, which drops nothing,
-/// gives the same bits in the tests).
+/// row's 8-lane sums keep their groups: in the tests the completions keep the bits of the paged
+/// engine's gathered view, which drops nothing. Not always: the CPU picks a product's path by
+/// its size (gemm's kernels, the one-block decode attention), so where the view and the
+/// dropped buffers fall on two sides of a threshold, or a merge after a drop right-aligns them
+/// differently, log-probs can move in their last bits.
 fn with_room(mut batch: Batch, live: &[usize], stay: usize, slack: usize) -> Result<(Batch, bool)> {
     let (len, cap) = (batch.cache.len(), batch.cache.capacity());
     if len < cap || cap == 0 {

@@ -107,7 +107,8 @@ struct Engine<'a> {
     /// `(rows, V)` in the model's dtype ([`Qwen::sampling_logits`]): the logits the next token
     /// of each row is drawn from.
     logits: Option<Tensor>,
-    /// The dense engine's column count for this batch (the gathered view's width).
+    /// The dense engine's column count for this batch before any of its drops (`with_room`):
+    /// the gathered view's width.
     width: usize,
     /// Per distinct prompt, how many of its sequences have not been admitted.
     pending: HashMap<&'a [u32], usize>,

@@ -24,7 +24,6 @@ fn max_rel_diff(a: &Tensor, b: &Tensor) -> f32 {
         .fold(0.0, f32::max)
 }
 
-/// Value and gradients (w.r.t. `inputs`) of Σ f(inputs) ⊙ probe, for a fixed random probe.
 /// A tensor's elements as f64 (row-major).
 fn f64s(t: &Tensor) -> Vec<f64> {
     t.to_dtype(DType::F64)
@@ -35,6 +34,7 @@ fn f64s(t: &Tensor) -> Vec<f64> {
         .unwrap()
 }
 
+/// Value and gradients (w.r.t. `inputs`) of Σ f(inputs) ⊙ probe, for a fixed random probe.
 fn value_and_grads(inputs: &[Tensor], f: &dyn Fn(&[Tensor]) -> Tensor) -> (Tensor, Vec<Tensor>) {
     let vars: Vec<Var> = inputs
         .iter()

@@ -1409,8 +1409,15 @@ fn the_dense_caches_dropped_columns_keep_the_paged_caches_bits_on_the_cpu() {
             .max_batch(slots)
             .stats(&stats);
         let dense = rollout::generate(&model, &prompts, &keys, &dense).expect("dense");
-        let drops = stats.lock().unwrap().front_drops;
-        assert!(drops > 0, "{slots} slots: the test needs drops");
+        let s = *stats.lock().unwrap();
+        let drops = s.front_drops;
+        // columns were dropped: the rows are narrower than the steps the batch ran
+        assert!(
+            drops > 0 && s.widest_cache < s.decode_steps,
+            "{slots} slots: the test needs drops ({drops}; rows of {} columns, {} steps)",
+            s.widest_cache,
+            s.decode_steps
+        );
         let paged = SampleRequest::new(p)
             .eos(eos.clone())
             .max_batch(slots)
