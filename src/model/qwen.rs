@@ -1015,7 +1015,7 @@ pub struct Qwen {
     /// f32 on the GPU), keyed by the cast's id: where a layer's backward by hand hands each such
     /// weight's gradient (cast back to the master's dtype, what the cast's own backward gives).
     /// Empty for a detached model and for weights read as they are.
-    masters: std::sync::Arc<std::collections::HashMap<candle_core::TensorId, Tensor>>,
+    masters: std::sync::Arc<by_hand::Masters>,
 }
 
 impl Qwen {
@@ -1563,8 +1563,9 @@ mod tests {
         assert!(kept_rows(&buf, &bad, len).is_err());
     }
 
-    /// A cache of `b` rows, `len` positions filled with `fill(row, head, column, i)` in buffers
-    /// of `cap` columns (the rest zeros), one layer.
+    /// A cache of `b` rows, one layer, `len` positions filled with `fill(i)` (`i` the buffer's
+    /// flat index; the values are 10 times the keys) in buffers of `cap` columns (the rest
+    /// zeros).
     fn cache(b: usize, len: usize, cap: usize, fill: impl Fn(usize) -> f32) -> KvCache {
         let (kv, d) = (2, 3);
         let data: Vec<f32> = (0..b * kv * cap * d)

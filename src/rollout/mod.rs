@@ -366,9 +366,8 @@ fn prefill(
 /// ([`KvCache::place_row`]), so that no other row's keys move; the finished rows decode one
 /// last, discarded token meanwhile. Where a joining prompt is longer than the batch's history
 /// (with the step's column), or fewer prompts wait than rows finished, the finished sequences
-/// leave the batch ([`KvCache::select_rows`], a copy
-/// of the rows kept) and the joining ones are appended ([`KvCache::append_rows`], a copy of
-/// all). A completion depends only on its prompt and its key: each prompt draws from its own
+/// leave the batch ([`KvCache::select_rows`], a copy of the rows kept) and the joining ones are
+/// appended ([`KvCache::append_rows`], a copy of all). A completion depends only on its prompt and its key: each prompt draws from its own
 /// RNG, and attention masks every column that is not its own.
 fn decode_all(
     model: &Qwen,
@@ -477,17 +476,20 @@ impl Dense<'_> {
                 .iter()
                 .map(|&r| self.next_pos[batch.active[r]] as usize + 1)
                 .sum::<usize>();
-            let step = Step {
-                keep,
-                next_ids,
-                finished: match in_place {
-                    true => Finished::Stay(self.request.pad_id),
-                    false => Finished::Leave,
-                },
+            let finished_rows = match in_place {
+                true => Finished::Stay(self.request.pad_id),
+                false => Finished::Leave,
             };
             self.timed.cache_moves += usize::from(!in_place && finished > 0);
             let device = self.model.device();
-            let (batch, feed, live) = feed_rows(batch, step, &mut self.next_pos, device)?;
+            let (batch, feed, live) = feed_rows(
+                batch,
+                keep,
+                &next_ids,
+                finished_rows,
+                &mut self.next_pos,
+                device,
+            )?;
             // the joiners' columns end at the step's: all but one of them stay
             let stay = match in_place {
                 true => longest.unwrap_or(1) - 1,
@@ -615,15 +617,7 @@ fn add_stats(
     s.widest_cache = s.widest_cache.max(timed.widest_cache);
 }
 
-/// One decode step: the rows `keep` of the batch (in order) feed their next tokens `next_ids`;
-/// the other rows finished at the draw before it.
-struct Step<'a> {
-    keep: &'a [usize],
-    next_ids: Vec<u32>,
-    finished: Finished,
-}
-
-/// What a decode step does with the rows that finished.
+/// What a decode step does with the rows that finished at the draw before it.
 enum Finished {
     /// They leave the batch, their cache rows too (a copy of the rows kept).
     Leave,
@@ -635,21 +629,18 @@ enum Finished {
 /// What each row of a decode step feeds: `(token, position)`.
 type Feeds = Vec<(u32, u32)>;
 
-/// The rows of a decode step of `batch` ([`Step`]) and what each feeds, `(token, position)`:
-/// the rows kept feed their next tokens (advancing their prompts' positions); finished rows
-/// leave (their cache rows too) or stay, feeding a pad token at position 0. Returns the batch,
-/// the feeds, and the rows that go on.
+/// The rows of a decode step of `batch` and what each feeds, `(token, position)`: the rows
+/// `keep` (in order) feed their next tokens `next_ids` (advancing their prompts' positions);
+/// the other rows, finished, leave (their cache rows too) or stay, feeding a pad token at
+/// position 0. Returns the batch, the feeds, and the rows that go on.
 fn feed_rows(
     mut batch: Batch,
-    step: Step,
+    keep: &[usize],
+    next_ids: &[u32],
+    finished: Finished,
     next_pos: &mut [u32],
     device: &candle_core::Device,
 ) -> Result<(Batch, Feeds, Vec<usize>)> {
-    let Step {
-        keep,
-        next_ids,
-        finished,
-    } = step;
     let mut feed: Feeds = Vec::with_capacity(batch.active.len());
     let live = match finished {
         Finished::Leave => {
@@ -663,14 +654,14 @@ fn feed_rows(
                 batch.valid = keep.iter().map(|&r| batch.valid[r].clone()).collect();
                 batch.active = keep.iter().map(|&r| batch.active[r]).collect();
             }
-            for (&i, &id) in batch.active.iter().zip(&next_ids) {
+            for (&i, &id) in batch.active.iter().zip(next_ids) {
                 feed.push((id, next_pos[i]));
                 next_pos[i] += 1;
             }
             (0..batch.active.len()).collect()
         }
         Finished::Stay(pad_id) => {
-            let mut ids = keep.iter().zip(&next_ids).peekable();
+            let mut ids = keep.iter().zip(next_ids).peekable();
             for (r, &i) in batch.active.iter().enumerate() {
                 match ids.next_if(|(&k, _)| k == r) {
                     Some((_, &id)) => {
