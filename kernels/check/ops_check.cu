@@ -675,6 +675,102 @@ static void check_sample(int rows, int v, float temp) {
   report(what, unexplained ? INFINITY : lp_err, 1e-6);
 }
 
+// src/rollout/sample.rs `sample_token` with top-k (k in [1, v), else none) and top-p (p < 1,
+// else none), step for step: sort by z/T (larger first, −0 with +0, then lower index), keep the
+// first k, then the shortest prefix of those whose weights reach p of theirs, and draw among the
+// kept columns in index order. `margin` is the nearer of the draw's and the top-p cut's
+// distances from a boundary, relative to the sum each compares with.
+static CpuDraw cpu_sample_trunc(const float* logits, int v, float temp, int k, double p, double u) {
+  std::vector<float> z(v);
+  for (int j = 0; j < v; ++j) z[j] = logits[j] / temp;
+  float mx = -INFINITY;
+  for (float x : z) mx = std::max(mx, x);
+  std::vector<double> w(v);
+  double sum = 0;
+  for (int j = 0; j < v; ++j) sum += (w[j] = std::exp((double)(z[j] - mx)));
+  const double lse = (double)mx + std::log(sum);
+  std::vector<int> order(v);
+  for (int j = 0; j < v; ++j) order[j] = j;
+  // z compared as floats: −0 == +0, and ties by index
+  std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return z[a] > z[b]; });
+  int n = k >= 1 && k < v ? k : v;
+  double margin = INFINITY;
+  if (p < 1.0) {
+    double total = 0;
+    for (int i = 0; i < n; ++i) total += w[order[i]];
+    const double need = p * total;
+    double acc = 0;
+    for (int i = 0; i < n; ++i) {
+      const double before = acc;
+      acc += w[order[i]];
+      if (acc >= need) {
+        margin = std::min(need - before, acc - need) / total;
+        n = i + 1;
+        break;
+      }
+    }
+  }
+  std::vector<char> kept(v, 0);
+  for (int i = 0; i < n; ++i) kept[order[i]] = 1;
+  double mass = 0;
+  int last = 0;
+  for (int j = 0; j < v; ++j)
+    if (kept[j]) mass += w[j], last = j;
+  const double target = u * mass;
+  double acc = 0;
+  for (int j = 0; j < v; ++j) {
+    if (!kept[j]) continue;
+    const double before = acc;
+    acc += w[j];
+    if (acc > target) {
+      margin = std::min(margin, std::min(target - before, acc - target) / mass);
+      return {(uint32_t)j, (float)(z[j] - lse), margin};
+    }
+  }
+  return {(uint32_t)last, (float)(z[last] - lse), 0.0};
+}
+
+// The truncated sampler (top-k, top-p, greedy as k = 1 at T = 1) against the CPU rule, on
+// random logits, or (`coarse`) on logits rounded to quarters, so that many columns tie at the
+// cuts, +0 and −0 among them.
+template <typename T>
+static void check_trunc(int rows, int v, float temp, int k, double p, bool coarse = false) {
+  auto z = randoms<T>((size_t)rows * v, 5.0f);
+  if (coarse)
+    for (size_t i = 0; i < z.size(); ++i) z[i] = i % 7 == 0 ? -0.0f : std::round(z[i] * 4) / 4;
+  std::vector<double> u(rows);
+  for (int i = 0; i < rows; ++i) u[i] = (rnd() + 1) * 0.5;
+  u[0] = 0.0;
+  u[rows - 1] = 0.9999999999999;
+  Buf<T> dz(z);
+  Buf<float> out((size_t)rows * 2);
+  double* du = (double*)dalloc(rows * 8);
+  h2d(du, u.data(), rows * 8);
+  if constexpr (sizeof(T) == 4)
+    LAUNCH(sample_trunc_f32, dim3(rows), dim3(SAMPLE_THREADS), sample_smem(v), dz.d, du, out.d, v, temp, k, p);
+  else
+    LAUNCH(sample_trunc_bf16, dim3(rows), dim3(SAMPLE_THREADS), sample_smem(v), dz.d, du, out.d, v, temp, k, p);
+  dfree(du);
+  const auto got = out.get();
+  int differ = 0, unexplained = 0;
+  double lp_err = 0;
+  for (int i = 0; i < rows; ++i) {
+    const CpuDraw c = cpu_sample_trunc(&z[(size_t)i * v], v, temp, k, p, u[i]);
+    const uint32_t tok = (uint32_t)got[2 * i];
+    if (tok != c.token) {
+      differ++;
+      if (c.margin > 1e-12) unexplained++;
+      continue;
+    }
+    lp_err = std::max(lp_err, (double)std::fabs(got[2 * i + 1] - c.log_prob) /
+                                  std::max(1.0, (double)std::fabs(c.log_prob)));
+  }
+  char what[128];
+  snprintf(what, sizeof what, "sample %s %dx%d T=%.2f top-k %d top-p %g%s: %d/%d tokens differ, log-prob",
+           tname<T>(), rows, v, temp, k, p, coarse ? " (ties)" : "", differ, rows);
+  report(what, unexplained ? INFINITY : lp_err, 1e-6);
+}
+
 #ifndef ACPO_EMU
 // Median microseconds of 21 runs of `f` (harness.hpp's median_ms).
 template <typename F>
@@ -706,6 +802,22 @@ static void timings() {
     char what[96];
     snprintf(what, sizeof what, "sample bf16 %dx%d", rows, v);
     print_time(what, us, (double)rows * v * 2.0 * 2.0);
+    // the truncated kernel (version 15): top-p, top-k with top-p, greedy; the bytes are one
+    // read of the logits, so the rate says how many passes it makes
+    struct Trunc {
+      const char* name;
+      float t;
+      int k;
+      double p;
+    } truncs[] = {{"top-p 0.95", 1.0f, 0, 0.95}, {"top-k 50 top-p 0.9", 0.7f, 50, 0.9}, {"greedy", 1.0f, 1, 1.0}};
+    for (const Trunc& tr : truncs) {
+      const float tus = time_us([&] {
+        LAUNCH(sample_trunc_bf16, dim3(rows), dim3(SAMPLE_THREADS), sample_smem(v), dz.d, du, out.d, v, tr.t, tr.k,
+               tr.p);
+      });
+      snprintf(what, sizeof what, "sample bf16 %dx%d %s", rows, v, tr.name);
+      print_time(what, tus, (double)rows * v * 2.0);
+    }
     dfree(du);
   }
   for (int tokens : {2 * 2048, 2 * 9220}) {
@@ -836,6 +948,21 @@ static void check_all() {
   check_sample<float>(3, 151936, 1.0f);  // Qwen3's vocabulary: every warp a segment of 38 groups
   check_sample<bf>(30, 5003, 0.7f);
   check_sample<bf>(2, 151936, 1.0f);
+  // top-k, top-p, both, greedy (k = 1, T = 1), a tiny top-p, a row of 3, ties at every cut
+  check_trunc<float>(40, 1000, 1.0f, 50, 1.0);
+  check_trunc<float>(40, 1000, 0.7f, 0, 0.9);
+  check_trunc<float>(30, 5003, 1.0f, 100, 0.8);
+  check_trunc<float>(20, 1000, 1.0f, 1, 1.0);
+  check_trunc<float>(20, 1000, 1.3f, 0, 1e-6);
+  check_trunc<float>(8, 3, 1.0f, 2, 0.5);
+  check_trunc<float>(30, 1000, 1.0f, 200, 0.7, true);
+  check_trunc<float>(30, 1000, 1.0f, 1, 1.0, true);
+  check_trunc<bf>(30, 5003, 1.0f, 0, 0.95);
+  check_trunc<bf>(30, 5003, 0.6f, 64, 1.0);
+  check_trunc<bf>(20, 1000, 1.0f, 1, 1.0);
+  check_trunc<bf>(30, 1000, 1.0f, 300, 0.6, true);
+  check_trunc<bf>(2, 151936, 1.0f, 0, 0.95);
+  check_trunc<bf>(2, 151936, 0.7f, 50, 0.9);
 }
 
 int main(int argc, char** argv) {

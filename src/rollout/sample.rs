@@ -1,6 +1,6 @@
 //! Drawing a token from a row of logits: [`sample_token`] on the host (the CPU twin of every
-//! sampling kernel) and [`sample_rows`] for a batch, which draws on the GPU where a kernel
-//! applies (kernels/sample.cu).
+//! sampling kernel) and [`sample_rows`] for a batch, which draws on the GPU in one kernel a step
+//! (kernels/sample.cu: the full distribution, or top-k / top-p / greedy).
 //!
 //! Every draw takes one uniform from the sample's own [`SplitMix64`] stream (see the module
 //! above), so the GPU and the host draw the same token from the same logits and key.
@@ -13,11 +13,12 @@ use crate::rng::SplitMix64;
 
 /// A token and its log-probability for each row of `logits` (f32, or bf16 as a GPU model's
 /// lm_head leaves them: the same values, exactly, as f32), row r drawing from the RNG of
-/// sample `rows[r]`. On a GPU, full-distribution sampling (T > 0, no top-k/top-p: the paper's
-/// setting) runs in one kernel and only the tokens come back; anything else (top-p < 1, top-k;
-/// said once on stderr) copies the logits to the host for [`sample_token`], which draws the same
-/// one uniform from row r's stream `rngs[rows[r]]`, so a completion depends only on its prompt
-/// and key either way.
+/// sample `rows[r]`. On a GPU one kernel draws every row and only the tokens come back: the
+/// full distribution (the paper's setting), or top-k / top-p / greedy by a radix select of
+/// their cuts (no sort); it draws the same one uniform from row r's stream `rngs[rows[r]]` as
+/// [`sample_token`] does on the host (none when greedy), so a completion depends only on its
+/// prompt and key either way. The two sum in different orders, so they agree wherever a draw or
+/// a top-p cut is not within rounding of a boundary.
 pub fn sample_rows(
     logits: &Tensor,
     rows: &[usize],
@@ -42,37 +43,25 @@ pub(super) fn sample_rows_waiting(
         let rows = t.to_vec2::<f32>()?;
         Ok((rows, start.elapsed().as_secs_f64()))
     };
-    if logits.device().is_cuda() && params.temperature > 0.0 && params.full(logits.dim(1)?) {
-        // the same draw `sample_token` makes first on this path
-        let u: Vec<f64> = rows.iter().map(|&i| rngs[i].next_f64()).collect();
+    if logits.device().is_cuda() {
+        let op = Sample::new(params, logits.dim(1)?);
+        // the same draws `sample_token` makes (none when greedy)
+        let u: Vec<f64> = rows
+            .iter()
+            .map(|&i| if op.greedy { 0.0 } else { rngs[i].next_f64() })
+            .collect();
         let u = Tensor::from_vec(u, rows.len(), logits.device())?;
-        // the kernel reads f32 and bf16; other dtypes (f16) as f32, the same values
+        // the kernels read f32 and bf16; other dtypes (f16) as f32, the same values
         let logits = match logits.dtype() {
             candle_core::DType::F32 | candle_core::DType::BF16 => logits.clone(),
             _ => logits.to_dtype(candle_core::DType::F32)?,
         };
-        let out = logits.contiguous()?.apply_op2_no_bwd(
-            &u,
-            &SampleFull {
-                temperature: params.temperature as f32,
-            },
-        )?;
+        let out = logits.contiguous()?.apply_op2_no_bwd(&u, &op)?;
         let (drawn, waited) = read_back(&out)?;
         return Ok((
             drawn.into_iter().map(|r| (r[0] as u32, r[1])).collect(),
             waited,
         ));
-    }
-    if logits.device().is_cuda() && params.temperature > 0.0 {
-        // Said once a process: every step of such a run copies its logits to the host.
-        static SAID: std::sync::Once = std::sync::Once::new();
-        SAID.call_once(|| {
-            eprintln!(
-                "sampling: top-p {} / top-k {:?} draw on the host (the logits copied each step); \
-                 the GPU's kernel draws from the full distribution only (top-p 1, no top-k)",
-                params.top_p, params.top_k
-            )
-        });
     }
     // bf16 to f32 is exact: the host draws from the logits' own values
     let (host, waited) = read_back(&logits.to_dtype(candle_core::DType::F32)?)?;
@@ -84,13 +73,51 @@ pub(super) fn sample_rows_waiting(
     Ok((drawn, waited))
 }
 
-/// [`sample_token`]'s full-distribution draw for every row at once, on CUDA (kernels/sample.cu).
-struct SampleFull {
+/// [`sample_token`]'s rule for every row at once, on CUDA (kernels/sample.cu): `sample_full_*`
+/// for the full distribution, `sample_trunc_*` for top-k (`top_k` in [1, V), 0 for none),
+/// top-p (`top_p` < 1) and greedy (top-k 1 at T = 1).
+struct Sample {
+    greedy: bool,
     #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
     temperature: f32,
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    top_k: i32,
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    top_p: f64,
 }
 
-impl candle_core::CustomOp2 for SampleFull {
+impl Sample {
+    /// The kernel's arguments for `params` over a vocabulary of `vocab`.
+    fn new(params: &SamplingParams, vocab: usize) -> Self {
+        let greedy = params.temperature <= 0.0;
+        if greedy {
+            return Sample {
+                greedy,
+                temperature: 1.0,
+                top_k: 1,
+                top_p: 1.0,
+            };
+        }
+        Sample {
+            greedy,
+            temperature: params.temperature as f32,
+            // k < V: an i32, since the kernel reads a row of V columns by i32 indices
+            top_k: params
+                .top_k
+                .filter(|&k| k < vocab)
+                .map_or(0, |k| i32::try_from(k).unwrap_or(i32::MAX)),
+            top_p: params.top_p,
+        }
+    }
+
+    /// Whether the full distribution's kernel applies.
+    #[cfg_attr(not(feature = "cuda"), allow(dead_code))]
+    fn full(&self) -> bool {
+        self.top_k == 0 && self.top_p >= 1.0
+    }
+}
+
+impl candle_core::CustomOp2 for Sample {
     fn name(&self) -> &'static str {
         "acpo-sample"
     }
@@ -113,7 +140,7 @@ impl candle_core::CustomOp2 for SampleFull {
         u: &candle_core::CudaStorage,
         lu: &candle_core::Layout,
     ) -> candle_core::Result<(candle_core::CudaStorage, candle_core::Shape)> {
-        cuda::sample_full(logits, ll, u, lu, self.temperature)
+        cuda::sample(logits, ll, u, lu, self)
     }
 }
 
@@ -145,10 +172,8 @@ pub fn sample_token(logits: &[f32], params: &SamplingParams, rng: &mut SplitMix6
             });
         return (best as u32, log_prob(best));
     }
-    // Candidate set after top-k and top-p, in descending probability when truncation applies.
-    let full = params.full(z.len());
     let u = rng.next_f64();
-    if full {
+    if params.full(z.len()) {
         let target = u * sum;
         let mut acc = 0.0;
         for (i, w) in weights.iter().enumerate() {
@@ -160,35 +185,57 @@ pub fn sample_token(logits: &[f32], params: &SamplingParams, rng: &mut SplitMix6
         let last = z.len() - 1;
         return (last as u32, log_prob(last));
     }
-    let mut order: Vec<usize> = (0..z.len()).collect();
-    if let Some(k) = params.top_k.filter(|&k| k < z.len()) {
-        order.select_nth_unstable_by(k - 1, |&a, &b| z[b].total_cmp(&z[a]));
-        order.truncate(k);
-    }
-    order.sort_by(|&a, &b| z[b].total_cmp(&z[a]).then(a.cmp(&b)));
-    let weights: Vec<f64> = order.iter().map(|&i| weights[i]).collect();
-    let mut cut = order.len();
-    if params.top_p < 1.0 {
-        let total: f64 = weights.iter().sum();
-        let mut acc = 0.0;
-        for (j, w) in weights.iter().enumerate() {
-            acc += w / total;
-            if acc >= params.top_p {
-                cut = j + 1;
-                break;
-            }
-        }
-    }
-    let mass: f64 = weights[..cut].iter().sum();
+    let kept = kept_columns(&z, &weights, params);
+    // The draw among the kept columns in index order, as the full draw walks every column.
+    let mass: f64 = kept.iter().map(|&i| weights[i]).sum();
     let target = u * mass;
     let mut acc = 0.0;
-    for j in 0..cut {
-        acc += weights[j];
+    for &i in &kept {
+        acc += weights[i];
         if acc > target {
-            return (order[j] as u32, log_prob(order[j]));
+            return (i as u32, log_prob(i));
         }
     }
-    (order[cut - 1] as u32, log_prob(order[cut - 1]))
+    let last = kept[kept.len() - 1];
+    (last as u32, log_prob(last))
+}
+
+/// A column's place in the order truncation sorts by: unsigned, larger `z` first, −0 the same
+/// as +0 (ties then go by index). kernels/sample.cu's `order_key`, which selects by these bits.
+pub(crate) fn order_key(z: f32) -> u32 {
+    let b = if z == 0.0 { 0 } else { z.to_bits() };
+    if b & 0x8000_0000 != 0 {
+        !b
+    } else {
+        b | 0x8000_0000
+    }
+}
+
+/// The columns top-k and top-p keep, in index order: sorted by (`order_key` descending, index),
+/// the first `top_k`, then the shortest prefix of those whose weights add to at least `top_p`
+/// of theirs (summed in that order). Non-empty: the first column of the order is always kept.
+fn kept_columns(z: &[f32], weights: &[f64], params: &SamplingParams) -> Vec<usize> {
+    let rank = |i: usize| (std::cmp::Reverse(order_key(z[i])), i);
+    let mut order: Vec<usize> = (0..z.len()).collect();
+    if let Some(k) = params.top_k.filter(|&k| k < z.len()) {
+        // a strict order: the first k are one set whatever the selection's pivots
+        order.select_nth_unstable_by_key(k - 1, |&i| rank(i));
+        order.truncate(k);
+    }
+    order.sort_unstable_by_key(|&i| rank(i));
+    if params.top_p < 1.0 {
+        let total: f64 = order.iter().map(|&i| weights[i]).sum();
+        let need = params.top_p * total;
+        let mut acc = 0.0;
+        if let Some(j) = order.iter().position(|&i| {
+            acc += weights[i];
+            acc >= need
+        }) {
+            order.truncate(j + 1);
+        }
+    }
+    order.sort_unstable();
+    order
 }
 
 /// Greedy argmax helper for tests and evaluation at T = 0: the index of the largest logit.
@@ -209,31 +256,32 @@ mod cuda {
 
     const PTX: (&str, &str) = ptx!("sample");
 
-    /// A token per row of `logits` `(rows, V)` (f32 or bf16) from softmax(z / t), row r's draw
+    /// A token per row of `logits` `(rows, V)` (f32 or bf16) by `op`'s rule, row r's draw
     /// `u[r]` (f64): `(rows, 2)` f32 of [token, log-probability].
-    pub fn sample_full(
+    pub fn sample(
         logits: &CudaStorage,
         ll: &Layout,
         u: &CudaStorage,
         lu: &Layout,
-        t: f32,
+        op: &super::Sample,
     ) -> Result<(CudaStorage, Shape)> {
         let what = "acpo-sample";
         let dtype = dtype_of(logits);
         let sfx = suffix(dtype, what)?;
         with_type!(dtype, T, {
             let zv = view::<T>(logits, ll, what)?;
-            launch(&logits.device, ll, zv, (u, lu), t, sfx)
+            launch(&logits.device, ll, zv, (u, lu), op, sfx)
         })
     }
 
-    /// [`sample_full`] on the logits' view `zv` (layout `ll`), kernel `sample_full_{sfx}`.
+    /// [`sample`] on the logits' view `zv` (layout `ll`): kernel `sample_full_{sfx}` or
+    /// `sample_trunc_{sfx}`.
     fn launch<T: candle_core::cuda_backend::CudaDType>(
         dev: &candle_core::cuda_backend::CudaDevice,
         ll: &Layout,
         zv: CudaView<'_, T>,
         (u, lu): (&CudaStorage, &Layout),
-        t: f32,
+        op: &super::Sample,
         sfx: &str,
     ) -> Result<(CudaStorage, Shape)> {
         let what = "acpo-sample";
@@ -245,7 +293,12 @@ mod cuda {
         }
         // SAFETY: every row's block writes its two values.
         let mut out = unsafe { dev.alloc::<f32>(2 * rows) }?;
-        let f = kernel!(dev, &format!("sample_full_{sfx}"), PTX)?;
+        let name = if op.full() {
+            "sample_full"
+        } else {
+            "sample_trunc"
+        };
+        let f = kernel!(dev, &format!("{name}_{sfx}"), PTX)?;
         // a double for each group of SAMPLE_GROUP columns (launch.cuh's `sample_smem`)
         let smem = v.div_ceil(sizes::SAMPLE_GROUP as usize) * 8;
         let smem = u32::try_from(smem)
@@ -254,20 +307,54 @@ mod cuda {
         let v_i = i32::try_from(v)
             .map_err(|_| candle_core::Error::Msg(format!("{what}: a row of {v} logits")))?;
         let mut b = f.builder();
-        b.arg(&zv).arg(&uv).arg(&mut out).arg(&v_i).arg(&t);
+        b.arg(&zv)
+            .arg(&uv)
+            .arg(&mut out)
+            .arg(&v_i)
+            .arg(&op.temperature);
+        if !op.full() {
+            b.arg(&op.top_k).arg(&op.top_p);
+        }
         if rows > 0 {
             let cfg = LaunchConfig {
                 grid_dim: (grid_dim(rows, what)?, 1, 1),
                 block_dim: (sizes::SAMPLE_THREADS, 1, 1),
                 shared_mem_bytes: smem,
             };
-            // SAFETY: the arguments match sample_full_* in kernels/sample.cu, with the
-            // dynamic shared memory its row needs (it traps with less).
+            // SAFETY: the arguments match sample_full_* / sample_trunc_* in
+            // kernels/sample.cu, with the dynamic shared memory its row needs (it traps with
+            // less).
             unsafe { b.launch(cfg) }.w()?;
         }
         Ok((
             CudaStorage::wrap_cuda_slice(out, dev.clone()),
             Shape::from((rows, 2)),
         ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::order_key;
+
+    #[test]
+    fn order_keys_sort_as_the_floats_do_with_minus_zero_equal_to_zero() {
+        let ascending = [
+            f32::NEG_INFINITY,
+            -f32::MAX,
+            -1.5,
+            -f32::MIN_POSITIVE,
+            -1e-45,
+            0.0,
+            1e-45,
+            f32::MIN_POSITIVE,
+            1.0,
+            f32::MAX,
+            f32::INFINITY,
+        ];
+        for w in ascending.windows(2) {
+            assert!(order_key(w[0]) < order_key(w[1]), "{} vs {}", w[0], w[1]);
+        }
+        assert_eq!(order_key(-0.0), order_key(0.0));
     }
 }

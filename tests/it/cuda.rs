@@ -498,31 +498,39 @@ fn the_four_algorithms_train_on_cuda_and_resume_exactly() {
 
 /// The GPU sampler (kernels/sample.cu) draws what the CPU sampler draws from the same logits
 /// (f32, and bf16 read as they are) with the same keys: the same tokens, and log-probabilities
-/// to f32 rounding; top-p < 1 and top-k fall back to the host and draw the same, each row from
-/// its own sample's stream.
+/// to f32 rounding, each row from its own sample's stream: the full distribution, and top-p,
+/// top-k, both and greedy (the truncated kernel), on random logits and on logits rounded to
+/// quarters, which tie at every cut.
 #[test]
 fn the_gpu_sampler_draws_the_cpu_samplers_tokens() {
     let Some(gpu) = gpu("the_gpu_sampler_draws_the_cpu_samplers_tokens") else {
         return;
     };
     use acpo::rollout::{sample_rows, SamplingParams};
-    // the full distribution (the GPU's kernel), then top-p and top-k (drawn on the host)
+    // (rows, V, T, top-p, top-k, logits rounded to quarters)
     let cases = [
-        (5usize, 7usize, 1.0f64, 1.0f64, None),
-        (37, 1000, 0.7, 1.0, None),
-        (8, 151_936, 1.0, 1.0, None),
-        (37, 1000, 1.0, 0.9, None),
-        (8, 151_936, 0.7, 0.95, Some(50usize)),
+        (5usize, 7usize, 1.0f64, 1.0f64, None, false),
+        (37, 1000, 0.7, 1.0, None, false),
+        (8, 151_936, 1.0, 1.0, None, false),
+        (37, 1000, 1.0, 0.9, None, false),
+        (37, 1000, 1.0, 0.8, None, true),
+        (37, 1000, 1.0, 1.0, Some(20usize), true),
+        (37, 1000, 0.0, 1.0, None, true),
+        (16, 151_936, 0.0, 1.0, None, false),
+        (8, 151_936, 0.7, 0.95, Some(50), false),
+        (8, 151_936, 1.0, 0.9, None, true),
     ];
     // f32 logits, and bf16 ones as a GPU model's lm_head leaves them (the host then draws from
     // their exact f32 values)
     let dtypes = [DType::F32, DType::BF16];
-    for ((rows, v, temperature, top_p, top_k), dtype) in
+    for ((rows, v, temperature, top_p, top_k, coarse), dtype) in
         cases.into_iter().flat_map(|c| dtypes.map(|d| (c, d)))
     {
-        let logits = random(40 + rows as u64, &[rows, v], 3.0)
-            .to_dtype(dtype)
-            .expect("dtype");
+        let mut logits = random(40 + rows as u64, &[rows, v], 3.0);
+        if coarse {
+            logits = ((logits * 4.0).expect("scale").round().expect("round") / 4.0).expect("scale");
+        }
+        let logits = logits.to_dtype(dtype).expect("dtype");
         let params = SamplingParams {
             temperature,
             top_p,
@@ -545,7 +553,8 @@ fn the_gpu_sampler_draws_the_cpu_samplers_tokens() {
         for ((ta, la), (tb, lb)) in cpu.iter().zip(&cuda) {
             assert_eq!(
                 ta, tb,
-                "{rows}x{v} {dtype:?} T={temperature} top-p {top_p} top-k {top_k:?}: tokens differ"
+                "{rows}x{v} {dtype:?} T={temperature} top-p {top_p} top-k {top_k:?} (ties: \
+                 {coarse}): tokens differ"
             );
             assert!(
                 (la - lb).abs() <= 1e-5 * la.abs().max(1.0),

@@ -462,6 +462,72 @@ fn sampling_is_seeded_per_sample_and_truncation_behaves() {
     );
 }
 
+/// Top-k and top-p against the distribution they define, computed here independently: sort
+/// by logit (larger first, −0 equal to +0, ties by lower index), keep the first k, then the
+/// shortest prefix with at least top_p of their probability; each kept token is drawn with its
+/// renormalised probability and no other token ever. The logits tie at both cuts.
+#[test]
+fn truncated_sampling_draws_each_kept_token_at_its_renormalised_probability() {
+    use acpo::rng::SplitMix64;
+    use acpo::rollout::sample_token;
+    let logits = [0.5f32, 2.0, 1.0, -0.0, 1.0, 0.0, -3.0, 0.5];
+    let prob: Vec<f64> = {
+        let e: Vec<f64> = logits.iter().map(|&x| f64::from(x).exp()).collect();
+        let s: f64 = e.iter().sum();
+        e.iter().map(|x| x / s).collect()
+    };
+    // the order by hand: 2.0 (1), 1.0 (2, 4), 0.5 (0, 7), 0 (3 is −0, 5), −3 (6)
+    let order = [1usize, 2, 4, 0, 7, 3, 5, 6];
+    let prefix = |n: usize| order[..n].iter().map(|&i| prob[i]).sum::<f64>();
+    // a top-p share halfway between the first n and n + 1 tokens' of the first `of`
+    let between = |n: usize, of: usize| (prefix(n) + prefix(n + 1)) / 2.0 / prefix(of);
+    let cases = [
+        (None, 1.0, vec![1, 2, 4, 0, 7, 3, 5, 6]),
+        (Some(3), 1.0, vec![1, 2, 4]),
+        // top-k cutting the 0.5s' tie and the zeros' (−0 first, by index)
+        (Some(4), 1.0, vec![1, 2, 4, 0]),
+        (Some(6), 1.0, vec![1, 2, 4, 0, 7, 3]),
+        // top-p cutting the 1.0s' tie, and after it; then of the top 5
+        (None, between(1, 8), vec![1, 2]),
+        (None, between(2, 8), vec![1, 2, 4]),
+        (Some(5), between(3, 5), vec![1, 2, 4, 0]),
+        (Some(1), 1.0, vec![1]),
+        (None, 1e-9, vec![1]),
+    ];
+    let draws = 40_000;
+    for (top_k, top_p, kept) in cases {
+        let params = SamplingParams {
+            temperature: 1.0,
+            top_p,
+            top_k,
+            max_new_tokens: 1,
+        };
+        let mut count = [0usize; 8];
+        for d in 0..draws {
+            let mut rng = SplitMix64::from_key(&[5, d]);
+            let (tok, lp) = sample_token(&logits, &params, &mut rng);
+            count[tok as usize] += 1;
+            // the log-probability is the full distribution's (the policy's), truncated or not
+            assert!((f64::from(lp) - prob[tok as usize].ln()).abs() < 1e-6);
+        }
+        let mass: f64 = kept.iter().map(|&i| prob[i]).sum();
+        for (i, &c) in count.iter().enumerate() {
+            let want = if kept.contains(&i) {
+                prob[i] / mass
+            } else {
+                0.0
+            };
+            let got = c as f64 / draws as f64;
+            // five standard errors of a binomial share
+            let sd = (want * (1.0 - want) / draws as f64).sqrt();
+            assert!(
+                (got - want).abs() <= 5.0 * sd + 1e-12,
+                "top-k {top_k:?} top-p {top_p}: token {i} drawn {got:.4}, want {want:.4} (kept {kept:?})"
+            );
+        }
+    }
+}
+
 #[test]
 fn eos_and_stop_strings_end_a_completion() {
     let (cfg, params) = load("tiny-qwen3");

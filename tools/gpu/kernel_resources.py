@@ -95,7 +95,7 @@ QWEN3_VOCAB = 151_936
 
 def dynamic_smem(kernel, size):
     """The dynamic shared memory the host launches `kernel` with (0 for the others)."""
-    if kernel in ("sample_full_f32", "sample_full_bf16"):  # launch.cuh's sample_smem(v): a double per group
+    if re.match(r"sample_(full|trunc)_(f32|bf16)$", kernel):  # launch.cuh's sample_smem(v): a double per group
         return -(-QWEN3_VOCAB // size["SAMPLE_GROUP"]) * 8
     # the pipelined decode and its paged instance: the same ring of tiles
     m = re.match(r"flash_decode_(?:pipe|paged)_d(\d+)_(bf16|f32|fp8)$", kernel)
