@@ -613,16 +613,27 @@ struct CpuDraw {
   double margin;  // how far (relative to Σ) the draw lies from the nearest boundary it crossed
 };
 
+// A row as the CPU sampler sees it: z/T and the max in f32, the f64 weights exp(z/T − max) and
+// their sum in index order, and the log-sum-exp.
+struct CpuRow {
+  std::vector<float> z;
+  std::vector<double> w;
+  double sum = 0, lse = 0;
+  CpuRow(const float* logits, int v, float temp) : z(v), w(v) {
+    for (int j = 0; j < v; ++j) z[j] = logits[j] / temp;
+    float mx = -INFINITY;
+    for (float x : z) mx = std::max(mx, x);
+    for (int j = 0; j < v; ++j) sum += (w[j] = std::exp((double)(z[j] - mx)));
+    lse = (double)mx + std::log(sum);
+  }
+};
+
 // src/rollout/sample.rs `sample_token` for the full distribution, step for step.
 static CpuDraw cpu_sample(const float* logits, int v, float temp, double u) {
-  std::vector<float> z(v);
-  for (int j = 0; j < v; ++j) z[j] = logits[j] / temp;
-  float mx = -INFINITY;
-  for (float x : z) mx = std::max(mx, x);
-  std::vector<double> w(v);
-  double sum = 0;
-  for (int j = 0; j < v; ++j) sum += (w[j] = std::exp((double)(z[j] - mx)));
-  const double lse = (double)mx + std::log(sum), target = u * sum;
+  const CpuRow row(logits, v, temp);
+  const std::vector<float>& z = row.z;
+  const std::vector<double>& w = row.w;
+  const double sum = row.sum, lse = row.lse, target = u * sum;
   double acc = 0;
   for (int j = 0; j < v; ++j) {
     const double before = acc;
@@ -633,6 +644,27 @@ static CpuDraw cpu_sample(const float* logits, int v, float temp, double u) {
     }
   }
   return {(uint32_t)(v - 1), (float)(z[v - 1] - lse), 0.0};
+}
+
+// The GPU's draws `got` (rows × [token, log-prob]) against `cpu(i)`'s: the two sum in different
+// groupings, so only a draw within rounding of a boundary may fall on the other side of it.
+template <typename F>
+static void compare_draws(const char* name, int rows, const std::vector<float>& got, F cpu) {
+  int differ = 0, unexplained = 0;
+  double lp_err = 0;
+  for (int i = 0; i < rows; ++i) {
+    const CpuDraw c = cpu(i);
+    if ((uint32_t)got[2 * i] != c.token) {
+      differ++;
+      if (c.margin > 1e-12) unexplained++;
+      continue;
+    }
+    lp_err = std::max(lp_err, (double)std::fabs(got[2 * i + 1] - c.log_prob) /
+                                  std::max(1.0, (double)std::fabs(c.log_prob)));
+  }
+  char what[160];
+  snprintf(what, sizeof what, "%s: %d/%d tokens differ, log-prob", name, differ, rows);
+  report(what, unexplained ? INFINITY : lp_err, 1e-6);
 }
 
 // The sampler on f32 logits, and on bf16 ones (the lm_head's output on a GPU) against the CPU
@@ -654,25 +686,9 @@ static void check_sample(int rows, int v, float temp) {
     LAUNCH(sample_full_bf16, dim3(rows), dim3(SAMPLE_THREADS), sample_smem(v), dz.d, du, out.d, v, temp);
   dfree(du);
   const auto got = out.get();
-  int differ = 0, unexplained = 0;
-  double lp_err = 0;
-  for (int i = 0; i < rows; ++i) {
-    const CpuDraw c = cpu_sample(&z[(size_t)i * v], v, temp, u[i]);
-    const uint32_t tok = (uint32_t)got[2 * i];
-    if (tok != c.token) {
-      differ++;
-      // the two sums are grouped differently: only a draw within rounding of a boundary may
-      // fall on the other side of it
-      if (c.margin > 1e-12) unexplained++;
-      continue;
-    }
-    lp_err = std::max(lp_err, (double)std::fabs(got[2 * i + 1] - c.log_prob) /
-                                  std::max(1.0, (double)std::fabs(c.log_prob)));
-  }
   char what[96];
-  snprintf(what, sizeof what, "sample %s %dx%d T=%.2f: %d/%d tokens differ, log-prob", tname<T>(), rows, v,
-           temp, differ, rows);
-  report(what, unexplained ? INFINITY : lp_err, 1e-6);
+  snprintf(what, sizeof what, "sample %s %dx%d T=%.2f", tname<T>(), rows, v, temp);
+  compare_draws(what, rows, got, [&](int i) { return cpu_sample(&z[(size_t)i * v], v, temp, u[i]); });
 }
 
 // src/rollout/sample.rs `sample_token` with top-k (k in [1, v), else none) and top-p (p < 1,
@@ -681,14 +697,10 @@ static void check_sample(int rows, int v, float temp) {
 // kept columns in index order. `margin` is the nearer of the draw's and the top-p cut's
 // distances from a boundary, relative to the sum each compares with.
 static CpuDraw cpu_sample_trunc(const float* logits, int v, float temp, int k, double p, double u) {
-  std::vector<float> z(v);
-  for (int j = 0; j < v; ++j) z[j] = logits[j] / temp;
-  float mx = -INFINITY;
-  for (float x : z) mx = std::max(mx, x);
-  std::vector<double> w(v);
-  double sum = 0;
-  for (int j = 0; j < v; ++j) sum += (w[j] = std::exp((double)(z[j] - mx)));
-  const double lse = (double)mx + std::log(sum);
+  const CpuRow row(logits, v, temp);
+  const std::vector<float>& z = row.z;
+  const std::vector<double>& w = row.w;
+  const double lse = row.lse;
   std::vector<int> order(v);
   for (int j = 0; j < v; ++j) order[j] = j;
   // z compared as floats: −0 == +0, and ties by index
@@ -752,23 +764,10 @@ static void check_trunc(int rows, int v, float temp, int k, double p, bool coars
     LAUNCH(sample_trunc_bf16, dim3(rows), dim3(SAMPLE_THREADS), sample_smem(v), dz.d, du, out.d, v, temp, k, p);
   dfree(du);
   const auto got = out.get();
-  int differ = 0, unexplained = 0;
-  double lp_err = 0;
-  for (int i = 0; i < rows; ++i) {
-    const CpuDraw c = cpu_sample_trunc(&z[(size_t)i * v], v, temp, k, p, u[i]);
-    const uint32_t tok = (uint32_t)got[2 * i];
-    if (tok != c.token) {
-      differ++;
-      if (c.margin > 1e-12) unexplained++;
-      continue;
-    }
-    lp_err = std::max(lp_err, (double)std::fabs(got[2 * i + 1] - c.log_prob) /
-                                  std::max(1.0, (double)std::fabs(c.log_prob)));
-  }
-  char what[128];
-  snprintf(what, sizeof what, "sample %s %dx%d T=%.2f top-k %d top-p %g%s: %d/%d tokens differ, log-prob",
-           tname<T>(), rows, v, temp, k, p, coarse ? " (ties)" : "", differ, rows);
-  report(what, unexplained ? INFINITY : lp_err, 1e-6);
+  char what[96];
+  snprintf(what, sizeof what, "sample %s %dx%d T=%.2f top-k %d top-p %g%s", tname<T>(), rows, v, temp, k, p,
+           coarse ? " (ties)" : "");
+  compare_draws(what, rows, got, [&](int i) { return cpu_sample_trunc(&z[(size_t)i * v], v, temp, k, p, u[i]); });
 }
 
 #ifndef ACPO_EMU
