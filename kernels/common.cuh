@@ -134,3 +134,46 @@ __device__ __forceinline__ void block_post_count(int* count) {
     atomicAdd(count, 1);
   }
 }
+
+// ---- the last block of a group to finish (issue #57: the decode's merge in its own launch)
+//
+// `blocks` blocks share a counter (zero before the launch). Each calls this once, when its
+// writes for the group are issued: the barrier (every thread's writes), the fence (visible to
+// every block), then the count. The block that brings the count to `blocks` gets true, every
+// other false (the whole block gets the same answer); that last block then sees every block's
+// writes (the fence after the count: read them through L2, `ld_l2`) and must set the counter back
+// to zero (`block_reset_count`) after its reads, so the next launch finds it zero with no clear.
+__device__ __forceinline__ bool block_arrive_last(int* count, int blocks) {
+  __shared__ int last;
+  __syncthreads();
+  if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) {
+    __threadfence();
+    last = atomicAdd(count, 1) == blocks - 1;
+    __threadfence();
+  }
+  __syncthreads();
+  const bool out = last;
+  __syncthreads();  // `last` is reused by the next call
+  return out;
+}
+__device__ __forceinline__ void block_reset_count(int* count) {
+  if (threadIdx.x == 0 && threadIdx.y == 0 && threadIdx.z == 0) *count = 0;
+}
+
+// Loads of what other blocks wrote in this launch: through L2 on a GPU (cache-global: never a
+// line this SM's L1 may hold from before).
+__device__ __forceinline__ float ld_l2(const float* p) {
+#ifdef ACPO_EMU
+  return *p;
+#else
+  return __ldcg(p);
+#endif
+}
+__device__ __forceinline__ float2 ld_l2(const float2* p) {
+#ifdef ACPO_EMU
+  if ((uintptr_t)p % 8 != 0) emu::fail("a misaligned 8-byte load");
+  return *p;
+#else
+  return __ldcg(p);
+#endif
+}

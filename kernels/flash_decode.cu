@@ -14,9 +14,11 @@
 //   dims in registers; a row's dot products are reduced by xor shuffles in its LPK lanes.
 // - The row's keys, from its first valid key, are cut into chunks of FDP_CHUNK keys. Each chunk
 //   gives one partial (m, l, acc[D]) per query head, computed the same way whichever block
-//   takes it; flash_decode_combine_* (flash_attn.cu) merges a row's partials in chunk order. A
-//   block takes `cpb` consecutive chunks, its ring running on across them, and the host picks
-//   cpb to fill the GPU: it changes which block computes a chunk, never a result bit.
+//   takes it. A block takes `cpb` consecutive chunks, its ring running on across them, and the
+//   host picks cpb to fill the GPU: it changes which block computes a chunk, never a result bit.
+// - The last of a (sequence, KV head)'s blocks to finish merges the row's partials into O and
+//   the statistics (`fdp_merge`, counted by `block_arrive_last`): no second launch, which at one
+//   row of 8k keys costs about as much as the kernel's bytes (kernels/NOTES.md, version 16).
 //
 // `flash_decode_paged_*` is the same kernel over a paged KV cache (src/model/paged.rs): the
 // pool (blocks, KV, block, DH) read through each row's block table, the row's keys from its
@@ -138,11 +140,109 @@ struct FdpPaged {
   }
 };
 
+// The merge of one (sequence, KV head)'s partials, by the last of its blocks: for each of its G
+// query heads, O = Σ_c e^(m_c − m) acc_c / Σ_c e^(m_c − m) l_c over the row's chunks c < nc (the
+// ones that hold keys, each with l_c ≥ 1), m the largest m_c, and the statistics (m, 1/l) as
+// flash_decode_combine_* gives them. Warp w takes chunks w, w + WARPS, … in order with a running
+// (m, l, acc) as a slot does in a chunk, all G heads at once, a lane DH/32 of the dims; then the
+// warps in warp order. The order depends only on the row's own
+// chunks, which start at its first key: a row's bits are the same alone or in any batch.
+template <typename Q, int DH>
+__device__ void fdp_merge(const float* __restrict__ part, Q* __restrict__ o,
+                          float* __restrict__ stats, int nchunk, int nc, size_t row0, int G,
+                          float (&wml)[FDP_THREADS / 32][2], float (&wacc)[FDP_THREADS / 32][DH]) {
+  constexpr int WARPS = FDP_THREADS / 32, PAIRS = DH / 64;  // a lane's dims: PAIRS float2s
+  const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+  float m[FDP_MAXG], l[FDP_MAXG], a[FDP_MAXG][2 * PAIRS];
+#pragma unroll
+  for (int h = 0; h < FDP_MAXG; ++h) {
+    m[h] = -INFINITY;
+    l[h] = 0.0f;
+#pragma unroll
+    for (int e = 0; e < 2 * PAIRS; ++e) a[h][e] = 0.0f;
+  }
+  // FDP_AHEAD chunks' loads, every head's, issued before any of them is used: a warp waits
+  // for L2 once per FDP_AHEAD chunks, not once per chunk and head
+  for (int c0 = warp; c0 < nc; c0 += WARPS * FDP_AHEAD) {
+    float mc[FDP_AHEAD][FDP_MAXG], lc[FDP_AHEAD][FDP_MAXG], x[FDP_AHEAD][FDP_MAXG][2 * PAIRS];
+#pragma unroll
+    for (int u = 0; u < FDP_AHEAD; ++u) {
+      const int c = c0 + u * WARPS;
+#pragma unroll
+      for (int h = 0; h < FDP_MAXG; ++h) {
+        mc[u][h] = -INFINITY, lc[u][h] = 0.0f;
+#pragma unroll
+        for (int e = 0; e < 2 * PAIRS; ++e) x[u][h][e] = 0.0f;
+        if (h < G && c < nc) {
+          const float* pc = part + ((row0 + h) * nchunk + c) * (2 + DH);
+          mc[u][h] = ld_l2(pc), lc[u][h] = ld_l2(pc + 1);
+#pragma unroll
+          for (int p = 0; p < PAIRS; ++p) {
+            const float2 y = ld_l2(reinterpret_cast<const float2*>(pc + 2 + 64 * p + 2 * lane));
+            x[u][h][2 * p] = y.x, x[u][h][2 * p + 1] = y.y;
+          }
+        }
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < FDP_AHEAD; ++u) {
+#pragma unroll
+      for (int h = 0; h < FDP_MAXG; ++h) {
+        if (h < G) {
+          // every chunk below nc holds keys (l ≥ 1); the selects only keep one that did not
+          // (l = 0, acc never written) or a c past nc out of the sums
+          const bool live = lc[u][h] > 0.0f;
+          const float mn = live ? fmaxf(m[h], mc[u][h]) : m[h];
+          const float ea = live ? expf(m[h] - mn) : 1.0f;
+          const float eb = live ? expf(mc[u][h] - mn) : 0.0f;
+          l[h] = l[h] * ea + (live ? lc[u][h] : 0.0f) * eb;
+#pragma unroll
+          for (int e = 0; e < 2 * PAIRS; ++e)
+            a[h][e] = a[h][e] * ea + (live ? x[u][h][e] : 0.0f) * eb;
+          m[h] = mn;
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int h = 0; h < FDP_MAXG; ++h) {
+    if (h < G) {
+      if (lane == 0) wml[warp][0] = m[h], wml[warp][1] = l[h];
+#pragma unroll
+      for (int p = 0; p < PAIRS; ++p) {
+        wacc[warp][64 * p + 2 * lane] = a[h][2 * p];
+        wacc[warp][64 * p + 2 * lane + 1] = a[h][2 * p + 1];
+      }
+      __syncthreads();
+      if (tid < DH) {
+        float mx = -INFINITY, sum = 0.0f, acc = 0.0f;
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w) mx = fmaxf(mx, wml[w][0]);
+#pragma unroll
+        for (int w = 0; w < WARPS; ++w)
+          if (wml[w][1] > 0.0f) {
+            const float e = expf(wml[w][0] - mx);
+            sum += wml[w][1] * e;
+            acc += wacc[w][tid] * e;
+          }
+        const float inv = 1.0f / sum;
+        const size_t row = row0 + h;
+        o[row * DH + tid] = from_f<Q>(acc * inv);
+        if (tid == 0) stats[2 * row] = mx, stats[2 * row + 1] = inv;
+      }
+      __syncthreads();  // wml and wacc take the next head
+    }
+  }
+}
+
 // grid (ceil(nchunk / cpb), KV, B), block FDP_THREADS, fdp_smem(DH, sizeof(T)) bytes of dynamic
-// shared memory. part: (B, H, nchunk, 2 + DH) f32 = m, l, acc; nchunk = ceil(S / FDP_CHUNK),
-// S the longest row's keys.
+// shared memory. part: (B, H, nchunk, 2 + DH) f32 = m, l, acc, scratch the kernel's own;
+// nchunk = ceil(S / FDP_CHUNK), S the longest row's keys. O (B, H, DH) in Q and the statistics
+// (B, H, 2) are written by each row's last block; count: (B, KV) ints, zero before the launch
+// and left zero after it (the host keeps one buffer and never clears it).
 template <typename Q, typename T, int DH, typename Rows>
 __device__ void fdp_decode(const Q* __restrict__ q, const Rows rows, float* __restrict__ part,
+                           Q* __restrict__ o, float* __restrict__ stats, int* __restrict__ count,
                            int nchunk, int cpb, int H, int KV, int D, float scale) {
   constexpr int LD = 16 / (int)sizeof(T);     // elements a 16-byte cp.async moves
   constexpr int PPR = DH / LD;                // 16-byte pieces a key row
@@ -339,36 +439,36 @@ __device__ void fdp_decode(const Q* __restrict__ q, const Rows rows, float* __re
       reset();
     }
   }
-  // This block's chunks past the row's keys: empty partials (the combine skips l = 0).
-  for (int x = tid; x < (c1 - cf) * G; x += FDP_THREADS) {
-    float* pr = part + (((size_t)bi * H + h0 + x % G) * nchunk + cf + x / G) * (2 + DH);
-    pr[0] = -INFINITY;
-    pr[1] = 0.0f;
-  }
+  // This block's chunks past the row's keys have no partial: the merge reads the row's own.
+  int* const row_count = count + (size_t)bi * KV + g;
+  if (!block_arrive_last(row_count, gridDim.x)) return;
+  fdp_merge<Q, DH>(part, o, stats, nchunk, min(nchunk, row_chunks), (size_t)bi * H + h0, G, wml,
+                   wacc);
+  block_reset_count(row_count);
 }
 
 // q and O in Q, the keys and values in T.
 #define FDP_INSTANCE(Q, T, SFX, DH)                                                             \
   extern "C" __global__ void __launch_bounds__(FDP_THREADS) flash_decode_pipe_d##DH##_##SFX(     \
       const Q* q, const T* k, const T* v, const uint8_t* valid, const int* first, float* part,  \
-      int nchunk, int cpb, FA_ARGS) {                                                           \
+      Q* o, float* stats, int* count, int nchunk, int cpb, FA_ARGS) {                           \
     (void)Tq;                                                                                   \
-    fdp_decode<Q, T, DH>(q, FdpDense<T>{k, v, valid, first, KV, S, cap, past}, part, nchunk,   \
-                         cpb, H, KV, D, scale);                                                 \
+    fdp_decode<Q, T, DH>(q, FdpDense<T>{k, v, valid, first, KV, S, cap, past}, part, o, stats, \
+                         count, nchunk, cpb, H, KV, D, scale);                                  \
   }                                                                                             \
   /* The same through a paged pool's block tables (B, nblk), lens (B): keys a row. */           \
   extern "C" __global__ void __launch_bounds__(FDP_THREADS) flash_decode_paged_d##DH##_##SFX(    \
       const Q* q, const T* k, const T* v, const unsigned* tables, const unsigned* lens,         \
-      float* part, int nchunk, int cpb, int nblk, int block, int H, int KV, int D,              \
-      float scale) {                                                                            \
-    fdp_decode<Q, T, DH>(q, FdpPaged<T>{k, v, tables, lens, KV, nblk, block}, part, nchunk,    \
-                         cpb, H, KV, D, scale);                                                 \
+      float* part, Q* o, float* stats, int* count, int nchunk, int cpb, int nblk, int block,    \
+      int H, int KV, int D, float scale) {                                                      \
+    fdp_decode<Q, T, DH>(q, FdpPaged<T>{k, v, tables, lens, KV, nblk, block}, part, o, stats,  \
+                         count, nchunk, cpb, H, KV, D, scale);                                  \
   }
 
 FDP_INSTANCE(__nv_bfloat16, __nv_bfloat16, bf16, 64)
 FDP_INSTANCE(__nv_bfloat16, __nv_bfloat16, bf16, 128)
 FDP_INSTANCE(float, float, f32, 64)
 FDP_INSTANCE(float, float, f32, 128)
-// An FP8 cache under a bf16 model: O by flash_decode_combine_bf16.
+// An FP8 cache under a bf16 model: O in bf16.
 FDP_INSTANCE(__nv_bfloat16, fp8e4m3, fp8, 64)
 FDP_INSTANCE(__nv_bfloat16, fp8e4m3, fp8, 128)

@@ -108,6 +108,9 @@ struct uint2 {
 struct uint4 {
   unsigned x, y, z, w;
 };
+struct alignas(8) float2 {
+  float x, y;
+};
 inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
 
 // bf16 as CUDA stores it: the high half of an f32, rounded to nearest even.

@@ -44,6 +44,7 @@ struct Inputs {
   bf *dq_, *dk_, *dv_, *ddo;
   uint8_t* dvalid;
   int* dfirst;
+  int* dcount;  // the pipelined decode's arrival counters, (B, KV): zero, and left zero
   size_t nq, nk;
   explicit Inputs(Case c_) : c(c_) {
     S = c.past + c.T;
@@ -63,6 +64,9 @@ struct Inputs {
     dvalid = (uint8_t*)dalloc(valid.size());
     h2d(dvalid, valid.data(), valid.size());
     dfirst = (int*)dalloc(c.B * 4);
+    const std::vector<int> zeros((size_t)c.B * c.KV, 0);
+    dcount = (int*)dalloc(zeros.size() * 4);
+    h2d(dcount, zeros.data(), zeros.size() * 4);
   }
   static bf* upload(const std::vector<float>& x) {
     std::vector<bf> h(x.size());
@@ -72,7 +76,19 @@ struct Inputs {
     return d;
   }
   ~Inputs() {
-    dfree(dq_), dfree(dk_), dfree(dv_), dfree(ddo), dfree(dvalid), dfree(dfirst);
+    dfree(dq_), dfree(dk_), dfree(dv_), dfree(ddo), dfree(dvalid), dfree(dfirst), dfree(dcount);
+  }
+  // Whether the decode left every arrival counter at zero, as the next launch needs it (counted
+  // as a failure if not).
+  void check_counts_zero(const char* what) const {
+    std::vector<int> h((size_t)c.B * c.KV);
+    d2h(h.data(), dcount, h.size() * 4);
+    for (int x : h)
+      if (x != 0) {
+        printf("%s: FAILED (an arrival counter left at %d, not 0)\n", what, x);
+        failures++;
+        return;
+      }
   }
   float scale() const { return 1.0f / sqrtf((float)c.D); }
 };
@@ -379,27 +395,26 @@ struct PipeOperands {
   }
 };
 
-// The pipelined decode's forward, `cpb` chunks a block: first valid keys, the chunks' partials
-// (`part`, B·H·nchunk·(2 + D) floats), their merge into O and the statistics.
+// The pipelined decode's forward, `cpb` chunks a block: first valid keys (unless `find_first`
+// is false: a decode step finds them once for all its layers), then one launch for the chunks'
+// partials (`part`, B·H·nchunk·(2 + D) floats) and their merge into O and the statistics.
 template <typename T>
 static void decode_pipe(const Inputs& in, const PipeOperands& x, float* part, T* o, float* stats,
-                        int cpb) {
+                        int cpb, bool find_first = true) {
   const Case& c = in.c;
   const int S = in.S, nchunk = (S + FDP_CHUNK - 1) / FDP_CHUNK;
   const float scale = in.scale();
   const T *q = (const T*)x.q, *k = (const T*)x.k, *v = (const T*)x.v;
-  LAUNCH(flash_first_valid, dim3(c.B), dim3(256), 0, in.dvalid, S, in.dfirst);
+  if (find_first) LAUNCH(flash_first_valid, dim3(c.B), dim3(256), 0, in.dvalid, S, in.dfirst);
   const dim3 grid((nchunk + cpb - 1) / cpb, c.KV, c.B), block(FDP_THREADS);
   const size_t smem = fdp_smem(c.D, sizeof(T));
-#define PIPE_ARGS q, k, v, in.dvalid, in.dfirst, part, nchunk, cpb, c.H, c.KV, c.T, S, in.cap, c.D, c.past, scale
+#define PIPE_ARGS q, k, v, in.dvalid, in.dfirst, part, o, stats, in.dcount, nchunk, cpb, c.H, c.KV, c.T, S, in.cap, c.D, c.past, scale
   if constexpr (sizeof(T) == 2) {
     if (c.D == 128) LAUNCH(flash_decode_pipe_d128_bf16, grid, block, smem, PIPE_ARGS);
     else LAUNCH(flash_decode_pipe_d64_bf16, grid, block, smem, PIPE_ARGS);
-    LAUNCH(flash_decode_combine_bf16, dim3(c.H, c.B), dim3(128), 0, part, o, stats, nchunk, c.H, c.D);
   } else {
     if (c.D == 128) LAUNCH(flash_decode_pipe_d128_f32, grid, block, smem, PIPE_ARGS);
     else LAUNCH(flash_decode_pipe_d64_f32, grid, block, smem, PIPE_ARGS);
-    LAUNCH(flash_decode_combine_f32, dim3(c.H, c.B), dim3(128), 0, part, o, stats, nchunk, c.H, c.D);
   }
 #undef PIPE_ARGS
 }
@@ -426,6 +441,7 @@ static PipeOut run_pipe(const Inputs& in, int cpb) {
   float* stats = (float*)dalloc(in.nq / c.D * 8);
   poison(part, npart * 4), poison(o, in.nq * sizeof(T)), poison(stats, in.nq / c.D * 8);
   decode_pipe<T>(in, x, part, o, stats, cpb);
+  in.check_counts_zero("decode pipe");
   PipeOut out{download(o, in.nq), download(stats, in.nq / c.D * 2)};
   dfree(part), dfree(o), dfree(stats);
   x.release<T>(in);
@@ -582,17 +598,16 @@ static void check_paged(Case c, const std::vector<int>& lens, int block, int cpb
   const dim3 grid((nchunk + cpb - 1) / cpb, c.KV, c.B), blk(FDP_THREADS);
   const size_t smem = fdp_smem(c.D, sizeof(T));
   const T* q = (const T*)x.q;
-#define PAGED_ARGS q, kpool, vpool, dtables, dlens, part, nchunk, cpb, nblk, block, c.H, c.KV, c.D, in.scale()
+#define PAGED_ARGS q, kpool, vpool, dtables, dlens, part, o, stats, in.dcount, nchunk, cpb, nblk, block, c.H, c.KV, c.D, in.scale()
   if constexpr (sizeof(T) == 2) {
     if (c.D == 128) LAUNCH(flash_decode_paged_d128_bf16, grid, blk, smem, PAGED_ARGS);
     else LAUNCH(flash_decode_paged_d64_bf16, grid, blk, smem, PAGED_ARGS);
-    LAUNCH(flash_decode_combine_bf16, dim3(c.H, c.B), dim3(128), 0, part, o, stats, nchunk, c.H, c.D);
   } else {
     if (c.D == 128) LAUNCH(flash_decode_paged_d128_f32, grid, blk, smem, PAGED_ARGS);
     else LAUNCH(flash_decode_paged_d64_f32, grid, blk, smem, PAGED_ARGS);
-    LAUNCH(flash_decode_combine_f32, dim3(c.H, c.B), dim3(128), 0, part, o, stats, nchunk, c.H, c.D);
   }
 #undef PAGED_ARGS
+  in.check_counts_zero("decode paged");
   const PipeOut paged{download(o, in.nq), download(stats, in.nq / c.D * 2)};
   const char* what = sizeof(T) == 2 ? "decode paged" : "decode paged f32";
   char buf[64];
@@ -707,9 +722,11 @@ static fp8e4m3* upload_fp8(const std::vector<float>& x) {
   return d;
 }
 
-// The FP8 kernel (dense buffer or, with `pool`, its paged instance) then the bf16 combine.
+// The FP8 kernel (dense buffer or, with `pool`, its paged instance), O in bf16; first valid
+// keys as decode_pipe finds them.
 static void decode_fp8(const Inputs& in, const fp8e4m3* k, const fp8e4m3* v, const PagedPool* pool,
-                       int block, int cpb, float* part, bf* o, float* stats) {
+                       int block, int cpb, float* part, bf* o, float* stats,
+                       bool find_first = true) {
   const Case& c = in.c;
   const int S = pool ? pool->longest : in.S, nchunk = (S + FDP_CHUNK - 1) / FDP_CHUNK;
   const dim3 grid((nchunk + cpb - 1) / cpb, c.KV, c.B), blk(FDP_THREADS);
@@ -717,18 +734,17 @@ static void decode_fp8(const Inputs& in, const fp8e4m3* k, const fp8e4m3* v, con
   const bf* q = in.dq_;
   const float scale = in.scale();
   if (pool) {
-#define ARGS q, k, v, pool->dtables, pool->dlens, part, nchunk, cpb, pool->nblk, block, c.H, c.KV, c.D, scale
+#define ARGS q, k, v, pool->dtables, pool->dlens, part, o, stats, in.dcount, nchunk, cpb, pool->nblk, block, c.H, c.KV, c.D, scale
     if (c.D == 128) LAUNCH(flash_decode_paged_d128_fp8, grid, blk, smem, ARGS);
     else LAUNCH(flash_decode_paged_d64_fp8, grid, blk, smem, ARGS);
 #undef ARGS
   } else {
-    LAUNCH(flash_first_valid, dim3(c.B), dim3(256), 0, in.dvalid, S, in.dfirst);
-#define ARGS q, k, v, in.dvalid, in.dfirst, part, nchunk, cpb, c.H, c.KV, c.T, S, in.cap, c.D, c.past, scale
+    if (find_first) LAUNCH(flash_first_valid, dim3(c.B), dim3(256), 0, in.dvalid, S, in.dfirst);
+#define ARGS q, k, v, in.dvalid, in.dfirst, part, o, stats, in.dcount, nchunk, cpb, c.H, c.KV, c.T, S, in.cap, c.D, c.past, scale
     if (c.D == 128) LAUNCH(flash_decode_pipe_d128_fp8, grid, blk, smem, ARGS);
     else LAUNCH(flash_decode_pipe_d64_fp8, grid, blk, smem, ARGS);
 #undef ARGS
   }
-  LAUNCH(flash_decode_combine_bf16, dim3(c.H, c.B), dim3(128), 0, part, o, stats, nchunk, c.H, c.D);
 }
 
 // One run of decode_fp8 on fresh buffers: O and the statistics as the host reads them.
@@ -742,6 +758,7 @@ static PipeOut run_fp8(const Inputs& in, const PagedPool* pool, int block, int c
   float* stats = (float*)dalloc(in.nq / c.D * 8);
   poison(part, npart * 4), poison(o, in.nq * 2), poison(stats, in.nq / c.D * 8);
   decode_fp8(in, k, v, pool, block, cpb, part, o, stats);
+  in.check_counts_zero("decode fp8");
   PipeOut out{download(o, in.nq), download(stats, in.nq / c.D * 2)};
   dfree(part), dfree(o), dfree(stats), dfree(k), dfree(v);
   return out;
@@ -874,7 +891,8 @@ static double copy_gb_per_s() {
   return 2.0 * n / ms / 1e6;
 }
 
-// Times the pipelined decode at the host's chunks per block, beside its prediction: the bytes it
+// Times the pipelined decode at the host's chunks per block, one launch as a decode step's layer
+// runs it (its first valid keys found once a step, before), beside its prediction: the bytes it
 // must move (K and V once, Q in, O out, the chunks' partials written and read back, the valid
 // bits) at the copy rate measured here (src/perf/decode.rs predicts the same from the rates in
 // results/gpu).
@@ -885,7 +903,9 @@ static void timing_pipe(Case c, double copy) {
   float* part = (float*)dalloc((size_t)c.B * c.H * nchunk * (c.D + 2) * 4);
   bf* o = (bf*)dalloc(in.nq * 2);
   float* stats = (float*)dalloc(in.nq / c.D * 8);
-  const float ms = time_ms([&] { decode_pipe<bf>(in, x, part, o, stats, cpb); });
+  // as a decode step runs it a layer: the first valid keys found once (here, before the timing)
+  decode_pipe<bf>(in, x, part, o, stats, cpb);
+  const float ms = time_ms([&] { decode_pipe<bf>(in, x, part, o, stats, cpb, false); });
   const double kv = (double)c.B * c.KV * in.S * c.D * 2 * 2;
   const double bytes = kv + (double)in.nq * 2 * 2 + (double)c.B * c.H * nchunk * (c.D + 2) * 4 * 2 +
                        (double)c.B * in.S + (double)c.B * c.H * 8;
@@ -900,7 +920,7 @@ static void timing_pipe(Case c, double copy) {
   // the others beside it, to tune it (it changes no result bit)
   printf("decode pipe chunks a block B%d past%d (host %d):", c.B, c.past, cpb);
   for (int n = 1; n <= std::min(nchunk, 16); n *= 2)
-    printf(" %d: %.3f ms;", n, time_ms([&] { decode_pipe<bf>(in, x, part, o, stats, n); }));
+    printf(" %d: %.3f ms;", n, time_ms([&] { decode_pipe<bf>(in, x, part, o, stats, n, false); }));
   printf("\n");
   dfree(part), dfree(o), dfree(stats);
 }
@@ -915,7 +935,8 @@ static void timing_pipe_fp8(Case c, double copy) {
   float* part = (float*)dalloc((size_t)c.B * c.H * nchunk * (c.D + 2) * 4);
   bf* o = (bf*)dalloc(in.nq * 2);
   float* stats = (float*)dalloc(in.nq / c.D * 8);
-  const float ms = time_ms([&] { decode_fp8(in, k, v, nullptr, 0, cpb, part, o, stats); });
+  decode_fp8(in, k, v, nullptr, 0, cpb, part, o, stats);
+  const float ms = time_ms([&] { decode_fp8(in, k, v, nullptr, 0, cpb, part, o, stats, false); });
   const double kv = (double)c.B * c.KV * in.S * c.D * 2;
   const double bytes = kv + (double)in.nq * 2 * 2 + (double)c.B * c.H * nchunk * (c.D + 2) * 4 * 2 +
                        (double)c.B * in.S + (double)c.B * c.H * 8;

@@ -16,7 +16,7 @@ use crate::model::QwenConfig;
 use crate::report::table::{Align::Left, Align::Right, Table};
 
 /// Keys per chunk of the pipelined decode: each chunk writes one partial (m, l and D sums, f32)
-/// per query head, which the combine kernel reads back. `FDP_CHUNK` of kernels/launch.cuh (a
+/// per query head, which the row's last block reads back (through L2, in the same launch). `FDP_CHUNK` of kernels/launch.cuh (a
 /// test holds them equal).
 pub const CHUNK: usize = 128;
 
@@ -342,7 +342,7 @@ fn markdown(cfg: &QwenConfig, model: &str, rates: &[CopyRate], rows: &[DecodePre
         .map(|r| format!("{} `{}`", r.label(), r.source.display()))
         .collect();
     format!(
-        "**Predicted, not measured.** One layer's decode attention of {model} ({} query heads over {} KV heads, head dim {}, bf16) by the pipelined kernel (`kernels/flash_decode.cu`), from the bytes it must move: K and V once, Q in and O out, each chunk of {CHUNK} keys' partial per query head written and read back by the combine, the valid bits and the statistics; at each GPU's measured device copy (`copy_gb_per_s`: {}). `acpo bench decode-predict` (`perf::decode`) writes it. The target (issue #57) is {:.0} % of the copy rate: the time in brackets. The split-K kernel it replaces, where a run timed it (`flash_kernels_check.log`), is set beside; the runs so far timed it with a `cudaMalloc` and a `cudaFree` of its partials in each call (`flash_check` now keeps the buffer). `kernels/check/flash_check.cu` on a GPU times the pipelined kernel at the first three shapes beside this count at the copy rate it measures there, and its FP8 instance beside the count with K and V at one byte a number (the FP8 columns: an FP8 KV cache, `--kv-cache fp8`, the query and O still bf16).\n\n{t}",
+        "**Predicted, not measured.** One layer's decode attention of {model} ({} query heads over {} KV heads, head dim {}, bf16) by the pipelined kernel (`kernels/flash_decode.cu`), from the bytes it must move: K and V once, Q in and O out, each chunk of {CHUNK} keys' partial per query head written and read back by the row's last block (one launch a layer), the valid bits and the statistics; at each GPU's measured device copy (`copy_gb_per_s`: {}). `acpo bench decode-predict` (`perf::decode`) writes it. The target (issue #57) is {:.0} % of the copy rate: the time in brackets. The split-K kernel it replaces, where a run timed it (`flash_kernels_check.log`), is set beside; the runs so far timed it with a `cudaMalloc` and a `cudaFree` of its partials in each call (`flash_check` now keeps the buffer). `kernels/check/flash_check.cu` on a GPU times the pipelined kernel at the first three shapes beside this count at the copy rate it measures there, and its FP8 instance beside the count with K and V at one byte a number (the FP8 columns: an FP8 KV cache, `--kv-cache fp8`, the query and O still bf16).\n\n{t}",
         cfg.num_attention_heads,
         cfg.num_key_value_heads,
         cfg.head_dim(),

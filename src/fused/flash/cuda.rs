@@ -10,10 +10,12 @@
 //! The CPU twin and the semantics are in the parent module; `tests/it/cuda.rs` holds every path
 //! to it, and `kernels/check/flash_check.cu` checks and times the kernels without this build.
 
+use std::sync::{Mutex, PoisonError};
+
 use candle_core::cuda_backend::cudarc::driver::{
     CudaSlice, CudaView, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg,
 };
-use candle_core::cuda_backend::{CudaDevice, WrapErr};
+use candle_core::cuda_backend::{CudaDevice, DeviceId, WrapErr};
 use candle_core::{CudaStorage, DType, Layout, Result};
 
 use super::{tensor_cores_take, FlashBackward, FlashDims, FLASH_MAX_HEAD_DIM};
@@ -454,11 +456,11 @@ struct Kernels<'a> {
 }
 
 /// One decode step's attention (T = 1), each KV head read once for all its query heads, as
-/// partials over the keys merged in key order by `flash_decode_combine_*`: where `pipe` is
-/// `Some((d, smem))`, the pipelined kernel (`flash_decode_pipe_d{d}_*` with `smem` bytes of
-/// dynamic shared memory, chunks of [`PIPE_CHUNK`] keys,
-/// [`pipe_chunks_per_block`] a block), else the split-K kernel ([`DECODE_SPLIT`] keys a block,
-/// q, k and v of one dtype).
+/// partials over the keys merged in key order: where `pipe` is `Some((d, smem))`, the pipelined
+/// kernel (`flash_decode_pipe_d{d}_*` with `smem` bytes of dynamic shared memory, chunks of
+/// [`PIPE_CHUNK`] keys, [`pipe_chunks_per_block`] a block), whose last block of each (row, KV
+/// head) merges the row's partials in the same launch ([`with_arrivals`]); else the split-K
+/// kernel ([`DECODE_SPLIT`] keys a block, q, k and v of one dtype) and `flash_decode_combine_*`.
 #[allow(clippy::too_many_arguments)]
 fn decode<Q: DeviceRepr, T: DeviceRepr>(
     dev: &CudaDevice,
@@ -475,7 +477,8 @@ fn decode<Q: DeviceRepr, T: DeviceRepr>(
         Some(_) => dims.s.div_ceil(PIPE_CHUNK).max(1),
         None => dims.s.div_ceil(DECODE_SPLIT).max(1),
     };
-    // SAFETY: every (row, chunk or split) partial is written by its block, empty ones included.
+    // SAFETY: the split-K kernel writes every (row, split) partial, empty ones included, and
+    // the pipelined kernel's merge reads only those of a row's chunks that hold keys.
     let mut part = unsafe { dev.alloc::<f32>(dims.b * dims.h * nsplit * (2 + dims.d)) }?;
     let nsplit_i = nsplit as i32;
     if let Some((d, smem)) = pipe {
@@ -483,16 +486,6 @@ fn decode<Q: DeviceRepr, T: DeviceRepr>(
         let cpb_i = cpb as i32;
         let f = kernel!(dev, &format!("flash_decode_pipe_d{d}_{kv_sfx}"), DECODE_PTX)?;
         allow_smem(&f, smem, "flash attention")?;
-        let mut b = f.builder();
-        b.arg(q)
-            .arg(k)
-            .arg(v)
-            .arg(valid)
-            .arg(first)
-            .arg(&mut part)
-            .arg(&nsplit_i)
-            .arg(&cpb_i);
-        n.push(&mut b);
         let cfg = LaunchConfig {
             grid_dim: (
                 grid_dim(nsplit.div_ceil(cpb), "flash decode")?,
@@ -502,35 +495,51 @@ fn decode<Q: DeviceRepr, T: DeviceRepr>(
             block_dim: (PIPE_THREADS, 1, 1),
             shared_mem_bytes: smem,
         };
-        // SAFETY: the arguments match flash_decode_pipe_* in kernels/flash_decode.cu, and the
-        // kernel's dynamic shared memory is what launch.cuh's fdp_smem gives for (d, T).
-        unsafe { b.launch(cfg) }.w()?;
-    } else {
-        if kv_sfx != sfx {
-            candle_core::bail!("flash decode: the split-K kernel reads q, k and v of one dtype");
-        }
-        let f = kernel!(dev, &format!("flash_decode_split_{sfx}"), ROW_PTX)?;
-        let mut b = f.builder();
-        b.arg(q)
-            .arg(k)
-            .arg(v)
-            .arg(valid)
-            .arg(first)
-            .arg(&mut part)
-            .arg(&nsplit_i);
-        n.push(&mut b);
-        let cfg = LaunchConfig {
-            grid_dim: (
-                grid_dim(nsplit, "flash decode")?,
-                dims.kv as u32,
-                dims.b as u32,
-            ),
-            block_dim: (32 * DECODE_WARPS, 1, 1),
-            shared_mem_bytes: 0,
-        };
-        // SAFETY: the arguments match flash_decode_split_* in kernels/flash_attn.cu.
-        unsafe { b.launch(cfg) }.w()?;
+        return with_arrivals(dev, dims.b * dims.kv, |count| {
+            let mut b = f.builder();
+            b.arg(q)
+                .arg(k)
+                .arg(v)
+                .arg(valid)
+                .arg(first)
+                .arg(&mut part)
+                .arg(o)
+                .arg(stats)
+                .arg(count)
+                .arg(&nsplit_i)
+                .arg(&cpb_i);
+            n.push(&mut b);
+            // SAFETY: the arguments match flash_decode_pipe_* in kernels/flash_decode.cu, the
+            // kernel's dynamic shared memory is what launch.cuh's fdp_smem gives for (d, T),
+            // and `count` holds (B, KV) zeros.
+            unsafe { b.launch(cfg) }.w()?;
+            Ok(())
+        });
     }
+    if kv_sfx != sfx {
+        candle_core::bail!("flash decode: the split-K kernel reads q, k and v of one dtype");
+    }
+    let f = kernel!(dev, &format!("flash_decode_split_{sfx}"), ROW_PTX)?;
+    let mut b = f.builder();
+    b.arg(q)
+        .arg(k)
+        .arg(v)
+        .arg(valid)
+        .arg(first)
+        .arg(&mut part)
+        .arg(&nsplit_i);
+    n.push(&mut b);
+    let cfg = LaunchConfig {
+        grid_dim: (
+            grid_dim(nsplit, "flash decode")?,
+            dims.kv as u32,
+            dims.b as u32,
+        ),
+        block_dim: (32 * DECODE_WARPS, 1, 1),
+        shared_mem_bytes: 0,
+    };
+    // SAFETY: the arguments match flash_decode_split_* in kernels/flash_attn.cu.
+    unsafe { b.launch(cfg) }.w()?;
     combine(
         dev,
         sfx,
@@ -572,8 +581,8 @@ fn combine<Q: DeviceRepr>(
 
 /// One decode step's attention through a paged pool's block tables ([`super::paged`]): the
 /// pipelined kernel's paged instance (`flash_decode_paged_d{d}_*`, chunks of [`PIPE_CHUNK`]
-/// keys from each row's first, [`pipe_chunks_per_block`] a block), then the combine in chunk
-/// order. O in the storage dtype of q.
+/// keys from each row's first, [`pipe_chunks_per_block`] a block, each row's partials merged
+/// in chunk order by its last block). O in the storage dtype of q.
 pub(super) fn paged_decode(
     dims: &super::PagedDims,
     q: Arg,
@@ -639,20 +648,19 @@ pub(super) fn paged_decode(
     Ok(o)
 }
 
-/// [`paged_decode`]'s launches: the pipelined kernel's paged instance (`kv_sfx`), then the
-/// combine (`sfx`). O in Q.
+/// [`paged_decode`]'s launch: the pipelined kernel's paged instance (`kv_sfx`). O in Q.
 fn paged_launch<Q: DeviceRepr, T: DeviceRepr>(
     dev: &CudaDevice,
     dims: &super::PagedDims,
     (qv, kv, vv): (&CudaView<Q>, &CudaView<T>, &CudaView<T>),
     (tv, lv): (&CudaView<u32>, &CudaView<u32>),
-    Kernels { sfx, kv_sfx, pipe }: Kernels,
+    Kernels { kv_sfx, pipe, .. }: Kernels,
 ) -> Result<CudaSlice<Q>> {
     let smem = pipe.map_or(0, |(_, smem)| smem);
     let rows = dims.b * dims.h;
     let nchunk = dims.longest.div_ceil(PIPE_CHUNK).max(1);
-    // SAFETY: every (row, chunk) partial is written by its block, empty ones included, and
-    // every row of O and of the statistics by the combine.
+    // SAFETY: the merge reads only the partials of a row's chunks that hold keys, each written
+    // by its block, and writes every row of O and of the statistics.
     let mut part = unsafe { dev.alloc::<f32>((rows * nchunk * (2 + dims.d)).max(1)) }?;
     let mut o = unsafe { dev.alloc::<Q>((rows * dims.d).max(1)) }?;
     let mut stats = unsafe { dev.alloc::<f32>(2 * rows.max(1)) }?;
@@ -673,12 +681,6 @@ fn paged_launch<Q: DeviceRepr, T: DeviceRepr>(
             dims.kv as i32,
             dims.d as i32,
         ];
-        let mut b = f.builder();
-        b.arg(qv).arg(kv).arg(vv).arg(tv).arg(lv).arg(&mut part);
-        for x in &ints {
-            b.arg(x);
-        }
-        b.arg(&dims.scale);
         let cfg = LaunchConfig {
             grid_dim: (
                 grid_dim(nchunk.div_ceil(cpb), "paged decode")?,
@@ -688,20 +690,57 @@ fn paged_launch<Q: DeviceRepr, T: DeviceRepr>(
             block_dim: (PIPE_THREADS, 1, 1),
             shared_mem_bytes: smem,
         };
-        // SAFETY: the arguments match flash_decode_paged_* in kernels/flash_decode.cu, its
-        // dynamic shared memory is launch.cuh's fdp_smem for (d, the pool's dtype), and every
-        // table entry a row reads names a block of the pool (model::paged builds them).
-        unsafe { b.launch(cfg) }.w()?;
-        combine(
-            dev,
-            sfx,
-            &part,
-            (&mut o, &mut stats),
-            nchunk,
-            (dims.b, dims.h, dims.d),
-        )?;
+        with_arrivals(dev, dims.b * dims.kv, |count| {
+            let mut b = f.builder();
+            b.arg(qv)
+                .arg(kv)
+                .arg(vv)
+                .arg(tv)
+                .arg(lv)
+                .arg(&mut part)
+                .arg(&mut o)
+                .arg(&mut stats)
+                .arg(count);
+            for x in &ints {
+                b.arg(x);
+            }
+            b.arg(&dims.scale);
+            // SAFETY: the arguments match flash_decode_paged_* in kernels/flash_decode.cu, its
+            // dynamic shared memory is launch.cuh's fdp_smem for (d, the pool's dtype), every
+            // table entry a row reads names a block of the pool (model::paged builds them), and
+            // `count` holds (B, KV) zeros.
+            unsafe { b.launch(cfg) }.w()?;
+            Ok(())
+        })?;
     }
     Ok(o)
+}
+
+/// The pipelined decode's arrival counters, one buffer a device: the last of a (row, KV head)'s
+/// blocks to finish merges the row's partials and sets its counter back to zero
+/// (kernels/common.cuh, `block_arrive_last`), so the buffer is zeroed once, when made or grown,
+/// and never cleared before a launch. Launches on a device go to its one stream in order, so
+/// one buffer serves them all; the lock is held through the launch.
+static ARRIVALS: Mutex<Vec<(DeviceId, CudaSlice<i32>)>> = Mutex::new(Vec::new());
+
+/// `launch` with `dev`'s arrival counters, at least `n` of them zero.
+fn with_arrivals(
+    dev: &CudaDevice,
+    n: usize,
+    launch: impl FnOnce(&mut CudaSlice<i32>) -> Result<()>,
+) -> Result<()> {
+    let mut all = ARRIVALS.lock().unwrap_or_else(PoisonError::into_inner);
+    let at = match all.iter().position(|(id, _)| *id == dev.id()) {
+        Some(at) => at,
+        None => {
+            all.push((dev.id(), dev.alloc_zeros::<i32>(n.max(1))?));
+            all.len() - 1
+        }
+    };
+    if all[at].1.len() < n {
+        all[at].1 = dev.alloc_zeros::<i32>(n.next_power_of_two())?;
+    }
+    launch(&mut all[at].1)
 }
 
 /// dQ, dK, dV (the storage dtype of q): δ = rowsum(dO ⊙ O) by the row kernel, then, where the
