@@ -425,7 +425,7 @@ fn fused_update(
 }
 
 /// The f32 constants of one AdamW update (what candle's affine maps multiply by and add): the
-/// one-pass update's on the CPU ([`fused_update`]) and in the CUDA kernel (kernels/adamw.cu).
+/// one-pass update's on the CPU (`fused_update`) and in the CUDA kernel (kernels/adamw.cu).
 #[derive(Debug, Clone, Copy)]
 pub struct AdamWConsts {
     pub scale: f32,

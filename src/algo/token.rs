@@ -29,7 +29,7 @@ fn scaled(logits: &Tensor, temperature: f64) -> Result<Tensor> {
     }
 }
 
-/// log softmax(logits / T)[token]; `logits` `(..., V)`, `tokens` `(...)` (u32) → `(...)`.
+/// `log softmax(logits / T)[token]`; `logits` `(..., V)`, `tokens` `(...)` (u32) → `(...)`.
 pub fn log_probs(logits: &Tensor, tokens: &Tensor, temperature: f64) -> Result<Tensor> {
     let z = scaled(logits, temperature)?;
     if crate::fused::fused_on_f32(&z) {

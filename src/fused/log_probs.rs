@@ -126,8 +126,8 @@ impl CustomOp3 for TokenLogProbsBwd {
     }
 }
 
-/// log softmax(z)[t] over the last dim: `z` `(..., V)` f32, `t` `(...)` u32 → `(...)`.
-/// Callers check [`fused_on_f32`] first; the composed reference lives in `algo::token`. Target
+/// `log softmax(z)[t]` over the last dim: `z` `(..., V)` f32, `t` `(...)` u32 → `(...)`.
+/// Callers check [`super::fused_on_f32`] first; the composed reference lives in `algo::token`. Target
 /// tokens are checked against the vocabulary on the CPU only (a kernel cannot report them).
 pub fn token_log_probs(z: &Tensor, t: &Tensor) -> Result<Tensor> {
     let dims = t.dims().to_vec();

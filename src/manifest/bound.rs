@@ -90,7 +90,7 @@ impl Experiment {
         terms
     }
 
-    /// Refuses the manifest when the floor of its memory ([`Self::memory_terms`]) exceeds what
+    /// Refuses the manifest when the floor of its memory (`memory_terms`) exceeds what
     /// this process can take from the host; the message names the fields of the largest term.
     pub fn check_memory(&self, cfg: Option<&QwenConfig>) -> Result<(), String> {
         let terms = self.memory_terms(cfg);

@@ -3,9 +3,9 @@
 //! A manifest is the only source of a run's settings (docs/ARCHITECTURE.md). It is read in two stages, as
 //! ripgrep and uv do with their flags: [`raw::Manifest`] mirrors the YAML exactly
 //! (`deny_unknown_fields` everywhere, so a typo is an error, never a silently ignored setting),
-//! and [`Experiment::try_from`] validates it once into typed values that the rest of the crate
-//! trusts. Every validation rule lives in [`validate`], and every error names the file, the
-//! field path and the reason ([`diagnostics`] turns the YAML reader's errors into that form).
+//! and [`Experiment::validate`] validates it once into typed values that the rest of the crate
+//! trusts. Every validation rule lives in the `validate` module, and every error names the file, the
+//! field path and the reason (`diagnostics` turns the YAML reader's errors into that form).
 //!
 //! Field names follow verl (`clip_ratio_low`, `clip_ratio_c`, `loss_agg_mode`, `lam`,
 //! `norm_adv_by_std_in_grpo`, `cliprange_value`, ...) so the manifests read like the verl

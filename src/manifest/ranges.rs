@@ -3,7 +3,7 @@
 //! `acpo check` (and so at the start of `train`), naming the field and the range, before it can
 //! size an allocation or a loop. The bounds refuse what cannot be meant, not what is merely large:
 //! each says why it is where it is. What the counts imply together (a step's tokens, the memory
-//! they take) is bounded after them ([`super::bound`]).
+//! they take) is bounded after them (`manifest::bound`).
 
 use crate::flags::{MAX_SEQUENCES, MAX_STEPS, MAX_TOKENS};
 

@@ -1,6 +1,6 @@
 //! The YAML as written: every section of a manifest as serde reads it, `deny_unknown_fields`
 //! everywhere (a typo is an error, never a setting silently ignored). Only the validator
-//! ([`super::validate`]) reads these.
+//! (`manifest::validate`) reads these.
 
 use std::path::PathBuf;
 

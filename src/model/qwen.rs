@@ -737,7 +737,7 @@ pub fn to_fp8_e4m3(x: &Tensor) -> Result<Tensor> {
 /// A forward extends the buffers of the cache passed to it: the returned cache shares them, and
 /// the cache passed in must not be used again (sampling replaces it at each step). A sampler's
 /// continuous batching, whose history outgrows any sequence's, drops the columns no row reads
-/// any more before its buffers would double ([`KvCache::drop_front`]).
+/// any more before its buffers would double (`KvCache::drop_front`).
 #[derive(Debug, Clone, Default)]
 pub struct KvCache {
     layers: Vec<(Tensor, Tensor)>,

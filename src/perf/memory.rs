@@ -104,7 +104,7 @@ fn activations(
 /// The tensors a train step of one micro-batch of `b` sequences of `t` tokens holds at its
 /// peak, by arithmetic, named: what a measured trace (`acpo bench train-step --trace`) is read
 /// against. The state (masters, moments, the compute copy, the gradients) is exact; the rest
-/// follows [`activations`]' model.
+/// follows `activations`' model.
 pub fn step_tensors(
     cfg: &QwenConfig,
     b: u64,

@@ -8,7 +8,7 @@
 //! tokens and peak memory (`timing_s/*`, `perf/*`), the evaluation, a checkpoint.
 //!
 //! Random weights rarely stop early, so their responses run to the limit: what is measured is
-//! the worst case, and the report says so. [`report`] puts each run's phases in a table and
+//! the worst case, and the report says so. The report puts each run's phases in a table and
 //! costs the 16 paper runs from them ([`pipeline_plan`]).
 
 use crate::files::{AtPath, PathIoError};

@@ -7,10 +7,10 @@
 //! (tools/checks/memory_trace.sh). The binary's allocator is counted (`device::Counting`), so
 //! each phase's reading is the bytes of the tensors alive, as the CUDA pool counts them. A
 //! phase's peak above the step's starting state is split in two:
-//! - what arithmetic names exactly ([`named`]): the gradient sums so far, the bf16 compute copy
+//! - what arithmetic names exactly (`named`): the gradient sums so far, the bf16 compute copy
 //!   of the weights, each layer's checkpointed input, the lm_head's leaf and its gradient (tied
 //!   embeddings); these are set at the target's layers, vocabulary and dtype;
-//! - the rest, the phase's working set (activations, temporaries), measured. Its law ([`Law`])
+//! - the rest, the phase's working set (activations, temporaries), measured. Its law (`Law`)
 //!   is linear in the tokens it grows with (every position's in the layers, the responses' at
 //!   the vocabulary end), the vocabulary and, without checkpointing, the layers; each slope is
 //!   fitted from two traces that differ in that alone. A saving turned off adds its own bytes
@@ -18,7 +18,7 @@
 //!   `(B, H, T, T)` as B·T², the logits by positions as the responses' tokens times the
 //!   vocabulary.
 //!
-//! The traces of another micro-batch than the fit's check it ([`checks`]). The working set ran
+//! The traces of another micro-batch than the fit's check it (`checks`). The working set ran
 //! in f32 and runs in bf16 on the GPU: the prediction counts it at half its bytes, the bound at
 //! its measured bytes (the vocabulary chunks' temporaries and a layer's gradients are f32 on the
 //! GPU too). The optimizer step updates in place on CUDA (kernels/adamw.cu): its working set is

@@ -1,7 +1,7 @@
 //! Exact tabular MDP machinery for the theory check (issue #9): random cost-minimising MDPs,
 //! policy evaluation by a linear solve, Q/V/A, the optimal policy (hard or entropy-regularised
 //! value iteration) and the stationary distribution of a policy. Notation of the paper's
-//! appendix "Proof of Theorems 1 and 2": cost c(s,a) ∈ [0,1], V^π = (I − γP^π)⁻¹(c^π + h^π).
+//! appendix "Proof of Theorems 1 and 2": cost c(s,a) ∈ \[0, 1\], V^π = (I − γP^π)⁻¹(c^π + h^π).
 
 use crate::rng::SplitMix64;
 
@@ -98,7 +98,7 @@ pub fn solve(mut m: Vec<f64>, mut b: Vec<f64>) -> Vec<f64> {
 impl Mdp {
     /// A seeded random MDP: each (s,a) moves to `branching` random states with random weights
     /// (sparse transitions make the problem less trivial than dense uniform ones), costs
-    /// uniform in [0,1].
+    /// uniform in \[0, 1\].
     pub fn random(seed: u64, states: usize, actions: usize, gamma: f64, branching: usize) -> Mdp {
         let mut rng = SplitMix64::from_key(&[seed, 0x4D_4450]);
         let mut p = vec![0.0; states * actions * states];

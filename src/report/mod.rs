@@ -711,7 +711,7 @@ pub fn write(
     write_from(artifact, &[root], root, figures, compare_paper_too)
 }
 
-/// As [`write`], from the run directories of several folders read together (such as two
+/// As [`write()`], from the run directories of several folders read together (such as two
 /// archives' unpacked runs, for one verdict over all their pairs), the reports written into
 /// `root`. A (model, method, seed) found twice is refused: a pair must know its runs.
 pub fn write_from(

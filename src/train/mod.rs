@@ -7,7 +7,7 @@
 //! actor update ([`update`]: `epochs` passes over mini-batches of `mini_batch_size` prompts × n
 //! responses, each split into micro-batches with an exact aggregation, policy loss → backward →
 //! global grad-norm clip → AdamW) → critic update → metrics ([`metrics`], verl's names) →
-//! [eval] → [checkpoint] ([`checkpoint`]). At tail steps [`probe`] supplies prompt pass rates
+//! eval → checkpoint ([`checkpoint`]). At tail steps [`probe`] supplies prompt pass rates
 //! for the r·Â histograms.
 //!
 //! Randomness never lives in mutable state: sample s of prompt p at step t draws from the stream

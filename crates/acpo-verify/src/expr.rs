@@ -2,7 +2,7 @@
 //! rational evaluation and numeric evaluation at given symbol values.
 //!
 //! Bounds: input length [`MAX_LEN`], nesting depth [`MAX_DEPTH`] (brackets, postfix `%` and `!`,
-//! chained powers), exact values up to [`MAX_EXACT_BITS`] bits, and the judgement's work budget
+//! chained powers), exact values up to `MAX_EXACT_BITS` bits, and the judgement's work budget
 //! ([`super::work`]) charged by every exact operation and every evaluated node. Anything beyond
 //! them is a parse error or a refused value, never a hang or a panic.
 
@@ -1027,7 +1027,7 @@ impl Expr {
     }
 
     /// Exact value when the expression is rational arithmetic on numbers; None beyond
-    /// [`MAX_EXACT_BITS`] or when the work budget refuses an operation.
+    /// `MAX_EXACT_BITS` or when the work budget refuses an operation.
     pub fn exact(&self) -> Option<BigRational> {
         if !work::charge(1) {
             return None;
