@@ -140,6 +140,24 @@ struct FdpPaged {
   }
 };
 
+// The block's warps' running (m, l) and their sums for dim d merged in warp order: a chunk's
+// partial, or a row's O before its division. Warps with l = 0 (no key) are skipped.
+template <int DH>
+__device__ __forceinline__ void fdp_warps_in_order(const float (&wml)[FDP_THREADS / 32][2],
+                                                   const float (&wacc)[FDP_THREADS / 32][DH],
+                                                   int d, float& mx, float& sum, float& acc) {
+  mx = -INFINITY, sum = 0.0f, acc = 0.0f;
+#pragma unroll
+  for (int w = 0; w < FDP_THREADS / 32; ++w) mx = fmaxf(mx, wml[w][0]);
+#pragma unroll
+  for (int w = 0; w < FDP_THREADS / 32; ++w)
+    if (wml[w][1] > 0.0f) {
+      const float e = expf(wml[w][0] - mx);
+      sum += wml[w][1] * e;
+      acc += wacc[w][d] * e;
+    }
+}
+
 // The merge of one (sequence, KV head)'s partials, by the last of its blocks: for each of its G
 // query heads, O = Σ_c e^(m_c − m) acc_c / Σ_c e^(m_c − m) l_c over the row's chunks c < nc (the
 // ones that hold keys, each with l_c ≥ 1), m the largest m_c, and the statistics (m, 1/l) as
@@ -215,16 +233,8 @@ __device__ void fdp_merge(const float* __restrict__ part, Q* __restrict__ o,
       }
       __syncthreads();
       if (tid < DH) {
-        float mx = -INFINITY, sum = 0.0f, acc = 0.0f;
-#pragma unroll
-        for (int w = 0; w < WARPS; ++w) mx = fmaxf(mx, wml[w][0]);
-#pragma unroll
-        for (int w = 0; w < WARPS; ++w)
-          if (wml[w][1] > 0.0f) {
-            const float e = expf(wml[w][0] - mx);
-            sum += wml[w][1] * e;
-            acc += wacc[w][tid] * e;
-          }
+        float mx, sum, acc;
+        fdp_warps_in_order<DH>(wml, wacc, tid, mx, sum, acc);
         const float inv = 1.0f / sum;
         const size_t row = row0 + h;
         o[row * DH + tid] = from_f<Q>(acc * inv);
@@ -416,16 +426,8 @@ __device__ void fdp_decode(const Q* __restrict__ q, const Rows rows, float* __re
           }
           __syncthreads();
           if (tid < DH) {
-            float mx = -INFINITY, sum = 0.0f, a = 0.0f;
-#pragma unroll
-            for (int w = 0; w < WARPS; ++w) mx = fmaxf(mx, wml[w][0]);
-#pragma unroll
-            for (int w = 0; w < WARPS; ++w)
-              if (wml[w][1] > 0.0f) {
-                const float e = expf(wml[w][0] - mx);
-                sum += wml[w][1] * e;
-                a += wacc[w][tid] * e;
-              }
+            float mx, sum, a;
+            fdp_warps_in_order<DH>(wml, wacc, tid, mx, sum, a);
             float* pr = part + (((size_t)bi * H + h0 + h) * nchunk + c) * (2 + DH);
             pr[2 + tid] = a;
             if (tid == 0) {
