@@ -799,7 +799,9 @@ impl KvCache {
     /// the next position of every row is column `len` (continuous batching: a prefilled prompt
     /// joins sequences that are decoding). The columns left of the shorter cache's are zeros;
     /// the caller marks them invalid in `key_valid`. Layer by layer, each layer's old buffers
-    /// freed as its new ones are made.
+    /// freed as its new ones are made; each side is written once into the merged buffer (a
+    /// side already aligned straight from its buffer, another through a copy of its filled
+    /// columns, as `slice_set` takes a contiguous source).
     pub fn append_rows(self, other: &KvCache) -> Result<KvCache> {
         if self.layers.is_empty() {
             return Ok(other.clone());
@@ -809,23 +811,25 @@ impl KvCache {
         }
         let len = self.len.max(other.len);
         let cap = (self.capacity() + len - self.len).max(other.capacity() + len - other.len);
-        let align = |c_len: usize, buf: &Tensor| -> Result<Tensor> {
-            if c_len == len && buf.dim(2)? == cap {
-                return Ok(buf.clone());
-            }
-            moved(buf, c_len, cap, len - c_len)
-        };
         let (self_len, reserve) = (self.len, self.reserve);
+        let merged = |a: &Tensor, b: &Tensor| -> Result<Tensor> {
+            let (rows_a, kv, _, d) = a.dims4()?;
+            let out = Tensor::zeros((rows_a + b.dim(0)?, kv, cap, d), a.dtype(), a.device())?;
+            for (at, buf, c_len) in [(0, a, self_len), (rows_a, b, other.len)] {
+                let rows = out.narrow(0, at, buf.dim(0)?)?;
+                if c_len == len && buf.dim(2)? == cap && buf.is_contiguous() {
+                    rows.slice_set(buf, 2, 0)?;
+                } else {
+                    rows.slice_set(&buf.narrow(2, 0, c_len)?.contiguous()?, 2, len - c_len)?;
+                }
+            }
+            Ok(out)
+        };
         let layers = self
             .layers
             .into_iter()
             .zip(&other.layers)
-            .map(|((ak, av), (bk, bv))| {
-                Ok((
-                    Tensor::cat(&[align(self_len, &ak)?, align(other.len, bk)?], 0)?,
-                    Tensor::cat(&[align(self_len, &av)?, align(other.len, bv)?], 0)?,
-                ))
-            })
+            .map(|((ak, av), (bk, bv))| Ok((merged(&ak, bk)?, merged(&av, bv)?)))
             .collect::<Result<Vec<_>>>()?;
         Ok(KvCache {
             layers,
@@ -1534,6 +1538,78 @@ impl Critic {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A cache of `rows` rows whose first `len` of `cap` columns hold distinct numbers (keys
+    /// positive, values negative), the rest zeros, as a sampler's cache keeps them.
+    fn filled_cache(rows: usize, len: usize, cap: usize, first: f32) -> KvCache {
+        let (kv, d) = (2, 3);
+        let buf = |sign: f32| {
+            let data: Vec<f32> = (0..rows * kv * cap * d)
+                .map(|i| match i / d % cap < len {
+                    true => sign * (first + i as f32),
+                    false => 0.0,
+                })
+                .collect();
+            Tensor::from_vec(data, (rows, kv, cap, d), &Device::Cpu).unwrap()
+        };
+        KvCache {
+            layers: vec![(buf(1.0), buf(-1.0)), (buf(2.0), buf(-2.0))],
+            len,
+            reserve: 0,
+        }
+    }
+
+    /// Merging two caches right-aligns each row's filled columns to end at the longer history,
+    /// with zeros to their left and in the room beyond, the second cache's rows after the
+    /// first's: whichever side is longer, and whether or not the longer one's buffer is already
+    /// as wide as the merge (the path that copies it whole).
+    #[test]
+    fn append_rows_right_aligns_both_sides_into_one_buffer() {
+        let (kv, d) = (2, 3);
+        let flat = |t: &Tensor| t.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+        for ((ra, la, ca), (rb, lb, cb)) in [
+            ((2, 5, 9), (3, 2, 4)),
+            ((1, 2, 3), (2, 6, 8)),
+            ((2, 4, 4), (1, 4, 7)),
+        ] {
+            let (a, b) = (
+                filled_cache(ra, la, ca, 1.0),
+                filled_cache(rb, lb, cb, 1000.0),
+            );
+            let merged = a.clone().append_rows(&b).unwrap();
+            let len = la.max(lb);
+            let cap = (ca + len - la).max(cb + len - lb);
+            assert_eq!((merged.len(), merged.capacity()), (len, cap));
+            for (layer, (mk, mv)) in merged.layers().iter().enumerate() {
+                for (which, got) in [mk, mv].into_iter().enumerate() {
+                    let side = |c: &KvCache| {
+                        let (k, v) = &c.layers()[layer];
+                        flat(if which == 0 { k } else { v })
+                    };
+                    let (sa, sb, got) = (side(&a), side(&b), flat(got));
+                    assert_eq!(got.len(), (ra + rb) * kv * cap * d);
+                    for (i, &x) in got.iter().enumerate() {
+                        let (row, h, col, e) =
+                            (i / d / cap / kv, i / d / cap % kv, i / d % cap, i % d);
+                        let (src, r, c_len, c_cap) = match row < ra {
+                            true => (&sa, row, la, ca),
+                            false => (&sb, row - ra, lb, cb),
+                        };
+                        let want = match (len - c_len..len).contains(&col) {
+                            true => src[((r * kv + h) * c_cap + col + c_len - len) * d + e],
+                            false => 0.0,
+                        };
+                        assert_eq!(
+                            x.to_bits(),
+                            want.to_bits(),
+                            "layer {layer} {} row {row} head {h} column {col} dim {e}",
+                            ["keys", "values"][which]
+                        );
+                    }
+                }
+            }
+        }
+    }
 
     /// Dropping rows keeps each kept row's buffers as `index_select` does: the filled columns
     /// copied, and the capacity beyond them (never read before written) zeros.
