@@ -160,16 +160,11 @@ pub fn sample_token(logits: &[f32], params: &SamplingParams, rng: &mut SplitMix6
     let lse = max as f64 + sum.ln();
     let log_prob = |i: usize| (z[i] as f64 - lse) as f32;
     if greedy {
-        let (best, _) = z
-            .iter()
-            .enumerate()
-            .fold((0, f32::NEG_INFINITY), |(bi, bv), (i, &v)| {
-                if v > bv {
-                    (i, v)
-                } else {
-                    (bi, bv)
-                }
-            });
+        // the first column of truncation's order (the kernel's top-k 1): the largest z, the
+        // lowest index among ties; a NaN logit ranks as its order key puts it, on both sides
+        let best = (0..z.len())
+            .min_by_key(|&i| (std::cmp::Reverse(order_key(z[i])), i))
+            .unwrap_or(0);
         return (best as u32, log_prob(best));
     }
     let u = rng.next_f64();
@@ -335,7 +330,9 @@ mod cuda {
 
 #[cfg(test)]
 mod tests {
-    use super::order_key;
+    use super::{order_key, sample_token};
+    use crate::rng::SplitMix64;
+    use crate::rollout::SamplingParams;
 
     #[test]
     fn order_keys_sort_as_the_floats_do_with_minus_zero_equal_to_zero() {
@@ -356,5 +353,47 @@ mod tests {
             assert!(order_key(w[0]) < order_key(w[1]), "{} vs {}", w[0], w[1]);
         }
         assert_eq!(order_key(-0.0), order_key(0.0));
+    }
+
+    /// Greedy takes the largest logit, the first of tied ones (−0 and +0 tie), as a scan that
+    /// keeps the first strictly larger value does on any row without a NaN; a row of −∞ gives
+    /// column 0.
+    #[test]
+    fn greedy_takes_the_first_largest_logit() {
+        let greedy = SamplingParams {
+            temperature: 0.0,
+            top_p: 1.0,
+            top_k: None,
+            max_new_tokens: 1,
+        };
+        let first_larger = |z: &[f32]| {
+            let mut best = 0;
+            for (i, &v) in z.iter().enumerate() {
+                if v > z[best] {
+                    best = i;
+                }
+            }
+            best as u32
+        };
+        let mut rng = SplitMix64::from_key(&[7]);
+        let mut rows: Vec<Vec<f32>> = vec![
+            vec![1.0, 3.0, 3.0, 2.0],
+            vec![-0.0, 0.0, -1.0],
+            vec![0.0, -0.0],
+            vec![f32::NEG_INFINITY; 3],
+            vec![-2.0, f32::INFINITY, 5.0, f32::INFINITY],
+        ];
+        for _ in 0..50 {
+            // quarters: many ties
+            rows.push(
+                (0..40)
+                    .map(|_| (rng.next_f64() * 8.0).floor() as f32 / 4.0)
+                    .collect(),
+            );
+        }
+        for z in &rows {
+            let (token, _) = sample_token(z, &greedy, &mut rng);
+            assert_eq!(token, first_larger(z), "{z:?}");
+        }
     }
 }
