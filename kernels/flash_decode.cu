@@ -165,29 +165,30 @@ __device__ __forceinline__ void fdp_warps_in_order(const float (&wml)[FDP_THREAD
 // (m, l, acc) as a slot does in a chunk, all G heads at once, a lane DH/32 of the dims; then the
 // warps in warp order. The order depends only on the row's own
 // chunks, which start at its first key: a row's bits are the same alone or in any batch.
-template <typename Q, int DH>
+template <typename Q, int DH, int GM>
 __device__ void fdp_merge(const float* __restrict__ part, Q* __restrict__ o,
                           float* __restrict__ stats, int nchunk, int nc, size_t row0, int G,
                           float (&wml)[FDP_THREADS / 32][2], float (&wacc)[FDP_THREADS / 32][DH]) {
   constexpr int WARPS = FDP_THREADS / 32, PAIRS = DH / 64;  // a lane's dims: PAIRS float2s
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-  float m[FDP_MAXG], l[FDP_MAXG], a[FDP_MAXG][2 * PAIRS];
+  float m[GM], l[GM], a[GM][2 * PAIRS];
 #pragma unroll
-  for (int h = 0; h < FDP_MAXG; ++h) {
+  for (int h = 0; h < GM; ++h) {
     m[h] = -INFINITY;
     l[h] = 0.0f;
 #pragma unroll
     for (int e = 0; e < 2 * PAIRS; ++e) a[h][e] = 0.0f;
   }
-  // FDP_AHEAD chunks' loads, every head's, issued before any of them is used: a warp waits
-  // for L2 once per FDP_AHEAD chunks, not once per chunk and head
-  for (int c0 = warp; c0 < nc; c0 += WARPS * FDP_AHEAD) {
-    float mc[FDP_AHEAD][FDP_MAXG], lc[FDP_AHEAD][FDP_MAXG], x[FDP_AHEAD][FDP_MAXG][2 * PAIRS];
+  // AHEAD chunks' loads, every head's, issued before any of them is used: a warp waits for L2
+  // once per AHEAD chunks, not once per chunk and head
+  constexpr int AHEAD = FDP_MERGE_LOADS / GM > 1 ? FDP_MERGE_LOADS / GM : 1;
+  for (int c0 = warp; c0 < nc; c0 += WARPS * AHEAD) {
+    float mc[AHEAD][GM], lc[AHEAD][GM], x[AHEAD][GM][2 * PAIRS];
 #pragma unroll
-    for (int u = 0; u < FDP_AHEAD; ++u) {
+    for (int u = 0; u < AHEAD; ++u) {
       const int c = c0 + u * WARPS;
 #pragma unroll
-      for (int h = 0; h < FDP_MAXG; ++h) {
+      for (int h = 0; h < GM; ++h) {
         mc[u][h] = -INFINITY, lc[u][h] = 0.0f;
 #pragma unroll
         for (int e = 0; e < 2 * PAIRS; ++e) x[u][h][e] = 0.0f;
@@ -203,9 +204,9 @@ __device__ void fdp_merge(const float* __restrict__ part, Q* __restrict__ o,
       }
     }
 #pragma unroll
-    for (int u = 0; u < FDP_AHEAD; ++u) {
+    for (int u = 0; u < AHEAD; ++u) {
 #pragma unroll
-      for (int h = 0; h < FDP_MAXG; ++h) {
+      for (int h = 0; h < GM; ++h) {
         if (h < G) {
           // every chunk below nc holds keys (l ≥ 1); the selects only keep one that did not
           // (l = 0, acc never written) or a c past nc out of the sums
@@ -223,7 +224,7 @@ __device__ void fdp_merge(const float* __restrict__ part, Q* __restrict__ o,
     }
   }
 #pragma unroll
-  for (int h = 0; h < FDP_MAXG; ++h) {
+  for (int h = 0; h < GM; ++h) {
     if (h < G) {
       if (lane == 0) wml[warp][0] = m[h], wml[warp][1] = l[h];
 #pragma unroll
@@ -250,7 +251,7 @@ __device__ void fdp_merge(const float* __restrict__ part, Q* __restrict__ o,
 // nchunk = ceil(S / FDP_CHUNK), S the longest row's keys. O (B, H, DH) in Q and the statistics
 // (B, H, 2) are written by each row's last block; count: (B, KV) ints, zero before the launch
 // and left zero after it (the host keeps one buffer and never clears it).
-template <typename Q, typename T, int DH, typename Rows>
+template <typename Q, typename T, int DH, int GT, typename Rows>
 __device__ void fdp_decode(const Q* __restrict__ q, const Rows rows, float* __restrict__ part,
                            Q* __restrict__ o, float* __restrict__ stats, int* __restrict__ count,
                            int nchunk, int cpb, int H, int KV, int D, float scale) {
@@ -265,8 +266,13 @@ __device__ void fdp_decode(const Q* __restrict__ q, const Rows rows, float* __re
   static_assert(LPK <= 32 && 32 % LPK == 0 && FDP_TILE % SLOTS == 0, "a row in one warp");
   static_assert(FDP_CHUNK == FDP_THREADS && FDP_CHUNK % FDP_TILE == 0, "one valid bit a thread");
   static_assert(FDP_STAGES >= 2, "a ring");
+  // GT query heads per KV head fixed at compile time (1..FDP_MAXG), or 0: H / KV, up to
+  // FDP_MAXG, read at run time; the registers are sized for GM heads either way
+  constexpr int GM = GT > 0 ? GT : FDP_MAXG;
+  static_assert(GM <= FDP_MAXG, "at most FDP_MAXG query heads per KV head");
   ACPO_DYNAMIC_SMEM(smem);
-  if (threadIdx.x == 0 && (D != DH || dynamic_smem_bytes() < (unsigned)fdp_smem(DH, sizeof(T))))
+  if (threadIdx.x == 0 && (D != DH || dynamic_smem_bytes() < (unsigned)fdp_smem(DH, sizeof(T)) ||
+                          (GT > 0 && H != GT * KV) || H > GM * KV))
     kernel_trap();
   T* tiles = reinterpret_cast<T*>(smem);  // [FDP_STAGES][K, V][FDP_TILE][DH]
   __shared__ float bias_s[FDP_CHUNK];
@@ -274,7 +280,7 @@ __device__ void fdp_decode(const Q* __restrict__ q, const Rows rows, float* __re
   __shared__ float wacc[WARPS][DH];
   const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
   const int sub = tid % LPK, slot = tid / LPK;
-  const int bi = blockIdx.z, g = blockIdx.y, G = H / KV, h0 = g * G;
+  const int bi = blockIdx.z, g = blockIdx.y, G = GT > 0 ? GT : H / KV, h0 = g * G;
   const auto src = rows.template at<DH>(bi, g);
   const int lo = src.lo, S = src.end;
   // chunks [c0, c1) are this block's, [c0, cf) of them hold keys, [jbeg, jend) are their keys
@@ -306,18 +312,18 @@ __device__ void fdp_decode(const Q* __restrict__ q, const Rows rows, float* __re
 
   // While the first tiles travel: this lane's dims of the G queries, and the valid bit of this
   // thread's key in the first chunk (a chunk's bits are loaded a chunk ahead).
-  float qr[FDP_MAXG][VEC];
+  float qr[GM][VEC];
 #pragma unroll
-  for (int h = 0; h < FDP_MAXG; ++h)
+  for (int h = 0; h < GM; ++h)
 #pragma unroll
     for (int e = 0; e < VEC; ++e)
       qr[h][e] = h < G ? to_f(q[((size_t)bi * H + h0 + h) * DH + sub * VEC + e]) : 0.0f;
   bool vis = jbeg + tid < jend && src.visible(jbeg + tid);
 
-  float m[FDP_MAXG], l[FDP_MAXG], acc[FDP_MAXG][VEC];
+  float m[GM], l[GM], acc[GM][VEC];
   auto reset = [&]() {
 #pragma unroll
-    for (int h = 0; h < FDP_MAXG; ++h) {
+    for (int h = 0; h < GM; ++h) {
       m[h] = -INFINITY;
       l[h] = 0.0f;
 #pragma unroll
@@ -342,7 +348,7 @@ __device__ void fdp_decode(const Q* __restrict__ q, const Rows rows, float* __re
     const int jt = jbeg + t * FDP_TILE;
 
     // scores of this slot's keys, then p = e^(s - m_new)
-    float p[FDP_MAXG][KPS];
+    float p[GM][KPS];
 #pragma unroll
     for (int u = 0; u < KPS; ++u) {
       const int r = slot * KPS + u;
@@ -351,7 +357,7 @@ __device__ void fdp_decode(const Q* __restrict__ q, const Rows rows, float* __re
       const bool in = jt + r < jend;
       const float b = bias_s[tc * FDP_TILE + r];
 #pragma unroll
-      for (int h = 0; h < FDP_MAXG; ++h) {
+      for (int h = 0; h < GM; ++h) {
         if (h < G) {
           float dot = 0.0f;
 #pragma unroll
@@ -364,7 +370,7 @@ __device__ void fdp_decode(const Q* __restrict__ q, const Rows rows, float* __re
       }
     }
 #pragma unroll
-    for (int h = 0; h < FDP_MAXG; ++h) {
+    for (int h = 0; h < GM; ++h) {
       if (h < G) {
         float mt = m[h];
 #pragma unroll
@@ -387,7 +393,7 @@ __device__ void fdp_decode(const Q* __restrict__ q, const Rows rows, float* __re
       float vx[VEC];
       fdp_unpack(vs + (slot * KPS + u) * DH + sub * VEC, vx);
 #pragma unroll
-      for (int h = 0; h < FDP_MAXG; ++h)
+      for (int h = 0; h < GM; ++h)
         if (h < G)
 #pragma unroll
           for (int e = 0; e < VEC; ++e) acc[h][e] += p[h][u] * vx[e];
@@ -398,7 +404,7 @@ __device__ void fdp_decode(const Q* __restrict__ q, const Rows rows, float* __re
       // warps in order.
       const int c = c0 + t / TPC;
 #pragma unroll
-      for (int h = 0; h < FDP_MAXG; ++h) {
+      for (int h = 0; h < GM; ++h) {
         if (h < G) {
           float mh = m[h], lh = l[h];
 #pragma unroll
@@ -444,28 +450,38 @@ __device__ void fdp_decode(const Q* __restrict__ q, const Rows rows, float* __re
   // This block's chunks past the row's keys have no partial: the merge reads the row's own.
   int* const row_count = count + (size_t)bi * KV + g;
   if (!block_arrive_last(row_count, gridDim.x)) return;
-  fdp_merge<Q, DH>(part, o, stats, nchunk, min(nchunk, row_chunks), (size_t)bi * H + h0, G, wml,
+  fdp_merge<Q, DH, GM>(part, o, stats, nchunk, min(nchunk, row_chunks), (size_t)bi * H + h0, G, wml,
                    wacc);
   block_reset_count(row_count);
 }
 
-// q and O in Q, the keys and values in T.
-#define FDP_INSTANCE(Q, T, SFX, DH)                                                             \
-  extern "C" __global__ void __launch_bounds__(FDP_THREADS) flash_decode_pipe_d##DH##_##SFX(     \
-      const Q* q, const T* k, const T* v, const uint8_t* valid, const int* first, float* part,  \
-      Q* o, float* stats, int* count, int nchunk, int cpb, FA_ARGS) {                           \
+// q and O in Q, the keys and values in T; GT query heads per KV head (GSFX names it: `_g2`), or 0
+// for any up to FDP_MAXG (no suffix). Fixed at 2 (Qwen3-1.7B) or 4 (Qwen3-4B and 8B), the
+// registers hold only those heads: half as many or fewer, so 3 blocks an SM instead of 2
+// (kernels/NOTES.md, version 16); the host takes them where H / KV says.
+#define FDP_ENTRY(Q, T, SFX, DH, GT, GSFX)                                                      \
+  extern "C" __global__ void __launch_bounds__(FDP_THREADS, GT > 0 ? 3 : 1)                     \
+      flash_decode_pipe_d##DH##_##SFX##GSFX(const Q* q, const T* k, const T* v,                 \
+                                            const uint8_t* valid, const int* first, float* part, \
+                                            Q* o, float* stats, int* count, int nchunk, int cpb, \
+                                            FA_ARGS) {                                          \
     (void)Tq;                                                                                   \
-    fdp_decode<Q, T, DH>(q, FdpDense<T>{k, v, valid, first, KV, S, cap, past}, part, o, stats, \
-                         count, nchunk, cpb, H, KV, D, scale);                                  \
+    fdp_decode<Q, T, DH, GT>(q, FdpDense<T>{k, v, valid, first, KV, S, cap, past}, part, o,    \
+                             stats, count, nchunk, cpb, H, KV, D, scale);                       \
   }                                                                                             \
   /* The same through a paged pool's block tables (B, nblk), lens (B): keys a row. */           \
-  extern "C" __global__ void __launch_bounds__(FDP_THREADS) flash_decode_paged_d##DH##_##SFX(    \
-      const Q* q, const T* k, const T* v, const unsigned* tables, const unsigned* lens,         \
-      float* part, Q* o, float* stats, int* count, int nchunk, int cpb, int nblk, int block,    \
-      int H, int KV, int D, float scale) {                                                      \
-    fdp_decode<Q, T, DH>(q, FdpPaged<T>{k, v, tables, lens, KV, nblk, block}, part, o, stats,  \
-                         count, nchunk, cpb, H, KV, D, scale);                                  \
+  extern "C" __global__ void __launch_bounds__(FDP_THREADS, GT > 0 ? 3 : 1)                     \
+      flash_decode_paged_d##DH##_##SFX##GSFX(                                                   \
+          const Q* q, const T* k, const T* v, const unsigned* tables, const unsigned* lens,     \
+          float* part, Q* o, float* stats, int* count, int nchunk, int cpb, int nblk,           \
+          int block, int H, int KV, int D, float scale) {                                       \
+    fdp_decode<Q, T, DH, GT>(q, FdpPaged<T>{k, v, tables, lens, KV, nblk, block}, part, o,     \
+                             stats, count, nchunk, cpb, H, KV, D, scale);                       \
   }
+#define FDP_INSTANCE(Q, T, SFX, DH)   \
+  FDP_ENTRY(Q, T, SFX, DH, 0, )       \
+  FDP_ENTRY(Q, T, SFX, DH, 2, _g2)    \
+  FDP_ENTRY(Q, T, SFX, DH, 4, _g4)
 
 FDP_INSTANCE(__nv_bfloat16, __nv_bfloat16, bf16, 64)
 FDP_INSTANCE(__nv_bfloat16, __nv_bfloat16, bf16, 128)

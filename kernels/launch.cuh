@@ -51,8 +51,9 @@
 #define FDP_STAGES 4
 #define FDP_CHUNK 128
 #define FDP_MAXG 8
-// Chunks whose partials a warp of the decode's merge loads before using any (flash_decode.cu).
-#define FDP_AHEAD 2
+// (chunk, query head) partials a warp of the decode's merge loads before using any: 16 / G
+// chunks at a time (flash_decode.cu, fdp_merge).
+#define FDP_MERGE_LOADS 16
 // The host gives a block one chunk, or more where the grid would exceed this many blocks
 // (enough for every SM several waves deep; fewer, longer blocks beyond).
 #define FDP_FILL_BLOCKS 2048

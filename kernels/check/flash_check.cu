@@ -36,6 +36,17 @@ struct Case {
   bool all_pad1 = false;  // sequence 1 is padding throughout (every row blind)
 };
 
+// The pipelined decode's instance for G query heads per KV head, as the host picks it
+// (src/fused/flash/cuda.rs, `group_suffix`): compiled for 2 or 4, else the one for any count;
+// `generic_decode` forces the latter (check_group_instances compares them).
+static bool generic_decode = false;
+#define LAUNCH_G(name, G, grid, block, smem, ...)                                          \
+  do {                                                                                     \
+    if ((G) == 2 && !generic_decode) LAUNCH(name##_g2, grid, block, smem, __VA_ARGS__);    \
+    else if ((G) == 4 && !generic_decode) LAUNCH(name##_g4, grid, block, smem, __VA_ARGS__); \
+    else LAUNCH(name, grid, block, smem, __VA_ARGS__);                                     \
+  } while (0)
+
 struct Inputs {
   Case c;
   int S, cap;
@@ -410,11 +421,11 @@ static void decode_pipe(const Inputs& in, const PipeOperands& x, float* part, T*
   const size_t smem = fdp_smem(c.D, sizeof(T));
 #define PIPE_ARGS q, k, v, in.dvalid, in.dfirst, part, o, stats, in.dcount, nchunk, cpb, c.H, c.KV, c.T, S, in.cap, c.D, c.past, scale
   if constexpr (sizeof(T) == 2) {
-    if (c.D == 128) LAUNCH(flash_decode_pipe_d128_bf16, grid, block, smem, PIPE_ARGS);
-    else LAUNCH(flash_decode_pipe_d64_bf16, grid, block, smem, PIPE_ARGS);
+    if (c.D == 128) LAUNCH_G(flash_decode_pipe_d128_bf16, c.H / c.KV, grid, block, smem, PIPE_ARGS);
+    else LAUNCH_G(flash_decode_pipe_d64_bf16, c.H / c.KV, grid, block, smem, PIPE_ARGS);
   } else {
-    if (c.D == 128) LAUNCH(flash_decode_pipe_d128_f32, grid, block, smem, PIPE_ARGS);
-    else LAUNCH(flash_decode_pipe_d64_f32, grid, block, smem, PIPE_ARGS);
+    if (c.D == 128) LAUNCH_G(flash_decode_pipe_d128_f32, c.H / c.KV, grid, block, smem, PIPE_ARGS);
+    else LAUNCH_G(flash_decode_pipe_d64_f32, c.H / c.KV, grid, block, smem, PIPE_ARGS);
   }
 #undef PIPE_ARGS
 }
@@ -424,6 +435,16 @@ static std::vector<float> download(const float* d, size_t n) {
   std::vector<float> h(n);
   d2h(h.data(), d, n * 4);
   return h;
+}
+
+// The partials buffer filled with valid-looking partials (m 50, l 1, every sum 1e3) where the
+// other outputs are poisoned with NaN: the merge skips a partial whose l is not above 0, which
+// a NaN is not, so a merge reading a chunk its launch did not write would pass unseen; a finite
+// partial that outweighs every real one (e^50) spoils the row instead.
+static void fake_partials(float* part, size_t records, int D) {
+  std::vector<float> h(records * (2 + D), 1e3f);
+  for (size_t r = 0; r < records; ++r) h[r * (2 + D)] = 50.0f, h[r * (2 + D) + 1] = 1.0f;
+  h2d(part, h.data(), h.size() * 4);
 }
 
 // One run of the pipelined decode: O and the statistics as the host reads them (bits).
@@ -439,7 +460,8 @@ static PipeOut run_pipe(const Inputs& in, int cpb) {
   float* part = (float*)dalloc(npart * 4);
   T* o = (T*)dalloc(in.nq * sizeof(T));
   float* stats = (float*)dalloc(in.nq / c.D * 8);
-  poison(part, npart * 4), poison(o, in.nq * sizeof(T)), poison(stats, in.nq / c.D * 8);
+  fake_partials(part, npart / (c.D + 2), c.D);
+  poison(o, in.nq * sizeof(T)), poison(stats, in.nq / c.D * 8);
   decode_pipe<T>(in, x, part, o, stats, cpb);
   in.check_counts_zero("decode pipe");
   PipeOut out{download(o, in.nq), download(stats, in.nq / c.D * 2)};
@@ -594,17 +616,18 @@ static void check_paged(Case c, const std::vector<int>& lens, int block, int cpb
   float* part = (float*)dalloc(npart * 4);
   T* o = (T*)dalloc(in.nq * sizeof(T));
   float* stats = (float*)dalloc(in.nq / c.D * 8);
-  poison(part, npart * 4), poison(o, in.nq * sizeof(T)), poison(stats, in.nq / c.D * 8);
+  fake_partials(part, npart / (c.D + 2), c.D);
+  poison(o, in.nq * sizeof(T)), poison(stats, in.nq / c.D * 8);
   const dim3 grid((nchunk + cpb - 1) / cpb, c.KV, c.B), blk(FDP_THREADS);
   const size_t smem = fdp_smem(c.D, sizeof(T));
   const T* q = (const T*)x.q;
 #define PAGED_ARGS q, kpool, vpool, dtables, dlens, part, o, stats, in.dcount, nchunk, cpb, nblk, block, c.H, c.KV, c.D, in.scale()
   if constexpr (sizeof(T) == 2) {
-    if (c.D == 128) LAUNCH(flash_decode_paged_d128_bf16, grid, blk, smem, PAGED_ARGS);
-    else LAUNCH(flash_decode_paged_d64_bf16, grid, blk, smem, PAGED_ARGS);
+    if (c.D == 128) LAUNCH_G(flash_decode_paged_d128_bf16, c.H / c.KV, grid, blk, smem, PAGED_ARGS);
+    else LAUNCH_G(flash_decode_paged_d64_bf16, c.H / c.KV, grid, blk, smem, PAGED_ARGS);
   } else {
-    if (c.D == 128) LAUNCH(flash_decode_paged_d128_f32, grid, blk, smem, PAGED_ARGS);
-    else LAUNCH(flash_decode_paged_d64_f32, grid, blk, smem, PAGED_ARGS);
+    if (c.D == 128) LAUNCH_G(flash_decode_paged_d128_f32, c.H / c.KV, grid, blk, smem, PAGED_ARGS);
+    else LAUNCH_G(flash_decode_paged_d64_f32, c.H / c.KV, grid, blk, smem, PAGED_ARGS);
   }
 #undef PAGED_ARGS
   in.check_counts_zero("decode paged");
@@ -735,14 +758,14 @@ static void decode_fp8(const Inputs& in, const fp8e4m3* k, const fp8e4m3* v, con
   const float scale = in.scale();
   if (pool) {
 #define ARGS q, k, v, pool->dtables, pool->dlens, part, o, stats, in.dcount, nchunk, cpb, pool->nblk, block, c.H, c.KV, c.D, scale
-    if (c.D == 128) LAUNCH(flash_decode_paged_d128_fp8, grid, blk, smem, ARGS);
-    else LAUNCH(flash_decode_paged_d64_fp8, grid, blk, smem, ARGS);
+    if (c.D == 128) LAUNCH_G(flash_decode_paged_d128_fp8, c.H / c.KV, grid, blk, smem, ARGS);
+    else LAUNCH_G(flash_decode_paged_d64_fp8, c.H / c.KV, grid, blk, smem, ARGS);
 #undef ARGS
   } else {
     if (find_first) LAUNCH(flash_first_valid, dim3(c.B), dim3(256), 0, in.dvalid, S, in.dfirst);
 #define ARGS q, k, v, in.dvalid, in.dfirst, part, o, stats, in.dcount, nchunk, cpb, c.H, c.KV, c.T, S, in.cap, c.D, c.past, scale
-    if (c.D == 128) LAUNCH(flash_decode_pipe_d128_fp8, grid, blk, smem, ARGS);
-    else LAUNCH(flash_decode_pipe_d64_fp8, grid, blk, smem, ARGS);
+    if (c.D == 128) LAUNCH_G(flash_decode_pipe_d128_fp8, c.H / c.KV, grid, blk, smem, ARGS);
+    else LAUNCH_G(flash_decode_pipe_d64_fp8, c.H / c.KV, grid, blk, smem, ARGS);
 #undef ARGS
   }
 }
@@ -756,7 +779,8 @@ static PipeOut run_fp8(const Inputs& in, const PagedPool* pool, int block, int c
   float* part = (float*)dalloc(npart * 4);
   bf* o = (bf*)dalloc(in.nq * 2);
   float* stats = (float*)dalloc(in.nq / c.D * 8);
-  poison(part, npart * 4), poison(o, in.nq * 2), poison(stats, in.nq / c.D * 8);
+  fake_partials(part, npart / (c.D + 2), c.D);
+  poison(o, in.nq * 2), poison(stats, in.nq / c.D * 8);
   decode_fp8(in, k, v, pool, block, cpb, part, o, stats);
   in.check_counts_zero("decode fp8");
   PipeOut out{download(o, in.nq), download(stats, in.nq / c.D * 2)};
@@ -789,6 +813,24 @@ static void check_fp8(Case c, std::vector<int> lens, int block, int cpb) {
   if (!same) failures++;
 }
 
+// The instance compiled for the case's G query heads per KV head (2 or 4) against the one for
+// any count, on the same inputs: the same bits (their arithmetic is one, only the registers
+// they hold differ).
+template <typename T>
+static void check_group_instance(Case c, const std::vector<int>& lens, int cpb) {
+  Inputs in(c);
+  set_lengths(in, lens);
+  const PipeOut fixed = run_pipe<T>(in, cpb);
+  generic_decode = true;
+  const PipeOut any = run_pipe<T>(in, cpb);
+  generic_decode = false;
+  const bool same = same_bits(fixed.o, any.o) && same_bits(fixed.stats, any.stats);
+  printf("%s compiled for G %d vs for any G B%d H%d KV%d S%d D%d: %s\n",
+         sizeof(T) == 2 ? "decode pipe" : "decode pipe f32", c.H / c.KV, c.B, c.H, c.KV, in.S,
+         c.D, same ? "the same bits ok" : "FAILED (bits differ)");
+  if (!same) failures++;
+}
+
 // The pipelined decode's checks, under the emulator schedule already set.
 static void check_pipes(bool big) {
   // {B, H, KV, T, past, D, pad, cap}
@@ -801,6 +843,13 @@ static void check_pipes(bool big) {
   check_pipe<bf>({2, 14, 2, 1, 299, 128, 170, 0, true}, {}, {1, 3});
   check_pipe<bf>({3, 28, 4, 1, 200, 64, 0, 0}, {201, 64, 33}, {1, 2});
   check_pipe<bf>({2, 8, 8, 1, 77, 64, 0, 0}, {78, 1}, {1});
+  // 4 query heads a KV head (Qwen3-4B and 8B: their own instance), head dim 128 and 64
+  check_pipe<bf>({3, 16, 4, 1, 200, 128, 0, 0}, {201, 64, 33}, {1, 2});
+  check_pipe<bf>({2, 8, 2, 1, 150, 64, 0, 0}, {151, 20}, {1, 3});
+  // the instances compiled for 2 and 4 against the one for any count: the same bits
+  check_group_instance<bf>({3, 16, 8, 1, 299, 128, 0, 0}, {300, 129, 5}, 2);
+  check_group_instance<bf>({3, 16, 4, 1, 200, 64, 0, 0}, {201, 64, 33}, 1);
+  check_group_instance<float>({2, 4, 1, 1, 99, 128, 0, 0}, {100, 7}, 1);
   // f32
   check_pipe<float>({3, 16, 8, 1, 259, 128, 0, 300}, {260, 200, 129}, {1, 2});
   check_pipe<float>({2, 4, 1, 1, 99, 64, 0, 0}, {100, 7}, {1, 4});
@@ -822,6 +871,7 @@ static void check_pipes(bool big) {
   check_fp8({3, 28, 4, 1, 200, 64, 0, 0}, {201, 64, 33}, 0, 1);
   check_fp8({5, 16, 8, 1, 299, 128, 0, 384}, {1, 300, 129, 32, 77}, 32, 1);
   check_fp8({3, 28, 4, 1, 260, 64, 0, 0}, {100, 261, 3}, 64, 3);
+  check_fp8({3, 16, 4, 1, 200, 128, 0, 0}, {201, 64, 33}, 32, 2);
   if (!big) return;
   check_paged<bf>({64, 2, 1, 1, 2046, 128, 0, 2048}, ragged(64, 1024, 2047), 32, host_cpb(64, 8, 16));
   // the shapes of the issue: one row of 8,192 keys with Qwen3-1.7B's heads; 64 rows of 1,024
@@ -916,6 +966,15 @@ static void timing_pipe(Case c, double copy) {
          "(%.0f GB/s; %.1f MB); measured at %.0f %% of it (target 80 %%)\n",
          c.B, c.H, c.KV, c.past, c.D, bytes / copy / 1e6, copy, bytes / 1e6,
          100.0 * bytes / ms / 1e6 / copy);
+  // The instance for any G beside the one compiled for this G (3 blocks an SM against 2):
+  // what the registers' occupancy is worth
+  if (c.H / c.KV == 2 || c.H / c.KV == 4) {
+    generic_decode = true;
+    const float any = time_ms([&] { decode_pipe<bf>(in, x, part, o, stats, cpb, false); });
+    generic_decode = false;
+    printf("decode pipe compiled for G %d B%d past%d: %.3f ms; the instance for any G: %.3f ms\n",
+           c.H / c.KV, c.B, c.past, ms, any);
+  }
   // The host's chunks per block is a guess made without a GPU (launch.cuh, FDP_FILL_BLOCKS):
   // the others beside it, to tune it (it changes no result bit)
   printf("decode pipe chunks a block B%d past%d (host %d):", c.B, c.past, cpb);

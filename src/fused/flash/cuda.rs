@@ -10,7 +10,7 @@
 //! The CPU twin and the semantics are in the parent module; `tests/it/cuda.rs` holds every path
 //! to it, and `kernels/check/flash_check.cu` checks and times the kernels without this build.
 
-use std::sync::{Mutex, PoisonError};
+use std::cell::RefCell;
 
 use candle_core::cuda_backend::cudarc::driver::{
     CudaSlice, CudaView, DeviceRepr, LaunchArgs, LaunchConfig, PushKernelArg,
@@ -391,8 +391,8 @@ fn fp8_view<'a>(s: &'a CudaStorage, l: &Layout, what: &str) -> Result<CudaView<'
 
 /// One decode step's attention over an FP8 KV cache (keys and values E4M3 bytes, as
 /// `model::qwen::KvCacheDtype::Fp8E4m3` stores them on a GPU; the query bf16): the pipelined
-/// kernel's `*_fp8` instance, which gives the bf16 kernel's bits on the same values, then the
-/// bf16 combine. O bf16. A prefill over an FP8 cache reads it cast to bf16 (the model does).
+/// kernel's `*_fp8` instance, which gives the bf16 kernel's bits on the same values, its last
+/// blocks merging into O. O bf16. A prefill over an FP8 cache reads it cast to bf16 (the model does).
 fn fp8_decode(
     dims: &FlashDims,
     q: Arg,
@@ -420,7 +420,7 @@ fn fp8_decode(
     let mut own = None;
     let first = first_or_own(dims, valid, first, &mut own)?;
     let rows = dims.rows();
-    // SAFETY: every query row is written by the combine, O and statistics.
+    // SAFETY: every query row of O and the statistics is written by its row's merge.
     let mut o = unsafe { dev.alloc::<half::bf16>(rows * dims.d) }?;
     let mut stats = unsafe { dev.alloc::<f32>(2 * rows.max(1)) }?;
     if rows > 0 {
@@ -484,7 +484,12 @@ fn decode<Q: DeviceRepr, T: DeviceRepr>(
     if let Some((d, smem)) = pipe {
         let cpb = pipe_chunks_per_block(dims.b, dims.kv, nsplit);
         let cpb_i = cpb as i32;
-        let f = kernel!(dev, &format!("flash_decode_pipe_d{d}_{kv_sfx}"), DECODE_PTX)?;
+        let g = group_suffix(dims.h, dims.kv);
+        let f = kernel!(
+            dev,
+            &format!("flash_decode_pipe_d{d}_{kv_sfx}{g}"),
+            DECODE_PTX
+        )?;
         allow_smem(&f, smem, "flash attention")?;
         let cfg = LaunchConfig {
             grid_dim: (
@@ -666,9 +671,10 @@ fn paged_launch<Q: DeviceRepr, T: DeviceRepr>(
     let mut stats = unsafe { dev.alloc::<f32>(2 * rows.max(1)) }?;
     if rows > 0 {
         let cpb = pipe_chunks_per_block(dims.b, dims.kv, nchunk);
+        let g = group_suffix(dims.h, dims.kv);
         let f = kernel!(
             dev,
-            &format!("flash_decode_paged_d{}_{kv_sfx}", dims.d),
+            &format!("flash_decode_paged_d{}_{kv_sfx}{g}", dims.d),
             DECODE_PTX
         )?;
         allow_smem(&f, smem, "flash attention")?;
@@ -716,31 +722,49 @@ fn paged_launch<Q: DeviceRepr, T: DeviceRepr>(
     Ok(o)
 }
 
-/// The pipelined decode's arrival counters, one buffer a device: the last of a (row, KV head)'s
-/// blocks to finish merges the row's partials and sets its counter back to zero
-/// (kernels/common.cuh, `block_arrive_last`), so the buffer is zeroed once, when made or grown,
-/// and never cleared before a launch. Launches on a device go to its one stream in order, so
-/// one buffer serves them all; the lock is held through the launch.
-static ARRIVALS: Mutex<Vec<(DeviceId, CudaSlice<i32>)>> = Mutex::new(Vec::new());
+/// The pipelined decode's instance for `h / kv` query heads per KV head: those compiled for 2
+/// (Qwen3-1.7B) or 4 (Qwen3-4B, 8B) hold only their heads in registers (3 blocks an SM where
+/// the instance for any count up to [`PIPE_MAX_GROUP`] fits 2; kernels/flash_decode.cu).
+fn group_suffix(h: usize, kv: usize) -> &'static str {
+    match h / kv {
+        2 => "_g2",
+        4 => "_g4",
+        _ => "",
+    }
+}
 
-/// `launch` with `dev`'s arrival counters, at least `n` of them zero.
+thread_local! {
+    /// The pipelined decode's arrival counters, one buffer a device and host thread: the last
+    /// of a (row, KV head)'s blocks to finish merges the row's partials and sets its counter
+    /// back to zero (kernels/common.cuh, `block_arrive_last`), so a buffer is zeroed once, when
+    /// made or grown, and never cleared before a launch. A buffer must never serve two launches
+    /// that can run at once: candle's device launches on the calling thread's per-thread
+    /// stream (`CU_STREAM_PER_THREAD`), so two threads' launches on one device may overlap,
+    /// while one thread's run in order. Hence a buffer per thread; a thread's buffers go with
+    /// it.
+    static ARRIVALS: RefCell<Vec<(DeviceId, CudaSlice<i32>)>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `launch` with this thread's arrival counters for `dev`, at least `n` of them zero.
 fn with_arrivals(
     dev: &CudaDevice,
     n: usize,
     launch: impl FnOnce(&mut CudaSlice<i32>) -> Result<()>,
 ) -> Result<()> {
-    let mut all = ARRIVALS.lock().unwrap_or_else(PoisonError::into_inner);
-    let at = match all.iter().position(|(id, _)| *id == dev.id()) {
-        Some(at) => at,
-        None => {
-            all.push((dev.id(), dev.alloc_zeros::<i32>(n.max(1))?));
-            all.len() - 1
+    ARRIVALS.with(|all| {
+        let mut all = all.borrow_mut();
+        let at = match all.iter().position(|(id, _)| *id == dev.id()) {
+            Some(at) => at,
+            None => {
+                all.push((dev.id(), dev.alloc_zeros::<i32>(n.max(1))?));
+                all.len() - 1
+            }
+        };
+        if all[at].1.len() < n {
+            all[at].1 = dev.alloc_zeros::<i32>(n.next_power_of_two())?;
         }
-    };
-    if all[at].1.len() < n {
-        all[at].1 = dev.alloc_zeros::<i32>(n.next_power_of_two())?;
-    }
-    launch(&mut all[at].1)
+        launch(&mut all[at].1)
+    })
 }
 
 /// dQ, dK, dV (the storage dtype of q): δ = rowsum(dO ⊙ O) by the row kernel, then, where the
