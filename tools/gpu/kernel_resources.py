@@ -98,7 +98,7 @@ def dynamic_smem(kernel, size):
     if re.match(r"sample_(full|trunc)_(f32|bf16)$", kernel):  # launch.cuh's sample_smem(v): a double per group
         return -(-QWEN3_VOCAB // size["SAMPLE_GROUP"]) * 8
     # the pipelined decode and its paged instance: the same ring of tiles
-    m = re.match(r"flash_decode_(?:pipe|paged)_d(\d+)_(bf16|f32|fp8)$", kernel)
+    m = re.match(r"flash_decode_(?:pipe|paged)_d(\d+)_(bf16|f32|fp8)(?:_g\d+)?$", kernel)
     if m:
         return size[f"FDP_SMEM_D{m.group(1)}_{m.group(2).upper()}"]
     m = re.match(r"flash_(fwd|dq|dkdvq|dkdv)_mma_d(\d+)_bf16$", kernel)
