@@ -457,8 +457,9 @@ __device__ void fdp_decode(const Q* __restrict__ q, const Rows rows, float* __re
 
 // q and O in Q, the keys and values in T; GT query heads per KV head (GSFX names it: `_g2`), or 0
 // for any up to FDP_MAXG (no suffix). Fixed at 2 (Qwen3-1.7B) or 4 (Qwen3-4B and 8B), the
-// registers hold only those heads: half as many or fewer, so 3 blocks an SM instead of 2
-// (kernels/NOTES.md, version 16); the host takes them where H / KV says.
+// registers hold only those heads: ~150–170 at head dim 128, so 3 blocks an SM instead of 2 in
+// bf16 and FP8, where shared memory allows 3 (f32 at head dim 128 fits 1 either way; NOTES,
+// version 16); the host takes them where H / KV says.
 #define FDP_ENTRY(Q, T, SFX, DH, GT, GSFX)                                                      \
   extern "C" __global__ void __launch_bounds__(FDP_THREADS, GT > 0 ? 3 : 1)                     \
       flash_decode_pipe_d##DH##_##SFX##GSFX(const Q* q, const T* k, const T* v,                 \

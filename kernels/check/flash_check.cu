@@ -38,7 +38,7 @@ struct Case {
 
 // The pipelined decode's instance for G query heads per KV head, as the host picks it
 // (src/fused/flash/cuda.rs, `group_suffix`): compiled for 2 or 4, else the one for any count;
-// `generic_decode` forces the latter (check_group_instances compares them).
+// `generic_decode` forces the latter (check_group_instance compares them).
 static bool generic_decode = false;
 #define LAUNCH_G(name, G, grid, block, smem, ...)                                          \
   do {                                                                                     \

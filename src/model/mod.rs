@@ -60,6 +60,8 @@ pub enum ModelError {
     },
     #[error(transparent)]
     Paged(#[from] paged::PagedError),
+    #[error("sampling: {0}")]
+    Sampling(String),
     #[error(transparent)]
     Candle(#[from] candle_core::Error),
 }

@@ -34,6 +34,34 @@ pub struct SamplingParams {
 }
 
 impl SamplingParams {
+    /// Whether these settings describe a distribution to draw from: the temperature 0 (greedy)
+    /// or finite and at least [`crate::manifest::MIN_TEMPERATURE`], `top_p` in (0, 1], `top_k`
+    /// at least 1 (the manifests' and `acpo generate`'s rules, for callers of the library).
+    pub fn check(&self) -> std::result::Result<(), String> {
+        let (t, p) = (
+            crate::generate::temperature_range(),
+            crate::generate::top_p_range(),
+        );
+        if !t.holds(self.temperature) {
+            return Err(format!(
+                "temperature must be {}, got {}",
+                t.describe(),
+                self.temperature
+            ));
+        }
+        if !p.holds(self.top_p) {
+            return Err(format!(
+                "top_p must be {}, got {}",
+                p.describe(),
+                self.top_p
+            ));
+        }
+        if self.top_k == Some(0) {
+            return Err("top_k must be at least 1 (or none)".into());
+        }
+        Ok(())
+    }
+
     /// Whether a draw over `vocab` tokens is from the whole distribution (no top-k, no top-p).
     pub fn full(&self, vocab: usize) -> bool {
         self.top_k.is_none_or(|k| k >= vocab) && self.top_p >= 1.0

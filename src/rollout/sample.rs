@@ -37,6 +37,8 @@ pub(super) fn sample_rows_waiting(
     rngs: &mut [SplitMix64],
     params: &SamplingParams,
 ) -> Result<(Vec<(u32, f32)>, f64)> {
+    params.check().map_err(crate::model::ModelError::Sampling)?;
+    let (_, vocab) = logits.dims2()?;
     // A tensor's rows on the host, and the seconds it took to get them.
     let read_back = |t: &Tensor| -> Result<(Vec<Vec<f32>>, f64)> {
         let start = std::time::Instant::now();
@@ -44,7 +46,7 @@ pub(super) fn sample_rows_waiting(
         Ok((rows, start.elapsed().as_secs_f64()))
     };
     if logits.device().is_cuda() {
-        let op = Sample::new(params, logits.dim(1)?);
+        let op = Sample::new(params, vocab);
         // the same draws `sample_token` makes (none when greedy)
         let u: Vec<f64> = rows
             .iter()
@@ -144,7 +146,10 @@ impl candle_core::CustomOp2 for Sample {
     }
 }
 
-/// Draws a token from one row of logits; returns it with its log-probability.
+/// Draws a token from one row of logits; returns it with its log-probability. `params` as
+/// [`SamplingParams::check`] accepts them ([`sample_rows`] refuses others); outside them it
+/// still returns a token rather than panic (a `top_k` of 0 as none, a `top_p` of 0 or less
+/// keeping the most likely token).
 pub fn sample_token(logits: &[f32], params: &SamplingParams, rng: &mut SplitMix64) -> (u32, f32) {
     let greedy = params.temperature <= 0.0;
     let t = if greedy {
@@ -212,7 +217,7 @@ pub(crate) fn order_key(z: f32) -> u32 {
 fn kept_columns(z: &[f32], weights: &[f64], params: &SamplingParams) -> Vec<usize> {
     let rank = |i: usize| (std::cmp::Reverse(order_key(z[i])), i);
     let mut order: Vec<usize> = (0..z.len()).collect();
-    if let Some(k) = params.top_k.filter(|&k| k < z.len()) {
+    if let Some(k) = params.top_k.filter(|&k| (1..z.len()).contains(&k)) {
         // a strict order: the first k are one set whatever the selection's pivots
         order.select_nth_unstable_by_key(k - 1, |&i| rank(i));
         order.truncate(k);
@@ -353,6 +358,70 @@ mod tests {
             assert!(order_key(w[0]) < order_key(w[1]), "{} vs {}", w[0], w[1]);
         }
         assert_eq!(order_key(-0.0), order_key(0.0));
+    }
+
+    /// Settings that describe no distribution are an error naming the setting, on the CPU as
+    /// on a GPU (both go through `sample_rows`); `sample_token` alone still draws, not panics.
+    #[test]
+    fn sample_rows_refuses_settings_outside_their_ranges() {
+        let ok = SamplingParams {
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: None,
+            max_new_tokens: 1,
+        };
+        let logits =
+            candle_core::Tensor::new(&[[1.0f32, 5.0, 2.0, 3.0]], &candle_core::Device::Cpu)
+                .unwrap();
+        let mut rngs = vec![SplitMix64::from_key(&[3])];
+        assert!(super::sample_rows(&logits, &[0], &mut rngs, &ok).is_ok());
+        for (bad, field) in [
+            (SamplingParams { top_p: 0.0, ..ok }, "top_p"),
+            (SamplingParams { top_p: -0.1, ..ok }, "top_p"),
+            (
+                SamplingParams {
+                    top_p: f64::NAN,
+                    ..ok
+                },
+                "top_p",
+            ),
+            (SamplingParams { top_p: 1.5, ..ok }, "top_p"),
+            (
+                SamplingParams {
+                    top_k: Some(0),
+                    ..ok
+                },
+                "top_k",
+            ),
+            (
+                SamplingParams {
+                    temperature: -1.0,
+                    ..ok
+                },
+                "temperature",
+            ),
+            (
+                SamplingParams {
+                    temperature: f64::NAN,
+                    ..ok
+                },
+                "temperature",
+            ),
+            (
+                SamplingParams {
+                    temperature: f64::INFINITY,
+                    ..ok
+                },
+                "temperature",
+            ),
+        ] {
+            let err = super::sample_rows(&logits, &[0], &mut rngs, &bad).unwrap_err();
+            assert!(err.to_string().contains(field), "{bad:?}: {err}");
+            let (token, _) = sample_token(&[1.0, 5.0, 2.0, 3.0], &bad, &mut rngs[0]);
+            assert!(token < 4);
+        }
+        let three_d = logits.unsqueeze(0).unwrap();
+        assert!(super::sample_rows(&three_d, &[0], &mut rngs, &ok).is_err());
     }
 
     /// Greedy takes the largest logit, the first of tied ones (−0 and +0 tie), as a scan that

@@ -723,8 +723,9 @@ fn paged_launch<Q: DeviceRepr, T: DeviceRepr>(
 }
 
 /// The pipelined decode's instance for `h / kv` query heads per KV head: those compiled for 2
-/// (Qwen3-1.7B) or 4 (Qwen3-4B, 8B) hold only their heads in registers (3 blocks an SM where
-/// the instance for any count up to [`PIPE_MAX_GROUP`] fits 2; kernels/flash_decode.cu).
+/// (Qwen3-1.7B) or 4 (Qwen3-4B, 8B) hold only their heads in registers (in bf16 and FP8, 3
+/// blocks an SM where the instance for any count up to [`PIPE_MAX_GROUP`] fits 2;
+/// kernels/flash_decode.cu).
 fn group_suffix(h: usize, kv: usize) -> &'static str {
     match h / kv {
         2 => "_g2",
