@@ -121,7 +121,7 @@ fn refusal(
 }
 
 /// A finite real number in `range`, `0` also allowed where `zero` says what it means: a
-/// sampling temperature is 0 (greedy) or at least the manifest's `MIN_TEMPERATURE`, a
+/// sampling temperature is 0 (greedy) or at least rollout's `MIN_TEMPERATURE`, a
 /// nucleus `top_p` in (0, 1].
 #[derive(Debug, Clone)]
 pub struct Real {
@@ -216,8 +216,8 @@ mod tests {
 
     #[test]
     fn a_real_range_refuses_non_finite_values_and_keeps_zero_only_where_it_means_something() {
-        // the temperature range generate.rs builds (0.01: the manifest's MIN_TEMPERATURE; flags
-        // sits below the manifest and does not name it)
+        // the temperature range rollout builds (0.01: its MIN_TEMPERATURE; flags
+        // sits below rollout and the manifest and names neither)
         let t = Real::within(0.01..=f64::MAX).or_zero("greedy");
         for ok in [0.0, 0.01, 1.0, 1e300] {
             assert!(t.holds(ok), "{ok}");

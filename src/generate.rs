@@ -63,17 +63,7 @@ pub struct GenerateOptions {
     pub paged_kv: bool,
 }
 
-/// A sampling temperature: 0 (greedy), or at least [`crate::manifest::MIN_TEMPERATURE`] (the
-/// manifests' rule: logits / T overflows f32 below it), and finite (issue #47: `inf` flattened
-/// every distribution to uniform without a word).
-pub fn temperature_range() -> crate::flags::Real {
-    crate::flags::Real::within(crate::manifest::MIN_TEMPERATURE..=f64::MAX).or_zero("greedy")
-}
-
-/// Nucleus sampling's `top_p`: the share of probability kept, in (0, 1].
-pub fn top_p_range() -> crate::flags::Real {
-    crate::flags::Real::above(0.0, 1.0)
-}
+pub use crate::rollout::{temperature_range, top_p_range};
 
 /// One completion.
 #[derive(Debug, Clone, serde::Serialize)]

@@ -237,8 +237,7 @@ impl EvalSpec {
     }
 }
 
-/// The smallest sampling temperature other than 0 (greedy).
-pub const MIN_TEMPERATURE: f64 = 0.01;
+pub use crate::rollout::MIN_TEMPERATURE;
 
 /// The most prompts a step may take (`trainer.batch_size`), and responses per prompt
 /// (`rollout.n`, `eval.k`): sizes that bound memory (the paper uses 512 and 8).

@@ -33,15 +33,27 @@ pub struct SamplingParams {
     pub max_new_tokens: usize,
 }
 
+/// The smallest sampling temperature other than 0 (greedy): logits / T overflows f32 below it.
+pub const MIN_TEMPERATURE: f64 = 0.01;
+
+/// A sampling temperature: 0 (greedy), or at least [`MIN_TEMPERATURE`], and finite (issue #47:
+/// `inf` flattened every distribution to uniform without a word). The manifests, `acpo
+/// generate`'s flags and [`SamplingParams::check`] hold this one rule.
+pub fn temperature_range() -> crate::flags::Real {
+    crate::flags::Real::within(MIN_TEMPERATURE..=f64::MAX).or_zero("greedy")
+}
+
+/// Nucleus sampling's `top_p`: the share of probability kept, in (0, 1].
+pub fn top_p_range() -> crate::flags::Real {
+    crate::flags::Real::above(0.0, 1.0)
+}
+
 impl SamplingParams {
-    /// Whether these settings describe a distribution to draw from: the temperature 0 (greedy)
-    /// or finite and at least [`crate::manifest::MIN_TEMPERATURE`], `top_p` in (0, 1], `top_k`
-    /// at least 1 (the manifests' and `acpo generate`'s rules, for callers of the library).
+    /// Whether these settings describe a distribution to draw from: the temperature in
+    /// [`temperature_range`], `top_p` in [`top_p_range`], `top_k` at least 1 (the manifests'
+    /// and `acpo generate`'s rules, for callers of the library).
     pub fn check(&self) -> std::result::Result<(), String> {
-        let (t, p) = (
-            crate::generate::temperature_range(),
-            crate::generate::top_p_range(),
-        );
+        let (t, p) = (temperature_range(), top_p_range());
         if !t.holds(self.temperature) {
             return Err(format!(
                 "temperature must be {}, got {}",
