@@ -451,21 +451,38 @@ static void fake_partials(float* part, size_t records, int D) {
 struct PipeOut {
   std::vector<float> o, stats;
 };
+// A decode launch's device buffers for `in` over rows of at most `keys` keys: the chunks'
+// partials (filled by fake_partials), O in T and the statistics (poisoned); `read` checks that
+// the launch left every arrival counter at zero and downloads O and the statistics.
+template <typename T>
+struct DecodeBuffers {
+  const Inputs& in;
+  float* part;
+  T* o;
+  float* stats;
+  DecodeBuffers(const Inputs& in_, int keys) : in(in_) {
+    const Case& c = in.c;
+    const size_t records = (size_t)c.B * c.H * ((keys + FDP_CHUNK - 1) / FDP_CHUNK);
+    part = (float*)dalloc(records * (c.D + 2) * 4);
+    o = (T*)dalloc(in.nq * sizeof(T));
+    stats = (float*)dalloc(in.nq / c.D * 8);
+    fake_partials(part, records, c.D);
+    poison(o, in.nq * sizeof(T)), poison(stats, in.nq / c.D * 8);
+  }
+  DecodeBuffers(const DecodeBuffers&) = delete;
+  PipeOut read(const char* what) const {
+    in.check_counts_zero(what);
+    return {download(o, in.nq), download(stats, in.nq / in.c.D * 2)};
+  }
+  ~DecodeBuffers() { dfree(part), dfree(o), dfree(stats); }
+};
+
 template <typename T>
 static PipeOut run_pipe(const Inputs& in, int cpb) {
-  const Case& c = in.c;
-  const int nchunk = (in.S + FDP_CHUNK - 1) / FDP_CHUNK;
   PipeOperands x = PipeOperands::of<T>(in);
-  const size_t npart = (size_t)c.B * c.H * nchunk * (c.D + 2);
-  float* part = (float*)dalloc(npart * 4);
-  T* o = (T*)dalloc(in.nq * sizeof(T));
-  float* stats = (float*)dalloc(in.nq / c.D * 8);
-  fake_partials(part, npart / (c.D + 2), c.D);
-  poison(o, in.nq * sizeof(T)), poison(stats, in.nq / c.D * 8);
-  decode_pipe<T>(in, x, part, o, stats, cpb);
-  in.check_counts_zero("decode pipe");
-  PipeOut out{download(o, in.nq), download(stats, in.nq / c.D * 2)};
-  dfree(part), dfree(o), dfree(stats);
+  const DecodeBuffers<T> buf(in, in.S);
+  decode_pipe<T>(in, x, buf.part, buf.o, buf.stats, cpb);
+  PipeOut out = buf.read("decode pipe");
   x.release<T>(in);
   return out;
 }
@@ -612,12 +629,9 @@ static void check_paged(Case c, const std::vector<int>& lens, int block, int cpb
   T* kpool = (T*)PipeOperands::up<T>(pool.k);
   T* vpool = (T*)PipeOperands::up<T>(pool.v);
   const int nchunk = (longest + FDP_CHUNK - 1) / FDP_CHUNK;
-  const size_t npart = (size_t)c.B * c.H * nchunk * (c.D + 2);
-  float* part = (float*)dalloc(npart * 4);
-  T* o = (T*)dalloc(in.nq * sizeof(T));
-  float* stats = (float*)dalloc(in.nq / c.D * 8);
-  fake_partials(part, npart / (c.D + 2), c.D);
-  poison(o, in.nq * sizeof(T)), poison(stats, in.nq / c.D * 8);
+  const DecodeBuffers<T> out(in, longest);
+  float *part = out.part, *stats = out.stats;
+  T* o = out.o;
   const dim3 grid((nchunk + cpb - 1) / cpb, c.KV, c.B), blk(FDP_THREADS);
   const size_t smem = fdp_smem(c.D, sizeof(T));
   const T* q = (const T*)x.q;
@@ -630,8 +644,7 @@ static void check_paged(Case c, const std::vector<int>& lens, int block, int cpb
     else LAUNCH_G(flash_decode_paged_d64_f32, c.H / c.KV, grid, blk, smem, PAGED_ARGS);
   }
 #undef PAGED_ARGS
-  in.check_counts_zero("decode paged");
-  const PipeOut paged{download(o, in.nq), download(stats, in.nq / c.D * 2)};
+  const PipeOut paged = out.read("decode paged");
   const char* what = sizeof(T) == 2 ? "decode paged" : "decode paged f32";
   char buf[64];
   std::snprintf(buf, sizeof buf, "%s (blocks of %d)", what, block);
@@ -641,7 +654,7 @@ static void check_paged(Case c, const std::vector<int>& lens, int block, int cpb
   printf("%s blocks of %d vs the dense kernel B%d H%d KV%d S%d D%d, chunks a block %d: %s\n", what,
          block, c.B, c.H, c.KV, in.S, c.D, cpb, same ? "the same bits ok" : "FAILED (bits differ)");
   if (!same) failures++;
-  dfree(part), dfree(o), dfree(stats), dfree(kpool), dfree(vpool);
+  dfree(kpool), dfree(vpool);
   x.release<T>(in);
 }
 
@@ -772,19 +785,11 @@ static void decode_fp8(const Inputs& in, const fp8e4m3* k, const fp8e4m3* v, con
 
 // One run of decode_fp8 on fresh buffers: O and the statistics as the host reads them.
 static PipeOut run_fp8(const Inputs& in, const PagedPool* pool, int block, int cpb) {
-  const Case& c = in.c;
-  const int S = pool ? pool->longest : in.S, nchunk = (S + FDP_CHUNK - 1) / FDP_CHUNK;
   fp8e4m3 *k = upload_fp8(pool ? pool->k : in.k), *v = upload_fp8(pool ? pool->v : in.v);
-  const size_t npart = (size_t)c.B * c.H * nchunk * (c.D + 2);
-  float* part = (float*)dalloc(npart * 4);
-  bf* o = (bf*)dalloc(in.nq * 2);
-  float* stats = (float*)dalloc(in.nq / c.D * 8);
-  fake_partials(part, npart / (c.D + 2), c.D);
-  poison(o, in.nq * 2), poison(stats, in.nq / c.D * 8);
-  decode_fp8(in, k, v, pool, block, cpb, part, o, stats);
-  in.check_counts_zero("decode fp8");
-  PipeOut out{download(o, in.nq), download(stats, in.nq / c.D * 2)};
-  dfree(part), dfree(o), dfree(stats), dfree(k), dfree(v);
+  const DecodeBuffers<bf> buf(in, pool ? pool->longest : in.S);
+  decode_fp8(in, k, v, pool, block, cpb, buf.part, buf.o, buf.stats);
+  PipeOut out = buf.read("decode fp8");
+  dfree(k), dfree(v);
   return out;
 }
 
@@ -950,9 +955,9 @@ static void timing_pipe(Case c, double copy) {
   Inputs in(c);
   const int nchunk = (in.S + FDP_CHUNK - 1) / FDP_CHUNK, cpb = host_cpb(c.B, c.KV, nchunk);
   const PipeOperands x = PipeOperands::of<bf>(in);
-  float* part = (float*)dalloc((size_t)c.B * c.H * nchunk * (c.D + 2) * 4);
-  bf* o = (bf*)dalloc(in.nq * 2);
-  float* stats = (float*)dalloc(in.nq / c.D * 8);
+  const DecodeBuffers<bf> buf(in, in.S);
+  float *part = buf.part, *stats = buf.stats;
+  bf* o = buf.o;
   // as a decode step runs it a layer: the first valid keys found once (here, before the timing)
   decode_pipe<bf>(in, x, part, o, stats, cpb);
   const float ms = time_ms([&] { decode_pipe<bf>(in, x, part, o, stats, cpb, false); });
@@ -981,7 +986,6 @@ static void timing_pipe(Case c, double copy) {
   for (int n = 1; n <= std::min(nchunk, 16); n *= 2)
     printf(" %d: %.3f ms;", n, time_ms([&] { decode_pipe<bf>(in, x, part, o, stats, n, false); }));
   printf("\n");
-  dfree(part), dfree(o), dfree(stats);
 }
 
 // The FP8 instance at the same shape and chunks a block, beside its prediction: the bytes above
@@ -991,11 +995,10 @@ static void timing_pipe_fp8(Case c, double copy) {
   round_kv_fp8(in);
   const int nchunk = (in.S + FDP_CHUNK - 1) / FDP_CHUNK, cpb = host_cpb(c.B, c.KV, nchunk);
   fp8e4m3 *k = upload_fp8(in.k), *v = upload_fp8(in.v);
-  float* part = (float*)dalloc((size_t)c.B * c.H * nchunk * (c.D + 2) * 4);
-  bf* o = (bf*)dalloc(in.nq * 2);
-  float* stats = (float*)dalloc(in.nq / c.D * 8);
-  decode_fp8(in, k, v, nullptr, 0, cpb, part, o, stats);
-  const float ms = time_ms([&] { decode_fp8(in, k, v, nullptr, 0, cpb, part, o, stats, false); });
+  const DecodeBuffers<bf> buf(in, in.S);
+  decode_fp8(in, k, v, nullptr, 0, cpb, buf.part, buf.o, buf.stats);
+  const float ms = time_ms(
+      [&] { decode_fp8(in, k, v, nullptr, 0, cpb, buf.part, buf.o, buf.stats, false); });
   const double kv = (double)c.B * c.KV * in.S * c.D * 2;
   const double bytes = kv + (double)in.nq * 2 * 2 + (double)c.B * c.H * nchunk * (c.D + 2) * 4 * 2 +
                        (double)c.B * in.S + (double)c.B * c.H * 8;
@@ -1005,7 +1008,7 @@ static void timing_pipe_fp8(Case c, double copy) {
          "here (%.0f GB/s; %.1f MB); measured at %.0f %% of it (target 80 %%)\n",
          c.B, c.H, c.KV, c.past, c.D, bytes / copy / 1e6, copy, bytes / 1e6,
          100.0 * bytes / ms / 1e6 / copy);
-  dfree(part), dfree(o), dfree(stats), dfree(k), dfree(v);
+  dfree(k), dfree(v);
 }
 #endif
 
