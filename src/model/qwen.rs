@@ -799,9 +799,8 @@ impl KvCache {
     /// the next position of every row is column `len` (continuous batching: a prefilled prompt
     /// joins sequences that are decoding). The columns left of the shorter cache's are zeros;
     /// the caller marks them invalid in `key_valid`. Layer by layer, each layer's old buffers
-    /// freed as its new ones are made; each side is written once into the merged buffer (a
-    /// side already aligned straight from its buffer, another through a copy of its filled
-    /// columns, as `slice_set` takes a contiguous source).
+    /// freed as its new ones are made; each side is written once into the merged buffer
+    /// (`place_columns`).
     pub fn append_rows(self, other: &KvCache) -> Result<KvCache> {
         if self.layers.is_empty() {
             return Ok(other.clone());
@@ -817,11 +816,7 @@ impl KvCache {
             let out = Tensor::zeros((rows_a + b.dim(0)?, kv, cap, d), a.dtype(), a.device())?;
             for (at, buf, c_len) in [(0, a, self_len), (rows_a, b, other.len)] {
                 let rows = out.narrow(0, at, buf.dim(0)?)?;
-                if c_len == len && buf.dim(2)? == cap && buf.is_contiguous() {
-                    rows.slice_set(buf, 2, 0)?;
-                } else {
-                    rows.slice_set(&buf.narrow(2, 0, c_len)?.contiguous()?, 2, len - c_len)?;
-                }
+                place_columns(&rows, buf, c_len, len - c_len)?;
             }
             Ok(out)
         };
@@ -997,8 +992,21 @@ fn kept_rows(buf: &Tensor, rows: &Tensor, len: usize) -> Result<Option<Tensor>> 
 fn moved(buf: &Tensor, len: usize, cap: usize, at: usize) -> Result<Tensor> {
     let (b, kv, _, d) = buf.dims4()?;
     let out = Tensor::zeros((b, kv, cap, d), buf.dtype(), buf.device())?;
-    out.slice_set(&buf.narrow(2, 0, len)?.contiguous()?, 2, at)?;
+    place_columns(&out, buf, len, at)?;
     Ok(out)
+}
+
+/// Writes the first `len` columns of the cache buffer `buf` into `dst` (the same rows, a
+/// contiguous view) from column `at`. A buffer as wide as `dst` placed at column 0 goes over
+/// whole (its columns past `len` are zeros, never written, as `dst`'s are); otherwise through
+/// a copy of its `len` columns, as `slice_set` takes a contiguous source.
+fn place_columns(dst: &Tensor, buf: &Tensor, len: usize, at: usize) -> Result<()> {
+    if at == 0 && buf.dim(2)? == dst.dim(2)? && buf.is_contiguous() {
+        dst.slice_set(buf, 2, 0)?;
+    } else {
+        dst.slice_set(&buf.narrow(2, 0, len)?.contiguous()?, 2, at)?;
+    }
+    Ok(())
 }
 
 /// A Qwen2/Qwen3 causal language model.
