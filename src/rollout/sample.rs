@@ -167,9 +167,7 @@ pub fn sample_token(logits: &[f32], params: &SamplingParams, rng: &mut SplitMix6
     if greedy {
         // the first column of truncation's order (the kernel's top-k 1): the largest z, the
         // lowest index among ties; a NaN logit ranks as its order key puts it, on both sides
-        let best = (0..z.len())
-            .min_by_key(|&i| (std::cmp::Reverse(order_key(z[i])), i))
-            .unwrap_or(0);
+        let best = (0..z.len()).min_by_key(|&i| rank(&z, i)).unwrap_or(0);
         return (best as u32, log_prob(best));
     }
     let u = rng.next_f64();
@@ -211,18 +209,22 @@ pub(crate) fn order_key(z: f32) -> u32 {
     }
 }
 
+/// Column `i`'s place in truncation's order, first smallest: larger `order_key`, then lower index.
+fn rank(z: &[f32], i: usize) -> (std::cmp::Reverse<u32>, usize) {
+    (std::cmp::Reverse(order_key(z[i])), i)
+}
+
 /// The columns top-k and top-p keep, in index order: sorted by (`order_key` descending, index),
 /// the first `top_k`, then the shortest prefix of those whose weights add to at least `top_p`
 /// of theirs (summed in that order). Non-empty: the first column of the order is always kept.
 fn kept_columns(z: &[f32], weights: &[f64], params: &SamplingParams) -> Vec<usize> {
-    let rank = |i: usize| (std::cmp::Reverse(order_key(z[i])), i);
     let mut order: Vec<usize> = (0..z.len()).collect();
     if let Some(k) = params.top_k.filter(|&k| (1..z.len()).contains(&k)) {
         // a strict order: the first k are one set whatever the selection's pivots
-        order.select_nth_unstable_by_key(k - 1, |&i| rank(i));
+        order.select_nth_unstable_by_key(k - 1, |&i| rank(z, i));
         order.truncate(k);
     }
-    order.sort_unstable_by_key(|&i| rank(i));
+    order.sort_unstable_by_key(|&i| rank(z, i));
     if params.top_p < 1.0 {
         let total: f64 = order.iter().map(|&i| weights[i]).sum();
         let need = params.top_p * total;
