@@ -965,9 +965,9 @@ static void timing_pipe(Case c, double copy) {
   const double bytes = kv + (double)in.nq * 2 * 2 + (double)c.B * c.H * nchunk * (c.D + 2) * 4 * 2 +
                        (double)c.B * in.S + (double)c.B * c.H * 8;
   const double flops = 4.0 * c.B * c.H * c.D * in.S;
-  printf("time %-8s B%d H%d KV%d T%d past%d D%d: forward %.3f ms, %.0f GB/s (K/V once), %.1f TFLOP/s\n",
+  printf("time %-8s B%d H%d KV%d T%d past%d D%d: forward %.4f ms, %.0f GB/s (K/V once), %.1f TFLOP/s\n",
          "decode pipe", c.B, c.H, c.KV, c.T, c.past, c.D, ms, kv / ms / 1e6, flops / ms / 1e9);
-  printf("predicted decode pipe B%d H%d KV%d past%d D%d: %.3f ms at the copy rate measured here "
+  printf("predicted decode pipe B%d H%d KV%d past%d D%d: %.4f ms at the copy rate measured here "
          "(%.0f GB/s; %.1f MB); measured at %.0f %% of it (target 80 %%)\n",
          c.B, c.H, c.KV, c.past, c.D, bytes / copy / 1e6, copy, bytes / 1e6,
          100.0 * bytes / ms / 1e6 / copy);
@@ -977,14 +977,14 @@ static void timing_pipe(Case c, double copy) {
     generic_decode = true;
     const float any = time_ms([&] { decode_pipe<bf>(in, x, part, o, stats, cpb, false); });
     generic_decode = false;
-    printf("decode pipe compiled for G %d B%d past%d: %.3f ms; the instance for any G: %.3f ms\n",
+    printf("decode pipe compiled for G %d B%d past%d: %.4f ms; the instance for any G: %.4f ms\n",
            c.H / c.KV, c.B, c.past, ms, any);
   }
   // The host's chunks per block is a guess made without a GPU (launch.cuh, FDP_FILL_BLOCKS):
   // the others beside it, to tune it (it changes no result bit)
   printf("decode pipe chunks a block B%d past%d (host %d):", c.B, c.past, cpb);
   for (int n = 1; n <= std::min(nchunk, 16); n *= 2)
-    printf(" %d: %.3f ms;", n, time_ms([&] { decode_pipe<bf>(in, x, part, o, stats, n, false); }));
+    printf(" %d: %.4f ms;", n, time_ms([&] { decode_pipe<bf>(in, x, part, o, stats, n, false); }));
   printf("\n");
 }
 
@@ -1002,9 +1002,9 @@ static void timing_pipe_fp8(Case c, double copy) {
   const double kv = (double)c.B * c.KV * in.S * c.D * 2;
   const double bytes = kv + (double)in.nq * 2 * 2 + (double)c.B * c.H * nchunk * (c.D + 2) * 4 * 2 +
                        (double)c.B * in.S + (double)c.B * c.H * 8;
-  printf("time %-8s B%d H%d KV%d T%d past%d D%d: forward %.3f ms, %.0f GB/s (K/V once)\n",
+  printf("time %-8s B%d H%d KV%d T%d past%d D%d: forward %.4f ms, %.0f GB/s (K/V once)\n",
          "decode pipe fp8", c.B, c.H, c.KV, c.T, c.past, c.D, ms, kv / ms / 1e6);
-  printf("predicted decode pipe fp8 B%d H%d KV%d past%d D%d: %.3f ms at the copy rate measured "
+  printf("predicted decode pipe fp8 B%d H%d KV%d past%d D%d: %.4f ms at the copy rate measured "
          "here (%.0f GB/s; %.1f MB); measured at %.0f %% of it (target 80 %%)\n",
          c.B, c.H, c.KV, c.past, c.D, bytes / copy / 1e6, copy, bytes / 1e6,
          100.0 * bytes / ms / 1e6 / copy);
