@@ -2,6 +2,7 @@
 //! prompts (waves, and continuous batching of a long-tailed set of lengths), beside the HBM
 //! roofline of the device's measured copy bandwidth.
 
+use std::ops::Range;
 use std::time::Instant;
 
 use super::{
@@ -26,7 +27,8 @@ fn prompt_ids(vocab: usize, batch: usize, len: usize) -> Vec<Vec<u32>> {
 /// What the sampling benchmarks share: a seeded random model of `cfg` on the target, detached,
 /// in the inference dtype; `shape.batch` random prompts with their keys; sampling at T = 1 of
 /// up to `shape.new_tokens`.
-struct Sampler {
+struct Sampler<'t> {
+    target: &'t Target,
     precision: crate::model::Precision,
     params: crate::model::Params,
     model: Qwen,
@@ -35,8 +37,16 @@ struct Sampler {
     params_at_t1: SamplingParams,
 }
 
-impl Sampler {
-    fn new(cfg: &QwenConfig, target: &Target, shape: &SampleShape) -> Result<Sampler> {
+/// How the long-tail benchmark batches its continuous runs: the dense cache's rows, so many
+/// at once; or the paged cache, as many rows as its pool holds (at most so many when given).
+#[derive(Clone, Copy)]
+enum Batching {
+    Dense(usize),
+    Paged(Option<usize>),
+}
+
+impl<'t> Sampler<'t> {
+    fn new(cfg: &QwenConfig, target: &'t Target, shape: &SampleShape) -> Result<Sampler<'t>> {
         let precision = crate::model::Precision::inference(target.dtype);
         let composed = !crate::model::qwen::Kernels::for_device(&target.device).flash_attention;
         let need = sampling_bytes(cfg, shape, precision, composed, &target.device);
@@ -53,6 +63,7 @@ impl Sampler {
         })?;
         let params = init::random_params(cfg, 0, precision.master, &target.device)?;
         Ok(Sampler {
+            target,
             model: Qwen::new(cfg, &params, true)?.with_kv_cache(shape.kv_cache)?,
             precision,
             params,
@@ -65,6 +76,102 @@ impl Sampler {
                 max_new_tokens: shape.new_tokens,
             },
         })
+    }
+
+    /// Seconds of sampling the prompts `range` as `request` says, the device's work done, and
+    /// the tokens drawn.
+    fn run(&self, range: Range<usize>, request: &SampleRequest) -> Result<(f64, usize)> {
+        let t = Instant::now();
+        let out = rollout::generate(
+            &self.model,
+            &self.prompts[range.clone()],
+            &self.keys[range],
+            request,
+        )?;
+        self.target.sync()?;
+        let drawn = out.iter().map(|c| c.tokens.len()).sum();
+        Ok((t.elapsed().as_secs_f64(), drawn))
+    }
+
+    /// Seconds of sampling every prompt to its limit in `limits`, `slots` at a time, each wave
+    /// a batch that ends with its longest sequence (finished ones leave it, none join).
+    fn waves(&self, limits: &[usize], slots: usize) -> Result<f64> {
+        let t = Instant::now();
+        for start in (0..self.prompts.len()).step_by(slots) {
+            let r = start..(start + slots).min(self.prompts.len());
+            self.run(
+                r.clone(),
+                &SampleRequest::new(self.params_at_t1).limits(limits[r].to_vec()),
+            )?;
+        }
+        Ok(t.elapsed().as_secs_f64())
+    }
+
+    /// Seconds of sampling every prompt to its limit in `limits` with continuous batching (a
+    /// waiting prompt takes a finished one's place), and what its prefills and decode steps
+    /// took.
+    fn continuous(&self, limits: &[usize], batching: Batching) -> Result<(f64, GenStats)> {
+        let stats = std::sync::Mutex::new(GenStats::default());
+        let req = SampleRequest::new(self.params_at_t1)
+            .limits(limits.to_vec())
+            .stats(&stats);
+        let req = match batching {
+            Batching::Dense(slots) => req.max_batch(slots),
+            Batching::Paged(Some(n)) => req.max_batch(n).paged(rollout::PagedOptions::default()),
+            Batching::Paged(None) => req.paged(rollout::PagedOptions::default()),
+        };
+        let (secs, _) = self.run(0..self.prompts.len(), &req)?;
+        Ok((secs, stats.into_inner().unwrap_or_else(|e| e.into_inner())))
+    }
+
+    /// The median of `repeats` continuous runs (by seconds), with its stats.
+    fn median_continuous(
+        &self,
+        limits: &[usize],
+        batching: Batching,
+        repeats: usize,
+    ) -> Result<(f64, GenStats)> {
+        let mut runs = (0..repeats.max(1))
+            .map(|_| self.continuous(limits, batching))
+            .collect::<Result<Vec<_>>>()?;
+        runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+        Ok(runs[runs.len() / 2])
+    }
+
+    /// Bytes a decode step reads: every weight once (the compute dtype), and the cache's keys
+    /// and values for each position a row attends over.
+    fn step_bytes(&self, cfg: &QwenConfig) -> (f64, f64) {
+        (
+            self.params.count() as f64 * self.precision.compute.size_in_bytes() as f64,
+            cfg.kv_bytes_per_position(self.model.kv_elem_bytes()) as f64,
+        )
+    }
+
+    /// A measurement of sampling `tokens` in `secs` (median of `repeats`), `shape` in words.
+    fn measured(
+        &self,
+        m: &Subject,
+        tokens: usize,
+        secs: f64,
+        repeats: usize,
+        shape: String,
+    ) -> Measurement {
+        Measurement {
+            model: m.name.clone(),
+            parameters: self.params.count(),
+            what: "generate",
+            target: self.target.name(),
+            tokens,
+            seconds: secs,
+            tokens_per_second: tokens as f64 / secs,
+            repeats,
+            shape: Some(shape),
+            mfu: None,
+            memory: None,
+            roofline: None,
+            trace: None,
+            settings: None,
+        }
     }
 }
 
@@ -101,21 +208,13 @@ fn sampling_bytes(
 /// T = 1 (no early stop), through the sampling engine with `max_batch` slots; median of
 /// `repeats` runs after a warm-up. The tokens counted are the new ones.
 pub fn bench_generate(m: &Subject, opts: &SpeedOptions) -> Result<Measurement> {
-    let (repeats, target, shape) = (opts.repeats, &opts.target, &opts.sample);
-    let cfg = &m.cfg;
-    let Sampler {
-        precision,
-        params,
-        model,
-        prompts,
-        keys,
-        params_at_t1: p,
-    } = Sampler::new(cfg, target, shape)?;
+    let shape = &opts.sample;
+    let s = Sampler::new(&m.cfg, &opts.target, shape)?;
     // The same prompts and slots sampled for `new_tokens` each.
     let request = |new_tokens: usize| {
         let r = SampleRequest::new(SamplingParams {
             max_new_tokens: new_tokens,
-            ..p
+            ..s.params_at_t1
         });
         let r = match shape.max_batch {
             Some(n) => r.max_batch(n),
@@ -130,43 +229,60 @@ pub fn bench_generate(m: &Subject, opts: &SpeedOptions) -> Result<Measurement> {
     // Median seconds of `repeats` runs of `request` after a warm-up of `warm` (the same run
     // without stats: a first run's one-time costs are not the host's share of a step).
     let time = |warm: &SampleRequest, request: &SampleRequest| -> Result<f64> {
-        let run = || -> Result<f64> {
-            let t = Instant::now();
-            let out = rollout::generate(&model, &prompts, &keys, request)?;
-            debug_assert!(out
-                .iter()
-                .all(|c| c.tokens.len() == request.params.max_new_tokens));
-            target.sync()?;
-            Ok(t.elapsed().as_secs_f64())
-        };
-        rollout::generate(&model, &prompts, &keys, warm)?;
-        target.sync()?;
-        Ok(median(
-            (0..repeats).map(|_| run()).collect::<Result<Vec<_>>>()?,
-        ))
+        s.run(0..shape.batch, warm)?;
+        let runs = (0..opts.repeats)
+            .map(|_| {
+                let (secs, drawn) = s.run(0..shape.batch, request)?;
+                debug_assert_eq!(drawn, shape.batch * request.params.max_new_tokens);
+                Ok(secs)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        Ok(median(runs))
     };
     // The measured full runs keep stats for the host's share of their decode time (a run then
     // starts from an idle device and its prefill ends with the device's work done: two waits a
     // run, the decode steps untouched).
     let stats = std::sync::Mutex::new(GenStats::default());
-    let full = request(shape.new_tokens);
-    let secs = time(&full, &request(shape.new_tokens).stats(&stats))?;
+    let secs = time(
+        &request(shape.new_tokens),
+        &request(shape.new_tokens).stats(&stats),
+    )?;
     let stats = stats.into_inner().unwrap_or_else(|e| e.into_inner());
-    let tokens = shape.batch * shape.new_tokens;
     // The prefill alone: one new token each.
     let prefill_seconds = time(&request(1), &request(1))?;
+    let tokens = shape.batch * shape.new_tokens;
+    let mut row = s.measured(m, tokens, secs, opts.repeats, generate_shape(shape, &s));
+    row.roofline = Some(steady_roofline(
+        &s,
+        &m.cfg,
+        shape,
+        secs,
+        prefill_seconds,
+        &stats,
+    )?);
+    Ok(row)
+}
+
+/// `bench_generate`'s decode steps against the bytes they must read: every weight once a step
+/// and each sequence's cache so far, on average prompt + N/2 positions of K and V in every
+/// layer; the decode time is the run's less its prefill's (`prefill_seconds`, a run of one new
+/// token each).
+fn steady_roofline(
+    s: &Sampler,
+    cfg: &QwenConfig,
+    shape: &SampleShape,
+    secs: f64,
+    prefill_seconds: f64,
+    stats: &GenStats,
+) -> Result<Roofline> {
     let steps = shape.new_tokens.saturating_sub(1).max(1);
     let decode_seconds = (secs - prefill_seconds).max(f64::MIN_POSITIVE);
-    // Per decode step: every weight once (the compute dtype), and each sequence's cache so far,
-    // on average prompt + N/2 positions of K and V in every layer.
-    let elem = precision.compute.size_in_bytes() as f64;
-    let kv_per_position = cfg.kv_bytes_per_position(model.kv_elem_bytes()) as f64;
+    let (weights, kv_per_position) = s.step_bytes(cfg);
     let context = shape.prompt_len as f64 + shape.new_tokens as f64 / 2.0;
-    let bytes_per_step =
-        params.count() as f64 * elem + shape.batch as f64 * context * kv_per_position;
+    let bytes_per_step = weights + shape.batch as f64 * context * kv_per_position;
     let step_seconds = decode_seconds / steps as f64;
-    let copy = copy_bandwidth(target)?;
-    let roofline = Roofline {
+    let copy = copy_bandwidth(s.target)?;
+    Ok(Roofline {
         bytes_per_step,
         step_seconds,
         prefill_seconds,
@@ -175,39 +291,28 @@ pub fn bench_generate(m: &Subject, opts: &SpeedOptions) -> Result<Measurement> {
         copy_gb_per_s: copy / 1e9,
         fraction: bytes_per_step / step_seconds / copy,
         host_share: stats.host_share(),
-    };
-    Ok(Measurement {
-        model: m.name.clone(),
-        parameters: params.count(),
-        what: "generate",
-        target: target.name(),
-        tokens,
-        seconds: secs,
-        tokens_per_second: tokens as f64 / secs,
-        repeats,
-        shape: Some(format!(
-            "{} prompts of {} + {} new tokens{}{}",
-            shape.batch,
-            shape.prompt_len,
-            shape.new_tokens,
-            shape
-                .max_batch
-                .map_or_else(String::new, |n| format!(", {n} at once")),
-            // an FP8 cache named where it holds bytes (on the CPU it keeps its values in the
-            // model's dtype, whose bytes the roofline counts)
-            match (shape.paged, shape.kv_cache.holds_bytes(&target.device)) {
-                (true, true) => ", paged FP8 KV cache",
-                (true, false) => ", paged KV cache",
-                (false, true) => ", FP8 KV cache",
-                (false, false) => "",
-            }
-        )),
-        mfu: None,
-        memory: None,
-        roofline: Some(roofline),
-        trace: None,
-        settings: None,
     })
+}
+
+/// `bench_generate`'s shape in words: the prompts, the new tokens, the slots and, where it
+/// holds bytes, an FP8 cache (on the CPU it keeps its values in the model's dtype, whose
+/// bytes the roofline counts).
+fn generate_shape(shape: &SampleShape, s: &Sampler) -> String {
+    format!(
+        "{} prompts of {} + {} new tokens{}{}",
+        shape.batch,
+        shape.prompt_len,
+        shape.new_tokens,
+        shape
+            .max_batch
+            .map_or_else(String::new, |n| format!(", {n} at once")),
+        match (shape.paged, shape.kv_cache.holds_bytes(&s.target.device)) {
+            (true, true) => ", paged FP8 KV cache",
+            (true, false) => ", paged KV cache",
+            (false, true) => ", FP8 KV cache",
+            (false, false) => "",
+        }
+    )
 }
 
 /// Response lengths of the long-tail benchmark: ⌈N·u⁶⌉ for u uniform in [0, 1), seeded. The
@@ -231,132 +336,82 @@ pub fn long_tail_lengths(n: usize, max: usize) -> Vec<usize> {
 /// the paged KV cache, as many rows at once as its pool holds, with the roofline of the steps
 /// and positions its engine counted.
 pub fn bench_long_tail(m: &Subject, opts: &SpeedOptions) -> Result<Vec<Measurement>> {
-    let (target, shape) = (&opts.target, &opts.sample);
-    let Sampler {
-        precision,
-        params,
-        model,
-        prompts,
-        keys,
-        params_at_t1: p,
-    } = Sampler::new(&m.cfg, target, shape)?;
+    let shape = &opts.sample;
+    let s = Sampler::new(&m.cfg, &opts.target, shape)?;
     let limits = long_tail_lengths(shape.batch, shape.new_tokens);
     let slots = shape
         .max_batch
-        .or_else(|| rollout::device_slots(&model, shape.prompt_len + shape.new_tokens))
+        .or_else(|| rollout::device_slots(&s.model, shape.prompt_len + shape.new_tokens))
         .unwrap_or(shape.batch.div_ceil(4))
         .max(1);
+    let (dense, paged) = (Batching::Dense(slots), Batching::Paged(shape.max_batch));
     let tokens: usize = limits.iter().sum();
-    let waves = || -> Result<f64> {
-        let t = Instant::now();
-        for start in (0..shape.batch).step_by(slots) {
-            let r = start..(start + slots).min(shape.batch);
-            let req = SampleRequest::new(p).limits(limits[r.clone()].to_vec());
-            rollout::generate(&model, &prompts[r.clone()], &keys[r], &req)?;
-        }
-        target.sync()?;
-        Ok(t.elapsed().as_secs_f64())
-    };
-    // Seconds of the whole run, and what its prefills and decode steps took.
-    // With `paged`, over the paged cache, as many rows as its pool holds (at most
-    // --max-batch when given).
-    let continuous = |limits: &[usize], paged: bool| -> Result<(f64, GenStats)> {
-        let stats = std::sync::Mutex::new(GenStats::default());
-        let t = Instant::now();
-        let req = SampleRequest::new(p).limits(limits.to_vec()).stats(&stats);
-        let req = match (paged, shape.max_batch) {
-            (false, _) => req.max_batch(slots),
-            (true, Some(n)) => req.max_batch(n).paged(rollout::PagedOptions::default()),
-            (true, None) => req.paged(rollout::PagedOptions::default()),
-        };
-        rollout::generate(&model, &prompts, &keys, &req)?;
-        target.sync()?;
-        let secs = t.elapsed().as_secs_f64();
-        Ok((secs, stats.into_inner().unwrap_or_else(|e| e.into_inner())))
-    };
-    let fp8 = if shape.kv_cache.holds_bytes(&target.device) {
+    let fp8 = if shape.kv_cache.holds_bytes(&s.target.device) {
         ", FP8 KV cache"
     } else {
         ""
     };
-    let row = |what: &'static str, secs: f64, how: &str| Measurement {
-        model: m.name.clone(),
-        parameters: params.count(),
-        what,
-        target: target.name(),
-        tokens,
-        seconds: secs,
-        tokens_per_second: tokens as f64 / secs,
-        repeats: opts.repeats,
-        shape: Some(format!(
-            "{} prompts of {}, long-tailed lengths ≤ {} (Σ {tokens}), {slots} at once: {how}{}",
-            shape.batch, shape.prompt_len, shape.new_tokens, fp8
-        )),
-        mfu: None,
-        memory: None,
-        roofline: None,
-        trace: None,
-        settings: None,
-    };
+    let prompts = format!(
+        "{} prompts of {}, long-tailed lengths ≤ {} (Σ {tokens})",
+        shape.batch, shape.prompt_len, shape.new_tokens
+    );
     // The warm-up (kernels loaded, the products' plans made at every batch size the runs
     // meet) at two tokens a prompt: a whole run in waves, the slowest, cost the GPU suite's
     // call as much as the measurement.
     let short: Vec<usize> = limits.iter().map(|&l| l.min(2)).collect();
-    continuous(&short, false)?;
+    s.continuous(&short, dense)?;
     if shape.paged {
-        continuous(&short, true)?;
+        s.continuous(&short, paged)?;
     }
-    let w = median(
-        (0..opts.repeats)
-            .map(|_| waves())
-            .collect::<Result<Vec<_>>>()?,
+    let waves = (0..opts.repeats)
+        .map(|_| s.waves(&limits, slots))
+        .collect::<Result<Vec<_>>>()?;
+    let waves = s.measured(
+        m,
+        tokens,
+        median(waves),
+        opts.repeats,
+        format!("{prompts}, {slots} at once: waves{fp8}"),
     );
-    // The median run of `repeats` continuous runs (by seconds), with its stats.
-    let median_continuous = |paged: bool| -> Result<(f64, GenStats)> {
-        let mut runs = (0..opts.repeats)
-            .map(|_| continuous(&limits, paged))
-            .collect::<Result<Vec<_>>>()?;
-        runs.sort_by(|a, b| a.0.total_cmp(&b.0));
-        Ok(runs[runs.len() / 2])
-    };
-    let (c, stats) = median_continuous(false)?;
-    let elem = precision.compute.size_in_bytes();
-    let (weights, kv_per_position) = (
-        params.count() as f64 * elem as f64,
-        m.cfg.kv_bytes_per_position(model.kv_elem_bytes()) as f64,
-    );
+    let (secs, stats) = s.median_continuous(&limits, dense, opts.repeats)?;
+    let (weights, kv_per_position) = s.step_bytes(&m.cfg);
     let read = continuous_reads(&limits, shape.prompt_len, slots, weights, kv_per_position);
-    let copy = copy_bandwidth(target)?;
+    let copy = copy_bandwidth(s.target)?;
     let drawn = tokens - shape.batch.min(tokens);
     let how = format!(
         "continuous batching ({} prompts joined in finished rows' places, {} copies of the \
          batch's cache, rows of at most {} columns)",
         stats.joined_in_place, stats.cache_moves, stats.widest_cache
     );
-    let mut cont = row("generate", c, &how);
+    let mut cont = s.measured(
+        m,
+        tokens,
+        secs,
+        opts.repeats,
+        format!("{prompts}, {slots} at once: {how}{fp8}"),
+    );
     cont.roofline = Some(decode_roofline(read, &stats, drawn, copy));
-    let mut rows = vec![row("generate", w, "waves"), cont];
+    let mut rows = vec![waves, cont];
     if shape.paged {
         // The same prompts, keys and lengths through the paged cache; the rows it decoded at
         // once are the pool's choice, so its row says how many. Its reads, as the engine
         // counted them (a preempted row's again when it is recomputed).
-        let (secs, stats) = median_continuous(true)?;
+        let (secs, stats) = s.median_continuous(&limits, paged, opts.repeats)?;
         let read = DecodeReads::counted(&stats, weights, kv_per_position);
         let roofline = decode_roofline(read, &stats, drawn, copy);
-        let mut paged = row("generate", secs, "");
-        paged.shape = Some(format!(
-            "{} prompts of {}, long-tailed lengths ≤ {} (Σ {tokens}), continuous batching over \
-             the paged KV cache, at most {} at once, the widest prefill {} positions; decode \
-             {:.0} tokens/s{fp8}",
-            shape.batch,
-            shape.prompt_len,
-            shape.new_tokens,
-            stats.most_rows,
-            stats.widest_prefill,
-            roofline.decode_tokens_per_second,
-        ));
-        paged.roofline = Some(roofline);
-        rows.push(paged);
+        let mut row = s.measured(
+            m,
+            tokens,
+            secs,
+            opts.repeats,
+            format!(
+                "{prompts}, continuous batching over the paged KV cache, at most {} at once, the \
+                 widest prefill {} positions; decode {:.0} tokens/s{fp8}",
+                stats.most_rows, stats.widest_prefill, roofline.decode_tokens_per_second,
+            ),
+        );
+        row.roofline = Some(roofline);
+        rows.push(row);
     }
     Ok(rows)
 }
