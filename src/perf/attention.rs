@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use candle_core::{DType, Tensor};
 
-use super::{median, peak_flops, Measurement, Result, SpeedOptions, Subject};
+use super::{median_of, peak_flops, Measurement, Result, SpeedOptions, Subject};
 use crate::model::qwen::Kernels;
 
 /// The attention of one layer alone: q `(B, H, T, D)`, k and v `(B, KV, T, D)` of the model's
@@ -76,16 +76,8 @@ pub fn bench_attention(m: &Subject, opts: &SpeedOptions) -> Result<Measurement> 
         Ok(start.elapsed().as_secs_f64())
     };
     time(true)?;
-    let fwd = median(
-        (0..opts.repeats)
-            .map(|_| time(false))
-            .collect::<Result<Vec<_>>>()?,
-    );
-    let both = median(
-        (0..opts.repeats)
-            .map(|_| time(true))
-            .collect::<Result<Vec<_>>>()?,
-    );
+    let fwd = median_of(opts.repeats, || time(false))?;
+    let both = median_of(opts.repeats, || time(true))?;
     let fwd_flops = 4.0 * (b * h * d) as f64 * (t * t) as f64 / 2.0;
     let floor = peak_flops(target).map(|peak| (fwd_flops / peak, 3.5 * fwd_flops / peak));
     Ok(Measurement {
@@ -99,11 +91,7 @@ pub fn bench_attention(m: &Subject, opts: &SpeedOptions) -> Result<Measurement> 
         repeats: opts.repeats,
         shape: Some(format!(
             "{}: {b}×{t}, {h} heads over {kv} KV heads of {d}; forward {fwd:.4} s ({:.3} TFLOP/s), forward + backward {both:.4} s ({:.3} TFLOP/s){}",
-            match (flash, kernels.flash_backward.runs_on(&dev, dtype, d)) {
-                (false, _) => "composed",
-                (true, crate::fused::FlashBackward::Pair) => "flash",
-                (true, crate::fused::FlashBackward::FiveProducts) => "flash, backward in 5 products",
-            },
+            kernel_label(flash, kernels.flash_backward.runs_on(&dev, dtype, d)),
             fwd_flops / fwd / 1e12,
             3.5 * fwd_flops / both / 1e12,
             floor.map_or_else(String::new, |(f, fb)| format!(
@@ -116,6 +104,15 @@ pub fn bench_attention(m: &Subject, opts: &SpeedOptions) -> Result<Measurement> 
         trace: None,
         settings: None,
     })
+}
+
+/// Which attention `bench_attention` timed, in its shape's words.
+fn kernel_label(flash: bool, backward: crate::fused::FlashBackward) -> &'static str {
+    match (flash, backward) {
+        (false, _) => "composed",
+        (true, crate::fused::FlashBackward::Pair) => "flash",
+        (true, crate::fused::FlashBackward::FiveProducts) => "flash, backward in 5 products",
+    }
 }
 
 /// Bytes the benchmark holds at least, in `elem` bytes per value: q, k, v and the output's

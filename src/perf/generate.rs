@@ -6,7 +6,7 @@ use std::ops::Range;
 use std::time::Instant;
 
 use super::{
-    copy_bandwidth, median, Measurement, Result, Roofline, SampleShape, SpeedOptions, Subject,
+    copy_bandwidth, median_of, Measurement, Result, Roofline, SampleShape, SpeedOptions, Subject,
     Target,
 };
 use crate::model::qwen::Qwen;
@@ -230,14 +230,11 @@ pub fn bench_generate(m: &Subject, opts: &SpeedOptions) -> Result<Measurement> {
     // without stats: a first run's one-time costs are not the host's share of a step).
     let time = |warm: &SampleRequest, request: &SampleRequest| -> Result<f64> {
         s.run(0..shape.batch, warm)?;
-        let runs = (0..opts.repeats)
-            .map(|_| {
-                let (secs, drawn) = s.run(0..shape.batch, request)?;
-                debug_assert_eq!(drawn, shape.batch * request.params.max_new_tokens);
-                Ok(secs)
-            })
-            .collect::<Result<Vec<_>>>()?;
-        Ok(median(runs))
+        median_of(opts.repeats, || {
+            let (secs, drawn) = s.run(0..shape.batch, request)?;
+            debug_assert_eq!(drawn, shape.batch * request.params.max_new_tokens);
+            Ok(secs)
+        })
     };
     // The measured full runs keep stats for the host's share of their decode time (a run then
     // starts from an idle device and its prefill ends with the device's work done: two waits a
@@ -363,13 +360,10 @@ pub fn bench_long_tail(m: &Subject, opts: &SpeedOptions) -> Result<Vec<Measureme
     if shape.paged {
         s.continuous(&short, paged)?;
     }
-    let waves = (0..opts.repeats)
-        .map(|_| s.waves(&limits, slots))
-        .collect::<Result<Vec<_>>>()?;
     let waves = s.measured(
         m,
         tokens,
-        median(waves),
+        median_of(opts.repeats, || s.waves(&limits, slots))?,
         opts.repeats,
         format!("{prompts}, {slots} at once: waves{fp8}"),
     );

@@ -496,7 +496,7 @@ pub fn copy_bandwidth(target: &Target) -> Result<f64> {
         Ok(t.elapsed().as_secs_f64())
     };
     time()?;
-    let secs = median((0..5).map(|_| time()).collect::<Result<Vec<_>>>()?);
+    let secs = median_of(5, time)?;
     Ok(2.0 * (n * 4) as f64 / secs)
 }
 
@@ -553,6 +553,15 @@ fn peak_flops(target: &Target) -> Option<f64> {
 fn median(mut xs: Vec<f64>) -> f64 {
     xs.sort_by(f64::total_cmp);
     xs[xs.len() / 2]
+}
+
+/// The median of `repeats` (at least one) runs of `run`, each its seconds.
+fn median_of(repeats: usize, run: impl FnMut() -> Result<f64>) -> Result<f64> {
+    let mut run = run;
+    let runs = (0..repeats.max(1))
+        .map(|_| run())
+        .collect::<Result<Vec<_>>>()?;
+    Ok(median(runs))
 }
 
 /// Markdown table of measurements.

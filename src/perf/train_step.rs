@@ -7,7 +7,7 @@ use std::time::Instant;
 use candle_core::{DType, Device, Tensor};
 
 use super::{
-    median, memory, peak_flops, train_flops, Measurement, PerfError, Result, SpeedOptions,
+    median_of, memory, peak_flops, train_flops, Measurement, PerfError, Result, SpeedOptions,
     StepMemory, StepSettings, StepShape, Subject,
 };
 use crate::algo::clip::PolicyClip;
@@ -35,13 +35,8 @@ pub fn bench_train_step(m: &Subject, opts: &SpeedOptions) -> Result<Measurement>
     let (target, shape) = (&opts.target, &opts.step);
     let cfg = &m.cfg;
     let dev = target.device.clone();
+    check_shape(shape)?;
     let (b, t, p) = (shape.batch, shape.seq_len, shape.prompt_len);
-    if p == 0 || p >= t || b == 0 || shape.micro_batch == 0 {
-        return Err(PerfError::Shape(format!(
-            "--prompt-len {p} must be at least 1 and below --seq-len {t}; --batch {b} and --micro-batch {} at least 1",
-            shape.micro_batch
-        )));
-    }
     let precision = crate::model::Precision::training(target.dtype);
     let kernels = shape.kernels.unwrap_or_else(|| Kernels::for_device(&dev));
     let need = step_bytes(cfg, shape, precision, kernels, dev.is_cpu());
@@ -72,26 +67,15 @@ pub fn bench_train_step(m: &Subject, opts: &SpeedOptions) -> Result<Measurement>
     meter.reset();
     // The timed steps run untraced: a trace waits for the device at every part of every
     // layer, which would slow the very steps whose rate is reported.
-    let secs = median(
-        (0..opts.repeats)
-            .map(|_| step())
-            .collect::<Result<Vec<_>>>()?,
-    );
+    let secs = median_of(opts.repeats, &mut step)?;
     let peak = meter.peak();
     // The phases and parts come from one more step, traced and not timed.
     let trace = if shape.trace {
-        crate::device::start(&dev);
-        crate::device::mark(|| "before the step: masters and optimizer state".into());
-        let traced = step();
-        let marks = crate::device::finish();
-        traced?;
-        Some(marks)
+        Some(traced(&dev, &mut step)?)
     } else {
         None
     };
-    let n = params.count() as u64;
     let bf16 = precision.compute != precision.master;
-    let grads = 4 * n;
     let tokens = b * t;
     Ok(Measurement {
         model: m.name.clone(),
@@ -110,25 +94,13 @@ pub fn bench_train_step(m: &Subject, opts: &SpeedOptions) -> Result<Measurement>
                 .runs_on(&dev, precision.compute, cfg.head_dim()),
         )),
         mfu: peak_flops(target).map(|peak| train_flops(cfg, b, t) / secs / peak),
-        memory: Some(StepMemory {
-            source: meter.source(),
-            peak,
-            before_step: before,
-            weights: if bf16 { 2 * n } else { 0 },
-            masters: 4 * n,
-            grads,
-            optimizer: 8 * n,
-            activations: peak.zip(before).map(|(p, b)| p.saturating_sub(b + grads)),
-            named: memory::step_tensors(
-                cfg,
-                shape.micro_batch as u64,
-                t as u64,
-                bf16,
-                shape.checkpointing,
-                kernels.flash_attention,
-                kernels.vocab_chunk.is_some(),
+        memory: Some(
+            StepMemory::arithmetic(cfg, shape, params.count() as u64, bf16, kernels).measured(
+                meter.source(),
+                peak,
+                before,
             ),
-        }),
+        ),
         roofline: None,
         trace,
         settings: Some(StepSettings::of(
@@ -139,6 +111,80 @@ pub fn bench_train_step(m: &Subject, opts: &SpeedOptions) -> Result<Measurement>
             precision.compute,
         )),
     })
+}
+
+/// The train-step benchmark's shape refused before anything is allocated: a prompt of at least
+/// one token with a response after it, a batch and micro-batches of at least one sequence.
+fn check_shape(shape: &StepShape) -> Result<()> {
+    let (b, t, p) = (shape.batch, shape.seq_len, shape.prompt_len);
+    if p == 0 || p >= t || b == 0 || shape.micro_batch == 0 {
+        return Err(PerfError::Shape(format!(
+            "--prompt-len {p} must be at least 1 and below --seq-len {t}; --batch {b} and --micro-batch {} at least 1",
+            shape.micro_batch
+        )));
+    }
+    Ok(())
+}
+
+/// One more `step`, traced: the device's memory and seconds at each phase and part.
+fn traced(
+    dev: &Device,
+    step: &mut impl FnMut() -> Result<f64>,
+) -> Result<Vec<crate::device::Mark>> {
+    crate::device::start(dev);
+    crate::device::mark(|| "before the step: masters and optimizer state".into());
+    let ran = step();
+    let marks = crate::device::finish();
+    ran?;
+    Ok(marks)
+}
+
+impl StepMemory {
+    /// What arithmetic says of a train step's memory, `n` parameters with fp32 masters,
+    /// gradients and AdamW's two moments, a bf16 compute copy where `bf16`, and the tensors
+    /// named at the shape ([`memory::step_tensors`]); nothing measured.
+    fn arithmetic(
+        cfg: &crate::model::QwenConfig,
+        shape: &StepShape,
+        n: u64,
+        bf16: bool,
+        kernels: Kernels,
+    ) -> StepMemory {
+        StepMemory {
+            source: "",
+            peak: None,
+            before_step: None,
+            weights: if bf16 { 2 * n } else { 0 },
+            masters: 4 * n,
+            grads: 4 * n,
+            optimizer: 8 * n,
+            activations: None,
+            named: memory::step_tensors(
+                cfg,
+                shape.micro_batch as u64,
+                shape.seq_len as u64,
+                bf16,
+                shape.checkpointing,
+                kernels.flash_attention,
+                kernels.vocab_chunk.is_some(),
+            ),
+        }
+    }
+
+    /// The same with what `source` measured: the `peak` of the timed steps and the bytes in use
+    /// `before` them; the activations and temporaries are what the peak holds beyond those and
+    /// the gradients.
+    fn measured(self, source: &'static str, peak: Option<u64>, before: Option<u64>) -> StepMemory {
+        StepMemory {
+            source,
+            peak,
+            before_step: before,
+            activations: peak
+                .zip(before)
+                .map(|(p, b)| p.saturating_sub(b + self.grads)),
+            ..self
+        }
+    }
 }
 
 /// Bytes a train step of `shape` holds at least, computed from the flags before anything is
