@@ -178,6 +178,13 @@ decode-predict:
 attention-predict:
     cargo run --release -- bench attention-predict --measured results/gpu --out "$(mktemp -d)" --doc docs/CUDA.md
 
+# The costed paper plan of one run of the GPU suite, on the CPU after the loan: the next
+# numbered folder of DIR, from the rates the run measured (tools/gpu/plan.sh says which).
+[group('cuda')]
+gpu-plan DIR:
+    cargo build --release
+    ACPO_BIN="${CARGO_TARGET_DIR:-target}/release/acpo" bash tools/gpu/plan.sh {{DIR}}
+
 # The GPU blocks of docs/CUDA.md and REPRODUCE.md from one run of the GPU suite: its report
 # files (gpu-results.md, gpu-targets.md, gpu-step-parts.md), then the docs' blocks filled from them.
 [group('cuda')]

@@ -968,7 +968,7 @@ static void timing_pipe(Case c, double copy) {
   printf("time %-8s B%d H%d KV%d T%d past%d D%d: forward %.4f ms, %.0f GB/s (K/V once), %.1f TFLOP/s\n",
          "decode pipe", c.B, c.H, c.KV, c.T, c.past, c.D, ms, kv / ms / 1e6, flops / ms / 1e9);
   printf("predicted decode pipe B%d H%d KV%d past%d D%d: %.4f ms at the copy rate measured here "
-         "(%.0f GB/s; %.1f MB); measured at %.0f %% of it (target 80 %%)\n",
+         "(%.0f GB/s; %.1f MB); measured at %.1f %% of it (target 80 %%)\n",
          c.B, c.H, c.KV, c.past, c.D, bytes / copy / 1e6, copy, bytes / 1e6,
          100.0 * bytes / ms / 1e6 / copy);
   // The instance for any G beside the one compiled for this G (3 blocks an SM against 2):
@@ -1005,7 +1005,7 @@ static void timing_pipe_fp8(Case c, double copy) {
   printf("time %-8s B%d H%d KV%d T%d past%d D%d: forward %.4f ms, %.0f GB/s (K/V once)\n",
          "decode pipe fp8", c.B, c.H, c.KV, c.T, c.past, c.D, ms, kv / ms / 1e6);
   printf("predicted decode pipe fp8 B%d H%d KV%d past%d D%d: %.4f ms at the copy rate measured "
-         "here (%.0f GB/s; %.1f MB); measured at %.0f %% of it (target 80 %%)\n",
+         "here (%.0f GB/s; %.1f MB); measured at %.1f %% of it (target 80 %%)\n",
          c.B, c.H, c.KV, c.past, c.D, bytes / copy / 1e6, copy, bytes / 1e6,
          100.0 * bytes / ms / 1e6 / copy);
   dfree(k), dfree(v);

@@ -130,7 +130,12 @@ fn split_k_times(path: &Path) -> Result<Vec<(usize, usize, f64)>> {
     Ok(text
         .lines()
         .filter_map(|l| {
+            // the split-K kernel's name is `decode` alone: `time decode pipe …` and `… pipe fp8 …`
+            // are the pipelined kernel's lines
             let rest = l.strip_prefix("time decode ")?.trim_start();
+            if !rest.starts_with('B') {
+                return None;
+            }
             let (shape, times) = rest.split_once(": forward ")?;
             let fields: Vec<&str> = shape.split_whitespace().collect();
             let b = fields.iter().find_map(|f| num(f, "B"))?;
@@ -437,7 +442,7 @@ mod tests {
         let log = dir.path().join("flash_kernels_check.log");
         std::fs::write(
             &log,
-            "decode       B3 H14 ok\ntime decode   B64 H16 KV8 T1 past1024 D128: forward 0.341 ms, 790 GB/s (K/V once), 1.6 TFLOP/s\ntime mma fwd  B2 H16 KV8 T2048 past0 D128: forward 0.330 ms, 1 GB/s\n",
+            "decode       B3 H14 ok\ntime decode   B64 H16 KV8 T1 past1024 D128: forward 0.341 ms, 790 GB/s (K/V once), 1.6 TFLOP/s\ntime mma fwd  B2 H16 KV8 T2048 past0 D128: forward 0.330 ms, 1 GB/s\ntime decode pipe B64 H16 KV8 T1 past1024 D128: forward 0.1000 ms, 2800 GB/s (K/V once), 5.4 TFLOP/s\ntime decode pipe fp8 B64 H16 KV8 T1 past1024 D128: forward 0.0500 ms, 2800 GB/s (K/V once)\n",
         )
         .expect("write");
         assert_eq!(split_k_times(&log).expect("read"), vec![(64, 1025, 0.341)]);
