@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 
 use serde::Serialize;
 
-use super::{write_report, PerfError, Result};
+use super::{call_order, files_named, write_report, PerfError, Result};
 use crate::files::AtPath;
 use crate::model::QwenConfig;
 use crate::report::table::{Align::Left, Align::Right, Table};
@@ -98,18 +98,6 @@ impl CopyRate {
     }
 }
 
-fn files_named(dir: &Path, name: &str, found: &mut Vec<PathBuf>) -> Result<()> {
-    for entry in std::fs::read_dir(dir).at(dir)? {
-        let path = entry.at(dir)?.path();
-        if path.is_dir() {
-            files_named(&path, name, found)?;
-        } else if path.file_name().is_some_and(|n| n == name) {
-            found.push(path);
-        }
-    }
-    Ok(())
-}
-
 /// The copy rate of a `generate.json` (CUDA, bf16, with a roofline), if it has one.
 fn copy_of(path: &Path) -> Result<Option<f64>> {
     let text = crate::files::read_to_string(path).at(path)?;
@@ -164,10 +152,9 @@ pub fn copy_rates(measured: &Path) -> Result<Vec<CopyRate>> {
         if date.len() != 8 || !date.bytes().all(|c| c.is_ascii_digit()) {
             continue;
         }
-        let mut reports = Vec::new();
-        files_named(&run, "generate.json", &mut reports)?;
+        let mut reports = files_named(&run, "generate.json")?;
         reports.retain(|p| p.components().any(|c| c.as_os_str() == "generate-paper"));
-        reports.sort();
+        reports.sort_by_cached_key(|p| call_order(p));
         let mut found = None;
         for report in reports.iter().rev() {
             if let Some(rate) = copy_of(report)? {
@@ -178,9 +165,8 @@ pub fn copy_rates(measured: &Path) -> Result<Vec<CopyRate>> {
         let Some((source, gb_per_s)) = found else {
             continue;
         };
-        let mut logs = Vec::new();
-        files_named(&run, "flash_kernels_check.log", &mut logs)?;
-        logs.sort();
+        let mut logs = files_named(&run, "flash_kernels_check.log")?;
+        logs.sort_by_cached_key(|p| call_order(p));
         let mut split_k_ms = Vec::new();
         for log in logs.iter().rev() {
             split_k_ms = split_k_times(log)?;

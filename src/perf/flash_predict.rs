@@ -147,11 +147,10 @@ pub fn timed_lines(text: &str) -> Vec<Timed> {
 
 /// The timed kernels of the latest run under `measured` that timed them: (its log, its lines).
 pub fn timed(measured: &Path) -> Result<(PathBuf, Vec<Timed>)> {
-    let mut logs = Vec::new();
-    logs_named(measured, &mut logs)?;
+    let mut logs = super::files_named(measured, "flash_kernels_check.log")?;
     // Run folders are named <device>-<yyyymmdd>: the latest is the latest date, whatever the
-    // device (a plain path sort would order by the device's name first).
-    logs.sort_by_cached_key(|p| (run_date(p).map(str::to_owned), p.clone()));
+    // device (a plain path sort would order by the device's name first), then the last call.
+    logs.sort_by_cached_key(|p| (run_date(p).map(str::to_owned), super::call_order(p)));
     for log in logs.iter().rev() {
         let lines = timed_lines(&crate::files::read_to_string(log).at(log)?);
         if !lines.is_empty() {
@@ -172,21 +171,6 @@ fn run_date(log: &Path) -> Option<&str> {
         let (_, date) = name.rsplit_once('-')?;
         (date.len() == 8 && date.bytes().all(|b| b.is_ascii_digit())).then_some(date)
     })
-}
-
-fn logs_named(dir: &Path, found: &mut Vec<PathBuf>) -> Result<()> {
-    for entry in std::fs::read_dir(dir).at(dir)? {
-        let path = entry.at(dir)?.path();
-        if path.is_dir() {
-            logs_named(&path, found)?;
-        } else if path
-            .file_name()
-            .is_some_and(|n| n == "flash_kernels_check.log")
-        {
-            found.push(path);
-        }
-    }
-    Ok(())
 }
 
 /// One shape's prediction (milliseconds; TFLOP/s counted FA2's way).

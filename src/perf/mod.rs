@@ -555,6 +555,49 @@ fn median(mut xs: Vec<f64>) -> f64 {
     xs[xs.len() / 2]
 }
 
+/// The files called `name` under `dir`, at any depth (a GPU run's raw results:
+/// `results/gpu/<device>-<date>/<call>/…`), in no order.
+fn files_named(dir: &Path, name: &str) -> Result<Vec<PathBuf>> {
+    let mut found = Vec::new();
+    let mut dirs = vec![dir.to_path_buf()];
+    while let Some(dir) = dirs.pop() {
+        for entry in std::fs::read_dir(&dir).at(&dir)? {
+            let path = entry.at(&dir)?.path();
+            if path.is_dir() {
+                dirs.push(path);
+            } else if path.file_name().is_some_and(|n| n == name) {
+                found.push(path);
+            }
+        }
+    }
+    Ok(found)
+}
+
+/// A results path's sort key in the order its calls ran: the runs of digits in it compared as
+/// numbers, so that call `10-…` comes after `2-…` (tools/gpu/report.py's `call_order`). Text
+/// and numbers alternate from the start, so a text is only ever compared with a text.
+fn call_order(path: &Path) -> Vec<(usize, String)> {
+    let text = path.to_string_lossy();
+    let mut key = Vec::new();
+    let mut rest = text.as_ref();
+    while !rest.is_empty() {
+        let digits = rest.len() - rest.trim_start_matches(|c: char| c.is_ascii_digit()).len();
+        let (number, after) = rest.split_at(digits);
+        let words = after.len()
+            - after
+                .trim_start_matches(|c: char| !c.is_ascii_digit())
+                .len();
+        let (word, after) = after.split_at(words);
+        // a number as (its digits without leading zeros, counted; then those digits): no
+        // overflow, and 9 < 10
+        let number = number.trim_start_matches('0');
+        key.push((number.len(), number.to_owned()));
+        key.push((0, word.to_owned()));
+        rest = after;
+    }
+    key
+}
+
 /// The median of `repeats` (at least one) runs of `run`, each its seconds.
 fn median_of(repeats: usize, run: impl FnMut() -> Result<f64>) -> Result<f64> {
     let mut run = run;
@@ -716,4 +759,46 @@ fn trace_markdown(model: &str, trace: &[crate::device::Mark], mem: &StepMemory) 
         ));
     }
     s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Calls sort as numbers (call 10 after call 2; 02 is 2, then the words decide; a run of
+    /// digits too long for any integer type no trouble), text as text.
+    #[test]
+    fn call_order_sorts_the_calls_numbers_as_numbers() {
+        let mut paths: Vec<PathBuf> = [
+            "r/H200-20261126/10-decode/x.json",
+            "r/H200-20261126/2-suite/x.json",
+            "r/H200-20261126/1-suite/x.json",
+            "r/H200-20261126/02-plan/x.json",
+            "r/H200-20261126/99999999999999999999999-z/x.json",
+            "r/H200-20261126/1-suite/y.json",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .collect();
+        paths.sort_by_cached_key(|p| call_order(p));
+        let calls: Vec<String> = paths
+            .iter()
+            .map(|p| {
+                let call = p.components().nth(2).expect("a call").as_os_str();
+                let file = p.file_name().expect("a file").to_string_lossy();
+                format!("{}/{file}", call.to_string_lossy())
+            })
+            .collect();
+        assert_eq!(
+            calls,
+            [
+                "1-suite/x.json",
+                "1-suite/y.json",
+                "02-plan/x.json",
+                "2-suite/x.json",
+                "10-decode/x.json",
+                "99999999999999999999999-z/x.json"
+            ]
+        );
+    }
 }
