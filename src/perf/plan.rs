@@ -16,7 +16,11 @@
 //! copy rate over the KV bytes one token's attention reads at its mean context
 //! ([`kv_bytes_per_token`]). The copy rate is the one the sampling measurement recorded beside
 //! its roofline. The same bound with a cache of one byte an element (an FP8 KV cache, which
-//! halves those bytes) says what the cache's precision alone could buy.
+//! halves those bytes) says what the cache's precision alone could buy. And where the sampling
+//! measurement recorded its roofline, the plan carries the fraction of the copy rate its decode
+//! steps reached to each run's own contexts (that fraction of the bound there): the suite's
+//! sampling runs are shorter than a paper run's, so their rates, read at fewer KV bytes a token,
+//! overstate a paper run's sampling.
 
 use crate::files::AtPath;
 use std::path::{Path, PathBuf};
@@ -62,6 +66,12 @@ pub struct RunCost {
     pub gpu_hours_at_kv_bound: Option<f64>,
     /// The same with a KV cache of one byte an element (FP8): both bounds doubled.
     pub gpu_hours_at_fp8_kv_bound: Option<f64>,
+    /// The GPU-hours with each sampler at the fraction of the copy rate its measurement's decode
+    /// steps reached, carried to the run's own mean contexts: new tokens/s = that fraction × the
+    /// KV-bandwidth bound there (None without the measurement's roofline). A sampling rate
+    /// measured at shorter contexts than a paper run's reads fewer KV bytes a token than the
+    /// run would, so the rate itself overstates the run's; this does not.
+    pub gpu_hours_at_paper_contexts: Option<f64>,
     pub paper_gpus: usize,
 }
 
@@ -73,6 +83,8 @@ struct Rate {
     shape: String,
     /// The device copy rate the measurement recorded beside its roofline, GB/s.
     copy_gb_per_s: Option<f64>,
+    /// The fraction of that rate its decode steps reached (their roofline's), where recorded.
+    fraction: Option<f64>,
 }
 
 /// The bytes of KV cache one new token's attention reads at `context` positions, each element
@@ -104,6 +116,9 @@ fn measured(dir: &Path, name: &str) -> Result<Rate> {
         tokens_per_second: get("tokens_per_second")?,
         shape: row["shape"].as_str().unwrap_or("?").to_string(),
         copy_gb_per_s: row["roofline"]["copy_gb_per_s"].as_f64(),
+        fraction: row["roofline"]["fraction"]
+            .as_f64()
+            .filter(|f| f.is_finite() && *f > 0.0),
     })
 }
 
@@ -185,6 +200,15 @@ fn run_cost(exp: &crate::manifest::Experiment, configs: &Path, rates: &Rates) ->
             .map(|(r, e)| (steps * per_step_sample / r + eval_tokens / e + train_seconds) / 3600.0)
     };
     let (bf16, fp8) = (2, 1);
+    // Each sampler at its measured fraction of the copy rate, at the run's own contexts.
+    let at_paper_contexts = rates
+        .rollouts
+        .fraction
+        .zip(rates.evaluation().fraction)
+        .zip(bound(rollout_context, bf16).zip(bound(eval_context, bf16)))
+        .map(|((fr, fe), (r, e))| {
+            (steps * per_step_sample / (fr * r) + eval_tokens / (fe * e) + train_seconds) / 3600.0
+        });
     Ok(RunCost {
         run: exp.name.clone(),
         steps: exp.trainer.total_steps,
@@ -199,6 +223,7 @@ fn run_cost(exp: &crate::manifest::Experiment, configs: &Path, rates: &Rates) ->
         eval_kv_bound_tps: bound(eval_context, bf16),
         gpu_hours_at_kv_bound: hours_at(bf16),
         gpu_hours_at_fp8_kv_bound: hours_at(fp8),
+        gpu_hours_at_paper_contexts: at_paper_contexts,
         paper_gpus: paper_gpus(&exp.model.source.label()),
     })
 }
@@ -245,7 +270,10 @@ fn plan_markdown(rates: &Rates, rows: &[RunCost]) -> String {
         100.0 * RESPONSE_SHARE,
     );
     md.push_str(&match rates.copy() {
-        Some(gbps) => format!("The KV-bandwidth bound: new tokens/s ≤ the measured copy rate ({gbps:.0} GB/s) ÷ the bf16 KV bytes a token's attention reads at its mean context (prompt + half the response), per run below; the last columns are the run's GPU-hours had both samplers run at it, with this bf16 cache and with an FP8 cache (one byte an element, the bound doubled; training at its measured rate in both).\n\n"),
+        Some(gbps) => format!("The KV-bandwidth bound: new tokens/s ≤ the measured copy rate ({gbps:.0} GB/s) ÷ the bf16 KV bytes a token's attention reads at its mean context (prompt + half the response), per run below; two columns are the run's GPU-hours had both samplers run at it, with this bf16 cache and with an FP8 cache (one byte an element, the bound doubled; training at its measured rate in both). {}\n\n", match rates.rollouts.fraction.zip(rates.evaluation().fraction) {
+            Some((r, e)) => format!("The sampling measurements reached {:.1} % (rollouts) and {:.1} % (evaluations) of the copy rate in their decode steps, at their own contexts, shorter than a paper run's: the column \"at the paper's contexts\" carries those fractions to each run's mean contexts (new tokens/s = the fraction × the bound there), where the rates themselves, read at fewer KV bytes a token, overstate a paper run's sampling.", 100.0 * r, 100.0 * e),
+            None => "The sampling measurements recorded no roofline: their rates are not carried to a paper run's contexts.".to_string(),
+        }),
         None => "No copy rate was recorded beside the sampling measurement: no KV-bandwidth bound.\n\n".to_string(),
     });
     let mut t = Table::new([
@@ -261,6 +289,7 @@ fn plan_markdown(rates: &Rates, rows: &[RunCost]) -> String {
         ("KV bound, rollouts / eval tokens/s", Right),
         ("GPU-hours at the KV bound", Right),
         ("GPU-hours at the FP8 KV bound", Right),
+        ("GPU-hours at the paper's contexts", Right),
         ("GPUs the paper used", Right),
     ]);
     for r in rows {
@@ -281,6 +310,8 @@ fn plan_markdown(rates: &Rates, rows: &[RunCost]) -> String {
             r.gpu_hours_at_kv_bound
                 .map_or("—".into(), |h| format!("{h:.0}")),
             r.gpu_hours_at_fp8_kv_bound
+                .map_or("—".into(), |h| format!("{h:.0}")),
+            r.gpu_hours_at_paper_contexts
                 .map_or("—".into(), |h| format!("{h:.0}")),
             r.paper_gpus.to_string(),
         ]);

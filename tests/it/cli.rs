@@ -736,6 +736,37 @@ fn bench_paper_plan_costs_every_paper_run_from_measured_rates() {
         (f("gpu_hours_at_fp8_kv_bound") / fp8 - 1.0).abs() < 1e-12,
         "{grpo}"
     );
+    // Without the sampling run's fraction of the copy rate, nothing is carried to the paper's
+    // contexts; with it (a quarter), sampling runs at a quarter of the bound there: its hours
+    // at the bound four times over, training's as measured.
+    assert!(grpo["gpu_hours_at_paper_contexts"].is_null(), "{grpo}");
+    assert!(md.contains("recorded no roofline"), "{md}");
+    let mut generate = generate;
+    generate[2]["roofline"]["fraction"] = serde_json::json!(0.25);
+    std::fs::write(measured.join("generate.json"), generate.to_string()).expect("w");
+    let carried = report_rows(
+        &[
+            "bench",
+            "paper-plan",
+            "--measured",
+            measured.to_str().expect("u"),
+            "--out",
+            out,
+        ],
+        &dir.path().join("paper-plan.json"),
+    );
+    let carried = carried
+        .iter()
+        .find(|r| r["run"] == "qwen3-1.7b-grpo")
+        .expect("r");
+    let want = f("train_hours") + 4.0 * sampling_at_bound;
+    let got = carried["gpu_hours_at_paper_contexts"].as_f64().expect("h");
+    assert!((got / want - 1.0).abs() < 1e-12, "{carried}");
+    let md = std::fs::read_to_string(dir.path().join("paper-plan.md")).expect("md");
+    assert!(
+        md.contains("reached 25.0 % (rollouts) and 25.0 % (evaluations)"),
+        "{md}"
+    );
     // a measurement at the evaluation's own shape is used for the evaluations
     std::fs::write(
         measured.join("generate-eval.json"),

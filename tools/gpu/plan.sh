@@ -2,24 +2,29 @@
 # The costed paper plan of one GPU suite run (`acpo bench paper-plan`, issues #20, #43, #57):
 # arithmetic over the rates the run measured, made on the CPU after the loan so that it costs
 # the GPU's time nothing. It reads DIR's raw results and writes the next numbered call folder,
-# DIR/<N>-plan/: the rates it stood on, the plan in bf16's cache (measured/) and, where the run
-# sampled over an FP8 KV cache too, the same plan from that run's rate (fp8-kv/), and
-# commands.txt naming every file it read. tools/gpu/report.py then reads them.
+# DIR/<N>-plan/: the plan from the rates of a bf16 KV cache (measured/) and, where the run
+# sampled over an FP8 KV cache too, the same plan from that run's rate (fp8-kv/), each with the
+# rates it stood on, and commands.txt naming every file it read. tools/gpu/report.py reads them.
 #
 #   ACPO_BIN=target/release/acpo bash tools/gpu/plan.sh results/gpu/<device>-<date>
 #
-# The rates: the train step at 2 x 9,220 tokens (the paper's length), the fastest of the ways
-# the suite ran it (the default, --layer-by-hand, --flash-backward five), since a paper run can
-# take any of them; sampling at the memory-sized batch with long-tailed lengths, the faster of
-# continuous batching over the dense cache and over the paged one (a paper run samples its
-# rollouts and evaluations that way), else the paper-shape sampling run.
+# The rates, as a paper run (`acpo pipeline`) would take them: the train step at 2 x 9,220
+# tokens (the paper's length) as the trainer runs it (the suite's `--layer-by-hand` and
+# `--flash-backward five` steps are the benchmark's alone, so they are not a paper run's rate);
+# sampling at the memory-sized batch with long-tailed lengths over the paged KV cache
+# (`--paged-kv`), else over the dense one (the suite runs it alone for a failure of the paged
+# engine), else the paper-shape sampling run. The plan's own table says which shape each rate
+# was measured at.
 set -euo pipefail
 dir=${1:?usage: bash tools/gpu/plan.sh results/gpu/<device>-<date>}
 [ -d "$dir" ] || { echo "plan: $dir is not a directory of GPU suite results" >&2; exit 2; }
 acpo=${ACPO_BIN:-target/release/acpo}
 [ -x "$acpo" ] || { echo "plan: no acpo binary at $acpo (cargo build --release, or set ACPO_BIN)" >&2; exit 2; }
-n=$(find "$dir" -mindepth 1 -maxdepth 1 -type d -name '[0-9]*-*' -printf '%f\n' | sed 's/-.*//' | sort -n | tail -1)
+repo=$(cd "$(dirname "$0")/../.." && pwd)
+n=$(find "$dir" -mindepth 1 -maxdepth 1 -type d -name '[0-9]*-*' -printf '%f\n' | sed 's/-.*//' \
+    | sed 's/^0*//' | sed 's/^$/0/' | sort -n | tail -1)
 out="$dir/$(( ${n:-0} + 1 ))-plan"
+[ -e "$out" ] && { echo "plan: $out exists already" >&2; exit 2; }
 stage=$(mktemp -d "$dir/.plan-staging.XXXXXX")
 trap 'rm -rf "$stage"' EXIT
 python3 - "$dir" "$stage" <<'PY'
@@ -30,60 +35,72 @@ root, stage = Path(sys.argv[1]), Path(sys.argv[2])
 order = lambda p: [int(x) if x.isdigit() else x for x in re.split(r"(\d+)", str(p))]
 
 
-def last(pattern):
-    found = sorted(root.glob(f"*/gpu-suite/{pattern}"), key=order)
+def last(folder, name):
+    """The last `folder/name` under root in the calls' order, at any depth, staging folders
+    (a dot in the path) left out."""
+    found = sorted((p for p in root.rglob(name) if p.parent.name == folder
+                    and not any(part.startswith(".") for part in p.relative_to(root).parts)), key=order)
     return found[-1] if found else None
 
 
 def rows(path):
-    return [r for r in json.loads(path.read_text()) if r["target"] == "cuda/bf16"] if path else []
+    """A report's rows measured on CUDA in bf16."""
+    try:
+        got = json.loads(path.read_text()) if path else []
+    except (OSError, ValueError) as e:
+        sys.exit(f"plan: {path}: {e}")
+    return [r for r in got if isinstance(r, dict) and r.get("target") == "cuda/bf16"]
 
 
-steps = [(r, p) for name in ("paper-9220", "paper-9220-by-hand", "paper-9220-five")
-         for p in [last(f"{name}/train-step.json")] for r in rows(p)]
-if not steps:
-    sys.exit("plan: no train step at 2 x 9,220 on CUDA in bf16 (paper-9220*/train-step.json)")
-train, train_path = max(steps, key=lambda s: s[0]["tokens_per_second"])
+train_path = last("paper-9220", "train-step.json")
+train = rows(train_path)
+if not train:
+    sys.exit("plan: no train step at 2 x 9,220 on CUDA in bf16 (paper-9220/train-step.json)")
 
 
-def sampling(long_tail, paper):
-    """The faster continuous run of a long-tail file (its rows after the waves), else the
-    paper-shape run."""
-    path = last(f"{long_tail}/generate.json")
-    runs = rows(path)[1:]
-    if runs:
-        return max(runs, key=lambda r: r["tokens_per_second"]), path
-    path = last(f"{paper}/generate.json")
-    got = rows(path)
-    return (got[-1], path) if got else (None, None)
+def sampling(paged, dense, paper):
+    """The paged long-tail run (its last row), else the dense long-tail run's continuous batching
+    (its second row), else the paper-shape run; with its file."""
+    for folder, pick in ((paged, lambda r: r[2] if len(r) > 2 else None),
+                         (dense, lambda r: r[1] if len(r) > 1 else None),
+                         (paper, lambda r: r[-1] if r else None)):
+        path = last(folder, "generate.json")
+        row = pick(rows(path))
+        if row:
+            return row, path
+    return None, None
 
 
-notes = [f"train step: {train_path.relative_to(root)} ({train['tokens_per_second']:.0f} tokens/s, the fastest way run)"]
-for kv, long_tail, paper in (("measured", "generate-long-tail-paged", "generate-paper"),
-                             ("fp8-kv", "generate-long-tail-paged-fp8", "generate-paper-fp8")):
-    row, path = sampling(long_tail, paper)
+notes = [f"train step: {train_path.relative_to(root)} ({train[-1]['tokens_per_second']:.0f} tokens/s)"]
+for kv, suffix in (("measured", ""), ("fp8-kv", "-fp8")):
+    row, path = sampling(f"generate-long-tail-paged{suffix}", f"generate-long-tail{suffix}", f"generate-paper{suffix}")
     if row is None:
         if kv == "measured":
-            sys.exit("plan: no sampling run on CUDA in bf16 (generate-long-tail-paged or generate-paper)")
+            sys.exit("plan: no sampling run on CUDA in bf16 (generate-long-tail-paged, generate-long-tail "
+                     "or generate-paper)")
         continue
     (stage / kv).mkdir()
-    (stage / kv / "train-step.json").write_text(json.dumps([train], indent=1))
+    (stage / kv / "train-step.json").write_text(json.dumps([train[-1]], indent=1))
     (stage / kv / "generate.json").write_text(json.dumps([row], indent=1))
     notes.append(f"{kv}: sampling {path.relative_to(root)}, the row of {row['tokens_per_second']:.0f} tokens/s "
                  f"({row['shape']})")
 (stage / "inputs.txt").write_text("\n".join(notes) + "\n")
 PY
-mkdir -p "$stage/out"
+mkdir "$stage/out"
 for kv in measured fp8-kv; do
     [ -d "$stage/$kv" ] || continue
-    "$acpo" bench paper-plan --measured "$stage/$kv" --out "$stage/out/$kv" > /dev/null
+    if ! "$acpo" bench paper-plan --measured "$stage/$kv" --out "$stage/out/$kv" \
+        --experiments "$repo/experiments/paper" --configs "$repo/experiments/paper/configs" > /dev/null; then
+        echo "plan: acpo bench paper-plan failed on the $kv rates" >&2
+        exit 1
+    fi
     cp "$stage/$kv/train-step.json" "$stage/$kv/generate.json" "$stage/out/$kv/"
 done
 {
-    echo "# Computed on the CPU after the loan by tools/gpu/plan.sh ($("$acpo" --version 2>/dev/null | head -1), the tree at"
-    echo "# commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)): acpo bench paper-plan over these rates"
+    echo "# Computed on the CPU after the loan by tools/gpu/plan.sh with $("$acpo" --version 2>/dev/null | head -1)"
+    echo "# (the checkout at $(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo unknown)): acpo bench paper-plan over these rates"
     sed 's/^/# /' "$stage/inputs.txt"
 } > "$stage/out/commands.txt"
-mv "$stage/out" "$out"
+mv -T "$stage/out" "$out"
 echo "plan: $out"
 cat "$out/commands.txt"
