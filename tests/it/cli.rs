@@ -1240,3 +1240,83 @@ fn model_logprobs_match_transformers() {
     assert_eq!(out.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&out.stderr).contains("ids.jsonl:1"));
 }
+
+/// `tools/gpu/plan.sh` (`just gpu-plan DIR`) on the H200 run's committed rates, from another
+/// directory: the next numbered call folder, the plan `acpo bench paper-plan` makes of the
+/// trainer's step and the sampling run, the same bytes as the committed 4-plan; a second call
+/// takes the next number (call 10 after call 9), and a missing directory is refused.
+#[test]
+fn gpu_plan_script_costs_a_runs_rates_into_its_next_call_folder() {
+    let run = repo().join("results/gpu/NVIDIA-H200-20261126");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let root = dir.path().join("NVIDIA-H200-20261126");
+    for (from, to) in [
+        (
+            "1-suite/gpu-suite/paper-9220/train-step.json",
+            "1-suite/gpu-suite/paper-9220",
+        ),
+        ("1-suite/gpu-suite/summary.txt", "1-suite/gpu-suite"),
+        (
+            "2-decode/gpu-suite/generate-paper/generate.json",
+            "2-decode/gpu-suite/generate-paper",
+        ),
+        // a variant the trainer cannot run, faster: not a paper run's rate
+        (
+            "1-suite/gpu-suite/paper-9220/train-step.json",
+            "1-suite/gpu-suite/paper-9220-by-hand",
+        ),
+    ] {
+        std::fs::create_dir_all(root.join(to)).expect("mkdir");
+        let name = Path::new(from).file_name().expect("name");
+        std::fs::copy(run.join(from), root.join(to).join(name)).expect("copy");
+    }
+    let faster = root.join("1-suite/gpu-suite/paper-9220-by-hand/train-step.json");
+    let text = std::fs::read_to_string(&faster).expect("read");
+    std::fs::write(
+        &faster,
+        text.replace("\"tokens_per_second\": ", "\"tokens_per_second\": 9"),
+    )
+    .expect("w");
+    std::fs::create_dir(root.join("9-empty")).expect("mkdir");
+    let plan = |dir: &Path| {
+        std::process::Command::new("bash")
+            .arg(repo().join("tools/gpu/plan.sh"))
+            .arg(dir)
+            .env("ACPO_BIN", env!("CARGO_BIN_EXE_acpo"))
+            .current_dir(std::env::temp_dir())
+            .output()
+            .expect("bash")
+    };
+    let out = plan(&root);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for file in [
+        "paper-plan.json",
+        "paper-plan.md",
+        "train-step.json",
+        "generate.json",
+    ] {
+        assert_eq!(
+            std::fs::read(root.join("10-plan/measured").join(file)).expect("made"),
+            std::fs::read(run.join("4-plan/measured").join(file)).expect("committed"),
+            "{file}"
+        );
+    }
+    // no FP8 sampling run: no FP8 plan; nothing staged left behind
+    assert!(!root.join("10-plan/fp8-kv").exists());
+    let left: Vec<_> = std::fs::read_dir(&root)
+        .expect("ls")
+        .map(|e| e.expect("e").file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+    let again = plan(&root);
+    assert!(again.status.success());
+    assert!(root.join("11-plan/measured/paper-plan.json").is_file());
+    let missing = plan(&dir.path().join("absent"));
+    assert_eq!(missing.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&missing.stderr).contains("is not a directory"));
+}
