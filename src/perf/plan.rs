@@ -17,10 +17,11 @@
 //! ([`kv_bytes_per_token`]). The copy rate is the one the sampling measurement recorded beside
 //! its roofline. The same bound with a cache of one byte an element (an FP8 KV cache, which
 //! halves those bytes) says what the cache's precision alone could buy. And where the sampling
-//! measurement recorded its roofline, the plan carries the fraction of the copy rate its decode
-//! steps reached to each run's own contexts (that fraction of the bound there): the suite's
-//! sampling runs are shorter than a paper run's, so their rates, read at fewer KV bytes a token,
-//! overstate a paper run's sampling.
+//! measurement recorded its roofline, the plan carries its decode steps to each run's own model
+//! and mean contexts ([`carried_rate`]): the same rows a step, moving every weight once and each
+//! row's KV cache at the same fraction of the copy rate. The suite's sampling runs are shorter
+//! than a paper run's, so their rates, read at fewer KV bytes a token, overstate a paper run's
+//! sampling; the carried rate is a model of it, not a measurement.
 
 use crate::files::AtPath;
 use std::path::{Path, PathBuf};
@@ -66,11 +67,10 @@ pub struct RunCost {
     pub gpu_hours_at_kv_bound: Option<f64>,
     /// The same with a KV cache of one byte an element (FP8): both bounds doubled.
     pub gpu_hours_at_fp8_kv_bound: Option<f64>,
-    /// The GPU-hours with each sampler at the fraction of the copy rate its measurement's decode
-    /// steps reached, carried to the run's own mean contexts: new tokens/s = that fraction × the
-    /// KV-bandwidth bound there (None without the measurement's roofline). A sampling rate
-    /// measured at shorter contexts than a paper run's reads fewer KV bytes a token than the
-    /// run would, so the rate itself overstates the run's; this does not.
+    /// The GPU-hours with each sampler's measured decode steps carried to the run's own model and
+    /// mean contexts ([`carried_rate`]; None without the measurement's roofline). A sampling rate
+    /// measured at shorter contexts than a paper run's reads fewer KV bytes a token than the run
+    /// would, so the rate itself overstates the run's sampling; this models it instead.
     pub gpu_hours_at_paper_contexts: Option<f64>,
     pub paper_gpus: usize,
 }
@@ -83,14 +83,43 @@ struct Rate {
     shape: String,
     /// The device copy rate the measurement recorded beside its roofline, GB/s.
     copy_gb_per_s: Option<f64>,
-    /// The fraction of that rate its decode steps reached (their roofline's), where recorded.
-    fraction: Option<f64>,
+    /// Its decode steps, where it recorded their roofline: the fraction of the copy rate they
+    /// reached (every weight once a step and each row's KV cache) and the rows a step (tokens
+    /// drawn a second × seconds a step).
+    decode: Option<DecodeSteps>,
+}
+
+/// A sampling measurement's decode steps ([`Rate::decode`]).
+#[derive(Debug, Clone, Copy)]
+struct DecodeSteps {
+    fraction: f64,
+    rows: f64,
+}
+
+/// New tokens/s of decode steps like `measured`'s (`rows` a step, moving every weight once and
+/// each row's KV cache at `fraction` of `copy_bytes_per_s`) for a model of `weight_bytes` at
+/// `context` positions of `kv_bytes_per_position`: rows ÷ the step's bytes at that rate. At the
+/// measurement's own model and mean context it is the measured decode rate.
+pub fn carried_rate(
+    fraction: f64,
+    rows: f64,
+    copy_bytes_per_s: f64,
+    weight_bytes: f64,
+    context: f64,
+    kv_bytes_per_position: f64,
+) -> f64 {
+    fraction * copy_bytes_per_s * rows / (weight_bytes + rows * context * kv_bytes_per_position)
 }
 
 /// The bytes of KV cache one new token's attention reads at `context` positions, each element
 /// `elem_size` bytes (2 for bf16, 1 for FP8).
 pub fn kv_bytes_per_token(cfg: &crate::model::QwenConfig, context: f64, elem_size: usize) -> f64 {
     cfg.kv_bytes_per_position(elem_size) as f64 * context
+}
+
+/// A JSON number that is finite and above zero, or None.
+fn positive(v: &serde_json::Value) -> Option<f64> {
+    v.as_f64().filter(|x| x.is_finite() && *x > 0.0)
 }
 
 /// The first measurement in `dir/<name>.json` on CUDA in bf16.
@@ -115,10 +144,18 @@ fn measured(dir: &Path, name: &str) -> Result<Rate> {
         parameters: get("parameters")?,
         tokens_per_second: get("tokens_per_second")?,
         shape: row["shape"].as_str().unwrap_or("?").to_string(),
-        copy_gb_per_s: row["roofline"]["copy_gb_per_s"].as_f64(),
-        fraction: row["roofline"]["fraction"]
-            .as_f64()
-            .filter(|f| f.is_finite() && *f > 0.0),
+        copy_gb_per_s: positive(&row["roofline"]["copy_gb_per_s"]),
+        decode: match (
+            positive(&row["roofline"]["fraction"]).filter(|f| *f <= 1.0),
+            positive(&row["roofline"]["decode_tokens_per_second"]),
+            positive(&row["roofline"]["step_seconds"]),
+        ) {
+            (Some(fraction), Some(tps), Some(step)) => Some(DecodeSteps {
+                fraction,
+                rows: tps * step,
+            }),
+            _ => None,
+        },
     })
 }
 
@@ -200,15 +237,21 @@ fn run_cost(exp: &crate::manifest::Experiment, configs: &Path, rates: &Rates) ->
             .map(|(r, e)| (steps * per_step_sample / r + eval_tokens / e + train_seconds) / 3600.0)
     };
     let (bf16, fp8) = (2, 1);
-    // Each sampler at its measured fraction of the copy rate, at the run's own contexts.
-    let at_paper_contexts = rates
-        .rollouts
-        .fraction
-        .zip(rates.evaluation().fraction)
-        .zip(bound(rollout_context, bf16).zip(bound(eval_context, bf16)))
-        .map(|((fr, fe), (r, e))| {
-            (steps * per_step_sample / (fr * r) + eval_tokens / (fe * e) + train_seconds) / 3600.0
-        });
+    // Each sampler's measured decode steps carried to this run's model and mean contexts.
+    let carried = |rate: &Rate, context: f64| {
+        let (d, copy) = (rate.decode?, rate.copy_gb_per_s?);
+        Some(carried_rate(
+            d.fraction,
+            d.rows,
+            copy * 1e9,
+            params * 2.0,
+            context,
+            cfg.kv_bytes_per_position(bf16) as f64,
+        ))
+    };
+    let at_paper_contexts = carried(&rates.rollouts, rollout_context)
+        .zip(carried(rates.evaluation(), eval_context))
+        .map(|(r, e)| (steps * per_step_sample / r + eval_tokens / e + train_seconds) / 3600.0);
     Ok(RunCost {
         run: exp.name.clone(),
         steps: exp.trainer.total_steps,
@@ -270,8 +313,8 @@ fn plan_markdown(rates: &Rates, rows: &[RunCost]) -> String {
         100.0 * RESPONSE_SHARE,
     );
     md.push_str(&match rates.copy() {
-        Some(gbps) => format!("The KV-bandwidth bound: new tokens/s ≤ the measured copy rate ({gbps:.0} GB/s) ÷ the bf16 KV bytes a token's attention reads at its mean context (prompt + half the response), per run below; two columns are the run's GPU-hours had both samplers run at it, with this bf16 cache and with an FP8 cache (one byte an element, the bound doubled; training at its measured rate in both). {}\n\n", match rates.rollouts.fraction.zip(rates.evaluation().fraction) {
-            Some((r, e)) => format!("The sampling measurements reached {:.1} % (rollouts) and {:.1} % (evaluations) of the copy rate in their decode steps, at their own contexts, shorter than a paper run's: the column \"at the paper's contexts\" carries those fractions to each run's mean contexts (new tokens/s = the fraction × the bound there), where the rates themselves, read at fewer KV bytes a token, overstate a paper run's sampling.", 100.0 * r, 100.0 * e),
+        Some(gbps) => format!("The KV-bandwidth bound: new tokens/s ≤ the measured copy rate ({gbps:.0} GB/s) ÷ the bf16 KV bytes a token's attention reads at its mean context (prompt + half the response), per run below; two columns are the run's GPU-hours had both samplers run at it, with this bf16 cache and with an FP8 cache (one byte an element, the bound doubled; training at its measured rate in both). {}\n\n", match rates.rollouts.decode.zip(rates.evaluation().decode) {
+            Some((r, e)) => format!("The sampling measurements' decode steps drew {:.0} (rollouts) and {:.0} (evaluations) rows a step and moved their bytes (every weight once, each row's KV cache) at {:.1} % and {:.1} % of the copy rate, at their own contexts, shorter than a paper run's, whose rates, read at fewer KV bytes a token, overstate a paper run's sampling. The column \"at the paper's contexts\" models it instead: the same rows a step at the same fraction of the copy rate, with each run's own weights and mean contexts (new tokens/s = rows ÷ the step's bytes at that rate; a model, not a measurement).", r.rows, e.rows, 100.0 * r.fraction, 100.0 * e.fraction),
             None => "The sampling measurements recorded no roofline: their rates are not carried to a paper run's contexts.".to_string(),
         }),
         None => "No copy rate was recorded beside the sampling measurement: no KV-bandwidth bound.\n\n".to_string(),
@@ -318,4 +361,40 @@ fn plan_markdown(rates: &Rates, rows: &[RunCost]) -> String {
     }
     md.push_str(&t.to_string());
     md
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Carried to its own model and mean context, the H200 run's sampling measurement gives back
+    /// its measured decode rate; at twice the context, less (more KV bytes a row), and for a
+    /// model of twice the weights, less.
+    #[test]
+    fn the_carried_rate_is_the_measured_one_at_the_measured_shape() {
+        let repo = Path::new(env!("CARGO_MANIFEST_DIR"));
+        let dir = repo.join("results/gpu/NVIDIA-H200-20261126/2-decode/gpu-suite/generate-paper");
+        let rate = measured(&dir, "generate").expect("the committed measurement");
+        let d = rate.decode.expect("its roofline");
+        let cfg =
+            crate::model::QwenConfig::load(&repo.join("experiments/paper/configs/qwen3-1.7b.json"))
+                .expect("config");
+        // 64 prompts of 1,024 + 512 new tokens: the mean context 1,024 + 256
+        let carry = |weights: f64, context: f64| {
+            carried_rate(
+                d.fraction,
+                d.rows,
+                rate.copy_gb_per_s.expect("copy") * 1e9,
+                weights,
+                context,
+                cfg.kv_bytes_per_position(2) as f64,
+            )
+        };
+        let weights = rate.parameters * 2.0;
+        let measured_tps = 4851.361032664127;
+        assert!((d.rows - 64.0).abs() < 1e-6, "{}", d.rows);
+        assert!((carry(weights, 1280.0) / measured_tps - 1.0).abs() < 1e-9);
+        assert!(carry(weights, 2560.0) < measured_tps);
+        assert!(carry(2.0 * weights, 1280.0) < measured_tps);
+    }
 }

@@ -736,13 +736,17 @@ fn bench_paper_plan_costs_every_paper_run_from_measured_rates() {
         (f("gpu_hours_at_fp8_kv_bound") / fp8 - 1.0).abs() < 1e-12,
         "{grpo}"
     );
-    // Without the sampling run's fraction of the copy rate, nothing is carried to the paper's
-    // contexts; with it (a quarter), sampling runs at a quarter of the bound there: its hours
-    // at the bound four times over, training's as measured.
+    // Without the sampling run's decode steps (their fraction of the copy rate and rows a
+    // step), nothing is carried to the paper's contexts; with them (a quarter of the copy rate,
+    // 64 rows a step), sampling runs as 64 rows a step would, moving the model's weights
+    // (1,720,574,976 parameters in bf16) and each row's cache at the runs' mean context at a
+    // quarter of the copy rate; training as measured.
     assert!(grpo["gpu_hours_at_paper_contexts"].is_null(), "{grpo}");
     assert!(md.contains("recorded no roofline"), "{md}");
     let mut generate = generate;
     generate[2]["roofline"]["fraction"] = serde_json::json!(0.25);
+    generate[2]["roofline"]["decode_tokens_per_second"] = serde_json::json!(5_000.0);
+    generate[2]["roofline"]["step_seconds"] = serde_json::json!(0.0128);
     std::fs::write(measured.join("generate.json"), generate.to_string()).expect("w");
     let carried = report_rows(
         &[
@@ -759,14 +763,17 @@ fn bench_paper_plan_costs_every_paper_run_from_measured_rates() {
         .iter()
         .find(|r| r["run"] == "qwen3-1.7b-grpo")
         .expect("r");
-    let want = f("train_hours") + 4.0 * sampling_at_bound;
+    let rate =
+        0.25 * 3_000e9 * 64.0 / (2.0 * 1_720_574_976.0 + 64.0 * (512.0 + 2_049.0) * per_position);
+    let want = f("train_hours") + (f("sample_tokens") + f("eval_tokens")) / rate / 3600.0;
     let got = carried["gpu_hours_at_paper_contexts"].as_f64().expect("h");
-    assert!((got / want - 1.0).abs() < 1e-12, "{carried}");
+    assert!((got / want - 1.0).abs() < 1e-9, "{got} {want}");
     let md = std::fs::read_to_string(dir.path().join("paper-plan.md")).expect("md");
     assert!(
-        md.contains("reached 25.0 % (rollouts) and 25.0 % (evaluations)"),
+        md.contains("drew 64 (rollouts) and 64 (evaluations) rows a step"),
         "{md}"
     );
+    assert!(md.contains("at 25.0 % and 25.0 % of the copy rate"), "{md}");
     // a measurement at the evaluation's own shape is used for the evaluations
     std::fs::write(
         measured.join("generate-eval.json"),

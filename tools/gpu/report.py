@@ -1059,9 +1059,9 @@ def targets(root):
 def plan_targets(root, plan):
     """Issues #43 and #57's plan target, qwen3-1.7b-grpo in ≤ 48 GPU-hours on one GPU (#57: an
     H100), from the plan of the run's rates on its own GPU, judged on the larger of its hours at
-    the measured rates and at the paper's contexts (the rates' fraction of the copy rate carried
-    to the run's own contexts, where the plan has it: the suite samples shorter contexts than a
-    paper run); beside it what the KV-bandwidth bound allows in bf16 and in FP8, and the plan
+    the measured rates and at the paper's contexts (the sampling runs' decode steps carried to
+    the run's own model and contexts, where the plan has it: the suite samples shorter contexts
+    than a paper run); beside it what the KV-bandwidth bound allows in bf16 and in FP8, and the plan
     from the rate measured over an FP8 cache where there is one (tools/gpu/plan.sh). A run
     that measured the rates but has no plan yet says so."""
     grpo = lambda path: next((r for r in load(path) if r["run"] == "qwen3-1.7b-grpo"), None) if path else None
