@@ -684,17 +684,21 @@ fn bench_paper_plan_costs_every_paper_run_from_measured_rates() {
     ];
     let generate = serde_json::json!([earlier[0], earlier[1], generate[0]]);
     std::fs::write(measured.join("generate.json"), generate.to_string()).expect("w");
-    let rows = report_rows(
-        &[
-            "bench",
-            "paper-plan",
-            "--measured",
-            measured.to_str().expect("u"),
-            "--out",
-            out,
-        ],
-        &dir.path().join("paper-plan.json"),
-    );
+    // the plan of the rates in `measured`, its rows
+    let plan = || {
+        report_rows(
+            &[
+                "bench",
+                "paper-plan",
+                "--measured",
+                measured.to_str().expect("u"),
+                "--out",
+                out,
+            ],
+            &dir.path().join("paper-plan.json"),
+        )
+    };
+    let rows = plan();
     assert_eq!(rows.len(), 16);
     let hours = |run: &str| {
         rows.iter().find(|r| r["run"] == run).expect(run)["gpu_hours"]
@@ -748,17 +752,7 @@ fn bench_paper_plan_costs_every_paper_run_from_measured_rates() {
     generate[2]["roofline"]["decode_tokens_per_second"] = serde_json::json!(5_000.0);
     generate[2]["roofline"]["step_seconds"] = serde_json::json!(0.0128);
     std::fs::write(measured.join("generate.json"), generate.to_string()).expect("w");
-    let carried = report_rows(
-        &[
-            "bench",
-            "paper-plan",
-            "--measured",
-            measured.to_str().expect("u"),
-            "--out",
-            out,
-        ],
-        &dir.path().join("paper-plan.json"),
-    );
+    let carried = plan();
     let carried = carried
         .iter()
         .find(|r| r["run"] == "qwen3-1.7b-grpo")
@@ -780,22 +774,7 @@ fn bench_paper_plan_costs_every_paper_run_from_measured_rates() {
         row("generate", 10_000.0).to_string(),
     )
     .expect("w");
-    let again = acpo(
-        &[
-            "bench",
-            "paper-plan",
-            "--measured",
-            measured.to_str().expect("u"),
-            "--out",
-            out,
-        ],
-        repo(),
-    );
-    assert!(again.status.success());
-    let rows: Vec<serde_json::Value> = serde_json::from_str(
-        &std::fs::read_to_string(dir.path().join("paper-plan.json")).expect("json"),
-    )
-    .expect("rows");
+    let rows = plan();
     let eval_hours = rows
         .iter()
         .find(|r| r["run"] == "qwen3-1.7b-grpo")
