@@ -599,8 +599,7 @@ fn call_order(path: &Path) -> Vec<(usize, String)> {
 }
 
 /// The median of `repeats` (at least one) runs of `run`, each its seconds.
-fn median_of(repeats: usize, run: impl FnMut() -> Result<f64>) -> Result<f64> {
-    let mut run = run;
+fn median_of(repeats: usize, mut run: impl FnMut() -> Result<f64>) -> Result<f64> {
     let runs = (0..repeats.max(1))
         .map(|_| run())
         .collect::<Result<Vec<_>>>()?;

@@ -230,11 +230,16 @@ fn run_cost(exp: &crate::manifest::Experiment, configs: &Path, rates: &Rates) ->
             .map(|gbps| gbps * 1e9 / kv_bytes_per_token(&cfg, context, elem_size))
     };
     let (rollout_context, eval_context) = (prompt + response / 2.0, prompt + answer / 2.0);
+    // GPU-hours with the rollouts sampled at `rollout_tps` new tokens/s and the evaluations at
+    // `eval_tps`, training at its measured rate.
+    let hours = |rollout_tps: f64, eval_tps: f64| {
+        (steps * per_step_sample / rollout_tps + eval_tokens / eval_tps + train_seconds) / 3600.0
+    };
     // GPU-hours had both samplers run at the bound of a cache of `elem_size` bytes an element.
     let hours_at = |elem_size: usize| {
         bound(rollout_context, elem_size)
             .zip(bound(eval_context, elem_size))
-            .map(|(r, e)| (steps * per_step_sample / r + eval_tokens / e + train_seconds) / 3600.0)
+            .map(|(r, e)| hours(r, e))
     };
     let (bf16, fp8) = (2, 1);
     // Each sampler's measured decode steps carried to this run's model and mean contexts.
@@ -251,7 +256,7 @@ fn run_cost(exp: &crate::manifest::Experiment, configs: &Path, rates: &Rates) ->
     };
     let at_paper_contexts = carried(&rates.rollouts, rollout_context)
         .zip(carried(rates.evaluation(), eval_context))
-        .map(|(r, e)| (steps * per_step_sample / r + eval_tokens / e + train_seconds) / 3600.0);
+        .map(|(r, e)| hours(r, e));
     Ok(RunCost {
         run: exp.name.clone(),
         steps: exp.trainer.total_steps,

@@ -27,20 +27,19 @@ out="$dir/$(( ${n:-0} + 1 ))-plan"
 [ -e "$out" ] && { echo "plan: $out exists already" >&2; exit 2; }
 stage=$(mktemp -d "$dir/.plan-staging.XXXXXX")
 trap 'rm -rf "$stage"' EXIT
-python3 - "$dir" "$stage" <<'PY'
-import json, re, sys
+python3 - "$dir" "$stage" "$repo/tools/gpu" <<'PY'
+import json, sys
 from pathlib import Path
 
 root, stage = Path(sys.argv[1]), Path(sys.argv[2])
-order = lambda p: [int(x) if x.isdigit() else x for x in re.split(r"(\d+)", str(p))]
+sys.path.insert(0, sys.argv[3])
+from report import found  # the report's walk: the calls' order, dot-folders (staging) left out
 
 
 def last(folder, name):
-    """The last `folder/name` under root in the calls' order, at any depth, staging folders
-    (a dot in the path) left out."""
-    found = sorted((p for p in root.rglob(name) if p.parent.name == folder
-                    and not any(part.startswith(".") for part in p.relative_to(root).parts)), key=order)
-    return found[-1] if found else None
+    """The last `folder/name` under root in the calls' order, at any depth."""
+    files = [p for p in found(root, name) if p.parent.name == folder]
+    return files[-1] if files else None
 
 
 def rows(path):
