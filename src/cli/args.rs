@@ -556,6 +556,11 @@ pub struct BenchArgs {
     /// [default: all].
     #[arg(long, value_parser = flags::count(flags::MAX_SEQUENCES))]
     pub max_batch: Option<usize>,
+    /// generate: responses per prompt, a GRPO group or Avg@k's k: --batch / --group prompts,
+    /// each sampled --group times with its own key (over the paged KV cache a group is
+    /// prefilled once and shares its prompt's blocks) [default: 1].
+    #[arg(long, value_parser = flags::count(flags::MAX_SEQUENCES))]
+    pub group: Option<usize>,
     /// generate: long-tailed response lengths up to --new-tokens, waves of --max-batch prompts
     /// against continuous batching.
     #[arg(long)]

@@ -13,13 +13,16 @@ use crate::model::qwen::Qwen;
 use crate::model::{init, QwenConfig};
 use crate::rollout::{self, GenStats, SampleRequest, SamplingParams};
 
-fn prompt_ids(vocab: usize, batch: usize, len: usize) -> Vec<Vec<u32>> {
+/// `batch` rows of `len` random tokens, seeded: `batch / group` distinct prompts, each `group`
+/// times in a row (a GRPO group, Avg@k's k samples of a problem).
+fn prompt_ids(vocab: usize, batch: usize, len: usize, group: usize) -> Vec<Vec<u32>> {
     let mut rng = crate::rng::SplitMix64::new(11);
-    (0..batch)
-        .map(|_| {
-            (0..len)
+    (0..batch / group)
+        .flat_map(|_| {
+            let prompt: Vec<u32> = (0..len)
                 .map(|_| (rng.next_u64() % vocab as u64) as u32)
-                .collect()
+                .collect();
+            std::iter::repeat_n(prompt, group)
         })
         .collect()
 }
@@ -47,6 +50,12 @@ enum Batching {
 
 impl<'t> Sampler<'t> {
     fn new(cfg: &QwenConfig, target: &'t Target, shape: &SampleShape) -> Result<Sampler<'t>> {
+        if shape.group == 0 || !shape.batch.is_multiple_of(shape.group) {
+            return Err(super::PerfError::Shape(format!(
+                "--group {} must divide --batch {} (rows: prompts × responses per prompt)",
+                shape.group, shape.batch
+            )));
+        }
         let precision = crate::model::Precision::inference(target.dtype);
         let composed = !crate::model::qwen::Kernels::for_device(&target.device).flash_attention;
         let need = sampling_bytes(cfg, shape, precision, composed, &target.device);
@@ -67,7 +76,7 @@ impl<'t> Sampler<'t> {
             model: Qwen::new(cfg, &params, true)?.with_kv_cache(shape.kv_cache)?,
             precision,
             params,
-            prompts: prompt_ids(cfg.vocab_size, shape.batch, shape.prompt_len),
+            prompts: prompt_ids(cfg.vocab_size, shape.batch, shape.prompt_len, shape.group),
             keys: (0..shape.batch as u64).map(|i| [0, 0, i, 0]).collect(),
             params_at_t1: SamplingParams {
                 temperature: 1.0,
@@ -296,10 +305,11 @@ fn steady_roofline(
 /// bytes the roofline counts).
 fn generate_shape(shape: &SampleShape, s: &Sampler) -> String {
     format!(
-        "{} prompts of {} + {} new tokens{}{}",
+        "{} prompts of {} + {} new tokens{}{}{}",
         shape.batch,
         shape.prompt_len,
         shape.new_tokens,
+        groups(shape),
         shape
             .max_batch
             .map_or_else(String::new, |n| format!(", {n} at once")),
@@ -310,6 +320,19 @@ fn generate_shape(shape: &SampleShape, s: &Sampler) -> String {
             (false, false) => "",
         }
     )
+}
+
+/// The groups of a shape in words (none for one response a prompt).
+fn groups(shape: &SampleShape) -> String {
+    if shape.group > 1 {
+        format!(
+            " ({} distinct × {} responses)",
+            shape.batch / shape.group,
+            shape.group
+        )
+    } else {
+        String::new()
+    }
 }
 
 /// Response lengths of the long-tail benchmark: ⌈N·u⁶⌉ for u uniform in [0, 1), seeded. The
@@ -349,8 +372,11 @@ pub fn bench_long_tail(m: &Subject, opts: &SpeedOptions) -> Result<Vec<Measureme
         ""
     };
     let prompts = format!(
-        "{} prompts of {}, long-tailed lengths ≤ {} (Σ {tokens})",
-        shape.batch, shape.prompt_len, shape.new_tokens
+        "{} prompts of {}{}, long-tailed lengths ≤ {} (Σ {tokens})",
+        shape.batch,
+        shape.prompt_len,
+        groups(shape),
+        shape.new_tokens
     );
     // The warm-up (kernels loaded, the products' plans made at every batch size the runs
     // meet) at two tokens a prompt: a whole run in waves, the slowest, cost the GPU suite's

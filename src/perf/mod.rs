@@ -117,13 +117,16 @@ pub struct SpeedOptions {
 /// The shape of the generate benchmark.
 #[derive(Debug, Clone, Copy)]
 pub struct SampleShape {
-    /// Prompts, each sampled once.
+    /// Rows sampled: prompts × `group`.
     pub batch: usize,
     pub prompt_len: usize,
     /// New tokens per prompt (no early stop).
     pub new_tokens: usize,
     /// Sequences decoded at once (continuous batching); None: all.
     pub max_batch: Option<usize>,
+    /// Responses per prompt (a GRPO group, Avg@k's k): `batch / group` distinct prompts, each
+    /// `group` times in a row, every row its own key; the paged engine prefills a group once.
+    pub group: usize,
     /// Response lengths from a long-tailed distribution instead of `new_tokens` for all: the
     /// benchmark then compares waves of `max_batch` prompts with continuous batching.
     pub long_tail: bool,
@@ -143,6 +146,7 @@ impl Default for SampleShape {
             prompt_len: PROMPT_LEN,
             new_tokens: NEW_TOKENS,
             max_batch: None,
+            group: 1,
             long_tail: false,
             paged: false,
             kv_cache: crate::model::qwen::KvCacheDtype::Model,

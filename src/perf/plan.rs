@@ -7,9 +7,11 @@
 //! --long-tail --paged-kv` is the paged engine's run), and where the suite measured it, sampling at the evaluation's own shape
 //! (`generate-eval.json`; else the rollouts' rate serves both, and the plan says so). Other
 //! sizes are scaled by parameter count: a train step's FLOPs, and a decode step's weight reads,
-//! both grow with it. Lengths are a stated assumption, since the paper does not report its mean
-//! response length. A response is taken to use half of `max_response_length`, and an
-//! evaluation answer half of `eval.max_new_tokens`.
+//! both grow with it. Response lengths are a stated assumption, since the paper does not report
+//! its mean response length. A response is taken to use half of `max_response_length`, and an
+//! evaluation answer half of `eval.max_new_tokens`. Prompt lengths are the data's: the mean
+//! prompt of DAPO-Math-17k and of the four benchmarks under the paper manifests' templates
+//! ([`TRAIN_PROMPT_TOKENS`], [`EVAL_PROMPT_TOKENS`]).
 //!
 //! Beside each sampling rate the plan prints the bound the memory sets on it: at a large batch a
 //! decode step's bytes are mostly the KV cache's, so new tokens/s cannot exceed the device's
@@ -33,6 +35,19 @@ use crate::report::table::{Align::Left, Align::Right, Table};
 
 /// The share of the length limits a response is taken to use.
 pub const RESPONSE_SHARE: f64 = 0.5;
+
+/// The mean training prompt in tokens: DAPO-Math-17k's 17,290 problems under the paper
+/// manifests' DAPO template and Qwen3's chat template and tokenizer (153.4, a prompt past the
+/// paper's `max_prompt_length` of 1,024 counted at it; a run with a shorter limit takes its
+/// limit). A prompt's tokens are trained on and every response's attention reads them, so the
+/// plan's training tokens and mean contexts count them. The test `the_plan_s_prompt_lengths_are_the_data_s` recomputes it
+/// from the data.
+pub const TRAIN_PROMPT_TOKENS: f64 = 153.0;
+
+/// The mean evaluation prompt in tokens: the four benchmarks' 1,677 problems under the boxed
+/// template and Qwen3's chat template and tokenizer (121.1), recomputed from the data by the
+/// same test.
+pub const EVAL_PROMPT_TOKENS: f64 = 121.0;
 
 /// The GPUs per run the paper used (its appendix: 8 for Qwen2.5-Math-7B and Qwen3-8B, 4 for
 /// Qwen3-4B, 2 for Qwen3-1.7B).
@@ -206,7 +221,7 @@ fn run_cost(exp: &crate::manifest::Experiment, configs: &Path, rates: &Rates) ->
     );
     let responses = exp.trainer.batch_size as f64 * exp.rollout.n as f64;
     let response = RESPONSE_SHARE * exp.data.max_response_length as f64;
-    let prompt = RESPONSE_SHARE * exp.data.max_prompt_length as f64;
+    let prompt = TRAIN_PROMPT_TOKENS.min(exp.data.max_prompt_length as f64);
     let per_step_sample = responses * response;
     // The update passes (epochs), plus the old log-probs' forward (a third of a step); a
     // critic doubles both.
@@ -229,7 +244,8 @@ fn run_cost(exp: &crate::manifest::Experiment, configs: &Path, rates: &Rates) ->
             .copy()
             .map(|gbps| gbps * 1e9 / kv_bytes_per_token(&cfg, context, elem_size))
     };
-    let (rollout_context, eval_context) = (prompt + response / 2.0, prompt + answer / 2.0);
+    let (rollout_context, eval_context) =
+        (prompt + response / 2.0, EVAL_PROMPT_TOKENS + answer / 2.0);
     // GPU-hours with the rollouts sampled at `rollout_tps` new tokens/s and the evaluations at
     // `eval_tps`, training at its measured rate.
     let hours = |rollout_tps: f64, eval_tps: f64| {
@@ -302,7 +318,7 @@ pub fn paper_plan(
 fn plan_markdown(rates: &Rates, rows: &[RunCost]) -> String {
     let (train, sample, eval_sample) = (&rates.train, &rates.rollouts, rates.evaluation());
     let mut md = format!(
-        "Measured: train step {:.0} tokens/s ({}, {}); sampling {:.0} new tokens/s for the rollouts ({}, {}) and {:.0} for the evaluations ({}); other sizes scaled by parameters. Responses use {:.0} % of their limits (an assumption).\n\n",
+        "Measured: train step {:.0} tokens/s ({}, {}); sampling {:.0} new tokens/s for the rollouts ({}, {}) and {:.0} for the evaluations ({}); other sizes scaled by parameters. Prompts are the data's mean, {:.0} tokens for training (DAPO-Math-17k) and {:.0} for the evaluations (the four benchmarks), under the manifests' templates with Qwen3's tokenizer; responses use {:.0} % of their limits (an assumption).\n\n",
         train.tokens_per_second,
         train.model,
         train.shape,
@@ -315,6 +331,8 @@ fn plan_markdown(rates: &Rates, rows: &[RunCost]) -> String {
         } else {
             "not measured at their own shape: the rollouts' rate".to_string()
         },
+        TRAIN_PROMPT_TOKENS,
+        EVAL_PROMPT_TOKENS,
         100.0 * RESPONSE_SHARE,
     );
     md.push_str(&match rates.copy() {

@@ -653,6 +653,74 @@ fn bench_generate_compares_waves_with_continuous_batching_on_long_tails() {
     }
 }
 
+/// `--group`: the rows are prompts sampled several times each (a GRPO group, Avg@k's k); the
+/// paged engine prefills a group's prompt once, the dense ones each row's, and the work is the
+/// same. A group that does not divide the batch is refused, naming the flag.
+#[test]
+fn bench_generate_samples_groups_and_the_paged_engine_prefills_each_prompt_once() {
+    let widest = |group: &str| {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let rows = report_rows(
+            &[
+                "bench",
+                "generate",
+                "--tiny-only",
+                "--long-tail",
+                "--paged-kv",
+                "--batch",
+                "12",
+                "--group",
+                group,
+                "--new-tokens",
+                "16",
+                "--repeats",
+                "1",
+                "--out",
+                dir.path().to_str().expect("utf8"),
+            ],
+            &dir.path().join("generate.json"),
+        );
+        assert_eq!(rows.len(), 3);
+        let want: usize = acpo::perf::long_tail_lengths(12, 16).iter().sum();
+        let paged = rows[2]["shape"].as_str().expect("s").to_string();
+        for row in &rows {
+            assert_eq!(row["tokens"], want);
+            let grouped = row["shape"]
+                .as_str()
+                .expect("s")
+                .starts_with("12 prompts of 32 (3 distinct × 4 responses), ");
+            assert_eq!(grouped, group == "4", "{}", row["shape"]);
+        }
+        paged
+            .split("the widest prefill ")
+            .nth(1)
+            .and_then(|s| s.split(' ').next())
+            .and_then(|n| n.parse::<usize>().ok())
+            .unwrap_or_else(|| panic!("the widest prefill: {paged}"))
+    };
+    // On the CPU the pool admits every row at once: 12 prompts of 32 positions, or 3.
+    assert_eq!(widest("1"), 12 * 32);
+    assert_eq!(widest("4"), 3 * 32);
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = acpo(
+        &[
+            "bench",
+            "generate",
+            "--tiny-only",
+            "--batch",
+            "12",
+            "--group",
+            "5",
+            "--out",
+            dir.path().to_str().expect("utf8"),
+        ],
+        repo(),
+    );
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("--group 5 must divide --batch 12"));
+    assert!(std::fs::read_dir(dir.path()).expect("ls").next().is_none());
+}
+
 #[test]
 fn bench_paper_plan_costs_every_paper_run_from_measured_rates() {
     let dir = tempfile::tempdir().expect("tempdir");
@@ -724,14 +792,25 @@ fn bench_paper_plan_costs_every_paper_run_from_measured_rates() {
     let md = std::fs::read_to_string(dir.path().join("paper-plan.md")).expect("md");
     assert!(md.contains("the rollouts' rate"), "{md}");
     // The KV-bandwidth bound, by hand for Qwen3-1.7B (28 layers, 8 KV heads of 128, bf16):
-    // 114,688 bytes per position; a rollout's mean context is half the prompt limit (512) plus
-    // half of half the response limit (8,196 / 4 = 2,049); an evaluation answer's 512 + 2,049.
+    // 114,688 bytes per position; a rollout's mean context is DAPO-Math-17k's mean prompt (153
+    // tokens) plus half of half the response limit (8,196 / 4 = 2,049); an evaluation
+    // answer's the benchmarks' mean prompt (121) + 2,049.
     let per_position = 2.0 * 28.0 * 8.0 * 128.0 * 2.0;
-    let bound = 3_000e9 / (per_position * (512.0 + 2_049.0));
+    let (rollout_context, eval_context) = (153.0 + 2_049.0, 121.0 + 2_049.0);
+    let bound = 3_000e9 / (per_position * rollout_context);
     assert!(
         (f("rollout_kv_bound_tps") / bound - 1.0).abs() < 1e-12,
         "{grpo}"
     );
+    let eval_bound = 3_000e9 / (per_position * eval_context);
+    assert!(
+        (f("eval_kv_bound_tps") / eval_bound - 1.0).abs() < 1e-12,
+        "{grpo}"
+    );
+    // Trained: 100 steps of 256 prompts × 4 responses, each its prompt (153) and half its limit
+    // (4,098), through one update pass and the old log-probs' forward (a third of one).
+    let trained = 100.0 * 1_024.0 * (153.0 + 4_098.0) * (1.0 + 1.0 / 3.0);
+    assert!((f("train_tokens") / trained - 1.0).abs() < 1e-12, "{grpo}");
     assert!(f("gpu_hours_at_kv_bound") < f("gpu_hours"), "{grpo}");
     // An FP8 cache halves the KV bytes: the sampling hours at the bound halve, training's stay.
     let sampling_at_bound = f("gpu_hours_at_kv_bound") - f("train_hours");
@@ -757,9 +836,12 @@ fn bench_paper_plan_costs_every_paper_run_from_measured_rates() {
         .iter()
         .find(|r| r["run"] == "qwen3-1.7b-grpo")
         .expect("r");
-    let rate =
-        0.25 * 3_000e9 * 64.0 / (2.0 * 1_720_574_976.0 + 64.0 * (512.0 + 2_049.0) * per_position);
-    let want = f("train_hours") + (f("sample_tokens") + f("eval_tokens")) / rate / 3600.0;
+    let rate = |context: f64| {
+        0.25 * 3_000e9 * 64.0 / (2.0 * 1_720_574_976.0 + 64.0 * context * per_position)
+    };
+    let want = f("train_hours")
+        + (f("sample_tokens") / rate(rollout_context) + f("eval_tokens") / rate(eval_context))
+            / 3600.0;
     let got = carried["gpu_hours_at_paper_contexts"].as_f64().expect("h");
     assert!((got / want - 1.0).abs() < 1e-9, "{got} {want}");
     let md = std::fs::read_to_string(dir.path().join("paper-plan.md")).expect("md");
@@ -1231,6 +1313,43 @@ fn model_logprobs_match_transformers() {
 /// directory: the next numbered call folder, the plan `acpo bench paper-plan` makes of the
 /// trainer's step and the sampling run, the same bytes as the committed 4-plan; a second call
 /// takes the next number (call 10 after call 9), and a missing directory is refused.
+/// The GPU suite samples as qwen3-1.7b-grpo does: its rollouts in groups of `rollout.n`, its
+/// evaluations in groups of `eval.k` at the benchmarks' mean prompt (the plan's
+/// `EVAL_PROMPT_TOKENS`), so the rates the plan takes from them are at those shapes.
+#[test]
+fn the_gpu_suite_samples_at_the_paper_run_s_groups_and_prompts() {
+    let suite = std::fs::read_to_string(repo().join("tools/gpu/suite.sh")).expect("suite");
+    let exp =
+        acpo::manifest::Experiment::load(&repo().join("experiments/paper/qwen3-1.7b-grpo.yaml"))
+            .expect("manifest");
+    // The first assignment of each: the GPU's (a dry run's toy shapes come after).
+    let flags = |array: &str| -> Vec<String> {
+        let at = suite
+            .find(&format!("    {array}=(--batch"))
+            .unwrap_or_else(|| panic!("{array} in suite.sh"));
+        let end = at + suite[at..].find(')').expect("the array ends");
+        suite[at..end]
+            .split_whitespace()
+            .map(str::to_string)
+            .collect()
+    };
+    let value = |words: &[String], flag: &str| -> usize {
+        let i = words
+            .iter()
+            .position(|w| w == flag)
+            .unwrap_or_else(|| panic!("{flag} in {words:?}"));
+        words[i + 1].parse().expect("a number")
+    };
+    let rollouts = flags("tail_shape");
+    assert_eq!(value(&rollouts, "--group"), exp.rollout.n);
+    let evals = flags("eval_shape");
+    assert_eq!(value(&evals, "--group"), exp.eval.sampling.n);
+    assert_eq!(
+        value(&evals, "--prompt-len") as f64,
+        acpo::perf::plan::EVAL_PROMPT_TOKENS
+    );
+}
+
 #[test]
 fn gpu_plan_script_costs_a_runs_rates_into_its_next_call_folder() {
     let run = repo().join("results/gpu/NVIDIA-H200-20261126");
@@ -1287,7 +1406,7 @@ fn gpu_plan_script_costs_a_runs_rates_into_its_next_call_folder() {
     ] {
         assert_eq!(
             std::fs::read(root.join("10-plan/measured").join(file)).expect("made"),
-            std::fs::read(run.join("4-plan/measured").join(file)).expect("committed"),
+            std::fs::read(run.join("5-plan/measured").join(file)).expect("committed"),
             "{file}"
         );
     }
@@ -1299,9 +1418,42 @@ fn gpu_plan_script_costs_a_runs_rates_into_its_next_call_folder() {
         .filter(|n| n.starts_with('.'))
         .collect();
     assert!(left.is_empty(), "{left:?}");
+    assert!(!root.join("10-plan/measured/generate-eval.json").exists());
+    // A run at the evaluations' shape (`generate-eval`; here the paper-shape row, its shape
+    // renamed paged, after a dense row, which is not taken): its paged row is their rate.
+    let eval = root.join("1-suite/gpu-suite/generate-eval");
+    std::fs::create_dir_all(&eval).expect("mkdir");
+    let mut paged: Vec<serde_json::Value> = serde_json::from_slice(
+        &std::fs::read(run.join("2-decode/gpu-suite/generate-paper/generate.json")).expect("r"),
+    )
+    .expect("json");
+    let dense = paged[0].clone();
+    paged[0]["shape"] =
+        serde_json::json!("512 prompts of 121, continuous batching over the paged KV cache");
+    paged[0]["tokens_per_second"] = serde_json::json!(9_000.0);
+    paged.insert(0, dense);
+    std::fs::write(
+        eval.join("generate.json"),
+        serde_json::to_string(&paged).expect("j"),
+    )
+    .expect("w");
     let again = plan(&root);
     assert!(again.status.success());
-    assert!(root.join("11-plan/measured/paper-plan.json").is_file());
+    let taken: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(root.join("11-plan/measured/generate-eval.json")).expect("eval rate"),
+    )
+    .expect("json");
+    assert_eq!(taken[0]["tokens_per_second"], 9_000.0);
+    let md = std::fs::read_to_string(root.join("11-plan/measured/paper-plan.md")).expect("md");
+    assert!(
+        md.contains("and 9000 for the evaluations (") && !md.contains("the rollouts' rate"),
+        "{md}"
+    );
+    let inputs = std::fs::read_to_string(root.join("11-plan/commands.txt")).expect("commands");
+    assert!(
+        inputs.contains("evaluations 1-suite/gpu-suite/generate-eval/generate.json"),
+        "{inputs}"
+    );
     let missing = plan(&dir.path().join("absent"));
     assert_eq!(missing.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&missing.stderr).contains("is not a directory"));

@@ -485,3 +485,68 @@ fn eval_runs_end_to_end_on_a_tiny_model_and_writes_samples_and_summary() {
         );
     }
 }
+
+/// The paper plan's prompt lengths (`acpo::perf::plan::{TRAIN_PROMPT_TOKENS,
+/// EVAL_PROMPT_TOKENS}`) are the data's: the mean prompt, in tokens, of DAPO-Math-17k under
+/// qwen3-1.7b-grpo's training template and of its evaluation benchmarks under its evaluation
+/// template (each problem once; Avg@k samples every problem k times alike), both through Qwen3's
+/// chat template and tokenizer, encoded as training and evaluation encode them.
+#[test]
+fn the_plan_s_prompt_lengths_are_the_data_s() {
+    let test = "the_plan_s_prompt_lengths_are_the_data_s";
+    let (Some(data_dir), Some(tok_dir)) = (super::real_data(test), super::qwen3_tokenizer(test))
+    else {
+        return;
+    };
+    let exp =
+        acpo::manifest::Experiment::load(&repo().join("experiments/paper/qwen3-1.7b-grpo.yaml"))
+            .expect("manifest");
+    let tok = acpo::model::tokenizer::Tokenizer::load(&tok_dir).expect("tokenizer");
+    let dir = DataLocation::Dir(data_dir);
+    let mean =
+        |spec: &data::DatasetSpec, template: data::PromptTemplate, chat: bool, limit: usize| {
+            let problems = data::load(spec, &dir).expect("loads");
+            let tokens: usize = problems
+                .iter()
+                .map(|p| {
+                    acpo::eval::encode_prompt(&tok, template, chat, &p.problem)
+                        .expect("encodes")
+                        .len()
+                        .min(limit)
+                })
+                .sum();
+            (tokens, problems.len())
+        };
+    let train = mean(
+        &data::dapo::SPEC,
+        exp.data.prompt_template,
+        exp.data.apply_chat_template,
+        exp.data.max_prompt_length,
+    );
+    let (mut tokens, mut problems) = (0, 0);
+    for &b in &exp.eval.benchmarks {
+        let (t, n) = mean(
+            data::spec(b),
+            exp.eval.prompt_template,
+            exp.eval.apply_chat_template,
+            usize::MAX,
+        );
+        tokens += t;
+        problems += n;
+    }
+    let (train, eval) = (
+        train.0 as f64 / train.1 as f64,
+        tokens as f64 / problems as f64,
+    );
+    assert_eq!(problems, 1_677);
+    assert_eq!(
+        acpo::perf::plan::TRAIN_PROMPT_TOKENS,
+        train.round(),
+        "DAPO-Math-17k's mean prompt is {train:.2} tokens"
+    );
+    assert_eq!(
+        acpo::perf::plan::EVAL_PROMPT_TOKENS,
+        eval.round(),
+        "the benchmarks' mean prompt is {eval:.2} tokens"
+    );
+}

@@ -13,8 +13,9 @@
 # `--flash-backward five` steps are the benchmark's alone, so they are not a paper run's rate);
 # sampling at the memory-sized batch with long-tailed lengths over the paged KV cache
 # (`--paged-kv`), else over the dense one (the suite runs it alone for a failure of the paged
-# engine), else the paper-shape sampling run. The plan's own table says which shape each rate
-# was measured at.
+# engine), else the paper-shape sampling run; and for the evaluations, the paged run at their
+# own shape (generate-eval), else the rollouts' rate. The plan's own text says which shape each
+# rate was measured at.
 set -euo pipefail
 dir=${1:?usage: bash tools/gpu/plan.sh results/gpu/<device>-<date>}
 [ -d "$dir" ] || { echo "plan: $dir is not a directory of GPU suite results" >&2; exit 2; }
@@ -83,6 +84,15 @@ for kv, suffix in (("measured", ""), ("fp8-kv", "-fp8")):
     (stage / kv / "generate.json").write_text(json.dumps([row], indent=1))
     notes.append(f"{kv}: sampling {path.relative_to(root)}, the row of {row['tokens_per_second']:.0f} tokens/s "
                  f"({row['shape']})")
+    # The evaluations' own rate: the paged row of the run at their shape (bf16 alone; the FP8
+    # plan's evaluations take its rollouts' rate, and its plan says so).
+    if kv == "measured":
+        path = last("generate-eval", "generate.json")
+        paged = [r for r in rows(path) if "paged KV cache" in r.get("shape", "")]
+        if paged:
+            (stage / kv / "generate-eval.json").write_text(json.dumps([paged[-1]], indent=1))
+            notes.append(f"{kv}: evaluations {path.relative_to(root)}, the row of "
+                         f"{paged[-1]['tokens_per_second']:.0f} tokens/s ({paged[-1]['shape']})")
 (stage / "inputs.txt").write_text("\n".join(notes) + "\n")
 PY
 mkdir "$stage/out"
@@ -93,7 +103,7 @@ for kv in measured fp8-kv; do
         echo "plan: acpo bench paper-plan failed on the $kv rates" >&2
         exit 1
     fi
-    cp "$stage/$kv/train-step.json" "$stage/$kv/generate.json" "$stage/out/$kv/"
+    cp "$stage/$kv"/*.json "$stage/out/$kv/"
 done
 {
     echo "# Computed on the CPU after the loan by tools/gpu/plan.sh with $("$acpo" --version 2>/dev/null | head -1)"

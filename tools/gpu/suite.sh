@@ -10,13 +10,15 @@
 #                (1,024 + SUITE_DECODE_NEW, default 1,024) with its HBM roofline, beside HF
 #                `generate` with its static cache (tools/twins/bench_generate_torch.py), and
 #                over an FP8 KV cache (--kv-cache fp8); then
-#                SUITE_TAIL_BATCH prompts (default 128) of 1,024 with long-tailed response
-#                lengths up to SUITE_TAIL_NEW (default 2,048; most short, a tail to the limit,
-#                as a GRPO run's), decoded at the batch the GPU's memory allows in waves, by
+#                SUITE_TAIL_BATCH prompts (default 128, in GRPO's groups of 4) of 1,024 with
+#                long-tailed response lengths up to SUITE_TAIL_NEW (default 2,048; most short,
+#                a tail to the limit, as a GRPO run's), decoded at the batch the GPU's memory allows in waves, by
 #                continuous batching and over the paged KV cache, beside the KV-bandwidth bound
 #                (the first two also alone before it; SUITE_TAIL_DENSE=0: not), and the
-#                three again over an FP8 KV cache; last, the launches of one decode step
-#                counted by ncu (tools/gpu/launches.py)
+#                three again over an FP8 KV cache; then the same at the evaluation's shape
+#                (SUITE_EVAL_BATCH rows, default 512: groups of Avg@16's 16 samples, prompts of
+#                the benchmarks' mean length); last, the launches of one decode step counted by
+#                ncu (tools/gpu/launches.py)
 #   3 step       the Qwen3-1.7B train step at 2 x 2,048 (a gate) and 2 x 9,220, `--trace`
 #                (memory and seconds by phase), beside the PyTorch twin
 #                (tools/twins/bench_train_torch.py; an out-of-memory exit is a result); then the
@@ -334,10 +336,19 @@ if wanted decode; then
     section decode
     new=${SUITE_DECODE_NEW:-1024}
     gen=(--batch 64 --prompt-len 1024 --new-tokens "$new")
-    tail_shape=(--batch "${SUITE_TAIL_BATCH:-128}" --prompt-len 1024 --new-tokens "${SUITE_TAIL_NEW:-2048}")
+    # The rollouts: GRPO's groups of 4 responses a prompt (rollout.n of the paper's GRPO runs).
+    tail_shape=(--batch "${SUITE_TAIL_BATCH:-128}" --group 4 --prompt-len 1024
+        --new-tokens "${SUITE_TAIL_NEW:-2048}")
+    # The evaluations (issue #57: the plan's rate for them measured at their own shape): Avg@16's
+    # 16 samples of a problem (eval.k), prompts of the four benchmarks' mean length (121 tokens,
+    # EVAL_PROMPT_TOKENS in src/perf/plan.rs, which a test recomputes from the data), long-tailed
+    # answers to the rollouts' limit (a paper run's 8,196 would not fit the call).
+    eval_shape=(--batch "${SUITE_EVAL_BATCH:-512}" --group 16 --prompt-len 121
+        --new-tokens "${SUITE_TAIL_NEW:-2048}")
     if [ "$dry" = 1 ]; then
         gen=(--batch 2 --prompt-len 16 --new-tokens 8)
-        tail_shape=(--batch 6 --prompt-len 16 --new-tokens 12)
+        tail_shape=(--batch 8 --group 4 --prompt-len 16 --new-tokens 12)
+        eval_shape=(--batch 8 --group 4 --prompt-len 12 --new-tokens 12)
     fi
     step "acpo generate qwen3-1.7b ${gen[*]}" 60 acpo-generate.log \
         "$acpo" bench generate --config "$cfg" --device "$device" --dtype bf16 "${gen[@]}" \
@@ -382,6 +393,14 @@ if wanted decode; then
         --kv-cache fp8 --repeats 1 --out "$res/generate-long-tail-paged-fp8"
     passed $?
     tail -4 "$res/acpo-generate-long-tail-paged-fp8.log" | tee -a "$res/summary.txt"
+    # Sampling at the evaluation's shape (its waves and dense rows measured too, as the
+    # long-tail bench measures them; the plan takes the paged run's): tools/gpu/plan.sh makes it
+    # the plan's evaluation rate, which was the rollouts' before.
+    step "acpo generate at the evaluation's shape, paged KV cache, qwen3-1.7b ${eval_shape[*]}" 60 \
+        acpo-generate-eval.log "$acpo" bench generate --config "$cfg" --device "$device" \
+        --dtype bf16 "${eval_shape[@]}" --long-tail --paged-kv --repeats 1 --out "$res/generate-eval"
+    passed $?
+    tail -4 "$res/acpo-generate-eval.log" | tee -a "$res/summary.txt"
     # Last in the section (the rates above are what the plan needs first): the kernels one
     # decode step launches, by name, ncu over a short run (the count does not depend on the
     # lengths); tools/gpu/launches.py finds the decode steps between the sampler's launches. A dry run parses the H100's committed profile instead, so that the parser runs;

@@ -202,6 +202,20 @@ class LongTail(Run):
         row["target"] = "cuda/f32"
         self.assertAlmostEqual(report.kv_fraction(row), (9.44e9 - 6.88e9) / 0.004 / 3773e9)
 
+    def test_the_evaluations_run_is_its_paged_row_against_the_kv_bound(self):
+        shape = ("512 prompts of 121 (32 distinct × 16 responses), long-tailed lengths ≤ 2048 (Σ 150000), "
+                 "continuous batching over the paged KV cache, at most 512 at once, the widest prefill 3872 "
+                 "positions; decode 9500 tokens/s")
+        dense = sampling("512 prompts of 121, 500 at once: continuous batching (...)")
+        paged = sampling(shape, parameters=1.72e9, bytes_per_step=3.44e9 + 6.0e9, step_seconds=0.004)
+        self.write("generate-eval/generate.json", json.dumps([dense, dense, paged]))
+        rows = self.target_rows("#57", "evaluations' own shape")
+        self.assertEqual(len(rows), 1)
+        self.assertIn(f"| 9,000.0 tokens/s, {100 * 6.0e9 / 0.004 / 3773e9:.1f} % ({shape}) | no |", rows[0])
+        text = "\n".join(report.generate(self.root, []))
+        self.assertIn("At the evaluations' shape (`generate-eval`, 512 prompts of 121 (32 distinct × 16 "
+                      "responses), long-tailed lengths ≤ 2048 (Σ 150000); at most 512 at once", text)
+
 
 class Variants(Run):
     def test_a_variant_out_of_memory_or_unfinished_is_a_row_that_says_so(self):

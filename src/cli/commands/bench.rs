@@ -119,6 +119,7 @@ fn speed_options(args: &args::BenchArgs) -> anyhow::Result<acpo::perf::SpeedOpti
             prompt_len: args.prompt_len.unwrap_or(acpo::perf::PROMPT_LEN),
             new_tokens: args.new_tokens.unwrap_or(acpo::perf::NEW_TOKENS),
             max_batch: args.max_batch,
+            group: args.group.unwrap_or(1),
             long_tail: args.long_tail,
             paged: args.paged_kv,
             kv_cache: args.kv_cache.into(),
