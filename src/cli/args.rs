@@ -569,6 +569,11 @@ pub struct BenchArgs {
     /// batching with as many rows as the pool holds.
     #[arg(long)]
     pub paged_kv: bool,
+    /// generate, with --long-tail --paged-kv: the paged run alone, without the waves and the
+    /// dense cache's continuous batching (a memory-sized batch of many rows, where those two
+    /// would cost more than it).
+    #[arg(long)]
+    pub paged_only: bool,
     /// generate: how the KV cache holds keys and values, `model` (its dtype) or `fp8` (E4M3
     /// bytes on a GPU, dense or paged; values rounded to E4M3 on the CPU).
     #[arg(long, value_enum, default_value_t = KvCache::Model)]

@@ -56,6 +56,13 @@ impl<'t> Sampler<'t> {
                 shape.group, shape.batch
             )));
         }
+        if shape.paged_only && !(shape.long_tail && shape.paged) {
+            return Err(super::PerfError::Shape(
+                "--paged-only is the long-tail benchmark's paged run alone: it needs --long-tail \
+                 and --paged-kv"
+                    .into(),
+            ));
+        }
         let precision = crate::model::Precision::inference(target.dtype);
         let composed = !crate::model::qwen::Kernels::for_device(&target.device).flash_attention;
         let need = sampling_bytes(cfg, shape, precision, composed, &target.device);
@@ -187,8 +194,9 @@ impl<'t> Sampler<'t> {
 /// Bytes the sampling benchmarks hold at least, computed from the shape before anything is
 /// allocated: the weights, the prompts' ids and the sampled ones (u32), and a forward over the
 /// sequences decoded at once (the fewest either benchmark decodes at once: `max_batch`, else a
-/// quarter of the batch) with room in the cache for the new tokens, the cache at the bytes it
-/// holds on `device` (one a number for an FP8 cache of E4M3 bytes).
+/// quarter of the batch, else for the paged run alone on CUDA a prefill group and one row)
+/// with room in the cache for the new tokens, the cache at the bytes it holds on `device` (one
+/// a number for an FP8 cache of E4M3 bytes).
 fn sampling_bytes(
     cfg: &QwenConfig,
     shape: &SampleShape,
@@ -196,10 +204,7 @@ fn sampling_bytes(
     composed: bool,
     device: &candle_core::Device,
 ) -> u128 {
-    let at_once = shape
-        .max_batch
-        .unwrap_or(shape.batch.div_ceil(4))
-        .clamp(1, shape.batch.max(1));
+    let (cached, prefilled) = held_rows(shape, device.is_cuda());
     let ids = 4 * shape.batch as u128 * (shape.prompt_len as u128 + shape.new_tokens as u128);
     let compute = precision.compute.size_in_bytes();
     let kv_elem = if shape.kv_cache.holds_bytes(device) {
@@ -209,8 +214,23 @@ fn sampling_bytes(
     };
     cfg.weight_bytes(precision.master.size_in_bytes())
         + ids
-        + cfg.activation_bytes(at_once, shape.prompt_len, compute, composed)
-        + cfg.kv_cache_bytes(at_once, shape.prompt_len + shape.new_tokens, kv_elem)
+        + cfg.activation_bytes(prefilled, shape.prompt_len, compute, composed)
+        + cfg.kv_cache_bytes(cached, shape.prompt_len + shape.new_tokens, kv_elem)
+}
+
+/// The rows whose cache and whose prefill's activations [`sampling_bytes`] counts: --max-batch's;
+/// for the paged run alone on CUDA, whose pool takes half the free memory whatever the batch,
+/// one row's cache and a prefill group of at most [`rollout::PREFILL_TOKENS`] positions; else
+/// a quarter of the batch. Each at least 1 and at most the batch.
+fn held_rows(shape: &SampleShape, cuda: bool) -> (usize, usize) {
+    let quarter = shape.batch.div_ceil(4);
+    let (cached, prefilled) = match shape.max_batch {
+        Some(n) => (n, n),
+        None if shape.paged_only && cuda => (1, rollout::PREFILL_TOKENS / shape.prompt_len.max(1)),
+        None => (quarter, quarter),
+    };
+    let rows = |n: usize| n.clamp(1, shape.batch.max(1));
+    (rows(cached), rows(prefilled))
 }
 
 /// Sampling throughput: `batch` prompts of `prompt_len` tokens, `new_tokens` new tokens each at
@@ -354,7 +374,8 @@ pub fn long_tail_lengths(n: usize, max: usize) -> Vec<usize> {
 /// decode steps must read (every weight once a step, each row's own cache so far) over the
 /// device's copy rate, beside the time its decode steps took. With `paged`, a third run over
 /// the paged KV cache, as many rows at once as its pool holds, with the roofline of the steps
-/// and positions its engine counted.
+/// and positions its engine counted; with `paged_only`, that run alone (a memory-sized batch
+/// of many rows, where waves and the dense cache would cost a GPU call more than it).
 pub fn bench_long_tail(m: &Subject, opts: &SpeedOptions) -> Result<Vec<Measurement>> {
     let shape = &opts.sample;
     let s = Sampler::new(&m.cfg, &opts.target, shape)?;
@@ -382,36 +403,41 @@ pub fn bench_long_tail(m: &Subject, opts: &SpeedOptions) -> Result<Vec<Measureme
     // meet) at two tokens a prompt: a whole run in waves, the slowest, cost the GPU suite's
     // call as much as the measurement.
     let short: Vec<usize> = limits.iter().map(|&l| l.min(2)).collect();
-    s.continuous(&short, dense)?;
+    if !shape.paged_only {
+        s.continuous(&short, dense)?;
+    }
     if shape.paged {
         s.continuous(&short, paged)?;
     }
-    let waves = s.measured(
-        m,
-        tokens,
-        median_of(opts.repeats, || s.waves(&limits, slots))?,
-        opts.repeats,
-        format!("{prompts}, {slots} at once: waves{fp8}"),
-    );
-    let (secs, stats) = s.median_continuous(&limits, dense, opts.repeats)?;
     let (weights, kv_per_position) = s.step_bytes(&m.cfg);
-    let read = continuous_reads(&limits, shape.prompt_len, slots, weights, kv_per_position);
     let copy = copy_bandwidth(s.target)?;
     let drawn = tokens - shape.batch.min(tokens);
-    let how = format!(
-        "continuous batching ({} prompts joined in finished rows' places, {} copies of the \
-         batch's cache, rows of at most {} columns)",
-        stats.joined_in_place, stats.cache_moves, stats.widest_cache
-    );
-    let mut cont = s.measured(
-        m,
-        tokens,
-        secs,
-        opts.repeats,
-        format!("{prompts}, {slots} at once: {how}{fp8}"),
-    );
-    cont.roofline = Some(decode_roofline(read, &stats, drawn, copy));
-    let mut rows = vec![waves, cont];
+    let mut rows = Vec::new();
+    if !shape.paged_only {
+        let waves = s.measured(
+            m,
+            tokens,
+            median_of(opts.repeats, || s.waves(&limits, slots))?,
+            opts.repeats,
+            format!("{prompts}, {slots} at once: waves{fp8}"),
+        );
+        let (secs, stats) = s.median_continuous(&limits, dense, opts.repeats)?;
+        let read = continuous_reads(&limits, shape.prompt_len, slots, weights, kv_per_position);
+        let how = format!(
+            "continuous batching ({} prompts joined in finished rows' places, {} copies of the \
+             batch's cache, rows of at most {} columns)",
+            stats.joined_in_place, stats.cache_moves, stats.widest_cache
+        );
+        let mut cont = s.measured(
+            m,
+            tokens,
+            secs,
+            opts.repeats,
+            format!("{prompts}, {slots} at once: {how}{fp8}"),
+        );
+        cont.roofline = Some(decode_roofline(read, &stats, drawn, copy));
+        rows.extend([waves, cont]);
+    }
     if shape.paged {
         // The same prompts, keys and lengths through the paged cache; the rows it decoded at
         // once are the pool's choice, so its row says how many. Its reads, as the engine
@@ -564,6 +590,31 @@ mod tests {
         // 4 rows of 16 positions, 2 layers × K and V × 2 heads × 8 numbers, a byte less each
         let saved = (4 * 16 * 2 * 2 * 2 * 8) as u128;
         assert_eq!(need(KvCacheDtype::Fp8E4m3Bytes), model - saved);
+    }
+
+    /// The memory check holds a paged run alone on CUDA to one row's cache and a prefill group
+    /// (its pool sizes itself to the free memory), whatever the batch; every other run to
+    /// --max-batch's rows, else a quarter of the batch.
+    #[test]
+    fn the_paged_run_alone_on_cuda_is_checked_at_one_row_and_a_prefill_group() {
+        let shape = |max_batch, paged_only| SampleShape {
+            batch: 2048,
+            prompt_len: 121,
+            max_batch,
+            long_tail: true,
+            paged: true,
+            paged_only,
+            ..SampleShape::default()
+        };
+        assert_eq!(held_rows(&shape(None, true), true), (1, 16_384 / 121));
+        assert_eq!(held_rows(&shape(None, true), false), (512, 512));
+        assert_eq!(held_rows(&shape(None, false), true), (512, 512));
+        assert_eq!(held_rows(&shape(Some(64), true), true), (64, 64));
+        let long = SampleShape {
+            prompt_len: 20_000,
+            ..shape(None, true)
+        };
+        assert_eq!(held_rows(&long, true), (1, 1));
     }
 
     /// Three prompts of 10 tokens, two slots: the first finishes on its prefill's token, the

@@ -134,6 +134,9 @@ pub struct SampleShape {
     /// it; the long-tail benchmark adds a third run, continuous batching with as many rows as
     /// the pool holds (`max_batch`, when given, still caps them).
     pub paged: bool,
+    /// The long-tail benchmark's paged run alone (with `long_tail` and `paged`): no waves and no
+    /// continuous batching over the dense cache.
+    pub paged_only: bool,
     /// How the KV cache holds keys and values ([`crate::model::qwen::KvCacheDtype`]): an FP8
     /// cache on a GPU reads half the bytes a decode step moves (the roofline counts them so).
     pub kv_cache: crate::model::qwen::KvCacheDtype,
@@ -149,6 +152,7 @@ impl Default for SampleShape {
             group: 1,
             long_tail: false,
             paged: false,
+            paged_only: false,
             kv_cache: crate::model::qwen::KvCacheDtype::Model,
         }
     }

@@ -658,39 +658,45 @@ fn bench_generate_compares_waves_with_continuous_batching_on_long_tails() {
 /// same. A group that does not divide the batch is refused, naming the flag.
 #[test]
 fn bench_generate_samples_groups_and_the_paged_engine_prefills_each_prompt_once() {
-    let widest = |group: &str| {
+    let widest = |extra: &[&str]| {
         let dir = tempfile::tempdir().expect("tempdir");
-        let rows = report_rows(
-            &[
-                "bench",
-                "generate",
-                "--tiny-only",
-                "--long-tail",
-                "--paged-kv",
-                "--batch",
-                "12",
-                "--group",
-                group,
-                "--new-tokens",
-                "16",
-                "--repeats",
-                "1",
-                "--out",
-                dir.path().to_str().expect("utf8"),
-            ],
-            &dir.path().join("generate.json"),
-        );
-        assert_eq!(rows.len(), 3);
+        let out = dir.path().to_str().expect("utf8");
+        let mut args = vec![
+            "bench",
+            "generate",
+            "--tiny-only",
+            "--long-tail",
+            "--paged-kv",
+            "--batch",
+            "12",
+            "--new-tokens",
+            "16",
+            "--repeats",
+            "1",
+            "--out",
+            out,
+        ];
+        args.extend(extra);
+        let rows = report_rows(&args, &dir.path().join("generate.json"));
+        // --paged-only: the paged run alone; else waves and the dense cache's run before it
+        let alone = extra.contains(&"--paged-only");
+        assert_eq!(rows.len(), if alone { 1 } else { 3 });
         let want: usize = acpo::perf::long_tail_lengths(12, 16).iter().sum();
-        let paged = rows[2]["shape"].as_str().expect("s").to_string();
+        let grouped = extra.contains(&"4");
         for row in &rows {
             assert_eq!(row["tokens"], want);
-            let grouped = row["shape"]
-                .as_str()
-                .expect("s")
-                .starts_with("12 prompts of 32 (3 distinct × 4 responses), ");
-            assert_eq!(grouped, group == "4", "{}", row["shape"]);
+            let shape = row["shape"].as_str().expect("s");
+            assert_eq!(
+                shape.starts_with("12 prompts of 32 (3 distinct × 4 responses), "),
+                grouped,
+                "{shape}"
+            );
         }
+        let paged = rows[rows.len() - 1]["shape"]
+            .as_str()
+            .expect("s")
+            .to_string();
+        assert!(paged.contains(", continuous batching over the paged KV cache, "));
         paged
             .split("the widest prefill ")
             .nth(1)
@@ -699,26 +705,37 @@ fn bench_generate_samples_groups_and_the_paged_engine_prefills_each_prompt_once(
             .unwrap_or_else(|| panic!("the widest prefill: {paged}"))
     };
     // On the CPU the pool admits every row at once: 12 prompts of 32 positions, or 3.
-    assert_eq!(widest("1"), 12 * 32);
-    assert_eq!(widest("4"), 3 * 32);
-    let dir = tempfile::tempdir().expect("tempdir");
-    let out = acpo(
-        &[
+    assert_eq!(widest(&["--group", "1"]), 12 * 32);
+    assert_eq!(widest(&["--group", "4"]), 3 * 32);
+    assert_eq!(widest(&["--group", "4", "--paged-only"]), 3 * 32);
+    // Refused, exit 2, naming the flag, nothing written: a group that does not divide the
+    // batch, and the paged run alone without the long-tail benchmark's paged run.
+    for (args, says) in [
+        (&["--group", "5"][..], "--group 5 must divide --batch 12"),
+        (&["--long-tail", "--paged-only"][..], "--paged-only"),
+        (&["--paged-kv", "--paged-only"][..], "--paged-only"),
+    ] {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let out = dir.path().to_str().expect("utf8");
+        let mut all = vec![
             "bench",
             "generate",
             "--tiny-only",
             "--batch",
             "12",
-            "--group",
-            "5",
             "--out",
-            dir.path().to_str().expect("utf8"),
-        ],
-        repo(),
-    );
-    assert_eq!(out.status.code(), Some(2));
-    assert!(String::from_utf8_lossy(&out.stderr).contains("--group 5 must divide --batch 12"));
-    assert!(std::fs::read_dir(dir.path()).expect("ls").next().is_none());
+            out,
+        ];
+        all.extend(args);
+        let got = acpo(&all, repo());
+        assert_eq!(got.status.code(), Some(2), "{args:?}");
+        assert!(
+            String::from_utf8_lossy(&got.stderr).contains(says),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&got.stderr)
+        );
+        assert!(std::fs::read_dir(dir.path()).expect("ls").next().is_none());
+    }
 }
 
 #[test]
@@ -1329,6 +1346,9 @@ fn the_gpu_suite_samples_at_the_paper_run_s_groups_and_prompts() {
             .unwrap_or_else(|| panic!("{array} in suite.sh"));
         let end = at + suite[at..].find(')').expect("the array ends");
         suite[at..end]
+            .split_once("=(")
+            .expect("an array")
+            .1
             .split_whitespace()
             .map(str::to_string)
             .collect()
@@ -1340,8 +1360,18 @@ fn the_gpu_suite_samples_at_the_paper_run_s_groups_and_prompts() {
             .unwrap_or_else(|| panic!("{flag} in {words:?}"));
         words[i + 1].parse().expect("a number")
     };
+    // `--batch "${SUITE_TAIL_BATCH:-1024}"`: the default
+    let default = |words: &[String]| -> usize {
+        let i = words.iter().position(|w| w == "--batch").expect("--batch");
+        words[i + 1]
+            .split(":-")
+            .nth(1)
+            .and_then(|d| d.trim_end_matches(['}', '"']).parse().ok())
+            .unwrap_or_else(|| panic!("a default in {}", words[i + 1]))
+    };
     let rollouts = flags("tail_shape");
     assert_eq!(value(&rollouts, "--group"), exp.rollout.n);
+    assert_eq!(default(&rollouts), exp.trainer.batch_size * exp.rollout.n);
     let evals = flags("eval_shape");
     assert_eq!(value(&evals, "--group"), exp.eval.sampling.n);
     assert_eq!(
@@ -1419,26 +1449,38 @@ fn gpu_plan_script_costs_a_runs_rates_into_its_next_call_folder() {
         .collect();
     assert!(left.is_empty(), "{left:?}");
     assert!(!root.join("10-plan/measured/generate-eval.json").exists());
-    // A run at the evaluations' shape (`generate-eval`; here the paper-shape row, its shape
-    // renamed paged, after a dense row, which is not taken): its paged row is their rate.
-    let eval = root.join("1-suite/gpu-suite/generate-eval");
-    std::fs::create_dir_all(&eval).expect("mkdir");
-    let mut paged: Vec<serde_json::Value> = serde_json::from_slice(
+    // Runs over the paged cache (here the paper-shape row, its shape renamed paged): the
+    // rollouts' paged run alone (`--paged-only`, one row) is their rate, and at the
+    // evaluations' shape (`generate-eval`) its paged row after the dense ones is theirs.
+    let measured: serde_json::Value = serde_json::from_slice(
         &std::fs::read(run.join("2-decode/gpu-suite/generate-paper/generate.json")).expect("r"),
     )
     .expect("json");
-    let dense = paged[0].clone();
-    paged[0]["shape"] =
-        serde_json::json!("512 prompts of 121, continuous batching over the paged KV cache");
-    paged[0]["tokens_per_second"] = serde_json::json!(9_000.0);
-    paged.insert(0, dense);
-    std::fs::write(
-        eval.join("generate.json"),
-        serde_json::to_string(&paged).expect("j"),
-    )
-    .expect("w");
+    let paged_run = |dir: &str, dense: usize, tps: f64| {
+        let mut row = measured[0].clone();
+        row["shape"] = serde_json::json!(
+            "1024 prompts of 1024, continuous batching over the paged KV cache, at most 9 at once"
+        );
+        row["tokens_per_second"] = serde_json::json!(tps);
+        let mut rows = vec![measured[0].clone(); dense];
+        rows.push(row);
+        let at = root.join("1-suite/gpu-suite").join(dir);
+        std::fs::create_dir_all(&at).expect("mkdir");
+        std::fs::write(
+            at.join("generate.json"),
+            serde_json::to_string(&rows).expect("j"),
+        )
+        .expect("w");
+    };
+    paged_run("generate-long-tail-paged", 0, 7_000.0);
+    paged_run("generate-eval", 2, 9_000.0);
     let again = plan(&root);
     assert!(again.status.success());
+    let rollouts: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(root.join("11-plan/measured/generate.json")).expect("rollouts' rate"),
+    )
+    .expect("json");
+    assert_eq!(rollouts[0]["tokens_per_second"], 7_000.0);
     let taken: serde_json::Value = serde_json::from_slice(
         &std::fs::read(root.join("11-plan/measured/generate-eval.json")).expect("eval rate"),
     )

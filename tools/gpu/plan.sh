@@ -34,7 +34,7 @@ from pathlib import Path
 
 root, stage = Path(sys.argv[1]), Path(sys.argv[2])
 sys.path.insert(0, sys.argv[3])
-from report import found  # the report's walk: the calls' order, dot-folders (staging) left out
+from report import found, is_paged  # the report's walk (the calls' order, dot-folders left out)
 
 
 def last(folder, name):
@@ -58,11 +58,23 @@ if not train:
     sys.exit("plan: no train step at 2 x 9,220 on CUDA in bf16 (paper-9220/train-step.json)")
 
 
+def paged_row(got):
+    """A long-tail run's paged row (the last, the only one with `--paged-only`), or None."""
+    paged = [r for r in got if is_paged(r)]
+    return paged[-1] if paged else None
+
+
+def dense_row(got):
+    """A long-tail run's continuous batching over the dense cache (its second dense row, after
+    the waves), or None."""
+    dense = [r for r in got if not is_paged(r)]
+    return dense[1] if len(dense) > 1 else None
+
+
 def sampling(paged, dense, paper):
-    """The paged long-tail run (its last row), else the dense long-tail run's continuous batching
-    (its second row), else the paper-shape run; with its file."""
-    for folder, pick in ((paged, lambda r: r[2] if len(r) > 2 else None),
-                         (dense, lambda r: r[1] if len(r) > 1 else None),
+    """The paged long-tail run's paged row, else the dense long-tail run's continuous batching,
+    else the paper-shape run; with its file."""
+    for folder, pick in ((paged, paged_row), (dense, dense_row),
                          (paper, lambda r: r[-1] if r else None)):
         path = last(folder, "generate.json")
         row = pick(rows(path))
@@ -88,11 +100,11 @@ for kv, suffix in (("measured", ""), ("fp8-kv", "-fp8")):
     # plan's evaluations take its rollouts' rate, and its plan says so).
     if kv == "measured":
         path = last("generate-eval", "generate.json")
-        paged = [r for r in rows(path) if "paged KV cache" in r.get("shape", "")]
-        if paged:
-            (stage / kv / "generate-eval.json").write_text(json.dumps([paged[-1]], indent=1))
+        ev = paged_row(rows(path))
+        if ev:
+            (stage / kv / "generate-eval.json").write_text(json.dumps([ev], indent=1))
             notes.append(f"{kv}: evaluations {path.relative_to(root)}, the row of "
-                         f"{paged[-1]['tokens_per_second']:.0f} tokens/s ({paged[-1]['shape']})")
+                         f"{ev['tokens_per_second']:.0f} tokens/s ({ev['shape']})")
 (stage / "inputs.txt").write_text("\n".join(notes) + "\n")
 PY
 mkdir "$stage/out"

@@ -10,15 +10,16 @@
 #                (1,024 + SUITE_DECODE_NEW, default 1,024) with its HBM roofline, beside HF
 #                `generate` with its static cache (tools/twins/bench_generate_torch.py), and
 #                over an FP8 KV cache (--kv-cache fp8); then
-#                SUITE_TAIL_BATCH prompts (default 128, in GRPO's groups of 4) of 1,024 with
-#                long-tailed response lengths up to SUITE_TAIL_NEW (default 2,048; most short,
-#                a tail to the limit, as a GRPO run's), decoded at the batch the GPU's memory allows in waves, by
-#                continuous batching and over the paged KV cache, beside the KV-bandwidth bound
-#                (the first two also alone before it; SUITE_TAIL_DENSE=0: not), and the
-#                three again over an FP8 KV cache; then the same at the evaluation's shape
-#                (SUITE_EVAL_BATCH rows, default 512: groups of Avg@16's 16 samples, prompts of
-#                the benchmarks' mean length); last, the launches of one decode step counted by
-#                ncu (tools/gpu/launches.py)
+#                a GRPO step's rollouts, SUITE_TAIL_BATCH rows (default 1,024: 256 prompts of
+#                1,024 in groups of 4) with long-tailed response lengths up to SUITE_TAIL_NEW
+#                (default 2,048; most short, a tail to the limit, as a GRPO run's), over the
+#                paged KV cache at the batch its pool holds (more rows than it holds at once:
+#                the memory-sized batch), beside the KV-bandwidth bound, and again over an FP8
+#                KV cache; then the evaluations' shape (SUITE_EVAL_BATCH rows, default 2,048:
+#                128 problems × Avg@16's 16 samples, prompts of the benchmarks' mean length);
+#                before them, SUITE_TAIL_DENSE=1 (the default): waves against continuous
+#                batching over the dense cache at SUITE_DENSE_BATCH rows (default 128); last,
+#                the launches of one decode step counted by ncu (tools/gpu/launches.py)
 #   3 step       the Qwen3-1.7B train step at 2 x 2,048 (a gate) and 2 x 9,220, `--trace`
 #                (memory and seconds by phase), beside the PyTorch twin
 #                (tools/twins/bench_train_torch.py; an out-of-memory exit is a result); then the
@@ -131,7 +132,7 @@ for kv in ${SUITE_SHARES:-}; do
 done
 case "${SUITE_TAIL_DENSE:-1}" in
     0 | 1) ;;
-    *) echo "suite: SUITE_TAIL_DENSE is '${SUITE_TAIL_DENSE}'; it is 1 (the dense long-tail run alone too) or 0" >&2; exit 2 ;;
+    *) echo "suite: SUITE_TAIL_DENSE is '${SUITE_TAIL_DENSE}'; it is 1 (the dense engines' long-tail run) or 0" >&2; exit 2 ;;
 esac
 # shares_after SECTION: the shares of the wanted sections after it, kept for them.
 shares_after() {
@@ -336,18 +337,28 @@ if wanted decode; then
     section decode
     new=${SUITE_DECODE_NEW:-1024}
     gen=(--batch 64 --prompt-len 1024 --new-tokens "$new")
-    # The rollouts: GRPO's groups of 4 responses a prompt (rollout.n of the paper's GRPO runs).
-    tail_shape=(--batch "${SUITE_TAIL_BATCH:-128}" --group 4 --prompt-len 1024
+    # The rollouts of a GRPO step: 256 prompts in groups of 4 (trainer.batch_size × rollout.n
+    # of the paper's qwen3-1.7b-grpo), more rows than the paged pool holds at once, so that the
+    # batch is the memory's (issue #57's target is set at the memory-sized batch: with few rows
+    # a step the weights are most of its bytes and the KV-bandwidth bound is out of reach;
+    # tools/gpu/report.py prints each run's ceiling). Long-tailed lengths up to SUITE_TAIL_NEW
+    # (a paper run's 8,196 would not fit the call). The paged engine's run alone (--paged-only).
+    tail_shape=(--batch "${SUITE_TAIL_BATCH:-1024}" --group 4 --prompt-len 1024
         --new-tokens "${SUITE_TAIL_NEW:-2048}")
-    # The evaluations (issue #57: the plan's rate for them measured at their own shape): Avg@16's
-    # 16 samples of a problem (eval.k), prompts of the four benchmarks' mean length (121 tokens,
-    # EVAL_PROMPT_TOKENS in src/perf/plan.rs, which a test recomputes from the data), long-tailed
-    # answers to the rollouts' limit (a paper run's 8,196 would not fit the call).
-    eval_shape=(--batch "${SUITE_EVAL_BATCH:-512}" --group 16 --prompt-len 121
+    # The dense engines' comparison, waves against continuous batching, at a smaller batch
+    # (waves of a memory-sized batch would take the section).
+    dense_shape=(--batch "${SUITE_DENSE_BATCH:-128}" --group 4 --prompt-len 1024
+        --new-tokens "${SUITE_TAIL_NEW:-2048}")
+    # The evaluations (issue #57: the plan's rate for them measured at their own shape): 128
+    # problems × Avg@16's 16 samples (eval.k), prompts of the four benchmarks' mean length (121
+    # tokens, EVAL_PROMPT_TOKENS in src/perf/plan.rs, which a test recomputes from the data),
+    # long-tailed answers to the rollouts' limit, again more rows than the pool holds.
+    eval_shape=(--batch "${SUITE_EVAL_BATCH:-2048}" --group 16 --prompt-len 121
         --new-tokens "${SUITE_TAIL_NEW:-2048}")
     if [ "$dry" = 1 ]; then
         gen=(--batch 2 --prompt-len 16 --new-tokens 8)
         tail_shape=(--batch 8 --group 4 --prompt-len 16 --new-tokens 12)
+        dense_shape=(--batch 8 --group 4 --prompt-len 16 --new-tokens 12)
         eval_shape=(--batch 8 --group 4 --prompt-len 12 --new-tokens 12)
     fi
     step "acpo generate qwen3-1.7b ${gen[*]}" 60 acpo-generate.log \
@@ -365,42 +376,40 @@ if wanted decode; then
         --kv-cache fp8 --repeats 1 --out "$res/generate-paper-fp8"
     passed $?
     tail -2 "$res/acpo-generate-fp8.log" | tee -a "$res/summary.txt"
-    # The dense cache's waves and continuous batching alone (SUITE_TAIL_DENSE=1, the default):
-    # the paged run below measures the same two on the same prompts, keys and lengths, but a
-    # failure of its engine, never run on a GPU, would lose them; with 0 only the paged run
-    # runs (tools/gpu/report.py then reads its first two rows for them).
+    # The dense cache's waves and continuous batching (SUITE_TAIL_DENSE=1, the default; issue
+    # #20's comparison, measured on the H100 and the H200 before: 0 skips it).
     if [ "${SUITE_TAIL_DENSE:-1}" = 1 ]; then
-        step "acpo generate long-tailed lengths, the memory-sized batch, qwen3-1.7b ${tail_shape[*]}" 45 \
+        step "acpo generate long-tailed lengths, dense KV cache, qwen3-1.7b ${dense_shape[*]}" 45 \
             acpo-generate-long-tail.log "$acpo" bench generate --config "$cfg" --device "$device" \
-            --dtype bf16 "${tail_shape[@]}" --long-tail --repeats 1 --out "$res/generate-long-tail"
+            --dtype bf16 "${dense_shape[@]}" --long-tail --repeats 1 --out "$res/generate-long-tail"
         passed $?
         tail -3 "$res/acpo-generate-long-tail.log" | tee -a "$res/summary.txt"
     fi
-    # Waves, continuous batching and a third run over the paged KV cache (issue #57: as many
-    # rows as its pool holds), after the dense runs: the paged engine has never run on a GPU.
+    # A GRPO step's rollouts over the paged KV cache (issue #57: as many rows as its pool holds
+    # at their real lengths, a group's prompt prefilled once): the plan's rollout rate.
     step "acpo generate long-tailed lengths, paged KV cache, qwen3-1.7b ${tail_shape[*]}" 90 \
         acpo-generate-long-tail-paged.log "$acpo" bench generate --config "$cfg" --device "$device" \
-        --dtype bf16 "${tail_shape[@]}" --long-tail --paged-kv --repeats 1 \
+        --dtype bf16 "${tail_shape[@]}" --long-tail --paged-kv --paged-only --repeats 1 \
         --out "$res/generate-long-tail-paged"
     passed $?
-    tail -4 "$res/acpo-generate-long-tail-paged.log" | tee -a "$res/summary.txt"
-    # The same three runs over an FP8 KV cache (E4M3 bytes, half the KV bytes a step reads and
-    # twice the rows the pool holds): the rates a paper run's plan needs to reach 48 GPU-hours
-    # (issue #57), the paged pool of bytes never run on a GPU before.
+    tail -2 "$res/acpo-generate-long-tail-paged.log" | tee -a "$res/summary.txt"
+    # The same over an FP8 KV cache (E4M3 bytes, half the KV bytes a step reads and twice the
+    # rows the pool holds): the rates a paper run's plan needs to reach 48 GPU-hours (issue
+    # #57), the paged pool of bytes never run on a GPU before.
     step "acpo generate long-tailed lengths, paged FP8 KV cache, qwen3-1.7b ${tail_shape[*]}" 90 \
         acpo-generate-long-tail-paged-fp8.log "$acpo" bench generate --config "$cfg" \
-        --device "$device" --dtype bf16 "${tail_shape[@]}" --long-tail --paged-kv \
+        --device "$device" --dtype bf16 "${tail_shape[@]}" --long-tail --paged-kv --paged-only \
         --kv-cache fp8 --repeats 1 --out "$res/generate-long-tail-paged-fp8"
     passed $?
-    tail -4 "$res/acpo-generate-long-tail-paged-fp8.log" | tee -a "$res/summary.txt"
-    # Sampling at the evaluation's shape (its waves and dense rows measured too, as the
-    # long-tail bench measures them; the plan takes the paged run's): tools/gpu/plan.sh makes it
-    # the plan's evaluation rate, which was the rollouts' before.
-    step "acpo generate at the evaluation's shape, paged KV cache, qwen3-1.7b ${eval_shape[*]}" 60 \
+    tail -2 "$res/acpo-generate-long-tail-paged-fp8.log" | tee -a "$res/summary.txt"
+    # Sampling at the evaluations' shape over the paged KV cache: tools/gpu/plan.sh makes it the
+    # plan's evaluation rate (the rollouts' before).
+    step "acpo generate at the evaluations' shape, paged KV cache, qwen3-1.7b ${eval_shape[*]}" 60 \
         acpo-generate-eval.log "$acpo" bench generate --config "$cfg" --device "$device" \
-        --dtype bf16 "${eval_shape[@]}" --long-tail --paged-kv --repeats 1 --out "$res/generate-eval"
+        --dtype bf16 "${eval_shape[@]}" --long-tail --paged-kv --paged-only --repeats 1 \
+        --out "$res/generate-eval"
     passed $?
-    tail -4 "$res/acpo-generate-eval.log" | tee -a "$res/summary.txt"
+    tail -2 "$res/acpo-generate-eval.log" | tee -a "$res/summary.txt"
     # Last in the section (the rates above are what the plan needs first): the kernels one
     # decode step launches, by name, ncu over a short run (the count does not depend on the
     # lengths); tools/gpu/launches.py finds the decode steps between the sampler's launches. A dry run parses the H100's committed profile instead, so that the parser runs;

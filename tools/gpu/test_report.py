@@ -203,19 +203,45 @@ class LongTail(Run):
         self.assertAlmostEqual(report.kv_fraction(row), (9.44e9 - 6.88e9) / 0.004 / 3773e9)
 
     def test_the_evaluations_run_is_its_paged_row_against_the_kv_bound(self):
-        shape = ("512 prompts of 121 (32 distinct × 16 responses), long-tailed lengths ≤ 2048 (Σ 150000), "
-                 "continuous batching over the paged KV cache, at most 512 at once, the widest prefill 3872 "
+        shape = ("2048 prompts of 121 (128 distinct × 16 responses), long-tailed lengths ≤ 2048 (Σ 600000), "
+                 "continuous batching over the paged KV cache, at most 1400 at once, the widest prefill 16335 "
                  "positions; decode 9500 tokens/s")
-        dense = sampling("512 prompts of 121, 500 at once: continuous batching (...)")
-        paged = sampling(shape, parameters=1.72e9, bytes_per_step=3.44e9 + 6.0e9, step_seconds=0.004)
-        self.write("generate-eval/generate.json", json.dumps([dense, dense, paged]))
+        # 3.44 GB of weights and 20 GB of cache a step: a ceiling of 85.3 %; at 8 ms a step 66.3 %
+        paged = sampling(shape, parameters=1.72e9, bytes_per_step=3.44e9 + 20e9, step_seconds=0.008)
+        self.write("generate-eval/generate.json", json.dumps([paged]))
         rows = self.target_rows("#57", "evaluations' own shape")
         self.assertEqual(len(rows), 1)
-        self.assertIn(f"| 9,000.0 tokens/s, {100 * 6.0e9 / 0.004 / 3773e9:.1f} % ({shape}) | no |", rows[0])
+        self.assertIn(f"| 9,000.0 tokens/s, {100 * 20e9 / 0.008 / 3773e9:.1f} % (65.0 % of the roofline with the "
+                      f"weights; this shape's ceiling 85.3 %; {shape}) | no |", rows[0])
         text = "\n".join(report.generate(self.root, []))
-        self.assertIn("At the evaluations' shape (`generate-eval`, 512 prompts of 121 (32 distinct × 16 "
-                      "responses), long-tailed lengths ≤ 2048 (Σ 150000); at most 512 at once", text)
+        self.assertIn("At the evaluations' shape (`generate-eval`, 2048 prompts of 121 (128 distinct × 16 "
+                      "responses), long-tailed lengths ≤ 2048 (Σ 600000); at most 1400 at once", text)
+        self.assertIn("of at most 85.3 % at this shape", text)
 
+    def test_a_shape_whose_ceiling_is_below_the_target_measures_nothing(self):
+        def run(kv, seconds):
+            return sampling("x, continuous batching over the paged KV cache, y", parameters=1.72e9,
+                            bytes_per_step=3.44e9 + kv, step_seconds=seconds)
+        # a ceiling of 63.6 % (6 GB of cache beside 3.44 of weights): not measured, even at the copy rate
+        words, met = report.kv_target(run(6.0e9, 9.44e9 / 3773e9))
+        self.assertEqual(met, "not measured")
+        self.assertIn("this shape's ceiling 63.6 %", words)
+        self.assertTrue(words.endswith("not a memory-sized batch"), words)
+        # a ceiling of 85.3 %: below 70 % of the bound is a miss, at it a hit
+        self.assertEqual(report.kv_target(run(20e9, 20e9 / 3773e9 / 0.69))[1], "no")
+        self.assertEqual(report.kv_target(run(20e9, 20e9 / 3773e9 / 0.70))[1], "yes")
+
+    def test_a_paged_run_alone_is_the_paged_row_and_no_dense_rows(self):
+        paged = sampling("128 prompts of 1024, continuous batching over the paged KV cache, at most 9 at once",
+                         parameters=1.72e9, bytes_per_step=3.44e9 + 20e9, step_seconds=0.008)
+        for name in ("generate-long-tail-paged", "generate-long-tail-paged-fp8"):
+            self.write(f"{name}/generate.json", json.dumps([paged]))
+        self.assertIsNone(report.long_tail_dense(self.root))
+        self.assertEqual(report.long_tail_paged(self.root)["shape"], paged["shape"])
+        text = "\n".join(report.generate(self.root, []))
+        self.assertIn("The same over an FP8 KV cache (`--kv-cache fp8`, E4M3 bytes): over the paged pool (at most 9 "
+                      "at once)", text)
+        self.assertEqual(len(self.target_rows("#57", "over the paged KV cache")), 1)
 
 class Variants(Run):
     def test_a_variant_out_of_memory_or_unfinished_is_a_row_that_says_so(self):

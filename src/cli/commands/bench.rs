@@ -122,6 +122,7 @@ fn speed_options(args: &args::BenchArgs) -> anyhow::Result<acpo::perf::SpeedOpti
             group: args.group.unwrap_or(1),
             long_tail: args.long_tail,
             paged: args.paged_kv,
+            paged_only: args.paged_only,
             kv_cache: args.kv_cache.into(),
         },
     })
