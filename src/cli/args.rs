@@ -570,7 +570,7 @@ pub struct BenchArgs {
     #[arg(long)]
     pub paged_kv: bool,
     /// generate, with --long-tail --paged-kv: the paged run alone, without the waves and the
-    /// dense cache's continuous batching (a memory-sized batch of many rows, where those two
+    /// dense cache's continuous batching (a batch of many rows, where those two
     /// would cost more than it).
     #[arg(long)]
     pub paged_only: bool,

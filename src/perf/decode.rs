@@ -88,6 +88,10 @@ pub struct CopyRate {
     /// The split-K kernel's (`flash_decode_split_*`) measured milliseconds at a shape, where
     /// that run's `flash_kernels_check.log` timed it: (sequences, keys, ms).
     pub split_k_ms: Vec<(usize, usize, f64)>,
+    /// The fraction of the copy rate the same report's decode steps reached (its roofline).
+    pub fraction: Option<f64>,
+    /// The device's memory, where the run's `summary.txt` recorded it (`nvidia-smi`'s MiB).
+    pub memory_bytes: Option<u64>,
 }
 
 impl CopyRate {
@@ -98,16 +102,46 @@ impl CopyRate {
     }
 }
 
-/// The copy rate of a `generate.json` (CUDA, bf16, with a roofline), if it has one.
-fn copy_of(path: &Path) -> Result<Option<f64>> {
+/// The copy rate of a `generate.json` (CUDA, bf16, with a roofline), if it has one, and the
+/// fraction of it that row's decode steps reached.
+fn copy_of(path: &Path) -> Result<Option<(f64, Option<f64>)>> {
     let text = crate::files::read_to_string(path).at(path)?;
     let rows: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| PerfError::Shape(format!("{}: not JSON: {e}", path.display())))?;
     Ok(rows.as_array().and_then(|rows| {
         rows.iter()
             .filter(|r| r["target"] == "cuda/bf16")
-            .find_map(|r| r["roofline"]["copy_gb_per_s"].as_f64())
+            .find_map(|r| {
+                let roofline = &r["roofline"];
+                let copy = roofline["copy_gb_per_s"].as_f64()?;
+                let fraction = roofline["fraction"]
+                    .as_f64()
+                    .filter(|f| *f > 0.0 && *f <= 1.0);
+                Some((copy, fraction))
+            })
     }))
+}
+
+/// The device memory a GPU run recorded: the first `summary.txt` line of the suite's header,
+/// `== suite on NVIDIA H200, 580.159.04, 143771 MiB` (or a section's, `== section … on …`).
+fn memory_of(run: &Path) -> Result<Option<u64>> {
+    let mut summaries = files_named(run, "summary.txt")?;
+    summaries.sort_by_cached_key(|p| call_order(p));
+    for summary in summaries {
+        let text = crate::files::read_to_string(&summary).at(&summary)?;
+        let mib = text.lines().find_map(|l| {
+            let header = l.strip_prefix("== ")?;
+            if !header.contains(" on ") {
+                return None;
+            }
+            let last = header.rsplit(", ").next()?;
+            last.strip_suffix(" MiB")?.trim().parse::<u64>().ok()
+        });
+        if let Some(mib) = mib {
+            return Ok(Some(mib << 20));
+        }
+    }
+    Ok(None)
 }
 
 /// The split-K decode's timings in a `flash_kernels_check.log`: lines
@@ -162,7 +196,7 @@ pub fn copy_rates(measured: &Path) -> Result<Vec<CopyRate>> {
                 break;
             }
         }
-        let Some((source, gb_per_s)) = found else {
+        let Some((source, (gb_per_s, fraction))) = found else {
             continue;
         };
         let mut logs = files_named(&run, "flash_kernels_check.log")?;
@@ -179,6 +213,8 @@ pub fn copy_rates(measured: &Path) -> Result<Vec<CopyRate>> {
             source,
             gb_per_s,
             split_k_ms,
+            fraction,
+            memory_bytes: memory_of(&run)?,
         };
         match rates.iter_mut().find(|(_, r)| r.device == device) {
             Some(slot) if slot.0.as_str() < date => *slot = (date.to_owned(), rate),
@@ -343,7 +379,9 @@ fn markdown(cfg: &QwenConfig, model: &str, rates: &[CopyRate], rows: &[DecodePre
 }
 
 /// `acpo bench decode-predict`: the copy rates of the GPU runs under `measured` and the model
-/// config `target`; writes `decode-predicted.{json,md}` under `out`.
+/// config `target`; writes `decode-predicted.{json,md}` under `out`, and the suite's paged
+/// sampling runs predicted at each GPU's pool, `sampling-predicted.{json,md}`
+/// ([`super::sampling`]).
 pub fn decode_predict(measured: &Path, target: &Path, out: &Path) -> Result<PathBuf> {
     let rates = copy_rates(measured)?;
     let cfg = QwenConfig::load(target)?;
@@ -354,6 +392,14 @@ pub fn decode_predict(measured: &Path, target: &Path, out: &Path) -> Result<Path
     let model = target
         .file_stem()
         .map_or("the model".into(), |s| s.to_string_lossy());
+    let sampling = super::sampling::predict(&cfg, &rates)?;
+    let json = serde_json::to_string_pretty(&sampling).expect("invariant: the prediction is JSON");
+    write_report(out, "sampling-predicted.json", json.as_bytes())?;
+    write_report(
+        out,
+        "sampling-predicted.md",
+        super::sampling::markdown(&model, &sampling).as_bytes(),
+    )?;
     write_report(
         out,
         "decode-predicted.md",
@@ -414,6 +460,8 @@ mod tests {
             source: PathBuf::new(),
             gb_per_s: 1000.0,
             split_k_ms: vec![],
+            fraction: None,
+            memory_bytes: None,
         };
         let p = predict(&qwen3_17b(), std::slice::from_ref(&rate));
         let row = p.iter().find(|p| p.bytes.keys == 1025).expect("the shape");

@@ -374,8 +374,8 @@ pub fn long_tail_lengths(n: usize, max: usize) -> Vec<usize> {
 /// decode steps must read (every weight once a step, each row's own cache so far) over the
 /// device's copy rate, beside the time its decode steps took. With `paged`, a third run over
 /// the paged KV cache, as many rows at once as its pool holds, with the roofline of the steps
-/// and positions its engine counted; with `paged_only`, that run alone (a memory-sized batch
-/// of many rows, where waves and the dense cache would cost a GPU call more than it).
+/// and positions its engine counted; with `paged_only`, that run alone (a batch of many rows,
+/// where waves and the dense cache would cost a GPU call more than it).
 pub fn bench_long_tail(m: &Subject, opts: &SpeedOptions) -> Result<Vec<Measurement>> {
     let shape = &opts.sample;
     let s = Sampler::new(&m.cfg, &opts.target, shape)?;

@@ -19,6 +19,7 @@ pub mod memory;
 pub mod pipeline;
 pub mod plan;
 pub mod predict;
+pub mod sampling;
 mod train_step;
 pub mod verifier;
 

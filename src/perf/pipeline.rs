@@ -472,7 +472,7 @@ pub struct PipelineCost {
 fn step_seconds(exp: &Experiment, m: &RunPhases, share: f64, scale: f64) -> f64 {
     let phase = |n: &str| m.phases.iter().find(|p| p.phase == n);
     let responses = (exp.trainer.batch_size * exp.rollout.n) as f64;
-    let prompt = exp.data.max_prompt_length as f64;
+    let prompt = plan::train_prompt(exp);
     let response = share * exp.data.max_response_length as f64;
     let step_tokens = responses * (prompt + response);
     let measured_responses = m.responses as f64;
@@ -527,8 +527,7 @@ fn cost(exp: &Experiment, m: &RunPhases, params: f64, scale: f64) -> PipelineCos
             / 3600.0
     };
     let responses = (exp.trainer.batch_size * exp.rollout.n) as f64;
-    let step_tokens =
-        responses * (exp.data.max_prompt_length + exp.data.max_response_length) as f64;
+    let step_tokens = responses * (plan::train_prompt(exp) + exp.data.max_response_length as f64);
     let tps = step_tokens / step_seconds(exp, m, 1.0, scale).max(1e-9);
     PipelineCost {
         run: exp.name.clone(),
@@ -581,7 +580,7 @@ pub fn pipeline_plan(
     let json = serde_json::to_string_pretty(&rows).expect("invariant: the plan is JSON");
     write_report(out, "pipeline-plan.json", json.as_bytes())?;
     let mut md = format!(
-        "Each paper run costed from the measured phases of a pipeline run (`acpo pipeline`: its model at its own shapes on random weights, batch sizes divided): per-token rates times the run's tokens, per-response costs times its responses, the evaluation's and the checkpoint's as measured; another size's rates scaled by parameters (the `scale` column). Random weights run every response to its limit: the first GPU-hours column is that worst case, the second assumes responses at {:.0} % of it. Throughput: a step's prompt + response tokens over its seconds at the limit, per GPU, and scaled to 8.03 B parameters beside NeMo-RL's {NEMO_RL_TOKENS_PER_S_PER_GPU:.0} tokens/s/GPU (Llama-3.1-8B, GRPO, H100).\n\n",
+        "Each paper run costed from the measured phases of a pipeline run (`acpo pipeline`: its model at its own shapes on random weights, batch sizes divided): per-token rates times the run's tokens (its prompts at DAPO-Math-17k's mean, `perf::plan::TRAIN_PROMPT_TOKENS`), per-response costs times its responses, the evaluation's and the checkpoint's as measured; another size's rates scaled by parameters (the `scale` column). Random weights run every response to its limit: the first GPU-hours column is that worst case, the second assumes responses at {:.0} % of it. Throughput: a step's prompt + response tokens over its seconds, responses at their limit, per GPU, and scaled to 8.03 B parameters beside NeMo-RL's {NEMO_RL_TOKENS_PER_S_PER_GPU:.0} tokens/s/GPU (Llama-3.1-8B, GRPO, H100).\n\n",
         100.0 * plan::RESPONSE_SHARE,
     );
     let half = format!("at {:.0} %", 100.0 * plan::RESPONSE_SHARE);

@@ -4,8 +4,9 @@
 //!
 //! Measurements feed it: a train step and a sampling run of one model shape (the GPU suite
 //! measures Qwen3-1.7B; of a file with several rows, its last, which for `acpo bench generate
-//! --long-tail --paged-kv` is the paged engine's run), and where the suite measured it, sampling at the evaluation's own shape
-//! (`generate-eval.json`; else the rollouts' rate serves both, and the plan says so). Other
+//! --long-tail --paged-kv` is the paged engine's run), and where the suite measured it,
+//! sampling at the evaluation's own shape (`generate-eval.json`; else the rollouts' rate
+//! serves both, and the plan says so). Other
 //! sizes are scaled by parameter count: a train step's FLOPs, and a decode step's weight reads,
 //! both grow with it. Response lengths are a stated assumption, since the paper does not report
 //! its mean response length. A response is taken to use half of `max_response_length`, and an
@@ -40,14 +41,20 @@ pub const RESPONSE_SHARE: f64 = 0.5;
 /// manifests' DAPO template and Qwen3's chat template and tokenizer (153.4, a prompt past the
 /// paper's `max_prompt_length` of 1,024 counted at it; a run with a shorter limit takes its
 /// limit). A prompt's tokens are trained on and every response's attention reads them, so the
-/// plan's training tokens and mean contexts count them. The test `the_plan_s_prompt_lengths_are_the_data_s` recomputes it
-/// from the data.
+/// plan's training tokens and mean contexts count them. The test
+/// `the_plan_s_prompt_lengths_are_the_data_s` recomputes it from the data.
 pub const TRAIN_PROMPT_TOKENS: f64 = 153.0;
 
 /// The mean evaluation prompt in tokens: the four benchmarks' 1,677 problems under the boxed
 /// template and Qwen3's chat template and tokenizer (121.1), recomputed from the data by the
 /// same test.
 pub const EVAL_PROMPT_TOKENS: f64 = 121.0;
+
+/// A paper run's mean training prompt in tokens: [`TRAIN_PROMPT_TOKENS`], or its own
+/// `max_prompt_length` where that is shorter.
+pub fn train_prompt(exp: &crate::manifest::Experiment) -> f64 {
+    TRAIN_PROMPT_TOKENS.min(exp.data.max_prompt_length as f64)
+}
 
 /// The GPUs per run the paper used (its appendix: 8 for Qwen2.5-Math-7B and Qwen3-8B, 4 for
 /// Qwen3-4B, 2 for Qwen3-1.7B).
@@ -200,6 +207,17 @@ impl Rates {
         self.evaluations.as_ref().unwrap_or(&self.rollouts)
     }
 
+    /// The sampling measurement whose decode steps the evaluations' are carried from
+    /// ([`carried_rate`]): their own where it recorded its roofline, else the rollouts'.
+    fn evaluation_steps(&self) -> &Rate {
+        let own = self.evaluation();
+        if own.decode.is_some() {
+            own
+        } else {
+            &self.rollouts
+        }
+    }
+
     /// The device copy rate recorded beside either sampling measurement, GB/s.
     fn copy(&self) -> Option<f64> {
         self.rollouts
@@ -221,7 +239,7 @@ fn run_cost(exp: &crate::manifest::Experiment, configs: &Path, rates: &Rates) ->
     );
     let responses = exp.trainer.batch_size as f64 * exp.rollout.n as f64;
     let response = RESPONSE_SHARE * exp.data.max_response_length as f64;
-    let prompt = TRAIN_PROMPT_TOKENS.min(exp.data.max_prompt_length as f64);
+    let prompt = train_prompt(exp);
     let per_step_sample = responses * response;
     // The update passes (epochs), plus the old log-probs' forward (a third of a step); a
     // critic doubles both.
@@ -271,7 +289,7 @@ fn run_cost(exp: &crate::manifest::Experiment, configs: &Path, rates: &Rates) ->
         ))
     };
     let at_paper_contexts = carried(&rates.rollouts, rollout_context)
-        .zip(carried(rates.evaluation(), eval_context))
+        .zip(carried(rates.evaluation_steps(), eval_context))
         .map(|(r, e)| hours(r, e));
     Ok(RunCost {
         run: exp.name.clone(),
@@ -336,7 +354,7 @@ fn plan_markdown(rates: &Rates, rows: &[RunCost]) -> String {
         100.0 * RESPONSE_SHARE,
     );
     md.push_str(&match rates.copy() {
-        Some(gbps) => format!("The KV-bandwidth bound: new tokens/s ≤ the measured copy rate ({gbps:.0} GB/s) ÷ the bf16 KV bytes a token's attention reads at its mean context (prompt + half the response), per run below; two columns are the run's GPU-hours had both samplers run at it, with this bf16 cache and with an FP8 cache (one byte an element, the bound doubled; training at its measured rate in both). {}\n\n", match rates.rollouts.decode.zip(rates.evaluation().decode) {
+        Some(gbps) => format!("The KV-bandwidth bound: new tokens/s ≤ the measured copy rate ({gbps:.0} GB/s) ÷ the bf16 KV bytes a token's attention reads at its mean context (prompt + half the response), per run below; two columns are the run's GPU-hours had both samplers run at it, with this bf16 cache and with an FP8 cache (one byte an element, the bound doubled; training at its measured rate in both). {}\n\n", match rates.rollouts.decode.zip(rates.evaluation_steps().decode) {
             Some((r, e)) => format!("The sampling measurements' decode steps drew {:.0} (rollouts) and {:.0} (evaluations) rows a step and moved their bytes (every weight once, each row's KV cache) at {:.1} % and {:.1} % of the copy rate, at their own contexts, shorter than a paper run's, whose rates, read at fewer KV bytes a token, overstate a paper run's sampling. The column \"at the paper's contexts\" models it instead: the same rows a step at the same fraction of the copy rate, with each run's own weights and mean contexts (new tokens/s = rows ÷ the step's bytes at that rate; a model, not a measurement).", r.rows, e.rows, 100.0 * r.fraction, 100.0 * e.fraction),
             None => "The sampling measurements recorded no roofline: their rates are not carried to a paper run's contexts.".to_string(),
         }),

@@ -21,7 +21,7 @@ mod paged;
 mod sample;
 use crate::model::Result;
 use crate::rng::SplitMix64;
-pub use paged::{PagedOptions, PREFILL_TOKENS};
+pub use paged::{paged_schedule, PagedOptions, PagedSchedule, PREFILL_TOKENS};
 pub use sample::{argmax, sample_rows, sample_token};
 
 #[derive(Debug, Clone, Copy, PartialEq)]

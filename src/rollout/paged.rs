@@ -33,7 +33,7 @@ use candle_core::Tensor;
 use super::{
     add_stats, draw, last_logits, prefill, settle, Completion, GenStats, SampleKey, SampleRequest,
 };
-use crate::model::paged::{PagedError, PagedKv, PagedRead, PagedStep, SeqBlocks};
+use crate::model::paged::{BlockPool, PagedError, PagedKv, PagedRead, PagedStep, SeqBlocks};
 use crate::model::qwen::Qwen;
 use crate::model::Result;
 use crate::rng::SplitMix64;
@@ -322,39 +322,23 @@ impl<'a> Engine<'a> {
         (kept, all.into_iter().flatten().collect())
     }
 
-    /// Up to `room` prompts from the head of `waiting` that the pool takes, `reserved` blocks
-    /// held back: each needs its prompt's blocks (none when it shares a prompt already
-    /// prefilled or joining with it) and one more for its first positions. The first prompt
-    /// of an empty batch is taken whenever its blocks fit at all.
+    /// Up to `room` prompts from the head of `waiting` that the pool takes ([`admit`]).
     fn admissible(
         &self,
         waiting: &mut VecDeque<usize>,
         room: usize,
         reserved: usize,
     ) -> Vec<usize> {
-        let mut free = self.kv.pool.free_blocks().saturating_sub(reserved);
-        let mut taken: Vec<usize> = Vec::new();
-        while taken.len() < room {
-            let Some(&i) = waiting.front() else { break };
-            let p = self.prompts[i].as_slice();
-            let shares = self.opts.share_prompts
-                && (self.shared.contains_key(p)
-                    || taken.iter().any(|&j| self.prompts[j].as_slice() == p));
-            let prompt_blocks = if shares {
-                0
-            } else {
-                self.kv.pool.blocks_for(p.len())
-            };
-            let lone = self.rows.is_empty() && taken.is_empty() && reserved == 0;
-            let need = prompt_blocks + usize::from(!lone);
-            if need > free || (lone && prompt_blocks > free) {
-                break;
-            }
-            free -= need.min(free);
-            taken.push(i);
-            waiting.pop_front();
-        }
-        taken
+        let held = |p: &[u32]| self.shared.contains_key(p);
+        admit(
+            &self.kv.pool,
+            self.prompts,
+            &held,
+            self.opts.share_prompts,
+            waiting,
+            room,
+            reserved,
+        )
     }
 
     /// Prefills the distinct new prompts among `joining` (in left-padded groups under the
@@ -563,6 +547,202 @@ impl<'a> Engine<'a> {
         self.logits = Some(last_logits(self.model, &hidden)?);
         Ok(())
     }
+}
+
+/// Up to `room` prompts from the head of `waiting` that `pool` takes, `reserved` blocks held
+/// back: each needs its prompt's blocks (none, with `share`, when it shares a prompt `held`
+/// prefilled or one joining with it) and one more for its first positions. The first prompt
+/// of an empty batch (nothing reserved) is taken whenever its blocks fit at all. The engine's
+/// admission, and its schedule's ([`paged_schedule`]).
+fn admit(
+    pool: &BlockPool,
+    prompts: &[Vec<u32>],
+    held: &dyn Fn(&[u32]) -> bool,
+    share: bool,
+    waiting: &mut VecDeque<usize>,
+    room: usize,
+    reserved: usize,
+) -> Vec<usize> {
+    let mut free = pool.free_blocks().saturating_sub(reserved);
+    let mut taken: Vec<usize> = Vec::new();
+    while taken.len() < room {
+        let Some(&i) = waiting.front() else { break };
+        let p = prompts[i].as_slice();
+        let shares = share && (held(p) || taken.iter().any(|&j| prompts[j].as_slice() == p));
+        let prompt_blocks = if shares { 0 } else { pool.blocks_for(p.len()) };
+        let lone = taken.is_empty() && reserved == 0;
+        let need = prompt_blocks + usize::from(!lone);
+        if need > free || (lone && prompt_blocks > free) {
+            break;
+        }
+        free -= need.min(free);
+        taken.push(i);
+        waiting.pop_front();
+    }
+    taken
+}
+
+/// What a paged run does, counted ([`paged_schedule`]).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct PagedSchedule {
+    /// As [`GenStats`] counts them.
+    pub decode_steps: usize,
+    pub decode_positions: usize,
+    pub most_rows: usize,
+    pub prefill_tokens: usize,
+    pub widest_prefill: usize,
+    /// Rows preempted (their blocks given back, their prompts queued again and recomputed).
+    pub preempted: usize,
+}
+
+/// What the paged engine (`decode_all_paged`: [`super::generate`] over [`PagedOptions`]) does
+/// when every prompt samples exactly its limit in `limits` (no stop token), without a model:
+/// the engine's loop over a [`BlockPool`] of `blocks` blocks (block 0 included, as
+/// `PagedKv::for_budget` counts them) of `opts.block` positions, at most `max_batch` rows; the
+/// same admission (`admit`), growth, preemption of the latest rows, shared prompts, and
+/// prefills in groups under `opts.prefill_tokens` (None: one group). Its counts are the
+/// engine's on the same prompts (`tests/it/model.rs` holds them to a run's), so a GPU run's
+/// decode steps and the positions they read can be known on the CPU at that GPU's pool
+/// (`acpo bench decode-predict`).
+pub fn paged_schedule(
+    prompts: &[Vec<u32>],
+    limits: &[usize],
+    max_batch: Option<usize>,
+    blocks: usize,
+    opts: &PagedOptions,
+) -> Result<PagedSchedule> {
+    let mut s = PagedSchedule::default();
+    let n = prompts.len();
+    let mut pool = BlockPool::new(blocks, opts.block)?;
+    let slots = max_batch.unwrap_or(n).max(1);
+    let mut waiting: VecDeque<usize> = (0..n).collect();
+    let mut pending: HashMap<&[u32], usize> = HashMap::new();
+    for p in prompts {
+        *pending.entry(p.as_slice()).or_default() += 1;
+    }
+    let mut shared: HashMap<&[u32], SeqBlocks> = HashMap::new();
+    // Each row: its prompt and blocks; what it has drawn; the position it feeds next.
+    let mut rows: Vec<(usize, SeqBlocks)> = Vec::new();
+    let mut drawn = vec![0usize; n];
+    let mut next_pos: Vec<usize> = prompts.iter().map(Vec::len).collect();
+    let exhausted = |pool: &BlockPool, needed: usize| PagedError::Exhausted {
+        needed,
+        free: pool.free_blocks(),
+        total: pool.capacity(),
+        block: pool.block(),
+    };
+    loop {
+        // Every row draws a token; the finished ones give their blocks back.
+        let mut kept = Vec::with_capacity(rows.len());
+        for (i, seq) in rows.drain(..) {
+            drawn[i] += 1;
+            if drawn[i] < limits[i].max(1) {
+                kept.push((i, seq));
+            } else {
+                pool.release(seq);
+            }
+        }
+        // Room for every row's next position: the latest rows preempted, then the held prompts.
+        loop {
+            let needs: usize = kept.iter().map(|(_, q)| pool.append_needs(q)).sum();
+            if needs <= pool.free_blocks() {
+                break;
+            }
+            if kept.len() > 1 {
+                let (i, seq) = kept.pop().expect("invariant: more than one row");
+                pool.release(seq);
+                *pending.entry(prompts[i].as_slice()).or_default() += 1;
+                waiting.push_front(i);
+                (drawn[i], next_pos[i]) = (0, prompts[i].len());
+                s.preempted += 1;
+            } else if !shared.is_empty() {
+                for (_, seq) in shared.drain() {
+                    pool.release(seq);
+                }
+            } else {
+                return Err(exhausted(&pool, needs - pool.free_blocks()).into());
+            }
+        }
+        let room = slots.saturating_sub(kept.len());
+        let reserved = kept
+            .iter()
+            .map(|(_, q)| pool.append_needs(q))
+            .sum::<usize>()
+            + kept.len();
+        let held = |p: &[u32]| shared.contains_key(p);
+        let joining = admit(
+            &pool,
+            prompts,
+            &held,
+            opts.share_prompts,
+            &mut waiting,
+            room,
+            reserved,
+        );
+        if kept.is_empty() && joining.is_empty() {
+            if let Some(&i) = waiting.front() {
+                let need = pool.blocks_for(prompts[i].len()) + 1;
+                return Err(
+                    exhausted(&pool, need.saturating_sub(pool.free_blocks()).max(1)).into(),
+                );
+            }
+            break;
+        }
+        rows = kept;
+        if !rows.is_empty() {
+            for (i, seq) in &mut rows {
+                pool.append(seq)?;
+                s.decode_positions += next_pos[*i] + 1;
+                next_pos[*i] += 1;
+            }
+            s.most_rows = s.most_rows.max(rows.len());
+            s.decode_steps += 1;
+        }
+        // The joining prompts: each distinct one not held prefilled into fresh blocks, the
+        // others forks of a held or fresh one.
+        let mut fresh: Vec<usize> = Vec::new();
+        for &i in &joining {
+            let p = prompts[i].as_slice();
+            let held = opts.share_prompts
+                && (shared.contains_key(p) || fresh.iter().any(|&j| prompts[j].as_slice() == p));
+            if !held {
+                fresh.push(i);
+            }
+        }
+        let mut first_use: HashMap<usize, SeqBlocks> = HashMap::new();
+        for group in prefill_groups(prompts, &fresh, opts.prefill_tokens) {
+            let longest = group.iter().map(|&i| prompts[i].len()).max().unwrap_or(0);
+            s.prefill_tokens += group.iter().map(|&i| prompts[i].len()).sum::<usize>();
+            s.widest_prefill = s.widest_prefill.max(group.len() * longest);
+            for &i in &group {
+                first_use.insert(i, pool.allocate(prompts[i].len())?);
+            }
+        }
+        for &i in &joining {
+            let p = prompts[i].as_slice();
+            let left = pending.get_mut(p).expect("invariant: every prompt counted");
+            *left -= 1;
+            let seq = match first_use.remove(&i) {
+                Some(seq) => {
+                    if opts.share_prompts && *left > 0 {
+                        shared.insert(p, pool.fork(&seq));
+                    }
+                    seq
+                }
+                None => pool.fork(shared.get(p).expect("invariant: a shared prompt is held")),
+            };
+            if *left == 0 {
+                if let Some(held) = shared.remove(p) {
+                    pool.release(held);
+                }
+            }
+            rows.push((i, seq));
+        }
+    }
+    for (_, seq) in shared.drain() {
+        pool.release(seq);
+    }
+    Ok(s)
 }
 
 /// `fresh` (prompt indices, in order) cut into consecutive groups of at most `budget` positions

@@ -691,6 +691,7 @@ fn bench_generate_samples_groups_and_the_paged_engine_prefills_each_prompt_once(
                 grouped,
                 "{shape}"
             );
+            assert_eq!(shape.contains("distinct"), grouped, "{shape}");
         }
         let paged = rows[rows.len() - 1]["shape"]
             .as_str()
@@ -884,6 +885,39 @@ fn bench_paper_plan_costs_every_paper_run_from_measured_rates() {
         (eval_hours / f("eval_hours") - 0.5).abs() < 1e-9,
         "twice the rate, half the hours"
     );
+    // Its decode steps, where it recorded none, are carried from the rollouts'; where it did
+    // (here 128 rows a step at half the copy rate), from its own.
+    let carried_hours = |rows: &[serde_json::Value]| {
+        rows.iter()
+            .find(|r| r["run"] == "qwen3-1.7b-grpo")
+            .expect("r")["gpu_hours_at_paper_contexts"]
+            .as_f64()
+            .expect("carried")
+    };
+    let rate_at = |fraction: f64, rows: f64, context: f64| {
+        fraction * 3_000e9 * rows / (2.0 * 1_720_574_976.0 + rows * context * per_position)
+    };
+    let from_rollouts = f("train_hours")
+        + (f("sample_tokens") / rate_at(0.25, 64.0, rollout_context)
+            + f("eval_tokens") / rate_at(0.25, 64.0, eval_context))
+            / 3600.0;
+    assert!((carried_hours(&rows) / from_rollouts - 1.0).abs() < 1e-9);
+    let mut own = row("generate", 10_000.0);
+    own[0]["roofline"] = serde_json::json!({"copy_gb_per_s": 3_000.0, "fraction": 0.5,
+        "decode_tokens_per_second": 12_800.0, "step_seconds": 0.01});
+    std::fs::write(measured.join("generate-eval.json"), own.to_string()).expect("w");
+    let rows = plan();
+    let from_own = f("train_hours")
+        + (f("sample_tokens") / rate_at(0.25, 64.0, rollout_context)
+            + f("eval_tokens") / rate_at(0.5, 128.0, eval_context))
+            / 3600.0;
+    assert!((carried_hours(&rows) / from_own - 1.0).abs() < 1e-9);
+    let md = std::fs::read_to_string(dir.path().join("paper-plan.md")).expect("md");
+    assert!(
+        md.contains("drew 64 (rollouts) and 128 (evaluations) rows a step")
+            && md.contains("at 25.0 % and 50.0 % of the copy rate"),
+        "{md}"
+    );
 }
 
 #[test]
@@ -1030,6 +1064,24 @@ fn bench_decode_predict_of_the_committed_gpu_runs_is_the_cuda_doc_block() {
     assert!(
         shipped.contains(table.trim_end()),
         "docs/CUDA.md's predicted decode times are stale: rerun `just decode-predict`"
+    );
+    // and the suite's paged sampling runs at each GPU's pool, one row per run and GPU
+    let sampling = std::fs::read_to_string(dir.path().join("sampling-predicted.md")).expect("md");
+    for run in acpo::perf::sampling::SUITE_RUNS {
+        for gpu in ["NVIDIA-H100-80GB-HBM3", "NVIDIA-H200"] {
+            let row = format!("| `{}`", run.folder);
+            assert!(
+                sampling
+                    .lines()
+                    .any(|l| l.starts_with(&row) && l.contains(&format!("| {gpu} |"))),
+                "no row of {} on {gpu}:\n{sampling}",
+                run.folder
+            );
+        }
+    }
+    assert!(
+        shipped.contains(sampling.trim_end()),
+        "docs/CUDA.md's predicted sampling runs are stale: rerun `just decode-predict`"
     );
     let none = acpo(&["bench", "decode-predict"], repo());
     assert_eq!(
@@ -1326,10 +1378,6 @@ fn model_logprobs_match_transformers() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("ids.jsonl:1"));
 }
 
-/// `tools/gpu/plan.sh` (`just gpu-plan DIR`) on the H200 run's committed rates, from another
-/// directory: the next numbered call folder, the plan `acpo bench paper-plan` makes of the
-/// trainer's step and the sampling run, the same bytes as the committed 4-plan; a second call
-/// takes the next number (call 10 after call 9), and a missing directory is refused.
 /// The GPU suite samples as qwen3-1.7b-grpo does: its rollouts in groups of `rollout.n`, its
 /// evaluations in groups of `eval.k` at the benchmarks' mean prompt (the plan's
 /// `EVAL_PROMPT_TOKENS`), so the rates the plan takes from them are at those shapes.
@@ -1378,8 +1426,48 @@ fn the_gpu_suite_samples_at_the_paper_run_s_groups_and_prompts() {
         value(&evals, "--prompt-len") as f64,
         acpo::perf::plan::EVAL_PROMPT_TOKENS
     );
+    // and as `acpo bench decode-predict` predicts them (`perf::sampling::SUITE_RUNS`)
+    let new_tokens = |words: &[String]| -> usize {
+        let i = words
+            .iter()
+            .position(|w| w == "--new-tokens")
+            .expect("--new-tokens");
+        words[i + 1]
+            .split(":-")
+            .nth(1)
+            .and_then(|d| d.trim_end_matches(['}', '"']).parse().ok())
+            .expect("a default")
+    };
+    for run in acpo::perf::sampling::SUITE_RUNS {
+        let words = if run.folder == "generate-eval" {
+            &evals
+        } else {
+            &rollouts
+        };
+        assert_eq!(
+            (
+                default(words),
+                value(words, "--group"),
+                value(words, "--prompt-len"),
+                new_tokens(words)
+            ),
+            (run.rows, run.group, run.prompt_len, run.new_tokens),
+            "{}",
+            run.folder
+        );
+        assert!(
+            suite.contains(&format!("--out \"$res/{}\"", run.folder)),
+            "{}",
+            run.folder
+        );
+    }
 }
 
+/// `tools/gpu/plan.sh` (`just gpu-plan DIR`) on the H200 run's committed rates, from another
+/// directory: the next numbered call folder, the plan `acpo bench paper-plan` makes of the
+/// trainer's step and the sampling run, the same bytes as the committed 5-plan; a second call
+/// takes the next number (call 10 after call 9) and the paged runs' rows (the rollouts' and the
+/// evaluations'), and a missing directory is refused.
 #[test]
 fn gpu_plan_script_costs_a_runs_rates_into_its_next_call_folder() {
     let run = repo().join("results/gpu/NVIDIA-H200-20261126");
@@ -1474,6 +1562,12 @@ fn gpu_plan_script_costs_a_runs_rates_into_its_next_call_folder() {
     };
     paged_run("generate-long-tail-paged", 0, 7_000.0);
     paged_run("generate-eval", 2, 9_000.0);
+    // a dense row after the paged one is not taken either
+    let eval = root.join("1-suite/gpu-suite/generate-eval/generate.json");
+    let mut rows: Vec<serde_json::Value> =
+        serde_json::from_slice(&std::fs::read(&eval).expect("r")).expect("json");
+    rows.push(measured[0].clone());
+    std::fs::write(&eval, serde_json::to_string(&rows).expect("j")).expect("w");
     let again = plan(&root);
     assert!(again.status.success());
     let rollouts: serde_json::Value = serde_json::from_slice(

@@ -2170,3 +2170,95 @@ fn the_layer_backward_by_hand_in_bf16_is_as_close_to_f32_as_autograd() {
         }
     }
 }
+
+/// The paged engine's schedule without a model (`rollout::paged_schedule`, what `acpo bench
+/// decode-predict` runs at a GPU's pool) is the engine's: on the same prompts (groups of
+/// identical ones, prompts across block boundaries), lengths and pool, with and without shared
+/// prompts, a batch cap and prefill groups, the decode steps, the positions they read, the most
+/// rows at once, the prefilled tokens and the widest prefill are what a run on the CPU counted;
+/// a pool small enough to preempt rows as well as one that holds every row. A pool too small for
+/// one prompt is refused as the engine refuses it.
+#[test]
+fn the_paged_schedule_counts_what_the_paged_engine_does() {
+    let (cfg, params) = load("tiny-qwen3");
+    let model = Qwen::new(&cfg, &params, true).expect("model");
+    let distinct: Vec<Vec<u32>> = (0..7u32)
+        .map(|g| {
+            (0..(9 + 11 * g as usize))
+                .map(|t| (g * 31 + t as u32) % 60 + 1)
+                .collect()
+        })
+        .collect();
+    let groups = [4usize, 1, 3, 2, 4, 1, 2];
+    let prompts: Vec<Vec<u32>> = distinct
+        .iter()
+        .zip(groups)
+        .flat_map(|(p, n)| std::iter::repeat_n(p.clone(), n))
+        .collect();
+    let keys: Vec<[u64; 4]> = (0..prompts.len() as u64).map(|i| [3, 7, i, 0]).collect();
+    let max_new = 70;
+    // lengths spread over the limit (rows grow past their admission's room, so that small pools
+    // preempt), a few past it
+    let limits: Vec<usize> = (0..prompts.len()).map(|i| 8 + (i * 37) % 70).collect();
+    let p = SamplingParams {
+        temperature: 1.0,
+        top_p: 1.0,
+        top_k: None,
+        max_new_tokens: max_new,
+    };
+    let per = acpo::model::paged::PagedKv::block_bytes(&cfg, model.kv_elem_bytes(), 32);
+    let mut preempting = 0;
+    for (blocks, share_prompts, max_batch, prefill_tokens) in [
+        (200, true, None, None),
+        (200, false, None, Some(64)),
+        (200, true, Some(5), Some(100)),
+        (12, true, None, Some(64)),
+        (12, false, None, None),
+        (9, true, Some(4), None),
+    ] {
+        let opts = rollout::PagedOptions {
+            budget: Some((blocks * per) as u128),
+            share_prompts,
+            prefill_tokens,
+            ..Default::default()
+        };
+        let stats = std::sync::Mutex::new(rollout::GenStats::default());
+        let mut r = SampleRequest::new(p)
+            .limits(limits.clone())
+            .paged(opts)
+            .stats(&stats);
+        if let Some(n) = max_batch {
+            r = r.max_batch(n);
+        }
+        let what = format!("{blocks} blocks, sharing {share_prompts}, {max_batch:?} rows, prefills of {prefill_tokens:?}");
+        rollout::generate(&model, &prompts, &keys, &r).expect(&what);
+        let ran = stats.into_inner().expect("stats");
+        let limits: Vec<usize> = limits.iter().map(|&l| l.min(max_new)).collect();
+        let s = rollout::paged_schedule(&prompts, &limits, max_batch, blocks, &opts).expect(&what);
+        assert_eq!(
+            (
+                s.decode_steps,
+                s.decode_positions,
+                s.most_rows,
+                s.prefill_tokens,
+                s.widest_prefill
+            ),
+            (
+                ran.decode_steps,
+                ran.decode_positions,
+                ran.most_rows,
+                ran.prefill_tokens,
+                ran.widest_prefill
+            ),
+            "{what}"
+        );
+        preempting += usize::from(s.preempted > 0);
+    }
+    assert!(preempting >= 2, "the small pools should preempt rows");
+    let opts = rollout::PagedOptions::default();
+    let err = rollout::paged_schedule(&prompts, &limits, None, 2, &opts).expect_err("too small");
+    assert!(
+        err.to_string().contains("KV cache pool is exhausted"),
+        "{err}"
+    );
+}

@@ -777,7 +777,8 @@ def kv_ceiling(row):
 
 def kv_target(row):
     """Issue #57's target of ≥ 70 % of the KV-bandwidth bound for a long-tail run: the words and
-    the verdict. A shape whose ceiling is below 70 % cannot show it (not a memory-sized batch):
+    the verdict. A shape whose ceiling is below 70 % cannot show it (too few rows a step, or too
+    short contexts, for the cache to be most of a step's bytes):
     not measured, whatever its engine did."""
     f, c = kv_fraction(row), kv_ceiling(row)
     words = (f"{100 * f:.1f} % ({100 * row['roofline']['fraction']:.1f} % of the roofline with the weights; "
@@ -785,7 +786,7 @@ def kv_target(row):
     if f >= 0.7:
         return words, "yes"
     if c < 0.7:
-        return words + ": too few rows a step to show it, not a memory-sized batch", "not measured"
+        return words + ": this shape cannot show it (the weights are too much of a step's bytes)", "not measured"
     return words, "no"
 
 

@@ -13,8 +13,8 @@
 #                a GRPO step's rollouts, SUITE_TAIL_BATCH rows (default 1,024: 256 prompts of
 #                1,024 in groups of 4) with long-tailed response lengths up to SUITE_TAIL_NEW
 #                (default 2,048; most short, a tail to the limit, as a GRPO run's), over the
-#                paged KV cache at the batch its pool holds (more rows than it holds at once:
-#                the memory-sized batch), beside the KV-bandwidth bound, and again over an FP8
+#                paged KV cache at the batch its pool holds (enough rows that a step reads
+#                mostly the cache), beside the KV-bandwidth bound, and again over an FP8
 #                KV cache; then the evaluations' shape (SUITE_EVAL_BATCH rows, default 2,048:
 #                128 problems × Avg@16's 16 samples, prompts of the benchmarks' mean length);
 #                before them, SUITE_TAIL_DENSE=1 (the default): waves against continuous
@@ -129,6 +129,15 @@ for kv in ${SUITE_SHARES:-}; do
         exit 2
     fi
     share[$name]=$secs
+done
+# The sampling runs' rows: whole groups (GRPO's 4 responses a prompt, Avg@16's 16 samples).
+for rows in "SUITE_TAIL_BATCH ${SUITE_TAIL_BATCH:-1024} 4" "SUITE_DENSE_BATCH ${SUITE_DENSE_BATCH:-128} 4" \
+    "SUITE_EVAL_BATCH ${SUITE_EVAL_BATCH:-2048} 16"; do
+    read -r name value group <<< "$rows"
+    if ! [[ "$value" =~ ^[1-9][0-9]{0,5}$ ]] || [ $((value % group)) != 0 ]; then
+        echo "suite: $name is '$value'; it is a positive multiple of $group (whole groups of $group responses)" >&2
+        exit 2
+    fi
 done
 case "${SUITE_TAIL_DENSE:-1}" in
     0 | 1) ;;
@@ -338,21 +347,24 @@ if wanted decode; then
     new=${SUITE_DECODE_NEW:-1024}
     gen=(--batch 64 --prompt-len 1024 --new-tokens "$new")
     # The rollouts of a GRPO step: 256 prompts in groups of 4 (trainer.batch_size × rollout.n
-    # of the paper's qwen3-1.7b-grpo), more rows than the paged pool holds at once, so that the
-    # batch is the memory's (issue #57's target is set at the memory-sized batch: with few rows
-    # a step the weights are most of its bytes and the KV-bandwidth bound is out of reach;
-    # tools/gpu/report.py prints each run's ceiling). Long-tailed lengths up to SUITE_TAIL_NEW
-    # (a paper run's 8,196 would not fit the call). The paged engine's run alone (--paged-only).
+    # of the paper's qwen3-1.7b-grpo), at the prompt limit (with the call's shorter responses,
+    # contexts nearer a paper run's), so that a decode step reads mostly the KV cache: issue
+    # #57's target is the KV-bandwidth bound, out of reach where the weights are most of a step's
+    # bytes (few rows, short contexts). `acpo bench decode-predict` predicts each run's schedule
+    # at each GPU's pool, its ceiling (the cache's share of its bytes) and its seconds
+    # (perf::sampling::SUITE_RUNS, which a test holds to these shapes; docs/CUDA.md);
+    # tools/gpu/report.py prints the measured run's ceiling. Long-tailed lengths up to
+    # SUITE_TAIL_NEW (a paper run's 8,196 would not fit the call). The paged run alone.
     tail_shape=(--batch "${SUITE_TAIL_BATCH:-1024}" --group 4 --prompt-len 1024
         --new-tokens "${SUITE_TAIL_NEW:-2048}")
     # The dense engines' comparison, waves against continuous batching, at a smaller batch
-    # (waves of a memory-sized batch would take the section).
+    # (waves of 1,024 rows would take the section).
     dense_shape=(--batch "${SUITE_DENSE_BATCH:-128}" --group 4 --prompt-len 1024
         --new-tokens "${SUITE_TAIL_NEW:-2048}")
     # The evaluations (issue #57: the plan's rate for them measured at their own shape): 128
     # problems × Avg@16's 16 samples (eval.k), prompts of the four benchmarks' mean length (121
     # tokens, EVAL_PROMPT_TOKENS in src/perf/plan.rs, which a test recomputes from the data),
-    # long-tailed answers to the rollouts' limit, again more rows than the pool holds.
+    # long-tailed answers to the rollouts' limit; enough rows for a ceiling past the target's.
     eval_shape=(--batch "${SUITE_EVAL_BATCH:-2048}" --group 16 --prompt-len 121
         --new-tokens "${SUITE_TAIL_NEW:-2048}")
     if [ "$dry" = 1 ]; then
@@ -387,29 +399,29 @@ if wanted decode; then
     fi
     # A GRPO step's rollouts over the paged KV cache (issue #57: as many rows as its pool holds
     # at their real lengths, a group's prompt prefilled once): the plan's rollout rate.
-    step "acpo generate long-tailed lengths, paged KV cache, qwen3-1.7b ${tail_shape[*]}" 90 \
+    step "acpo generate long-tailed lengths, paged KV cache, qwen3-1.7b ${tail_shape[*]}" 120 \
         acpo-generate-long-tail-paged.log "$acpo" bench generate --config "$cfg" --device "$device" \
         --dtype bf16 "${tail_shape[@]}" --long-tail --paged-kv --paged-only --repeats 1 \
         --out "$res/generate-long-tail-paged"
     passed $?
     tail -2 "$res/acpo-generate-long-tail-paged.log" | tee -a "$res/summary.txt"
-    # The same over an FP8 KV cache (E4M3 bytes, half the KV bytes a step reads and twice the
-    # rows the pool holds): the rates a paper run's plan needs to reach 48 GPU-hours (issue
-    # #57), the paged pool of bytes never run on a GPU before.
+    # Sampling at the evaluations' shape over the paged KV cache: tools/gpu/plan.sh makes it the
+    # plan's evaluation rate (the rollouts' before).
+    step "acpo generate at the evaluations' shape, paged KV cache, qwen3-1.7b ${eval_shape[*]}" 90 \
+        acpo-generate-eval.log "$acpo" bench generate --config "$cfg" --device "$device" \
+        --dtype bf16 "${eval_shape[@]}" --long-tail --paged-kv --paged-only --repeats 1 \
+        --out "$res/generate-eval"
+    passed $?
+    tail -2 "$res/acpo-generate-eval.log" | tee -a "$res/summary.txt"
+    # The rollouts again over an FP8 KV cache (E4M3 bytes, half the KV bytes a step reads and
+    # twice the rows the pool holds): the FP8 plan's rate (issue #57's option), after the bf16
+    # rates the plan needs; the paged pool of bytes never run on a GPU before.
     step "acpo generate long-tailed lengths, paged FP8 KV cache, qwen3-1.7b ${tail_shape[*]}" 90 \
         acpo-generate-long-tail-paged-fp8.log "$acpo" bench generate --config "$cfg" \
         --device "$device" --dtype bf16 "${tail_shape[@]}" --long-tail --paged-kv --paged-only \
         --kv-cache fp8 --repeats 1 --out "$res/generate-long-tail-paged-fp8"
     passed $?
     tail -2 "$res/acpo-generate-long-tail-paged-fp8.log" | tee -a "$res/summary.txt"
-    # Sampling at the evaluations' shape over the paged KV cache: tools/gpu/plan.sh makes it the
-    # plan's evaluation rate (the rollouts' before).
-    step "acpo generate at the evaluations' shape, paged KV cache, qwen3-1.7b ${eval_shape[*]}" 60 \
-        acpo-generate-eval.log "$acpo" bench generate --config "$cfg" --device "$device" \
-        --dtype bf16 "${eval_shape[@]}" --long-tail --paged-kv --paged-only --repeats 1 \
-        --out "$res/generate-eval"
-    passed $?
-    tail -2 "$res/acpo-generate-eval.log" | tee -a "$res/summary.txt"
     # Last in the section (the rates above are what the plan needs first): the kernels one
     # decode step launches, by name, ncu over a short run (the count does not depend on the
     # lengths); tools/gpu/launches.py finds the decode steps between the sampler's launches. A dry run parses the H100's committed profile instead, so that the parser runs;
