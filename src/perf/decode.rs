@@ -378,32 +378,18 @@ fn markdown(cfg: &QwenConfig, model: &str, rates: &[CopyRate], rows: &[DecodePre
     )
 }
 
-/// `acpo bench decode-predict`: the copy rates of the GPU runs under `measured` and the model
-/// config `target`; writes `decode-predicted.{json,md}` under `out`, and the suite's paged
-/// sampling runs predicted at each GPU's pool, `sampling-predicted.{json,md}`
-/// ([`super::sampling`]).
-pub fn decode_predict(measured: &Path, target: &Path, out: &Path) -> Result<PathBuf> {
-    let rates = copy_rates(measured)?;
-    let cfg = QwenConfig::load(target)?;
-    let rows = predict(&cfg, &rates);
+/// Writes `decode-predicted.{json,md}` under `out`: the decode attention's predicted times of
+/// `model` (its config `cfg`) at each GPU's copy rate in `rates` (`acpo bench decode-predict`,
+/// [`super::decode_predict`]).
+pub fn write(cfg: &QwenConfig, model: &str, rates: &[CopyRate], out: &Path) -> Result<PathBuf> {
+    let rows = predict(cfg, rates);
     let json =
-        serde_json::to_string_pretty(&(&rates, &rows)).expect("invariant: the prediction is JSON");
+        serde_json::to_string_pretty(&(rates, &rows)).expect("invariant: the prediction is JSON");
     write_report(out, "decode-predicted.json", json.as_bytes())?;
-    let model = target
-        .file_stem()
-        .map_or("the model".into(), |s| s.to_string_lossy());
-    let sampling = super::sampling::predict(&cfg, &rates)?;
-    let json = serde_json::to_string_pretty(&sampling).expect("invariant: the prediction is JSON");
-    write_report(out, "sampling-predicted.json", json.as_bytes())?;
-    write_report(
-        out,
-        "sampling-predicted.md",
-        super::sampling::markdown(&model, &sampling).as_bytes(),
-    )?;
     write_report(
         out,
         "decode-predicted.md",
-        markdown(&cfg, &model, &rates, &rows).as_bytes(),
+        markdown(cfg, model, rates, &rows).as_bytes(),
     )
 }
 

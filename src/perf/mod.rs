@@ -101,6 +101,20 @@ pub(crate) fn write_report(dir: &Path, name: &str, bytes: &[u8]) -> Result<PathB
     Ok(crate::atomic::write_in(dir, name, bytes)?)
 }
 
+/// `acpo bench decode-predict`: from the GPU runs under `measured` (their copy rates, memory
+/// and split-K timings) and the model config `target`, the decode attention's predicted times
+/// ([`decode`]) and the GPU suite's paged sampling runs at each GPU's pool ([`sampling`]),
+/// written under `out`; returns the decode report.
+pub fn decode_predict(measured: &Path, target: &Path, out: &Path) -> Result<PathBuf> {
+    let rates = decode::copy_rates(measured)?;
+    let cfg = crate::model::QwenConfig::load(target)?;
+    let model = target
+        .file_stem()
+        .map_or("the model".into(), |s| s.to_string_lossy().into_owned());
+    sampling::write(&cfg, &model, &rates, out)?;
+    decode::write(&cfg, &model, &rates, out)
+}
+
 /// What a speed benchmark measures, beyond its kind.
 #[derive(Debug, Clone)]
 pub struct SpeedOptions {

@@ -5,8 +5,9 @@
 //! far), and from those the most of issue #57's KV-bandwidth bound the shape allows (the cache's
 //! share of the bytes: were every byte moved at the copy rate, the weights' too, that share of
 //! the bound is what the tokens/s would reach) and the seconds the decode steps take at the copy
-//! rate, at the target (70 % of the bound) and at the fraction of the copy rate that GPU's last
-//! paper-shape run reached. The prefills are not counted (compute-bound, a few seconds a run).
+//! rate, at the target (70 % of the bound) and with the cache at the rate that GPU's split-K
+//! decode attention (the kernel the pipelined one replaces) measured. The prefills, the warm-up
+//! and the start are not counted: a step's time limit must allow more.
 //!
 //! A run's steps must read mostly the cache (many rows a step, long contexts) for the target to
 //! be reachable at all; this is where the suite's shapes are checked, before a GPU runs them.
@@ -14,7 +15,7 @@
 use serde::Serialize;
 
 use super::decode::CopyRate;
-use super::{long_tail_lengths, Result};
+use super::long_tail_lengths;
 use crate::model::paged::PagedKv;
 use crate::model::QwenConfig;
 use crate::report::table::{Align::Left, Align::Right, Table};
@@ -72,10 +73,11 @@ pub const SUITE_RUNS: [SuiteRun; 3] = [
 /// bound.
 pub const KV_TARGET: f64 = 0.7;
 
-/// Device memory the pool's half is not taken from besides the weights: the CUDA context,
-/// cuBLAS's workspace, the sampler's own tensors (an assumption; the engine takes half of what
-/// the device reports free, `rollout::PagedOptions`).
-pub const RESERVED_BYTES: u64 = 1 << 30;
+/// Device memory the pool's half is not taken from besides the weights: the driver's reserve,
+/// the CUDA context, cuBLAS's workspace, the model's stacked QKV copy and the sampler's own
+/// tensors (an assumption; the engine takes half of what the device reports free,
+/// `rollout::PagedOptions`).
+pub const RESERVED_BYTES: u64 = 2 << 30;
 
 /// One suite run predicted on one GPU.
 #[derive(Debug, Clone, Serialize)]
@@ -93,14 +95,34 @@ pub struct SamplingPredicted {
     /// The cache's share of the bytes: the most of the KV-bandwidth bound the shape allows.
     pub ceiling: f64,
     /// Seconds of the decode steps at the copy rate; with the cache at [`KV_TARGET`] of the
-    /// bound; at the fraction of the copy rate the GPU's last paper-shape run reached.
+    /// bound; with the cache at the split-K kernel's measured rate ([`split_k_fraction`]) and
+    /// the weights at the copy rate.
     pub floor_seconds: f64,
     pub target_seconds: f64,
-    pub at_last_seconds: Option<f64>,
+    pub split_k_seconds: Option<f64>,
+    /// Why the run has no schedule on this GPU (its pool cannot hold a row), else None.
+    pub unscheduled: Option<String>,
 }
 
-/// Each suite run's schedule at each GPU's pool (GPUs whose memory the run recorded).
-pub fn predict(cfg: &QwenConfig, rates: &[CopyRate]) -> Result<Vec<SamplingPredicted>> {
+/// The fraction of the copy rate at which a GPU's split-K decode attention (the kernel the
+/// pipelined one replaces) moved its keys and values: the mean over the shapes its
+/// `flash_check` timed (`CopyRate::split_k_ms`); None where none were timed.
+pub fn split_k_fraction(cfg: &QwenConfig, rate: &CopyRate) -> Option<f64> {
+    let fractions: Vec<f64> = rate
+        .split_k_ms
+        .iter()
+        .filter(|(_, _, ms)| *ms > 0.0)
+        .map(|&(b, keys, ms)| {
+            let kv = super::decode::bytes(cfg, b, keys, 2).kv as f64;
+            kv / (ms / 1e3) / (rate.gb_per_s * 1e9)
+        })
+        .collect();
+    (!fractions.is_empty()).then(|| fractions.iter().sum::<f64>() / fractions.len() as f64)
+}
+
+/// Each suite run's schedule at each GPU's pool (GPUs whose memory the run recorded); a run
+/// whose pool cannot hold a row says so in its row.
+pub fn predict(cfg: &QwenConfig, rates: &[CopyRate]) -> Vec<SamplingPredicted> {
     let weights = cfg.weight_bytes(2) as f64;
     let mut rows = Vec::new();
     for run in SUITE_RUNS {
@@ -109,20 +131,25 @@ pub fn predict(cfg: &QwenConfig, rates: &[CopyRate]) -> Result<Vec<SamplingPredi
         let prompts: Vec<Vec<u32>> = (0..run.rows / run.group)
             .flat_map(|g| std::iter::repeat_n(vec![g as u32; run.prompt_len], run.group))
             .collect();
+        // within [1, new_tokens], the bench's limit: the engine's own limits
         let limits = long_tail_lengths(run.rows, run.new_tokens);
         let kv_per_position = cfg.kv_bytes_per_position(run.kv_elem) as f64;
+        let block_bytes = PagedKv::block_bytes(cfg, run.kv_elem, crate::model::paged::BLOCK);
+        let opts = PagedOptions {
+            prefill_tokens: Some(PREFILL_TOKENS),
+            ..PagedOptions::default()
+        };
         for rate in rates {
             let Some(memory) = rate.memory_bytes else {
                 continue;
             };
             let free = memory.saturating_sub(weights as u64 + RESERVED_BYTES);
-            let block_bytes = PagedKv::block_bytes(cfg, run.kv_elem, crate::model::paged::BLOCK);
             let pool_blocks = (free / 2) as usize / block_bytes.max(1);
-            let opts = PagedOptions {
-                prefill_tokens: Some(PREFILL_TOKENS),
-                ..PagedOptions::default()
+            let (s, unscheduled) = match paged_schedule(&prompts, &limits, None, pool_blocks, &opts)
+            {
+                Ok(s) => (s, None),
+                Err(e) => (Default::default(), Some(e.to_string())),
             };
-            let s = paged_schedule(&prompts, &limits, None, pool_blocks, &opts)?;
             let weight_bytes = s.decode_steps as f64 * weights;
             let kv_bytes = s.decode_positions as f64 * kv_per_position;
             let copy = rate.gb_per_s * 1e9;
@@ -138,17 +165,36 @@ pub fn predict(cfg: &QwenConfig, rates: &[CopyRate]) -> Result<Vec<SamplingPredi
                 ceiling: kv_bytes / (weight_bytes + kv_bytes).max(1.0),
                 floor_seconds: (weight_bytes + kv_bytes) / copy,
                 target_seconds: kv_bytes / (KV_TARGET * copy),
-                at_last_seconds: rate
-                    .fraction
-                    .map(|f| (weight_bytes + kv_bytes) / (f * copy)),
+                split_k_seconds: split_k_fraction(cfg, rate)
+                    .map(|f| kv_bytes / (f * copy) + weight_bytes / copy),
+                unscheduled,
             });
         }
     }
-    Ok(rows)
+    rows
+}
+
+/// Writes `sampling-predicted.{json,md}` under `out`: the suite's paged runs of `model` (its
+/// config `cfg`) at each GPU's pool ([`predict`]).
+pub fn write(
+    cfg: &QwenConfig,
+    model: &str,
+    rates: &[CopyRate],
+    out: &std::path::Path,
+) -> super::Result<std::path::PathBuf> {
+    let rows = predict(cfg, rates);
+    let json = serde_json::to_string_pretty(&rows).expect("invariant: the prediction is JSON");
+    super::write_report(out, "sampling-predicted.json", json.as_bytes())?;
+    super::write_report(
+        out,
+        "sampling-predicted.md",
+        markdown(model, &rows).as_bytes(),
+    )
 }
 
 /// sampling-predicted.md: what the numbers are, then a row per run and GPU.
 pub fn markdown(model: &str, rows: &[SamplingPredicted]) -> String {
+    let thousands = super::decode::thousands;
     let mut t = Table::new([
         ("run", Left),
         ("rows (groups) × (prompt + ≤ new)", Left),
@@ -161,10 +207,17 @@ pub fn markdown(model: &str, rows: &[SamplingPredicted]) -> String {
         ("ceiling: the cache's share", Right),
         ("s at the copy rate", Right),
         ("s at the target", Right),
-        ("s at the last run's fraction", Right),
+        ("s, the cache at the split-K kernel's rate", Right),
     ]);
     for r in rows {
         let run = &r.run;
+        let counted = |what: String| {
+            if r.unscheduled.is_some() {
+                "—".to_string()
+            } else {
+                what
+            }
+        };
         t.row([
             format!(
                 "`{}`{}",
@@ -173,28 +226,35 @@ pub fn markdown(model: &str, rows: &[SamplingPredicted]) -> String {
             ),
             format!(
                 "{} ({}) × ({} + ≤ {})",
-                super::decode::thousands(run.rows as f64),
+                thousands(run.rows as f64),
                 run.group,
-                super::decode::thousands(run.prompt_len as f64),
-                super::decode::thousands(run.new_tokens as f64)
+                thousands(run.prompt_len as f64),
+                thousands(run.new_tokens as f64)
             ),
             r.device.clone(),
-            super::decode::thousands((r.pool_blocks * crate::model::paged::BLOCK) as f64),
-            r.most_rows.to_string(),
-            super::decode::thousands(r.decode_steps as f64),
-            r.preempted.to_string(),
-            format!("{:.0} + {:.0}", r.weight_bytes / 1e9, r.kv_bytes / 1e9),
-            format!("{:.1} %", 100.0 * r.ceiling),
-            format!("{:.1}", r.floor_seconds),
-            format!("{:.1}", r.target_seconds),
-            r.at_last_seconds.map_or("—".into(), |s| format!("{s:.1}")),
+            thousands((r.pool_blocks * crate::model::paged::BLOCK) as f64),
+            match &r.unscheduled {
+                Some(why) => format!("none: {why}"),
+                None => thousands(r.most_rows as f64),
+            },
+            counted(thousands(r.decode_steps as f64)),
+            counted(thousands(r.preempted as f64)),
+            counted(format!(
+                "{} + {}",
+                thousands(r.weight_bytes / 1e9),
+                thousands(r.kv_bytes / 1e9)
+            )),
+            counted(format!("{:.1} %", 100.0 * r.ceiling)),
+            counted(format!("{:.1}", r.floor_seconds)),
+            counted(format!("{:.1}", r.target_seconds)),
+            counted(r.split_k_seconds.map_or("—".into(), |s| format!("{s:.1}"))),
         ]);
     }
     format!(
-        "**Predicted, not measured.** The GPU suite's paged sampling runs of {model} (`acpo bench generate --long-tail --paged-kv --paged-only`, `perf::sampling::SUITE_RUNS`) as the paged engine schedules them at each GPU's pool: half of the memory the run recorded (`nvidia-smi`) less the bf16 weights and {:.0} GiB (an assumption), in blocks of {} positions, prefills of at most {} positions; the engine's own admission, growth and preemption without a model (`rollout::paged_schedule`, held to the engine's counts in `tests/it/model.rs`). Its decode steps read every weight once and each row's cache so far; the ceiling is the cache's share of those bytes, the most of issue #57's KV-bandwidth bound the run can show (were every byte moved at the copy rate), so a run whose ceiling is below the target's {:.0} % cannot meet it whatever its kernels. The seconds are the decode steps' alone (prefills not counted): at the measured copy rate, with the cache at the target's share of the bound, and at the fraction of the copy rate the GPU's last paper-shape run reached (the time its suite step must allow). `acpo bench decode-predict` (`perf::sampling`) writes it.\n\n{t}",
+        "**Predicted, not measured.** The GPU suite's paged sampling runs of {model} (`acpo bench generate --long-tail --paged-kv --paged-only`, `perf::sampling::SUITE_RUNS`) as the paged engine schedules them at each GPU's pool: half of what is left of the memory the run recorded (`nvidia-smi`) after the bf16 weights and {:.0} GiB (an assumption), in blocks of {} positions, prefills of at most {} positions; the engine's own admission, growth and preemption without a model (`rollout::paged_schedule`, held to the engine's counts in `tests/it/model.rs`). Its decode steps read every weight once and each row's cache so far; the ceiling is the cache's share of those bytes, the most of issue #57's KV-bandwidth bound the run can show (were every byte moved at the copy rate), so a run whose ceiling is below the target's {:.0} % cannot meet it whatever its kernels. The seconds are the decode steps' alone (the prefills, the warm-up and the start not counted, so a suite step must allow more): at the measured copy rate, with the cache at the target's share of the bound, and with the cache at the rate the GPU's split-K decode attention (the kernel the pipelined one replaces) reached in `flash_check`, the weights at the copy rate. `acpo bench decode-predict` (`perf::sampling`) writes it.\n\n{t}",
         RESERVED_BYTES as f64 / f64::from(1u32 << 30),
         crate::model::paged::BLOCK,
-        super::decode::thousands(PREFILL_TOKENS as f64),
+        thousands(PREFILL_TOKENS as f64),
         100.0 * KV_TARGET,
     )
 }
@@ -209,13 +269,13 @@ mod tests {
         QwenConfig::load(&path).expect("config")
     }
 
-    fn gpu(memory_gib: u64, fraction: Option<f64>) -> CopyRate {
+    fn gpu(memory_gib: u64, split_k_ms: Vec<(usize, usize, f64)>) -> CopyRate {
         CopyRate {
             device: format!("GPU-{memory_gib}"),
             source: std::path::PathBuf::new(),
             gb_per_s: 2000.0,
-            split_k_ms: vec![],
-            fraction,
+            split_k_ms,
+            fraction: None,
             memory_bytes: Some(memory_gib << 30),
         }
     }
@@ -224,19 +284,25 @@ mod tests {
     /// times those bytes at the rates; a GPU with more memory holds more rows at once, so its
     /// steps read more cache beside the same weights (a higher ceiling) and preempt less; an
     /// FP8 cache holds twice the positions in the same pool. A GPU without a recorded memory
-    /// is left out.
+    /// is left out; one whose pool cannot hold a row is a row that says so.
     #[test]
     fn a_larger_pool_holds_more_rows_and_reads_more_of_its_bytes_from_the_cache() {
         let cfg = qwen3_17b();
-        let rows = predict(&cfg, &[gpu(40, Some(0.25)), gpu(80, None)]).expect("predicts");
+        // the split-K kernel at 64 × 1,025 keys in the time that moves its cache at a quarter
+        // of the copy rate
+        let kv = crate::perf::decode::bytes(&cfg, 64, 1025, 2).kv as f64;
+        let quarter = vec![(64, 1025, kv / (0.25 * 2e12) * 1e3)];
+        let rows = predict(&cfg, &[gpu(40, quarter), gpu(80, vec![])]);
         assert_eq!(rows.len(), 2 * SUITE_RUNS.len());
         let weights = cfg.weight_bytes(2) as f64;
         for r in &rows {
+            assert!(r.unscheduled.is_none(), "{r:?}");
             assert_eq!(r.weight_bytes, r.decode_steps as f64 * weights);
             assert!((r.ceiling - r.kv_bytes / (r.weight_bytes + r.kv_bytes)).abs() < 1e-12);
             let bytes = r.weight_bytes + r.kv_bytes;
             assert!((r.floor_seconds - bytes / 2e12).abs() < 1e-9 * r.floor_seconds);
-            assert!((r.target_seconds - r.kv_bytes / (0.7 * 2e12)).abs() < 1e-9 * r.target_seconds);
+            let target = r.kv_bytes / (0.7 * 2e12);
+            assert!((r.target_seconds - target).abs() < 1e-9 * target);
             assert!(r.most_rows <= r.run.rows && r.most_rows > 0);
             // at least the longest response's steps (its first token is its prefill's)
             let longest = long_tail_lengths(r.run.rows, r.run.new_tokens)
@@ -261,13 +327,24 @@ mod tests {
         let fp8 = of("GPU-40", "generate-long-tail-paged-fp8");
         assert!(fp8.pool_blocks.abs_diff(2 * small.pool_blocks) <= 1);
         assert!(fp8.most_rows > small.most_rows);
-        assert!(small.at_last_seconds.is_some() && large.at_last_seconds.is_none());
-        let at = small.at_last_seconds.expect("fraction");
-        assert!((at - small.floor_seconds / 0.25).abs() < 1e-9 * at);
+        // the cache at a quarter of the copy rate, the weights at it
+        let split = small.split_k_seconds.expect("timed");
+        let want = small.kv_bytes / (0.25 * 2e12) + small.weight_bytes / 2e12;
+        assert!((split - want).abs() < 1e-9 * want);
+        assert!(large.split_k_seconds.is_none());
         let unknown = CopyRate {
             memory_bytes: None,
-            ..gpu(80, None)
+            ..gpu(80, vec![])
         };
-        assert!(predict(&cfg, &[unknown]).expect("nothing").is_empty());
+        assert!(predict(&cfg, &[unknown]).is_empty());
+        // 4 GiB: less than the weights and the reserve, no pool
+        let none = predict(&cfg, &[gpu(4, vec![])]);
+        assert_eq!(none.len(), SUITE_RUNS.len());
+        for r in &none {
+            let why = r.unscheduled.as_deref().expect("no schedule");
+            assert!(why.contains("exhausted"), "{why}");
+        }
+        let md = markdown("qwen3-1.7b", &none);
+        assert!(md.contains("| none: "), "{md}");
     }
 }

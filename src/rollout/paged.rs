@@ -585,7 +585,8 @@ fn admit(
 /// What a paged run does, counted ([`paged_schedule`]).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct PagedSchedule {
-    /// As [`GenStats`] counts them.
+    /// The decode steps, the key positions they attended over, the most rows a step took, the
+    /// prompt tokens prefilled and the widest prefill: as [`GenStats`] counts them.
     pub decode_steps: usize,
     pub decode_positions: usize,
     pub most_rows: usize,
@@ -593,6 +594,9 @@ pub struct PagedSchedule {
     pub widest_prefill: usize,
     /// Rows preempted (their blocks given back, their prompts queued again and recomputed).
     pub preempted: usize,
+    /// Times the prompts held for responses still waiting were dropped to make room for a lone
+    /// row (prefilled again when those join).
+    pub held_dropped: usize,
 }
 
 /// What the paged engine (`decode_all_paged`: [`super::generate`] over [`PagedOptions`]) does
@@ -603,7 +607,9 @@ pub struct PagedSchedule {
 /// prefills in groups under `opts.prefill_tokens` (None: one group). Its counts are the
 /// engine's on the same prompts (`tests/it/model.rs` holds them to a run's), so a GPU run's
 /// decode steps and the positions they read can be known on the CPU at that GPU's pool
-/// (`acpo bench decode-predict`).
+/// (`acpo bench decode-predict`). Each limit is the engine's for its row: the caller clamps it
+/// to the request's `max_new_tokens` (one at least is taken here, as the engine takes it). A
+/// pool that cannot hold a row is [`PagedError::Exhausted`], where the engine's would be.
 pub fn paged_schedule(
     prompts: &[Vec<u32>],
     limits: &[usize],
@@ -659,6 +665,7 @@ pub fn paged_schedule(
                 for (_, seq) in shared.drain() {
                     pool.release(seq);
                 }
+                s.held_dropped += 1;
             } else {
                 return Err(exhausted(&pool, needs - pool.free_blocks()).into());
             }

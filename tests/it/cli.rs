@@ -902,6 +902,11 @@ fn bench_paper_plan_costs_every_paper_run_from_measured_rates() {
             + f("eval_tokens") / rate_at(0.25, 64.0, eval_context))
             / 3600.0;
     assert!((carried_hours(&rows) / from_rollouts - 1.0).abs() < 1e-9);
+    let md = std::fs::read_to_string(dir.path().join("paper-plan.md")).expect("md");
+    assert!(
+        md.contains("The evaluations' measurement recorded no roofline: their decode steps are the rollouts'."),
+        "{md}"
+    );
     let mut own = row("generate", 10_000.0);
     own[0]["roofline"] = serde_json::json!({"copy_gb_per_s": 3_000.0, "fraction": 0.5,
         "decode_tokens_per_second": 12_800.0, "step_seconds": 0.01});
@@ -915,7 +920,8 @@ fn bench_paper_plan_costs_every_paper_run_from_measured_rates() {
     let md = std::fs::read_to_string(dir.path().join("paper-plan.md")).expect("md");
     assert!(
         md.contains("drew 64 (rollouts) and 128 (evaluations) rows a step")
-            && md.contains("at 25.0 % and 50.0 % of the copy rate"),
+            && md.contains("at 25.0 % and 50.0 % of the copy rate")
+            && !md.contains("recorded no roofline"),
         "{md}"
     );
 }
@@ -1455,11 +1461,17 @@ fn the_gpu_suite_samples_at_the_paper_run_s_groups_and_prompts() {
             "{}",
             run.folder
         );
-        assert!(
-            suite.contains(&format!("--out \"$res/{}\"", run.folder)),
-            "{}",
-            run.folder
+        // the run's command: the paged run alone, over an FP8 cache where the prediction's is
+        let out = format!("--out \"$res/{}\"", run.folder);
+        let at = suite.find(&out).unwrap_or_else(|| panic!("{}", run.folder));
+        let command = &suite[suite[..at].rfind("    step ").expect("its step")..at];
+        assert!(command.contains("--long-tail --paged-kv") && command.contains("--paged-only"));
+        assert_eq!(
+            command.contains("--kv-cache fp8"),
+            run.kv_elem == 1,
+            "{command}"
         );
+        assert!(!command.contains("--max-batch"), "{command}");
     }
 }
 

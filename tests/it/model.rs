@@ -2176,8 +2176,9 @@ fn the_layer_backward_by_hand_in_bf16_is_as_close_to_f32_as_autograd() {
 /// identical ones, prompts across block boundaries), lengths and pool, with and without shared
 /// prompts, a batch cap and prefill groups, the decode steps, the positions they read, the most
 /// rows at once, the prefilled tokens and the widest prefill are what a run on the CPU counted;
-/// a pool small enough to preempt rows as well as one that holds every row. A pool too small for
-/// one prompt is refused as the engine refuses it.
+/// pools small enough to preempt rows and to drop the prompts held for waiting responses, as
+/// well as one that holds every row. A pool too small for a row's growth is refused where the
+/// engine refuses it, with its error.
 #[test]
 fn the_paged_schedule_counts_what_the_paged_engine_does() {
     let (cfg, params) = load("tiny-qwen3");
@@ -2207,7 +2208,7 @@ fn the_paged_schedule_counts_what_the_paged_engine_does() {
         max_new_tokens: max_new,
     };
     let per = acpo::model::paged::PagedKv::block_bytes(&cfg, model.kv_elem_bytes(), 32);
-    let mut preempting = 0;
+    let (mut preempting, mut dropping) = (0, 0);
     for (blocks, share_prompts, max_batch, prefill_tokens) in [
         (200, true, None, None),
         (200, false, None, Some(64)),
@@ -2215,6 +2216,8 @@ fn the_paged_schedule_counts_what_the_paged_engine_does() {
         (12, true, None, Some(64)),
         (12, false, None, None),
         (9, true, Some(4), None),
+        (7, true, None, None),
+        (6, true, Some(1), None),
     ] {
         let opts = rollout::PagedOptions {
             budget: Some((blocks * per) as u128),
@@ -2253,12 +2256,22 @@ fn the_paged_schedule_counts_what_the_paged_engine_does() {
             "{what}"
         );
         preempting += usize::from(s.preempted > 0);
+        dropping += usize::from(s.held_dropped > 0);
     }
     assert!(preempting >= 2, "the small pools should preempt rows");
-    let opts = rollout::PagedOptions::default();
+    assert!(dropping >= 1, "a small pool should drop the held prompts");
+    // Two blocks: a row outgrows its one block; the engine and its schedule both refuse it.
+    let opts = rollout::PagedOptions {
+        budget: Some((2 * per) as u128),
+        ..Default::default()
+    };
+    let r = SampleRequest::new(p).limits(limits.clone()).paged(opts);
+    let ran = rollout::generate(&model, &prompts, &keys, &r).expect_err("too small");
+    let limits: Vec<usize> = limits.iter().map(|&l| l.min(max_new)).collect();
     let err = rollout::paged_schedule(&prompts, &limits, None, 2, &opts).expect_err("too small");
     assert!(
         err.to_string().contains("KV cache pool is exhausted"),
         "{err}"
     );
+    assert_eq!(err.to_string(), ran.to_string());
 }

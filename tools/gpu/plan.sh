@@ -11,8 +11,8 @@
 # The rates, as a paper run (`acpo pipeline`) would take them: the train step at 2 x 9,220
 # tokens (the paper's length) as the trainer runs it (the suite's `--layer-by-hand` and
 # `--flash-backward five` steps are the benchmark's alone, so they are not a paper run's rate);
-# sampling at the memory-sized batch with long-tailed lengths over the paged KV cache
-# (`--paged-kv`), else over the dense one (the suite runs it alone for a failure of the paged
+# sampling with long-tailed lengths over the paged KV cache (`--paged-kv`, a GRPO step's
+# rollouts at the batch its pool holds), else over the dense one (the suite runs it alone for a failure of the paged
 # engine), else the paper-shape sampling run; and for the evaluations, the paged run at their
 # own shape (generate-eval), else the rollouts' rate. The plan's own text says which shape each
 # rate was measured at.

@@ -14,10 +14,10 @@
 #                1,024 in groups of 4) with long-tailed response lengths up to SUITE_TAIL_NEW
 #                (default 2,048; most short, a tail to the limit, as a GRPO run's), over the
 #                paged KV cache at the batch its pool holds (enough rows that a step reads
-#                mostly the cache), beside the KV-bandwidth bound, and again over an FP8
-#                KV cache; then the evaluations' shape (SUITE_EVAL_BATCH rows, default 2,048:
-#                128 problems × Avg@16's 16 samples, prompts of the benchmarks' mean length);
-#                before them, SUITE_TAIL_DENSE=1 (the default): waves against continuous
+#                mostly the cache), beside the KV-bandwidth bound; then the evaluations' shape
+#                (SUITE_EVAL_BATCH rows, default 2,048: 128 problems × Avg@16's 16 samples,
+#                prompts of the benchmarks' mean length); then the rollouts again over an FP8
+#                KV cache (the shapes predicted by `acpo bench decode-predict`); before them, SUITE_TAIL_DENSE=1 (the default): waves against continuous
 #                batching over the dense cache at SUITE_DENSE_BATCH rows (default 128); last,
 #                the launches of one decode step counted by ncu (tools/gpu/launches.py)
 #   3 step       the Qwen3-1.7B train step at 2 x 2,048 (a gate) and 2 x 9,220, `--trace`
@@ -341,7 +341,7 @@ tail -16 "$res/ops_check.log" | tee -a "$res/summary.txt"
 fi
 
 # ---- 2: decode the way a paper run samples: acpo beside HF generate (static cache) and the
-# roofline, long-tailed lengths at the memory-sized batch, then the launches of a decode step
+# roofline, long-tailed lengths over the paged cache, then the launches of a decode step
 if wanted decode; then
     section decode
     new=${SUITE_DECODE_NEW:-1024}

@@ -45,7 +45,7 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<Outcome> {
                 .config
                 .clone()
                 .unwrap_or_else(|| args.configs.join("qwen3-1.7b.json"));
-            acpo::perf::decode::decode_predict(measured, &target, &args.out)?
+            acpo::perf::decode_predict(measured, &target, &args.out)?
         }
         BenchKind::AttentionPredict => {
             let Some(measured) = &args.measured else {
