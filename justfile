@@ -167,7 +167,8 @@ memory-trace:
 memory-predict:
     cargo run --release -- bench memory-predict --measured results/cpu-memory --out results/cpu-memory --doc docs/CUDA.md
 
-# docs/CUDA.md's predicted decode attention times: its bytes at the copy rates of results/gpu/.
+# docs/CUDA.md's predicted decode attention times (its bytes at the copy rates of results/gpu/)
+# and the GPU suite's paged sampling runs (the engine's schedule at each GPU's pool).
 [group('cuda')]
 decode-predict:
     cargo run --release -- bench decode-predict --measured results/gpu --out "$(mktemp -d)" --doc docs/CUDA.md

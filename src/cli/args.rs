@@ -539,7 +539,8 @@ pub struct BenchArgs {
     /// train-step: sequences per micro-batch [default: 4].
     #[arg(long, value_parser = flags::count(flags::MAX_SEQUENCES))]
     pub micro_batch: Option<usize>,
-    /// Sequences in the step or prompts sampled [default: 8; train-step: --micro-batch when given].
+    /// Sequences in the step, or rows sampled (prompts × --group) [default: 8; train-step:
+    /// --micro-batch when given].
     #[arg(long, value_parser = flags::count(flags::MAX_SEQUENCES))]
     pub batch: Option<usize>,
     /// train-step: the attention [default: flash on CUDA, composed on the CPU].
@@ -606,7 +607,8 @@ pub struct BenchArgs {
     /// paper-plan: a directory with train-step.json and generate.json measured on CUDA (bf16);
     /// memory-predict: a directory of CPU traces, DIR/*/train-step.json (--config: the target,
     /// default qwen3-1.7b.json of --configs); decode-predict: the GPU runs (results/gpu), whose
-    /// measured copy rates price the decode attention's bytes (--config as memory-predict's).
+    /// measured copy rates price the decode attention's bytes and whose recorded memory sizes
+    /// the suite's paged sampling runs' pools (--config as memory-predict's).
     #[arg(long)]
     pub measured: Option<PathBuf>,
     /// Also fill this Markdown file's `<!-- begin: NAME -->` … `<!-- end: NAME -->` blocks
@@ -656,7 +658,8 @@ pub enum BenchKind {
     /// A train step's peak memory on a GPU, predicted from CPU traces (--measured).
     MemoryPredict,
     /// The decode attention's time per shape, predicted from its bytes at the copy rates of the
-    /// GPU runs under --measured (results/gpu).
+    /// GPU runs under --measured (results/gpu), and the GPU suite's paged sampling runs as the
+    /// engine schedules them at each GPU's pool.
     DecodePredict,
     /// The tensor-core attention's time per shape, predicted from a model fitted to the kernels
     /// timed under --measured (results/gpu).

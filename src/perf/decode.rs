@@ -85,13 +85,35 @@ pub struct CopyRate {
     /// The report it comes from.
     pub source: PathBuf,
     pub gb_per_s: f64,
-    /// The split-K kernel's (`flash_decode_split_*`) measured milliseconds at a shape, where
-    /// that run's `flash_kernels_check.log` timed it: (sequences, keys, ms).
-    pub split_k_ms: Vec<(usize, usize, f64)>,
-    /// The fraction of the copy rate the same report's decode steps reached (its roofline).
-    pub fraction: Option<f64>,
+    /// The split-K kernel's (`flash_decode_split_*`) measured times at its shapes, where that
+    /// run's `flash_kernels_check.log` timed it.
+    pub split_k: Vec<SplitK>,
     /// The device's memory, where the run's `summary.txt` recorded it (`nvidia-smi`'s MiB).
     pub memory_bytes: Option<u64>,
+}
+
+/// One shape the split-K decode kernel was timed at (a `flash_check` line).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize)]
+pub struct SplitK {
+    /// Sequences, keys a sequence (the past and the new one), KV heads, head dim.
+    pub batch: usize,
+    pub keys: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub ms: f64,
+}
+
+impl SplitK {
+    /// The bytes of K and V (bf16) it read once: what its rate against the copy rate counts.
+    pub fn kv_bytes(&self) -> f64 {
+        (self.batch * self.keys * self.kv_heads * self.head_dim * 2 * 2) as f64
+    }
+
+    /// Whether it is `cfg`'s decode attention at `batch` × `keys`.
+    pub fn is(&self, cfg: &QwenConfig, batch: usize, keys: usize) -> bool {
+        (self.batch, self.keys, self.kv_heads, self.head_dim)
+            == (batch, keys, cfg.num_key_value_heads, cfg.head_dim())
+    }
 }
 
 impl CopyRate {
@@ -102,23 +124,15 @@ impl CopyRate {
     }
 }
 
-/// The copy rate of a `generate.json` (CUDA, bf16, with a roofline), if it has one, and the
-/// fraction of it that row's decode steps reached.
-fn copy_of(path: &Path) -> Result<Option<(f64, Option<f64>)>> {
+/// The copy rate of a `generate.json` (CUDA, bf16, with a roofline), if it has one.
+fn copy_of(path: &Path) -> Result<Option<f64>> {
     let text = crate::files::read_to_string(path).at(path)?;
     let rows: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| PerfError::Shape(format!("{}: not JSON: {e}", path.display())))?;
     Ok(rows.as_array().and_then(|rows| {
         rows.iter()
             .filter(|r| r["target"] == "cuda/bf16")
-            .find_map(|r| {
-                let roofline = &r["roofline"];
-                let copy = roofline["copy_gb_per_s"].as_f64()?;
-                let fraction = roofline["fraction"]
-                    .as_f64()
-                    .filter(|f| *f > 0.0 && *f <= 1.0);
-                Some((copy, fraction))
-            })
+            .find_map(|r| r["roofline"]["copy_gb_per_s"].as_f64())
     }))
 }
 
@@ -138,15 +152,15 @@ fn memory_of(run: &Path) -> Result<Option<u64>> {
             last.strip_suffix(" MiB")?.trim().parse::<u64>().ok()
         });
         if let Some(mib) = mib {
-            return Ok(Some(mib << 20));
+            return Ok(mib.checked_mul(1 << 20));
         }
     }
     Ok(None)
 }
 
 /// The split-K decode's timings in a `flash_kernels_check.log`: lines
-/// `time decode   B64 H16 KV8 T1 past1024 D128: forward 0.341 ms, …` as (B, past + 1, ms).
-fn split_k_times(path: &Path) -> Result<Vec<(usize, usize, f64)>> {
+/// `time decode   B64 H16 KV8 T1 past1024 D128: forward 0.341 ms, …` (B, past + 1 keys, KV, D).
+fn split_k_times(path: &Path) -> Result<Vec<SplitK>> {
     let text = crate::files::read_to_string(path).at(path)?;
     let num = |field: &str, prefix: &str| field.strip_prefix(prefix)?.parse::<usize>().ok();
     Ok(text
@@ -160,10 +174,15 @@ fn split_k_times(path: &Path) -> Result<Vec<(usize, usize, f64)>> {
             }
             let (shape, times) = rest.split_once(": forward ")?;
             let fields: Vec<&str> = shape.split_whitespace().collect();
-            let b = fields.iter().find_map(|f| num(f, "B"))?;
-            let past = fields.iter().find_map(|f| num(f, "past"))?;
+            let field = |prefix: &str| fields.iter().find_map(|f| num(f, prefix));
             let ms = times.split_once(" ms")?.0.parse::<f64>().ok()?;
-            Some((b, past + 1, ms))
+            Some(SplitK {
+                batch: field("B")?,
+                keys: field("past")? + 1,
+                kv_heads: field("KV")?,
+                head_dim: field("D")?,
+                ms,
+            })
         })
         .collect())
 }
@@ -196,15 +215,15 @@ pub fn copy_rates(measured: &Path) -> Result<Vec<CopyRate>> {
                 break;
             }
         }
-        let Some((source, (gb_per_s, fraction))) = found else {
+        let Some((source, gb_per_s)) = found else {
             continue;
         };
         let mut logs = files_named(&run, "flash_kernels_check.log")?;
         logs.sort_by_cached_key(|p| call_order(p));
-        let mut split_k_ms = Vec::new();
+        let mut split_k = Vec::new();
         for log in logs.iter().rev() {
-            split_k_ms = split_k_times(log)?;
-            if !split_k_ms.is_empty() {
+            split_k = split_k_times(log)?;
+            if !split_k.is_empty() {
                 break;
             }
         }
@@ -212,8 +231,7 @@ pub fn copy_rates(measured: &Path) -> Result<Vec<CopyRate>> {
             device: device.to_owned(),
             source,
             gb_per_s,
-            split_k_ms,
-            fraction,
+            split_k,
             memory_bytes: memory_of(&run)?,
         };
         match rates.iter_mut().find(|(_, r)| r.device == device) {
@@ -310,7 +328,7 @@ fn markdown(cfg: &QwenConfig, model: &str, rates: &[CopyRate], rows: &[DecodePre
     for r in rates {
         cols.push((format!("FP8 cache, {} (≥ 80 %: at most)", r.label()), Right));
     }
-    for r in rates.iter().filter(|r| !r.split_k_ms.is_empty()) {
+    for r in rates.iter().filter(|r| !r.split_k.is_empty()) {
         cols.push((format!("split-K kernel measured, {}", r.label()), Right));
     }
     let mut t = Table::new(cols);
@@ -348,19 +366,17 @@ fn markdown(cfg: &QwenConfig, model: &str, rates: &[CopyRate], rows: &[DecodePre
                 micros(p.fp8_target_seconds)
             ));
         }
-        for r in rates.iter().filter(|r| !r.split_k_ms.is_empty()) {
-            cells.push(
-                r.split_k_ms
-                    .iter()
-                    .find(|&&(sb, sk, _)| sb == batch && sk == keys)
-                    .map_or("—".to_owned(), |&(_, _, ms)| {
-                        format!(
-                            "{} µs ({:.0} % of the copy rate)",
-                            thousands(ms * 1e3),
-                            100.0 * b.total() as f64 / (ms * 1e-3) / (r.gb_per_s * 1e9)
-                        )
-                    }),
-            );
+        for r in rates.iter().filter(|r| !r.split_k.is_empty()) {
+            cells.push(r.split_k.iter().find(|k| k.is(cfg, batch, keys)).map_or(
+                "—".to_owned(),
+                |k| {
+                    format!(
+                        "{} µs ({:.0} % of the copy rate)",
+                        thousands(k.ms * 1e3),
+                        100.0 * b.total() as f64 / (k.ms * 1e-3) / (r.gb_per_s * 1e9)
+                    )
+                },
+            ));
         }
         t.row(cells);
     }
@@ -445,8 +461,7 @@ mod tests {
             device: "NVIDIA-H200".into(),
             source: PathBuf::new(),
             gb_per_s: 1000.0,
-            split_k_ms: vec![],
-            fraction: None,
+            split_k: vec![],
             memory_bytes: None,
         };
         let p = predict(&qwen3_17b(), std::slice::from_ref(&rate));
@@ -465,6 +480,14 @@ mod tests {
             "decode       B3 H14 ok\ntime decode   B64 H16 KV8 T1 past1024 D128: forward 0.341 ms, 790 GB/s (K/V once), 1.6 TFLOP/s\ntime mma fwd  B2 H16 KV8 T2048 past0 D128: forward 0.330 ms, 1 GB/s\ntime decode pipe B64 H16 KV8 T1 past1024 D128: forward 0.1000 ms, 2800 GB/s (K/V once), 5.4 TFLOP/s\ntime decode pipe fp8 B64 H16 KV8 T1 past1024 D128: forward 0.0500 ms, 2800 GB/s (K/V once)\n",
         )
         .expect("write");
-        assert_eq!(split_k_times(&log).expect("read"), vec![(64, 1025, 0.341)]);
+        let want = SplitK {
+            batch: 64,
+            keys: 1025,
+            kv_heads: 8,
+            head_dim: 128,
+            ms: 0.341,
+        };
+        assert_eq!(split_k_times(&log).expect("read"), vec![want]);
+        assert_eq!(want.kv_bytes(), (64 * 1025 * 8 * 128 * 4) as f64);
     }
 }

@@ -37,16 +37,20 @@ pub struct SuiteRun {
     pub kv_elem: usize,
 }
 
-/// The suite's paged runs: a GRPO step's rollouts of qwen3-1.7b-grpo (256 prompts × 4) at the
-/// prompt limit of 1,024 (with the call's shorter responses, contexts nearer a paper run's: its
-/// data's mean prompt of 153 tokens and responses of thousands), again over an FP8 cache, and
-/// the evaluations' shape (128 problems × Avg@16's 16 samples at the benchmarks' mean prompt of
-/// 121 tokens); long-tailed lengths up to 2,048 (a paper run's 8,196 would not fit a call).
+/// The suite's paged runs: as many rows as a GRPO step of qwen3-1.7b-grpo samples (256 prompts
+/// × 4) at the prompt limit of 1,024 (with the call's shorter responses, contexts nearer a
+/// paper run's: its data's mean prompt of 153 tokens and responses of thousands), again over an
+/// FP8 cache, and as many as an evaluation of 128 problems × Avg@16's 16 samples at the
+/// benchmarks' mean prompt of 121 tokens; long-tailed lengths up to 2,048 (a paper run's 8,196
+/// would not fit a call). Every prompt distinct (`--group 1`): a group's rows read their shared
+/// prompt blocks one after another, much of it from L2, so their counted bytes would overstate
+/// what the copy rate moved, most where the prompt is most of a row's context (here; a paper
+/// run's prompt is ~7 % of it), and the plan carries that fraction to a paper run.
 pub const SUITE_RUNS: [SuiteRun; 3] = [
     SuiteRun {
         folder: "generate-long-tail-paged",
         rows: 1024,
-        group: 4,
+        group: 1,
         prompt_len: 1024,
         new_tokens: 2048,
         kv_elem: 2,
@@ -54,7 +58,7 @@ pub const SUITE_RUNS: [SuiteRun; 3] = [
     SuiteRun {
         folder: "generate-long-tail-paged-fp8",
         rows: 1024,
-        group: 4,
+        group: 1,
         prompt_len: 1024,
         new_tokens: 2048,
         kv_elem: 1,
@@ -62,7 +66,7 @@ pub const SUITE_RUNS: [SuiteRun; 3] = [
     SuiteRun {
         folder: "generate-eval",
         rows: 2048,
-        group: 16,
+        group: 1,
         prompt_len: 121,
         new_tokens: 2048,
         kv_elem: 2,
@@ -92,30 +96,29 @@ pub struct SamplingPredicted {
     /// Bytes the decode steps read: the weights once a step, and the KV cache's.
     pub weight_bytes: f64,
     pub kv_bytes: f64,
-    /// The cache's share of the bytes: the most of the KV-bandwidth bound the shape allows.
-    pub ceiling: f64,
+    /// The cache's share of the bytes: the most of the KV-bandwidth bound the shape allows
+    /// (None, as the times, where the run has no schedule).
+    pub ceiling: Option<f64>,
     /// Seconds of the decode steps at the copy rate; with the cache at [`KV_TARGET`] of the
     /// bound; with the cache at the split-K kernel's measured rate ([`split_k_fraction`]) and
     /// the weights at the copy rate.
-    pub floor_seconds: f64,
-    pub target_seconds: f64,
+    pub floor_seconds: Option<f64>,
+    pub target_seconds: Option<f64>,
     pub split_k_seconds: Option<f64>,
     /// Why the run has no schedule on this GPU (its pool cannot hold a row), else None.
     pub unscheduled: Option<String>,
 }
 
 /// The fraction of the copy rate at which a GPU's split-K decode attention (the kernel the
-/// pipelined one replaces) moved its keys and values: the mean over the shapes its
-/// `flash_check` timed (`CopyRate::split_k_ms`); None where none were timed.
-pub fn split_k_fraction(cfg: &QwenConfig, rate: &CopyRate) -> Option<f64> {
+/// pipelined one replaces) moved its keys and values: the mean over the shapes of many rows its
+/// `flash_check` timed (`CopyRate::split_k`; one row of 8,192 keys is not a sampling run's
+/// shape); None where none were timed.
+pub fn split_k_fraction(rate: &CopyRate) -> Option<f64> {
     let fractions: Vec<f64> = rate
-        .split_k_ms
+        .split_k
         .iter()
-        .filter(|(_, _, ms)| *ms > 0.0)
-        .map(|&(b, keys, ms)| {
-            let kv = super::decode::bytes(cfg, b, keys, 2).kv as f64;
-            kv / (ms / 1e3) / (rate.gb_per_s * 1e9)
-        })
+        .filter(|k| k.batch > 1 && k.ms > 0.0)
+        .map(|k| k.kv_bytes() / (k.ms / 1e3) / (rate.gb_per_s * 1e9))
         .collect();
     (!fractions.is_empty()).then(|| fractions.iter().sum::<f64>() / fractions.len() as f64)
 }
@@ -153,6 +156,7 @@ pub fn predict(cfg: &QwenConfig, rates: &[CopyRate]) -> Vec<SamplingPredicted> {
             let weight_bytes = s.decode_steps as f64 * weights;
             let kv_bytes = s.decode_positions as f64 * kv_per_position;
             let copy = rate.gb_per_s * 1e9;
+            let scheduled = |x: f64| unscheduled.is_none().then_some(x);
             rows.push(SamplingPredicted {
                 run,
                 device: rate.device.clone(),
@@ -162,11 +166,11 @@ pub fn predict(cfg: &QwenConfig, rates: &[CopyRate]) -> Vec<SamplingPredicted> {
                 preempted: s.preempted,
                 weight_bytes,
                 kv_bytes,
-                ceiling: kv_bytes / (weight_bytes + kv_bytes).max(1.0),
-                floor_seconds: (weight_bytes + kv_bytes) / copy,
-                target_seconds: kv_bytes / (KV_TARGET * copy),
-                split_k_seconds: split_k_fraction(cfg, rate)
-                    .map(|f| kv_bytes / (f * copy) + weight_bytes / copy),
+                ceiling: scheduled(kv_bytes / (weight_bytes + kv_bytes).max(1.0)),
+                floor_seconds: scheduled((weight_bytes + kv_bytes) / copy),
+                target_seconds: scheduled(kv_bytes / (KV_TARGET * copy)),
+                split_k_seconds: split_k_fraction(rate)
+                    .and_then(|f| scheduled(kv_bytes / (f * copy) + weight_bytes / copy)),
                 unscheduled,
             });
         }
@@ -188,16 +192,16 @@ pub fn write(
     super::write_report(
         out,
         "sampling-predicted.md",
-        markdown(model, &rows).as_bytes(),
+        markdown(model, rates, &rows).as_bytes(),
     )
 }
 
 /// sampling-predicted.md: what the numbers are, then a row per run and GPU.
-pub fn markdown(model: &str, rows: &[SamplingPredicted]) -> String {
+pub fn markdown(model: &str, rates: &[CopyRate], rows: &[SamplingPredicted]) -> String {
     let thousands = super::decode::thousands;
     let mut t = Table::new([
         ("run", Left),
-        ("rows (groups) × (prompt + ≤ new)", Left),
+        ("rows × (prompt + ≤ new)", Left),
         ("GPU", Left),
         ("pool positions", Right),
         ("most rows at once", Right),
@@ -218,6 +222,7 @@ pub fn markdown(model: &str, rows: &[SamplingPredicted]) -> String {
                 what
             }
         };
+        let seconds = |s: Option<f64>| s.map_or("—".into(), |s| format!("{s:.1}"));
         t.row([
             format!(
                 "`{}`{}",
@@ -225,9 +230,13 @@ pub fn markdown(model: &str, rows: &[SamplingPredicted]) -> String {
                 if run.kv_elem == 1 { " (FP8)" } else { "" }
             ),
             format!(
-                "{} ({}) × ({} + ≤ {})",
+                "{}{} × ({} + ≤ {})",
                 thousands(run.rows as f64),
-                run.group,
+                if run.group > 1 {
+                    format!(" (groups of {})", run.group)
+                } else {
+                    String::new()
+                },
                 thousands(run.prompt_len as f64),
                 thousands(run.new_tokens as f64)
             ),
@@ -244,18 +253,28 @@ pub fn markdown(model: &str, rows: &[SamplingPredicted]) -> String {
                 thousands(r.weight_bytes / 1e9),
                 thousands(r.kv_bytes / 1e9)
             )),
-            counted(format!("{:.1} %", 100.0 * r.ceiling)),
-            counted(format!("{:.1}", r.floor_seconds)),
-            counted(format!("{:.1}", r.target_seconds)),
-            counted(r.split_k_seconds.map_or("—".into(), |s| format!("{s:.1}"))),
+            r.ceiling
+                .map_or("—".into(), |c| format!("{:.1} %", 100.0 * c)),
+            seconds(r.floor_seconds),
+            seconds(r.target_seconds),
+            seconds(r.split_k_seconds),
         ]);
     }
+    let split_k: Vec<String> = rates
+        .iter()
+        .filter_map(|r| split_k_fraction(r).map(|f| format!("{} {:.1} %", r.label(), 100.0 * f)))
+        .collect();
     format!(
-        "**Predicted, not measured.** The GPU suite's paged sampling runs of {model} (`acpo bench generate --long-tail --paged-kv --paged-only`, `perf::sampling::SUITE_RUNS`) as the paged engine schedules them at each GPU's pool: half of what is left of the memory the run recorded (`nvidia-smi`) after the bf16 weights and {:.0} GiB (an assumption), in blocks of {} positions, prefills of at most {} positions; the engine's own admission, growth and preemption without a model (`rollout::paged_schedule`, held to the engine's counts in `tests/it/model.rs`). Its decode steps read every weight once and each row's cache so far; the ceiling is the cache's share of those bytes, the most of issue #57's KV-bandwidth bound the run can show (were every byte moved at the copy rate), so a run whose ceiling is below the target's {:.0} % cannot meet it whatever its kernels. The seconds are the decode steps' alone (the prefills, the warm-up and the start not counted, so a suite step must allow more): at the measured copy rate, with the cache at the target's share of the bound, and with the cache at the rate the GPU's split-K decode attention (the kernel the pipelined one replaces) reached in `flash_check`, the weights at the copy rate. `acpo bench decode-predict` (`perf::sampling`) writes it.\n\n{t}",
+        "**Predicted, not measured.** The GPU suite's paged sampling runs of {model} (`acpo bench generate --long-tail --paged-kv --paged-only`, every prompt distinct: `perf::sampling::SUITE_RUNS`) as the paged engine schedules them at each GPU's pool: half of what is left of the memory the run recorded (`nvidia-smi`) after the bf16 weights and {:.0} GiB (an assumption), in blocks of {} positions, prefills of at most {} positions; the engine's own admission, growth and preemption without a model (`rollout::paged_schedule`, held to the engine's counts in `tests/it/model.rs`). Its decode steps read every weight once and each row's cache so far; the ceiling is the cache's share of those bytes, the most of issue #57's KV-bandwidth bound the run can show (were every byte moved at the copy rate), so a run whose ceiling is below the target's {:.0} % cannot meet it whatever its kernels. The seconds are the decode steps' alone (the prefills, the warm-up and the start not counted, so a suite step must allow more): at the measured copy rate, with the cache at the target's share of the bound, and with the cache at the rate the GPU's split-K decode attention (the kernel the pipelined one replaces) reached in `flash_check` at its shapes of many rows ({}; the FP8 run's bytes at the same rate, no split-K kernel reads FP8), the weights at the copy rate. `acpo bench decode-predict` (`perf::sampling`) writes it.\n\n{t}",
         RESERVED_BYTES as f64 / f64::from(1u32 << 30),
         crate::model::paged::BLOCK,
         thousands(PREFILL_TOKENS as f64),
         100.0 * KV_TARGET,
+        if split_k.is_empty() {
+            "no GPU timed it".to_string()
+        } else {
+            split_k.join(", ") + " of the copy rate"
+        },
     )
 }
 
@@ -269,40 +288,51 @@ mod tests {
         QwenConfig::load(&path).expect("config")
     }
 
-    fn gpu(memory_gib: u64, split_k_ms: Vec<(usize, usize, f64)>) -> CopyRate {
+    fn gpu(memory_gib: u64, split_k: Vec<crate::perf::decode::SplitK>) -> CopyRate {
         CopyRate {
             device: format!("GPU-{memory_gib}"),
             source: std::path::PathBuf::new(),
             gb_per_s: 2000.0,
-            split_k_ms,
-            fraction: None,
+            split_k,
             memory_bytes: Some(memory_gib << 30),
         }
     }
 
     /// The bytes are the schedule's (the weights once a step, the cache at its positions), the
     /// times those bytes at the rates; a GPU with more memory holds more rows at once, so its
-    /// steps read more cache beside the same weights (a higher ceiling) and preempt less; an
+    /// steps read more cache beside the same weights (a higher ceiling) in fewer steps; an
     /// FP8 cache holds twice the positions in the same pool. A GPU without a recorded memory
     /// is left out; one whose pool cannot hold a row is a row that says so.
     #[test]
     fn a_larger_pool_holds_more_rows_and_reads_more_of_its_bytes_from_the_cache() {
         let cfg = qwen3_17b();
         // the split-K kernel at 64 × 1,025 keys in the time that moves its cache at a quarter
-        // of the copy rate
-        let kv = crate::perf::decode::bytes(&cfg, 64, 1025, 2).kv as f64;
-        let quarter = vec![(64, 1025, kv / (0.25 * 2e12) * 1e3)];
-        let rows = predict(&cfg, &[gpu(40, quarter), gpu(80, vec![])]);
+        // of the copy rate (and one row of 8,192 keys at a tenth, not a sampling run's shape)
+        let at = |batch: usize, keys: usize, fraction: f64| {
+            let mut k = crate::perf::decode::SplitK {
+                batch,
+                keys,
+                kv_heads: 8,
+                head_dim: 128,
+                ms: 0.0,
+            };
+            k.ms = k.kv_bytes() / (fraction * 2e12) * 1e3;
+            k
+        };
+        let quarter = vec![at(64, 1025, 0.25), at(1, 8192, 0.1)];
+        let rows = predict(&cfg, &[gpu(40, quarter.clone()), gpu(80, vec![])]);
         assert_eq!(rows.len(), 2 * SUITE_RUNS.len());
         let weights = cfg.weight_bytes(2) as f64;
         for r in &rows {
             assert!(r.unscheduled.is_none(), "{r:?}");
             assert_eq!(r.weight_bytes, r.decode_steps as f64 * weights);
-            assert!((r.ceiling - r.kv_bytes / (r.weight_bytes + r.kv_bytes)).abs() < 1e-12);
+            let ceiling = r.ceiling.expect("scheduled");
+            assert!((ceiling - r.kv_bytes / (r.weight_bytes + r.kv_bytes)).abs() < 1e-12);
             let bytes = r.weight_bytes + r.kv_bytes;
-            assert!((r.floor_seconds - bytes / 2e12).abs() < 1e-9 * r.floor_seconds);
+            let floor = r.floor_seconds.expect("scheduled");
+            assert!((floor - bytes / 2e12).abs() < 1e-9 * floor);
             let target = r.kv_bytes / (0.7 * 2e12);
-            assert!((r.target_seconds - target).abs() < 1e-9 * target);
+            assert!((r.target_seconds.expect("scheduled") - target).abs() < 1e-9 * target);
             assert!(r.most_rows <= r.run.rows && r.most_rows > 0);
             // at least the longest response's steps (its first token is its prefill's)
             let longest = long_tail_lengths(r.run.rows, r.run.new_tokens)
@@ -323,7 +353,12 @@ mod tests {
         assert!(large.pool_blocks > 2 * small.pool_blocks);
         assert!(large.most_rows > small.most_rows, "{small:?} {large:?}");
         assert!(large.ceiling > small.ceiling);
-        assert!(large.preempted <= small.preempted);
+        // fewer rows at once: the rows wait, more steps read the weights for the same cache
+        assert!(
+            small.decode_steps > large.decode_steps,
+            "{small:?} {large:?}"
+        );
+        assert_eq!(small.kv_bytes, large.kv_bytes);
         let fp8 = of("GPU-40", "generate-long-tail-paged-fp8");
         assert!(fp8.pool_blocks.abs_diff(2 * small.pool_blocks) <= 1);
         assert!(fp8.most_rows > small.most_rows);
@@ -344,7 +379,15 @@ mod tests {
             let why = r.unscheduled.as_deref().expect("no schedule");
             assert!(why.contains("exhausted"), "{why}");
         }
-        let md = markdown("qwen3-1.7b", &none);
-        assert!(md.contains("| none: "), "{md}");
+        assert!(none
+            .iter()
+            .all(|r| r.ceiling.is_none() && r.floor_seconds.is_none()));
+        let md = markdown("qwen3-1.7b", &[gpu(4, vec![])], &none);
+        assert!(
+            md.contains("| none: ") && md.contains("no GPU timed it"),
+            "{md}"
+        );
+        let md = markdown("qwen3-1.7b", &[gpu(40, quarter)], &rows);
+        assert!(md.contains("GPU 25.0 % of the copy rate"), "{md}");
     }
 }

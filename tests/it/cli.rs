@@ -1384,11 +1384,14 @@ fn model_logprobs_match_transformers() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("ids.jsonl:1"));
 }
 
-/// The GPU suite samples as qwen3-1.7b-grpo does: its rollouts in groups of `rollout.n`, its
-/// evaluations in groups of `eval.k` at the benchmarks' mean prompt (the plan's
-/// `EVAL_PROMPT_TOKENS`), so the rates the plan takes from them are at those shapes.
+/// The GPU suite samples as many rows as qwen3-1.7b-grpo's step (`trainer.batch_size` ×
+/// `rollout.n`) and whole evaluations (a multiple of `eval.k`) at the benchmarks' mean prompt
+/// (the plan's `EVAL_PROMPT_TOKENS`), every prompt distinct; each paged run is the one
+/// `acpo bench decode-predict` predicts (`perf::sampling::SUITE_RUNS`), its command the paged
+/// run alone over the cache the prediction counts, and on the H200 its time limit covers the
+/// predicted decode steps with the cache at the split-K kernel's rate, with 10 s to spare.
 #[test]
-fn the_gpu_suite_samples_at_the_paper_run_s_groups_and_prompts() {
+fn the_gpu_suite_samples_at_the_paper_run_s_rows_and_prompts() {
     let suite = std::fs::read_to_string(repo().join("tools/gpu/suite.sh")).expect("suite");
     let exp =
         acpo::manifest::Experiment::load(&repo().join("experiments/paper/qwen3-1.7b-grpo.yaml"))
@@ -1424,10 +1427,9 @@ fn the_gpu_suite_samples_at_the_paper_run_s_groups_and_prompts() {
             .unwrap_or_else(|| panic!("a default in {}", words[i + 1]))
     };
     let rollouts = flags("tail_shape");
-    assert_eq!(value(&rollouts, "--group"), exp.rollout.n);
     assert_eq!(default(&rollouts), exp.trainer.batch_size * exp.rollout.n);
     let evals = flags("eval_shape");
-    assert_eq!(value(&evals, "--group"), exp.eval.sampling.n);
+    assert_eq!(default(&evals) % exp.eval.sampling.n, 0);
     assert_eq!(
         value(&evals, "--prompt-len") as f64,
         acpo::perf::plan::EVAL_PROMPT_TOKENS
@@ -1444,11 +1446,16 @@ fn the_gpu_suite_samples_at_the_paper_run_s_groups_and_prompts() {
             .and_then(|d| d.trim_end_matches(['}', '"']).parse().ok())
             .expect("a default")
     };
+    let rates = acpo::perf::decode::copy_rates(&repo().join("results/gpu")).expect("rates");
+    let cfg =
+        acpo::model::QwenConfig::load(&repo().join("experiments/paper/configs/qwen3-1.7b.json"))
+            .expect("config");
+    let predicted = acpo::perf::sampling::predict(&cfg, &rates);
     for run in acpo::perf::sampling::SUITE_RUNS {
-        let words = if run.folder == "generate-eval" {
-            &evals
+        let (words, array) = if run.folder == "generate-eval" {
+            (&evals, "eval_shape")
         } else {
-            &rollouts
+            (&rollouts, "tail_shape")
         };
         assert_eq!(
             (
@@ -1466,6 +1473,29 @@ fn the_gpu_suite_samples_at_the_paper_run_s_groups_and_prompts() {
         let at = suite.find(&out).unwrap_or_else(|| panic!("{}", run.folder));
         let command = &suite[suite[..at].rfind("    step ").expect("its step")..at];
         assert!(command.contains("--long-tail --paged-kv") && command.contains("--paged-only"));
+        assert!(
+            command.contains(&format!("\"${{{array}[@]}}\"")),
+            "{command}"
+        );
+        // `step "NAME" LIMIT LOG …`: the limit after the name
+        let limit: f64 = command
+            .split('"')
+            .nth(2)
+            .and_then(|rest| rest.split_whitespace().next())
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("a limit in {command}"));
+        let h200 = predicted
+            .iter()
+            .find(|p| p.run.folder == run.folder && p.device == "NVIDIA-H200")
+            .expect("predicted on the H200");
+        let split_k = h200
+            .split_k_seconds
+            .expect("the H200 timed the split-K kernel");
+        assert!(
+            split_k + 10.0 <= limit,
+            "{}: {split_k:.1} s in {limit} s",
+            run.folder
+        );
         assert_eq!(
             command.contains("--kv-cache fp8"),
             run.kv_elem == 1,
@@ -1602,6 +1632,20 @@ fn gpu_plan_script_costs_a_runs_rates_into_its_next_call_folder() {
         inputs.contains("evaluations 1-suite/gpu-suite/generate-eval/generate.json"),
         "{inputs}"
     );
+    // Malformed input: exit 2 naming the file, no plan folder made
+    let eval = root.join("1-suite/gpu-suite/generate-eval/generate.json");
+    for bad in [
+        "null",
+        "{not json",
+        r#"[{"target": "cuda/bf16", "shape": "x"}]"#,
+    ] {
+        std::fs::write(&eval, bad).expect("w");
+        let out = plan(&root);
+        assert_eq!(out.status.code(), Some(2), "{bad}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(err.contains("generate-eval/generate.json"), "{bad}: {err}");
+        assert!(!root.join("12-plan").exists(), "{bad}");
+    }
     let missing = plan(&dir.path().join("absent"));
     assert_eq!(missing.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&missing.stderr).contains("is not a directory"));

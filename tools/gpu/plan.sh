@@ -11,9 +11,10 @@
 # The rates, as a paper run (`acpo pipeline`) would take them: the train step at 2 x 9,220
 # tokens (the paper's length) as the trainer runs it (the suite's `--layer-by-hand` and
 # `--flash-backward five` steps are the benchmark's alone, so they are not a paper run's rate);
-# sampling with long-tailed lengths over the paged KV cache (`--paged-kv`, a GRPO step's
-# rollouts at the batch its pool holds), else over the dense one (the suite runs it alone for a failure of the paged
-# engine), else the paper-shape sampling run; and for the evaluations, the paged run at their
+# sampling with long-tailed lengths over the paged KV cache (`--paged-kv`, as many rows as a
+# GRPO step's rollouts, at the batch its pool holds), else the dense cache's continuous batching
+# (issue #20's comparison at a smaller batch: a stand-in should the paged engine fail), else the
+# paper-shape sampling run; and for the evaluations, the paged run at their
 # own shape (generate-eval), else the rollouts' rate. The plan's own text says which shape each
 # rate was measured at.
 set -euo pipefail
@@ -43,19 +44,32 @@ def last(folder, name):
     return files[-1] if files else None
 
 
+def fail(message):
+    """Bad or missing input: one line naming it, exit 2, nothing written (the staging goes)."""
+    print(f"plan: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
 def rows(path):
-    """A report's rows measured on CUDA in bf16."""
+    """A report's rows measured on CUDA in bf16, each with its number of tokens/s."""
     try:
         got = json.loads(path.read_text()) if path else []
     except (OSError, ValueError) as e:
-        sys.exit(f"plan: {path}: {e}")
-    return [r for r in got if isinstance(r, dict) and r.get("target") == "cuda/bf16"]
+        fail(f"{path}: {e}")
+    if not isinstance(got, list):
+        fail(f"{path}: not a list of measurements")
+    cuda = [r for r in got if isinstance(r, dict) and r.get("target") == "cuda/bf16"]
+    for r in cuda:
+        tps = r.get("tokens_per_second")
+        if isinstance(tps, bool) or not isinstance(tps, (int, float)) or not isinstance(r.get("shape", ""), str):
+            fail(f"{path}: a cuda/bf16 row without a number `tokens_per_second` (or a text `shape`)")
+    return cuda
 
 
 train_path = last("paper-9220", "train-step.json")
 train = rows(train_path)
 if not train:
-    sys.exit("plan: no train step at 2 x 9,220 on CUDA in bf16 (paper-9220/train-step.json)")
+    fail("no train step at 2 x 9,220 on CUDA in bf16 (paper-9220/train-step.json)")
 
 
 def paged_row(got):
@@ -88,14 +102,13 @@ for kv, suffix in (("measured", ""), ("fp8-kv", "-fp8")):
     row, path = sampling(f"generate-long-tail-paged{suffix}", f"generate-long-tail{suffix}", f"generate-paper{suffix}")
     if row is None:
         if kv == "measured":
-            sys.exit("plan: no sampling run on CUDA in bf16 (generate-long-tail-paged, generate-long-tail "
-                     "or generate-paper)")
+            fail("no sampling run on CUDA in bf16 (generate-long-tail-paged, generate-long-tail or generate-paper)")
         continue
     (stage / kv).mkdir()
     (stage / kv / "train-step.json").write_text(json.dumps([train[-1]], indent=1))
     (stage / kv / "generate.json").write_text(json.dumps([row], indent=1))
     notes.append(f"{kv}: sampling {path.relative_to(root)}, the row of {row['tokens_per_second']:.0f} tokens/s "
-                 f"({row['shape']})")
+                 f"({row.get('shape', '?')})")
     # The evaluations' own rate: the paged row of the run at their shape (bf16 alone; the FP8
     # plan's evaluations take its rollouts' rate, and its plan says so).
     if kv == "measured":
@@ -104,7 +117,7 @@ for kv, suffix in (("measured", ""), ("fp8-kv", "-fp8")):
         if ev:
             (stage / kv / "generate-eval.json").write_text(json.dumps([ev], indent=1))
             notes.append(f"{kv}: evaluations {path.relative_to(root)}, the row of "
-                         f"{ev['tokens_per_second']:.0f} tokens/s ({ev['shape']})")
+                         f"{ev['tokens_per_second']:.0f} tokens/s ({ev.get('shape', '?')})")
 (stage / "inputs.txt").write_text("\n".join(notes) + "\n")
 PY
 mkdir "$stage/out"

@@ -9,17 +9,18 @@
 #   2 decode     sampling the way a paper run samples: `acpo bench generate` at 64 prompts x
 #                (1,024 + SUITE_DECODE_NEW, default 1,024) with its HBM roofline, beside HF
 #                `generate` with its static cache (tools/twins/bench_generate_torch.py), and
-#                over an FP8 KV cache (--kv-cache fp8); then
-#                a GRPO step's rollouts, SUITE_TAIL_BATCH rows (default 1,024: 256 prompts of
-#                1,024 in groups of 4) with long-tailed response lengths up to SUITE_TAIL_NEW
+#                over an FP8 KV cache (--kv-cache fp8); then, with SUITE_TAIL_DENSE=1 (the
+#                default), waves against continuous batching over the dense cache at
+#                SUITE_DENSE_BATCH rows (default 128, 32 at once); then as many rows as a
+#                GRPO step samples, SUITE_TAIL_BATCH (default 1,024, every prompt distinct,
+#                of 1,024 tokens), with long-tailed response lengths up to SUITE_TAIL_NEW
 #                (default 2,048; most short, a tail to the limit, as a GRPO run's), over the
 #                paged KV cache at the batch its pool holds (enough rows that a step reads
 #                mostly the cache), beside the KV-bandwidth bound; then the evaluations' shape
-#                (SUITE_EVAL_BATCH rows, default 2,048: 128 problems × Avg@16's 16 samples,
-#                prompts of the benchmarks' mean length); then the rollouts again over an FP8
-#                KV cache (the shapes predicted by `acpo bench decode-predict`); before them, SUITE_TAIL_DENSE=1 (the default): waves against continuous
-#                batching over the dense cache at SUITE_DENSE_BATCH rows (default 128); last,
-#                the launches of one decode step counted by ncu (tools/gpu/launches.py)
+#                (SUITE_EVAL_BATCH rows, default 2,048, as many as 128 problems x Avg@16's 16
+#                samples, prompts of the benchmarks' mean length); then the rollouts again
+#                over an FP8 KV cache (the three predicted by `acpo bench decode-predict`);
+#                last, the launches of one decode step counted by ncu (tools/gpu/launches.py)
 #   3 step       the Qwen3-1.7B train step at 2 x 2,048 (a gate) and 2 x 9,220, `--trace`
 #                (memory and seconds by phase), beside the PyTorch twin
 #                (tools/twins/bench_train_torch.py; an out-of-memory exit is a result); then the
@@ -130,12 +131,11 @@ for kv in ${SUITE_SHARES:-}; do
     fi
     share[$name]=$secs
 done
-# The sampling runs' rows: whole groups (GRPO's 4 responses a prompt, Avg@16's 16 samples).
-for rows in "SUITE_TAIL_BATCH ${SUITE_TAIL_BATCH:-1024} 4" "SUITE_DENSE_BATCH ${SUITE_DENSE_BATCH:-128} 4" \
-    "SUITE_EVAL_BATCH ${SUITE_EVAL_BATCH:-2048} 16"; do
-    read -r name value group <<< "$rows"
-    if ! [[ "$value" =~ ^[1-9][0-9]{0,5}$ ]] || [ $((value % group)) != 0 ]; then
-        echo "suite: $name is '$value'; it is a positive multiple of $group (whole groups of $group responses)" >&2
+# The sampling runs' rows (below): a count each, checked before the call spends anything.
+for name in SUITE_TAIL_BATCH SUITE_DENSE_BATCH SUITE_EVAL_BATCH; do
+    value=${!name-}
+    if [ -n "${!name+set}" ] && ! [[ "$value" =~ ^[1-9][0-9]{0,5}$ ]]; then
+        echo "suite: $name is '$value'; it is a count of rows, 1 to 999999" >&2
         exit 2
     fi
 done
@@ -346,32 +346,37 @@ if wanted decode; then
     section decode
     new=${SUITE_DECODE_NEW:-1024}
     gen=(--batch 64 --prompt-len 1024 --new-tokens "$new")
-    # The rollouts of a GRPO step: 256 prompts in groups of 4 (trainer.batch_size × rollout.n
-    # of the paper's qwen3-1.7b-grpo), at the prompt limit (with the call's shorter responses,
-    # contexts nearer a paper run's), so that a decode step reads mostly the KV cache: issue
-    # #57's target is the KV-bandwidth bound, out of reach where the weights are most of a step's
-    # bytes (few rows, short contexts). `acpo bench decode-predict` predicts each run's schedule
-    # at each GPU's pool, its ceiling (the cache's share of its bytes) and its seconds
+    # As many rows as a GRPO step of the paper's qwen3-1.7b-grpo samples (trainer.batch_size ×
+    # rollout.n = 256 × 4) at the prompt limit (with the call's shorter responses, contexts
+    # nearer a paper run's), so that a decode step reads mostly the KV cache: issue #57's
+    # target is the KV-bandwidth bound, out of reach where the weights are most of a step's
+    # bytes (few rows, short contexts). Every prompt distinct (`--group 1`): a group's rows read
+    # their shared prompt blocks one after another, much of it from L2, so their counted bytes
+    # would overstate what the copy rate moved (most where the prompt is most of a row's
+    # context, as here; a paper run's prompt is ~7 % of it), and the plan carries the measured
+    # fraction to a paper run. `acpo bench decode-predict` predicts each run's schedule at each
+    # GPU's pool, its ceiling (the cache's share of its bytes) and its seconds
     # (perf::sampling::SUITE_RUNS, which a test holds to these shapes; docs/CUDA.md);
     # tools/gpu/report.py prints the measured run's ceiling. Long-tailed lengths up to
     # SUITE_TAIL_NEW (a paper run's 8,196 would not fit the call). The paged run alone.
-    tail_shape=(--batch "${SUITE_TAIL_BATCH:-1024}" --group 4 --prompt-len 1024
+    tail_shape=(--batch "${SUITE_TAIL_BATCH:-1024}" --group 1 --prompt-len 1024
         --new-tokens "${SUITE_TAIL_NEW:-2048}")
-    # The dense engines' comparison, waves against continuous batching, at a smaller batch
-    # (waves of 1,024 rows would take the section).
-    dense_shape=(--batch "${SUITE_DENSE_BATCH:-128}" --group 4 --prompt-len 1024
+    # The dense engines' comparison, waves against continuous batching (issue #20), at 32 rows
+    # at once (as the H100 measured it; the memory would hold all 128 rows on an H200, one wave).
+    dense_shape=(--batch "${SUITE_DENSE_BATCH:-128}" --max-batch 32 --prompt-len 1024
         --new-tokens "${SUITE_TAIL_NEW:-2048}")
-    # The evaluations (issue #57: the plan's rate for them measured at their own shape): 128
-    # problems × Avg@16's 16 samples (eval.k), prompts of the four benchmarks' mean length (121
-    # tokens, EVAL_PROMPT_TOKENS in src/perf/plan.rs, which a test recomputes from the data),
-    # long-tailed answers to the rollouts' limit; enough rows for a ceiling past the target's.
-    eval_shape=(--batch "${SUITE_EVAL_BATCH:-2048}" --group 16 --prompt-len 121
+    # The evaluations (issue #57: the plan's rate for them measured at their own shape): as
+    # many rows as an evaluation of 128 problems × Avg@16's 16 samples (eval.k), prompts of the
+    # four benchmarks' mean length (121 tokens, EVAL_PROMPT_TOKENS in src/perf/plan.rs, which a
+    # test recomputes from the data), distinct as above, long-tailed answers to the rollouts'
+    # limit.
+    eval_shape=(--batch "${SUITE_EVAL_BATCH:-2048}" --group 1 --prompt-len 121
         --new-tokens "${SUITE_TAIL_NEW:-2048}")
     if [ "$dry" = 1 ]; then
         gen=(--batch 2 --prompt-len 16 --new-tokens 8)
         tail_shape=(--batch 8 --group 4 --prompt-len 16 --new-tokens 12)
-        dense_shape=(--batch 8 --group 4 --prompt-len 16 --new-tokens 12)
-        eval_shape=(--batch 8 --group 4 --prompt-len 12 --new-tokens 12)
+        dense_shape=(--batch 8 --max-batch 4 --prompt-len 16 --new-tokens 12)
+        eval_shape=(--batch 8 --group 1 --prompt-len 12 --new-tokens 12)
     fi
     step "acpo generate qwen3-1.7b ${gen[*]}" 60 acpo-generate.log \
         "$acpo" bench generate --config "$cfg" --device "$device" --dtype bf16 "${gen[@]}" \
@@ -389,7 +394,7 @@ if wanted decode; then
     passed $?
     tail -2 "$res/acpo-generate-fp8.log" | tee -a "$res/summary.txt"
     # The dense cache's waves and continuous batching (SUITE_TAIL_DENSE=1, the default; issue
-    # #20's comparison, measured on the H100 and the H200 before: 0 skips it).
+    # #20's comparison, which the H100 run measured: 0 skips it).
     if [ "${SUITE_TAIL_DENSE:-1}" = 1 ]; then
         step "acpo generate long-tailed lengths, dense KV cache, qwen3-1.7b ${dense_shape[*]}" 45 \
             acpo-generate-long-tail.log "$acpo" bench generate --config "$cfg" --device "$device" \
@@ -413,8 +418,8 @@ if wanted decode; then
         --out "$res/generate-eval"
     passed $?
     tail -2 "$res/acpo-generate-eval.log" | tee -a "$res/summary.txt"
-    # The rollouts again over an FP8 KV cache (E4M3 bytes, half the KV bytes a step reads and
-    # twice the rows the pool holds): the FP8 plan's rate (issue #57's option), after the bf16
+    # The rollouts again over an FP8 KV cache (E4M3 bytes, half the KV bytes a step reads, and
+    # room for twice the positions): the FP8 plan's rate (issue #57's option), after the bf16
     # rates the plan needs; the paged pool of bytes never run on a GPU before.
     step "acpo generate long-tailed lengths, paged FP8 KV cache, qwen3-1.7b ${tail_shape[*]}" 90 \
         acpo-generate-long-tail-paged-fp8.log "$acpo" bench generate --config "$cfg" \
