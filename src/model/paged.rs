@@ -143,7 +143,8 @@ impl BlockPool {
         self.refs[b as usize]
     }
 
-    fn exhausted(&self, needed: usize) -> PagedError {
+    /// The error of a pool `needed` blocks short of what was asked.
+    pub fn exhausted(&self, needed: usize) -> PagedError {
         PagedError::Exhausted {
             needed,
             free: self.free.len(),

@@ -12,7 +12,8 @@
 //!   of the queue, to be prefilled and decoded again from the start. A completion depends only
 //!   on its prompt and its key (its random stream restarts), so a preempted sequence's tokens
 //!   are the same. The oldest sequence is never preempted, so every step makes progress; a
-//!   sequence that alone does not fit in the pool is an error ([`PagedError::Exhausted`]).
+//!   sequence that alone does not fit in the pool is an error
+//!   ([`crate::model::paged::PagedError::Exhausted`]).
 //! - A joining prompt writes only its own blocks: nothing of the other sequences moves.
 //! - Identical prompts (the n responses of a GRPO group) are prefilled once and share the
 //!   prompt's blocks; the first token of each is drawn from the same logits, each with its own
@@ -33,7 +34,7 @@ use candle_core::Tensor;
 use super::{
     add_stats, draw, last_logits, prefill, settle, Completion, GenStats, SampleKey, SampleRequest,
 };
-use crate::model::paged::{BlockPool, PagedError, PagedKv, PagedRead, PagedStep, SeqBlocks};
+use crate::model::paged::{BlockPool, PagedKv, PagedRead, PagedStep, SeqBlocks};
 use crate::model::qwen::Qwen;
 use crate::model::Result;
 use crate::rng::SplitMix64;
@@ -194,13 +195,10 @@ pub fn decode_all_paged(
         if kept.is_empty() && joining.is_empty() {
             if let Some(&i) = waiting.front() {
                 let need = engine.kv.pool.blocks_for(prompts[i].len()) + 1;
-                return Err(PagedError::Exhausted {
-                    needed: need.saturating_sub(engine.kv.pool.free_blocks()).max(1),
-                    free: engine.kv.pool.free_blocks(),
-                    total: engine.kv.pool.capacity(),
-                    block: engine.kv.pool.block(),
-                }
-                .into());
+                let pool = &engine.kv.pool;
+                return Err(pool
+                    .exhausted(need.saturating_sub(pool.free_blocks()).max(1))
+                    .into());
             }
             break;
         }
@@ -270,7 +268,8 @@ impl<'a> Engine<'a> {
     /// Makes room in the pool for the next position of every row of `kept`: preempts the most
     /// recently admitted rows (popped from `kept`; their prompts returned, latest first, to be
     /// queued again) and, for a lone row, drops the prefilled prompts held for responses still
-    /// waiting. A lone row that still does not fit is [`PagedError::Exhausted`].
+    /// waiting. A lone row that still does not fit is
+    /// [`crate::model::paged::PagedError::Exhausted`].
     fn make_room(&mut self, kept: &mut Vec<Row>) -> Result<Vec<usize>> {
         let mut preempted = Vec::new();
         loop {
@@ -289,13 +288,7 @@ impl<'a> Engine<'a> {
                     self.kv.pool.release(s.seq);
                 }
             } else {
-                return Err(PagedError::Exhausted {
-                    needed: needs - free,
-                    free,
-                    total: self.kv.pool.capacity(),
-                    block: self.kv.pool.block(),
-                }
-                .into());
+                return Err(self.kv.pool.exhausted(needs - free).into());
             }
         }
     }
@@ -353,17 +346,8 @@ impl<'a> Engine<'a> {
     ) -> Result<()> {
         let prompts = self.prompts;
         let share = self.opts.share_prompts;
-        // The prompts to prefill: each distinct one not already held.
-        let mut fresh: Vec<usize> = Vec::new();
-        for &i in &joining {
-            let p = prompts[i].as_slice();
-            let held = share
-                && (self.shared.contains_key(p)
-                    || fresh.iter().any(|&j| prompts[j].as_slice() == p));
-            if !held {
-                fresh.push(i);
-            }
-        }
+        let held = |p: &[u32]| self.shared.contains_key(p);
+        let fresh = fresh_prompts(prompts, &joining, &held, share);
         let prefilled = self.prefill_fresh(&fresh, request, timed)?;
         // Each joining prompt's row: its own prefill's blocks, or a fork of a shared one.
         let mut logits = Vec::with_capacity(joining.len());
@@ -582,6 +566,25 @@ fn admit(
     taken
 }
 
+/// The prompts of `joining` to prefill: with `share`, each distinct one not `held` already (the
+/// others fork its blocks); without, every one. The engine's join, and its schedule's.
+fn fresh_prompts(
+    prompts: &[Vec<u32>],
+    joining: &[usize],
+    held: &dyn Fn(&[u32]) -> bool,
+    share: bool,
+) -> Vec<usize> {
+    let mut fresh: Vec<usize> = Vec::new();
+    for &i in joining {
+        let p = prompts[i].as_slice();
+        let shares = share && (held(p) || fresh.iter().any(|&j| prompts[j].as_slice() == p));
+        if !shares {
+            fresh.push(i);
+        }
+    }
+    fresh
+}
+
 /// What a paged run does, counted ([`paged_schedule`]).
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub struct PagedSchedule {
@@ -609,7 +612,8 @@ pub struct PagedSchedule {
 /// decode steps and the positions they read can be known on the CPU at that GPU's pool
 /// (`acpo bench decode-predict`). Each limit is the engine's for its row: the caller clamps it
 /// to the request's `max_new_tokens` (one at least is taken here, as the engine takes it). A
-/// pool that cannot hold a row is [`PagedError::Exhausted`], where the engine's would be.
+/// pool that cannot hold a row is [`crate::model::paged::PagedError::Exhausted`], where the
+/// engine's would be.
 pub fn paged_schedule(
     prompts: &[Vec<u32>],
     limits: &[usize],
@@ -631,12 +635,6 @@ pub fn paged_schedule(
     let mut rows: Vec<(usize, SeqBlocks)> = Vec::new();
     let mut drawn = vec![0usize; n];
     let mut next_pos: Vec<usize> = prompts.iter().map(Vec::len).collect();
-    let exhausted = |pool: &BlockPool, needed: usize| PagedError::Exhausted {
-        needed,
-        free: pool.free_blocks(),
-        total: pool.capacity(),
-        block: pool.block(),
-    };
     loop {
         // Every row draws a token; the finished ones give their blocks back.
         let mut kept = Vec::with_capacity(rows.len());
@@ -667,7 +665,7 @@ pub fn paged_schedule(
                 }
                 s.held_dropped += 1;
             } else {
-                return Err(exhausted(&pool, needs - pool.free_blocks()).into());
+                return Err(pool.exhausted(needs - pool.free_blocks()).into());
             }
         }
         let room = slots.saturating_sub(kept.len());
@@ -689,9 +687,9 @@ pub fn paged_schedule(
         if kept.is_empty() && joining.is_empty() {
             if let Some(&i) = waiting.front() {
                 let need = pool.blocks_for(prompts[i].len()) + 1;
-                return Err(
-                    exhausted(&pool, need.saturating_sub(pool.free_blocks()).max(1)).into(),
-                );
+                return Err(pool
+                    .exhausted(need.saturating_sub(pool.free_blocks()).max(1))
+                    .into());
             }
             break;
         }
@@ -707,15 +705,8 @@ pub fn paged_schedule(
         }
         // The joining prompts: each distinct one not held prefilled into fresh blocks, the
         // others forks of a held or fresh one.
-        let mut fresh: Vec<usize> = Vec::new();
-        for &i in &joining {
-            let p = prompts[i].as_slice();
-            let held = opts.share_prompts
-                && (shared.contains_key(p) || fresh.iter().any(|&j| prompts[j].as_slice() == p));
-            if !held {
-                fresh.push(i);
-            }
-        }
+        let held = |p: &[u32]| shared.contains_key(p);
+        let fresh = fresh_prompts(prompts, &joining, &held, opts.share_prompts);
         let mut first_use: HashMap<usize, SeqBlocks> = HashMap::new();
         for group in prefill_groups(prompts, &fresh, opts.prefill_tokens) {
             let longest = group.iter().map(|&i| prompts[i].len()).max().unwrap_or(0);

@@ -27,6 +27,16 @@ fn report_rows(args: &[&str], report: &Path) -> Vec<serde_json::Value> {
     serde_json::from_str(&std::fs::read_to_string(report).expect("a report")).expect("rows")
 }
 
+/// The number a shape's words give after `words` (`"at most 4 at once"` after `"at most "`).
+fn number_after(shape: &str, words: &str) -> usize {
+    shape
+        .split(words)
+        .nth(1)
+        .and_then(|s| s.split(' ').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("no number after `{words}` in {shape}"))
+}
+
 /// Copies `experiments/` into `dir`: manifests name their model config relative to the
 /// working directory, as a user running from the repository root has it.
 fn copy_experiments(dir: &Path) {
@@ -597,12 +607,7 @@ fn bench_generate_compares_waves_with_continuous_batching_on_long_tails() {
         assert!(shape(0).ends_with("waves"));
         // every prompt past the first 4 joins; where as many wait as rows finished, in place
         let how = shape(1);
-        let joined: usize = how
-            .split("continuous batching (")
-            .nth(1)
-            .and_then(|s| s.split(' ').next())
-            .and_then(|n| n.parse().ok())
-            .unwrap_or_else(|| panic!("no count of prompts joined in place: {how}"));
+        let joined = number_after(&how, "continuous batching (");
         assert!((1..=8).contains(&joined), "{how}");
         assert!(how.contains("copies of the batch's cache"), "{how}");
         // The same work every way: the long-tailed lengths' sum.
@@ -612,22 +617,12 @@ fn bench_generate_compares_waves_with_continuous_batching_on_long_tails() {
         }
         if paged {
             // --max-batch still caps the rows the pool admits
-            let most: usize = shape(2)
-                .split("at most ")
-                .nth(1)
-                .and_then(|s| s.split(' ').next())
-                .and_then(|n| n.parse().ok())
-                .expect("the most rows at once");
+            let most = number_after(&shape(2), "at most ");
             assert!(shape(2).contains("paged KV cache") && (1..=4).contains(&most));
             // and the prefill goes in groups under its token budget (on the CPU: one group of
             // the admitted prompts, at most --max-batch of 32 positions; a prompt whose response
             // is its first token is prefilled but never decodes, so it can exceed `most`)
-            let widest: usize = shape(2)
-                .split("the widest prefill ")
-                .nth(1)
-                .and_then(|s| s.split(' ').next())
-                .and_then(|n| n.parse().ok())
-                .expect("the widest prefill");
+            let widest = number_after(&shape(2), "the widest prefill ");
             assert!((32..=4 * 32).contains(&widest), "{}", shape(2));
             // its roofline counts what the engine read: on the CPU the pool holds every row
             // and admits them as the dense engine does, so the same bytes a step
@@ -698,12 +693,7 @@ fn bench_generate_samples_groups_and_the_paged_engine_prefills_each_prompt_once(
             .expect("s")
             .to_string();
         assert!(paged.contains(", continuous batching over the paged KV cache, "));
-        paged
-            .split("the widest prefill ")
-            .nth(1)
-            .and_then(|s| s.split(' ').next())
-            .and_then(|n| n.parse::<usize>().ok())
-            .unwrap_or_else(|| panic!("the widest prefill: {paged}"))
+        number_after(&paged, "the widest prefill ")
     };
     // On the CPU the pool admits every row at once: 12 prompts of 32 positions, or 3.
     assert_eq!(widest(&["--group", "1"]), 12 * 32);
@@ -1417,15 +1407,19 @@ fn the_gpu_suite_samples_at_the_paper_run_s_rows_and_prompts() {
             .unwrap_or_else(|| panic!("{flag} in {words:?}"));
         words[i + 1].parse().expect("a number")
     };
-    // `--batch "${SUITE_TAIL_BATCH:-1024}"`: the default
-    let default = |words: &[String]| -> usize {
-        let i = words.iter().position(|w| w == "--batch").expect("--batch");
+    // `--batch "${SUITE_TAIL_BATCH:-1024}"`: the default of a flag's variable
+    let default_of = |words: &[String], flag: &str| -> usize {
+        let i = words
+            .iter()
+            .position(|w| w == flag)
+            .unwrap_or_else(|| panic!("{flag} in {words:?}"));
         words[i + 1]
             .split(":-")
             .nth(1)
             .and_then(|d| d.trim_end_matches(['}', '"']).parse().ok())
             .unwrap_or_else(|| panic!("a default in {}", words[i + 1]))
     };
+    let default = |words: &[String]| default_of(words, "--batch");
     let rollouts = flags("tail_shape");
     assert_eq!(default(&rollouts), exp.trainer.batch_size * exp.rollout.n);
     let evals = flags("eval_shape");
@@ -1435,17 +1429,6 @@ fn the_gpu_suite_samples_at_the_paper_run_s_rows_and_prompts() {
         acpo::perf::plan::EVAL_PROMPT_TOKENS
     );
     // and as `acpo bench decode-predict` predicts them (`perf::sampling::SUITE_RUNS`)
-    let new_tokens = |words: &[String]| -> usize {
-        let i = words
-            .iter()
-            .position(|w| w == "--new-tokens")
-            .expect("--new-tokens");
-        words[i + 1]
-            .split(":-")
-            .nth(1)
-            .and_then(|d| d.trim_end_matches(['}', '"']).parse().ok())
-            .expect("a default")
-    };
     let rates = acpo::perf::decode::copy_rates(&repo().join("results/gpu")).expect("rates");
     let cfg =
         acpo::model::QwenConfig::load(&repo().join("experiments/paper/configs/qwen3-1.7b.json"))
@@ -1462,7 +1445,7 @@ fn the_gpu_suite_samples_at_the_paper_run_s_rows_and_prompts() {
                 default(words),
                 value(words, "--group"),
                 value(words, "--prompt-len"),
-                new_tokens(words)
+                default_of(words, "--new-tokens")
             ),
             (run.rows, run.group, run.prompt_len, run.new_tokens),
             "{}",

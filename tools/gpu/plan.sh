@@ -35,7 +35,8 @@ from pathlib import Path
 
 root, stage = Path(sys.argv[1]), Path(sys.argv[2])
 sys.path.insert(0, sys.argv[3])
-from report import found, is_paged  # the report's walk (the calls' order, dot-folders left out)
+# the report's walk (the calls' order, dot-folders left out) and its picks of a long-tail run's rows
+from report import dense_rows, found, paged_row
 
 
 def last(folder, name):
@@ -72,17 +73,10 @@ if not train:
     fail("no train step at 2 x 9,220 on CUDA in bf16 (paper-9220/train-step.json)")
 
 
-def paged_row(got):
-    """A long-tail run's paged row (the last, the only one with `--paged-only`), or None."""
-    paged = [r for r in got if is_paged(r)]
-    return paged[-1] if paged else None
-
-
 def dense_row(got):
-    """A long-tail run's continuous batching over the dense cache (its second dense row, after
-    the waves), or None."""
-    dense = [r for r in got if not is_paged(r)]
-    return dense[1] if len(dense) > 1 else None
+    """A long-tail run's continuous batching over the dense cache (after its waves), or None."""
+    dense = dense_rows(got)
+    return dense[1] if dense else None
 
 
 def sampling(paged, dense, paper):

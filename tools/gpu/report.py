@@ -714,9 +714,9 @@ def long_tail_dense(root, names=("generate-long-tail", "generate-long-tail-paged
     for name in names:
         d = latest(root, name)
         rows = load(d / "generate.json") if d and (d / "generate.json").exists() else None
-        dense = [r for r in rows or [] if not is_paged(r)]
-        if len(dense) >= 2:
-            return dense[0], dense[1]
+        dense = dense_rows(rows or [])
+        if dense:
+            return dense
     return None
 
 
@@ -726,13 +726,25 @@ def is_paged(row):
     return ", continuous batching over the paged KV cache, " in row.get("shape", "")
 
 
+def paged_row(rows):
+    """A long-tail run's paged row (its last; the only one with `--paged-only`), or None."""
+    paged = [r for r in rows if is_paged(r)]
+    return paged[-1] if paged else None
+
+
+def dense_rows(rows):
+    """A long-tail run's waves and continuous batching over the dense cache (its first two rows
+    that are not the paged run's), or None."""
+    dense = [r for r in rows if not is_paged(r)]
+    return (dense[0], dense[1]) if len(dense) >= 2 else None
+
+
 def long_tail_paged(root, name="generate-long-tail-paged"):
     """The long-tail run over the paged KV cache (`acpo bench generate --long-tail --paged-kv`,
     its last row, the only one with `--paged-only`), or None."""
     d = latest(root, name)
     rows = load(d / "generate.json") if d and (d / "generate.json").exists() else None
-    paged = [r for r in rows or [] if is_paged(r)]
-    return paged[-1] if paged else None
+    return paged_row(rows or [])
 
 
 def host_share(r):
