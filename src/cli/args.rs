@@ -604,7 +604,10 @@ pub struct BenchArgs {
     /// memory-plan: the model configs, named after the hub repo (`qwen3-1.7b.json`).
     #[arg(long, default_value = "experiments/paper/configs")]
     pub configs: PathBuf,
-    /// paper-plan: a directory with train-step.json and generate.json measured on CUDA (bf16);
+    /// paper-plan: a directory with train-step.json and generate.json measured on CUDA (bf16),
+    /// optionally generate-eval.json (the evaluations' own shape) and device.txt (the GPU
+    /// suite's header line, `== suite on NAME, DRIVER, N MiB`: the memory that caps the rows
+    /// carried to a paper run's contexts; tools/gpu/plan.sh writes the directory);
     /// memory-predict: a directory of CPU traces, DIR/*/train-step.json (--config: the target,
     /// default qwen3-1.7b.json of --configs); decode-predict: the GPU runs (results/gpu), whose
     /// measured copy rates price the decode attention's bytes and whose recorded memory sizes

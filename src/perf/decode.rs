@@ -143,19 +143,25 @@ fn memory_of(run: &Path) -> Result<Option<u64>> {
     summaries.sort_by_cached_key(|p| call_order(p));
     for summary in summaries {
         let text = crate::files::read_to_string(&summary).at(&summary)?;
-        let mib = text.lines().find_map(|l| {
-            let header = l.strip_prefix("== ")?;
-            if !header.contains(" on ") {
-                return None;
-            }
-            let last = header.rsplit(", ").next()?;
-            last.strip_suffix(" MiB")?.trim().parse::<u64>().ok()
-        });
-        if let Some(mib) = mib {
-            return Ok(mib.checked_mul(1 << 20));
+        if let Some(bytes) = memory_in(&text) {
+            return Ok(Some(bytes));
         }
     }
     Ok(None)
+}
+
+/// The device memory in bytes that the first suite header line of `text` names, if any
+/// (`== suite on NVIDIA H200, 580.159.04, 143771 MiB`).
+pub(super) fn memory_in(text: &str) -> Option<u64> {
+    text.lines().find_map(|l| {
+        let header = l.strip_prefix("== ")?;
+        if !header.contains(" on ") {
+            return None;
+        }
+        let last = header.rsplit(", ").next()?;
+        let mib = last.strip_suffix(" MiB")?.trim().parse::<u64>().ok()?;
+        mib.checked_mul(1 << 20)
+    })
 }
 
 /// The split-K decode's timings in a `flash_kernels_check.log`: lines

@@ -317,6 +317,7 @@ fn steady_roofline(
         copy_gb_per_s: copy / 1e9,
         fraction: bytes_per_step / step_seconds / copy,
         host_share: stats.host_share(),
+        kv_elem_bytes: s.model.kv_elem_bytes(),
     })
 }
 
@@ -435,7 +436,13 @@ pub fn bench_long_tail(m: &Subject, opts: &SpeedOptions) -> Result<Vec<Measureme
             opts.repeats,
             format!("{prompts}, {slots} at once: {how}{fp8}"),
         );
-        cont.roofline = Some(decode_roofline(read, &stats, drawn, copy));
+        cont.roofline = Some(decode_roofline(
+            read,
+            &stats,
+            drawn,
+            copy,
+            s.model.kv_elem_bytes(),
+        ));
         rows.extend([waves, cont]);
     }
     if shape.paged {
@@ -444,7 +451,7 @@ pub fn bench_long_tail(m: &Subject, opts: &SpeedOptions) -> Result<Vec<Measureme
         // counted them (a preempted row's again when it is recomputed).
         let (secs, stats) = s.median_continuous(&limits, paged, opts.repeats)?;
         let read = DecodeReads::counted(&stats, weights, kv_per_position);
-        let roofline = decode_roofline(read, &stats, drawn, copy);
+        let roofline = decode_roofline(read, &stats, drawn, copy, s.model.kv_elem_bytes());
         let mut row = s.measured(
             m,
             tokens,
@@ -465,7 +472,13 @@ pub fn bench_long_tail(m: &Subject, opts: &SpeedOptions) -> Result<Vec<Measureme
 /// A decode run's roofline: what its decode steps read (`read`) in `stats`' decode seconds,
 /// `drawn` tokens (all but each prompt's first, which its prefill gives), against the device's
 /// measured `copy` rate.
-fn decode_roofline(read: DecodeReads, stats: &GenStats, drawn: usize, copy: f64) -> Roofline {
+fn decode_roofline(
+    read: DecodeReads,
+    stats: &GenStats,
+    drawn: usize,
+    copy: f64,
+    kv_elem_bytes: usize,
+) -> Roofline {
     let seconds = stats.decode_seconds.max(f64::MIN_POSITIVE);
     let steps = read.steps.max(1) as f64;
     Roofline {
@@ -477,6 +490,7 @@ fn decode_roofline(read: DecodeReads, stats: &GenStats, drawn: usize, copy: f64)
         copy_gb_per_s: copy / 1e9,
         fraction: read.bytes / seconds / copy,
         host_share: stats.host_share(),
+        kv_elem_bytes,
     }
 }
 

@@ -504,6 +504,10 @@ pub struct Roofline {
     /// waiting for the device's draws ([`crate::rollout::GenStats::host_share`]): near 1 on a
     /// GPU, the host's launches bound a step, not the bytes.
     pub host_share: Option<f64>,
+    /// Bytes an element of the KV cache the run read, as `bytes_per_step` counts them: 1 for
+    /// an FP8 cache holding bytes, else the compute dtype's (a plan carries the fraction at
+    /// the same element size).
+    pub kv_elem_bytes: usize,
 }
 
 /// Bytes read + written per second by a copy of a 1 GiB buffer on the device (median of 5),

@@ -22,7 +22,10 @@
 //! halves those bytes) says what the cache's precision alone could buy. And where the sampling
 //! measurement recorded its roofline, the plan carries its decode steps to each run's own model
 //! and mean contexts ([`carried_rate`]): the same rows a step, moving every weight once and each
-//! row's KV cache at the same fraction of the copy rate. The suite's sampling runs are shorter
+//! row's KV cache at the same fraction of the copy rate, the rows a step at most what the GPU's
+//! pool holds at the run's mean context where the GPU's memory is known (`device.txt` beside
+//! the rates, the sampling call's suite header: a run measured at more rows than fit at a paper run's contexts would
+//! otherwise be carried with rows it could not hold). The suite's sampling runs are shorter
 //! than a paper run's, so their rates, read at fewer KV bytes a token, overstate a paper run's
 //! sampling; the carried rate is a model of it, not a measurement.
 
@@ -94,6 +97,10 @@ pub struct RunCost {
     /// measured at shorter contexts than a paper run's reads fewer KV bytes a token than the run
     /// would, so the rate itself overstates the run's sampling; this models it instead.
     pub gpu_hours_at_paper_contexts: Option<f64>,
+    /// The rows a decode step those hours carry, rollouts and evaluations: the measured rows,
+    /// at most what the GPU's pool holds at the run's mean context ([`rows_at`]).
+    pub rollout_rows_at_paper_contexts: Option<f64>,
+    pub eval_rows_at_paper_contexts: Option<f64>,
     pub paper_gpus: usize,
 }
 
@@ -116,6 +123,9 @@ struct Rate {
 struct DecodeSteps {
     fraction: f64,
     rows: f64,
+    /// Bytes an element of the KV cache it read (1: FP8), as its fraction counts them; 2
+    /// where the roofline does not say (runs before FP8 caches were measured, all bf16).
+    kv_elem_bytes: usize,
 }
 
 /// New tokens/s of decode steps like `measured`'s (`rows` a step, moving every weight once and
@@ -131,6 +141,32 @@ pub fn carried_rate(
     kv_bytes_per_position: f64,
 ) -> f64 {
     fraction * copy_bytes_per_s * rows / (weight_bytes + rows * context * kv_bytes_per_position)
+}
+
+/// The rows a decode step carried to `context` positions keeps of the `measured` ones: all of
+/// them, or where the GPU's memory is known, at most as many as its sampler's pool holds at that
+/// context (the engine's pool, [`super::sampling::pool_blocks`], for `weight_bytes` of weights
+/// and a cache of `kv_elem` bytes an element; a row holding ⌈context / BLOCK⌉ blocks; block 0
+/// is the pool's own). Zero: the pool holds no row at that context.
+pub fn rows_at(
+    measured: f64,
+    memory: Option<u64>,
+    cfg: &crate::model::QwenConfig,
+    weight_bytes: f64,
+    context: f64,
+    kv_elem: usize,
+) -> f64 {
+    use crate::model::paged::{PagedKv, BLOCK};
+    let Some(memory) = memory else {
+        return measured;
+    };
+    let pool = super::sampling::pool_blocks(
+        memory,
+        weight_bytes as u64,
+        PagedKv::block_bytes(cfg, kv_elem, BLOCK),
+    );
+    let per_row = (context / BLOCK as f64).ceil().max(1.0);
+    measured.min((pool.saturating_sub(1) as f64 / per_row).floor())
 }
 
 /// The bytes of KV cache one new token's attention reads at `context` positions, each element
@@ -175,6 +211,16 @@ fn measured(dir: &Path, name: &str) -> Result<Rate> {
             (Some(fraction), Some(tps), Some(step)) => Some(DecodeSteps {
                 fraction,
                 rows: tps * step,
+                kv_elem_bytes: match row["roofline"]["kv_elem_bytes"].as_u64() {
+                    None => 2,
+                    Some(b @ (1 | 2 | 4)) => b as usize,
+                    Some(b) => {
+                        return Err(PerfError::Shape(format!(
+                            "{}: `roofline.kv_elem_bytes` is {b}, not 1, 2 or 4",
+                            path.display()
+                        )))
+                    }
+                },
             }),
             _ => None,
         },
@@ -187,6 +233,9 @@ struct Rates {
     train: Rate,
     rollouts: Rate,
     evaluations: Option<Rate>,
+    /// The GPU's memory, where `device.txt` beside the rates gives the sampling call's suite
+    /// header (tools/gpu/plan.sh copies it from the call's `summary.txt`).
+    memory_bytes: Option<u64>,
 }
 
 impl Rates {
@@ -198,6 +247,20 @@ impl Rates {
                 Some(measured(dir, "generate-eval")?)
             } else {
                 None
+            },
+            memory_bytes: {
+                let path = dir.join("device.txt");
+                if path.exists() {
+                    let text = crate::files::read_to_string(&path).at(&path)?;
+                    Some(super::decode::memory_in(&text).ok_or_else(|| {
+                        PerfError::Shape(format!(
+                            "{}: no suite header line `== suite on NAME, DRIVER, N MiB`",
+                            path.display()
+                        ))
+                    })?)
+                } else {
+                    None
+                }
             },
         })
     }
@@ -276,21 +339,38 @@ fn run_cost(exp: &crate::manifest::Experiment, configs: &Path, rates: &Rates) ->
             .map(|(r, e)| hours(r, e))
     };
     let (bf16, fp8) = (2, 1);
-    // Each sampler's measured decode steps carried to this run's model and mean contexts.
+    // Each sampler's measured decode steps carried to this run's model and mean contexts, at
+    // the rows its pool holds there: (rows, new tokens/s), None without a roofline or a row.
+    let weights = params * 2.0;
     let carried = |rate: &Rate, context: f64| {
         let (d, copy) = (rate.decode?, rate.copy_gb_per_s?);
-        Some(carried_rate(
-            d.fraction,
+        let rows = rows_at(
             d.rows,
-            copy * 1e9,
-            params * 2.0,
+            rates.memory_bytes,
+            &cfg,
+            weights,
             context,
-            cfg.kv_bytes_per_position(bf16) as f64,
-        ))
+            d.kv_elem_bytes,
+        );
+        (rows >= 1.0).then(|| {
+            let tps = carried_rate(
+                d.fraction,
+                rows,
+                copy * 1e9,
+                weights,
+                context,
+                cfg.kv_bytes_per_position(d.kv_elem_bytes) as f64,
+            );
+            (rows, tps)
+        })
     };
-    let at_paper_contexts = carried(&rates.rollouts, rollout_context)
-        .zip(carried(rates.evaluation_steps(), eval_context))
-        .map(|(r, e)| hours(r, e));
+    let (rollouts_carried, eval_carried) = (
+        carried(&rates.rollouts, rollout_context),
+        carried(rates.evaluation_steps(), eval_context),
+    );
+    let at_paper_contexts = rollouts_carried
+        .zip(eval_carried)
+        .map(|((_, r), (_, e))| hours(r, e));
     Ok(RunCost {
         run: exp.name.clone(),
         steps: exp.trainer.total_steps,
@@ -306,6 +386,8 @@ fn run_cost(exp: &crate::manifest::Experiment, configs: &Path, rates: &Rates) ->
         gpu_hours_at_kv_bound: hours_at(bf16),
         gpu_hours_at_fp8_kv_bound: hours_at(fp8),
         gpu_hours_at_paper_contexts: at_paper_contexts,
+        rollout_rows_at_paper_contexts: rollouts_carried.map(|(rows, _)| rows),
+        eval_rows_at_paper_contexts: eval_carried.map(|(rows, _)| rows),
         paper_gpus: paper_gpus(&exp.model.source.label()),
     })
 }
@@ -355,7 +437,10 @@ fn plan_markdown(rates: &Rates, rows: &[RunCost]) -> String {
     );
     md.push_str(&match rates.copy() {
         Some(gbps) => format!("The KV-bandwidth bound: new tokens/s ≤ the measured copy rate ({gbps:.0} GB/s) ÷ the bf16 KV bytes a token's attention reads at its mean context (prompt + half the response), per run below; two columns are the run's GPU-hours had both samplers run at it, with this bf16 cache and with an FP8 cache (one byte an element, the bound doubled; training at its measured rate in both). {}\n\n", match rates.rollouts.decode.zip(rates.evaluation_steps().decode) {
-            Some((r, e)) => format!("The sampling measurements' decode steps drew {:.0} (rollouts) and {:.0} (evaluations) rows a step and moved their bytes (every weight once, each row's KV cache) at {:.1} % and {:.1} % of the copy rate, at their own contexts, shorter than a paper run's, whose rates, read at fewer KV bytes a token, overstate a paper run's sampling. The column \"at the paper's contexts\" models it instead: the same rows a step at the same fraction of the copy rate, with each run's own weights and mean contexts (new tokens/s = rows ÷ the step's bytes at that rate; a model, not a measurement).{}", r.rows, e.rows, 100.0 * r.fraction, 100.0 * e.fraction, if rates.evaluations.as_ref().is_some_and(|own| own.decode.is_none()) { " The evaluations' measurement recorded no roofline: their decode steps are the rollouts'." } else { "" }),
+            Some((r, e)) => format!("The sampling measurements' decode steps drew {:.0} (rollouts) and {:.0} (evaluations) rows a step and moved their bytes (every weight once, each row's KV cache) at {:.1} % and {:.1} % of the copy rate, at their own contexts, shorter than a paper run's, whose rates, read at fewer KV bytes a token, overstate a paper run's sampling. The column \"at the paper's contexts\" models it instead: the same fraction of the copy rate, with each run's own weights and mean contexts, the rollouts' KV cache at {} and the evaluations' at {} bytes an element, as measured, and the same rows a step {} (new tokens/s = rows ÷ the step's bytes at that rate; a model, not a measurement).{}", r.rows, e.rows, 100.0 * r.fraction, 100.0 * e.fraction, r.kv_elem_bytes, e.kv_elem_bytes, match rates.memory_bytes {
+                Some(memory) => format!("up to as many as the GPU's sampler pool holds at the run's mean context: the paged engine's pool, half of the {} MiB the sampling run recorded after the run's bf16 weights and {:.0} GiB, in blocks of {} positions (the column \"rows a step\"; a run whose pool holds no row there has none)", memory >> 20, super::sampling::RESERVED_BYTES as f64 / (1u64 << 30) as f64, crate::model::paged::BLOCK),
+                None => "(no GPU memory beside the rates, device.txt, so the rows are not capped at what a pool holds at those contexts)".to_string(),
+            }, if rates.evaluations.as_ref().is_some_and(|own| own.decode.is_none()) { " The evaluations' measurement recorded no roofline: their decode steps are the rollouts'." } else { "" }),
             None => "The sampling measurements recorded no roofline: their rates are not carried to a paper run's contexts.".to_string(),
         }),
         None => "No copy rate was recorded beside the sampling measurement: no KV-bandwidth bound.\n\n".to_string(),
@@ -374,6 +459,7 @@ fn plan_markdown(rates: &Rates, rows: &[RunCost]) -> String {
         ("GPU-hours at the KV bound", Right),
         ("GPU-hours at the FP8 KV bound", Right),
         ("GPU-hours at the paper's contexts", Right),
+        ("rows a step there, rollouts / eval", Right),
         ("GPUs the paper used", Right),
     ]);
     for r in rows {
@@ -397,6 +483,13 @@ fn plan_markdown(rates: &Rates, rows: &[RunCost]) -> String {
                 .map_or("—".into(), |h| format!("{h:.0}")),
             r.gpu_hours_at_paper_contexts
                 .map_or("—".into(), |h| format!("{h:.0}")),
+            match (
+                r.rollout_rows_at_paper_contexts,
+                r.eval_rows_at_paper_contexts,
+            ) {
+                (Some(a), Some(b)) => format!("{a:.0} / {b:.0}"),
+                _ => "—".into(),
+            },
             r.paper_gpus.to_string(),
         ]);
     }

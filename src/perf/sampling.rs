@@ -83,6 +83,14 @@ pub const KV_TARGET: f64 = 0.7;
 /// `rollout::PagedOptions`).
 pub const RESERVED_BYTES: u64 = 2 << 30;
 
+/// The blocks of `block_bytes` a sampler's pool takes on a GPU of `memory` bytes holding
+/// `weight_bytes` of weights: half of what is left after them and [`RESERVED_BYTES`] (the
+/// engine takes half of what the device reports free), block 0 included.
+pub fn pool_blocks(memory: u64, weight_bytes: u64, block_bytes: usize) -> usize {
+    let free = memory.saturating_sub(weight_bytes + RESERVED_BYTES);
+    (free / 2) as usize / block_bytes.max(1)
+}
+
 /// One suite run predicted on one GPU.
 #[derive(Debug, Clone, Serialize)]
 pub struct SamplingPredicted {
@@ -146,8 +154,7 @@ pub fn predict(cfg: &QwenConfig, rates: &[CopyRate]) -> Vec<SamplingPredicted> {
             let Some(memory) = rate.memory_bytes else {
                 continue;
             };
-            let free = memory.saturating_sub(weights as u64 + RESERVED_BYTES);
-            let pool_blocks = (free / 2) as usize / block_bytes.max(1);
+            let pool_blocks = pool_blocks(memory, weights as u64, block_bytes);
             let (s, unscheduled) = match paged_schedule(&prompts, &limits, None, pool_blocks, &opts)
             {
                 Ok(s) => (s, None),

@@ -914,6 +914,112 @@ fn bench_paper_plan_costs_every_paper_run_from_measured_rates() {
             && !md.contains("recorded no roofline"),
         "{md}"
     );
+    // Without the GPU's memory the measured rows are carried as they are, and the plan says so.
+    let rows_there = |rows: &[serde_json::Value]| {
+        let r = rows
+            .iter()
+            .find(|r| r["run"] == "qwen3-1.7b-grpo")
+            .expect("r");
+        (
+            r["rollout_rows_at_paper_contexts"].as_f64(),
+            r["eval_rows_at_paper_contexts"].as_f64(),
+        )
+    };
+    assert_eq!(rows_there(&rows), (Some(64.0), Some(128.0)));
+    assert!(md.contains("no GPU memory beside the rates"), "{md}");
+    // With it (an H200's, as the suite's header records it), the rows are capped at what the
+    // sampler's pool holds at the paper's contexts. By hand: half of 143,771 MiB less the
+    // weights (3,441,149,952 bytes) and 2 GiB is 72,583,093,248 bytes, 19,777 blocks of 32
+    // positions × 114,688 bytes; block 0 is the pool's, and a row at the rollouts' mean context
+    // (2,202) holds 69 blocks, at the evaluations' (2,170) 68: 286 and 290 rows at most. A run
+    // measured at 577 and 1,483 rows a step (the next loan's predicted paged runs) is carried at
+    // those; one at 64 rows keeps its 64.
+    std::fs::write(
+        measured.join("device.txt"),
+        "# the header line of 1-suite/gpu-suite/summary.txt\n== suite on NVIDIA H200, 580.159.04, 143771 MiB\n",
+    )
+    .expect("w");
+    generate[2]["roofline"]["decode_tokens_per_second"] = serde_json::json!(57_700.0);
+    generate[2]["roofline"]["step_seconds"] = serde_json::json!(0.01);
+    std::fs::write(measured.join("generate.json"), generate.to_string()).expect("w");
+    own[0]["roofline"]["decode_tokens_per_second"] = serde_json::json!(148_300.0);
+    std::fs::write(measured.join("generate-eval.json"), own.to_string()).expect("w");
+    let rows = plan();
+    assert_eq!(rows_there(&rows), (Some(286.0), Some(290.0)));
+    let capped = f("train_hours")
+        + (f("sample_tokens") / rate_at(0.25, 286.0, rollout_context)
+            + f("eval_tokens") / rate_at(0.5, 290.0, eval_context))
+            / 3600.0;
+    assert!((carried_hours(&rows) / capped - 1.0).abs() < 1e-9);
+    let md = std::fs::read_to_string(dir.path().join("paper-plan.md")).expect("md");
+    assert!(
+        md.contains("half of the 143771 MiB") && md.contains("| 286 / 290 |"),
+        "{md}"
+    );
+    // A measurement over an FP8 cache (its roofline counts one byte an element) is carried at
+    // one byte an element, and its pool holds twice the positions: 39,554 blocks, 573 rows of
+    // 69 blocks at the rollouts' context.
+    generate[2]["roofline"]["kv_elem_bytes"] = serde_json::json!(1);
+    std::fs::write(measured.join("generate.json"), generate.to_string()).expect("w");
+    let rows = plan();
+    assert_eq!(rows_there(&rows), (Some(573.0), Some(290.0)));
+    let fp8_rate = 0.25 * 3_000e9 * 573.0
+        / (2.0 * 1_720_574_976.0 + 573.0 * rollout_context * per_position / 2.0);
+    let fp8 = f("train_hours")
+        + (f("sample_tokens") / fp8_rate + f("eval_tokens") / rate_at(0.5, 290.0, eval_context))
+            / 3600.0;
+    assert!((carried_hours(&rows) / fp8 - 1.0).abs() < 1e-9);
+    // A GPU whose pool holds no row at those contexts carries nothing.
+    std::fs::write(
+        measured.join("device.txt"),
+        "== suite on a small GPU, 580.159.04, 4000 MiB\n",
+    )
+    .expect("w");
+    let rows = plan();
+    assert_eq!(rows_there(&rows), (None, None));
+    assert!(rows
+        .iter()
+        .all(|r| r["gpu_hours_at_paper_contexts"].is_null()));
+    // A device.txt without a suite header: exit 2 naming it, nothing written.
+    std::fs::write(measured.join("device.txt"), "143771 MiB\n").expect("w");
+    let out2 = dir.path().join("bad");
+    let bad = acpo(
+        &[
+            "bench",
+            "paper-plan",
+            "--measured",
+            measured.to_str().expect("u"),
+            "--out",
+            out2.to_str().expect("u"),
+        ],
+        repo(),
+    );
+    assert_eq!(bad.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(err.contains("device.txt"), "{err}");
+    assert!(!out2.exists());
+    std::fs::remove_file(measured.join("device.txt")).expect("rm");
+    // An element size no cache has: exit 2 naming the file and the field, nothing written.
+    generate[2]["roofline"]["kv_elem_bytes"] = serde_json::json!(3);
+    std::fs::write(measured.join("generate.json"), generate.to_string()).expect("w");
+    let bad = acpo(
+        &[
+            "bench",
+            "paper-plan",
+            "--measured",
+            measured.to_str().expect("u"),
+            "--out",
+            out2.to_str().expect("u"),
+        ],
+        repo(),
+    );
+    assert_eq!(bad.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        err.contains("generate.json") && err.contains("kv_elem_bytes"),
+        "{err}"
+    );
+    assert!(!out2.exists());
 }
 
 #[test]
@@ -1490,7 +1596,7 @@ fn the_gpu_suite_samples_at_the_paper_run_s_rows_and_prompts() {
 
 /// `tools/gpu/plan.sh` (`just gpu-plan DIR`) on the H200 run's committed rates, from another
 /// directory: the next numbered call folder, the plan `acpo bench paper-plan` makes of the
-/// trainer's step and the sampling run, the same bytes as the committed 5-plan; a second call
+/// trainer's step and the sampling run, the same bytes as the committed 6-plan; a second call
 /// takes the next number (call 10 after call 9) and the paged runs' rows (the rollouts' and the
 /// evaluations'), and a missing directory is refused.
 #[test]
@@ -1504,6 +1610,7 @@ fn gpu_plan_script_costs_a_runs_rates_into_its_next_call_folder() {
             "1-suite/gpu-suite/paper-9220",
         ),
         ("1-suite/gpu-suite/summary.txt", "1-suite/gpu-suite"),
+        ("2-decode/gpu-suite/summary.txt", "2-decode/gpu-suite"),
         (
             "2-decode/gpu-suite/generate-paper/generate.json",
             "2-decode/gpu-suite/generate-paper",
@@ -1546,10 +1653,11 @@ fn gpu_plan_script_costs_a_runs_rates_into_its_next_call_folder() {
         "paper-plan.md",
         "train-step.json",
         "generate.json",
+        "device.txt",
     ] {
         assert_eq!(
             std::fs::read(root.join("10-plan/measured").join(file)).expect("made"),
-            std::fs::read(run.join("5-plan/measured").join(file)).expect("committed"),
+            std::fs::read(run.join("6-plan/measured").join(file)).expect("committed"),
             "{file}"
         );
     }
@@ -1609,6 +1717,13 @@ fn gpu_plan_script_costs_a_runs_rates_into_its_next_call_folder() {
     assert!(
         md.contains("and 9000 for the evaluations (") && !md.contains("the rollouts' rate"),
         "{md}"
+    );
+    // the GPU's memory from the header of the call that sampled, which caps the rows carried
+    let device = std::fs::read_to_string(root.join("11-plan/measured/device.txt")).expect("device");
+    assert!(
+        device.contains("1-suite/gpu-suite/summary.txt")
+            && device.contains("== suite on NVIDIA H200, 580.159.04, 143771 MiB"),
+        "{device}"
     );
     let inputs = std::fs::read_to_string(root.join("11-plan/commands.txt")).expect("commands");
     assert!(

@@ -73,6 +73,20 @@ if not train:
     fail("no train step at 2 x 9,220 on CUDA in bf16 (paper-9220/train-step.json)")
 
 
+def device_header(path):
+    """The suite header naming the GPU and its memory (`== suite on NAME, DRIVER, N MiB`) of the
+    call that wrote `path`: (its summary.txt, the line), or None."""
+    for folder in path.parents:
+        summary = folder / "summary.txt"
+        if summary.is_file():
+            for line in summary.read_text(errors="replace").splitlines():
+                if line.startswith("== ") and " on " in line and line.endswith(" MiB"):
+                    return summary, line
+        if folder == root:
+            break
+    return None
+
+
 def dense_row(got):
     """A long-tail run's continuous batching over the dense cache (after its waves), or None."""
     dense = dense_rows(got)
@@ -101,6 +115,11 @@ for kv, suffix in (("measured", ""), ("fp8-kv", "-fp8")):
     (stage / kv).mkdir()
     (stage / kv / "train-step.json").write_text(json.dumps([train[-1]], indent=1))
     (stage / kv / "generate.json").write_text(json.dumps([row], indent=1))
+    # The GPU's memory, as the sampling call's suite header recorded it: the plan holds the rows
+    # it carries to a paper run's contexts to what the sampler's pool holds there.
+    header = device_header(path)
+    if header:
+        (stage / kv / "device.txt").write_text(f"# the header line of {header[0].relative_to(root)}\n{header[1]}\n")
     notes.append(f"{kv}: sampling {path.relative_to(root)}, the row of {row['tokens_per_second']:.0f} tokens/s "
                  f"({row.get('shape', '?')})")
     # The evaluations' own rate: the paged row of the run at their shape (bf16 alone; the FP8
@@ -123,6 +142,7 @@ for kv in measured fp8-kv; do
         exit 1
     fi
     cp "$stage/$kv"/*.json "$stage/out/$kv/"
+    if [ -f "$stage/$kv/device.txt" ]; then cp "$stage/$kv/device.txt" "$stage/out/$kv/"; fi
 done
 {
     echo "# Computed on the CPU after the loan by tools/gpu/plan.sh with $("$acpo" --version 2>/dev/null | head -1)"
