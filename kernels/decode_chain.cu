@@ -21,7 +21,18 @@
 //   kernel rounds it) and y = rms_norm(h)·w, both written: two launches, one here; one block of
 //   ROW_THREADS per row, reducing as rms_norm.cu does (the same bits).
 //
-// CPU twin: src/fused/decode_chain.rs (the composed ops it replaces).
+// - `pool_store_w4` / `pool_store_w16`: whole rows into the pool rows an index names, as the
+//   paged cache's prefill stores a batch's keys and values and copies a shared block: source
+//   row r (`words` words of 4 or 16 bytes) to pool row rows[r · rows_stride] (the write index's
+//   first column, as the paged chain reads it). One thread a word, so a prefill's millions of
+//   rows go at the copy rate, where candle's `scatter_set` on CUDA walks the rows one after
+//   another in one block of D threads (a 1,024-row prefill of 1,024-token prompts: ~470 M rows
+//   in sequence). An index past the pool stops the kernel. Rows that name one pool row (a
+//   batched prefill's padding, all written to the scratch block's first row) land in no fixed
+//   order: the GPU never reads that row (the decode kernel starts at a row's first valid key).
+//
+// CPU twin: src/fused/decode_chain.rs (the composed ops it replaces; `scatter_set` for the
+// stores).
 #include "common.cuh"
 #include "fp8.cuh"
 
@@ -158,3 +169,28 @@ QK_CHAIN(bf16, __nv_bfloat16, __nv_bfloat16)
 QK_CHAIN(bf16_fp8, __nv_bfloat16, uint8_t)
 ADD_RMS_NORM(f32, float)
 ADD_RMS_NORM(bf16, __nv_bfloat16)
+
+// ---- whole rows into the pool (`pool_store_*`)
+
+template <typename W>
+__device__ void pool_store(const W* src, W* pool, const unsigned int* rows, size_t rows_stride,
+                           size_t n, size_t words, size_t n_pool) {
+  const size_t total = n * words;
+  for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < total;
+       i += (size_t)gridDim.x * blockDim.x) {
+    const size_t r = i / words, w = i - r * words;
+    const size_t to = rows[r * rows_stride];
+    if (to >= n_pool) kernel_trap();
+    pool[to * words + w] = src[i];
+  }
+}
+
+#define POOL_STORE(NAME, W)                                                                    \
+  extern "C" __global__ void __launch_bounds__(ELEM_THREADS)                                  \
+      pool_store_##NAME(const W* src, W* pool, const unsigned int* rows, size_t rows_stride,  \
+                        size_t n, size_t words, size_t n_pool) {                              \
+    pool_store<W>(src, pool, rows, rows_stride, n, words, n_pool);                            \
+  }
+
+POOL_STORE(w4, unsigned int)
+POOL_STORE(w16, uint4)

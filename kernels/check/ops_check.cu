@@ -277,6 +277,62 @@ static void check_rope_table(int rows, int D, double theta, unsigned max_pos, bo
   report(what, rel_err(out.get(), want), tol<T>());
 }
 
+// ---- whole rows into a paged pool (decode_chain.cu's pool_store_*): n source rows of `bytes`
+// each to the pool rows a write index of `stride` columns names (its first column read, the
+// others past the pool), in words of 4 or 16 bytes, on a grid of `blocks` (few: the grid-stride
+// loop wraps). Distinct rows: each holds its source's bytes and every other row its own; the
+// scratch case writes `dups` more rows to pool row 0, which must then hold one of theirs.
+static void check_pool_store(size_t n_pool, size_t n, size_t bytes, int word, int blocks, size_t dups) {
+  const size_t stride = 3, words = bytes / word;
+  std::vector<uint8_t> pool0(n_pool * bytes), src((n + dups) * bytes);
+  for (size_t i = 0; i < pool0.size(); ++i) pool0[i] = (uint8_t)(i * 131 + 7);
+  for (size_t i = 0; i < src.size(); ++i) src[i] = (uint8_t)(i * 37 + 11);
+  std::vector<size_t> dest(n + dups, 0);
+  // distinct rows above 0 in a scrambled order (7919 is prime, no pool here a multiple of it)
+  for (size_t i = 0; i < n; ++i) dest[i] = 1 + (i * 7919 + 5) % (n_pool - 1);
+  std::vector<uint32_t> index((n + dups) * stride, (uint32_t)n_pool + 3);
+  for (size_t i = 0; i < dest.size(); ++i) index[i * stride] = (uint32_t)dest[i];
+  uint8_t* dpool = (uint8_t*)dalloc(pool0.size());
+  uint8_t* dsrc = (uint8_t*)dalloc(src.size());
+  uint32_t* didx = (uint32_t*)dalloc(index.size() * 4);
+  h2d(dpool, pool0.data(), pool0.size());
+  h2d(dsrc, src.data(), src.size());
+  h2d(didx, index.data(), index.size() * 4);
+  const size_t rows = n + dups;
+  if (word == 16)
+    LAUNCH(pool_store_w16, dim3(blocks), dim3(ELEM_THREADS), 0, (const uint4*)dsrc, (uint4*)dpool,
+           didx, stride, rows, words, n_pool);
+  else
+    LAUNCH(pool_store_w4, dim3(blocks), dim3(ELEM_THREADS), 0, (const unsigned*)dsrc, (unsigned*)dpool,
+           didx, stride, rows, words, n_pool);
+  std::vector<uint8_t> got(pool0.size());
+  d2h(got.data(), dpool, got.size());
+  dfree(dpool);
+  dfree(dsrc);
+  dfree(didx);
+  std::vector<long> source(n_pool, -1);
+  for (size_t i = 0; i < n; ++i) source[dest[i]] = (long)i;
+  size_t wrong = 0;
+  for (size_t r = 1; r < n_pool; ++r)
+    for (size_t j = 0; j < bytes; ++j) {
+      const uint8_t want = source[r] >= 0 ? src[(size_t)source[r] * bytes + j] : pool0[r * bytes + j];
+      wrong += got[r * bytes + j] != want;
+    }
+  // row 0: untouched without duplicates, else each word one of the duplicates' (their order is
+  // not fixed)
+  for (size_t w = 0; w < words; ++w) {
+    bool any = false;
+    if (dups == 0) any = std::memcmp(&got[w * word], &pool0[w * word], word) == 0;
+    for (size_t k = n; k < n + dups && !any; ++k)
+      any = std::memcmp(&got[w * word], &src[k * bytes + w * word], word) == 0;
+    wrong += !any;
+  }
+  char what[112];
+  snprintf(what, sizeof what, "pool_store w%d %zu rows of %zu B into %zu, %zu to the scratch row", word, n, bytes,
+           n_pool, dups);
+  report(what, wrong ? INFINITY : 0.0, 0.0);
+}
+
 // ---- the decode step's fused chain: q/k RMSNorm + RoPE + the KV cache's new column, and the
 // residual add + RMSNorm
 
@@ -925,6 +981,14 @@ static void check_all() {
       check_qk_norm_rope_cache<bf>(c[0], c[1], c[2], c[3], c[4], c[5], c[3] != 64, paged);
     }
   }
+  // the pool's stores: bf16 rows of head dim 128 (256 B, 16-byte words), FP8 rows of 128
+  // (128 B), f32 rows of 24 (96 B); 4-byte words for rows of 12 B (an FP8 head of 12); a grid
+  // of 1 and 3 blocks (the loop wraps), padding rows to the scratch row
+  check_pool_store(97, 40, 256, 16, 3, 0);
+  check_pool_store(64, 63, 128, 16, 1, 5);
+  check_pool_store(50, 17, 96, 16, 2, 0);
+  check_pool_store(41, 29, 12, 4, 1, 3);
+  check_pool_store(300, 250, 256, 4, 7, 2);
   for (const auto& s : norms) {
     check_add_rms_norm<float>(s[0], s[1]);
     check_add_rms_norm<bf>(s[0], s[1]);

@@ -10,7 +10,11 @@
 //! - [`add_rms_norm`]: the residual add and the RMSNorm that follows it, both results returned:
 //!   one launch for two ([`add_rms_norm_composed`]).
 //!
-//! Each returns `None` where its kernel does not apply (the CPU, another dtype, a shape the
+//! - [`store_rows`]: whole rows into the pool rows a paged cache's write index names (a
+//!   prefill's keys and values, a shared block's copy), one thread a word on CUDA, where
+//!   candle's `scatter_set` walks the rows one after another; `scatter_set` itself elsewhere.
+//!
+//! The first two return `None` where their kernel does not apply (the CPU, another dtype, a shape the
 //! kernel does not take): the caller then runs the composed twin, which is also the kernel's
 //! oracle (tests/it/cuda.rs). The CPU never takes the fused path, so no CPU result changes.
 
@@ -81,11 +85,71 @@ pub fn qk_norm_rope_cache_composed(
                 .narrow(1, 0, 1)?
                 .broadcast_as((rows, d))?
                 .contiguous()?;
-            k_cache.scatter_set(&full, &k.reshape((rows, d))?, 0)?;
-            v_cache.scatter_set(&full, &v.reshape((rows, d))?, 0)?;
+            store_rows(k_cache, &full, &k.reshape((rows, d))?)?;
+            store_rows(v_cache, &full, &v.reshape((rows, d))?)?;
         }
     }
     Ok(q)
+}
+
+/// Writes the rows of `src` `(n, D)` to the rows of `pool` `(N, D)` that `index` names: row i
+/// to `index[i, 0]`, the write index of a paged cache (`PagedKv::write_index`: `(n, D)` u32,
+/// each row's destination repeated across the head dim, `Tensor::scatter_set`'s shape).
+/// `scatter_set` does exactly this, and does it on the CPU (the same bits as ever); on CUDA it
+/// walks the rows one after another in one block of D threads, so where the kernel takes the
+/// operands (contiguous, `src` in the pool's dtype: f32, bf16 or an FP8 cache's bytes, rows a
+/// whole number of 4-byte words) one launch copies them a word a thread
+/// (kernels/decode_chain.cu, `pool_store_*`; an index past the pool stops it). Where rows name
+/// one pool row (padding, all sent to the scratch row) which one lands is not fixed there;
+/// nothing on the GPU reads that row.
+pub fn store_rows(pool: &Tensor, index: &Tensor, src: &Tensor) -> Result<()> {
+    #[cfg(feature = "cuda")]
+    if let Some(word) = cuda::store_word(pool, index, src)? {
+        if src.dim(0)? > 0 {
+            pool.inplace_op3(src, index, &StoreRows { word })?;
+            counted(&STORE_LAUNCHES);
+        }
+        return Ok(());
+    }
+    pool.scatter_set(index, src, 0)
+}
+
+/// [`store_rows`]'s kernel as an in-place op on the pool (the source rows and the index its
+/// operands), in words of `word` bytes.
+#[cfg(feature = "cuda")]
+struct StoreRows {
+    word: usize,
+}
+
+#[cfg(feature = "cuda")]
+impl candle_core::InplaceOp3 for StoreRows {
+    fn name(&self) -> &'static str {
+        "acpo-pool-store"
+    }
+
+    fn cpu_fwd(
+        &self,
+        _: &mut CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+        _: &CpuStorage,
+        _: &Layout,
+    ) -> Result<()> {
+        candle_core::bail!("{}: the CPU stores with scatter_set", self.name())
+    }
+
+    fn cuda_fwd(
+        &self,
+        pool: &mut candle_core::CudaStorage,
+        lp: &Layout,
+        src: &candle_core::CudaStorage,
+        ls: &Layout,
+        index: &candle_core::CudaStorage,
+        li: &Layout,
+    ) -> Result<()> {
+        cuda::store_rows((pool, lp), (src, ls), (index, li), self.word)
+    }
 }
 
 /// Whether [`qk_norm_rope_cache`] can run for a model on `device` in `dtype` with heads of
@@ -352,6 +416,13 @@ pub fn add_rms_norm(
 thread_local! {
     static QK_LAUNCHES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
     static ADD_NORM_LAUNCHES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+    static STORE_LAUNCHES: std::cell::Cell<usize> = const { std::cell::Cell::new(0) };
+}
+
+/// The [`store_rows`] kernels this thread has launched: so a test can tell the pool's stores
+/// took the kernel rather than `scatter_set`, which writes the same rows.
+pub fn pool_store_launches() -> usize {
+    STORE_LAUNCHES.with(std::cell::Cell::get)
 }
 
 type Counter = std::thread::LocalKey<std::cell::Cell<usize>>;
@@ -426,8 +497,10 @@ mod cuda {
     use candle_core::cuda_backend::WrapErr;
     use candle_core::{CudaStorage, DType, Layout, Result};
 
+    use candle_core::Tensor;
+
     use crate::fused::launch::{
-        dtype_of, grid_dim, kernel, ptx, rows_config, sizes, suffix, view, with_type,
+        dtype_of, elems_config, grid_dim, kernel, ptx, rows_config, sizes, suffix, view, with_type,
     };
 
     const PTX: (&str, &str) = ptx!("decode_chain");
@@ -524,6 +597,90 @@ mod cuda {
             }
             Ok(CudaStorage::wrap_cuda_slice(out, dev.clone()))
         })
+    }
+
+    /// The word [`super::store_rows`]'s kernel copies `src` `(n, D)` into `pool` `(N, D)` by,
+    /// through `index` `(n, W)` (u32): 16 bytes where a row and both starts are whole 16-byte
+    /// words, else 4 where they are whole 4-byte words; None where the kernel does not take
+    /// the operands (not CUDA, another device or dtype, a shape or layout it does not read).
+    pub fn store_word(pool: &Tensor, index: &Tensor, src: &Tensor) -> Result<Option<usize>> {
+        let same = |t: &Tensor| t.device().same_device(pool.device()) && t.is_contiguous();
+        let (dims, src_dims, index_dims) = (pool.dims(), src.dims(), index.dims());
+        let fits = pool.device().is_cuda()
+            && same(src)
+            && same(index)
+            && pool.is_contiguous()
+            && matches!(pool.dtype(), DType::F32 | DType::BF16 | DType::U8)
+            && src.dtype() == pool.dtype()
+            && index.dtype() == DType::U32
+            && dims.len() == 2
+            && src_dims.len() == 2
+            && index_dims.len() == 2
+            && src_dims[1] == dims[1]
+            && index_dims[0] == src_dims[0]
+            && index_dims[1] > 0;
+        if !fits {
+            return Ok(None);
+        }
+        let elem = pool.dtype().size_in_bytes();
+        let row = dims[1] * elem;
+        let starts = [
+            pool.layout().start_offset() * elem,
+            src.layout().start_offset() * elem,
+        ];
+        Ok([16, 4].into_iter().find(|w| {
+            row > 0 && row.is_multiple_of(*w) && starts.iter().all(|s| s.is_multiple_of(*w))
+        }))
+    }
+
+    /// `pool_store_w{4,16}` (kernels/decode_chain.cu): row i of `src` to pool row
+    /// `index[i, 0]`, in words of `word` bytes; the pool's rows are checked on the device.
+    pub fn store_rows(
+        (pool, lp): (&mut CudaStorage, &Layout),
+        (src, ls): Arg,
+        (index, li): Arg,
+        word: usize,
+    ) -> Result<()> {
+        let what = "acpo-pool-store";
+        let dev = pool.device.clone();
+        let (n_pool, width) = lp.shape().dims2()?;
+        let (n, _) = ls.shape().dims2()?;
+        let rows_stride = li.shape().dims2()?.1;
+        let elem = dtype_of(pool).size_in_bytes();
+        let words = width * elem / word;
+        let iv = view::<u32>(index, li, what)?;
+        let name = format!("pool_store_w{word}");
+        let f = kernel!(dev, &name, PTX)?;
+        // Bytes are bytes: each dtype's storage passed as the kernel's words (a pointer either
+        // way; `store_word` checked that rows and starts are whole words).
+        macro_rules! launch {
+            ($t:ty) => {{
+                let sv = view::<$t>(src, ls, what)?;
+                let (a, b) = lp.contiguous_offsets().ok_or_else(|| {
+                    candle_core::Error::Msg(format!("{what}: pool must be contiguous"))
+                })?;
+                let mut pv = pool.as_cuda_slice_mut::<$t>()?.slice_mut(a..b);
+                let mut builder = f.builder();
+                builder
+                    .arg(&sv)
+                    .arg(&mut pv)
+                    .arg(&iv)
+                    .arg(&rows_stride)
+                    .arg(&n)
+                    .arg(&words)
+                    .arg(&n_pool);
+                // SAFETY: the arguments match pool_store_* in kernels/decode_chain.cu: n rows of
+                // `words` words in src, n_pool in the pool, each index checked on the device.
+                unsafe { builder.launch(elems_config(n * words)) }.w()?;
+            }};
+        }
+        match dtype_of(pool) {
+            DType::F32 => launch!(f32),
+            DType::BF16 => launch!(half::bf16),
+            DType::U8 => launch!(u8),
+            other => candle_core::bail!("{what}: no kernel for a pool of {other:?}"),
+        }
+        Ok(())
     }
 
     /// `[x + a; rms_norm(x + a)·w]` stacked.

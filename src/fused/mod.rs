@@ -61,8 +61,9 @@ mod vocab_chunk;
 
 pub use decode_attention::attention_decode;
 pub use decode_chain::{
-    add_rms_norm, add_rms_norm_composed, decode_chain_launches, qk_chain_applies,
-    qk_norm_rope_cache, qk_norm_rope_cache_composed, ChainLaunches, KvWrite, QkNorms,
+    add_rms_norm, add_rms_norm_composed, decode_chain_launches, pool_store_launches,
+    qk_chain_applies, qk_norm_rope_cache, qk_norm_rope_cache_composed, store_rows, ChainLaunches,
+    KvWrite, QkNorms,
 };
 pub use expf::exp_in_place;
 pub use flash::{

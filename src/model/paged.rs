@@ -395,7 +395,7 @@ impl PagedKv {
             }
             (to, _) => src.to_dtype(to)?,
         };
-        dst.scatter_set(index, &src, 0)?;
+        crate::fused::store_rows(dst, index, &src)?;
         Ok(())
     }
 
@@ -419,8 +419,8 @@ impl PagedKv {
         let to = self.write_index(&to, device)?;
         for (k, v) in &self.layers {
             let (kr, vr) = (k.index_select(&from, 0)?, v.index_select(&from, 0)?);
-            k.scatter_set(&to, &kr, 0)?;
-            v.scatter_set(&to, &vr, 0)?;
+            crate::fused::store_rows(k, &to, &kr)?;
+            crate::fused::store_rows(v, &to, &vr)?;
         }
         Ok(())
     }

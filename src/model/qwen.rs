@@ -267,10 +267,9 @@ impl Attention {
                 let (q, k, v) = self.project(x)?;
                 let (q, k, v) = self.norm_rope(q, k, v, cos, sin)?;
                 let rows = b * self.kv_heads * t;
-                pool.0
-                    .scatter_set(&step.write, &k.reshape((rows, self.head_dim))?, 0)?;
-                pool.1
-                    .scatter_set(&step.write, &v.reshape((rows, self.head_dim))?, 0)?;
+                let row = |x: &Tensor| x.reshape((rows, self.head_dim));
+                crate::fused::store_rows(&pool.0, &step.write, &row(&k)?)?;
+                crate::fused::store_rows(&pool.1, &step.write, &row(&v)?)?;
                 q
             }
         };

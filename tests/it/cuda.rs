@@ -1269,6 +1269,75 @@ fn the_fused_decode_chain_writes_the_composed_chains_fp8_bytes() {
     }
 }
 
+/// The pool's stores (kernels/decode_chain.cu, `pool_store_*`: a paged prefill's keys and values,
+/// a shared block's copy) write what `scatter_set` writes, bit for bit: in f32, bf16 and an FP8
+/// cache's bytes, rows of 16-byte words, of 4-byte words (a head of 12) and of neither (bytes of
+/// 6, left to `scatter_set`), from sources that start mid-buffer (a prefill's chunk), through a
+/// write index whose rows hold their destination across the head dim; every other pool row
+/// kept. The kernel launches exactly where its words fit.
+#[test]
+fn the_pool_store_writes_what_scatter_set_writes() {
+    let Some(gpu) = gpu("the_pool_store_writes_what_scatter_set_writes") else {
+        return;
+    };
+    let (n_pool, n) = (300usize, 200usize);
+    // distinct destinations in a scrambled order (7919 is prime)
+    let dest: Vec<u32> = (0..n).map(|i| ((i * 7919 + 5) % n_pool) as u32).collect();
+    for dtype in [DType::F32, DType::BF16, DType::U8] {
+        for (d, skip) in [(128usize, 0usize), (12, 1), (6, 3)] {
+            let make = |seed: u64, rows: usize| {
+                let x = random(seed, &[rows, d], 40.0);
+                let x = if dtype == DType::U8 {
+                    x.abs().expect("abs")
+                } else {
+                    x
+                };
+                x.to_dtype(dtype).expect("dtype")
+            };
+            let pool = make(1, n_pool);
+            // the source rows start `skip` rows into their buffer, as a prefill's chunk does
+            let src = make(2, n + skip).narrow(0, skip, n).expect("narrow");
+            let index = Tensor::from_slice(&dest, (n, 1), &Device::Cpu)
+                .and_then(|t| t.broadcast_as((n, d)))
+                .and_then(|t| t.contiguous())
+                .expect("index");
+            let want = pool.copy().expect("copy");
+            want.scatter_set(&index, &src, 0).expect("scatter_set");
+            let on = |t: &Tensor| t.to_device(&gpu).expect("to the GPU");
+            let (gpool, gsrc, gindex) = (on(&pool), on(&make(2, n + skip)), on(&index));
+            let gsrc = gsrc.narrow(0, skip, n).expect("narrow");
+            let before = acpo::fused::pool_store_launches();
+            acpo::fused::store_rows(&gpool, &gindex, &gsrc).expect("store");
+            let launched = acpo::fused::pool_store_launches() - before;
+            let bytes = |t: &Tensor| -> Vec<f32> {
+                t.to_device(&Device::Cpu)
+                    .and_then(|t| t.to_dtype(DType::F32))
+                    .and_then(|t| t.flatten_all())
+                    .and_then(|t| t.to_vec1::<f32>())
+                    .expect("to host")
+            };
+            let (got, want) = (bytes(&gpool), bytes(&want));
+            let wrong = got
+                .iter()
+                .zip(&want)
+                .filter(|(a, b)| a.to_bits() != b.to_bits())
+                .count();
+            assert_eq!(
+                wrong, 0,
+                "{dtype:?}, head {d}, skip {skip}: {wrong} numbers differ"
+            );
+            // a word of 4 bytes needs rows and starts of whole words
+            let row = d * dtype.size_in_bytes();
+            let fits = row % 4 == 0 && (skip * row) % 4 == 0;
+            assert_eq!(
+                launched,
+                usize::from(fits),
+                "{dtype:?}, head {d}, skip {skip}"
+            );
+        }
+    }
+}
+
 /// The decode step's fused chain (kernels/decode_chain.cu) against the composed ops it
 /// replaces, run on the CPU: q normalised and rotated into heads first, k and v written into
 /// the dense cache's column, or into a paged pool's rows through a write index, and nothing
@@ -1544,12 +1613,18 @@ fn the_paged_cache_on_cuda_gives_the_dense_engines_tokens() {
                     ..Default::default()
                 });
                 let before = acpo::fused::decode_chain_launches().qk;
+                let stores = acpo::fused::pool_store_launches();
                 let paged = rollout::generate(&model, &prompts, &keys, &r).expect("paged");
                 let launched = acpo::fused::decode_chain_launches().qk - before;
                 assert_eq!(
                     launched > 0,
                     decode_chain,
                     "{dtype:?}, tables {tables}: the paged engine's q/k chain launched {launched} times"
+                );
+                // the prefills' stores into the pool took the kernel, not scatter_set
+                assert!(
+                    acpo::fused::pool_store_launches() > stores,
+                    "{dtype:?}, tables {tables}: no pool store launched"
                 );
                 for (i, (a, b)) in paged.iter().zip(&dense).enumerate() {
                     assert_eq!(

@@ -153,7 +153,7 @@ fn flash_kernels_match_the_float64_reference_in_the_emulator() {
 }
 
 /// The kernel checks of `ops_check.cu`, each of which must have run.
-const OPS_CHECKS: [&str; 30] = [
+const OPS_CHECKS: [&str; 35] = [
     "rms_norm fwd f32",
     "rms_norm fwd bf16",
     "rms_norm bwd dx",
@@ -184,6 +184,11 @@ const OPS_CHECKS: [&str; 30] = [
     "qk_norm_rope_paged bf16_fp8: the bf16 instance's q, k and v bytes, 0 wrong",
     "add_rms_norm f32 sum",
     "add_rms_norm bf16 norm",
+    "pool_store w16 40 rows of 256 B into 97, 0 to the scratch row",
+    "pool_store w16 63 rows of 128 B into 64, 5 to the scratch row",
+    "pool_store w16 17 rows of 96 B into 50, 0 to the scratch row",
+    "pool_store w4 29 rows of 12 B into 41, 3 to the scratch row",
+    "pool_store w4 250 rows of 256 B into 300, 2 to the scratch row",
 ];
 
 fn assert_ops_pass(out: &Output, how: &str) {
@@ -203,7 +208,8 @@ fn assert_ops_pass(out: &Output, how: &str) {
 /// RMSNorm (forward, dx, the two-pass dw), SwiGLU, RoPE in its three layouts, the attention
 /// softmax, the token log-probabilities, the vocabulary chunks, the decode step's fused chain
 /// (q/k norms + RoPE + the cache write into a dense cache's column or a paged pool's rows, in
-/// the model's dtype or as an FP8 cache's E4M3 bytes; the residual add + RMSNorm) and the sampler against float64 references (the
+/// the model's dtype or as an FP8 cache's E4M3 bytes; the residual add + RMSNorm; whole rows into
+/// a paged pool) and the sampler against float64 references (the
 /// sampler against the CPU sampler's rule on the same draws), f32 and bf16, at shapes that hit
 /// the edges (see ops_check.cu), under a fair schedule and one with a lagging warp.
 #[test]
