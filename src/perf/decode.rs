@@ -194,7 +194,8 @@ fn split_k_times(path: &Path) -> Result<Vec<SplitK>> {
 }
 
 /// Each GPU's copy rate under `measured` (`results/gpu/<device>-<yyyymmdd>/<call>/…`): the
-/// latest run of each device, the last of its calls with a paper-shape generate report.
+/// latest run of each device, the last of its calls with a paper-shape generate report; its
+/// split-K timings from the latest of the device's runs that has them.
 pub fn copy_rates(measured: &Path) -> Result<Vec<CopyRate>> {
     let mut runs: Vec<PathBuf> = std::fs::read_dir(measured)
         .at(measured)?
@@ -241,7 +242,16 @@ pub fn copy_rates(measured: &Path) -> Result<Vec<CopyRate>> {
             memory_bytes: memory_of(&run)?,
         };
         match rates.iter_mut().find(|(_, r)| r.device == device) {
-            Some(slot) if slot.0.as_str() < date => *slot = (date.to_owned(), rate),
+            Some(slot) if slot.0.as_str() < date => {
+                // a later run whose flash_check timed no split-K kernel (cut by its call's
+                // time) keeps the device's earlier timings of it: the same kernel on the same
+                // GPU, the reference its prediction sets beside the pipelined kernel's
+                let mut rate = rate;
+                if rate.split_k.is_empty() {
+                    rate.split_k = std::mem::take(&mut slot.1.split_k);
+                }
+                *slot = (date.to_owned(), rate)
+            }
             Some(_) => {}
             None => rates.push((date.to_owned(), rate)),
         }
@@ -475,6 +485,40 @@ mod tests {
         assert!((row.seconds - b.total() as f64 / 1e12).abs() < 1e-15);
         assert!((row.target_seconds - row.seconds / 0.8).abs() < 1e-15);
         assert_eq!(rate.label(), "H200");
+    }
+
+    /// A device's latest run gives its copy rate and memory; where that run's flash_check timed
+    /// no split-K kernel (cut), the timings come from its run before.
+    #[test]
+    fn a_later_run_without_split_k_timings_keeps_the_earlier_ones() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let run = |name: &str, copy: f64, log: Option<&str>| {
+            let at = dir.path().join(name).join("1-suite/gpu-suite");
+            std::fs::create_dir_all(at.join("generate-paper")).expect("mkdir");
+            std::fs::write(
+                at.join("generate-paper/generate.json"),
+                format!(r#"[{{"target": "cuda/bf16", "roofline": {{"copy_gb_per_s": {copy}}}}}]"#),
+            )
+            .expect("w");
+            std::fs::write(
+                at.join("summary.txt"),
+                "== suite on NVIDIA H200, 580.1, 143771 MiB\n",
+            )
+            .expect("w");
+            if let Some(log) = log {
+                std::fs::write(at.join("flash_kernels_check.log"), log).expect("w");
+            }
+        };
+        let timed =
+            "time decode   B64 H16 KV8 T1 past1024 D128: forward 0.341 ms, 790 GB/s (K/V once)\n";
+        run("NVIDIA-H200-20261126", 3773.0, Some(timed));
+        run("NVIDIA-H200-20261201", 3800.0, Some("flash check cut\n"));
+        let rates = copy_rates(dir.path()).expect("rates");
+        assert_eq!(rates.len(), 1);
+        assert_eq!(rates[0].gb_per_s, 3800.0);
+        assert_eq!(rates[0].memory_bytes, Some(143_771 << 20));
+        assert_eq!(rates[0].split_k.len(), 1);
+        assert_eq!(rates[0].split_k[0].ms, 0.341);
     }
 
     #[test]

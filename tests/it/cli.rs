@@ -1730,6 +1730,36 @@ fn gpu_plan_script_costs_a_runs_rates_into_its_next_call_folder() {
         inputs.contains("evaluations 1-suite/gpu-suite/generate-eval/generate.json"),
         "{inputs}"
     );
+    // An FP8 plan only from an FP8 run of the bf16 rate's kind: the paper shape's FP8 run
+    // beside a paged bf16 rate makes none (the two plans are set side by side), the paged FP8
+    // run does.
+    let fp8_run = |dir: &str, tps: f64| {
+        let mut row = measured[0].clone();
+        row["tokens_per_second"] = serde_json::json!(tps);
+        let at = root.join("1-suite/gpu-suite").join(dir);
+        std::fs::create_dir_all(&at).expect("mkdir");
+        std::fs::write(
+            at.join("generate.json"),
+            serde_json::to_string(&[row]).expect("j"),
+        )
+        .expect("w");
+    };
+    fp8_run("generate-paper-fp8", 6_000.0);
+    assert!(plan(&root).status.success());
+    assert!(!root.join("12-plan/fp8-kv").exists());
+    let inputs = std::fs::read_to_string(root.join("12-plan/commands.txt")).expect("commands");
+    assert!(
+        inputs
+            .contains("no FP8 sampling run of the bf16 rate's kind (generate-long-tail-paged-fp8)"),
+        "{inputs}"
+    );
+    paged_run("generate-long-tail-paged-fp8", 0, 8_000.0);
+    assert!(plan(&root).status.success());
+    let fp8: serde_json::Value = serde_json::from_slice(
+        &std::fs::read(root.join("13-plan/fp8-kv/generate.json")).expect("the FP8 rate"),
+    )
+    .expect("json");
+    assert_eq!(fp8[0]["tokens_per_second"], 8_000.0);
     // Malformed input: exit 2 naming the file, no plan folder made
     let eval = root.join("1-suite/gpu-suite/generate-eval/generate.json");
     for bad in [
@@ -1742,7 +1772,7 @@ fn gpu_plan_script_costs_a_runs_rates_into_its_next_call_folder() {
         assert_eq!(out.status.code(), Some(2), "{bad}");
         let err = String::from_utf8_lossy(&out.stderr);
         assert!(err.contains("generate-eval/generate.json"), "{bad}: {err}");
-        assert!(!root.join("12-plan").exists(), "{bad}");
+        assert!(!root.join("14-plan").exists(), "{bad}");
     }
     let missing = plan(&dir.path().join("absent"));
     assert_eq!(missing.status.code(), Some(2));

@@ -3,7 +3,8 @@
 # arithmetic over the rates the run measured, made on the CPU after the loan so that it costs
 # the GPU's time nothing. It reads DIR's raw results and writes the next numbered call folder,
 # DIR/<N>-plan/: the plan from the rates of a bf16 KV cache (measured/) and, where the run
-# sampled over an FP8 KV cache too, the same plan from that run's rate (fp8-kv/), each with the
+# sampled over an FP8 KV cache too (a run of the bf16 rate's kind: the paged rollouts, else the
+# dense long-tail run, else the paper shape), the same plan from that run's rate (fp8-kv/), each with the
 # rates it stood on, and commands.txt naming every file it read. tools/gpu/report.py reads them.
 #
 #   ACPO_BIN=target/release/acpo bash tools/gpu/plan.sh results/gpu/<device>-<date>
@@ -93,25 +94,36 @@ def dense_row(got):
     return dense[1] if dense else None
 
 
-def sampling(paged, dense, paper):
-    """The paged long-tail run's paged row, else the dense long-tail run's continuous batching,
-    else the paper-shape run; with its file."""
-    for folder, pick in ((paged, paged_row), (dense, dense_row),
-                         (paper, lambda r: r[-1] if r else None)):
-        path = last(folder, "generate.json")
+# The sampling runs a plan's rate may come from, the way a paper run samples first: the paged
+# long-tail run's paged row, else the dense long-tail run's continuous batching, else the
+# paper-shape run.
+KINDS = (("generate-long-tail-paged", paged_row), ("generate-long-tail", dense_row),
+         ("generate-paper", lambda r: r[-1] if r else None))
+
+
+def sampling(suffix, kinds):
+    """The first of `kinds` with a row (folders named with `suffix`): (row, its file, its kind),
+    or Nones."""
+    for kind, pick in kinds:
+        path = last(kind + suffix, "generate.json")
         row = pick(rows(path))
         if row:
-            return row, path
-    return None, None
+            return row, path, kind
+    return None, None, None
 
 
 notes = [f"train step: {train_path.relative_to(root)} ({train[-1]['tokens_per_second']:.0f} tokens/s)"]
+kinds = KINDS
 for kv, suffix in (("measured", ""), ("fp8-kv", "-fp8")):
-    row, path = sampling(f"generate-long-tail-paged{suffix}", f"generate-long-tail{suffix}", f"generate-paper{suffix}")
+    row, path, kind = sampling(suffix, kinds)
     if row is None:
         if kv == "measured":
             fail("no sampling run on CUDA in bf16 (generate-long-tail-paged, generate-long-tail or generate-paper)")
+        notes.append(f"{kv}: no FP8 sampling run of the bf16 rate's kind ({kinds[0][0]}-fp8): no FP8 plan")
         continue
+    # the FP8 plan from a run of the same kind as the bf16 plan's, or none: the two plans are
+    # set side by side, so a rate of another shape would compare unlike things
+    kinds = [k for k in KINDS if k[0] == kind]
     (stage / kv).mkdir()
     (stage / kv / "train-step.json").write_text(json.dumps([train[-1]], indent=1))
     (stage / kv / "generate.json").write_text(json.dumps([row], indent=1))

@@ -8,19 +8,20 @@
 #                (kernels/check/*_check.cu, built by `just pack-gpu-suite`)                 gate
 #   2 decode     sampling the way a paper run samples: `acpo bench generate` at 64 prompts x
 #                (1,024 + SUITE_DECODE_NEW, default 1,024) with its HBM roofline, beside HF
-#                `generate` with its static cache (tools/twins/bench_generate_torch.py), and
-#                over an FP8 KV cache (--kv-cache fp8); then, with SUITE_TAIL_DENSE=1 (the
-#                default), waves against continuous batching over the dense cache at
-#                SUITE_DENSE_BATCH rows (default 128, 32 at once); then as many rows as a
-#                GRPO step samples, SUITE_TAIL_BATCH (default 1,024, every prompt distinct,
-#                of 1,024 tokens), with long-tailed response lengths up to SUITE_TAIL_NEW
-#                (default 2,048; most short, a tail to the limit, as a GRPO run's), over the
-#                paged KV cache at the batch its pool holds (enough rows that a step reads
-#                mostly the cache), beside the KV-bandwidth bound; then the evaluations' shape
-#                (SUITE_EVAL_BATCH rows, default 2,048, as many as 128 problems x Avg@16's 16
-#                samples, prompts of the benchmarks' mean length); then the rollouts again
-#                over an FP8 KV cache (the three predicted by `acpo bench decode-predict`);
-#                last, the launches of one decode step counted by ncu (tools/gpu/launches.py)
+#                `generate` with its static cache (tools/twins/bench_generate_torch.py); then
+#                as many rows as a GRPO step samples, SUITE_TAIL_BATCH (default 1,024, every
+#                prompt distinct, of 1,024 tokens), with long-tailed response lengths up to
+#                SUITE_TAIL_NEW (default 2,048; most short, a tail to the limit, as a GRPO
+#                run's), over the paged KV cache at the batch its pool holds (enough rows that
+#                a step reads mostly the cache), beside the KV-bandwidth bound; then the
+#                evaluations' shape (SUITE_EVAL_BATCH rows, default 2,048, as many as 128
+#                problems x Avg@16's 16 samples, prompts of the benchmarks' mean length): the
+#                bf16 rates the plan needs, first; then the paper shape and the rollouts over
+#                an FP8 KV cache (--kv-cache fp8; the three paged runs predicted by `acpo bench
+#                decode-predict`); then, with SUITE_TAIL_DENSE=1 (the default), waves against
+#                continuous batching over the dense cache at SUITE_DENSE_BATCH rows (default
+#                128, 32 at once); last, the launches of one decode step counted by ncu
+#                (tools/gpu/launches.py)
 #   3 step       the Qwen3-1.7B train step at 2 x 2,048 (a gate) and 2 x 9,220, `--trace`
 #                (memory and seconds by phase), beside the PyTorch twin
 #                (tools/twins/bench_train_torch.py; an out-of-memory exit is a result); then the
@@ -97,8 +98,10 @@ log() { echo "$*" | tee -a "$res/summary.txt"; }
 # a call cut at its limit still returns what it finished; the summary beside it.
 save() {
     [ -n "${OUT:-}" ] && [ "$dry" = 0 ] || return 0
-    tar -czf "$OUT/gpu-suite.tar.gz" --exclude='*.safetensors' -C "$(dirname "$res")" gpu-suite
-    cp "$res/summary.txt" "$OUT/summary.txt" 2>/dev/null
+    # written beside and renamed, so that a call killed mid-write still returns the last whole one
+    tar -czf "$OUT/.gpu-suite.tar.gz" --exclude='*.safetensors' -C "$(dirname "$res")" gpu-suite \
+        && mv -f "$OUT/.gpu-suite.tar.gz" "$OUT/gpu-suite.tar.gz"
+    cp "$res/summary.txt" "$OUT/.summary.txt" 2>/dev/null && mv -f "$OUT/.summary.txt" "$OUT/summary.txt"
 }
 failed=0
 steps=" ${SUITE_STEPS:-kernels decode step attention pipeline tests} "
@@ -216,9 +219,15 @@ finish() {
 }
 # torch NAME SECONDS LOGFILE SCRIPT ARGS...: a PyTorch twin, where python3 has torch (the GPU
 # machine); elsewhere (a dry run) it says so and skips.
+torch_ok=
 torch_step() {
     local name=$1 limit=$2 logfile=$3; shift 3
-    if ! python3 -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
+    # whether python3 has torch with a GPU, asked once (an import costs ~3 s a twin)
+    if [ -z "$torch_ok" ]; then
+        python3 -c 'import torch, sys; sys.exit(not torch.cuda.is_available())' 2>/dev/null \
+            && torch_ok=1 || torch_ok=0
+    fi
+    if [ "$torch_ok" != 1 ]; then
         log "== $name: skipped (no torch with a GPU here)"
         return 0
     fi
@@ -386,22 +395,6 @@ if wanted decode; then
     torch_step "torch generate (static cache) qwen3-1.7b ${gen[*]}" 120 torch-generate-static.log \
         tools/twins/bench_generate_torch.py --config "$cfg" "${gen[@]}" --repeats 1 --cache static \
         --json "$res/torch-generate-static.json"
-    # The same shape over an FP8 KV cache (issue #57: E4M3 keys and values, half the bytes a
-    # decode step reads; the decode kernel's *_fp8 instances, never run on a GPU before).
-    step "acpo generate qwen3-1.7b ${gen[*]} --kv-cache fp8" 60 acpo-generate-fp8.log \
-        "$acpo" bench generate --config "$cfg" --device "$device" --dtype bf16 "${gen[@]}" \
-        --kv-cache fp8 --repeats 1 --out "$res/generate-paper-fp8"
-    passed $?
-    tail -2 "$res/acpo-generate-fp8.log" | tee -a "$res/summary.txt"
-    # The dense cache's waves and continuous batching (SUITE_TAIL_DENSE=1, the default; issue
-    # #20's comparison, which the H100 run measured: 0 skips it).
-    if [ "${SUITE_TAIL_DENSE:-1}" = 1 ]; then
-        step "acpo generate long-tailed lengths, dense KV cache, qwen3-1.7b ${dense_shape[*]}" 45 \
-            acpo-generate-long-tail.log "$acpo" bench generate --config "$cfg" --device "$device" \
-            --dtype bf16 "${dense_shape[@]}" --long-tail --repeats 1 --out "$res/generate-long-tail"
-        passed $?
-        tail -3 "$res/acpo-generate-long-tail.log" | tee -a "$res/summary.txt"
-    fi
     # A GRPO step's rollouts over the paged KV cache (issue #57: as many rows as its pool holds
     # at their real lengths, a group's prompt prefilled once): the plan's rollout rate.
     step "acpo generate long-tailed lengths, paged KV cache, qwen3-1.7b ${tail_shape[*]}" 120 \
@@ -418,6 +411,14 @@ if wanted decode; then
         --out "$res/generate-eval"
     passed $?
     tail -2 "$res/acpo-generate-eval.log" | tee -a "$res/summary.txt"
+    # The paper shape over an FP8 KV cache (issue #57: E4M3 keys and values, half the bytes a
+    # decode step reads; the decode kernel's *_fp8 instances, never run on a GPU before), after
+    # the bf16 rates the plan needs.
+    step "acpo generate qwen3-1.7b ${gen[*]} --kv-cache fp8" 60 acpo-generate-fp8.log \
+        "$acpo" bench generate --config "$cfg" --device "$device" --dtype bf16 "${gen[@]}" \
+        --kv-cache fp8 --repeats 1 --out "$res/generate-paper-fp8"
+    passed $?
+    tail -2 "$res/acpo-generate-fp8.log" | tee -a "$res/summary.txt"
     # The rollouts again over an FP8 KV cache (E4M3 bytes, half the KV bytes a step reads, and
     # room for twice the positions): the FP8 plan's rate (issue #57's option), after the bf16
     # rates the plan needs; the paged pool of bytes never run on a GPU before.
@@ -427,6 +428,15 @@ if wanted decode; then
         --kv-cache fp8 --repeats 1 --out "$res/generate-long-tail-paged-fp8"
     passed $?
     tail -2 "$res/acpo-generate-long-tail-paged-fp8.log" | tee -a "$res/summary.txt"
+    # The dense cache's waves and continuous batching (SUITE_TAIL_DENSE=1, the default; issue
+    # #20's comparison, which the H100 run measured: 0 skips it).
+    if [ "${SUITE_TAIL_DENSE:-1}" = 1 ]; then
+        step "acpo generate long-tailed lengths, dense KV cache, qwen3-1.7b ${dense_shape[*]}" 45 \
+            acpo-generate-long-tail.log "$acpo" bench generate --config "$cfg" --device "$device" \
+            --dtype bf16 "${dense_shape[@]}" --long-tail --repeats 1 --out "$res/generate-long-tail"
+        passed $?
+        tail -3 "$res/acpo-generate-long-tail.log" | tee -a "$res/summary.txt"
+    fi
     # Last in the section (the rates above are what the plan needs first): the kernels one
     # decode step launches, by name, ncu over a short run (the count does not depend on the
     # lengths); tools/gpu/launches.py finds the decode steps between the sampler's launches. A dry run parses the H100's committed profile instead, so that the parser runs;
@@ -440,7 +450,14 @@ if wanted decode; then
             ncu --clock-control none --metrics gpu__time_duration.sum --csv \
             "$acpo" bench generate --config "$cfg" --device "$device" \
             --dtype bf16 --batch 64 --prompt-len 64 --new-tokens 4 --repeats 1 --out "$res/generate-ncu"
-        profile=$res/ncu-decode.log
+        rc=$?
+        passed $rc
+        # a profile ncu did not finish (cut, or an ncu that cannot profile here) is not parsed
+        if [ $rc = 0 ]; then
+            profile=$res/ncu-decode.log
+        else
+            log "== ncu: the decode profile did not finish (exit $rc); its launches are not counted"
+        fi
     else
         log "== ncu: not on this machine; the launches of a decode step are not counted"
     fi
@@ -505,12 +522,17 @@ EOF4
             "$acpo" bench train-step --config "$cfg4" --device "$device" --dtype bf16 --seq-len 2048 \
             --prompt-len 1024 --micro-batch 2 --checkpointing --layer-by-hand --repeats 2 \
             --out "$res/train-ncu"
-        passed $?
-        step "the kernels of a train step (tools/gpu/launches.py --ends-at adamw_sq_total)" 10 \
-            train-kernels.log python3 tools/gpu/launches.py "$res/ncu-train.log" \
-            --ends-at adamw_sq_total --json "$res/train-kernels.json"
-        passed $?
-        tail -1 "$res/train-kernels.log" | tee -a "$res/summary.txt"
+        rc=$?
+        passed $rc
+        if [ $rc = 0 ]; then
+            step "the kernels of a train step (tools/gpu/launches.py --ends-at adamw_sq_total)" 10 \
+                train-kernels.log python3 tools/gpu/launches.py "$res/ncu-train.log" \
+                --ends-at adamw_sq_total --json "$res/train-kernels.json"
+            passed $?
+            tail -1 "$res/train-kernels.log" | tee -a "$res/summary.txt"
+        else
+            log "== ncu: the train step's profile did not finish (exit $rc); its kernels are not parsed"
+        fi
     elif [ "$dry" = 1 ]; then
         # the parser on a synthetic profile: a start and a warm-up step, then two steps of six
         # launches (237 µs each: the updates, two products, a norm, the optimizer's two sums)

@@ -310,6 +310,45 @@ class TwinMissing(Run):
         self.assertTrue(rows[0].endswith("| 12,000.0 tokens/s; the twin did not run | not measured |"), rows[0])
 
 
+class AttentionWithoutItsTwin(Run):
+    def test_acpo_s_attention_stands_without_the_sdpa_twin(self):
+        shape = ("2×9220, 16 heads over 8 KV heads of 128; forward 0.0050 s (120.0 TFLOP/s), "
+                 "forward + backward 0.0186 s (131.0 TFLOP/s)")
+        self.write("attention-9220/attention.json", json.dumps([{"shape": shape}]))
+        table = report.attention(self.root)
+        row = next(l for l in table if l.startswith("| 2 × 9220 |"))
+        self.assertEqual(row, "| 2 × 9220 | 0.0050 (120.0) | not run | 0.0186 (131.0) | not run | — |")
+        self.assertIn("| 2 × 2048 | not run | not run | | | |", table)
+        rows = self.target_rows("#33", "within 2×")
+        self.assertEqual(rows, ["| #33 | one layer's attention forward + backward at 2 × 9,220 within 2× of torch's sdpa "
+                                "| 131 TFLOP/s; torch's sdpa not run in this call | not measured |"])
+
+
+class Unfinished(unittest.TestCase):
+    def test_cut_failed_and_not_run_steps_are_listed_in_either_wording(self):
+        lines = ["== suite on NVIDIA H200, 580.1, 143771 MiB",
+                 "== section decode: 320 s",
+                 "== acpo pipeline qwen3-1.7b-grpo (2 steps): exit 124 in 257 s (cut at 257 s)",
+                 "== flash kernels check: exit 124 in 49 s (cut: its section's time ran out at 49 s)",
+                 "== torch generate (static cache) x: exit 124 in 120 s (its own limit at 120 s)",
+                 "== acpo train-step y: exit 101 in 3 s",
+                 "== acpo train-step z: exit 2 in 30 s",
+                 "== ops check: cut, not run (its section's time is spent)",
+                 "== acpo generate w: exit 0 in 22 s",
+                 "== acpo generate v: exit 1 in 5 s",
+                 "== acpo generate v: exit 0 in 9 s",
+                 "== torch step u: skipped (no torch with a GPU here)"]
+        got = report.unfinished(lines)
+        self.assertEqual(got, [
+            "- acpo pipeline qwen3-1.7b-grpo (2 steps): exit 124 in 257 s (cut at 257 s)",
+            "- acpo train-step y: exit 101 in 3 s",
+            "- acpo train-step z: exit 2 in 30 s",
+            "- flash kernels check: exit 124 in 49 s (cut: its section's time ran out at 49 s)",
+            "- ops check: cut, not run (its section's time is spent)",
+            "- torch generate (static cache) x: exit 124 in 120 s (its own limit at 120 s)"])
+        self.assertEqual(report.unfinished(lines[:2] + lines[8:9]), ["- none"])
+
+
 class CallOrder(unittest.TestCase):
     def test_call_ten_comes_after_call_two(self):
         paths = [Path("r/10-decode/x.json"), Path("r/2-suite/x.json"), Path("r/1-suite/x.json")]

@@ -12,6 +12,7 @@ rate is batch x (N - 1) over the run's time less the prefill's.
 import argparse
 import json
 import statistics
+import sys
 import time
 
 import torch
@@ -43,15 +44,28 @@ with dev:
 ids = torch.randint(0, cfg.vocab_size, (args.batch, args.prompt_len), device=dev)
 
 
+# The cache the runs used: the one asked for, or transformers' default (dynamic) where this
+# version refuses it; the JSON records which, so a dynamic run is never judged as a static one.
+used = args.cache
+
+
 def run(new_tokens=args.new_tokens):
+    global used
     t0 = time.perf_counter()
     with torch.no_grad():
         kw = dict(attention_mask=torch.ones_like(ids), do_sample=True, temperature=1.0, top_p=1.0,
                   top_k=0, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                   pad_token_id=0, eos_token_id=None)
-        try:
-            model.generate(ids, cache_implementation=args.cache, **kw)
-        except (TypeError, ValueError):
+        if used == args.cache:
+            try:
+                model.generate(ids, cache_implementation=args.cache, **kw)
+            except (TypeError, ValueError) as e:
+                print(f"bench_generate_torch: cache_implementation={args.cache!r} refused ({e}); "
+                      "transformers' default (dynamic) cache instead", file=sys.stderr)
+                used = "dynamic"
+                t0 = time.perf_counter()
+                model.generate(ids, **kw)
+        else:
             model.generate(ids, **kw)
     torch.cuda.synchronize()
     return time.perf_counter() - t0
@@ -64,12 +78,12 @@ prefill = statistics.median(run(1) for _ in range(args.repeats))
 tokens = args.batch * args.new_tokens
 steps = max(args.new_tokens - 1, 1)
 decode = max(secs - prefill, 1e-9)
-row = dict(config=args.config, what="generate", target="torch/bf16", cache=args.cache, batch=args.batch,
+row = dict(config=args.config, what="generate", target="torch/bf16", cache=used, batch=args.batch,
            prompt_len=args.prompt_len, new_tokens=args.new_tokens, seconds=secs,
            tokens_per_second=tokens / secs, prefill_seconds=prefill,
            decode_tokens_per_second=args.batch * steps / decode, step_seconds=decode / steps,
            device=torch.cuda.get_device_name(), torch=torch.__version__)
-print(f"| torch generate ({args.cache} cache) | {args.batch} x ({args.prompt_len} + {args.new_tokens}) | "
+print(f"| torch generate ({used} cache) | {args.batch} x ({args.prompt_len} + {args.new_tokens}) | "
       f"{tokens / secs:.1f} new tokens/s | decode {row['decode_tokens_per_second']:.1f} tokens/s, "
       f"{1e3 * row['step_seconds']:.1f} ms a step | prefill {prefill:.3f} s |")
 if args.json:
