@@ -980,46 +980,37 @@ fn bench_paper_plan_costs_every_paper_run_from_measured_rates() {
     assert!(rows
         .iter()
         .all(|r| r["gpu_hours_at_paper_contexts"].is_null()));
-    // A device.txt without a suite header: exit 2 naming it, nothing written.
+    // Malformed input: exit 2 and what it said, nothing written.
+    let refused = || {
+        let out = dir.path().join("bad");
+        let bad = acpo(
+            &[
+                "bench",
+                "paper-plan",
+                "--measured",
+                measured.to_str().expect("u"),
+                "--out",
+                out.to_str().expect("u"),
+            ],
+            repo(),
+        );
+        assert_eq!(bad.status.code(), Some(2));
+        assert!(!out.exists());
+        String::from_utf8_lossy(&bad.stderr).into_owned()
+    };
+    // a device.txt without a suite header, named
     std::fs::write(measured.join("device.txt"), "143771 MiB\n").expect("w");
-    let out2 = dir.path().join("bad");
-    let bad = acpo(
-        &[
-            "bench",
-            "paper-plan",
-            "--measured",
-            measured.to_str().expect("u"),
-            "--out",
-            out2.to_str().expect("u"),
-        ],
-        repo(),
-    );
-    assert_eq!(bad.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&bad.stderr);
+    let err = refused();
     assert!(err.contains("device.txt"), "{err}");
-    assert!(!out2.exists());
     std::fs::remove_file(measured.join("device.txt")).expect("rm");
-    // An element size no cache has: exit 2 naming the file and the field, nothing written.
+    // an element size no cache has, the file and the field named
     generate[2]["roofline"]["kv_elem_bytes"] = serde_json::json!(3);
     std::fs::write(measured.join("generate.json"), generate.to_string()).expect("w");
-    let bad = acpo(
-        &[
-            "bench",
-            "paper-plan",
-            "--measured",
-            measured.to_str().expect("u"),
-            "--out",
-            out2.to_str().expect("u"),
-        ],
-        repo(),
-    );
-    assert_eq!(bad.status.code(), Some(2));
-    let err = String::from_utf8_lossy(&bad.stderr);
+    let err = refused();
     assert!(
         err.contains("generate.json") && err.contains("kv_elem_bytes"),
         "{err}"
     );
-    assert!(!out2.exists());
 }
 
 #[test]
