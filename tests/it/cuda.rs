@@ -1309,19 +1309,16 @@ fn the_pool_store_writes_what_scatter_set_writes() {
             let before = acpo::fused::pool_store_launches();
             acpo::fused::store_rows(&gpool, &gindex, &gsrc).expect("store");
             let launched = acpo::fused::pool_store_launches() - before;
-            let bytes = |t: &Tensor| -> Vec<f32> {
-                t.to_device(&Device::Cpu)
-                    .and_then(|t| t.to_dtype(DType::F32))
-                    .and_then(|t| t.flatten_all())
-                    .and_then(|t| t.to_vec1::<f32>())
-                    .expect("to host")
+            // every dtype here is exact in f32
+            let bits = |t: &Tensor| {
+                super::fused::bits(
+                    &t.to_device(&Device::Cpu)
+                        .and_then(|t| t.to_dtype(DType::F32))
+                        .expect("to host"),
+                )
             };
-            let (got, want) = (bytes(&gpool), bytes(&want));
-            let wrong = got
-                .iter()
-                .zip(&want)
-                .filter(|(a, b)| a.to_bits() != b.to_bits())
-                .count();
+            let (got, want) = (bits(&gpool), bits(&want));
+            let wrong = got.iter().zip(&want).filter(|(a, b)| a != b).count();
             assert_eq!(
                 wrong, 0,
                 "{dtype:?}, head {d}, skip {skip}: {wrong} numbers differ"
