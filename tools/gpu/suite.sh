@@ -295,6 +295,13 @@ else
         fi
     done
     export LD_LIBRARY_PATH="${libs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+    # The kernels ship as PTX for compute 9.0, which the driver compiles at a process's first
+    # load of each module (flash_decode's alone: ~11 s of ptxas on this project's CPU) and keeps
+    # in its cache: a cache this call owns, large enough for every module, so that only the
+    # first process pays, whatever the machine's home directory allows.
+    export CUDA_CACHE_PATH="${CUDA_CACHE_PATH:-$bin/cuda-cache}" CUDA_CACHE_MAXSIZE="${CUDA_CACHE_MAXSIZE:-4294967296}"
+    mkdir -p "$CUDA_CACHE_PATH"
+    echo "CUDA_CACHE_PATH=$CUDA_CACHE_PATH CUDA_CACHE_MAXSIZE=$CUDA_CACHE_MAXSIZE" >> "$res/machine.txt"
     echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH" >> "$res/machine.txt"
     tar -xJf target/gpu/bins.tar.xz -C "$bin" && chmod +x "$bin/acpo-cuda" "$bin/it-cuda" \
         || { echo "suite: target/gpu/bins.tar.xz is missing: run \`just pack-gpu-suite\` and carry target/gpu" >&2; exit 2; }
