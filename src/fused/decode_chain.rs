@@ -97,7 +97,7 @@ pub fn qk_norm_rope_cache_composed(
 /// each row's destination repeated across the head dim, `Tensor::scatter_set`'s shape).
 /// `scatter_set` does exactly this, and does it on the CPU (the same bits as ever); on CUDA it
 /// walks the rows one after another in one block of D threads, so where the kernel takes the
-/// operands (contiguous, `src` in the pool's dtype: f32, bf16 or an FP8 cache's bytes, rows a
+/// operands (contiguous, `src` in the pool's dtype: f32, bf16, f16 or an FP8 cache's bytes, rows a
 /// whole number of 4-byte words) one launch copies them a word a thread
 /// (kernels/decode_chain.cu, `pool_store_*`; an index past the pool stops it). Where rows name
 /// one pool row (padding, all sent to the scratch row) which one lands is not fixed there;
@@ -610,7 +610,10 @@ mod cuda {
             && same(src)
             && same(index)
             && pool.is_contiguous()
-            && matches!(pool.dtype(), DType::F32 | DType::BF16 | DType::U8)
+            && matches!(
+                pool.dtype(),
+                DType::F32 | DType::BF16 | DType::F16 | DType::U8
+            )
             && src.dtype() == pool.dtype()
             && index.dtype() == DType::U32
             && dims.len() == 2
@@ -677,6 +680,7 @@ mod cuda {
         match dtype_of(pool) {
             DType::F32 => launch!(f32),
             DType::BF16 => launch!(half::bf16),
+            DType::F16 => launch!(half::f16),
             DType::U8 => launch!(u8),
             other => candle_core::bail!("{what}: no kernel for a pool of {other:?}"),
         }

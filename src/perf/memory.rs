@@ -21,6 +21,14 @@ pub fn state_bytes_per_param(bf16: bool) -> u64 {
     4 + if bf16 { 2 } else { 0 } + 4 + 8
 }
 
+/// Bytes per parameter a trained model holds on the device while its run samples: the state of
+/// [`state_bytes_per_param`] less the gradient (summed within a step, dropped after its update):
+/// the master, the compute copy and the two moments. The sampler's pool takes half of what
+/// that leaves (`rollout::PagedOptions`).
+pub fn resident_bytes_per_param(bf16: bool) -> u64 {
+    state_bytes_per_param(bf16) - 4
+}
+
 /// The training memory of one model of one paper run on one GPU.
 #[derive(Debug, Clone, Serialize)]
 pub struct ModelMemory {

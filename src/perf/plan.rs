@@ -145,14 +145,15 @@ pub fn carried_rate(
 
 /// The rows a decode step carried to `context` positions keeps of the `measured` ones: all of
 /// them, or where the GPU's memory is known, at most as many as its sampler's pool holds at that
-/// context (the engine's pool, [`super::sampling::pool_blocks`], for `weight_bytes` of weights
-/// and a cache of `kv_elem` bytes an element; a row holding ⌈context / BLOCK⌉ blocks; block 0
-/// is the pool's own). Zero: the pool holds no row at that context.
+/// context (the engine's pool, [`super::sampling::pool_blocks`], beside `resident` bytes, what
+/// the run's trainer holds while it samples, and a cache of `kv_elem` bytes an element; a row
+/// holding ⌈context / BLOCK⌉ blocks; block 0 is the pool's own). Zero: the pool holds no row
+/// at that context.
 pub fn rows_at(
     measured: f64,
     memory: Option<u64>,
     cfg: &crate::model::QwenConfig,
-    weight_bytes: f64,
+    resident: u64,
     context: f64,
     kv_elem: usize,
 ) -> f64 {
@@ -160,11 +161,8 @@ pub fn rows_at(
     let Some(memory) = memory else {
         return measured;
     };
-    let pool = super::sampling::pool_blocks(
-        memory,
-        weight_bytes as u64,
-        PagedKv::block_bytes(cfg, kv_elem, BLOCK),
-    );
+    let pool =
+        super::sampling::pool_blocks(memory, resident, PagedKv::block_bytes(cfg, kv_elem, BLOCK));
     let per_row = (context / BLOCK as f64).ceil().max(1.0);
     measured.min((pool.saturating_sub(1) as f64 / per_row).floor())
 }
@@ -340,15 +338,23 @@ fn run_cost(exp: &crate::manifest::Experiment, configs: &Path, rates: &Rates) ->
     };
     let (bf16, fp8) = (2, 1);
     // Each sampler's measured decode steps carried to this run's model and mean contexts, at
-    // the rows its pool holds there: (rows, new tokens/s), None without a roofline or a row.
+    // the rows its pool holds there beside what the trainer keeps on the device while it
+    // samples (the policy's and a critic's masters, compute copies and moments): (rows, new
+    // tokens/s), None without a roofline or a row.
     let weights = params * 2.0;
+    let trained = params as u64
+        + exp
+            .critic
+            .as_ref()
+            .map_or(0, |_| memory::parameters(&cfg, true));
+    let resident = trained * memory::resident_bytes_per_param(true);
     let carried = |rate: &Rate, context: f64| {
         let (d, copy) = (rate.decode?, rate.copy_gb_per_s?);
         let rows = rows_at(
             d.rows,
             rates.memory_bytes,
             &cfg,
-            weights,
+            resident,
             context,
             d.kv_elem_bytes,
         );
@@ -438,7 +444,7 @@ fn plan_markdown(rates: &Rates, rows: &[RunCost]) -> String {
     md.push_str(&match rates.copy() {
         Some(gbps) => format!("The KV-bandwidth bound: new tokens/s ≤ the measured copy rate ({gbps:.0} GB/s) ÷ the bf16 KV bytes a token's attention reads at its mean context (prompt + half the response), per run below; two columns are the run's GPU-hours had both samplers run at it, with this bf16 cache and with an FP8 cache (one byte an element, the bound doubled; training at its measured rate in both). {}\n\n", match rates.rollouts.decode.zip(rates.evaluation_steps().decode) {
             Some((r, e)) => format!("The sampling measurements' decode steps drew {:.0} (rollouts) and {:.0} (evaluations) rows a step and moved their bytes (every weight once, each row's KV cache) at {:.1} % and {:.1} % of the copy rate, at their own contexts, shorter than a paper run's, whose rates, read at fewer KV bytes a token, overstate a paper run's sampling. The column \"at the paper's contexts\" models it instead: the same fraction of the copy rate, with each run's own weights and mean contexts, the rollouts' KV cache at {} and the evaluations' at {} bytes an element, as measured, and the same rows a step {} (new tokens/s = rows ÷ the step's bytes at that rate; a model, not a measurement).{}", r.rows, e.rows, 100.0 * r.fraction, 100.0 * e.fraction, r.kv_elem_bytes, e.kv_elem_bytes, match rates.memory_bytes {
-                Some(memory) => format!("up to as many as the GPU's sampler pool holds at the run's mean context: the paged engine's pool, half of the {} MiB the sampling run recorded after the run's bf16 weights and {:.0} GiB, in blocks of {} positions (the column \"rows a step\"; a run whose pool holds no row there has none)", memory >> 20, super::sampling::RESERVED_BYTES as f64 / (1u64 << 30) as f64, crate::model::paged::BLOCK),
+                Some(memory) => format!("up to as many as the GPU's sampler pool holds at the run's mean context: the paged engine's pool, half of what is left of the {} MiB the sampling run recorded after what the run's trainer keeps on the device while it samples ({} bytes a trained parameter, the policy's and a critic's: the fp32 master, the bf16 copy, AdamW's two moments) and {:.0} GiB, in blocks of {} positions (the column \"rows a step\"; a run whose pool holds no row there, its trainer's state filling the GPU, has none)", memory >> 20, memory::resident_bytes_per_param(true), super::sampling::RESERVED_BYTES as f64 / (1u64 << 30) as f64, crate::model::paged::BLOCK),
                 None => "(no GPU memory beside the rates, device.txt, so the rows are not capped at what a pool holds at those contexts)".to_string(),
             }, if rates.evaluations.as_ref().is_some_and(|own| own.decode.is_none()) { " The evaluations' measurement recorded no roofline: their decode steps are the rollouts'." } else { "" }),
             None => "The sampling measurements recorded no roofline: their rates are not carried to a paper run's contexts.".to_string(),

@@ -928,12 +928,13 @@ fn bench_paper_plan_costs_every_paper_run_from_measured_rates() {
     assert_eq!(rows_there(&rows), (Some(64.0), Some(128.0)));
     assert!(md.contains("no GPU memory beside the rates"), "{md}");
     // With it (an H200's, as the suite's header records it), the rows are capped at what the
-    // sampler's pool holds at the paper's contexts. By hand: half of 143,771 MiB less the
-    // weights (3,441,149,952 bytes) and 2 GiB is 72,583,093,248 bytes, 19,777 blocks of 32
-    // positions × 114,688 bytes; block 0 is the pool's, and a row at the rollouts' mean context
-    // (2,202) holds 69 blocks, at the evaluations' (2,170) 68: 286 and 290 rows at most. A run
-    // measured at 577 and 1,483 rows a step (the next loan's predicted paged runs) is carried at
-    // those; one at 64 rows keeps its 64.
+    // sampler's pool holds at the paper's contexts beside the trainer's state. By hand: half of
+    // 143,771 MiB less the trained model as it sits while sampling (1,720,574,976 parameters ×
+    // 14 bytes: the fp32 master, the bf16 copy, two fp32 moments) and 2 GiB is 62,259,643,392
+    // bytes, 16,964 blocks of 32 positions × 114,688 bytes; block 0 is the pool's, and a row at
+    // the rollouts' mean context (2,202) holds 69 blocks, at the evaluations' (2,170) 68: 245
+    // and 249 rows at most. A run measured at 577 and 1,483 rows a step (the next loan's
+    // predicted paged runs) is carried at those; one at 64 rows keeps its 64.
     std::fs::write(
         measured.join("device.txt"),
         "# the header line of 1-suite/gpu-suite/summary.txt\n== suite on NVIDIA H200, 580.159.04, 143771 MiB\n",
@@ -945,30 +946,40 @@ fn bench_paper_plan_costs_every_paper_run_from_measured_rates() {
     own[0]["roofline"]["decode_tokens_per_second"] = serde_json::json!(148_300.0);
     std::fs::write(measured.join("generate-eval.json"), own.to_string()).expect("w");
     let rows = plan();
-    assert_eq!(rows_there(&rows), (Some(286.0), Some(290.0)));
+    assert_eq!(rows_there(&rows), (Some(245.0), Some(249.0)));
     let capped = f("train_hours")
-        + (f("sample_tokens") / rate_at(0.25, 286.0, rollout_context)
-            + f("eval_tokens") / rate_at(0.5, 290.0, eval_context))
+        + (f("sample_tokens") / rate_at(0.25, 245.0, rollout_context)
+            + f("eval_tokens") / rate_at(0.5, 249.0, eval_context))
             / 3600.0;
     assert!((carried_hours(&rows) / capped - 1.0).abs() < 1e-9);
     let md = std::fs::read_to_string(dir.path().join("paper-plan.md")).expect("md");
     assert!(
-        md.contains("half of the 143771 MiB") && md.contains("| 286 / 290 |"),
+        md.contains("of the 143771 MiB") && md.contains("| 245 / 249 |"),
         "{md}"
     );
     // A measurement over an FP8 cache (its roofline counts one byte an element) is carried at
-    // one byte an element, and its pool holds twice the positions: 39,554 blocks, 573 rows of
+    // one byte an element, and its pool holds twice the positions: 33,928 blocks, 491 rows of
     // 69 blocks at the rollouts' context.
     generate[2]["roofline"]["kv_elem_bytes"] = serde_json::json!(1);
     std::fs::write(measured.join("generate.json"), generate.to_string()).expect("w");
     let rows = plan();
-    assert_eq!(rows_there(&rows), (Some(573.0), Some(290.0)));
-    let fp8_rate = 0.25 * 3_000e9 * 573.0
-        / (2.0 * 1_720_574_976.0 + 573.0 * rollout_context * per_position / 2.0);
+    assert_eq!(rows_there(&rows), (Some(491.0), Some(249.0)));
+    let fp8_rate = 0.25 * 3_000e9 * 491.0
+        / (2.0 * 1_720_574_976.0 + 491.0 * rollout_context * per_position / 2.0);
     let fp8 = f("train_hours")
-        + (f("sample_tokens") / fp8_rate + f("eval_tokens") / rate_at(0.5, 290.0, eval_context))
+        + (f("sample_tokens") / fp8_rate + f("eval_tokens") / rate_at(0.5, 249.0, eval_context))
             / 3600.0;
     assert!((carried_hours(&rows) / fp8 - 1.0).abs() < 1e-9);
+    // A PPO run's critic stays on the device too: its pool, beside twice the state, holds fewer
+    // rows than GRPO's at the same contexts (the same length limits).
+    let ppo = |rows: &[serde_json::Value]| {
+        rows.iter()
+            .find(|r| r["run"] == "qwen3-1.7b-ppo")
+            .expect("ppo")["rollout_rows_at_paper_contexts"]
+            .as_f64()
+            .expect("rows")
+    };
+    assert!(ppo(&rows) < 491.0, "{}", ppo(&rows));
     // A GPU whose pool holds no row at those contexts carries nothing.
     std::fs::write(
         measured.join("device.txt"),

@@ -1007,9 +1007,15 @@ def unfinished(lines):
     failed (any other non-zero exit, an out-of-memory's 2 among them) or not run; unless a
     later call ran the same step to the end."""
     done = {e[0] for e in map(step_exit, lines) if e and e[1] == 0}
+
+    def not_run(line):
+        """The step a `== NAME: [cut, ]not run …` line names (a name may hold ': '), or None."""
+        m = re.match(r"== (.*): (?:cut, )?not run\b", line)
+        return m.group(1) if m else None
+
     bad = sorted({l[3:] for l in lines if l.startswith("== ")
                   and (((e := step_exit(l)) and e[1] != 0 and e[0] not in done)
-                       or (" not run" in l and l[3:].split(": ", 1)[0] not in done))})
+                       or ((name := not_run(l)) and name not in done))})
     return [f"- {l}" for l in bad] or ["- none"]
 
 

@@ -347,6 +347,12 @@ class Unfinished(unittest.TestCase):
             "- ops check: cut, not run (its section's time is spent)",
             "- torch generate (static cache) x: exit 124 in 120 s (its own limit at 120 s)"])
         self.assertEqual(report.unfinished(lines[:2] + lines[8:9]), ["- none"])
+        # a step whose name holds ': ', cut in one call and run to the end in a later one
+        ncu = "ncu: the launches of a decode step (64 prompts of 64, 4 new tokens)"
+        self.assertEqual(report.unfinished([f"== {ncu}: cut, not run (its section's time is spent)",
+                                            f"== {ncu}: exit 0 in 30 s"]), ["- none"])
+        self.assertEqual(report.unfinished([f"== {ncu}: not run (the call's time is spent)"]),
+                         [f"- {ncu}: not run (the call's time is spent)"])
 
 
 class CallOrder(unittest.TestCase):
