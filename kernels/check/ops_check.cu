@@ -1029,6 +1029,21 @@ static void check_all() {
 }
 
 int main(int argc, char** argv) {
+#ifdef ACPO_EMU
+  // `pool-store-past-the-pool`: a store whose index names a row past the pool must stop the
+  // kernel (tests/it/kernels.rs reads the emulator's refusal), not write past the pool.
+  if (argc == 2 && std::string(argv[1]) == "pool-store-past-the-pool") {
+    uint8_t* pool = (uint8_t*)dalloc(8 * 16);
+    uint8_t* src = (uint8_t*)dalloc(2 * 16);
+    uint32_t* idx = (uint32_t*)dalloc(2 * 4);
+    const uint32_t index[2] = {3, 8};  // the second row names row 8 of a pool of 8
+    h2d(idx, index, sizeof index);
+    LAUNCH(pool_store_w16, dim3(1), dim3(ELEM_THREADS), 0, (const uint4*)src, (uint4*)pool, idx,
+           (size_t)1, (size_t)2, (size_t)1, (size_t)8);
+    printf("ran to the end\n");
+    return 0;
+  }
+#endif
   const int seeds = seeds_arg(argc, argv);
   for (int s = 0; s < seeds; ++s) {
     use_schedule(s, 2);  // fair, or one warp lagging behind the others

@@ -223,6 +223,17 @@ fn every_other_kernel_matches_the_float64_reference_in_the_emulator() {
 
 /// The same checks built with AddressSanitizer: every global and shared access of every kernel
 /// (static `__shared__` arrays included) within its allocation, to the byte.
+/// The pool's stores stop at an index past the pool (`pool_store_*`'s trap) rather than write
+/// past it.
+#[test]
+fn a_pool_store_past_the_pool_stops_the_kernel() {
+    let test = "a_pool_store_past_the_pool_stops_the_kernel";
+    let Some(prog) = build_emulated(test, "ops_check", false) else {
+        return;
+    };
+    assert_refused(&prog, "pool-store-past-the-pool", "a kernel trapped");
+}
+
 #[test]
 fn every_other_kernel_stays_in_bounds_under_address_sanitizer() {
     let test = "every_other_kernel_stays_in_bounds_under_address_sanitizer";
