@@ -652,6 +652,9 @@ mod cuda {
         let elem = dtype_of(pool).size_in_bytes();
         let words = width * elem / word;
         let iv = view::<u32>(index, li, what)?;
+        let (a, b) = lp
+            .contiguous_offsets()
+            .ok_or_else(|| candle_core::Error::Msg(format!("{what}: pool must be contiguous")))?;
         let name = format!("pool_store_w{word}");
         let f = kernel!(dev, &name, PTX)?;
         // Bytes are bytes: each dtype's storage passed as the kernel's words (a pointer either
@@ -659,9 +662,6 @@ mod cuda {
         macro_rules! launch {
             ($t:ty) => {{
                 let sv = view::<$t>(src, ls, what)?;
-                let (a, b) = lp.contiguous_offsets().ok_or_else(|| {
-                    candle_core::Error::Msg(format!("{what}: pool must be contiguous"))
-                })?;
                 let mut pv = pool.as_cuda_slice_mut::<$t>()?.slice_mut(a..b);
                 let mut builder = f.builder();
                 builder

@@ -29,6 +29,13 @@ pub fn resident_bytes_per_param(bf16: bool) -> u64 {
     state_bytes_per_param(bf16) - 4
 }
 
+/// Bytes a run's trainer keeps on the device while it samples: the policy's, and a critic's
+/// where it has one, at [`resident_bytes_per_param`] (bf16 compute, fp32 masters).
+pub fn resident_while_sampling(cfg: &QwenConfig, critic: bool) -> u64 {
+    let trained = parameters(cfg, false) + if critic { parameters(cfg, true) } else { 0 };
+    trained * resident_bytes_per_param(true)
+}
+
 /// The training memory of one model of one paper run on one GPU.
 #[derive(Debug, Clone, Serialize)]
 pub struct ModelMemory {

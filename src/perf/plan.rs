@@ -287,6 +287,48 @@ impl Rates {
     }
 }
 
+/// The model a paper run samples with, on the GPU a measurement ran on: what
+/// [`CarriedTo::carry`] carries a sampling measurement's decode steps to.
+struct CarriedTo<'a> {
+    cfg: &'a crate::model::QwenConfig,
+    /// The bytes of weights a decode step reads (bf16).
+    weight_bytes: f64,
+    /// What the run's trainer keeps on the device while it samples
+    /// ([`memory::resident_while_sampling`]).
+    resident: u64,
+    /// The GPU's memory, where known.
+    memory: Option<u64>,
+}
+
+impl CarriedTo<'_> {
+    /// `rate`'s decode steps at mean `context`: at most the rows the pool holds there
+    /// ([`rows_at`]), each moving the weights and its cache at the measured fraction of the copy
+    /// rate ([`carried_rate`]). (rows a step, new tokens/s); None without the measurement's
+    /// roofline, or where the pool holds no row.
+    fn carry(&self, rate: &Rate, context: f64) -> Option<(f64, f64)> {
+        let (d, copy) = (rate.decode?, rate.copy_gb_per_s?);
+        let rows = rows_at(
+            d.rows,
+            self.memory,
+            self.cfg,
+            self.resident,
+            context,
+            d.kv_elem_bytes,
+        );
+        (rows >= 1.0).then(|| {
+            let tps = carried_rate(
+                d.fraction,
+                rows,
+                copy * 1e9,
+                self.weight_bytes,
+                context,
+                self.cfg.kv_bytes_per_position(d.kv_elem_bytes) as f64,
+            );
+            (rows, tps)
+        })
+    }
+}
+
 /// One run's cost on one GPU: its tokens from the manifest at the assumed lengths, each part's
 /// hours at the measured rates scaled to its model's parameters, and the KV-bandwidth bound.
 fn run_cost(exp: &crate::manifest::Experiment, configs: &Path, rates: &Rates) -> Result<RunCost> {
@@ -338,41 +380,16 @@ fn run_cost(exp: &crate::manifest::Experiment, configs: &Path, rates: &Rates) ->
     };
     let (bf16, fp8) = (2, 1);
     // Each sampler's measured decode steps carried to this run's model and mean contexts, at
-    // the rows its pool holds there beside what the trainer keeps on the device while it
-    // samples (the policy's and a critic's masters, compute copies and moments): (rows, new
-    // tokens/s), None without a roofline or a row.
-    let weights = params * 2.0;
-    let trained = params as u64
-        + exp
-            .critic
-            .as_ref()
-            .map_or(0, |_| memory::parameters(&cfg, true));
-    let resident = trained * memory::resident_bytes_per_param(true);
-    let carried = |rate: &Rate, context: f64| {
-        let (d, copy) = (rate.decode?, rate.copy_gb_per_s?);
-        let rows = rows_at(
-            d.rows,
-            rates.memory_bytes,
-            &cfg,
-            resident,
-            context,
-            d.kv_elem_bytes,
-        );
-        (rows >= 1.0).then(|| {
-            let tps = carried_rate(
-                d.fraction,
-                rows,
-                copy * 1e9,
-                weights,
-                context,
-                cfg.kv_bytes_per_position(d.kv_elem_bytes) as f64,
-            );
-            (rows, tps)
-        })
+    // the rows its pool holds there beside what the trainer keeps on the device while it samples.
+    let model = CarriedTo {
+        cfg: &cfg,
+        weight_bytes: params * 2.0,
+        resident: memory::resident_while_sampling(&cfg, exp.critic.is_some()),
+        memory: rates.memory_bytes,
     };
     let (rollouts_carried, eval_carried) = (
-        carried(&rates.rollouts, rollout_context),
-        carried(rates.evaluation_steps(), eval_context),
+        model.carry(&rates.rollouts, rollout_context),
+        model.carry(rates.evaluation_steps(), eval_context),
     );
     let at_paper_contexts = rollouts_carried
         .zip(eval_carried)
@@ -418,6 +435,14 @@ pub fn paper_plan(
         "paper-plan.md",
         plan_markdown(&rates, &rows).as_bytes(),
     )
+}
+
+/// A table cell of the rollouts' and the evaluations' numbers, `a / b`, or "—" without both.
+fn pair(a: Option<f64>, b: Option<f64>) -> String {
+    match (a, b) {
+        (Some(a), Some(b)) => format!("{a:.0} / {b:.0}"),
+        _ => "—".into(),
+    }
 }
 
 /// paper-plan.md: the rates it stands on, the bound's definition, and a row per run.
@@ -479,23 +504,17 @@ fn plan_markdown(rates: &Rates, rows: &[RunCost]) -> String {
             format!("{:.1}", r.eval_hours),
             format!("{:.1}", r.train_hours),
             format!("{:.0}", r.gpu_hours),
-            match (r.rollout_kv_bound_tps, r.eval_kv_bound_tps) {
-                (Some(a), Some(b)) => format!("{a:.0} / {b:.0}"),
-                _ => "—".into(),
-            },
+            pair(r.rollout_kv_bound_tps, r.eval_kv_bound_tps),
             r.gpu_hours_at_kv_bound
                 .map_or("—".into(), |h| format!("{h:.0}")),
             r.gpu_hours_at_fp8_kv_bound
                 .map_or("—".into(), |h| format!("{h:.0}")),
             r.gpu_hours_at_paper_contexts
                 .map_or("—".into(), |h| format!("{h:.0}")),
-            match (
+            pair(
                 r.rollout_rows_at_paper_contexts,
                 r.eval_rows_at_paper_contexts,
-            ) {
-                (Some(a), Some(b)) => format!("{a:.0} / {b:.0}"),
-                _ => "—".into(),
-            },
+            ),
             r.paper_gpus.to_string(),
         ]);
     }
