@@ -3,7 +3,8 @@
 // (forward, backward), RoPE (all three layouts: in place, tokens first → heads first and back)
 // and its tables of positions,
 // the attention softmax, the token log-probabilities (forward, backward), the vocabulary chunks'
-// statistics and gradient (a whole vocabulary walked in chunks), and sampling (AdamW: adamw_check.cu)
+// statistics and gradient (a whole vocabulary walked in chunks), the embedding's backward, and
+// sampling (AdamW: adamw_check.cu)
 // (the CPU sampler's rule, src/rollout/sample.rs `sample_token`, on the same draws). f32 and
 // bf16 storage where a kernel has both. Shapes hit the edges: rows shorter than a block, rows
 // longer than a block but not a multiple of it, columns not a multiple of a tile, rows not a
@@ -23,6 +24,7 @@
 // AddressSanitizer). Tolerances are relative L2 errors: f32 outputs 1e-5, bf16
 // outputs 1e-2 (their rounding alone is ~2e-3).
 #include "decode_chain.cu"
+#include "embedding.cu"
 #include "log_probs.cu"
 #include "rms_norm.cu"
 #include "rope.cu"
@@ -331,6 +333,80 @@ static void check_pool_store(size_t n_pool, size_t n, size_t bytes, int word, in
   snprintf(what, sizeof what, "pool_store w%d %zu rows of %zu B into %zu, %zu to the scratch row", word, n, bytes,
            n_pool, dups);
   report(what, wrong ? INFINITY : 0.0, 0.0);
+}
+
+// ---- the embedding's backward (embedding.cu): the f32 gradient (V, h) from dy (n, h) at ids,
+// from the lm_head's share `base` where given. Its CPU twin's sums (src/fused/embedding.rs:
+// `0 + base`, then each row's positions in order, in f32) must be its bits exactly, in f32 and
+// from bf16; a float64 sum bounds their round-off. `ids` has one token at positions p % 7 in
+// {0, 3, 5} (more positions than a load of four, not a multiple of it), others scattered, rows
+// no position names; a grid of `blocks` (fewer than the chunks: the loop wraps).
+static std::vector<uint32_t> skewed_ids(int n, int vocab) {
+  std::vector<uint32_t> ids(n);
+  for (int p = 0; p < n; ++p)
+    ids[p] = p % 7 == 0 || p % 7 == 3 || p % 7 == 5 ? 2
+             : p % 7 == 1                           ? (uint32_t)(((size_t)p * 13) % (vocab / 2))
+                                                    : (uint32_t)(((size_t)p * 5 + 1) % (vocab / 3));
+  return ids;
+}
+
+// The host's counting sort (src/fused/embedding.rs, `TokenRows`): V + 1 starts, then the
+// positions grouped by token, each group in position order.
+static std::vector<uint32_t> embedding_meta(const std::vector<uint32_t>& ids, int vocab) {
+  const size_t n = ids.size();
+  std::vector<uint32_t> meta(vocab + 1 + n, 0);
+  for (size_t p = 0; p < n; ++p) meta[ids[p] + 1]++;
+  for (int t = 0; t < vocab; ++t) meta[t + 1] += meta[t];
+  std::vector<uint32_t> next(meta.begin(), meta.begin() + vocab);
+  for (size_t p = 0; p < n; ++p) meta[vocab + 1 + next[ids[p]]++] = (uint32_t)p;
+  return meta;
+}
+
+template <typename T>
+static void check_embedding_grad(int vocab, int n, int h, bool has_base, int blocks) {
+  const auto ids = skewed_ids(n, vocab);
+  const auto meta = embedding_meta(ids, vocab);
+  const auto dy = randoms<T>((size_t)n * h, 1.0f);
+  auto base = randoms<T>((size_t)vocab * h, 1.0f);
+  for (size_t i = 0; i < base.size(); i += 5) base[i] = -0.0f;  // `0 + b` makes them +0
+  std::vector<float> twin((size_t)vocab * h);
+  std::vector<double> ref((size_t)vocab * h);
+  for (size_t i = 0; i < twin.size(); ++i) {
+    twin[i] = has_base ? 0.0f + base[i] : 0.0f;
+    ref[i] = has_base ? base[i] : 0.0;
+  }
+  for (int p = 0; p < n; ++p)
+    for (int c = 0; c < h; ++c) {
+      twin[(size_t)ids[p] * h + c] += dy[(size_t)p * h + c];
+      ref[(size_t)ids[p] * h + c] += dy[(size_t)p * h + c];
+    }
+  Buf<T> ddy(dy), dbase(base);
+  Buf<float> out((size_t)vocab * h);
+  uint32_t* dmeta = (uint32_t*)dalloc(meta.size() * 4);
+  h2d(dmeta, meta.data(), meta.size() * 4);
+  const int hb = has_base ? 1 : 0;
+  if (sizeof(T) == 4)
+    LAUNCH(embedding_grad_f32, dim3(blocks), dim3(ELEM_THREADS), 0, (const float*)ddy.d, (const float*)dbase.d, hb,
+           dmeta, out.d, (size_t)vocab, (size_t)h);
+  else
+    LAUNCH(embedding_grad_bf16, dim3(blocks), dim3(ELEM_THREADS), 0, (const bf*)ddy.d, (const bf*)dbase.d, hb, dmeta,
+           out.d, (size_t)vocab, (size_t)h);
+  dfree(dmeta);
+  const auto got = out.get();
+  size_t wrong = 0;
+  double num = 0, den = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    uint32_t a, b;
+    std::memcpy(&a, &got[i], 4);
+    std::memcpy(&b, &twin[i], 4);
+    wrong += a != b;
+    num += (got[i] - ref[i]) * (got[i] - ref[i]);
+    den += ref[i] * ref[i];
+  }
+  char what[112];
+  snprintf(what, sizeof what, "embedding_grad %s %dx%d from %d rows%s, %zu bits off the twin", tname<T>(), vocab, h,
+           n, has_base ? " + lm_head" : "", wrong);
+  report(what, wrong ? INFINITY : std::sqrt(num / std::max(den, 1e-300)), 1e-5);
 }
 
 // ---- the decode step's fused chain: q/k RMSNorm + RoPE + the KV cache's new column, and the
@@ -876,6 +952,26 @@ static void timings() {
     dfree(du);
   }
   for (int tokens : {2 * 2048, 2 * 9220}) {
+    {  // the embedding's backward (version 18): Qwen3's vocabulary, the tied lm_head's share
+      const int vocab = 151936, h = 2048;
+      const auto meta = embedding_meta(skewed_ids(tokens, vocab), vocab);
+      const size_t vh = (size_t)vocab * h;
+      bf *dy = (bf*)dalloc((size_t)tokens * h * 2), *base = (bf*)dalloc(vh * 2);
+      float* out = (float*)dalloc(vh * 4);
+      uint32_t* dmeta = (uint32_t*)dalloc(meta.size() * 4);
+      CK(cudaMemset(dy, 0, (size_t)tokens * h * 2));
+      CK(cudaMemset(base, 0, vh * 2));
+      h2d(dmeta, meta.data(), meta.size() * 4);
+      const size_t chunks = (size_t)vocab * ((h + ELEM_THREADS - 1) / ELEM_THREADS);
+      const float us = time_us([&] {
+        LAUNCH(embedding_grad_bf16, dim3((unsigned)std::min<size_t>(chunks, 1 << 16)), dim3(ELEM_THREADS), 0, dy,
+               base, 1, dmeta, out, (size_t)vocab, (size_t)h);
+      });
+      char what[96];
+      snprintf(what, sizeof what, "embedding grad %dx%d from %d tokens", vocab, h, tokens);
+      print_time(what, us, vh * 6.0 + (double)tokens * h * 2.0 + meta.size() * 4.0);
+      dfree(dy), dfree(base), dfree(out), dfree(dmeta);
+    }
     struct Norm {
       const char* name;
       int rows, n;
@@ -989,6 +1085,14 @@ static void check_all() {
   check_pool_store(50, 17, 96, 16, 2, 0);
   check_pool_store(41, 29, 12, 4, 1, 3);
   check_pool_store(300, 250, 256, 4, 7, 2);
+  // the embedding's backward: a row of a block's 256 columns, rows of 37 and of 300 (a block and a
+  // part), the 1.7B model's 2,048; with and without the lm_head's share; grids that wrap
+  const int embeddings[][4] = {{61, 120, 37, 3}, {29, 200, 300, 7}, {13, 50, 256, 1}, {40, 30, 2048, 11}};
+  for (const auto& e : embeddings)
+    for (bool has_base : {true, false}) {
+      check_embedding_grad<float>(e[0], e[1], e[2], has_base, e[3]);
+      check_embedding_grad<bf>(e[0], e[1], e[2], has_base, e[3]);
+    }
   for (const auto& s : norms) {
     check_add_rms_norm<float>(s[0], s[1]);
     check_add_rms_norm<bf>(s[0], s[1]);

@@ -582,9 +582,9 @@ pub struct BenchArgs {
     /// train-step: gradient checkpointing per decoder layer.
     #[arg(long)]
     pub checkpointing: bool,
-    /// train-step (with --checkpointing): each decoder layer's backward written out by hand
-    /// (each gradient written once; no autograd graph but the attention's) instead of
-    /// candle's autograd over the composed layer [default: autograd].
+    /// train-step (with --checkpointing): each decoder layer's backward, and the embedding's,
+    /// written out by hand (each gradient written once; no autograd graph but the attention's)
+    /// instead of candle's autograd over the composed layer [default: autograd].
     #[arg(long, requires = "checkpointing")]
     pub layer_by_hand: bool,
     /// train-step, attention: the flash kernels' backward on CUDA, the pair of kernels in 7

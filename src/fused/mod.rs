@@ -31,6 +31,8 @@
 //!   RMSNorm after it in another (sampling on CUDA only; the CPU keeps the composed ops).
 //! - [`backward_seed`]: the scalar ⟨y, g⟩ whose backward hands a known output gradient `g` to
 //!   `y`, to start a backward from `g` without a single-block `sum_all` to differentiate.
+//! - [`embedding_backward`]: the embedding lookup's backward in one pass (each vocabulary row's
+//!   positions gathered first), the tied lm_head's share its starting value, in f32.
 //! - [`exp_in_place`]: `f32::exp` eight at a time with libm's bits (glibc's `expf` in AVX2),
 //!   for SwiGLU.
 //!
@@ -43,6 +45,7 @@
 
 mod decode_attention;
 mod decode_chain;
+mod embedding;
 mod expf;
 mod flash;
 mod fp8;
@@ -64,6 +67,9 @@ pub use decode_chain::{
     add_rms_norm, add_rms_norm_composed, decode_chain_launches, pool_store_launches,
     qk_chain_applies, qk_norm_rope_cache, qk_norm_rope_cache_composed, store_rows, ChainLaunches,
     KvWrite, QkNorms,
+};
+pub use embedding::{
+    embedding_backward, embedding_backward_applies, embedding_backward_host, TokenRows,
 };
 pub use expf::exp_in_place;
 pub use flash::{

@@ -1396,11 +1396,23 @@ impl Qwen {
             sink(layer)?;
             crate::device::mark(|| format!("layer {i}: recomputed and backpropagated"));
         }
-        let mut tail = crate::fused::backward_seed(&x0, &g)?;
-        if let Some(g_lm) = g_lm {
-            tail = (tail + crate::fused::backward_seed(&self.lm_head.weight, &g_lm)?)?;
+        if self.kernels.layer_by_hand && crate::fused::embedding_backward_applies(&g) {
+            // the lookup's backward in one pass, the lm_head's share its starting value
+            let weight = self.embed.embeddings();
+            sink(by_hand::embedding_backward(
+                weight,
+                ids,
+                &g,
+                g_lm.as_ref(),
+                &self.masters,
+            )?)?;
+        } else {
+            let mut tail = crate::fused::backward_seed(&x0, &g)?;
+            if let Some(g_lm) = g_lm {
+                tail = (tail + crate::fused::backward_seed(&self.lm_head.weight, &g_lm)?)?;
+            }
+            sink(tail.backward()?)?;
         }
-        sink(tail.backward()?)?;
         crate::device::mark(|| "embedding: backpropagated".into());
         Ok(kept)
     }

@@ -1275,6 +1275,55 @@ fn the_fused_decode_chain_writes_the_composed_chains_fp8_bytes() {
 /// 6, left to `scatter_set`), from sources that start mid-buffer (a prefill's chunk), through a
 /// write index whose rows hold their destination across the head dim; every other pool row
 /// kept. The kernel launches exactly where its words fit.
+/// The embedding's backward on CUDA (`kernels/embedding.cu`, issue #59 item 2) is its CPU twin
+/// bit for bit, f32 and bf16, with and without the tied lm_head's share: the same positions in
+/// the same order, summed in f32; and in f32 the bits of autograd's `index_add` on the GPU.
+#[test]
+fn the_embedding_backward_kernel_is_its_cpu_twin_bit_for_bit() {
+    let Some(gpu) = gpu("the_embedding_backward_kernel_is_its_cpu_twin_bit_for_bit") else {
+        return;
+    };
+    use acpo::fused::{backward_seed, embedding_backward};
+    // Qwen3-1.7B's hidden size, rows of a block and a part; a token more frequent than the others
+    let (vocab, h) = (997usize, 2048usize);
+    let ids = super::fused::skewed_ids(2, 700, vocab as u32);
+    let on = |t: &Tensor| t.to_device(&gpu).expect("to the GPU");
+    let bits = |t: &Tensor| super::fused::bits(&t.to_device(&Device::Cpu).expect("to host"));
+    for dtype in [DType::F32, DType::BF16] {
+        let g = random(1, &[2, 700, h], 1.0).to_dtype(dtype).expect("dtype");
+        let g_lm = random(2, &[vocab, h], 1.0).to_dtype(dtype).expect("dtype");
+        for tied in [true, false] {
+            let base = tied.then_some(&g_lm);
+            let want = embedding_backward(&ids, &g, vocab, base).expect("cpu");
+            let gbase = base.map(on);
+            let got = embedding_backward(&on(&ids), &on(&g), vocab, gbase.as_ref()).expect("gpu");
+            assert!(got.device().is_cuda());
+            assert_eq!(bits(&got), bits(&want), "{dtype:?}, tied {tied}");
+        }
+    }
+    // f32: autograd's route on the GPU (candle's index_add kernel) gives the same bits
+    let (g, g_lm) = (
+        on(&random(1, &[2, 700, h], 1.0)),
+        on(&random(2, &[vocab, h], 1.0)),
+    );
+    let w = Var::from_tensor(&on(&random(3, &[vocab, h], 1.0))).expect("var");
+    let x0 = w
+        .as_tensor()
+        .index_select(&on(&ids).flatten_all().expect("flat"), 0)
+        .and_then(|x| x.reshape((2, 700, h)))
+        .expect("lookup");
+    let tail = (backward_seed(&x0, &g).expect("seed")
+        + backward_seed(w.as_tensor(), &g_lm).expect("seed"))
+    .expect("add");
+    let want = tail
+        .backward()
+        .expect("backward")
+        .remove(w.as_tensor())
+        .expect("W's gradient");
+    let got = embedding_backward(&on(&ids), &g, vocab, Some(&g_lm)).expect("gpu");
+    assert_eq!(bits(&got), bits(&want));
+}
+
 #[test]
 fn the_pool_store_writes_what_scatter_set_writes() {
     let Some(gpu) = gpu("the_pool_store_writes_what_scatter_set_writes") else {

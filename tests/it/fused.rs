@@ -1146,3 +1146,83 @@ fn fp8_bytes_read_back_are_the_cpu_caches_values_for_every_bf16_number() {
         v.is_nan() || byte(v) == b || v == 0.0
     }));
 }
+
+/// A batch's token ids over a vocabulary of `vocab`: one token much more frequent than the others
+/// (a row with more positions than the kernel's loads of four, and not a multiple of four),
+/// tokens that appear once, and rows no position names.
+pub(crate) fn skewed_ids(b: usize, t: usize, vocab: u32) -> Tensor {
+    let ids: Vec<u32> = (0..(b * t) as u32)
+        .map(|p| match p % 7 {
+            0 | 3 | 5 => 2,
+            1 => (p * 13) % (vocab / 2),
+            _ => (p * 5 + 1) % (vocab / 3),
+        })
+        .collect();
+    Tensor::from_vec(ids, (b, t), &Device::Cpu).unwrap()
+}
+
+/// The embedding lookup's backward in one pass (`fused::embedding_backward`) is, in f32, the
+/// bits autograd gives the embedding matrix through `index_select`'s backward (`index_add` into
+/// the gradient so far), with the tied lm_head's share added first as `checkpointed_backward`
+/// seeds it, negative zeros and all; untied, into zeros. From bf16 inputs it sums their exact
+/// values in f32. An id past the vocabulary is an error naming its position.
+#[test]
+fn the_embedding_backward_is_autograds_index_add_bit_for_bit() {
+    let (vocab, h) = (61usize, 37usize);
+    let ids = skewed_ids(3, 40, vocab as u32);
+    let g = randn(2, &[3, 40, h], 1.0);
+    // the lm_head's share with negative zeros, which `0 + x` makes positive
+    let mut lm: Vec<f32> = randn(3, &[vocab, h], 1.0)
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    for x in lm.iter_mut().step_by(5) {
+        *x = -0.0;
+    }
+    let g_lm = Tensor::from_vec(lm, (vocab, h), &Device::Cpu).unwrap();
+    for tied in [true, false] {
+        let w = Var::from_tensor(&randn(4, &[vocab, h], 1.0)).unwrap();
+        let x0 = w
+            .as_tensor()
+            .index_select(&ids.flatten_all().unwrap(), 0)
+            .and_then(|x| x.reshape((3, 40, h)))
+            .unwrap();
+        let mut tail = fused::backward_seed(&x0, &g).unwrap();
+        if tied {
+            tail = (tail + fused::backward_seed(w.as_tensor(), &g_lm).unwrap()).unwrap();
+        }
+        let want = tail
+            .backward()
+            .unwrap()
+            .remove(w.as_tensor())
+            .expect("W's gradient");
+        let got = fused::embedding_backward(&ids, &g, vocab, tied.then_some(&g_lm)).unwrap();
+        assert_eq!(got.dims(), [vocab, h]);
+        assert_eq!(got.dtype(), DType::F32);
+        assert_eq!(bits(&got), bits(&want), "tied: {tied}");
+    }
+    // bf16 inputs: f32 sums of their exact values
+    let (g16, lm16) = (
+        g.to_dtype(DType::BF16).unwrap(),
+        g_lm.to_dtype(DType::BF16).unwrap(),
+    );
+    let got = fused::embedding_backward(&ids, &g16, vocab, Some(&lm16)).unwrap();
+    let exact = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
+    let want = fused::embedding_backward(&ids, &exact(&g16), vocab, Some(&exact(&lm16))).unwrap();
+    assert_eq!(bits(&got), bits(&want));
+    // every row summed in position order, whatever the order of the ids: the host's groups
+    let rows = fused::TokenRows::new(&[4, 1, 4, 0, 4, 1], 6).unwrap();
+    assert_eq!(rows.starts, [0, 1, 3, 3, 3, 6, 6]);
+    assert_eq!(rows.order, [3, 1, 5, 0, 2, 4]);
+    let past = Tensor::from_vec(vec![3u32, 61, 0], (1, 3), &Device::Cpu).unwrap();
+    let err = fused::embedding_backward(&past, &randn(5, &[1, 3, h], 1.0), vocab, None)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("token id 61 at position 1") && err.contains("61"),
+        "{err}"
+    );
+    let f64s = g.to_dtype(DType::F64).unwrap();
+    assert!(fused::embedding_backward(&ids, &f64s, vocab, None).is_err());
+}

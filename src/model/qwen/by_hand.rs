@@ -37,7 +37,10 @@
 //! norm beside them (`crate::fused::rms_norm_backward_add`). The composed layer under autograd is the
 //! oracle (tests/it/model.rs): the same gradients to f32 round-off, at the Qwen3-1.7B layer's
 //! shapes. Off by default ([`super::Kernels::layer_by_hand`]) until a GPU run times it against
-//! the autograd layer.
+//! the autograd layer. With it, the embedding's backward is written once too
+//! ([`embedding_backward`]: the lookup's rows added to the tied lm_head's share in one pass,
+//! `crate::fused::embedding_backward`), where autograd's `index_add` walks every position in
+//! turn on CUDA.
 
 use candle_core::backprop::GradStore;
 use candle_core::{Tensor, D};
@@ -122,6 +125,10 @@ impl<'m> Kept<'m> {
     /// otherwise) has no master to hand a gradient to, as under autograd.
     fn insert(&mut self, weight: &Tensor, grad: Tensor) -> Result<()> {
         if weight.is_variable() {
+            let grad = match grad.dtype() == weight.dtype() {
+                true => grad,
+                false => grad.to_dtype(weight.dtype())?,
+            };
             self.store.insert(weight, grad);
         } else if let Some(master) = self.masters.get(&weight.id()) {
             let grad = grad.to_dtype(master.dtype())?;
@@ -249,4 +256,21 @@ impl Block {
         crate::device::part(BACKWARD_REST);
         Ok((dx, store.store))
     }
+}
+
+/// The embedding matrix's gradient from `g` = ∂L/∂x₀, the gradient of the lookup of `ids`
+/// (the first layer's input), written once (`crate::fused::embedding_backward`): with tied
+/// embeddings starting from the lm_head's share `g_lm`, as autograd adds the lookup's rows into
+/// it. Keyed as [`Kept::insert`] keys a weight's gradient: by the weight, or by its master.
+pub(super) fn embedding_backward(
+    weight: &Tensor,
+    ids: &Tensor,
+    g: &Tensor,
+    g_lm: Option<&Tensor>,
+    masters: &Masters,
+) -> Result<GradStore> {
+    let grad = crate::fused::embedding_backward(ids, &g.detach(), weight.dim(0)?, g_lm)?;
+    let mut store = Kept::new(masters);
+    store.insert(weight, grad)?;
+    Ok(store.store)
 }
