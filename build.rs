@@ -94,7 +94,24 @@ fn compile_kernels() {
             });
         assert!(status.success(), "nvcc failed on {}", src.display());
     }
+    write_modules(&out, &sources);
     write_sizes(&out);
+}
+
+/// `kernel_modules.rs`: every kernel file's stem and PTX (`fused::launch::MODULES`, what `acpo
+/// bench kernels-load` loads), `sizes.cu` left out (no kernel: build.rs reads its numbers).
+fn write_modules(out: &std::path::Path, sources: &[std::path::PathBuf]) {
+    let mut list = String::from("&[\n");
+    for src in sources {
+        let stem = src.file_stem().expect("a file name").to_string_lossy();
+        if src.extension().is_some_and(|e| e == "cu") && stem != "sizes" {
+            list.push_str(&format!(
+                "    (\"{stem}\", include_str!(concat!(env!(\"OUT_DIR\"), \"/{stem}.ptx\"))),\n"
+            ));
+        }
+    }
+    list.push(']');
+    std::fs::write(out.join("kernel_modules.rs"), list).expect("OUT_DIR is writable");
 }
 
 /// The launch numbers of `kernels/launch.cuh`, as nvcc evaluated them into `sizes.ptx`

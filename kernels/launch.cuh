@@ -16,6 +16,9 @@
 #define RMS_DW_GROUPS 8
 #define RMS_DW_ROWS 256
 
+// The embedding's backward (embedding.cu): a row's positions staged in shared memory at a time.
+#define EMB_TILE 256
+
 // The decode step's fused chain (decode_chain.cu): threads per (row, head) block of the
 // q/k norm + RoPE + cache write (a multiple of 32, as block_sum needs), and the largest head
 // dim it takes (its shared row).

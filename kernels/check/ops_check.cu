@@ -1086,8 +1086,9 @@ static void check_all() {
   check_pool_store(41, 29, 12, 4, 1, 3);
   check_pool_store(300, 250, 256, 4, 7, 2);
   // the embedding's backward: a row of a block's 256 columns, rows of 37 and of 300 (a block and a
-  // part), the 1.7B model's 2,048; with and without the lm_head's share; grids that wrap
-  const int embeddings[][4] = {{61, 120, 37, 3}, {29, 200, 300, 7}, {13, 50, 256, 1}, {40, 30, 2048, 11}};
+  // part), the 1.7B model's 2,048; with and without the lm_head's share; grids that wrap; a token
+  // at 300 positions (two tiles of EMB_TILE, the second part-full)
+  const int embeddings[][4] = {{61, 120, 37, 3}, {29, 200, 300, 7}, {13, 50, 256, 1}, {40, 30, 2048, 11}, {23, 700, 40, 2}};
   for (const auto& e : embeddings)
     for (bool has_base : {true, false}) {
       check_embedding_grad<float>(e[0], e[1], e[2], has_base, e[3]);

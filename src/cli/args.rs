@@ -667,6 +667,9 @@ pub enum BenchKind {
     /// The tensor-core attention's time per shape, predicted from a model fitted to the kernels
     /// timed under --measured (results/gpu).
     AttentionPredict,
+    /// The GPU driver's load of each kernel module (its JIT of the PTX, or its cache): --device
+    /// cuda only.
+    KernelsLoad,
     /// Verifier throughput (answers/s).
     Verifier,
 }

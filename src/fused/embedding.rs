@@ -19,55 +19,53 @@
 //! gradient: each row's positions gathered on the host (a counting sort of the ids, so each
 //! row's are in position order), one thread a column of a row adding them in that order
 //! (`kernels/embedding.cu`). The sum is the formula above in f32: in f32 the bits of the autograd
-//! route on every device (tests/it/model.rs); from bf16 inputs, f32 sums of their exact values,
-//! where autograd's route rounds to bf16 after each add.
+//! route on every device (tests/it/fused.rs, and tests/it/cuda.rs against candle's CUDA route);
+//! from bf16 inputs, f32 sums of their exact values, where autograd's route rounds to bf16 after
+//! each add.
 
 use candle_core::{DType, Device, Result, Tensor, D};
 
-/// The gradient `(V, H)` in f32 of an embedding matrix of `vocab` rows from the gradient `dy`
-/// `(..., H)` of its lookup at `ids` (u32, `dy`'s leading shape), starting from `base` `(V, H)`
-/// (the tied lm_head's share) where given: row t is `0 + base[t]` plus the rows of `dy` whose
-/// id is t, in position order, summed in f32 (module docs). Ids at or past `vocab` are an
-/// error naming the position.
-pub fn embedding_backward(
-    ids: &Tensor,
-    dy: &Tensor,
-    vocab: usize,
-    base: Option<&Tensor>,
-) -> Result<Tensor> {
+/// The gradient `(V, H)` in f32 of an embedding matrix from the gradient `dy` `(..., H)` of its
+/// lookup at the ids `rows` grouped, starting from `base` `(V, H)` (the tied lm_head's share, in
+/// `dy`'s dtype) where given: row t is `0 + base[t]` plus the rows of `dy` whose id is t, in
+/// position order, summed in f32 (module docs).
+pub fn embedding_backward(rows: &TokenRows, dy: &Tensor, base: Option<&Tensor>) -> Result<Tensor> {
     if !embedding_backward_applies(dy) {
         candle_core::bail!(
             "embedding backward: a gradient of {:?} (f32 or bf16 only: the sums are f32)",
             dy.dtype()
         );
     }
-    let h = dy.dim(D::Minus1)?;
-    let ids = ids.flatten_all()?.to_vec1::<u32>()?;
+    let (vocab, h) = (rows.vocab(), dy.dim(D::Minus1)?);
     let n = dy.elem_count() / h.max(1);
-    if ids.len() != n {
+    if n != rows.positions {
         candle_core::bail!(
             "embedding backward: {} ids for {n} rows of the gradient {:?}",
-            ids.len(),
+            rows.positions,
             dy.dims()
         );
     }
     if let Some(b) = base {
-        if b.dims() != [vocab, h] {
+        if b.dims() != [vocab, h] || b.dtype() != dy.dtype() {
             candle_core::bail!(
-                "embedding backward: the lm_head's gradient {:?}, the embedding ({vocab}, {h})",
-                b.dims()
+                "embedding backward: the lm_head's gradient {:?} {:?}, the embedding's ({vocab}, {h}) {:?}",
+                b.dims(),
+                b.dtype(),
+                dy.dtype()
             );
         }
     }
-    let rows = TokenRows::new(&ids, vocab)?;
     #[cfg(feature = "cuda")]
     if dy.device().is_cuda() {
-        return cuda::embedding_backward(&rows, dy, h, base);
+        return cuda::embedding_backward(rows, dy, h, base);
     }
     let device = dy.device().clone();
     let dy = host_f32(dy)?;
-    let base = base.map(host_f32).transpose()?;
-    let grad = embedding_backward_host(&rows, &dy, h, base.as_deref());
+    let grad = match base {
+        Some(b) => host_f32(b)?,
+        None => vec![0f32; vocab * h],
+    };
+    let grad = embedding_backward_host(rows, &dy, h, grad, base.is_some());
     Tensor::from_vec(grad, (vocab, h), &device)
 }
 
@@ -84,10 +82,20 @@ pub struct TokenRows {
     pub starts: Vec<u32>,
     /// The positions, grouped by token, each group in position order.
     pub order: Vec<u32>,
+    /// How many ids were grouped (`u32::MAX` ones included, which no row takes).
+    pub positions: usize,
 }
 
 impl TokenRows {
-    /// Groups the positions of `ids` by token; an id at or past `vocab` is an error.
+    /// The ids of a lookup (u32, any shape; read to the host, which waits for the device's
+    /// queue: built where that queue is short, before a backward), grouped.
+    pub fn of(ids: &Tensor, vocab: usize) -> Result<TokenRows> {
+        TokenRows::new(&ids.flatten_all()?.to_vec1::<u32>()?, vocab)
+    }
+
+    /// Groups the positions of `ids` by token. An id of `u32::MAX` is candle's padding (its
+    /// lookup a zero row, `index_add` skipping it): in no row. Any other id at or past `vocab`
+    /// is an error naming its position.
     pub fn new(ids: &[u32], vocab: usize) -> Result<TokenRows> {
         if u32::try_from(ids.len()).is_err() || u32::try_from(vocab).is_err() {
             candle_core::bail!(
@@ -97,6 +105,9 @@ impl TokenRows {
         }
         let mut starts = vec![0u32; vocab + 1];
         for (p, &id) in ids.iter().enumerate() {
+            if id == u32::MAX {
+                continue;
+            }
             if id as usize >= vocab {
                 candle_core::bail!(
                     "embedding backward: token id {id} at position {p} is past the vocabulary of {vocab}"
@@ -108,13 +119,17 @@ impl TokenRows {
             starts[t + 1] += starts[t];
         }
         let mut next = starts.clone();
-        let mut order = vec![0u32; ids.len()];
-        for (p, &id) in ids.iter().enumerate() {
+        let mut order = vec![0u32; starts[vocab] as usize];
+        for (p, &id) in ids.iter().enumerate().filter(|(_, &id)| id != u32::MAX) {
             let slot = &mut next[id as usize];
             order[*slot as usize] = p as u32;
             *slot += 1;
         }
-        Ok(TokenRows { starts, order })
+        Ok(TokenRows {
+            starts,
+            order,
+            positions: ids.len(),
+        })
     }
 
     /// The vocabulary's size.
@@ -123,7 +138,7 @@ impl TokenRows {
     }
 }
 
-/// `t`'s numbers on the host in f32 (exact from bf16 and f16), in order.
+/// `t`'s numbers on the host in f32 (exact from bf16), in order.
 fn host_f32(t: &Tensor) -> Result<Vec<f32>> {
     t.to_device(&Device::Cpu)?
         .to_dtype(DType::F32)?
@@ -131,19 +146,22 @@ fn host_f32(t: &Tensor) -> Result<Vec<f32>> {
         .to_vec1::<f32>()
 }
 
-/// The CPU twin of `kernels/embedding.cu`: row t of the result is `0 + base[t]` (or 0) plus the
-/// rows of `dy` `(N, h)` at t's positions, in position order, in f32.
+/// The CPU twin of `kernels/embedding.cu`: into `grad` `(V, h)`, holding the lm_head's share
+/// where `has_base` (else zeros), row t becomes `0 + grad[t]` plus the rows of `dy` `(N, h)` at
+/// t's positions, in position order, in f32.
 pub fn embedding_backward_host(
     rows: &TokenRows,
     dy: &[f32],
     h: usize,
-    base: Option<&[f32]>,
+    mut grad: Vec<f32>,
+    has_base: bool,
 ) -> Vec<f32> {
-    let mut grad = match base {
-        // `0 + b`, as the zero-filled gradient the lm_head's share is added into (−0 becomes +0)
-        Some(b) => b.iter().map(|&b| 0.0 + b).collect(),
-        None => vec![0f32; rows.vocab() * h],
-    };
+    if has_base {
+        // as the zero-filled gradient the lm_head's share is added into (−0 becomes +0)
+        for g in grad.iter_mut() {
+            *g += 0.0;
+        }
+    }
     for (t, out) in grad.chunks_mut(h.max(1)).enumerate() {
         let (a, b) = (rows.starts[t] as usize, rows.starts[t + 1] as usize);
         for &p in &rows.order[a..b] {
@@ -184,11 +202,7 @@ mod cuda {
         let meta: Vec<u32> = rows.starts.iter().chain(&rows.order).copied().collect();
         let meta = Tensor::from_vec(meta, rows.starts.len() + rows.order.len(), dy.device())?;
         let dy = dy.contiguous()?;
-        let base = match base {
-            Some(b) if b.dtype() != dy.dtype() => Some(b.to_dtype(dy.dtype())?.contiguous()?),
-            Some(b) => Some(b.contiguous()?),
-            None => None,
-        };
+        let base = base.map(Tensor::contiguous).transpose()?;
         let op = Grad {
             base,
             vocab: rows.vocab(),

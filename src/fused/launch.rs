@@ -24,6 +24,10 @@ macro_rules! ptx {
 }
 pub(crate) use ptx;
 
+/// Every kernel file's stem and PTX (build.rs: `kernels/*.cu` but `sizes.cu`), for loading them
+/// all at once (`acpo bench kernels-load`); an op loads its own module through [`ptx!`].
+pub const MODULES: &[(&str, &str)] = include!(concat!(env!("OUT_DIR"), "/kernel_modules.rs"));
+
 /// Kernel `name` of a [`ptx!`] module, loaded on `dev` at its first use. (A macro: candle does
 /// not export the type of the function it returns.)
 macro_rules! kernel {

@@ -1341,6 +1341,12 @@ impl Qwen {
     {
         let (mask, cos, sin) = self.layer_inputs(positions, key_valid, 0, ids.dim(1)?)?;
         let x0 = self.embed.forward(ids)?;
+        // The ids grouped by token for the embedding's backward by hand, read to the host here,
+        // where the device's queue is short, rather than behind the whole backward.
+        let token_rows = (self.kernels.layer_by_hand
+            && crate::fused::embedding_backward_applies(&x0))
+        .then(|| crate::fused::TokenRows::of(ids, self.embed.embeddings().dim(0)?))
+        .transpose()?;
         let none = KvCache::default().layer(0);
         let mut inputs = Vec::with_capacity(self.blocks.len());
         let mut x = x0.detach();
@@ -1396,12 +1402,12 @@ impl Qwen {
             sink(layer)?;
             crate::device::mark(|| format!("layer {i}: recomputed and backpropagated"));
         }
-        if self.kernels.layer_by_hand && crate::fused::embedding_backward_applies(&g) {
+        if let Some(rows) = &token_rows {
             // the lookup's backward in one pass, the lm_head's share its starting value
             let weight = self.embed.embeddings();
             sink(by_hand::embedding_backward(
                 weight,
-                ids,
+                rows,
                 &g,
                 g_lm.as_ref(),
                 &self.masters,

@@ -15,6 +15,7 @@ mod attention;
 pub mod decode;
 pub mod flash_predict;
 mod generate;
+pub mod kernels_load;
 pub mod memory;
 pub mod pipeline;
 pub mod plan;
@@ -57,6 +58,10 @@ pub enum PerfError {
     NoRepeats,
     #[error("{0}")]
     Shape(String),
+    #[error(
+        "bench {0}: needs a CUDA GPU (--device cuda, from a binary built with --features cuda)"
+    )]
+    NeedsCuda(&'static str),
     #[error(transparent)]
     Manifest(#[from] crate::manifest::ManifestError),
     /// Boxed: it carries a training error.

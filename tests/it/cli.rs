@@ -398,6 +398,20 @@ fn bench_writes_a_report() {
     }
 }
 
+/// `acpo bench kernels-load` loads the kernel modules on a GPU; elsewhere it says so and exits 2,
+/// writing nothing. (On the GPU the suite runs it first, `tools/gpu/suite.sh`.)
+#[test]
+fn bench_kernels_load_needs_a_gpu_and_says_so() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let out = dir.path().join("kernels-load");
+    let args = ["bench", "kernels-load", "--out", out.to_str().expect("utf8")];
+    let run = acpo(&args, repo());
+    let stderr = String::from_utf8_lossy(&run.stderr);
+    assert_eq!(run.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("needs a CUDA GPU"), "{stderr}");
+    assert!(!out.exists(), "nothing written");
+}
+
 #[test]
 fn bench_generate_takes_an_fp8_kv_cache_and_counts_its_bytes_where_it_holds_them() {
     // On the CPU an FP8 cache keeps E4M3 values in the model's dtype: the run samples through

@@ -1269,24 +1269,21 @@ fn the_fused_decode_chain_writes_the_composed_chains_fp8_bytes() {
     }
 }
 
-/// The pool's stores (kernels/decode_chain.cu, `pool_store_*`: a paged prefill's keys and values,
-/// a shared block's copy) write what `scatter_set` writes, bit for bit: in f32, bf16 and an FP8
-/// cache's bytes, rows of 16-byte words, of 4-byte words (a head of 12) and of neither (bytes of
-/// 6, left to `scatter_set`), from sources that start mid-buffer (a prefill's chunk), through a
-/// write index whose rows hold their destination across the head dim; every other pool row
-/// kept. The kernel launches exactly where its words fit.
 /// The embedding's backward on CUDA (`kernels/embedding.cu`, issue #59 item 2) is its CPU twin
 /// bit for bit, f32 and bf16, with and without the tied lm_head's share: the same positions in
-/// the same order, summed in f32; and in f32 the bits of autograd's `index_add` on the GPU.
+/// the same order, summed in f32; and in f32 the bits of autograd's `index_add` on the GPU. Rows
+/// of 2,000 (a block's 256 columns and a part) over a vocabulary whose chunks pass the grid's
+/// 65,536 blocks, so that the grid-stride loop wraps; a token at 3 of every 7 positions (several
+/// of the kernel's tiles).
 #[test]
 fn the_embedding_backward_kernel_is_its_cpu_twin_bit_for_bit() {
     let Some(gpu) = gpu("the_embedding_backward_kernel_is_its_cpu_twin_bit_for_bit") else {
         return;
     };
-    use acpo::fused::{backward_seed, embedding_backward};
-    // Qwen3-1.7B's hidden size, rows of a block and a part; a token more frequent than the others
-    let (vocab, h) = (997usize, 2048usize);
+    use acpo::fused::{backward_seed, embedding_backward, TokenRows};
+    let (vocab, h) = (8209usize, 2000usize);
     let ids = super::fused::skewed_ids(2, 700, vocab as u32);
+    let rows = TokenRows::of(&ids, vocab).expect("rows");
     let on = |t: &Tensor| t.to_device(&gpu).expect("to the GPU");
     let bits = |t: &Tensor| super::fused::bits(&t.to_device(&Device::Cpu).expect("to host"));
     for dtype in [DType::F32, DType::BF16] {
@@ -1294,9 +1291,9 @@ fn the_embedding_backward_kernel_is_its_cpu_twin_bit_for_bit() {
         let g_lm = random(2, &[vocab, h], 1.0).to_dtype(dtype).expect("dtype");
         for tied in [true, false] {
             let base = tied.then_some(&g_lm);
-            let want = embedding_backward(&ids, &g, vocab, base).expect("cpu");
+            let want = embedding_backward(&rows, &g, base).expect("cpu");
             let gbase = base.map(on);
-            let got = embedding_backward(&on(&ids), &on(&g), vocab, gbase.as_ref()).expect("gpu");
+            let got = embedding_backward(&rows, &on(&g), gbase.as_ref()).expect("gpu");
             assert!(got.device().is_cuda());
             assert_eq!(bits(&got), bits(&want), "{dtype:?}, tied {tied}");
         }
@@ -1320,10 +1317,16 @@ fn the_embedding_backward_kernel_is_its_cpu_twin_bit_for_bit() {
         .expect("backward")
         .remove(w.as_tensor())
         .expect("W's gradient");
-    let got = embedding_backward(&on(&ids), &g, vocab, Some(&g_lm)).expect("gpu");
+    let got = embedding_backward(&rows, &g, Some(&g_lm)).expect("gpu");
     assert_eq!(bits(&got), bits(&want));
 }
 
+/// The pool's stores (kernels/decode_chain.cu, `pool_store_*`: a paged prefill's keys and values,
+/// a shared block's copy) write what `scatter_set` writes, bit for bit: in f32, bf16 and an FP8
+/// cache's bytes, rows of 16-byte words, of 4-byte words (a head of 12) and of neither (bytes of
+/// 6, left to `scatter_set`), from sources that start mid-buffer (a prefill's chunk), through a
+/// write index whose rows hold their destination across the head dim; every other pool row
+/// kept. The kernel launches exactly where its words fit.
 #[test]
 fn the_pool_store_writes_what_scatter_set_writes() {
     let Some(gpu) = gpu("the_pool_store_writes_what_scatter_set_writes") else {

@@ -1164,12 +1164,20 @@ pub(crate) fn skewed_ids(b: usize, t: usize, vocab: u32) -> Tensor {
 /// The embedding lookup's backward in one pass (`fused::embedding_backward`) is, in f32, the
 /// bits autograd gives the embedding matrix through `index_select`'s backward (`index_add` into
 /// the gradient so far), with the tied lm_head's share added first as `checkpointed_backward`
-/// seeds it, negative zeros and all; untied, into zeros. From bf16 inputs it sums their exact
-/// values in f32. An id past the vocabulary is an error naming its position.
+/// seeds it, negative zeros and all; untied, into zeros; candle's padding id `u32::MAX` in no
+/// row, as `index_add` skips it. From bf16 inputs, the f32 route on their exact values, in f32.
+/// An id past the vocabulary is an error naming its position.
 #[test]
 fn the_embedding_backward_is_autograds_index_add_bit_for_bit() {
     let (vocab, h) = (61usize, 37usize);
-    let ids = skewed_ids(3, 40, vocab as u32);
+    let mut ids: Vec<u32> = skewed_ids(3, 40, vocab as u32)
+        .flatten_all()
+        .unwrap()
+        .to_vec1()
+        .unwrap();
+    ids[7] = u32::MAX;
+    let ids = Tensor::from_vec(ids, (3, 40), &Device::Cpu).unwrap();
+    let rows = fused::TokenRows::of(&ids, vocab).unwrap();
     let g = randn(2, &[3, 40, h], 1.0);
     // the lm_head's share with negative zeros, which `0 + x` makes positive
     let mut lm: Vec<f32> = randn(3, &[vocab, h], 1.0)
@@ -1181,48 +1189,53 @@ fn the_embedding_backward_is_autograds_index_add_bit_for_bit() {
         *x = -0.0;
     }
     let g_lm = Tensor::from_vec(lm, (vocab, h), &Device::Cpu).unwrap();
-    for tied in [true, false] {
+    // autograd's route: the lookup's index_add into W's gradient so far
+    let autograd = |g: &Tensor, g_lm: Option<&Tensor>| {
         let w = Var::from_tensor(&randn(4, &[vocab, h], 1.0)).unwrap();
         let x0 = w
             .as_tensor()
             .index_select(&ids.flatten_all().unwrap(), 0)
             .and_then(|x| x.reshape((3, 40, h)))
             .unwrap();
-        let mut tail = fused::backward_seed(&x0, &g).unwrap();
-        if tied {
-            tail = (tail + fused::backward_seed(w.as_tensor(), &g_lm).unwrap()).unwrap();
+        let mut tail = fused::backward_seed(&x0, g).unwrap();
+        if let Some(g_lm) = g_lm {
+            tail = (tail + fused::backward_seed(w.as_tensor(), g_lm).unwrap()).unwrap();
         }
-        let want = tail
-            .backward()
+        tail.backward()
             .unwrap()
             .remove(w.as_tensor())
-            .expect("W's gradient");
-        let got = fused::embedding_backward(&ids, &g, vocab, tied.then_some(&g_lm)).unwrap();
+            .expect("W's gradient")
+    };
+    for tied in [true, false] {
+        let base = tied.then_some(&g_lm);
+        let got = fused::embedding_backward(&rows, &g, base).unwrap();
         assert_eq!(got.dims(), [vocab, h]);
         assert_eq!(got.dtype(), DType::F32);
-        assert_eq!(bits(&got), bits(&want), "tied: {tied}");
+        assert_eq!(bits(&got), bits(&autograd(&g, base)), "tied: {tied}");
     }
-    // bf16 inputs: f32 sums of their exact values
+    // bf16 inputs: the f32 route on their values, not autograd's bf16 adds
     let (g16, lm16) = (
         g.to_dtype(DType::BF16).unwrap(),
         g_lm.to_dtype(DType::BF16).unwrap(),
     );
-    let got = fused::embedding_backward(&ids, &g16, vocab, Some(&lm16)).unwrap();
+    let got = fused::embedding_backward(&rows, &g16, Some(&lm16)).unwrap();
     let exact = |t: &Tensor| t.to_dtype(DType::F32).unwrap();
-    let want = fused::embedding_backward(&ids, &exact(&g16), vocab, Some(&exact(&lm16))).unwrap();
-    assert_eq!(bits(&got), bits(&want));
-    // every row summed in position order, whatever the order of the ids: the host's groups
-    let rows = fused::TokenRows::new(&[4, 1, 4, 0, 4, 1], 6).unwrap();
-    assert_eq!(rows.starts, [0, 1, 3, 3, 3, 6, 6]);
-    assert_eq!(rows.order, [3, 1, 5, 0, 2, 4]);
-    let past = Tensor::from_vec(vec![3u32, 61, 0], (1, 3), &Device::Cpu).unwrap();
-    let err = fused::embedding_backward(&past, &randn(5, &[1, 3, h], 1.0), vocab, None)
-        .unwrap_err()
-        .to_string();
-    assert!(
-        err.contains("token id 61 at position 1") && err.contains("61"),
-        "{err}"
+    assert_eq!(
+        bits(&got),
+        bits(&autograd(&exact(&g16), Some(&exact(&lm16))))
     );
+    // every row summed in position order, whatever the order of the ids: the host's groups
+    let grouped = fused::TokenRows::new(&[4, 1, 4, 0, u32::MAX, 4, 1], 6).unwrap();
+    assert_eq!(grouped.starts, [0, 1, 3, 3, 3, 6, 6]);
+    assert_eq!(grouped.order, [3, 1, 6, 0, 2, 5]);
+    let err = fused::TokenRows::new(&[3, 61, 0], vocab)
+        .err()
+        .expect("an id past the vocabulary")
+        .to_string();
+    assert!(err.contains("token id 61 at position 1"), "{err}");
+    // mismatched inputs are refused, not cast
     let f64s = g.to_dtype(DType::F64).unwrap();
-    assert!(fused::embedding_backward(&ids, &f64s, vocab, None).is_err());
+    assert!(fused::embedding_backward(&rows, &f64s, None).is_err());
+    assert!(fused::embedding_backward(&rows, &g, Some(&lm16)).is_err());
+    assert!(fused::embedding_backward(&rows, &g.narrow(1, 0, 39).unwrap(), None).is_err());
 }

@@ -910,6 +910,21 @@ def adamw_check(root):
             *[f"- {l}" for l in lines], ""]
 
 
+def kernels_load(root):
+    """`acpo bench kernels-load` (the suite's first step, in the background): the driver's load
+    of each kernel module, its JIT of the PTX on a cold cache."""
+    path = latest(root, "kernels-load.json")
+    if not path:
+        return []
+    got = load(path)
+    mods = sorted(got["modules"], key=lambda m: -m["seconds"])
+    out = [f"The driver's load of acpo's kernel modules (`acpo bench kernels-load`, the PTX compiled "
+           f"for this GPU unless its cache held it): {got['total_seconds']:.1f} s in all, the slowest:", "",
+           "| module | PTX | seconds |", "|---|---:|---:|"]
+    out += [f"| `{m['module']}.cu` | {m['ptx_bytes'] / 1e6:.1f} MB | {m['seconds']:.2f} |" for m in mods[:5]]
+    return out + [""]
+
+
 def ops_check(root):
     """kernels/check/ops_check.cu on the GPU: every other kernel against float64, then the
     kernels issue #44 changed, timed at Qwen3-1.7B's shapes."""
@@ -1032,6 +1047,7 @@ def report(root):
            *[f"- {e.strip()}" for e in errs], ""] if errs else []),
         *adamw_check(root),
         *ops_check(root),
+        *kernels_load(root),
         *parity_table(root), "",
         "**Built-in speed benchmarks** (`acpo bench train-step|generate`, issue #4's sizes):", "",
         *builtin_benches(root), "",

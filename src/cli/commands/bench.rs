@@ -47,6 +47,10 @@ pub fn run(args: &BenchArgs) -> anyhow::Result<Outcome> {
                 .unwrap_or_else(|| args.configs.join("qwen3-1.7b.json"));
             acpo::perf::decode_predict(measured, &target, &args.out)?
         }
+        BenchKind::KernelsLoad => {
+            let device = acpo::model::device(args.device.into())?;
+            acpo::perf::kernels_load::kernels_load(&device, &args.out)?
+        }
         BenchKind::AttentionPredict => {
             let Some(measured) = &args.measured else {
                 bail!("bench attention-predict needs --measured DIR (the GPU runs, results/gpu)");

@@ -258,19 +258,23 @@ impl Block {
     }
 }
 
-/// The embedding matrix's gradient from `g` = ∂L/∂x₀, the gradient of the lookup of `ids`
-/// (the first layer's input), written once (`crate::fused::embedding_backward`): with tied
-/// embeddings starting from the lm_head's share `g_lm`, as autograd adds the lookup's rows into
-/// it. Keyed as [`Kept::insert`] keys a weight's gradient: by the weight, or by its master.
+/// The embedding matrix's gradient from `g` = ∂L/∂x₀, the gradient of the lookup whose ids
+/// `rows` grouped (the first layer's input), written once (`crate::fused::embedding_backward`):
+/// with tied embeddings starting from the lm_head's share `g_lm`, as autograd adds the lookup's
+/// rows into it. Keyed as [`Kept::insert`] keys a weight's gradient: by the weight, or by its
+/// master; a weight with neither (a frozen model's) gets none, as under autograd, and costs
+/// nothing.
 pub(super) fn embedding_backward(
     weight: &Tensor,
-    ids: &Tensor,
+    rows: &crate::fused::TokenRows,
     g: &Tensor,
     g_lm: Option<&Tensor>,
     masters: &Masters,
 ) -> Result<GradStore> {
-    let grad = crate::fused::embedding_backward(ids, &g.detach(), weight.dim(0)?, g_lm)?;
     let mut store = Kept::new(masters);
-    store.insert(weight, grad)?;
+    if weight.is_variable() || masters.contains_key(&weight.id()) {
+        let grad = crate::fused::embedding_backward(rows, &g.detach(), g_lm)?;
+        store.insert(weight, grad)?;
+    }
     Ok(store.store)
 }
