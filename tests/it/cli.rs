@@ -404,7 +404,12 @@ fn bench_writes_a_report() {
 fn bench_kernels_load_needs_a_gpu_and_says_so() {
     let dir = tempfile::tempdir().expect("tempdir");
     let out = dir.path().join("kernels-load");
-    let args = ["bench", "kernels-load", "--out", out.to_str().expect("utf8")];
+    let args = [
+        "bench",
+        "kernels-load",
+        "--out",
+        out.to_str().expect("utf8"),
+    ];
     let run = acpo(&args, repo());
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert_eq!(run.status.code(), Some(2), "{stderr}");

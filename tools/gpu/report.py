@@ -214,10 +214,11 @@ def train_step(root, lines):
 
 def train_phases(root):
     """The train step's memory and time by phase (`acpo bench train-step --trace`, the suite of
-    issue #44), the decoder layers' phases summed; nothing for a run without a trace."""
+    issue #44; and the step with each layer's backward by hand, `--layer-by-hand --trace`), the
+    decoder layers' phases summed; nothing for a run without a trace."""
     out = []
-    for length in (2048, 9220):
-        acpo = step_run(root, length)
+    for length, variant in ((2048, ""), (9220, ""), (2048, "by-hand"), (9220, "by-hand")):
+        acpo = step_run(root, length, variant)
         if not acpo or not acpo.get("trace"):
             continue
         rows, layers = [], None
@@ -233,7 +234,8 @@ def train_phases(root):
         if not out:
             out += ["Where the train step's time and memory go (`--trace`: each phase's wall time once the GPU "
                     "has finished it, and the most memory in use during it):", ""]
-        out += [f"| 2 × {length}: phase | seconds | peak GiB |", "|---|---:|---:|"]
+        label = ", each layer's backward by hand" if variant else ""
+        out += [f"| 2 × {length}{label}: phase | seconds | peak GiB |", "|---|---:|---:|"]
         for name, secs, peak in rows:
             if name == "layers":
                 n, secs, peak = layers

@@ -514,8 +514,9 @@ done
 # `by-hand`), then the attention's backward in 5 products (item 3, `five`: dQ added up in
 # key-block order inside the dK/dV kernel). The side-by-side decides whether either becomes the
 # GPU's default. Neither has run in the step on a GPU before: a failure fails the suite (a time
-# cut does not).
-wanted step && for variant in "by-hand --layer-by-hand" "five --flash-backward five"; do
+# cut does not). The by-hand step is traced too (one more step after the timed one): its phases
+# and each layer's parts beside the autograd step's, so that the run says which line moved.
+wanted step && for variant in "by-hand --layer-by-hand --trace" "five --flash-backward five"; do
     read -r name flags <<<"$variant"
     for len in "${lens[@]}"; do
         # shellcheck disable=SC2086 # $flags: the variant's flags, one word each

@@ -116,6 +116,27 @@ class KernelsLoad(Run):
         self.assertEqual(rows[0], "| `m6.cu` | 6.0 MB | 6.00 |")
 
 
+class TrainPhases(Run):
+    """`--trace`'s phases (src/perf/train_step.rs), of the autograd step and the by-hand one."""
+
+    def test_the_by_hand_step_s_phases_stand_beside_the_autograd_step_s(self):
+        def trace(layer_s):
+            return [{"phase": "start", "seconds": None, "peak": 0},
+                    {"phase": "layer 1: recomputed and backpropagated", "seconds": layer_s, "peak": 2**31},
+                    {"phase": "layer 0: recomputed and backpropagated", "seconds": layer_s, "peak": 2**31},
+                    {"phase": "embedding: backpropagated", "seconds": 0.05, "peak": 3 * 2**30}]
+        self.write("paper-2048/train-step.json", json.dumps([{"trace": trace(0.5)}]))
+        self.assertEqual([l for l in report.train_phases(self.root) if "by hand" in l], [])
+        self.write("paper-2048-by-hand/train-step.json", json.dumps([{"trace": trace(0.25)}]))
+        lines = report.train_phases(self.root)
+        heads = [l for l in lines if l.startswith("| 2 × ")]
+        self.assertEqual(heads, ["| 2 × 2048: phase | seconds | peak GiB |",
+                                 "| 2 × 2048, each layer's backward by hand: phase | seconds | peak GiB |"])
+        self.assertIn("| 2 layers: recompute and backward (summed) | 0.500 | 2.0 |", lines)
+        self.assertIn("| 2 layers: recompute and backward (summed) | 1.000 | 2.0 |", lines)
+        self.assertEqual(lines.count("| embedding: backpropagated | 0.050 | 3.0 |"), 2)
+
+
 class DecodeKernelTimes(Run):
     def setUp(self):
         super().setUp()
