@@ -1341,11 +1341,15 @@ impl Qwen {
     {
         let (mask, cos, sin) = self.layer_inputs(positions, key_valid, 0, ids.dim(1)?)?;
         let x0 = self.embed.forward(ids)?;
-        // The ids grouped by token for the embedding's backward by hand, read to the host here,
+        // The ids grouped by token for the embedding's backward by hand (a trained embedding's:
+        // a frozen one's keeps autograd's route, which gives it nothing), read to the host here,
         // where the device's queue is short, rather than behind the whole backward.
+        let embeddings = self.embed.embeddings();
+        let trained = embeddings.is_variable() || self.masters.contains_key(&embeddings.id());
         let token_rows = (self.kernels.layer_by_hand
+            && trained
             && crate::fused::embedding_backward_applies(&x0))
-        .then(|| crate::fused::TokenRows::of(ids, self.embed.embeddings().dim(0)?))
+        .then(|| crate::fused::TokenRows::of(ids, embeddings.dim(0)?))
         .transpose()?;
         let none = KvCache::default().layer(0);
         let mut inputs = Vec::with_capacity(self.blocks.len());
@@ -1404,9 +1408,8 @@ impl Qwen {
         }
         if let Some(rows) = &token_rows {
             // the lookup's backward in one pass, the lm_head's share its starting value
-            let weight = self.embed.embeddings();
             sink(by_hand::embedding_backward(
-                weight,
+                embeddings,
                 rows,
                 &g,
                 g_lm.as_ref(),

@@ -914,7 +914,7 @@ def adamw_check(root):
 
 def kernels_load(root):
     """`acpo bench kernels-load` (the suite's first step, in the background): the driver's load
-    of each kernel module, its JIT of the PTX on a cold cache."""
+    of each kernel module (acpo's and candle's), its JIT of the PTX on a cold cache."""
     path = latest(root, "kernels-load.json")
     if not path:
         return []
@@ -923,7 +923,7 @@ def kernels_load(root):
     out = [f"The driver's load of acpo's kernel modules (`acpo bench kernels-load`, the PTX compiled "
            f"for this GPU unless its cache held it): {got['total_seconds']:.1f} s in all, the slowest:", "",
            "| module | PTX | seconds |", "|---|---:|---:|"]
-    out += [f"| `{m['module']}.cu` | {m['ptx_bytes'] / 1e6:.1f} MB | {m['seconds']:.2f} |" for m in mods[:5]]
+    out += [f"| `{m['module']}` | {m['ptx_bytes'] / 1e3:,.0f} KB | {m['seconds']:.2f} |" for m in mods[:5]]
     return out + [""]
 
 

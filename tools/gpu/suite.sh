@@ -214,10 +214,7 @@ gate() {
     fi
 }
 finish() {
-    if [ -n "${jit_pid:-}" ]; then
-        wait "$jit_pid"
-        log "== acpo bench kernels-load: exit $?, $(grep -o '[0-9.]* s in all' "$res/kernels-load/kernels-load.md" 2>/dev/null || echo 'no report')"
-    fi
+    [ -n "${jit_pid:-}" ] && jit_wait
     save
     echo "raw results: ${OUT:-$res}"
     echo "---- summary ----"
@@ -319,14 +316,6 @@ else
     acpo=$bin/acpo-cuda
     it=$bin/it-cuda
     device=cuda
-    # The driver's JIT of acpo's PTX, from here in the background (the kernel checks run on
-    # binaries of their own meanwhile): each module's load timed (kernels-load/: what each
-    # module's JIT costs) and kept in the call's cache above, so that no timed section pays it.
-    # Waited for at the end (finish), its own limit bounding that.
-    jit=(timeout 240 "$acpo" bench kernels-load --device cuda --out "$res/kernels-load")
-    echo "$(date -u +%H:%M:%S) (in the background) ${jit[*]}" >> "$res/commands.txt"
-    "${jit[@]}" > "$res/kernels-load.log" 2>&1 &
-    jit_pid=$!
     manifest=experiments/paper/qwen3-1.7b-grpo.yaml
     pipe_cfg=()
     mkdir -p "$bin/data" "$bin/tokenizer"
@@ -353,6 +342,26 @@ if [ "$total" -gt $((deadline - start)) ]; then
     echo "suite: the sections' shares ($total s) are more than SUITE_SECONDS ($((deadline - start)) s)" >&2
     exit 2
 fi
+# The driver's JIT of the PTX of acpo's kernels (and candle's), from here in the background
+# while the kernel checks run on binaries of their own: each module's load timed
+# (kernels-load/: what each module's JIT costs) and kept in the call's cache above. Waited for
+# before the first section that runs acpo (jit_wait), so that no timed step compiles, nor sizes
+# its KV pool beside this process's context; its own limit bounds the wait.
+jit_pid=
+if [ "$dry" = 0 ]; then
+    jit=(timeout 240 "$acpo" bench kernels-load --device cuda --out "$res/kernels-load")
+    echo "$(date -u +%H:%M:%S) (in the background) ${jit[*]}" >> "$res/commands.txt"
+    "${jit[@]}" > "$res/kernels-load.log" 2>&1 &
+    jit_pid=$!
+fi
+jit_wait() {
+    [ -n "$jit_pid" ] || return 0
+    local t0; t0=$(date +%s)
+    wait "$jit_pid"
+    local rc=$?
+    jit_pid=
+    log "== acpo bench kernels-load (in the background): exit $rc, $(grep -o '[0-9.]* s in all' "$res/kernels-load/kernels-load.md" 2>/dev/null || echo 'no report'); waited $(( $(date +%s) - t0 )) s for it"
+}
 save
 
 # ---- 1: the kernels against their references (on the CPU: the emulator's build, its checks)
@@ -370,6 +379,9 @@ step "other kernels check and timings" 60 ops_check.log "$bin/ops_check"
 gate $? "the other kernels check"
 tail -16 "$res/ops_check.log" | tee -a "$res/summary.txt"
 fi
+
+# every section from here runs acpo: the driver's compiling is done first
+jit_wait
 
 # ---- 2: decode the way a paper run samples: acpo beside HF generate (static cache) and the
 # roofline, long-tailed lengths over the paged cache, then the launches of a decode step

@@ -106,14 +106,15 @@ class KernelsLoad(Run):
 
     def test_the_slowest_modules_come_first_and_no_report_is_no_lines(self):
         self.assertEqual(report.kernels_load(self.root), [])
-        mods = [{"module": f"m{i}", "ptx_bytes": 1_000_000 * i, "seconds": float(i)} for i in range(7)]
+        mods = [{"module": f"kernels/m{i}.cu", "ptx_bytes": 1_000_000 * i, "seconds": float(i)} for i in range(7)]
         self.write("kernels-load/kernels-load.json",
                    json.dumps({"modules": mods, "total_seconds": 21.0, "cuda_cache_path": "/c"}))
         lines = report.kernels_load(self.root)
         self.assertIn("21.0 s in all", lines[0])
         rows = [l for l in lines if l.startswith("| `")]
-        self.assertEqual([r.split("`")[1] for r in rows], ["m6.cu", "m5.cu", "m4.cu", "m3.cu", "m2.cu"])
-        self.assertEqual(rows[0], "| `m6.cu` | 6.0 MB | 6.00 |")
+        self.assertEqual([r.split("`")[1] for r in rows],
+                         [f"kernels/m{i}.cu" for i in (6, 5, 4, 3, 2)])
+        self.assertEqual(rows[0], "| `kernels/m6.cu` | 6,000 KB | 6.00 |")
 
 
 class TrainPhases(Run):

@@ -262,8 +262,8 @@ impl Block {
 /// `rows` grouped (the first layer's input), written once (`crate::fused::embedding_backward`):
 /// with tied embeddings starting from the lm_head's share `g_lm`, as autograd adds the lookup's
 /// rows into it. Keyed as [`Kept::insert`] keys a weight's gradient: by the weight, or by its
-/// master; a weight with neither (a frozen model's) gets none, as under autograd, and costs
-/// nothing.
+/// master; a weight with neither (a frozen model's) gets none, as under autograd (the caller
+/// does not group the ids for one).
 pub(super) fn embedding_backward(
     weight: &Tensor,
     rows: &crate::fused::TokenRows,
