@@ -20,23 +20,50 @@ __device__ __forceinline__ float vocab_z(const T* zr, int j, float temperature) 
   return to_f(zr[j]) / temperature;
 }
 
+// A row's columns as a thread walks them: VW = 16 / sizeof(T) consecutive columns a 16-byte load
+// where the row allows (its length a multiple of VW, its start on 16 bytes: every chunk of
+// Qwen3's vocabulary), one column a load otherwise; `f(j, z_j)` for each of the thread's columns,
+// in a fixed order (the block's size fixes it). One 2-byte load a thread kept too few bytes in
+// flight to reach the copy rate (the H200 run: 438 and 959 GB/s; kernels/NOTES.md, version 19).
+template <typename T>
+struct Pack {
+  static constexpr int n = 16 / sizeof(T);
+  T v[n];
+};
+
+template <typename T, typename F>
+__device__ __forceinline__ void for_columns(const T* zr, int cols, F f) {
+  constexpr int VW = Pack<T>::n;
+  if (cols % VW == 0 && (reinterpret_cast<uintptr_t>(zr) & 15) == 0) {
+    for (int j = threadIdx.x * VW; j < cols; j += blockDim.x * VW) {
+      Pack<T> k;
+      const uint4 w = *reinterpret_cast<const uint4*>(zr + j);
+      memcpy(&k, &w, 16);
+#pragma unroll
+      for (int u = 0; u < VW; ++u) f(j + u, k.v[u]);
+    }
+  } else {
+    for (int j = threadIdx.x; j < cols; j += blockDim.x) f(j, zr[j]);
+  }
+}
+
 template <typename T>
 __device__ void vocab_stats(const T* z, const uint32_t* targets, const float* in, float* out,
                             int c0, int cols, float temperature, int first) {
   const size_t row = blockIdx.x;
   const T* zr = z + row * cols;
   float cm = -INFINITY;
-  for (int j = threadIdx.x; j < cols; j += blockDim.x) cm = fmaxf(cm, vocab_z(zr, j, temperature));
+  for_columns(zr, cols, [&](int, T x) { cm = fmaxf(cm, to_f(x) / temperature); });
   cm = block_max(cm);
   const float m_old = first ? cm : in[row * 4];
   const float m = fmaxf(m_old, cm);
   float se = 0.0f, sed = 0.0f;
-  for (int j = threadIdx.x; j < cols; j += blockDim.x) {
-    const float d = vocab_z(zr, j, temperature) - m;
+  for_columns(zr, cols, [&](int, T x) {
+    const float d = to_f(x) / temperature - m;
     const float e = expf(d);
     se += e;
     sed += e * d;
-  }
+  });
   se = block_sum(se);
   sed = block_sum(sed);
   if (threadIdx.x == 0) {
@@ -60,6 +87,15 @@ __device__ void vocab_stats(const T* z, const uint32_t* targets, const float* in
 }
 
 template <typename T>
+__device__ __forceinline__ T vocab_dz(float zz, int j, int t, float lse, float mean_z, float g_lp,
+                                      float g_ent, float temperature) {
+  const float p = expf(zz - lse);
+  const float d_lp = ((j == t ? 1.0f : 0.0f) - p) * g_lp;
+  const float d_ent = p * (zz - mean_z) * g_ent;
+  return from_f<T>((d_lp - d_ent) / temperature);
+}
+
+template <typename T>
 __device__ void vocab_grad(const T* z, const uint32_t* targets, const float* rowv, T* dz, int c0,
                            int cols, float temperature) {
   const size_t row = blockIdx.x;
@@ -68,12 +104,23 @@ __device__ void vocab_grad(const T* z, const uint32_t* targets, const float* row
   const float lse = rowv[row * 4], mean_z = rowv[row * 4 + 1];
   const float g_lp = rowv[row * 4 + 2], g_ent = rowv[row * 4 + 3];
   const int t = (int)targets[row] - c0;  // outside [0, cols) when the target is elsewhere
-  for (int j = threadIdx.x; j < cols; j += blockDim.x) {
-    const float zz = vocab_z(zr, j, temperature);
-    const float p = expf(zz - lse);
-    const float d_lp = ((j == t ? 1.0f : 0.0f) - p) * g_lp;
-    const float d_ent = p * (zz - mean_z) * g_ent;
-    dr[j] = from_f<T>((d_lp - d_ent) / temperature);
+  constexpr int VW = Pack<T>::n;
+  const bool packed = cols % VW == 0 && ((reinterpret_cast<uintptr_t>(zr) | reinterpret_cast<uintptr_t>(dr)) & 15) == 0;
+  if (packed) {
+    for (int j = threadIdx.x * VW; j < cols; j += blockDim.x * VW) {
+      Pack<T> k, o;
+      const uint4 w = *reinterpret_cast<const uint4*>(zr + j);
+      memcpy(&k, &w, 16);
+#pragma unroll
+      for (int u = 0; u < VW; ++u)
+        o.v[u] = vocab_dz<T>(to_f(k.v[u]) / temperature, j + u, t, lse, mean_z, g_lp, g_ent, temperature);
+      uint4 ow;
+      memcpy(&ow, &o, 16);
+      *reinterpret_cast<uint4*>(dr + j) = ow;
+    }
+  } else {
+    for (int j = threadIdx.x; j < cols; j += blockDim.x)
+      dr[j] = vocab_dz<T>(vocab_z(zr, j, temperature), j, t, lse, mean_z, g_lp, g_ent, temperature);
   }
 }
 
