@@ -18,6 +18,21 @@ template <> __device__ __forceinline__ __nv_bfloat16 from_f<__nv_bfloat16>(float
   return __float2bfloat16_rn(x);
 }
 
+// 16 bytes at p, which must be 16-byte aligned (the emulator refuses an address that is not, as
+// a GPU would fault on it).
+__device__ __forceinline__ uint4 load16(const void* p) {
+#ifdef ACPO_EMU
+  emu::check_vector_align(p, "load");
+#endif
+  return *reinterpret_cast<const uint4*>(p);
+}
+__device__ __forceinline__ void store16(void* p, uint4 w) {
+#ifdef ACPO_EMU
+  emu::check_vector_align(p, "store");
+#endif
+  *reinterpret_cast<uint4*>(p) = w;
+}
+
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll
   for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -35,9 +35,10 @@ template <typename T, typename F>
 __device__ __forceinline__ void for_columns(const T* zr, int cols, F f) {
   constexpr int VW = Pack<T>::n;
   if (cols % VW == 0 && (reinterpret_cast<uintptr_t>(zr) & 15) == 0) {
+#pragma unroll 4
     for (int j = threadIdx.x * VW; j < cols; j += blockDim.x * VW) {
       Pack<T> k;
-      const uint4 w = *reinterpret_cast<const uint4*>(zr + j);
+      const uint4 w = load16(zr + j);
       memcpy(&k, &w, 16);
 #pragma unroll
       for (int u = 0; u < VW; ++u) f(j + u, k.v[u]);
@@ -96,27 +97,30 @@ __device__ __forceinline__ T vocab_dz(float zz, int j, int t, float lse, float m
 }
 
 template <typename T>
-__device__ void vocab_grad(const T* z, const uint32_t* targets, const float* rowv, T* dz, int c0,
-                           int cols, float temperature) {
+__device__ void vocab_grad(const T* __restrict__ z, const uint32_t* targets, const float* rowv,
+                           T* __restrict__ dz, int c0, int cols, float temperature) {
   const size_t row = blockIdx.x;
-  const T* zr = z + row * cols;
-  T* dr = dz + row * cols;
+  const T* __restrict__ zr = z + row * cols;
+  T* __restrict__ dr = dz + row * cols;
   const float lse = rowv[row * 4], mean_z = rowv[row * 4 + 1];
   const float g_lp = rowv[row * 4 + 2], g_ent = rowv[row * 4 + 3];
   const int t = (int)targets[row] - c0;  // outside [0, cols) when the target is elsewhere
   constexpr int VW = Pack<T>::n;
   const bool packed = cols % VW == 0 && ((reinterpret_cast<uintptr_t>(zr) | reinterpret_cast<uintptr_t>(dr)) & 15) == 0;
   if (packed) {
+    // z and dz are separate buffers (__restrict__): the next columns' loads may pass this
+    // store, so the unrolled loop keeps several in flight
+#pragma unroll 4
     for (int j = threadIdx.x * VW; j < cols; j += blockDim.x * VW) {
       Pack<T> k, o;
-      const uint4 w = *reinterpret_cast<const uint4*>(zr + j);
+      const uint4 w = load16(zr + j);
       memcpy(&k, &w, 16);
 #pragma unroll
       for (int u = 0; u < VW; ++u)
         o.v[u] = vocab_dz<T>(to_f(k.v[u]) / temperature, j + u, t, lse, mean_z, g_lp, g_ent, temperature);
       uint4 ow;
       memcpy(&ow, &o, 16);
-      *reinterpret_cast<uint4*>(dr + j) = ow;
+      store16(dr + j, ow);
     }
   } else {
     for (int j = threadIdx.x; j < cols; j += blockDim.x)

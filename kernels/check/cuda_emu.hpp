@@ -896,6 +896,12 @@ inline uint32_t ballot(bool pred) {
 
 inline unsigned dynamic_smem_bytes() { return (unsigned)S.dyn_bytes; }
 
+// A 16-byte vector load or store (`ld.global.v4` / `st.global.v4`, common.cuh's load16 /
+// store16): a GPU faults on an address off 16 bytes, where a CPU would not.
+inline void check_vector_align(const void* p, const char* what) {
+  if ((uintptr_t)p % 16 != 0) failf("a misaligned 16-byte %s at %p (it must be 16-byte aligned)", what, p);
+}
+
 // cp.async.{ca,cg}.shared.global [dst], [src], fill, bytes: `fill` (4, 8 or 16) bytes written,
 // both addresses aligned to it.
 inline void cp_async(void* dst, const void* src, int bytes, int fill) {

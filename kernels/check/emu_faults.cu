@@ -35,6 +35,15 @@ extern "C" __global__ void planted_ldmatrix(uint32_t* out, int offset) {
   for (int m = 0; m < 4; ++m) out[threadIdx.x * 4 + m] = r[m];
 }
 
+// A 16-byte load (common.cuh's load16, `ld.global.v4`) `offset` bytes into a buffer (a multiple
+// of 16 keeps the rule).
+extern "C" __global__ void planted_vector_load(const float* src, float* dst, int offset) {
+  if (threadIdx.x == 0) {
+    const uint4 w = load16((const char*)src + offset);
+    std::memcpy(dst, &w, 16);
+  }
+}
+
 // Warp 0 and the others reach different __syncthreads (one site for all keeps the rule).
 extern "C" __global__ void planted_divergent_barrier(float* out, int diverge) {
   __shared__ float v[64];
@@ -165,6 +174,10 @@ int main(int argc, char** argv) {
   }
   if (all || mode == "misaligned-ldmatrix") {
     LAUNCH(planted_ldmatrix, dim3(1), dim3(32), 0, u, all ? 0 : 4);
+    ran = true;
+  }
+  if (all || mode == "misaligned-vector-load") {
+    LAUNCH(planted_vector_load, dim3(1), dim3(32), 0, x, y, all ? 16 : 4);
     ran = true;
   }
   if (all || mode == "divergent-barrier") {

@@ -244,9 +244,10 @@ fn every_other_kernel_stays_in_bounds_under_address_sanitizer() {
 }
 
 /// The planted faults of `emu_faults.cu` and the words the refusal must say.
-const FAULTS: [(&str, &str); 9] = [
+const FAULTS: [(&str, &str); 10] = [
     ("misaligned-cp-async", "misaligned cp.async of 16 bytes"),
     ("misaligned-ldmatrix", "is not 16-byte aligned"),
+    ("misaligned-vector-load", "a misaligned 16-byte load"),
     ("divergent-barrier", "a divergent barrier"),
     ("exit-while-waiting", "part of a block"),
     (
@@ -276,7 +277,8 @@ fn assert_refused(prog: &Emulated, mode: &str, says: &str) {
 }
 
 /// The emulator refuses what a GPU refuses, each planted fault with a message naming it (and
-/// the same kernels keeping the rules run through): a misaligned cp.async or ldmatrix, a
+/// the same kernels keeping the rules run through): a misaligned cp.async, ldmatrix or 16-byte
+/// load, a
 /// divergent barrier, a thread leaving while others wait at a barrier, reads and writes past a
 /// device allocation or the dynamic shared memory, and dynamic shared memory above the default
 /// without the kernel's opt-in or above the H100's limit.
