@@ -13,7 +13,8 @@
 //!
 //! added in position order (`base` the lm_head's share, or nothing). On CUDA that route costs a
 //! zero fill of `(V, H)`, candle's `index_add` kernel (one thread a column, each walking every
-//! position in turn: 2,048 threads on two SMs for 18,440 positions at 2 × 9,220 tokens, ~10 ms),
+//! position in turn: 2,048 threads on two SMs for 18,440 positions at 2 × 9,220 tokens, ~7 ms by
+//! the H200 run's phase times, kernels/NOTES.md version 18),
 //! the sum with the lm_head's share, and the cast of the bf16 result to the f32 master: several
 //! passes over a matrix of 311 M numbers at Qwen3's vocabulary. Here one pass writes the f32
 //! gradient: each row's positions gathered on the host (a counting sort of the ids, so each
