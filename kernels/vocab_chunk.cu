@@ -31,10 +31,16 @@ struct Pack {
   T v[n];
 };
 
+// Whether a row of `cols` numbers at `p` (and at `q`, a row written beside it) takes 16-byte loads.
+template <typename T>
+__device__ __forceinline__ bool packs_fit(int cols, const void* p, const void* q = nullptr) {
+  return cols % Pack<T>::n == 0 && ((reinterpret_cast<uintptr_t>(p) | reinterpret_cast<uintptr_t>(q)) & 15) == 0;
+}
+
 template <typename T, typename F>
 __device__ __forceinline__ void for_columns(const T* zr, int cols, F f) {
   constexpr int VW = Pack<T>::n;
-  if (cols % VW == 0 && (reinterpret_cast<uintptr_t>(zr) & 15) == 0) {
+  if (packs_fit<T>(cols, zr)) {
 #pragma unroll 4
     for (int j = threadIdx.x * VW; j < cols; j += blockDim.x * VW) {
       Pack<T> k;
@@ -106,8 +112,7 @@ __device__ void vocab_grad(const T* __restrict__ z, const uint32_t* targets, con
   const float g_lp = rowv[row * 4 + 2], g_ent = rowv[row * 4 + 3];
   const int t = (int)targets[row] - c0;  // outside [0, cols) when the target is elsewhere
   constexpr int VW = Pack<T>::n;
-  const bool packed = cols % VW == 0 && ((reinterpret_cast<uintptr_t>(zr) | reinterpret_cast<uintptr_t>(dr)) & 15) == 0;
-  if (packed) {
+  if (packs_fit<T>(cols, zr, dr)) {
     // z and dz are separate buffers (__restrict__): the next columns' loads may pass this
     // store, so the unrolled loop keeps several in flight
 #pragma unroll 4

@@ -1345,9 +1345,8 @@ impl Qwen {
         // a frozen one's keeps autograd's route, which gives it nothing), read to the host here,
         // where the device's queue is short, rather than behind the whole backward.
         let embeddings = self.embed.embeddings();
-        let trained = embeddings.is_variable() || self.masters.contains_key(&embeddings.id());
         let token_rows = (self.kernels.layer_by_hand
-            && trained
+            && by_hand::trained(embeddings, &self.masters)
             && crate::fused::embedding_backward_applies(&x0))
         .then(|| crate::fused::TokenRows::of(ids, embeddings.dim(0)?))
         .transpose()?;

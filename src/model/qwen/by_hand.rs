@@ -125,10 +125,8 @@ impl<'m> Kept<'m> {
     /// otherwise) has no master to hand a gradient to, as under autograd.
     fn insert(&mut self, weight: &Tensor, grad: Tensor) -> Result<()> {
         if weight.is_variable() {
-            let grad = match grad.dtype() == weight.dtype() {
-                true => grad,
-                false => grad.to_dtype(weight.dtype())?,
-            };
+            // (the gradient's own dtype but for the embedding's f32 sums; a no-op otherwise)
+            let grad = grad.to_dtype(weight.dtype())?;
             self.store.insert(weight, grad);
         } else if let Some(master) = self.masters.get(&weight.id()) {
             let grad = grad.to_dtype(master.dtype())?;
@@ -258,12 +256,17 @@ impl Block {
     }
 }
 
+/// Whether `weight` gets a gradient: a variable itself, or a cast of a master (`Qwen::masters`);
+/// a frozen model's weight has neither, and [`Kept::insert`] drops what it is given.
+pub(super) fn trained(weight: &Tensor, masters: &Masters) -> bool {
+    weight.is_variable() || masters.contains_key(&weight.id())
+}
+
 /// The embedding matrix's gradient from `g` = ∂L/∂x₀, the gradient of the lookup whose ids
 /// `rows` grouped (the first layer's input), written once (`crate::fused::embedding_backward`):
 /// with tied embeddings starting from the lm_head's share `g_lm`, as autograd adds the lookup's
 /// rows into it. Keyed as [`Kept::insert`] keys a weight's gradient: by the weight, or by its
-/// master; a weight with neither (a frozen model's) gets none, as under autograd (the caller
-/// does not group the ids for one).
+/// master. For a [`trained`] weight: the caller groups no ids for a frozen one.
 pub(super) fn embedding_backward(
     weight: &Tensor,
     rows: &crate::fused::TokenRows,
@@ -271,10 +274,8 @@ pub(super) fn embedding_backward(
     g_lm: Option<&Tensor>,
     masters: &Masters,
 ) -> Result<GradStore> {
+    let grad = crate::fused::embedding_backward(rows, &g.detach(), g_lm)?;
     let mut store = Kept::new(masters);
-    if weight.is_variable() || masters.contains_key(&weight.id()) {
-        let grad = crate::fused::embedding_backward(rows, &g.detach(), g_lm)?;
-        store.insert(weight, grad)?;
-    }
+    store.insert(weight, grad)?;
     Ok(store.store)
 }
