@@ -88,7 +88,13 @@ fn fused_backward(
         .contiguous()?
         .apply_op3_no_bwd(&w.contiguous()?, &dy.contiguous()?, &op)?;
     let dx = both.narrow(0, 0, rows)?.reshape(x.shape())?;
-    let dw = both.narrow(0, rows, 1)?.reshape(w.shape())?;
+    // dw in a buffer of its own: a view of the last row would keep all of dx alive as long as
+    // the weight's gradient is kept, which the layer by hand adds straight into the step's
+    // gradient sums (a whole layer's dx per norm, 4 norms a layer, held to the optimizer step).
+    let dw = both
+        .narrow(0, rows, 1)?
+        .force_contiguous()?
+        .reshape(w.shape())?;
     Ok((dx, dw))
 }
 

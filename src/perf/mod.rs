@@ -453,6 +453,11 @@ pub struct StepSettings {
     pub kv_heads: usize,
     pub head_dim: usize,
     pub tied: bool,
+    /// Each layer's backward by hand (`--layer-by-hand`, `Kernels::layer_by_hand`); absent in
+    /// the reports made before it was recorded, and written only when set, so a report of the
+    /// autograd step reads as it did.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub layer_by_hand: bool,
 }
 
 impl StepSettings {
@@ -474,6 +479,7 @@ impl StepSettings {
             vocab_chunk: kernels.vocab_chunk,
             checkpointing: shape.checkpointing,
             compute: format!("{compute:?}").to_lowercase(),
+            layer_by_hand: kernels.layer_by_hand,
             layers: cfg.num_hidden_layers,
             vocab: cfg.vocab_size,
             hidden: cfg.hidden_size,

@@ -920,7 +920,8 @@ fn rms_norm_and_swiglu_backwards_called_directly_are_autograds() {
 /// The residual stream's gradient in the norm's pass (`rms_norm_backward_add`): in f32 (the
 /// fused kernel's twin) the bits of the residual plus the norm's backward, the add the layer by
 /// hand made before; in f64 and bf16 (the formula, then candle's add) the same values; the
-/// weight gradient the norm's own; a residual of another shape refused.
+/// weight gradient the norm's own, in a storage of its own size; a residual of another shape
+/// refused.
 #[test]
 fn the_norms_backward_adds_the_residual_in_its_pass() {
     let (b, t, n) = (3, 7, 40);
@@ -943,6 +944,21 @@ fn the_norms_backward_adds_the_residual_in_its_pass() {
             "{dtype:?}: dx + residual"
         );
         assert_eq!(bits(&dw2), bits(&dw), "{dtype:?}: dw");
+        // the weight's gradient holds n numbers, not the pass's whole output: the layer by hand
+        // keeps it in the step's sums, where a view of dx's buffer kept all of dx alive
+        for g in [&dw, &dw2] {
+            let (storage, _) = g.storage_and_layout();
+            let held = match &*storage {
+                candle_core::Storage::Cpu(c) => match c {
+                    candle_core::CpuStorage::F32(v) => v.len(),
+                    candle_core::CpuStorage::F64(v) => v.len(),
+                    candle_core::CpuStorage::BF16(v) => v.len(),
+                    _ => unreachable!("the test's dtypes"),
+                },
+                _ => unreachable!("on the CPU"),
+            };
+            assert_eq!(held, n, "{dtype:?}: dw's storage");
+        }
         let wrong = res.narrow(2, 0, n - 1).unwrap();
         assert!(fused::rms_norm_backward_add(&x, &w, &dy, &wrong, 1e-6).is_err());
     }

@@ -3,7 +3,8 @@
 # memory-trace`): the Qwen3-1.7B train step (prompt 1,024, checkpointing, flash attention,
 # vocabulary chunks of 8,192) traced by phase on the CPU in f32, at its layer shapes with 1 or 2
 # layers and a vocabulary of 16,384 or 32,768 (results/cpu-memory/configs/), at two lengths, and
-# with each saving turned off in turn. The bytes are the counting allocator's (src/device.rs):
+# with each saving turned off in turn, and with every saving on and each layer's backward by hand
+# (`--layer-by-hand`, issue #59). The bytes are the counting allocator's (src/device.rs):
 # the tensors alive, as a GPU's pool counts them.
 # `acpo bench memory-predict --measured results/cpu-memory` turns them into the prediction.
 #
@@ -28,6 +29,8 @@ runs=(
     "nockpt-b1-t2048   l1-v16384 1 2048 --attention flash --vocab-chunk 8192"
     "nockpt-b1-t2048-l2 l2-v16384 1 2048 --attention flash --vocab-chunk 8192"
     "all-b2-t2048      l1-v16384 2 2048 --attention flash --vocab-chunk 8192 --checkpointing"
+    "byhand-b1-t1536   l1-v16384 1 1536 --attention flash --vocab-chunk 8192 --checkpointing --layer-by-hand"
+    "byhand-b1-t2048   l1-v16384 1 2048 --attention flash --vocab-chunk 8192 --checkpointing --layer-by-hand"
 )
 for run in "${runs[@]}"; do
     set -- $run

@@ -947,33 +947,40 @@ def ops_check(root):
     return out + [""]
 
 
-def predicted_peaks():
-    """The CPU-predicted peaks of the 2 x L train step (`acpo bench memory-predict`, committed
-    in results/cpu-memory), by length: (peak, bound, phase) in bytes."""
+# The suite's steps whose peak the CPU predicts: (the run's variant, `perf::predict::Variant` as
+# memory-predicted.json names it, the words).
+PREDICTED_STEPS = (("", "all-savings", ""), ("by-hand", "layer-by-hand", ", each layer's backward by hand"))
+
+
+def predicted_peaks(variant="all-savings"):
+    """The CPU-predicted peaks of the 2 x L train step run as `variant` (`acpo bench
+    memory-predict`, committed in results/cpu-memory), by length: (peak, bound, phase) in bytes."""
     path = REPO / "results/cpu-memory/memory-predicted.json"
     if not path.exists():
         return {}
     return {r["shape"]["seq_len"]: (r["peak"], r["bound"], r["phase"]) for r in load(path)
-            if r["variant"] == "all-savings" and r["shape"]["micro_batch"] == 2}
+            if r["variant"] == variant and r["shape"]["micro_batch"] == 2}
 
 
 def peaks_beside_prediction(root):
-    """(length, acpo's train step, its predicted (peak, bound, phase)) for each length with both:
-    only runs of the prediction's code, issue #44's suite, which traces the step."""
-    pred = predicted_peaks()
-    for length in (2048, 9220):
-        acpo, _, _ = train_runs(root, length)
-        if acpo and acpo.get("trace") and length in pred:
-            yield length, acpo, pred[length]
+    """(length, words, acpo's train step, its predicted (peak, bound, phase)) for each step and
+    length with both: only traced runs (the prediction's code, issue #44's suite on), the
+    autograd step's and the by-hand one's (issue #59)."""
+    for variant, predicted, words in PREDICTED_STEPS:
+        pred = predicted_peaks(predicted)
+        for length in (2048, 9220):
+            acpo = step_run(root, length, variant)
+            if acpo and acpo.get("trace") and length in pred:
+                yield length, words, acpo, pred[length]
 
 
 def memory_vs_prediction(root):
     out = ["| tokens | measured peak GiB | phase of the peak | CPU-predicted GiB (bound) | predicted phase | measured ÷ predicted |",
            "|---|---:|---|---:|---|---:|"]
-    for length, acpo, (p, b, pphase) in peaks_beside_prediction(root):
+    for length, words, acpo, (p, b, pphase) in peaks_beside_prediction(root):
         peak = acpo["memory"]["peak"]
         phase = max(acpo["trace"], key=lambda m: m.get("peak") or 0).get("phase", "—")
-        out.append(f"| 2 × {length} | {peak / 2**30:.1f} | {phase} | {p / 2**30:.1f} ({b / 2**30:.1f}) "
+        out.append(f"| 2 × {length}{words} | {peak / 2**30:.1f} | {phase} | {p / 2**30:.1f} ({b / 2**30:.1f}) "
                    f"| {pphase} | {peak / p:.3f} |")
     if len(out) == 2:
         return []
@@ -1296,8 +1303,8 @@ def later_targets(root, generate):
         f = generate["roofline"]["fraction"]
         rows.append(("#34", "decoding at ≥ 60 % of the HBM roofline", f"{100 * f:.1f} %",
                      "yes" if f >= 0.6 else "no"))
-    for length, a, (p, b, _) in peaks_beside_prediction(root):
-        rows.append(("#44", f"the measured peak at 2 × {length} beside the CPU-predicted one",
+    for length, words, a, (p, b, _) in peaks_beside_prediction(root):
+        rows.append(("#44" if not words else "#59", f"the measured peak at 2 × {length}{words} beside the CPU-predicted one",
                      f"{a['memory']['peak'] / 2**30:.1f} GiB measured, {p / 2**30:.1f} predicted "
                      f"(bound {b / 2**30:.1f})", "within the bound" if a["memory"]["peak"] <= b else "no"))
     done_steps, _ = pipeline_run(root)

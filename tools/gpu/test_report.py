@@ -138,6 +138,34 @@ class TrainPhases(Run):
         self.assertEqual(lines.count("| embedding: backpropagated | 0.050 | 3.0 |"), 2)
 
 
+class PeaksBesidePrediction(Run):
+    """The measured peaks of the traced steps beside results/cpu-memory's committed prediction:
+    the autograd step's under issue #44, the by-hand step's under #59, each against its own."""
+
+    def test_each_traced_step_is_set_beside_its_own_prediction(self):
+        def step(peak_gib):
+            return json.dumps([{"memory": {"peak": int(peak_gib * 2**30)}, "tokens_per_second": 9000.0, "mfu": 0.1,
+                                "trace": [{"phase": "embedding: backpropagated", "seconds": 0.1,
+                                           "peak": int(peak_gib * 2**30)}]}])
+        self.assertEqual(report.memory_vs_prediction(self.root), [])
+        self.write("paper-9220/train-step.json", step(36.6))
+        self.write("paper-9220-by-hand/train-step.json", step(30.0))
+        # an untraced step is not of the prediction's code
+        self.write("paper-2048-by-hand/train-step.json",
+                   json.dumps([{"memory": {"peak": 2**34}, "tokens_per_second": 9000.0, "mfu": 0.1}]))
+        rows = [l for l in report.memory_vs_prediction(self.root) if l.startswith("| 2 × ")]
+        self.assertEqual([r.split(" | ")[0] for r in rows],
+                         ["| 2 × 9220", "| 2 × 9220, each layer's backward by hand"])
+        for row, variant, got in zip(rows, ("all-savings", "layer-by-hand"), (36.6, 30.0)):
+            peak, bound, _ = report.predicted_peaks(variant)[9220]
+            self.assertIn(f"| {got:.1f} | embedding: backpropagated | {peak / 2**30:.1f} ({bound / 2**30:.1f}) |", row)
+        self.assertNotEqual(report.predicted_peaks("all-savings")[9220], report.predicted_peaks("layer-by-hand")[9220])
+        self.assertEqual(len(self.target_rows("#44", "the measured peak at 2 × 9220 beside")), 1)
+        by_hand = self.target_rows("#59", "the measured peak at 2 × 9220, each layer's backward by hand beside")
+        self.assertEqual(len(by_hand), 1)
+        self.assertTrue(by_hand[0].endswith("| within the bound |"), by_hand[0])
+
+
 class DecodeKernelTimes(Run):
     def setUp(self):
         super().setUp()
