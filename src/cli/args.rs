@@ -342,6 +342,10 @@ pub struct PipelineArgs {
     /// paged`) whatever the manifests say.
     #[arg(long)]
     pub paged_kv: bool,
+    /// Train every run with each layer's backward by hand (`model.layer_backward: by-hand`)
+    /// whatever the manifests say.
+    #[arg(long)]
+    pub layer_by_hand: bool,
     /// Sequences per micro-batch (memory only); it must divide the responses of a divided
     /// mini-batch [default: the manifest's, made to divide them].
     #[arg(long, value_parser = flags::count(flags::MAX_SEQUENCES))]

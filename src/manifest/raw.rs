@@ -62,6 +62,14 @@ pub struct Model {
     /// `override_config` sets them (RoPE extends to any position).
     #[serde(default)]
     pub max_position_embeddings: Option<usize>,
+    /// `autograd` (absent) or `by-hand`: each decoder layer's backward in the train step
+    /// (by hand needs `gradient_checkpointing: true`).
+    #[serde(default)]
+    pub layer_backward: Option<crate::model::spec::LayerBackward>,
+    /// `pair` (absent) or `five-products`: the CUDA flash kernels' backward in the train step
+    /// (the CPU and the row kernels have one backward, which both take).
+    #[serde(default)]
+    pub attention_backward: Option<crate::fused::FlashBackward>,
 }
 
 #[derive(Debug, Clone, Deserialize, Serialize)]

@@ -209,12 +209,26 @@ impl Validator<'_> {
             Some(n) => Some(self.ranged("model.max_position_embeddings", n)?),
             None => None,
         };
+        let layer_backward = raw
+            .layer_backward
+            .filter(|b| *b != crate::model::spec::LayerBackward::Autograd);
+        if layer_backward.is_some() && !raw.gradient_checkpointing {
+            return self.fail(
+                "model.layer_backward",
+                "`by-hand` needs `model.gradient_checkpointing: true` (a layer's backward by hand is how the checkpointed backward recomputes it)",
+            );
+        }
         Ok(ModelSpec {
             source,
             dtype: raw.dtype,
             gradient_checkpointing: raw.gradient_checkpointing,
             init,
             max_position_embeddings,
+            // the defaults, written or not, are the same run and fingerprint
+            layer_backward,
+            attention_backward: raw
+                .attention_backward
+                .filter(|b| *b != crate::fused::FlashBackward::Pair),
         })
     }
 

@@ -51,6 +51,9 @@ pub struct Derivation {
     /// Another KV-cache layout for every run's samplers (`kv_layout`); None: each manifest's
     /// own.
     pub kv_layout: Option<crate::rollout::KvLayout>,
+    /// Another layer backward for every run's train step (`model.layer_backward`; the paper
+    /// manifests all checkpoint); None: each manifest's own.
+    pub layer_backward: Option<crate::model::spec::LayerBackward>,
     /// Sequences per micro-batch (memory only: the loss aggregates exactly across them); None:
     /// the manifest's, reduced to divide the smaller mini-batch.
     pub micro_batch: Option<usize>,
@@ -244,6 +247,9 @@ fn derived_fields(
     if let Some(layout) = d.kv_layout {
         fields.push(("kv_layout", Some(json(&layout))));
     }
+    if let Some(backward) = d.layer_backward {
+        fields.push(("model.layer_backward", Some(json(&backward))));
+    }
     if let Some(mb) = micro_batch {
         fields.push(("actor.micro_batch_size", Some(mb.to_string())));
     }
@@ -289,6 +295,9 @@ pub struct RunPhases {
     pub response_share: f64,
     /// How its samplers held their KV cache (the manifest's `kv_layout`, or `--paged-kv`'s).
     pub kv_layout: crate::rollout::KvLayout,
+    /// How its train step computed each layer's backward (`model.layer_backward`, or
+    /// `--layer-by-hand`'s).
+    pub layer_backward: crate::model::spec::LayerBackward,
 }
 
 /// The phases of the run in `dir` (its metrics.jsonl), averaged over its steps.
@@ -349,6 +358,7 @@ pub fn run_phases(dir: &Path, exp: &Experiment, paper_run: &str) -> Result<RunPh
         step_tokens: responses as f64 * (prompt + response),
         response_share: response / limit.max(1.0),
         kv_layout: exp.kv_layout(),
+        layer_backward: exp.model.layer_backward.unwrap_or_default(),
     })
 }
 
@@ -358,7 +368,7 @@ pub fn markdown(runs: &[RunPhases]) -> String {
     let opt = |v: Option<f64>, f: &dyn Fn(f64) -> String| v.map_or_else(|| "—".into(), f);
     for r in runs {
         s.push_str(&format!(
-            "### {} (from {}; {} steps; responses at {:.0} % of their limit; {} KV cache)\n\n",
+            "### {} (from {}; {} steps; responses at {:.0} % of their limit; {} KV cache{})\n\n",
             r.run,
             r.paper_run,
             r.steps,
@@ -366,6 +376,10 @@ pub fn markdown(runs: &[RunPhases]) -> String {
             match r.kv_layout {
                 crate::rollout::KvLayout::Dense => "dense",
                 crate::rollout::KvLayout::Paged => "paged",
+            },
+            match r.layer_backward {
+                crate::model::spec::LayerBackward::Autograd => "",
+                crate::model::spec::LayerBackward::ByHand => "; each layer's backward by hand",
             }
         ));
         let mut t = Table::new([

@@ -226,7 +226,7 @@ impl Trainer {
             temperature: exp.rollout.temperature,
             entropy_coeff: exp.actor.entropy_coeff,
             side_by_side: self.device.is_cpu(),
-            kernels: crate::model::qwen::Kernels::for_device(&self.device),
+            kernels: exp.model.train_kernels(&self.device),
             checkpointing: exp.model.gradient_checkpointing,
         }
     }

@@ -42,7 +42,8 @@ pub struct UpdatePlan {
     pub entropy_coeff: f64,
     /// Micro-batches side by side (the CPU); one after another on a GPU.
     pub side_by_side: bool,
-    /// Attention and vocabulary-end kernels of the training forward ([`Kernels::for_device`]).
+    /// Attention and vocabulary-end kernels of the training forward ([`Kernels::for_device`]),
+    /// with the manifest's choices of backward ([`crate::model::spec::ModelSpec::train_kernels`]).
     pub kernels: Kernels,
     /// Gradient checkpointing per decoder layer ([`Qwen::checkpointed_backward`]).
     pub checkpointing: bool,

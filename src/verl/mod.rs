@@ -469,6 +469,20 @@ fn model_fields(l: &mut Launch, model: &raw::Model, ppo: bool) {
             &["model.gradient_checkpointing"],
         );
     }
+    if model.layer_backward.is_some() {
+        l.note(
+            "model.layer_backward",
+            Account::VerlDefault,
+            "verl's FSDP workers take PyTorch's autograd backward; by hand or not, the same gradients to round-off",
+        );
+    }
+    if model.attention_backward.is_some() {
+        l.note(
+            "model.attention_backward",
+            Account::VerlDefault,
+            "verl's attention backward is FlashAttention-2's or sdpa's own; acpo's two give the same gradients to round-off",
+        );
+    }
     if let Some(n) = model.max_position_embeddings {
         l.set(
             &format!("+{MODEL}.override_config.max_position_embeddings"),

@@ -300,6 +300,7 @@ fn pipeline_refuses_a_micro_batch_that_does_not_divide_its_mini_batch() {
         config: None,
         device: None,
         kv_layout: None,
+        layer_backward: None,
         micro_batch,
     };
     let (exp, _) =

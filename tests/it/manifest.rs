@@ -758,6 +758,14 @@ fn parse_errors_name_the_file_line_and_field() {
             "kv_layout",
         ),
         (
+            "unknown layer backward (issue #59)",
+            text.replace(
+                "gradient_checkpointing: true",
+                "gradient_checkpointing: true\n  layer_backward: by_hand",
+            ),
+            "model.layer_backward",
+        ),
+        (
             "unterminated quote",
             text.replace("name: ppo\n", "name: \"ppo\n"),
             "algorithm.name",

@@ -6,6 +6,7 @@ use std::path::Path;
 use acpo::hub::ModelSource;
 use acpo::manifest::{Experiment, Scale};
 use acpo::model::init::{InitTokenizer, TokenizerFiles};
+use acpo::model::spec::LayerBackward;
 use acpo::perf::pipeline::{derive, run_phases, Derivation};
 use acpo::rollout::KvLayout;
 
@@ -24,6 +25,7 @@ fn derivation(tokenizer: &Path, models: &Path) -> Derivation {
         config: None,
         device: None,
         kv_layout: None,
+        layer_backward: None,
         micro_batch: None,
     }
 }
@@ -100,6 +102,16 @@ fn a_paper_manifest_derives_into_a_random_weights_run_at_its_own_shapes() {
             },
             exp
         );
+        // `acpo pipeline --layer-by-hand`: each layer's backward by hand, nothing else changed
+        let by_hand_d = Derivation {
+            layer_backward: Some(LayerBackward::ByHand),
+            ..d.clone()
+        };
+        let (by_hand, _) = derive(&text, &path, &by_hand_d).expect("derives by hand");
+        assert_eq!(by_hand.model.layer_backward, Some(LayerBackward::ByHand));
+        let mut model = by_hand.model.clone();
+        model.layer_backward = None;
+        assert_eq!(Experiment { model, ..by_hand }, exp);
     }
     let path = repo().join("experiments/paper/qwen3-1.7b-grpo.yaml");
     let text = std::fs::read_to_string(&path).expect("manifest");

@@ -644,6 +644,103 @@ fn gradient_checkpointing_trains_the_same_run_bit_for_bit() {
     }
 }
 
+/// `model.layer_backward: by-hand` (issue #59) trains the checkpointed run through the trainer's
+/// own update path, the actor (GRPO) and the critic (PPO-AC): its first step, whose rollouts
+/// are the same bits, has the autograd step's metrics to f32 round-off (the by-hand layer's
+/// gradients are autograd's to round-off, tests/it/model.rs), every step's are finite, and some
+/// move in their last bits (the path ran). A choice the run records: a fingerprint of its own, while the defaults written are the run
+/// without them. By hand without checkpointing is refused, naming the field.
+#[test]
+fn the_layer_backward_by_hand_trains_the_checkpointed_run_to_round_off() {
+    let ckpt = (
+        "  dtype: f32\n",
+        "  dtype: f32\n  gradient_checkpointing: true\n",
+    );
+    let mut bits_moved = false;
+    for name in ["smoke-grpo", "smoke-ppo-ac"] {
+        let ws = workspace();
+        let (autograd, text) = manifest(ws.path(), name, &[ckpt]);
+        let by_hand_edit = (
+            "  dtype: f32\n",
+            "  dtype: f32\n  gradient_checkpointing: true\n  layer_backward: by-hand\n",
+        );
+        let (by_hand, by_hand_text) = manifest(ws.path(), name, &[by_hand_edit]);
+        assert_eq!(
+            by_hand.model.layer_backward,
+            Some(acpo::model::spec::LayerBackward::ByHand)
+        );
+        assert!(
+            by_hand
+                .model
+                .train_kernels(&candle_core::Device::Cpu)
+                .layer_by_hand
+        );
+        assert!(
+            !autograd
+                .model
+                .train_kernels(&candle_core::Device::Cpu)
+                .layer_by_hand
+        );
+        assert_ne!(by_hand.fingerprint(), autograd.fingerprint());
+        let defaults = (
+            "  dtype: f32\n",
+            "  dtype: f32\n  gradient_checkpointing: true\n  layer_backward: autograd\n  attention_backward: pair\n",
+        );
+        let (written, _) = manifest(ws.path(), name, &[defaults]);
+        assert_eq!(written.fingerprint(), autograd.fingerprint());
+
+        let a = train(
+            &autograd,
+            &text,
+            &options(&ws.path().join("a"), false, None),
+        )
+        .expect("autograd");
+        let b = train(
+            &by_hand,
+            &by_hand_text,
+            &options(&ws.path().join("b"), false, None),
+        )
+        .expect("by hand");
+        let (ma, mb) = (without_timing(metrics(&a)), without_timing(metrics(&b)));
+        assert_eq!(ma.len(), mb.len(), "{name}: steps");
+        assert_eq!(
+            ma[0].keys().collect::<Vec<_>>(),
+            mb[0].keys().collect::<Vec<_>>()
+        );
+        for (k, x) in &ma[0] {
+            let y = mb[0][k];
+            assert!(
+                (x - y).abs() <= 1e-4 * x.abs().max(y.abs()) + 1e-6,
+                "{name}: step 1's {k}: autograd {x}, by hand {y}"
+            );
+        }
+        assert!(
+            mb.iter().flat_map(|m| m.values()).all(|v| v.is_finite()),
+            "{name}: {mb:?}"
+        );
+        // the by-hand path did run: the autograd run's metrics are the same to the bit from one
+        // run to the next, and by hand moves the PPO-AC run's in their last bits
+        bits_moved |= ma != mb;
+    }
+    assert!(
+        bits_moved,
+        "no metric moved: did the trainer take the backward by hand?"
+    );
+    let text = std::fs::read_to_string(repo().join("experiments/smoke/smoke-grpo.yaml"))
+        .expect("manifest")
+        .replace(
+            "  dtype: f32\n",
+            "  dtype: f32\n  layer_backward: by-hand\n",
+        );
+    let err = Experiment::from_yaml(&text, Path::new("smoke-grpo.yaml"))
+        .expect_err("by hand without checkpointing")
+        .to_string();
+    assert!(
+        err.contains("model.layer_backward") && err.contains("gradient_checkpointing"),
+        "{err}"
+    );
+}
+
 #[test]
 fn the_paged_kv_layout_trains_the_same_run_bit_for_bit() {
     // `kv_layout: paged` samples the rollouts, the PPO types' difficulty probe and the

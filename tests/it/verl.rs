@@ -89,11 +89,24 @@ fn every_field_of_every_shipped_manifest_is_mapped_or_reported() {
     let path = manifests("paper").remove(0);
     let text = std::fs::read_to_string(&path).expect("manifest");
     let text = text.replacen("\ndevice: cuda\n", "\ndevice: cuda\nkv_layout: paged\n", 1);
+    let text = text.replacen(
+        "\n  gradient_checkpointing: true",
+        "\n  layer_backward: by-hand\n  attention_backward: five-products\n  gradient_checkpointing: true",
+        1,
+    );
     let dir = tempfile::tempdir().expect("tmp");
     let edited = dir.path().join(path.file_name().expect("a file"));
     std::fs::write(&edited, text).expect("write");
-    let (exp, raw) = Experiment::load_with_raw(&edited).expect("kv_layout: paged");
+    let (exp, raw) = Experiment::load_with_raw(&edited).expect("the optional fields");
     assert_eq!(exp.kv_layout(), acpo::rollout::KvLayout::Paged);
+    assert_eq!(
+        exp.model.layer_backward,
+        Some(acpo::model::spec::LayerBackward::ByHand)
+    );
+    assert_eq!(
+        exp.model.attention_backward,
+        Some(acpo::fused::FlashBackward::FiveProducts)
+    );
     assert_accounted(&edited, &raw);
 }
 

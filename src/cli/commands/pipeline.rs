@@ -15,6 +15,9 @@ pub fn run(args: &PipelineArgs) -> anyhow::Result<Outcome> {
         config: args.config.clone(),
         device: args.device.map(Into::into),
         kv_layout: args.paged_kv.then_some(acpo::rollout::KvLayout::Paged),
+        layer_backward: args
+            .layer_by_hand
+            .then_some(acpo::model::spec::LayerBackward::ByHand),
         micro_batch: args.micro_batch,
     };
     let out = args

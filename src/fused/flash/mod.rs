@@ -163,7 +163,7 @@ pub fn fp8_decode_applies(head_dim: usize, group: usize) -> bool {
 /// How the CUDA tensor-core kernels compute the backward (FA2, Algorithm 2). Both give the same
 /// dK and dV bits and a dQ that is the same from run to run; they differ in dQ's order of sums
 /// and in speed. The CPU twin and the row kernels have one backward, which both choices take.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, serde::Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum FlashBackward {
     /// Two kernels, 7 products: dQ by query tiles (recomputing S and dP), dK and dV by key
