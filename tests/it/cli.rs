@@ -1638,7 +1638,7 @@ fn gpu_plan_script_costs_a_runs_rates_into_its_next_call_folder() {
             "2-decode/gpu-suite/generate-paper/generate.json",
             "2-decode/gpu-suite/generate-paper",
         ),
-        // a variant the trainer cannot run, faster: not a paper run's rate
+        // the step by hand, faster: not the default's rate, its own plan's
         (
             "1-suite/gpu-suite/paper-9220/train-step.json",
             "1-suite/gpu-suite/paper-9220-by-hand",
@@ -1684,6 +1684,40 @@ fn gpu_plan_script_costs_a_runs_rates_into_its_next_call_folder() {
             "{file}"
         );
     }
+    // The step by hand, which a run takes with `model.layer_backward: by-hand`: a plan of its
+    // own beside the default's, from its rate and the same sampling rates, and fewer hours.
+    let by_hand = root.join("10-plan/by-hand");
+    let rate = |dir: &Path| -> f64 {
+        let rows: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(dir.join("train-step.json")).expect("r"))
+                .expect("json");
+        rows[0]["tokens_per_second"].as_f64().expect("a rate")
+    };
+    let faster_rows: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&faster).expect("r")).expect("json");
+    let faster_rate = faster_rows[0]["tokens_per_second"]
+        .as_f64()
+        .expect("a rate");
+    assert!((rate(&by_hand) / faster_rate - 1.0).abs() < 1e-12);
+    assert!(rate(&by_hand) > 5.0 * rate(&root.join("10-plan/measured")));
+    for file in ["generate.json", "device.txt"] {
+        assert_eq!(
+            std::fs::read(by_hand.join(file)).expect("copied"),
+            std::fs::read(root.join("10-plan/measured").join(file)).expect("made"),
+            "{file}"
+        );
+    }
+    let grpo_hours = |dir: &Path| -> f64 {
+        let rows: Vec<serde_json::Value> =
+            serde_json::from_slice(&std::fs::read(dir.join("paper-plan.json")).expect("plan"))
+                .expect("json");
+        let row = rows
+            .iter()
+            .find(|r| r["run"] == "qwen3-1.7b-grpo")
+            .expect("grpo");
+        row["gpu_hours"].as_f64().expect("hours")
+    };
+    assert!(grpo_hours(&by_hand) < grpo_hours(&root.join("10-plan/measured")));
     // no FP8 sampling run: no FP8 plan; nothing staged left behind
     assert!(!root.join("10-plan/fp8-kv").exists());
     let left: Vec<_> = std::fs::read_dir(&root)

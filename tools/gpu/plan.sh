@@ -10,8 +10,10 @@
 #   ACPO_BIN=target/release/acpo bash tools/gpu/plan.sh results/gpu/<device>-<date>
 #
 # The rates, as a paper run (`acpo pipeline`) would take them: the train step at 2 x 9,220
-# tokens (the paper's length) as the trainer runs it (the suite's `--layer-by-hand` and
-# `--flash-backward five` steps are the benchmark's alone, so they are not a paper run's rate);
+# tokens (the paper's length) as the trainer runs it by default (the suite's `--flash-backward
+# five` step is not a default's rate); where the suite timed the step with each layer's backward
+# by hand (`--layer-by-hand`, which a run takes with `model.layer_backward: by-hand`), the same
+# plan again from that step's rate and the bf16 plan's sampling rates (by-hand/);
 # sampling with long-tailed lengths over the paged KV cache (`--paged-kv`, as many rows as a
 # GRPO step's rollouts, at the batch its pool holds), else the dense cache's continuous batching
 # (issue #20's comparison at a smaller batch: a stand-in should the paged engine fail), else the
@@ -143,10 +145,23 @@ for kv, suffix in (("measured", ""), ("fp8-kv", "-fp8")):
             (stage / kv / "generate-eval.json").write_text(json.dumps([ev], indent=1))
             notes.append(f"{kv}: evaluations {path.relative_to(root)}, the row of "
                          f"{ev['tokens_per_second']:.0f} tokens/s ({ev.get('shape', '?')})")
+# The step with each layer's backward by hand, where the suite timed it: the bf16 plan's sampling
+# rates (its files, as they are) with that step's rate.
+by_hand_path = last("paper-9220-by-hand", "train-step.json")
+by_hand = rows(by_hand_path)
+if by_hand:
+    (stage / "by-hand").mkdir()
+    for f in (stage / "measured").iterdir():
+        (stage / "by-hand" / f.name).write_bytes(f.read_bytes())
+    (stage / "by-hand" / "train-step.json").write_text(json.dumps([by_hand[-1]], indent=1))
+    notes.append(f"by-hand: train step {by_hand_path.relative_to(root)} ({by_hand[-1]['tokens_per_second']:.0f} "
+                 "tokens/s), the sampling rates of measured/")
+else:
+    notes.append("by-hand: no train step at 2 x 9,220 with each layer's backward by hand on CUDA in bf16: no by-hand plan")
 (stage / "inputs.txt").write_text("\n".join(notes) + "\n")
 PY
 mkdir "$stage/out"
-for kv in measured fp8-kv; do
+for kv in measured fp8-kv by-hand; do
     [ -d "$stage/$kv" ] || continue
     if ! "$acpo" bench paper-plan --measured "$stage/$kv" --out "$stage/out/$kv" \
         --experiments "$repo/experiments/paper" --configs "$repo/experiments/paper/configs" > /dev/null; then

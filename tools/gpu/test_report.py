@@ -343,6 +343,15 @@ class PlanTargets(Run):
         self.plan("10-plan", "fp8-kv", 30.0)
         self.assertIn("with an FP8 KV cache at its bound 35, from its measured rate 30) | yes |",
                       self.target_rows("#43", "plan")[0])
+        # the plan with each layer's backward by hand, an option a run takes, beside the default's
+        self.plan("10-plan", "by-hand", 44.0)
+        self.assertIn("from its measured rate 30); 44 with each layer's backward by hand | yes |",
+                      self.target_rows("#57", "plan ≤ 48")[0])
+        for kv in ("measured", "by-hand"):
+            (self.root / "10-plan" / kv / "paper-plan.md").write_text(f"the {kv} plan\n")
+        text = report.report(self.root)
+        self.assertIn("backward by hand** (`model.layer_backward: by-hand`; the same sampling rates):\n\n"
+                      "the by-hand plan\n", text)
 
     def test_the_hours_at_the_paper_contexts_count_where_they_are_more(self):
         self.write("summary.txt", "== suite on NVIDIA H100 80GB HBM3, 580.1, 81559 MiB\n")
