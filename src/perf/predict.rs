@@ -52,7 +52,7 @@ pub enum Variant {
     /// All savings, each layer's backward by hand (`--layer-by-hand`, issue #59): the layer's
     /// forward keeps the activations its backward reads where autograd keeps its graph, and the
     /// embedding's gradient is written once into its f32 sum. Traced on its own (the CPU runs
-    /// the same code path with its twins), its vocabulary term borrowed from all savings'.
+    /// the same code path with its twins), at two lengths and two vocabularies.
     LayerByHand,
 }
 
@@ -472,6 +472,13 @@ impl<'a> Model<'a> {
             .collect()
     }
 
+    /// Whether `v`'s traces of `kind` were made at more than one vocabulary.
+    fn varies_vocabulary(&self, v: Variant, kind: Phase) -> bool {
+        let runs = self.of(v, kind);
+        runs.iter()
+            .any(|r| r.settings.vocab != runs[0].settings.vocab)
+    }
+
     /// The law of `kind` in variant `v` where it is fitted directly: from the run with one
     /// layer, the smallest vocabulary and the most tokens, a run differing in the tokens alone
     /// gives the slope (else the working set is taken as proportional to the tokens), one
@@ -544,11 +551,18 @@ impl<'a> Model<'a> {
                 Some(all(kind)?.at(shape.tokens(kind), vocab, layers))
             }
             Variant::LayerByHand => {
-                // Its own traces give each phase's constant and its growth in the tokens; the
-                // vocabulary's term, where no by-hand run varied it, is all savings' (the head
-                // is the same code either way).
+                // Its own traces give each phase's constant, its growth in the tokens and in
+                // the vocabulary: the embedding's backward and the gradient sums are another
+                // code's, whose vocabulary term all savings' traces would overstate several
+                // times. Only the head, the same code either way, may take all savings' term
+                // where no by-hand run varied the vocabulary; another phase is then not
+                // predicted.
+                if kind != Phase::Head && !self.varies_vocabulary(v, kind) {
+                    return None;
+                }
+                let borrowed = if kind == Phase::Head { all(kind) } else { None };
                 Some(
-                    self.fitted(v, kind, all(kind))?
+                    self.fitted(v, kind, borrowed)?
                         .at(shape.tokens(kind), vocab, layers),
                 )
             }
@@ -991,28 +1005,41 @@ mod tests {
         assert_eq!(two - one, (1u64 << 40) as f64);
     }
 
-    /// The by-hand step is fitted from its own traces (its constant and its slope in the
-    /// tokens, which differ from all savings'), with all savings' vocabulary term where its
-    /// runs kept one vocabulary; a run with a saving off and the layers by hand stands for no
-    /// variant.
+    /// The by-hand step is fitted from its own traces: its constant, its slope in the tokens and
+    /// its vocabulary term, which differ from all savings'. Without a by-hand run at a second
+    /// vocabulary only the head (the same code either way) takes all savings' term, and the
+    /// other phases are not predicted. A run with a saving off and the layers by hand stands for
+    /// no variant.
     #[test]
-    fn the_by_hand_step_has_its_own_laws_and_borrows_the_vocabulary_term() {
+    fn the_by_hand_step_has_its_own_laws_and_vocabulary_term() {
         let law = |k: Phase, s: Shape| 1000.0 + 5.0 * s.tokens(k);
         let by_hand = |k: Phase, s: Shape| 400.0 + 3.0 * s.tokens(k);
-        let runs = vec![
+        let mut runs = vec![
             run(Variant::AllSavings, 1, 1536, 1, 16384, &law),
             run(Variant::AllSavings, 1, 2048, 1, 16384, &law),
             run(Variant::AllSavings, 1, 2048, 1, 32768, &law),
             run(Variant::LayerByHand, 1, 1536, 1, 16384, &by_hand),
             run(Variant::LayerByHand, 1, 2048, 1, 16384, &by_hand),
         ];
-        let model = Model::new(&runs);
         let target = SHAPES[1];
+        let at = |runs: &[Run], kind: Phase| {
+            Model::new(runs).working(Variant::LayerByHand, kind, target, 151936.0, 28.0)
+        };
+        // one vocabulary: the head borrows all savings' 3 bytes a row, the rest is unknown
+        let head = at(&runs, Phase::Head).expect("the head borrows");
+        let want = by_hand(Phase::Head, target) + 3.0 * (151936.0 - 16384.0);
+        assert!((head - want).abs() < 1e-6 * want, "{head} against {want}");
+        assert_eq!(at(&runs, Phase::Embedding), None);
+        assert_eq!(at(&runs, Phase::Layer(0)), None);
+        // a by-hand run at 32,768 rows, 1 byte a row more than at 16,384 (the fixture's 3 less 2)
+        let mut wide = run(Variant::LayerByHand, 1, 2048, 1, 32768, &by_hand);
+        for (_, w) in &mut wide.working {
+            *w -= 2 * (32768 - 16384);
+        }
+        runs.push(wide);
         for kind in [Phase::Head, Phase::Layer(0), Phase::Embedding] {
-            let got = model
-                .working(Variant::LayerByHand, kind, target, 151936.0, 28.0)
-                .expect("fitted");
-            let want = by_hand(kind, target) + 3.0 * (151936.0 - 16384.0);
+            let got = at(&runs, kind).expect("fitted");
+            let want = by_hand(kind, target) + (151936.0 - 16384.0);
             assert!(
                 (got - want).abs() < 1e-6 * want,
                 "{kind:?}: {got} against {want}"

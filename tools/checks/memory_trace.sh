@@ -31,6 +31,7 @@ runs=(
     "all-b2-t2048      l1-v16384 2 2048 --attention flash --vocab-chunk 8192 --checkpointing"
     "byhand-b1-t1536   l1-v16384 1 1536 --attention flash --vocab-chunk 8192 --checkpointing --layer-by-hand"
     "byhand-b1-t2048   l1-v16384 1 2048 --attention flash --vocab-chunk 8192 --checkpointing --layer-by-hand"
+    "byhand-b1-t2048-v32k l1-v32768 1 2048 --attention flash --vocab-chunk 8192 --checkpointing --layer-by-hand"
 )
 for run in "${runs[@]}"; do
     set -- $run
