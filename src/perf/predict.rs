@@ -849,11 +849,22 @@ fn markdown(
             100.0 * (*predicted as f64 - *got as f64) / (*got).max(1) as f64,
         ));
     }
-    // Issue #44's limit for the step as the trainer runs it; issue #59's for the step it is
-    // to become, the layers by hand.
-    for (variant, issue, gib) in [
-        (Variant::AllSavings, 44, 60u64),
-        (Variant::LayerByHand, 59, 40),
+    s.push_str(&targets(rows));
+    s
+}
+
+/// Each memory target's line, at the longest predicted length: issue #44's limit for the step
+/// as the trainer runs it, issue #59's for the step it is to become, the layers by hand.
+fn targets(rows: &[Predicted]) -> String {
+    let mut s = String::new();
+    for (variant, step, issue, gib) in [
+        (Variant::AllSavings, "the step", 44, 60u64),
+        (
+            Variant::LayerByHand,
+            "the step with each layer's backward by hand",
+            59,
+            40,
+        ),
     ] {
         let Some(r) = rows
             .iter()
@@ -863,11 +874,7 @@ fn markdown(
             continue;
         };
         s.push_str(&format!(
-            "\nTarget (issue #{issue}): the predicted peak of {} at {} × {} at most {gib} GiB: {} ({} GiB; the bound {} GiB).\n",
-            match variant {
-                Variant::AllSavings => "the step",
-                _ => "the step with each layer's backward by hand",
-            },
+            "\nTarget (issue #{issue}): the predicted peak of {step} at {} × {} at most {gib} GiB: {} ({} GiB; the bound {} GiB).\n",
             r.shape.micro_batch,
             r.shape.seq_len,
             if r.peak <= gib << 30 { "yes" } else { "no" },

@@ -37,18 +37,16 @@ def plan_file(root, name):
     return plans[-1] if plans else None
 
 
-def fp8_plan_file(plan):
-    """The plan made beside `plan` from the rate sampled over an FP8 KV cache (its `fp8-kv/`
-    sibling, tools/gpu/plan.sh), or None."""
-    other = plan.parent.parent / "fp8-kv" / plan.name if plan else None
+def sibling_plan_file(plan, kind):
+    """The plan tools/gpu/plan.sh made beside `plan` (its `kind/` sibling), or None: `fp8-kv`,
+    from the rate sampled over an FP8 KV cache; `by-hand`, from the train step with each layer's
+    backward by hand and the same sampling rates."""
+    other = plan.parent.parent / kind / plan.name if plan else None
     return other if other and other.is_file() else None
 
 
-def by_hand_plan_file(plan):
-    """The plan made beside `plan` from the train step with each layer's backward by hand and the
-    same sampling rates (its `by-hand/` sibling, tools/gpu/plan.sh), or None."""
-    other = plan.parent.parent / "by-hand" / plan.name if plan else None
-    return other if other and other.is_file() else None
+# The words for the suite's step with each layer's backward by hand (`--layer-by-hand`).
+BY_HAND = "each layer's backward by hand"
 
 
 def gpu_name(root):
@@ -241,7 +239,7 @@ def train_phases(root):
         if not out:
             out += ["Where the train step's time and memory go (`--trace`: each phase's wall time once the GPU "
                     "has finished it, and the most memory in use during it):", ""]
-        label = ", each layer's backward by hand" if variant else ""
+        label = f", {BY_HAND}" if variant else ""
         out += [f"| 2 × {length}{label}: phase | seconds | peak GiB |", "|---|---:|---:|"]
         for name, secs, peak in rows:
             if name == "layers":
@@ -955,8 +953,8 @@ def ops_check(root):
 
 
 # The suite's steps whose peak the CPU predicts: (the run's variant, `perf::predict::Variant` as
-# memory-predicted.json names it, the words).
-PREDICTED_STEPS = (("", "all-savings", ""), ("by-hand", "layer-by-hand", ", each layer's backward by hand"))
+# memory-predicted.json names it, the words, the issue whose target it is).
+PREDICTED_STEPS = (("", "all-savings", "", "#44"), ("by-hand", "layer-by-hand", f", {BY_HAND}", "#59"))
 
 
 def predicted_peaks(variant="all-savings"):
@@ -970,21 +968,21 @@ def predicted_peaks(variant="all-savings"):
 
 
 def peaks_beside_prediction(root):
-    """(length, words, acpo's train step, its predicted (peak, bound, phase)) for each step and
-    length with both: only traced runs (the prediction's code, issue #44's suite on), the
-    autograd step's and the by-hand one's (issue #59)."""
-    for variant, predicted, words in PREDICTED_STEPS:
+    """(length, words, issue, acpo's train step, its predicted (peak, bound, phase)) for each
+    step and length with both: only traced runs (the prediction's code, issue #44's suite on),
+    the autograd step's and the by-hand one's (issue #59)."""
+    for variant, predicted, words, issue in PREDICTED_STEPS:
         pred = predicted_peaks(predicted)
         for length in (2048, 9220):
             acpo = step_run(root, length, variant)
             if acpo and acpo.get("trace") and length in pred:
-                yield length, words, acpo, pred[length]
+                yield length, words, issue, acpo, pred[length]
 
 
 def memory_vs_prediction(root):
     out = ["| tokens | measured peak GiB | phase of the peak | CPU-predicted GiB (bound) | predicted phase | measured ÷ predicted |",
            "|---|---:|---|---:|---|---:|"]
-    for length, words, acpo, (p, b, pphase) in peaks_beside_prediction(root):
+    for length, words, _, acpo, (p, b, pphase) in peaks_beside_prediction(root):
         peak = acpo["memory"]["peak"]
         phase = max(acpo["trace"], key=lambda m: m.get("peak") or 0).get("phase", "—")
         out.append(f"| 2 × {length}{words} | {peak / 2**30:.1f} | {phase} | {p / 2**30:.1f} ({b / 2**30:.1f}) "
@@ -1054,7 +1052,7 @@ def report(root):
     lines = summary_lines(root)
     tests, errs = tests_table(root)
     plan = plan_file(root, "paper-plan.md")
-    fp8_plan = fp8_plan_file(plan)
+    fp8_plan = sibling_plan_file(plan, "fp8-kv")
     _, pipeline_steps = pipeline_run(root)
     parts = [
         f"Raw results: `{root}` ({machine(root, lines)}).", "",
@@ -1084,9 +1082,9 @@ def report(root):
     if fp8_plan:
         parts += ["**The same plan from the rate sampled over an FP8 KV cache** (`--kv-cache fp8`):", "",
                   fp8_plan.read_text().strip(), ""]
-    by_hand_plan = by_hand_plan_file(plan)
+    by_hand_plan = sibling_plan_file(plan, "by-hand")
     if by_hand_plan:
-        parts += ["**The same plan from the train step with each layer's backward by hand** "
+        parts += [f"**The same plan from the train step with {BY_HAND}** "
                   "(`model.layer_backward: by-hand`; the same sampling rates):", "",
                   by_hand_plan.read_text().strip(), ""]
     return "\n".join(parts)
@@ -1193,12 +1191,12 @@ def plan_targets(root, plan):
     if got.get("gpu_hours_at_kv_bound") is not None:
         measured += (f" (at the KV-bandwidth bound {got['gpu_hours_at_kv_bound']:.0f}; with an FP8 KV cache at "
                      f"its bound {got['gpu_hours_at_fp8_kv_bound']:.0f}")
-        fp8 = grpo(fp8_plan_file(plan))
+        fp8 = grpo(sibling_plan_file(plan, "fp8-kv"))
         measured += f", from its measured rate {fp8['gpu_hours']:.0f})" if fp8 else ")"
     # the option a run can take, beside the default the target is judged on
-    by_hand = grpo(by_hand_plan_file(plan))
+    by_hand = grpo(sibling_plan_file(plan, "by-hand"))
     if by_hand:
-        measured += f"; {by_hand['gpu_hours']:.0f} with each layer's backward by hand"
+        measured += f"; {by_hand['gpu_hours']:.0f} with {BY_HAND}"
     on = "" if "H100" in gpu else f" (the issue's GPU is an H100; this run's: {gpu})"
     return [("#43", "the costed plan for qwen3-1.7b-grpo ≤ 48 GPU-hours on one GPU", measured,
              "yes" if hours <= 48 else "no"),
@@ -1286,7 +1284,7 @@ def later_targets(root, generate):
                          f"backward in {label}", f"{got[1]:.0f} TFLOP/s ({got[0]:.1f} ms)", "yes" if got[1] >= 200 else "no"))
     # the suite's variants of the step (issue #59 items 2 and 3), each beside the twin; the
     # default step is #19's row
-    variants = (("by-hand", "each layer's backward by hand"), ("five", "attention backward in 5 products"))
+    variants = (("by-hand", BY_HAND), ("five", "attention backward in 5 products"))
     for length in (2048, 9220):
         _, twin, _ = train_runs(root, length)
         for variant, label in variants:
@@ -1319,8 +1317,8 @@ def later_targets(root, generate):
         f = generate["roofline"]["fraction"]
         rows.append(("#34", "decoding at ≥ 60 % of the HBM roofline", f"{100 * f:.1f} %",
                      "yes" if f >= 0.6 else "no"))
-    for length, words, a, (p, b, _) in peaks_beside_prediction(root):
-        rows.append(("#44" if not words else "#59", f"the measured peak at 2 × {length}{words} beside the CPU-predicted one",
+    for length, words, issue, a, (p, b, _) in peaks_beside_prediction(root):
+        rows.append((issue, f"the measured peak at 2 × {length}{words} beside the CPU-predicted one",
                      f"{a['memory']['peak'] / 2**30:.1f} GiB measured, {p / 2**30:.1f} predicted "
                      f"(bound {b / 2**30:.1f})", "within the bound" if a["memory"]["peak"] <= b else "no"))
     done_steps, _ = pipeline_run(root)
