@@ -335,15 +335,24 @@ pub fn mark(phase: impl FnOnce() -> String) {
 /// ([`part`]): the forward's matrix products, its attention and the rest
 /// (element-wise passes: norms, RoPE, SwiGLU, residual adds, copies), the seed of the layer's
 /// backward ([`crate::fused::backward_seed`]), and in the backward the attention's kernels
-/// ([`crate::fused::flash_attention`]'s backward) and the rest (its matrix products, which the
-/// trace does not split from candle's element-wise passes and adds: `tools/gpu/report.py`
-/// estimates them from their FLOPs at the forward's measured rate).
+/// ([`crate::fused::flash_attention`]'s backward) and the rest: under autograd its matrix
+/// products, which the trace cannot split from candle's element-wise passes and adds
+/// (`tools/gpu/report.py` estimates them from their FLOPs at the forward's measured rate);
+/// with the layer's backward by hand (issue #59) each kind apart: its matrix products, its
+/// element-wise passes (the seed's own backward among them, as under autograd it is in the
+/// rest: [`SEED`] is the seed's value on either path) and its weights' gradients handed to
+/// their masters (a cast to the masters' f32 on the GPU, the pass cuBLAS with beta = 1 into the
+/// sums would save); the embedding's backward by hand likewise (its pass, element-wise, and its
+/// gradient to the master).
 pub const FORWARD_MATMUL: &str = "forward: matrix products";
 pub const FORWARD_ATTENTION: &str = "forward: attention";
 pub const FORWARD_ELEMENTWISE: &str = "forward: element-wise";
 pub const SEED: &str = "backward seed";
 pub const BACKWARD_ATTENTION: &str = "backward: attention";
 pub const BACKWARD_REST: &str = "backward: matrix products and element-wise";
+pub const BACKWARD_MATMUL: &str = "backward: matrix products";
+pub const BACKWARD_ELEMENTWISE: &str = "backward: element-wise";
+pub const TO_MASTERS: &str = "backward: weight gradients to the masters";
 
 /// The end of a part of the phase under way in a running trace: once the device has finished
 /// the work queued before it, the time since the previous part ended (or the phase began) is
@@ -370,6 +379,34 @@ pub fn part(name: &'static str) {
             }),
         }
     }
+}
+
+/// Adds the seconds of part `from` of the phase under way to part `into` and drops `from`: for
+/// a caller that knows what a callee's [`part`] timed better than the callee does (the layer's
+/// backward by hand: what [`crate::fused::flash_attention`]'s backward calls the rest of the
+/// backward is, there, the seed's own backward, element-wise passes). Whether it folded: false
+/// when no trace runs or `from` has no time in this phase. (Micro-batches traced side by side on
+/// the CPU share the phase's parts, so one's fold can take another's; the GPU runs them in turn.)
+pub fn fold_part(from: &'static str, into: &'static str) -> bool {
+    if !TRACING.load(Ordering::Acquire) {
+        return false;
+    }
+    let mut trace = TRACE.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(trace) = trace.as_mut() else {
+        return false;
+    };
+    let Some(at) = trace.parts.iter().position(|p| p.name == from) else {
+        return false;
+    };
+    let seconds = trace.parts.remove(at).seconds;
+    match trace.parts.iter_mut().find(|p| p.name == into) {
+        Some(p) => p.seconds += seconds,
+        None => trace.parts.push(Part {
+            name: into.to_string(),
+            seconds,
+        }),
+    }
+    true
 }
 
 /// Stops the trace and returns its marks (none when no trace ran).

@@ -1029,6 +1029,14 @@ pub struct Qwen {
     masters: std::sync::Arc<by_hand::Masters>,
 }
 
+/// What the checkpointed backward keeps for the embedding's backward: the ids grouped by token
+/// for the backward by hand ([`by_hand::embedding_backward`]), or the lookup's output, seeded
+/// under autograd.
+enum EmbeddingBackward {
+    ByHand(crate::fused::TokenRows),
+    Seeded(Tensor),
+}
+
 impl Qwen {
     /// Builds the model from named parameters (HF names). `detach` gives a copy for sampling
     /// that shares storage with the trainable weights but records no autograd graph.
@@ -1357,6 +1365,15 @@ impl Qwen {
             let y = block.detached().forward(&x, &cos, &sin, &mask, &none)?.0;
             inputs.push(std::mem::replace(&mut x, y));
         }
+        // The embedding's backward by hand reads the grouped ids, not the lookup's output: that
+        // goes with the first layer's kept input (one `(B, T, H)` less through the backward).
+        let embedding_backward = match token_rows {
+            Some(rows) => {
+                drop(x0);
+                EmbeddingBackward::ByHand(rows)
+            }
+            None => EmbeddingBackward::Seeded(x0),
+        };
         crate::device::mark(|| "forward without a graph: every layer's input kept".into());
         // With tied embeddings, the head reads the lm_head through a leaf of its own, and its
         // gradient joins the embedding's in the last backward below. Both then reach the weight
@@ -1405,21 +1422,24 @@ impl Qwen {
             sink(layer)?;
             crate::device::mark(|| format!("layer {i}: recomputed and backpropagated"));
         }
-        if let Some(rows) = &token_rows {
-            // the lookup's backward in one pass, the lm_head's share its starting value
-            sink(by_hand::embedding_backward(
-                embeddings,
-                rows,
-                &g,
-                g_lm.as_ref(),
-                &self.masters,
-            )?)?;
-        } else {
-            let mut tail = crate::fused::backward_seed(&x0, &g)?;
-            if let Some(g_lm) = g_lm {
-                tail = (tail + crate::fused::backward_seed(&self.lm_head.weight, &g_lm)?)?;
+        match &embedding_backward {
+            EmbeddingBackward::ByHand(rows) => {
+                // the lookup's backward in one pass, the lm_head's share its starting value
+                sink(by_hand::embedding_backward(
+                    embeddings,
+                    rows,
+                    &g,
+                    g_lm.as_ref(),
+                    &self.masters,
+                )?)?;
             }
-            sink(tail.backward()?)?;
+            EmbeddingBackward::Seeded(x0) => {
+                let mut tail = crate::fused::backward_seed(x0, &g)?;
+                if let Some(g_lm) = g_lm {
+                    tail = (tail + crate::fused::backward_seed(&self.lm_head.weight, &g_lm)?)?;
+                }
+                sink(tail.backward()?)?;
+            }
         }
         crate::device::mark(|| "embedding: backpropagated".into());
         Ok(kept)

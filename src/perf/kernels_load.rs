@@ -77,7 +77,7 @@ fn load_all(device: &candle_core::Device) -> Result<Vec<ModuleLoad>> {
         let started = std::time::Instant::now();
         context
             .load_module(Ptx::from_src(ptx))
-            .map_err(|e| PerfError::Shape(format!("bench kernels-load: {module}: {e}")))?;
+            .map_err(|e| PerfError::Driver(format!("bench kernels-load: {module}: {e}")))?;
         let seconds = started.elapsed().as_secs_f64();
         println!("kernels-load: {module} in {seconds:.2} s");
         loads.push(ModuleLoad {

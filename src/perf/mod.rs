@@ -58,6 +58,9 @@ pub enum PerfError {
     NoRepeats,
     #[error("{0}")]
     Shape(String),
+    /// A call into the GPU's driver failed (not the shape asked for).
+    #[error("{0}")]
+    Driver(String),
     #[error(
         "bench {0}: needs a CUDA GPU (--device cuda, from a binary built with --features cuda)"
     )]

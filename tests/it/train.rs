@@ -855,7 +855,9 @@ fn cispo_gspo_and_the_unclipped_control_train_and_log_their_clip_fractions() {
 /// input goes), to within a hundredth of one layer's activations, while each layer's peak above
 /// its start is the same. A backward that kept a layer's graph alive (the measured H100 binary
 /// of 2026-11-23 kept every layer's gradient store, each hanging on its recompute) grows by a
-/// whole layer's activations a layer, fifty times the tolerance.
+/// whole layer's activations a layer, fifty times the tolerance. The same holds with each
+/// layer's backward by hand (`--layer-by-hand`, issue #59), whose trace splits the backward
+/// into each kind of work (issue #59 item 4).
 #[test]
 fn the_checkpointed_backward_holds_one_layers_activations_at_a_time() {
     let dir = tempfile::tempdir().expect("tmp");
@@ -867,6 +869,47 @@ fn the_checkpointed_backward_holds_one_layers_activations_at_a_time() {
     });
     let config = dir.path().join("config.json");
     std::fs::write(&config, cfg_json.to_string()).expect("config");
+    // Each layer's time is split into its parts (`device::part`). Under autograd: the
+    // recompute's matrix products, flash attention and element-wise passes, the seed, the
+    // attention's backward kernels and the rest of the backward. By hand: the backward's matrix
+    // products, element-wise passes and the weights' gradients handed to their masters apart
+    // too, and no part left as "the rest" (what the flash backward calls the rest before its
+    // kernels is the seed's own backward there, element-wise).
+    let autograd = [
+        acpo::device::FORWARD_MATMUL,
+        acpo::device::FORWARD_ELEMENTWISE,
+        acpo::device::FORWARD_ATTENTION,
+        acpo::device::SEED,
+        acpo::device::BACKWARD_ATTENTION,
+        acpo::device::BACKWARD_REST,
+    ];
+    let by_hand = [
+        acpo::device::FORWARD_MATMUL,
+        acpo::device::FORWARD_ELEMENTWISE,
+        acpo::device::FORWARD_ATTENTION,
+        acpo::device::SEED,
+        acpo::device::BACKWARD_ATTENTION,
+        acpo::device::BACKWARD_MATMUL,
+        acpo::device::BACKWARD_ELEMENTWISE,
+        acpo::device::TO_MASTERS,
+    ];
+    for (extra, parts) in [
+        (None, &autograd[..]),
+        (Some("--layer-by-hand"), &by_hand[..]),
+    ] {
+        let out_dir = dir.path().join(format!("out{}", extra.unwrap_or("")));
+        flat_layers(&config, extra, parts, &out_dir);
+    }
+}
+
+/// One traced step of the six-layer model at `config` (with `extra`, a flag): each layer's
+/// mark has exactly the parts `parts`, and the bytes in use stay flat (the test above).
+fn flat_layers(
+    config: &std::path::Path,
+    extra: Option<&str>,
+    parts_wanted: &[&str],
+    out_dir: &std::path::Path,
+) {
     let (b, t, h) = (2usize, 256usize, 64usize);
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_acpo"))
         .args(["bench", "train-step", "--device", "cpu", "--seq-len", "256"])
@@ -886,10 +929,11 @@ fn the_checkpointed_backward_holds_one_layers_activations_at_a_time() {
             "--repeats",
             "1",
         ])
+        .args(extra)
         .arg("--config")
-        .arg(&config)
+        .arg(config)
         .arg("--out")
-        .arg(dir.path().join("out"))
+        .arg(out_dir)
         .output()
         .expect("acpo runs");
     assert!(
@@ -898,7 +942,7 @@ fn the_checkpointed_backward_holds_one_layers_activations_at_a_time() {
         String::from_utf8_lossy(&out.stderr)
     );
     let report: serde_json::Value = serde_json::from_str(
-        &std::fs::read_to_string(dir.path().join("out/train-step.json")).expect("report"),
+        &std::fs::read_to_string(out_dir.join("train-step.json")).expect("report"),
     )
     .expect("json");
     let r = &report[0];
@@ -921,32 +965,22 @@ fn the_checkpointed_backward_holds_one_layers_activations_at_a_time() {
                 .is_some_and(|p| p.starts_with("layer "))
         })
         .collect();
-    assert_eq!(layers.len(), 6, "one mark a layer");
-    // Each layer's time is split into its parts (`device::part`): the recompute's matrix
-    // products and element-wise passes, the seed, the backward (the composed attention of the
-    // CPU is in its rest); together no more than the layer's time.
+    assert_eq!(layers.len(), 6, "{extra:?}: one mark a layer");
     for &i in &layers {
         let parts = marks[i]["parts"].as_array().expect("the layer's parts");
-        let names: Vec<&str> = parts.iter().filter_map(|p| p["name"].as_str()).collect();
-        for want in [
-            acpo::device::FORWARD_MATMUL,
-            acpo::device::FORWARD_ELEMENTWISE,
-            acpo::device::SEED,
-            acpo::device::BACKWARD_REST,
-        ] {
-            assert!(
-                names.contains(&want),
-                "layer mark {i} has no part {want}: {names:?}"
-            );
-        }
+        let mut names: Vec<&str> = parts.iter().filter_map(|p| p["name"].as_str()).collect();
+        names.sort_unstable();
+        let mut want = parts_wanted.to_vec();
+        want.sort_unstable();
+        assert_eq!(names, want, "{extra:?}: layer mark {i}'s parts");
         let summed: f64 = parts.iter().filter_map(|p| p["seconds"].as_f64()).sum();
         let secs = marks[i]["seconds"].as_f64().expect("seconds");
         assert!(
             summed <= secs + 1e-9,
-            "parts {summed} s of a layer of {secs} s"
+            "{extra:?}: parts {summed} s of a layer of {secs} s"
         );
     }
-    let qcfg = acpo::model::QwenConfig::load(&config).expect("config");
+    let qcfg = acpo::model::QwenConfig::load(config).expect("config");
     let layer_params: usize = acpo::model::init::layout(&qcfg)
         .iter()
         .filter(|(name, _, _)| name.starts_with("model.layers.0."))
@@ -962,21 +996,21 @@ fn the_checkpointed_backward_holds_one_layers_activations_at_a_time() {
     for a in &activations[1..] {
         assert!(
             (a - activations[1]).abs() <= tolerance,
-            "the layers' activations differ: {activations:?}"
+            "{extra:?}: the layers' activations differ: {activations:?}"
         );
     }
     let kept_once = (2 * b * t * h * 4) as i64;
     assert!(
         activations[0] - activations[1] <= kept_once + tolerance,
-        "the first layer's backward holds more than the others': {activations:?}"
+        "{extra:?}: the first layer's backward holds more than the others': {activations:?}"
     );
     let expected = (4 * layer_params) as i64 - (b * t * h * 4) as i64;
     for pair in layers[1..].windows(2) {
         let grew = at(pair[1]).0 - at(pair[0]).0;
         assert!(
             (grew - expected).abs() <= tolerance,
-            "from {} to {} the bytes in use grew by {grew}, not the {expected} of a layer's \
-             gradients less its input (tolerance {tolerance}; a layer's activations {})",
+            "{extra:?}: from {} to {} the bytes in use grew by {grew}, not the {expected} of a \
+             layer's gradients less its input (tolerance {tolerance}; a layer's activations {})",
             marks[pair[0]]["phase"],
             marks[pair[1]]["phase"],
             activations[0]

@@ -16,6 +16,7 @@ Standard library only.
 """
 import argparse
 import json
+import os
 import re
 import sys
 from pathlib import Path
@@ -47,6 +48,13 @@ def sibling_plan_file(plan, kind):
 
 # The words for the suite's step with each layer's backward by hand (`--layer-by-hand`).
 BY_HAND = "each layer's backward by hand"
+
+# The train step's two lengths, 2 × SHORT and 2 × LONG tokens (tools/gpu/suite.sh's `lens`): the
+# paper's, or a dry run's toy ones (ACPO_REPORT_LENGTHS="64 96"), so that the suite's dry run
+# reads the binaries' own files through every section.
+SHORT, LONG = (tuple(int(x) for x in os.environ["ACPO_REPORT_LENGTHS"].split())
+               if os.environ.get("ACPO_REPORT_LENGTHS") else (2048, 9220))
+LENGTHS = (SHORT, LONG)
 
 
 def gpu_name(root):
@@ -81,6 +89,12 @@ def summary_lines(root):
 
 def fmt(x, digits=1):
     return f"{x:,.{digits}f}"
+
+
+def mfu(row):
+    """A train step's MFU in percent, or "—" where it has none (a CPU's step: no peak to count
+    against)."""
+    return "—" if row.get("mfu") is None else f"{100 * row['mfu']:.1f} %"
 
 
 def machine(root, lines):
@@ -186,16 +200,16 @@ def attention_run(root, length, variant=""):
 def train_step(root, lines):
     out = ["| tokens | acpo tokens/s | acpo MFU | acpo peak GiB | torch tokens/s | torch MFU | torch peak GiB | acpo ÷ torch (target ≥ 1) |",
            "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for length in (2048, 9220):
+    for length in LENGTHS:
         acpo, torch, oom = train_runs(root, length)
         if acpo:
-            a = (fmt(acpo["tokens_per_second"]), f"{100 * acpo['mfu']:.1f} %",
+            a = (fmt(acpo["tokens_per_second"]), mfu(acpo),
                  f"{acpo['memory']['peak'] / 2**30:.1f}")
         elif oom:
             a = ("out of memory", "—", "> 78")
         else:
             a = ("not run", "—", "—")
-        t = (fmt(torch["tokens_per_second"]), f"{100 * torch['mfu']:.1f} %",
+        t = (fmt(torch["tokens_per_second"]), mfu(torch),
              f"{torch['peak_bytes'] / 2**30:.1f}") if torch else ("not run", "—", "—")
         ratio = f"{acpo['tokens_per_second'] / torch['tokens_per_second']:.2f}×" if acpo and torch else "—"
         out.append(f"| 2 × {length} | {' | '.join(a)} | {' | '.join(t)} | {ratio} |")
@@ -206,7 +220,7 @@ def train_step(root, lines):
                                ("five", "attention backward in 5 products")):
             v = step_run(root, length, variant)
             if v:
-                cells = (fmt(v["tokens_per_second"]), f"{100 * v['mfu']:.1f} %",
+                cells = (fmt(v["tokens_per_second"]), mfu(v),
                          f"{v['memory']['peak'] / 2**30:.1f}")
                 ratio = f"{v['tokens_per_second'] / torch['tokens_per_second']:.2f}×" if torch else "—"
                 out.append(f"| 2 × {length}, {label} | {' | '.join(cells)} | {' | '.join(t)} | {ratio} |")
@@ -222,7 +236,7 @@ def train_phases(root):
     issue #44; and the step with each layer's backward by hand, `--layer-by-hand --trace`), the
     decoder layers' phases summed; nothing for a run without a trace."""
     out = []
-    for length, variant in ((2048, ""), (9220, ""), (2048, "by-hand"), (9220, "by-hand")):
+    for length, variant in ((SHORT, ""), (LONG, ""), (SHORT, "by-hand"), (LONG, "by-hand")):
         acpo = step_run(root, length, variant)
         if not acpo or not acpo.get("trace"):
             continue
@@ -253,7 +267,7 @@ def train_phases(root):
 def attention(root):
     out = ["| tokens | acpo forward s (TFLOP/s) | torch sdpa forward s (TFLOP/s) | acpo fwd+bwd s (TFLOP/s) | torch fwd+bwd s (TFLOP/s) | acpo ÷ torch time, fwd+bwd |",
            "|---|---:|---:|---:|---:|---:|"]
-    for length in (2048, 9220):
+    for length in LENGTHS:
         torch = load(latest(root, f"torch-attention-{length}.json"))
         for variant, label in (("", ""), ("five", ", backward in 5 products")):
             got = attention_run(root, length, variant)
@@ -273,7 +287,7 @@ def attention(root):
                "in 7 products (the pair of kernels) unless the row says 5 (`--flash-backward five`).")
     # With checkpointing a layer's attention runs forward twice (the pass, its recomputation)
     # and backward once: its share of the measured 2k train step.
-    got, step = attention_run(root, 2048), step_run(root, 2048)
+    got, step = attention_run(root, SHORT), step_run(root, SHORT)
     if got and step:
         cfg = json.loads((REPO / "experiments/paper/configs/qwen3-1.7b.json").read_text())
         secs = step["seconds"]
@@ -448,7 +462,7 @@ def bench_attention_prediction(root, bw):
     phase, and its element passes at the copy rate; `backward_seed`'s instead), never below the
     kernels' own measured time, the kernels alone and sdpa; rows only for runs whose bench still
     summed (before `backward_seed`)."""
-    a2048, _, _ = train_runs(root, 2048)
+    a2048, _, _ = train_runs(root, SHORT)
     one_block = one_block_rate(a2048)
     if not (one_block and bw):
         return []
@@ -457,7 +471,7 @@ def bench_attention_prediction(root, bw):
     e = 2 if a2048["settings"]["compute"] == "bf16" else 4
     pat = re.compile(r"(\d+)×(\d+), (\d+) heads over \d+ KV heads of (\d+); .*forward \+ backward ([\d.]+) s")
     rows = []
-    for length in (2048, 9220):
+    for length in LENGTHS:
         d = latest(root, f"attention-{length}")
         acpo = load(d / "attention.json")[0] if d and (d / "attention.json").exists() else None
         m = pat.search(acpo["shape"]) if acpo else None
@@ -486,7 +500,7 @@ def step_accounting(root):
     backward with its output gradient, where the run's code still summed."""
     bw = copy_bandwidth(root)
     cols, notes = {}, []
-    for length in (2048, 9220):
+    for length in LENGTHS:
         acpo, torch, _ = train_runs(root, length)
         kern = flash_kernel_ms(root, length)
         if not (acpo and acpo.get("trace") and acpo.get("settings") and kern and bw):
@@ -518,7 +532,7 @@ def step_accounting(root):
             seeds = part_seconds(marks, is_layer, "backward seed")
             seed_note = "measured: the layers' `backward seed` parts"
         else:
-            one_block = one_block_rate(train_runs(root, 2048)[0])
+            one_block = one_block_rate(train_runs(root, SHORT)[0])
             if not one_block:
                 notes.append(f"2 × {length:,}: not accounted (the old seed's rate needs the 2 × 2,048 "
                              "traced step's embedding phase).")
@@ -549,14 +563,15 @@ def step_accounting(root):
                 for p in m["parts"]:
                     parts[p["name"]] = parts.get(p["name"], 0.0) + p["seconds"]
                 rest = (m.get("seconds") or 0) - sum(p["seconds"] for p in m["parts"])
-                parts["gradients into the sums (after the last part)"] = \
-                    parts.get("gradients into the sums (after the last part)", 0.0) + rest
+                parts[AFTER_LAST_PART] = parts.get(AFTER_LAST_PART, 0.0) + rest
         col["parts"] = parts
         cols[length] = col
         notes.append(f"2 × {length:,}: products {flops / 1e12:,.0f} TFLOP at {rate / 1e12:,.0f} TFLOP/s ({rate_note}); "
                      f"seeds: {seed_note}.")
     if not cols:
-        return "The step's accounting: not measured in this run (it needs the traced step, flash_check's kernel times and the sampling run's copy rate).\n"
+        by_hand = by_hand_accounting(root)
+        return ("The step's accounting: not measured in this run (it needs the traced step, flash_check's kernel "
+                "times and the sampling run's copy rate).\n" + "".join(f"\n{l}" for l in by_hand) + ("\n" if by_hand else ""))
     ms = lambda x: "—" if x is None else f"{1e3 * x:,.0f}"
     lens = sorted(cols)
     head = "| part of the step (ms) | " + " | ".join(
@@ -603,7 +618,111 @@ def step_accounting(root):
         if cols[l]["parts"]:
             out += ["", f"| 2 × {l:,}: the {layers} layers' recompute and backward by part (`--trace`, summed) | ms |",
                     "|---|---:|", *[f"| {k} | {ms(v)} |" for k, v in cols[l]["parts"].items()]]
+    by_hand = by_hand_accounting(root, {l: c["step"] for l, c in cols.items()})
+    if by_hand:
+        out += ["", *by_hand]
     return "\n".join(out) + "\n"
+
+
+# `--trace`'s parts (src/device.rs), as the binary names them.
+PART_ATTENTION = ("forward: attention", "backward: attention")
+PART_PRODUCTS = ("forward: matrix products", "backward: matrix products")
+PART_SEED = "backward seed"
+PART_TO_MASTERS = "backward: weight gradients to the masters"
+PART_ELEMENTWISE = ("forward: element-wise", "backward: element-wise")
+PART_ONE_REST = "backward: matrix products and element-wise"  # autograd's backward, unsplit
+AFTER_LAST_PART = "gradients into the sums (after the last part)"
+
+
+def by_hand_accounting(root, autograd_steps=None):
+    """The traced step with each layer's backward by hand (`paper-LENGTH-by-hand`, issue #59) by
+    kind of work, from the trace's parts (src/device.rs) in the forward without a graph and the
+    layers' recompute and backward: the attention's kernels, the layers' matrix products, the
+    seeds' values, the layers' element-wise passes and their weights' gradients handed to the
+    fp32 masters (the cast cuBLAS with beta = 1 into the sums would save), each measured; the
+    head's products estimated at the layers' measured rate; the optimizer's phases; and the rest
+    of the traced step (the head's other work, the embedding's backward, the layers' gradients
+    into the sums, the trace's waits). Its own table, not columns beside the autograd step's
+    accounting, whose attention is flash_check's kernels alone and whose rest is estimated from
+    the untraced step; that step's time (`autograd_steps`, seconds by length) and the twin's are
+    set beside. Nothing where the by-hand step was not traced with its backward in parts."""
+    cols = {}
+    for length in LENGTHS:
+        run = step_run(root, length, "by-hand")
+        if not (run and run.get("trace") and run.get("settings")):
+            continue
+        marks, st = run["trace"], run["settings"]
+        names = {p["name"] for m in marks for p in m.get("parts", [])}
+        if PART_PRODUCTS[1] not in names or PART_ONE_REST in names:
+            continue  # a binary whose by-hand backward was one part
+        is_layer = lambda ph: re.match(r"layer \d+:", ph) is not None
+        layer_like = [m for m in marks if is_layer(m["phase"]) or m["phase"].startswith("forward without a graph")]
+        part = lambda *wanted: sum(p["seconds"] for m in layer_like for p in m.get("parts", []) if p["name"] in wanted)
+        phase = lambda start: sum(m.get("seconds") or 0 for m in marks if m["phase"].startswith(start))
+        traced = sum(m.get("seconds") or 0 for m in marks)
+        n, nr = st["batch"] * st["seq_len"], st["batch"] * (st["seq_len"] - st["prompt_len"])
+        layer_flops = 4 * 2 * n * layer_matmul_params(st) * st["layers"]
+        products = part(*PART_PRODUCTS)
+        head = 8 * nr * st["vocab"] * st["hidden"] * products / layer_flops if products > 0 else 0.0
+        col = {"attention": part(*PART_ATTENTION), "matmul": products + head, "seeds": part(PART_SEED),
+               "elementwise": part(*PART_ELEMENTWISE), "to_masters": part(PART_TO_MASTERS),
+               "adamw": phase("actor mini-batch 0: the optimizer step") + phase("micro-batch ") +
+               phase("actor mini-batch 0: the compute copy"),
+               "traced": traced, "step": run["seconds"]}
+        col["other"] = traced - sum(col[k] for k in ("attention", "matmul", "seeds", "elementwise", "to_masters",
+                                                     "adamw"))
+        torch = train_runs(root, length)[1]
+        col["twin"] = torch["seconds"] if torch else None
+        col["autograd"] = (autograd_steps or {}).get(length)
+        col["parts"] = {}
+        for m in marks:
+            if is_layer(m["phase"]):
+                for p in m.get("parts", []):
+                    col["parts"][p["name"]] = col["parts"].get(p["name"], 0.0) + p["seconds"]
+                rest = (m.get("seconds") or 0) - sum(p["seconds"] for p in m.get("parts", []))
+                col["parts"][AFTER_LAST_PART] = col["parts"].get(AFTER_LAST_PART, 0.0) + rest
+        cols[length] = col
+    if not cols:
+        return []
+    ms = lambda x: "—" if x is None else f"{1e3 * x:,.0f}"
+    lens = sorted(cols)
+    out = [f"The step with {BY_HAND} (`--layer-by-hand --trace`) by kind of work, each measured by its own "
+           "parts of the trace but the head's products:", "",
+           "| part of the traced step (ms) | " + " | ".join(f"2 × {l:,}" for l in lens) + " |",
+           "|---|" + "---:|" * len(lens)]
+    rows = [("attention", "attention kernels (forward, recompute, backward)"),
+            ("matmul", "matrix products (the layers' measured, the head's at their rate)"),
+            ("seeds", "the seeds' values"),
+            ("elementwise", "the layers' element-wise passes (forward, recompute, backward)"),
+            ("to_masters", "the layers' weight gradients to their fp32 masters (what cuBLAS with beta = 1 would save)"),
+            ("adamw", "AdamW, the bf16 copy, the gradient sums (their phases)"),
+            ("other", "the rest: the head's other work, the embedding's backward, the layers' gradients into "
+                      "the sums, the trace's waits"),
+            ("traced", "the traced step (the sum)")]
+    for key, label in rows:
+        out.append(f"| {label} | {' | '.join(ms(cols[l][key]) for l in lens)} |")
+    out.append(f"| the step untraced (the rate's) | {' | '.join(ms(cols[l]['step']) for l in lens)} |")
+    out.append(f"| the autograd step untraced | {' | '.join(ms(cols[l]['autograd']) for l in lens)} |")
+    out.append(f"| the twin | {' | '.join(ms(cols[l]['twin']) for l in lens)} |")
+    ratios = []
+    for l in lens:
+        c = cols[l]
+        said = [f"{c['twin'] / c['step']:.2f}× the twin's speed (target ≥ 1.0)"] if c["twin"] else []
+        said += [f"{c['autograd'] / c['step']:.2f}× the autograd step's"] if c["autograd"] else []
+        if said:
+            ratios.append(f"2 × {l:,}: {', '.join(said)}")
+    out.append("")
+    out.append("- The traced step waits for the device at every part (on a GPU, time the untraced step overlaps "
+               "with the host's launches), so its sum is not the untraced step's time, which is the rate's; the "
+               "head's products are its 8·(response tokens)·V·H FLOPs at the layers' measured product rate. The seed's "
+               "own backward and the attention's gradients added into candle's store are element-wise passes here, as "
+               "they are in the autograd step's rest.")
+    if ratios:
+        out.append(f"- {'; '.join(ratios)}.")
+    for l in lens:
+        out += ["", f"| 2 × {l:,}, {BY_HAND}: the layers' recompute and backward by part (`--trace`, summed) | ms |",
+                "|---|---:|", *[f"| {k} | {ms(v)} |" for k, v in cols[l]["parts"].items()]]
+    return out
 
 
 def decode_rate(row):
@@ -973,7 +1092,7 @@ def peaks_beside_prediction(root):
     the autograd step's and the by-hand one's (issue #59)."""
     for variant, predicted, words, issue in PREDICTED_STEPS:
         pred = predicted_peaks(predicted)
-        for length in (2048, 9220):
+        for length in LENGTHS:
             acpo = step_run(root, length, variant)
             if acpo and acpo.get("trace") and length in pred:
                 yield length, words, issue, acpo, pred[length]
@@ -1107,16 +1226,16 @@ def targets(root):
         rows.append(("#18", "Qwen3-0.6B shape against transformers on the same GPU, f32",
                      f"max abs Δ log-prob {f32['max_abs_log_prob_diff']:.1e}",
                      "yes" if f32["max_abs_log_prob_diff"] < 1e-4 else "no"))
-    for length in (2048, 9220):
+    for length in LENGTHS:
         acpo, torch, oom = train_runs(root, length)
-        if length == 9220:
+        if length == LONG:
             rows.append(("#19", "Qwen3-1.7B, 2 × 9,220 tokens, bf16, checkpointing: fits one 80 GB GPU",
                          "out of memory" if oom else (f"peak {acpo['memory']['peak'] / 2**30:.1f} GiB" if acpo else "not run"),
                          "no" if oom or not acpo else "yes"))
         if acpo and torch:
             r = acpo["tokens_per_second"] / torch["tokens_per_second"]
             rows.append(("#19", f"train-step tokens/s ≥ 1.0× the PyTorch twin, 2 × {length}",
-                         f"{r:.2f}× (MFU {100 * acpo['mfu']:.1f} % vs {100 * torch['mfu']:.1f} %)", "yes" if r >= 1 else "no"))
+                         f"{r:.2f}× (MFU {mfu(acpo)} vs {mfu(torch)})", "yes" if r >= 1 else "no"))
         elif torch:
             rows.append(("#19", f"train-step tokens/s ≥ 1.0× the PyTorch twin, 2 × {length}",
                          "acpo out of memory" if oom else "acpo not run", "no"))
@@ -1265,8 +1384,8 @@ def later_targets(root, generate):
     """Issues #33 and #34's targets (the tensor-core attention, the step's speed and memory, a
     paper run end to end, decode at 60 % of the roofline), where the run has what they need."""
     rows = []
-    torch = load(latest(root, "torch-attention-9220.json"))
-    got = attention_run(root, 9220)
+    torch = load(latest(root, f"torch-attention-{LONG}.json"))
+    got = attention_run(root, LONG)
     if torch and got:
         r = got[2] / torch["forward_backward_s"]
         rows.append(("#33", "one layer's attention forward + backward at 2 × 9,220 within 2× of torch's sdpa",
@@ -1278,21 +1397,21 @@ def later_targets(root, generate):
     # Issue #59's kernel target, the kernels alone (flash_check's timings, FA2's way of
     # counting: 3.5× the forward's FLOPs, whatever the products run), for each backward timed.
     for kernel, label in (("mma", "7 products"), ("mma5", "5 products")):
-        got = flash_check_both(root, kernel, 9220)
+        got = flash_check_both(root, kernel, LONG)
         if got:
             rows.append(("#59", f"one layer's attention forward + backward ≥ 200 TFLOP/s at 2 × 9,220 (kernels alone), "
                          f"backward in {label}", f"{got[1]:.0f} TFLOP/s ({got[0]:.1f} ms)", "yes" if got[1] >= 200 else "no"))
     # the suite's variants of the step (issue #59 items 2 and 3), each beside the twin; the
     # default step is #19's row
     variants = (("by-hand", BY_HAND), ("five", "attention backward in 5 products"))
-    for length in (2048, 9220):
+    for length in LENGTHS:
         _, twin, _ = train_runs(root, length)
         for variant, label in variants:
             what = f"train-step tokens/s ≥ 1.0× the PyTorch twin (stretch 1.5×), 2 × {length}, {label}"
             got, ended = variant_run(root, length, variant)
             if got and twin:
                 r = got["tokens_per_second"] / twin["tokens_per_second"]
-                rows.append(("#59", what, f"{r:.2f}× (MFU {100 * got['mfu']:.1f} % vs {100 * twin['mfu']:.1f} %)",
+                rows.append(("#59", what, f"{r:.2f}× (MFU {mfu(got)} vs {mfu(twin)})",
                              "yes, the stretch too" if r >= 1.5 else "yes" if r >= 1 else "no"))
             elif got:
                 rows.append(("#59", what, f"{fmt(got['tokens_per_second'])} tokens/s; the twin did not run",
@@ -1301,13 +1420,13 @@ def later_targets(root, generate):
                 rows.append(("#59", what, ended, "no"))
     for variant, label in (("", "the default step"), *variants):
         what = f"peak ≤ 40 GiB at 2 × 9,220, {label}"
-        got, ended = variant_run(root, 9220, variant)
+        got, ended = variant_run(root, LONG, variant)
         if got:
             peak = got["memory"]["peak"] / 2**30
             rows.append(("#59", what, f"{peak:.1f} GiB", "yes" if peak <= 40 else "no"))
         elif ended:
             rows.append(("#59", what, ended, "no"))
-    a, t, oom = train_runs(root, 9220)
+    a, t, oom = train_runs(root, LONG)
     if t:
         peak = "out of memory" if oom else (f"{a['memory']['peak'] / 2**30:.1f} GiB" if a else "not run")
         ok = a is not None and a["memory"]["peak"] <= t["peak_bytes"]

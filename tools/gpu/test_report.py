@@ -138,6 +138,80 @@ class TrainPhases(Run):
         self.assertEqual(lines.count("| embedding: backpropagated | 0.050 | 3.0 |"), 2)
 
 
+class ByHandAccounting(Run):
+    """The traced step with each layer's backward by hand, by kind of work from its parts
+    (src/device.rs's names), beside the twin; nothing from a binary whose by-hand backward was
+    one part."""
+
+    SETTINGS = {"batch": 2, "seq_len": 9220, "prompt_len": 1024, "layers": 2, "vocab": 100, "hidden": 64,
+                "heads": 4, "kv_heads": 2, "head_dim": 16, "intermediate": 128, "tied": True, "compute": "bf16"}
+
+    def step(self, layer_parts):
+        layer = lambda i: {"phase": f"layer {i}: recomputed and backpropagated", "seconds": 1.0,
+                           "parts": [{"name": k, "seconds": v} for k, v in layer_parts.items()]}
+        return json.dumps([{"seconds": 1.5, "tokens_per_second": 1.0, "mfu": 0.1, "settings": self.SETTINGS,
+                            "trace": [{"phase": "before the step", "seconds": 0.0},
+                                      {"phase": "forward without a graph: every layer's input kept", "seconds": 0.2,
+                                       "parts": [{"name": "forward: matrix products", "seconds": 0.1},
+                                                 {"name": "forward: attention", "seconds": 0.05}]},
+                                      # an unchunked head's lm_head is a timed product too: counted
+                                      # in the head's estimate, not again as the layers'
+                                      {"phase": "head: the loss, its backward to the last layer", "seconds": 0.6,
+                                       "parts": [{"name": "forward: matrix products", "seconds": 0.5}]},
+                                      layer(1), layer(0),
+                                      {"phase": "actor mini-batch 0: the optimizer step", "seconds": 0.1}]}])
+
+    def test_the_part_names_are_the_binary_s(self):
+        consts = dict(re.findall(r'pub const (\w+): &str = "([^"]+)";', (report.REPO / "src/device.rs").read_text()))
+        self.assertEqual(report.PART_ATTENTION, (consts["FORWARD_ATTENTION"], consts["BACKWARD_ATTENTION"]))
+        self.assertEqual(report.PART_PRODUCTS, (consts["FORWARD_MATMUL"], consts["BACKWARD_MATMUL"]))
+        self.assertEqual(report.PART_SEED, consts["SEED"])
+        self.assertEqual(report.PART_TO_MASTERS, consts["TO_MASTERS"])
+        self.assertEqual(report.PART_ONE_REST, consts["BACKWARD_REST"])
+
+    def test_each_kind_of_work_is_its_parts_and_the_rest_what_is_left(self):
+        self.assertEqual(report.by_hand_accounting(self.root), [])
+        # a binary whose backward by hand was one part has no accounting of its own
+        self.write("paper-9220-by-hand/train-step.json",
+                   self.step({"backward: matrix products and element-wise": 0.5, "backward: attention": 0.3}))
+        self.assertEqual(report.by_hand_accounting(self.root), [])
+        parts = {"forward: attention": 0.1, "forward: matrix products": 0.1, "forward: element-wise": 0.05,
+                 "backward: element-wise": 0.1, "backward: matrix products": 0.2,
+                 "backward: weight gradients to the masters": 0.05, "backward seed": 0.01,
+                 "backward: attention": 0.3}
+        self.write("paper-9220-by-hand/train-step.json", self.step(parts))
+        self.write("torch-train-9220.json", json.dumps({"seconds": 3.0}))
+        lines = report.by_hand_accounting(self.root, {9220: 3.75})
+        row = lambda label: next(l for l in lines if l.startswith(f"| {label}"))
+        ms = lambda l: [c.strip() for c in row(l).split("|")[2:-1]]
+        # attention: the forward pass's 50 ms and each layer's 100 + 300
+        self.assertEqual(ms("attention kernels"), ["850"])
+        # products: 100 + 2 × 300 ms measured, and the head's 8·N_r·V·H FLOPs at their rate
+        st = self.SETTINGS
+        layer_flops = 8 * 2 * 9220 * report.layer_matmul_params(st) * 2
+        head = 8 * 2 * (9220 - 1024) * 100 * 64 * 0.7 / layer_flops
+        self.assertEqual(ms("matrix products"), [f"{1e3 * (0.7 + head):,.0f}"])
+        self.assertEqual(ms("the seeds' values"), ["20"])
+        self.assertEqual(ms("the layers' element-wise passes"), ["300"])
+        self.assertEqual(ms("the layers' weight gradients to their fp32 masters"), ["100"])
+        self.assertEqual(ms("AdamW"), ["100"])
+        traced = 0.2 + 0.6 + 2 * 1.0 + 0.1
+        self.assertEqual(ms("the traced step"), [f"{1e3 * traced:,.0f}"])
+        rest = traced - 0.85 - (0.7 + head) - 0.02 - 0.3 - 0.1 - 0.1
+        self.assertEqual(ms("the rest"), [f"{1e3 * rest:,.0f}"])
+        self.assertEqual(ms("the step untraced"), ["1,500"])
+        self.assertEqual(ms("the autograd step untraced"), ["3,750"])
+        self.assertEqual(ms("the twin"), ["3,000"])
+        self.assertIn("- 2 × 9,220: 2.00× the twin's speed (target ≥ 1.0), 2.50× the autograd step's.", lines)
+        self.assertIn("| backward: weight gradients to the masters | 100 |", lines)
+        # each layer's 1 s less its parts' 0.91 s, summed
+        self.assertIn(f"| {report.AFTER_LAST_PART} | 180 |", lines)
+        # in gpu-step-parts.md, which has no autograd accounting without flash_check's times
+        lines = report.step_accounting(self.root).splitlines()
+        self.assertIn("| attention kernels (forward, recompute, backward) | 850 |", lines)
+        self.assertIn("| the autograd step untraced | — |", lines)
+
+
 class PeaksBesidePrediction(Run):
     """The measured peaks of the traced steps beside results/cpu-memory's committed prediction:
     the autograd step's under issue #44, the by-hand step's under #59, each against its own."""

@@ -46,7 +46,10 @@ use candle_core::backprop::GradStore;
 use candle_core::{Tensor, D};
 
 use super::{AttnMask, Block, Linear, RmsNorm};
-use crate::device::{BACKWARD_ATTENTION, BACKWARD_REST, FORWARD_ELEMENTWISE};
+use crate::device::{
+    part, BACKWARD_ATTENTION, BACKWARD_ELEMENTWISE, BACKWARD_MATMUL, BACKWARD_REST,
+    FORWARD_ELEMENTWISE, SEED, TO_MASTERS,
+};
 use crate::model::Result;
 
 /// RMSNorm's backward (`crate::fused::rms_norm_backward`: one kernel on CPU f32 and CUDA).
@@ -78,7 +81,8 @@ fn residual_norm_backward(
 }
 
 /// A linear layer's backward from its input `x` `(.., in)` and output gradient `dy` `(.., out)`:
-/// `(dx, dW, db)`, each written once.
+/// `(dx, dW, db)`, each written once. A trace times its two products apart from the element-wise
+/// work before them.
 fn linear_backward(
     lin: &Linear,
     x: &Tensor,
@@ -88,8 +92,10 @@ fn linear_backward(
     let x2 = x.reshape(((), inp))?;
     let dy2 = dy.reshape(((), out))?;
     let w = lin.weight.detach();
+    part(BACKWARD_ELEMENTWISE);
     let dx = crate::fused::matmul(&dy2, &w)?;
     let dw = crate::fused::matmul(&dy2.t()?, &x2)?;
+    part(BACKWARD_MATMUL);
     let db = match &lin.bias {
         Some(_) => Some(dy2.sum(0)?),
         None => None,
@@ -122,8 +128,16 @@ impl<'m> Kept<'m> {
     /// what the cast's backward would give it (candle adds it into a zero-filled gradient: the
     /// same value) without a seed, a sum or a zero fill on the way. A weight that is neither a
     /// master nor a cast of one (a detached model's: `Qwen::new` records every cast it makes
-    /// otherwise) has no master to hand a gradient to, as under autograd.
+    /// otherwise) has no master to hand a gradient to, as under autograd. A trace times the cast
+    /// apart ([`TO_MASTERS`]).
     fn insert(&mut self, weight: &Tensor, grad: Tensor) -> Result<()> {
+        part(BACKWARD_ELEMENTWISE);
+        let kept = self.keep(weight, grad);
+        part(TO_MASTERS);
+        kept
+    }
+
+    fn keep(&mut self, weight: &Tensor, grad: Tensor) -> Result<()> {
         if weight.is_variable() {
             // (the gradient's own dtype but for the embedding's f32 sums; a no-op otherwise)
             let grad = grad.to_dtype(weight.dtype())?;
@@ -190,7 +204,7 @@ impl Block {
         let gate = layer.mlp.gate.forward(&n2)?;
         let up = layer.mlp.up.forward(&n2)?;
         let s = crate::fused::swiglu(&gate, &up)?;
-        crate::device::part(FORWARD_ELEMENTWISE);
+        part(FORWARD_ELEMENTWISE);
 
         // Backward, last to first; `store` gets each gradient once.
         let mut store = Kept::new(masters);
@@ -210,8 +224,11 @@ impl Block {
             .reshape((b, t, attn.heads, attn.head_dim))?
             .transpose(1, 2)?
             .contiguous()?;
-        crate::device::part(BACKWARD_REST);
-        let mut grads = crate::fused::backward_seed(&o_heads, &do_heads)?.backward()?;
+        part(BACKWARD_ELEMENTWISE);
+        let seed = crate::fused::backward_seed(&o_heads, &do_heads)?;
+        part(SEED);
+        let mut grads = seed.backward()?;
+        drop(seed);
         let mut take = |t: &Tensor| -> Result<Tensor> {
             Ok(grads.remove(t).ok_or_else(|| {
                 candle_core::Error::Msg("attention: an input without a gradient".into())
@@ -221,7 +238,16 @@ impl Block {
         // the attention's inputs, output and graph are done with: gone before the projections'
         // backward allocates
         drop((grads, q_var, k_var, v_var, q_rot, k_rot, v_heads, o_heads));
-        crate::device::part(BACKWARD_ATTENTION);
+        // Flash attention's backward times its kernels itself, and calls what came before them
+        // the rest of the backward: here the seed's own backward, element-wise passes; after it,
+        // candle's gradient store adds its three gradients in (element-wise too). The composed
+        // attention's backward has no parts of its own: all of it is the attention's.
+        let flash = crate::device::fold_part(BACKWARD_REST, BACKWARD_ELEMENTWISE);
+        part(if flash {
+            BACKWARD_ELEMENTWISE
+        } else {
+            BACKWARD_ATTENTION
+        });
 
         // The inverse rotation, back to tokens first (B, T, heads, D), in one pass.
         let minus_sin = sin.neg()?;
@@ -251,7 +277,7 @@ impl Block {
         let dn1 = ((dn1_q + dn1_k)? + dn1_v)?;
         let (dx, dw_in) = residual_norm_backward(&layer.input_norm, &x, &dn1, &dh)?;
         store.insert(&self.input_norm.weight, dw_in)?;
-        crate::device::part(BACKWARD_REST);
+        part(BACKWARD_ELEMENTWISE);
         Ok((dx, store.store))
     }
 }
