@@ -138,6 +138,28 @@ class TrainPhases(Run):
         self.assertEqual(lines.count("| embedding: backpropagated | 0.050 | 3.0 |"), 2)
 
 
+class CudaTests(Run):
+    """The suite's CUDA tests log: the tests no GPU has passed, then the rest, each run with its
+    own `test result` line, after a line saying how many runs the log holds."""
+
+    RESULT = "test result: {}. {} passed; {} failed; 0 ignored; 0 measured; 0 filtered out; finished in 1.00s"
+
+    def test_both_runs_count_and_a_missing_run_is_cut(self):
+        first = ["cuda test runs: 2", "test cuda::new ... ok", self.RESULT.format("ok", 14, 0)]
+        again = ["test cuda::old ... ok", self.RESULT.format("ok", 13, 0)]
+        self.assertEqual(report.test_results("\n".join(first + again)), (27, 0, "ok"))
+        self.assertEqual(report.test_results("\n".join(first)), (14, 0, "cut"))
+        self.assertIsNone(report.test_results("cuda test runs: 2\ntest cuda::new ... ok"))
+        failed = ["test cuda::old ... FAILED", self.RESULT.format("FAILED", 12, 1)]
+        self.assertEqual(report.test_results("\n".join(first + failed)), (26, 1, "FAILED"))
+        # a log of one run, as before the suite split them (the H200's)
+        self.assertEqual(report.test_results(self.RESULT.format("ok", 13, 0)), (13, 0, "ok"))
+        self.write("cuda_tests.log", "\n".join(first))
+        row = self.target_rows("#18", "CUDA tests")[0]
+        self.assertTrue(row.endswith("| 14 passed, 0 failed, the rest cut | partly |"), row)
+        self.assertIn("| 1-suite | cut | all pass |", report.tests_table(self.root)[0])
+
+
 class ByHandAccounting(Run):
     """The traced step with each layer's backward by hand, by kind of work from its parts
     (src/device.rs's names), beside the twin; nothing from a binary whose by-hand backward was
