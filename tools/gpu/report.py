@@ -112,13 +112,17 @@ def test_results(text):
     """(passed, failed, how it ended: "ok", "FAILED" or "cut") over every `test result` line of a
     test log: the suite runs the tests no GPU has passed first, then the rest, each run printing
     its own line, and says first how many runs the log holds (`cuda test runs: N`; one where it
-    does not say). None for a log with no result (its first run cut or killed before its end)."""
+    does not say) and after each run that ended its exit (`cuda test run exit: E`; a run the time
+    limit killed says none). A run that ended without success is FAILED (a crash prints no
+    result line); one missing, cut. None for a log with neither a result nor an exit (its first
+    run cut before its end)."""
     results = [l for l in text.splitlines() if l.startswith("test result")]
     counts = [re.search(r"(\d+) passed; (\d+) failed", l) for l in results]
-    if not results or not all(counts):
+    exits = [int(e) for e in re.findall(r"^cuda test run exit: (\d+)$", text, re.M)]
+    if not (results or exits) or not all(counts):
         return None
     runs = re.search(r"^cuda test runs: (\d+)$", text, re.M)
-    if any(l.startswith("test result: FAILED") for l in results):
+    if any(l.startswith("test result: FAILED") for l in results) or any(exits):
         ended = "FAILED"
     elif len(results) < (int(runs.group(1)) if runs else 1):
         ended = "cut"
@@ -1236,9 +1240,10 @@ def targets(root):
     got = test_results(last.read_text()) if last else None
     if got:
         cut = ", the rest cut" if got[2] == "cut" else ""
+        crashed = ", a run ended without its result (a crash)" if got[2] == "FAILED" and not got[1] else ""
         rows.append(("#18", "every kernel, the model and training on CUDA match their CPU twins / transformers (CUDA tests)",
-                     f"{got[0]} passed, {got[1]} failed{cut}",
-                     "no" if got[1] else ("partly" if cut else "yes")))
+                     f"{got[0]} passed, {got[1]} failed{cut}{crashed}",
+                     "no" if got[2] == "FAILED" else ("partly" if cut else "yes")))
     p = load(latest(root, "parity.json"))
     if p:
         f32 = next(r for r in p["rows"] if r["dtype"] == "f32")

@@ -3,8 +3,8 @@
 # changed since the last run (the kernels and the decode step first). In fail-fast order, each
 # step's raw results packed into $OUT as soon as it ends:
 #
-#   1 kernels    the flash kernels, the AdamW step and every other kernel (the fused decode
-#                chain too) against float64 references and their CPU twins, timed
+#   1 kernels    the AdamW step, every other kernel (the fused decode chain too) and, longest,
+#                last, the flash kernels against float64 references and their CPU twins, timed
 #                (kernels/check/*_check.cu, built by `just pack-gpu-suite`)                 gate
 #   2 decode     sampling the way a paper run samples: `acpo bench generate` at 64 prompts x
 #                (1,024 + SUITE_DECODE_NEW, default 1,024) with its HBM roofline; then
@@ -26,18 +26,19 @@
 #   3 step       the Qwen3-1.7B train step at 2 x 2,048 (a gate) and 2 x 9,220, `--trace`
 #                (memory and seconds by phase), beside the PyTorch twin
 #                (tools/twins/bench_train_torch.py; an out-of-memory exit is a result); then the
-#                same steps with each layer's backward by hand, and with the attention's
-#                backward in 5 products (`--flash-backward five`); then ncu's kernel times of
+#                same steps with each layer's backward by hand (traced), and with the attention's
+#                backward in 5 products (`--flash-backward five`), 2 x 9,220 first; then ncu's kernel times of
 #                one train step by hand at 4 of the model's layers, most time first
 #                (tools/gpu/launches.py --ends-at adamw_sq_total)
-#   4 attention  one layer's attention, forward and backward, at 2 x 2,048 and 2 x 9,220:
-#                `acpo bench attention` beside torch's sdpa (tools/twins/bench_attention_torch.py),
-#                and again with the backward in 5 products
+#   4 attention  one layer's attention, forward and backward, at 2 x 9,220 then 2 x 2,048:
+#                `acpo bench attention`, again with the backward in 5 products, then torch's
+#                sdpa (tools/twins/bench_attention_torch.py)
 #   5 pipeline   `acpo pipeline` on qwen3-1.7b-grpo at paper shape, 2 steps, in the time left
 #                but the tests' (its metrics are written step by step); its rollouts and
 #                evaluation over the paged KV cache (`--paged-kv`; SUITE_PIPELINE_KV=dense for
 #                the dense cache every earlier run used)
-#   6 tests      the Rust CUDA tests (every kernel against its CPU twin, the model, training)
+#   6 tests      the Rust CUDA tests (every kernel against its CPU twin, the model, training),
+#                those no committed run shows passed on a GPU first
 #
 # SUITE_SHARES="decode=180 step=135" sets sections' shares for one call (below).
 # SUITE_STEPS picks the sections (default: all, in the order above), so that a second call
@@ -658,20 +659,27 @@ elif [ -n "$it" ]; then
     # The tests no GPU has passed yet first (the committed runs' cuda_tests.log say which have:
     # this tree's results/gpu), then those a GPU has passed, in one log, so that what the
     # section's time cuts is a test a GPU already passed. Each run prints its own `test result`.
-    listed=$("$it" cuda:: --list 2>/dev/null | sed -n 's/^\(cuda::[A-Za-z0-9_]*\): test$/\1/p' | sort)
-    # (a test's `ok` can follow its own output on a later line: every test a log started, less
-    # those its closing list of failures names)
+    # (names of any depth; the listing's own count checks the parse, else the binary runs whole)
+    listing=$("$it" cuda:: --list 2>/dev/null)
+    listed=$(sed -n 's/^\(cuda::[A-Za-z0-9_:]*\): test$/\1/p' <<<"$listing" | LC_ALL=C sort)
+    count=$(sed -n 's/^\([0-9][0-9]*\) tests\{0,1\}, .*/\1/p' <<<"$listing")
+    # A test a GPU has passed: one a committed log started in a run that reached its `test
+    # result` line (a run cut or crashed passed nothing), less those its list of failures names.
     logs=(results/gpu/*/*/gpu-suite/cuda_tests.log)
-    before=$(comm -23 \
-        <(sed -n 's/^test \(cuda::[A-Za-z0-9_]*\) \.\.\. .*/\1/p' "${logs[@]}" 2>/dev/null | sort -u) \
-        <(sed -n 's/^    \(cuda::[A-Za-z0-9_]*\)$/\1/p' "${logs[@]}" 2>/dev/null | sort -u))
-    first=$(comm -23 <(echo "$listed") <(echo "$before") | grep .)
-    again=$(comm -12 <(echo "$listed") <(echo "$before") | grep .)
-    if [ -z "$listed" ]; then
-        # (a binary that lists nothing: run it whole, so that its failure is seen)
+    before=$(LC_ALL=C comm -23 \
+        <(awk '/^running /{n=0} /^test cuda::/{b[n++]=$2} /^test result/{for(i=0;i<n;i++)print b[i]; n=0}' \
+            "${logs[@]}" 2>/dev/null | LC_ALL=C sort -u) \
+        <(sed -n 's/^    \(cuda::[A-Za-z0-9_:]*\)$/\1/p' "${logs[@]}" 2>/dev/null | LC_ALL=C sort -u))
+    first=$(LC_ALL=C comm -23 <(echo "$listed") <(echo "$before") | grep .)
+    again=$(LC_ALL=C comm -12 <(echo "$listed") <(echo "$before") | grep .)
+    if [ -z "$listed" ] || [ "$(grep -c . <<<"$listed")" != "$count" ]; then
+        log "== cuda tests: the binary's list not read (${count:-no} tests); run whole"
         step "cuda tests" 300 cuda_tests.log "$it" cuda:: --test-threads=1 --nocapture
     else
         log "== cuda tests: $(echo "$first" | grep -c .) no GPU has passed first, then $(echo "$again" | grep -c .) again"
+        # Each run's exit on a line of its own once it ends (a run the time limit kills writes
+        # none): tools/gpu/report.py tells a crashed run, whose `test result` line is missing,
+        # from a cut one.
         # shellcheck disable=SC2016,SC2086 # the runs' script, single-quoted; the names, one word each
         step "cuda tests" 300 cuda_tests.log bash -c '
             it=$1; shift; first=(); again=(); to=first
@@ -681,8 +689,15 @@ elif [ -n "$it" ]; then
             # (how many `test result` lines a whole log has: tools/gpu/report.py tells a cut one)
             echo "cuda test runs: $(( (${#first[@]} > 0) + (${#again[@]} > 0) ))"
             rc=0
-            if [ ${#first[@]} -gt 0 ]; then "$it" --exact --test-threads=1 --nocapture "${first[@]}" || rc=1; fi
-            if [ ${#again[@]} -gt 0 ]; then "$it" --exact --test-threads=1 --nocapture "${again[@]}" || rc=1; fi
+            run() {
+                [ $# -gt 0 ] || return 0
+                "$it" --exact --test-threads=1 --nocapture "$@"
+                local e=$?
+                echo "cuda test run exit: $e"
+                [ $e = 0 ] || rc=1
+            }
+            run "${first[@]}"
+            run "${again[@]}"
             exit $rc' _ "$it" $first -- $again
     fi
     passed $?

@@ -154,10 +154,20 @@ class CudaTests(Run):
         self.assertEqual(report.test_results("\n".join(first + failed)), (26, 1, "FAILED"))
         # a log of one run, as before the suite split them (the H200's)
         self.assertEqual(report.test_results(self.RESULT.format("ok", 13, 0)), (13, 0, "ok"))
+        # each run's exit once it ended: a crashed first run (no result line) fails the log,
+        # though the second passed
+        crashed = ["cuda test runs: 2", "test cuda::new ... ", "cuda test run exit: 134"]
+        ended = again + ["cuda test run exit: 0"]
+        self.assertEqual(report.test_results("\n".join(crashed + ended)), (13, 0, "FAILED"))
+        self.assertEqual(report.test_results("\n".join(crashed)), (0, 0, "FAILED"))
+        self.assertEqual(report.test_results("\n".join(first + ["cuda test run exit: 0"] + ended)), (27, 0, "ok"))
         self.write("cuda_tests.log", "\n".join(first))
         row = self.target_rows("#18", "CUDA tests")[0]
         self.assertTrue(row.endswith("| 14 passed, 0 failed, the rest cut | partly |"), row)
         self.assertIn("| 1-suite | cut | all pass |", report.tests_table(self.root)[0])
+        self.write("cuda_tests.log", "\n".join(crashed + ended))
+        row = self.target_rows("#18", "CUDA tests")[0]
+        self.assertTrue(row.endswith("| 13 passed, 0 failed, a run ended without its result (a crash) | no |"), row)
 
 
 class ByHandAccounting(Run):
