@@ -137,6 +137,7 @@ impl<'m> Kept<'m> {
         kept
     }
 
+    /// [`Kept::insert`] without its trace's parts.
     fn keep(&mut self, weight: &Tensor, grad: Tensor) -> Result<()> {
         if weight.is_variable() {
             // (the gradient's own dtype but for the embedding's f32 sums; a no-op otherwise)
