@@ -288,6 +288,19 @@ struct Trace {
     part_since: std::time::Instant,
 }
 
+impl Trace {
+    /// `seconds` more in the phase's part `name` (a new part after the others, the first time).
+    fn add_to_part(&mut self, name: &str, seconds: f64) {
+        match self.parts.iter_mut().find(|p| p.name == name) {
+            Some(p) => p.seconds += seconds,
+            None => self.parts.push(Part {
+                name: name.to_string(),
+                seconds,
+            }),
+        }
+    }
+}
+
 static TRACING: AtomicBool = AtomicBool::new(false);
 static TRACE: Mutex<Option<Trace>> = Mutex::new(None);
 
@@ -371,13 +384,7 @@ pub fn part(name: &'static str) {
         let now = std::time::Instant::now();
         let seconds = (now - trace.part_since).as_secs_f64();
         trace.part_since = now;
-        match trace.parts.iter_mut().find(|p| p.name == name) {
-            Some(p) => p.seconds += seconds,
-            None => trace.parts.push(Part {
-                name: name.to_string(),
-                seconds,
-            }),
-        }
+        trace.add_to_part(name, seconds);
     }
 }
 
@@ -399,13 +406,7 @@ pub fn fold_part(from: &'static str, into: &'static str) -> bool {
         return false;
     };
     let seconds = trace.parts.remove(at).seconds;
-    match trace.parts.iter_mut().find(|p| p.name == into) {
-        Some(p) => p.seconds += seconds,
-        None => trace.parts.push(Part {
-            name: into.to_string(),
-            seconds,
-        }),
-    }
+    trace.add_to_part(into, seconds);
     true
 }
 

@@ -462,8 +462,52 @@ def copy_bandwidth(root):
     return g[0]["roofline"]["copy_gb_per_s"] * 1e9 if g else None
 
 
+# `--trace`'s parts (src/device.rs), as the binary names them.
+PART_ATTENTION = ("forward: attention", "backward: attention")
+PART_PRODUCTS = ("forward: matrix products", "backward: matrix products")
+PART_SEED = "backward seed"
+PART_TO_MASTERS = "backward: weight gradients to the masters"
+PART_ELEMENTWISE = ("forward: element-wise", "backward: element-wise")
+PART_ONE_REST = "backward: matrix products and element-wise"  # autograd's backward, unsplit
+AFTER_LAST_PART = "gradients into the sums (after the last part)"
+
+
 def part_seconds(marks, pred, name):
     return sum(p["seconds"] for m in marks if pred(m["phase"]) for p in m.get("parts", []) if p["name"] == name)
+
+
+def is_layer_phase(phase):
+    """Whether a trace's phase is a decoder layer's recompute and backward."""
+    return re.match(r"layer \d+:", phase) is not None
+
+
+def phase_seconds(marks, start):
+    """The seconds of the trace's phases whose names start with `start`."""
+    return sum(m.get("seconds") or 0 for m in marks if m["phase"].startswith(start))
+
+
+def optimizer_seconds(marks):
+    """AdamW, the bf16 copy of the weights and the gradient sums: their phases' seconds."""
+    return (phase_seconds(marks, "actor mini-batch 0: the optimizer step") + phase_seconds(marks, "micro-batch ")
+            + phase_seconds(marks, "actor mini-batch 0: the compute copy"))
+
+
+def layer_parts(marks):
+    """Each part's seconds summed over the layers' marks that have parts, and the time after each
+    one's last part (its gradients into the sums), in the trace's order."""
+    parts = {}
+    for m in marks:
+        if is_layer_phase(m["phase"]) and m.get("parts"):
+            for p in m["parts"]:
+                parts[p["name"]] = parts.get(p["name"], 0.0) + p["seconds"]
+            rest = (m.get("seconds") or 0) - sum(p["seconds"] for p in m["parts"])
+            parts[AFTER_LAST_PART] = parts.get(AFTER_LAST_PART, 0.0) + rest
+    return parts
+
+
+def in_ms(seconds):
+    """Seconds as whole milliseconds for a table, "—" for none."""
+    return "—" if seconds is None else f"{1e3 * seconds:,.0f}"
 
 
 def one_block_rate(a2048):
@@ -490,7 +534,7 @@ def bench_attention_prediction(root, bw):
     one_block = one_block_rate(a2048)
     if not (one_block and bw):
         return []
-    if any(p["name"] == "backward seed" for m in a2048["trace"] for p in m.get("parts", [])):
+    if any(p["name"] == PART_SEED for m in a2048["trace"] for p in m.get("parts", [])):
         return []
     e = 2 if a2048["settings"]["compute"] == "bf16" else 4
     pat = re.compile(r"(\d+)×(\d+), (\d+) heads over \d+ KV heads of (\d+); .*forward \+ backward ([\d.]+) s")
@@ -534,26 +578,24 @@ def step_accounting(root):
         layers, n = st["layers"], st["batch"] * st["seq_len"]
         nr = st["batch"] * (st["seq_len"] - st["prompt_len"])
         vh = st["vocab"] * st["hidden"]
-        is_layer = lambda p: re.match(r"layer \d+:", p) is not None
-        phase = lambda start: sum(m.get("seconds") or 0 for m in marks if m["phase"].startswith(start))
         f, b = (x / 1e3 for x in kern)
         attention = layers * (2 * f + b)
         fwd_flops = 2 * n * layer_matmul_params(st) * layers
         flops = 4 * fwd_flops + 8 * nr * vh
-        timed = part_seconds(marks, lambda p: p.startswith("forward without a graph"), "forward: matrix products")
+        timed = part_seconds(marks, lambda p: p.startswith("forward without a graph"), PART_PRODUCTS[0])
         if timed > 0:
             rate, rate_note = fwd_flops / timed, "measured: the forward's products, timed by the trace"
         else:
             elementwise = layers * n * forward_elementwise_elems(st) * e / bw
-            rate = fwd_flops / (phase("forward without a graph") - layers * f - elementwise)
+            rate = fwd_flops / (phase_seconds(marks, "forward without a graph") - layers * f - elementwise)
             rate_note = ("the forward's rate once its attention kernels and its element-wise passes at the copy "
                          "rate are taken out: an upper bound on the products' time")
         matmul = flops / rate
         seeded = [(n * st["hidden"], layers + 1)] + ([(vh, 1)] if st["tied"] else [])
         seed_elems = sum(x * k for x, k in seeded)
-        new_code = any(p["name"] == "backward seed" for m in marks for p in m.get("parts", []))
+        new_code = any(p["name"] == PART_SEED for m in marks for p in m.get("parts", []))
         if new_code:
-            seeds = part_seconds(marks, is_layer, "backward seed")
+            seeds = part_seconds(marks, is_layer_phase, PART_SEED)
             seed_note = "measured: the layers' `backward seed` parts"
         else:
             one_block = one_block_rate(train_runs(root, SHORT)[0])
@@ -564,8 +606,7 @@ def step_accounting(root):
             seeds = seed_elems / one_block
             seed_note = (f"estimate: {seed_elems / 1e6:,.0f} M elements summed in one block at "
                          f"{one_block / 1e9:.1f}e9 elements/s, the rate of the 2 × 2,048 embedding phase")
-        adamw = phase("actor mini-batch 0: the optimizer step") + phase("micro-batch ") + \
-            phase("actor mini-batch 0: the compute copy")
+        adamw = optimizer_seconds(marks)
         step = acpo["seconds"]
         other = step - attention - matmul - seeds - adamw
         col = {"attention": attention, "matmul": matmul, "seeds": seeds, "other": other, "adamw": adamw,
@@ -581,14 +622,7 @@ def step_accounting(root):
             t = load(latest(root, f"torch-attention-{length}.json"))
             twin_attn = layers * (t["forward_s"] + t["forward_backward_s"]) if t else None
             col["twin"] = (twin_attn, torch["seconds"])
-        parts = {}
-        for m in marks:
-            if is_layer(m["phase"]) and m.get("parts"):
-                for p in m["parts"]:
-                    parts[p["name"]] = parts.get(p["name"], 0.0) + p["seconds"]
-                rest = (m.get("seconds") or 0) - sum(p["seconds"] for p in m["parts"])
-                parts[AFTER_LAST_PART] = parts.get(AFTER_LAST_PART, 0.0) + rest
-        col["parts"] = parts
+        col["parts"] = layer_parts(marks)
         cols[length] = col
         notes.append(f"2 × {length:,}: products {flops / 1e12:,.0f} TFLOP at {rate / 1e12:,.0f} TFLOP/s ({rate_note}); "
                      f"seeds: {seed_note}.")
@@ -596,7 +630,6 @@ def step_accounting(root):
         by_hand = by_hand_accounting(root)
         return ("The step's accounting: not measured in this run (it needs the traced step, flash_check's kernel "
                 "times and the sampling run's copy rate).\n" + "".join(f"\n{l}" for l in by_hand) + ("\n" if by_hand else ""))
-    ms = lambda x: "—" if x is None else f"{1e3 * x:,.0f}"
     lens = sorted(cols)
     head = "| part of the step (ms) | " + " | ".join(
         f"2 × {l:,} measured | 2 × {l:,} predicted, seeded by `backward_seed`" for l in lens) + " | the twin |"
@@ -611,16 +644,16 @@ def step_accounting(root):
         cells = []
         for l in lens:
             c = cols[l]
-            measured = ms(c[key]) + (" (estimate)" if key in c["estimated"] else "")
-            cells += [measured, ms(c["predicted"][key]) if "predicted" in c else "—"]
+            measured = in_ms(c[key]) + (" (estimate)" if key in c["estimated"] else "")
+            cells += [measured, in_ms(c["predicted"][key]) if "predicted" in c else "—"]
         twin = ""
         if key == "attention":
-            twin = "sdpa " + " / ".join(ms(cols[l].get("twin", (None, None))[0]) for l in lens)
+            twin = "sdpa " + " / ".join(in_ms(cols[l].get("twin", (None, None))[0]) for l in lens)
         elif key == "other":
             rest = [cols[l]["twin"][1] - cols[l]["twin"][0] if cols[l].get("twin", (None,))[0] else None for l in lens]
-            twin = "the rest of the twin " + " / ".join(ms(r) for r in rest)
+            twin = "the rest of the twin " + " / ".join(in_ms(r) for r in rest)
         elif key == "step":
-            twin = " / ".join(ms(cols[l].get("twin", (None, None))[1]) for l in lens)
+            twin = " / ".join(in_ms(cols[l].get("twin", (None, None))[1]) for l in lens)
         out.append(f"| {label} | {' | '.join(cells)} | {twin} |")
     saved = [f"2 × {l:,}: {1e3 * (cols[l]['step'] - cols[l]['predicted']['step']):,.0f} ms "
              f"({cols[l]['step'] / cols[l]['predicted']['step']:.2f}× the step's speed)"
@@ -641,21 +674,11 @@ def step_accounting(root):
     for l in lens:
         if cols[l]["parts"]:
             out += ["", f"| 2 × {l:,}: the {layers} layers' recompute and backward by part (`--trace`, summed) | ms |",
-                    "|---|---:|", *[f"| {k} | {ms(v)} |" for k, v in cols[l]["parts"].items()]]
+                    "|---|---:|", *[f"| {k} | {in_ms(v)} |" for k, v in cols[l]["parts"].items()]]
     by_hand = by_hand_accounting(root, {l: c["step"] for l, c in cols.items()})
     if by_hand:
         out += ["", *by_hand]
     return "\n".join(out) + "\n"
-
-
-# `--trace`'s parts (src/device.rs), as the binary names them.
-PART_ATTENTION = ("forward: attention", "backward: attention")
-PART_PRODUCTS = ("forward: matrix products", "backward: matrix products")
-PART_SEED = "backward seed"
-PART_TO_MASTERS = "backward: weight gradients to the masters"
-PART_ELEMENTWISE = ("forward: element-wise", "backward: element-wise")
-PART_ONE_REST = "backward: matrix products and element-wise"  # autograd's backward, unsplit
-AFTER_LAST_PART = "gradients into the sums (after the last part)"
 
 
 def by_hand_accounting(root, autograd_steps=None):
@@ -679,10 +702,8 @@ def by_hand_accounting(root, autograd_steps=None):
         names = {p["name"] for m in marks for p in m.get("parts", [])}
         if PART_PRODUCTS[1] not in names or PART_ONE_REST in names:
             continue  # a binary whose by-hand backward was one part
-        is_layer = lambda ph: re.match(r"layer \d+:", ph) is not None
-        layer_like = [m for m in marks if is_layer(m["phase"]) or m["phase"].startswith("forward without a graph")]
-        part = lambda *wanted: sum(p["seconds"] for m in layer_like for p in m.get("parts", []) if p["name"] in wanted)
-        phase = lambda start: sum(m.get("seconds") or 0 for m in marks if m["phase"].startswith(start))
+        layer_like = lambda ph: is_layer_phase(ph) or ph.startswith("forward without a graph")
+        part = lambda *names: sum(part_seconds(marks, layer_like, name) for name in names)
         traced = sum(m.get("seconds") or 0 for m in marks)
         n, nr = st["batch"] * st["seq_len"], st["batch"] * (st["seq_len"] - st["prompt_len"])
         layer_flops = 4 * 2 * n * layer_matmul_params(st) * st["layers"]
@@ -690,25 +711,17 @@ def by_hand_accounting(root, autograd_steps=None):
         head = 8 * nr * st["vocab"] * st["hidden"] * products / layer_flops if products > 0 else 0.0
         col = {"attention": part(*PART_ATTENTION), "matmul": products + head, "seeds": part(PART_SEED),
                "elementwise": part(*PART_ELEMENTWISE), "to_masters": part(PART_TO_MASTERS),
-               "adamw": phase("actor mini-batch 0: the optimizer step") + phase("micro-batch ") +
-               phase("actor mini-batch 0: the compute copy"),
+               "adamw": optimizer_seconds(marks),
                "traced": traced, "step": run["seconds"]}
         col["other"] = traced - sum(col[k] for k in ("attention", "matmul", "seeds", "elementwise", "to_masters",
                                                      "adamw"))
         torch = train_runs(root, length)[1]
         col["twin"] = torch["seconds"] if torch else None
         col["autograd"] = (autograd_steps or {}).get(length)
-        col["parts"] = {}
-        for m in marks:
-            if is_layer(m["phase"]):
-                for p in m.get("parts", []):
-                    col["parts"][p["name"]] = col["parts"].get(p["name"], 0.0) + p["seconds"]
-                rest = (m.get("seconds") or 0) - sum(p["seconds"] for p in m.get("parts", []))
-                col["parts"][AFTER_LAST_PART] = col["parts"].get(AFTER_LAST_PART, 0.0) + rest
+        col["parts"] = layer_parts(marks)
         cols[length] = col
     if not cols:
         return []
-    ms = lambda x: "—" if x is None else f"{1e3 * x:,.0f}"
     lens = sorted(cols)
     out = [f"The step with {BY_HAND} (`--layer-by-hand --trace`) by kind of work, each measured by its own "
            "parts of the trace but the head's products:", "",
@@ -724,10 +737,10 @@ def by_hand_accounting(root, autograd_steps=None):
                       "the sums, the trace's waits"),
             ("traced", "the traced step (the sum)")]
     for key, label in rows:
-        out.append(f"| {label} | {' | '.join(ms(cols[l][key]) for l in lens)} |")
-    out.append(f"| the step untraced (the rate's) | {' | '.join(ms(cols[l]['step']) for l in lens)} |")
-    out.append(f"| the autograd step untraced | {' | '.join(ms(cols[l]['autograd']) for l in lens)} |")
-    out.append(f"| the twin | {' | '.join(ms(cols[l]['twin']) for l in lens)} |")
+        out.append(f"| {label} | {' | '.join(in_ms(cols[l][key]) for l in lens)} |")
+    out.append(f"| the step untraced (the rate's) | {' | '.join(in_ms(cols[l]['step']) for l in lens)} |")
+    out.append(f"| the autograd step untraced | {' | '.join(in_ms(cols[l]['autograd']) for l in lens)} |")
+    out.append(f"| the twin | {' | '.join(in_ms(cols[l]['twin']) for l in lens)} |")
     ratios = []
     for l in lens:
         c = cols[l]
@@ -745,7 +758,7 @@ def by_hand_accounting(root, autograd_steps=None):
         out.append(f"- {'; '.join(ratios)}.")
     for l in lens:
         out += ["", f"| 2 × {l:,}, {BY_HAND}: the layers' recompute and backward by part (`--trace`, summed) | ms |",
-                "|---|---:|", *[f"| {k} | {ms(v)} |" for k, v in cols[l]["parts"].items()]]
+                "|---|---:|", *[f"| {k} | {in_ms(v)} |" for k, v in cols[l]["parts"].items()]]
     return out
 
 

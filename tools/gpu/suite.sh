@@ -670,35 +670,30 @@ elif [ -n "$it" ]; then
         <(awk '/^running /{n=0} /^test cuda::/{b[n++]=$2} /^test result/{for(i=0;i<n;i++)print b[i]; n=0}' \
             "${logs[@]}" 2>/dev/null | LC_ALL=C sort -u) \
         <(sed -n 's/^    \(cuda::[A-Za-z0-9_:]*\)$/\1/p' "${logs[@]}" 2>/dev/null | LC_ALL=C sort -u))
-    first=$(LC_ALL=C comm -23 <(echo "$listed") <(echo "$before") | grep .)
-    again=$(LC_ALL=C comm -12 <(echo "$listed") <(echo "$before") | grep .)
     if [ -z "$listed" ] || [ "$(grep -c . <<<"$listed")" != "$count" ]; then
         log "== cuda tests: the binary's list not read (${count:-no} tests); run whole"
         step "cuda tests" 300 cuda_tests.log "$it" cuda:: --test-threads=1 --nocapture
     else
-        log "== cuda tests: $(echo "$first" | grep -c .) no GPU has passed first, then $(echo "$again" | grep -c .) again"
+        first=$(LC_ALL=C comm -23 <(echo "$listed") <(echo "$before") | grep .)
+        again=$(LC_ALL=C comm -12 <(echo "$listed") <(echo "$before") | grep .)
+        log "== cuda tests: $(grep -c . <<<"$first") no GPU has passed first, then $(grep -c . <<<"$again") again"
         # Each run's exit on a line of its own once it ends (a run the time limit kills writes
-        # none): tools/gpu/report.py tells a crashed run, whose `test result` line is missing,
-        # from a cut one.
-        # shellcheck disable=SC2016,SC2086 # the runs' script, single-quoted; the names, one word each
-        step "cuda tests" 300 cuda_tests.log bash -c '
-            it=$1; shift; first=(); again=(); to=first
-            for a in "$@"; do
-                if [ "$a" = -- ]; then to=again; elif [ $to = first ]; then first+=("$a"); else again+=("$a"); fi
-            done
-            # (how many `test result` lines a whole log has: tools/gpu/report.py tells a cut one)
-            echo "cuda test runs: $(( (${#first[@]} > 0) + (${#again[@]} > 0) ))"
+        # none), after how many runs the log holds: tools/gpu/report.py tells a cut run, whose
+        # `test result` line is missing, from a crashed one.
+        # shellcheck disable=SC2016 # the runs' script, single-quoted
+        step "cuda tests" 300 cuda_tests.log env IT="$it" FIRST="$first" AGAIN="$again" bash -c '
+            echo "cuda test runs: $(( (${#FIRST} > 0) + (${#AGAIN} > 0) ))"
             rc=0
             run() {
                 [ $# -gt 0 ] || return 0
-                "$it" --exact --test-threads=1 --nocapture "$@"
+                "$IT" --exact --test-threads=1 --nocapture "$@"
                 local e=$?
                 echo "cuda test run exit: $e"
                 [ $e = 0 ] || rc=1
             }
-            run "${first[@]}"
-            run "${again[@]}"
-            exit $rc' _ "$it" $first -- $again
+            run $FIRST  # (the names, one word each)
+            run $AGAIN
+            exit $rc'
     fi
     passed $?
     grep -E '^(test |skipped|thread |test result)|relative error' "$res/cuda_tests.log" | tee -a "$res/summary.txt"

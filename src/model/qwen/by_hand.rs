@@ -226,29 +226,11 @@ impl Block {
             .transpose(1, 2)?
             .contiguous()?;
         part(BACKWARD_ELEMENTWISE);
-        let seed = crate::fused::backward_seed(&o_heads, &do_heads)?;
-        part(SEED);
-        let mut grads = seed.backward()?;
-        drop(seed);
-        let mut take = |t: &Tensor| -> Result<Tensor> {
-            Ok(grads.remove(t).ok_or_else(|| {
-                candle_core::Error::Msg("attention: an input without a gradient".into())
-            })?)
-        };
-        let (dq_rot, dk_rot, dv_heads) = (take(&q_var)?, take(&k_var)?, take(&v_var)?);
-        // the attention's inputs, output and graph are done with: gone before the projections'
-        // backward allocates
-        drop((grads, q_var, k_var, v_var, q_rot, k_rot, v_heads, o_heads));
-        // Flash attention's backward times its kernels itself, and calls what came before them
-        // the rest of the backward: here the seed's own backward, element-wise passes; after it,
-        // candle's gradient store adds its three gradients in (element-wise too). The composed
-        // attention's backward has no parts of its own: all of it is the attention's.
-        let flash = crate::device::fold_part(BACKWARD_REST, BACKWARD_ELEMENTWISE);
-        part(if flash {
-            BACKWARD_ELEMENTWISE
-        } else {
-            BACKWARD_ATTENTION
-        });
+        let [dq_rot, dk_rot, dv_heads] =
+            attention_backward(o_heads, &do_heads, [q_var, k_var, v_var])?;
+        // the attention's inputs are done with too: gone before the projections' backward
+        // allocates
+        drop((q_rot, k_rot, v_heads));
 
         // The inverse rotation, back to tokens first (B, T, heads, D), in one pass.
         let minus_sin = sin.neg()?;
@@ -281,6 +263,32 @@ impl Block {
         part(BACKWARD_ELEMENTWISE);
         Ok((dx, store.store))
     }
+}
+
+/// The attention's backward through its own graph (its kernel's backward, the one piece of the
+/// layer with a graph): the gradients of its three leaves `[q, k, v]` from its output `o` and
+/// the output's gradient `d_o`. The output, the leaves and the graph are gone when it returns.
+fn attention_backward(o: Tensor, d_o: &Tensor, leaves: [Tensor; 3]) -> Result<[Tensor; 3]> {
+    let seed = crate::fused::backward_seed(&o, d_o)?;
+    part(SEED);
+    let mut grads = seed.backward()?;
+    drop((seed, o));
+    let [dq, dk, dv] = leaves.map(|leaf| {
+        grads
+            .remove(&leaf)
+            .ok_or_else(|| candle_core::Error::Msg("attention: an input without a gradient".into()))
+    });
+    // Flash attention's backward times its kernels itself, and calls what came before them the
+    // rest of the backward: here the seed's own backward, element-wise passes; after it,
+    // candle's gradient store adds its three gradients in (element-wise too). The composed
+    // attention's backward has no parts of its own: all of it is the attention's.
+    let flash = crate::device::fold_part(BACKWARD_REST, BACKWARD_ELEMENTWISE);
+    part(if flash {
+        BACKWARD_ELEMENTWISE
+    } else {
+        BACKWARD_ATTENTION
+    });
+    Ok([dq?, dk?, dv?])
 }
 
 /// Whether `weight` gets a gradient: a variable itself, or a cast of a master (`Qwen::masters`);
